@@ -1,0 +1,211 @@
+"""Model weights in and out: Hugging Face directories (safetensors) and GGUF files.
+
+Loading builds the model abstractly (no weights allocated), then reads the checkpoint one tensor at a
+time, converts it to this project's layout, and places it directly on its target sharding: each
+device receives only its own shard (`jax.make_array_from_callback`), never a full host copy per
+device. Every tensor is checked against the shape the architecture expects before anything is
+placed, and every failure raises one `CheckpointError` naming the file or tensor and what to do; a
+half-loaded model is never returned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from reasoning_rl import sharding as sharding_lib
+from reasoning_rl.errors import CheckpointError
+from reasoning_rl.models.config import ModelConfig
+from reasoning_rl.models.safetensors_io import SafetensorsDirectory
+from reasoning_rl.models.transformer import Transformer, abstract_model
+
+Converter = Callable[[np.ndarray], np.ndarray]
+
+
+# ------------------------------------------------------------------------------ layout mapping
+
+
+def hf_tensor_name(path: tuple, config: ModelConfig) -> tuple[str, Converter, Converter]:
+  """For a parameter path of our model: (HF tensor name, HF->ours converter, ours->HF converter)."""
+  identity = lambda w: w  # noqa: E731
+  transpose = lambda w: w.T  # noqa: E731
+  if path == ("embed",):
+    return "model.embed_tokens.weight", identity, identity
+  if path == ("lm_head",):
+    return "lm_head.weight", transpose, transpose
+  if path == ("final_norm", "scale"):
+    return "model.norm.weight", identity, identity
+  if path[0] != "layers":
+    raise KeyError(path)
+  prefix = f"model.layers.{path[1]}."
+  rest = path[2:]
+  norm_names = {
+      "attn_norm": "input_layernorm",
+      "mlp_norm": "pre_feedforward_layernorm" if config.sandwich_norms
+                  else "post_attention_layernorm",
+      "attn_post_norm": "post_attention_layernorm",
+      "mlp_post_norm": "post_feedforward_layernorm",
+  }
+  if rest[0] in norm_names:
+    return prefix + norm_names[rest[0]] + ".weight", identity, identity
+  d = config.hidden_size
+  if rest[0] == "mlp":
+    return prefix + f"mlp.{rest[1]}.weight", transpose, transpose
+  if rest[0] == "attn":
+    name = rest[1]
+    if name in ("q_norm", "k_norm"):
+      return prefix + f"self_attn.{name}.weight", identity, identity
+    if name in ("q_proj", "k_proj", "v_proj"):
+      heads = config.num_heads if name == "q_proj" else config.num_kv_heads
+      shape = (d, heads, config.head_dim)
+      return (prefix + f"self_attn.{name}.weight", lambda w: w.T.reshape(shape),
+              lambda w: w.reshape(d, -1).T)
+    if name == "o_proj":
+      shape = (config.num_heads, config.head_dim, d)
+      return (prefix + "self_attn.o_proj.weight", lambda w: w.T.reshape(shape),
+              lambda w: w.reshape(-1, d).T)
+    if name in ("q_bias", "k_bias", "v_bias"):
+      heads = config.num_heads if name == "q_bias" else config.num_kv_heads
+      shape = (heads, config.head_dim)
+      return (prefix + f"self_attn.{name[0]}_proj.bias", lambda w: w.reshape(shape),
+              lambda w: w.reshape(-1))
+  raise KeyError(path)
+
+
+def _flat_params(state) -> list[tuple[tuple, nnx.Variable]]:
+  return [(tuple(path), var) for path, var in nnx.to_flat_state(state)]
+
+
+def _dtype(dtype) -> jnp.dtype:
+  try:
+    return jnp.dtype(dtype)
+  except TypeError:
+    raise CheckpointError(f"dtype {dtype!r} is not a dtype; use 'float32' or 'bfloat16'") from None
+
+
+def build_model(config: ModelConfig, read_tensor: Callable[[tuple, tuple, Converter], np.ndarray],
+                *, dtype="float32", mesh=None) -> Transformer:
+  """Assembles a model whose every parameter comes from `read_tensor(path, expected_shape, ...)`.
+
+  All tensors are read and validated before any is placed; placement uses the mesh's shardings (one
+  shard per device) or the default device when `mesh` is None.
+  """
+  dtype = _dtype(dtype)
+  graphdef, abstract_state = abstract_model(config, dtype=dtype, param_dtype=dtype)
+  flat = _flat_params(abstract_state)
+  host = {path: read_tensor(path, tuple(var.shape)) for path, var in flat}
+  shardings = (dict(_flat_params(sharding_lib.param_shardings(abstract_state, mesh)))
+               if mesh is not None else {})
+
+  def place(path, var):
+    array = host[path]
+    if mesh is None:
+      return jnp.asarray(np.asarray(array, dtype=dtype))
+    sharding = shardings[path]
+    return jax.make_array_from_callback(
+        tuple(var.shape), sharding, lambda index: np.asarray(array[index], dtype=dtype))
+
+  values = {path: place(path, var) for path, var in flat}
+  for path, var in flat:
+    var.set_value(values[path])
+  return nnx.merge(graphdef, abstract_state)
+
+
+# ------------------------------------------------------------------------------ Hugging Face
+
+
+def read_hf_config(directory: pathlib.Path) -> tuple[ModelConfig, dict[str, Any]]:
+  config_path = directory / "config.json"
+  if not config_path.exists():
+    raise CheckpointError(
+        f"{config_path}: missing. A Hugging Face model directory needs config.json beside its "
+        "*.safetensors files (save the model with transformers' save_pretrained).")
+  try:
+    hf = json.loads(config_path.read_text())
+  except ValueError as e:
+    raise CheckpointError(f"{config_path}: not valid JSON ({e})") from None
+  return ModelConfig.from_hf_config(hf, source=str(config_path)), hf
+
+
+def load_hf_weights(directory: str | os.PathLike, *, dtype="float32", mesh=None
+                    ) -> tuple[Transformer, dict[str, Any]]:
+  """Loads the weights of a Hugging Face directory; returns (model, raw config.json dict)."""
+  directory = pathlib.Path(directory)
+  config, hf = read_hf_config(directory)
+  files = SafetensorsDirectory(directory)
+  try:
+    def read(path, shape):
+      name, to_ours, to_hf = hf_tensor_name(path, config)
+      if name not in files:
+        raise CheckpointError(
+            f"{directory}: tensor {name!r} is missing from the safetensors files; the checkpoint "
+            f"does not match config.json (model_type {config.model_type!r})")
+      expected = to_hf(np.broadcast_to(np.float32(0), shape)).shape
+      if tuple(files.shape(name)) != tuple(expected):
+        raise CheckpointError(
+            f"{directory}: tensor {name!r} has shape {files.shape(name)} but config.json implies "
+            f"{expected}; the weights and config.json disagree")
+      return to_ours(files.tensor(name))
+
+    model = build_model(config, read, dtype=dtype, mesh=mesh)
+  finally:
+    del files  # memory maps close when the last view is gone
+  return model, hf
+
+
+def save_hf(model: Transformer, tokenizer, directory: str | os.PathLike) -> pathlib.Path:
+  """Writes model.safetensors, config.json, generation_config.json and the tokenizer files.
+
+  transformers' `AutoModelForCausalLM.from_pretrained(directory)` loads the result with the same
+  logits, so a trained policy can be served by HF / vLLM. Written to a temporary sibling directory
+  and renamed, so a crash never leaves a half-written model.
+  """
+  import shutil
+  import tempfile
+
+  from safetensors.numpy import save_file
+
+  directory = pathlib.Path(directory)
+  directory.parent.mkdir(parents=True, exist_ok=True)
+  config = model.config
+  _, state = nnx.split(model)
+  tensors = {}
+  dtype_name = "float32"
+  for path, var in _flat_params(state):
+    name, _, to_hf = hf_tensor_name(path, config)
+    value = np.asarray(jax.device_get(var[...]))
+    if value.dtype == jnp.bfloat16:
+      # safetensors' numpy writer has no bfloat16; write float32 (exact) and say so in config.
+      value = value.astype(np.float32)
+    tensors[name] = np.ascontiguousarray(to_hf(value))
+  staging = pathlib.Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
+  try:
+    save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+    hf_config = config.to_hf_config(torch_dtype=dtype_name)
+    if tokenizer is not None:
+      for key, value in (("bos_token_id", tokenizer.bos_id), ("pad_token_id", tokenizer.pad_id)):
+        if value is not None:
+          hf_config[key] = value
+      eos = list(tokenizer.eos_ids) or [tokenizer.eos_id]
+      hf_config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+    (staging / "config.json").write_text(json.dumps(hf_config, indent=2))
+    generation = {k: hf_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                  if hf_config.get(k) is not None}
+    (staging / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    if tokenizer is not None:
+      tokenizer.save(staging)
+    if directory.exists():
+      shutil.rmtree(directory)
+    os.replace(staging, directory)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  return directory

@@ -1,0 +1,156 @@
+"""Loading GGUF files (llama.cpp's format): architecture metadata and dequantised weights.
+
+The `gguf` package reads the file and dequantises every quantisation type. llama.cpp's converter
+permutes the rows of the q and k projections of Llama-architecture models (its RoPE pairs adjacent
+elements, Hugging Face's pairs the two halves); that permutation is undone here so the weights match
+the Hugging Face layout the rest of the loader uses. Qwen2 GGUFs are written without the permutation.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import numpy as np
+
+from reasoning_rl.errors import CheckpointError
+from reasoning_rl.models.checkpoints import build_model, hf_tensor_name
+from reasoning_rl.models.config import ModelConfig
+
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
+
+# HF tensor-name suffix (after "model.layers.{i}.") -> GGUF name suffix (after "blk.{i}.")
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+def gguf_tensor_name(hf_name: str) -> str:
+  if hf_name in _GLOBAL_NAMES:
+    return _GLOBAL_NAMES[hf_name]
+  _, _, layer, suffix = hf_name.split(".", 3)
+  return f"blk.{layer}.{_LAYER_NAMES[suffix]}"
+
+
+def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+  """Inverts llama.cpp's q/k row permutation (adjacent-pair RoPE -> half-split RoPE)."""
+  out = weight.shape[0]
+  rest = weight.shape[1:]
+  return (weight.reshape(num_heads, out // num_heads // 2, 2, *rest).swapaxes(1, 2)
+          .reshape(out, *rest))
+
+
+def _field(reader, key, default=None):
+  field = reader.fields.get(key)
+  if field is None:
+    return default
+  return field.contents()
+
+
+def open_gguf(path: str | os.PathLike):
+  import gguf
+
+  path = pathlib.Path(path)
+  if not path.exists():
+    raise CheckpointError(f"{path}: no such GGUF file")
+  try:
+    return gguf.GGUFReader(str(path))
+  except Exception as e:  # the reader raises ValueError / struct errors of many kinds
+    raise CheckpointError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); "
+                          "re-download it or convert the model again") from None
+
+
+def gguf_model_config(reader, path) -> ModelConfig:
+  arch = _field(reader, "general.architecture")
+  if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+    raise CheckpointError(
+        f"{path}: GGUF architecture {arch!r} is not supported (supported: "
+        f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}); load the model from its Hugging Face "
+        "directory instead")
+
+  def need(key):
+    value = _field(reader, f"{arch}.{key}")
+    if value is None:
+      raise CheckpointError(f"{path}: metadata key '{arch}.{key}' is missing")
+    return value
+
+  names = {t.name for t in reader.tensors}
+  hidden = int(need("embedding_length"))
+  heads = int(need("attention.head_count"))
+  vocab = _field(reader, f"{arch}.vocab_size") or len(_field(reader, "tokenizer.ggml.tokens", []))
+  head_dim = int(_field(reader, f"{arch}.attention.key_length") or hidden // heads)
+  hf = {
+      "model_type": arch,
+      "vocab_size": int(vocab),
+      "hidden_size": hidden,
+      "intermediate_size": int(need("feed_forward_length")),
+      "num_hidden_layers": int(need("block_count")),
+      "num_attention_heads": heads,
+      "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv") or heads),
+      "head_dim": head_dim,
+      "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
+      "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+      "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 8192)),
+      "tie_word_embeddings": "output.weight" not in names,
+      "attention_bias": "blk.0.attn_q.bias" in names,
+      "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+      "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+      "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
+  }
+  scaling_type = _field(reader, f"{arch}.rope.scaling.type")
+  if scaling_type not in (None, "none"):
+    raise CheckpointError(f"{path}: RoPE scaling {scaling_type!r} in GGUF metadata is not "
+                          "supported; load the Hugging Face directory instead")
+  return ModelConfig.from_hf_config(hf, source=str(path))
+
+
+def load_gguf_weights(path: str | os.PathLike, *, dtype="float32", mesh=None, reader=None):
+  """(model, reader) from a GGUF file; weights dequantised to `dtype`."""
+  from gguf.quants import dequantize
+
+  path = pathlib.Path(path)
+  reader = reader or open_gguf(path)
+  config = gguf_model_config(reader, path)
+  tensors = {t.name: t for t in reader.tensors}
+  permuted = config.model_type == "llama"
+
+  def read(param_path, shape):
+    hf_name, to_ours, to_hf = hf_tensor_name(param_path, config)
+    name = gguf_tensor_name(hf_name)
+    if name not in tensors:
+      raise CheckpointError(f"{path}: tensor {name!r} is missing; the file does not match its own "
+                            "architecture metadata")
+    tensor = tensors[name]
+    try:
+      weight = dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError as e:
+      raise CheckpointError(f"{path}: tensor {name!r} uses quantisation "
+                            f"{tensor.tensor_type.name}, which the gguf package cannot "
+                            f"dequantise ({e})") from None
+    weight = np.asarray(weight, np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
+    if permuted and name.endswith(("attn_q.weight", "attn_k.weight")):
+      heads = config.num_heads if "attn_q" in name else config.num_kv_heads
+      weight = unpermute_rope_rows(weight, heads)
+    expected = to_hf(np.broadcast_to(np.float32(0), shape)).shape
+    if weight.shape != tuple(expected):
+      raise CheckpointError(f"{path}: tensor {name!r} has shape {weight.shape}, expected "
+                            f"{expected} from the file's metadata")
+    return to_ours(weight)
+
+  return build_model(config, read, dtype=dtype, mesh=mesh), reader

@@ -1,0 +1,375 @@
+"""A Flax NNX decoder-only transformer covering Llama, Qwen2, Qwen3, Gemma and Gemma 2.
+
+The variants differ only by `ModelConfig` switches. Every parameter carries `logical_axes` metadata
+(`vocab`, `embed`, `mlp`, `heads`, `kv_heads`, `head_dim`, `norm`); `reasoning_rl.sharding` maps those
+names to mesh axes in one table.
+
+Two entry points share one attention implementation:
+- `model(token_ids, attention_mask)` — a full (training / scoring) forward over a left- or
+  right-padded batch; positions come from the mask, so a left-padded row computes exactly what the
+  unpadded sequence would.
+- `model.decode(token_ids, positions, cache, write_index)` — the sampler's path: writes the new keys
+  and values into a preallocated `KVCache` (prefill of a prompt, then one token at a time) and attends
+  over everything cached with a position-based causal mask.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from reasoning_rl.models.config import ModelConfig
+
+_MASKED_SCORE = -1e30  # finite, so a query with nothing to attend to gives uniform (unused) weights
+
+
+def _param(rngs: nnx.Rngs | None, shape, dtype, axes, init: str = "normal", std: float = 0.02):
+  if init == "zeros":
+    value = jnp.zeros(shape, dtype)
+  elif init == "ones":
+    value = jnp.ones(shape, dtype)
+  else:
+    value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+  return nnx.Param(value, logical_axes=tuple(axes))
+
+
+class RMSNorm(nnx.Module):
+  """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in float32.
+
+  y = x / sqrt(mean(x²) + eps) · w, or · (1 + w) for Gemma (whose checkpoints store w − 1).
+  """
+
+  def __init__(self, dim: int, *, eps: float, plus_one: bool, param_dtype, axes=("norm",)):
+    self.eps = eps
+    self.plus_one = plus_one
+    self.scale = _param(None, (dim,), param_dtype, axes, init="zeros" if plus_one else "ones")
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    if self.plus_one:
+      return (normed * (1.0 + self.scale[...].astype(jnp.float32))).astype(x.dtype)
+    return normed.astype(x.dtype) * self.scale[...].astype(x.dtype)
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> jax.Array:
+  """RoPE inverse frequencies θ^(−2i/d) (Su et al. 2021), with optional context scaling.
+
+  `llama3` scaling (Meta, Llama 3.1 report 2024): wavelengths longer than
+  original_context/low_freq_factor are divided by `factor`, shorter than
+  original_context/high_freq_factor are kept, and those in between interpolate smoothly.
+  `linear` scaling (Chen et al. 2023, position interpolation) divides every frequency by `factor`.
+  """
+  dim = config.head_dim
+  inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+  scaling = config.rope_scaling
+  if not scaling:
+    return inv_freq
+  kind = scaling.get("rope_type", scaling.get("type"))
+  factor = float(scaling.get("factor", 1.0))
+  if kind == "linear":
+    return inv_freq / factor
+  if kind == "llama3":
+    low = float(scaling["low_freq_factor"])
+    high = float(scaling["high_freq_factor"])
+    old_context = float(scaling["original_max_position_embeddings"])
+    wavelength = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelength > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelength - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelength >= old_context / high) & (wavelength <= old_context / low)
+    return jnp.where(is_medium, smoothed, scaled)
+  return inv_freq
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+  """Rotates x [B, T, H, D] by its positions [B, T], halves layout (first half · second half)."""
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+  cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  return x * cos + rotated * sin
+
+
+def attend(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, window: int | None):
+  """Grouped-query attention with a position-based causal mask.
+
+  q [B, T, N, D]; k, v [B, S, K, D] with N a multiple of K; q_pos [B, T]; k_pos [B, S] where a
+  negative position marks an empty or padding key. Query t attends key s iff
+  0 <= k_pos[s] <= q_pos[t] (and q_pos[t] − k_pos[s] < window for sliding layers). Scores and softmax
+  are float32 whatever the compute dtype.
+  """
+  batch, steps, num_heads, head_dim = q.shape
+  num_kv = k.shape[2]
+  q = q.reshape(batch, steps, num_kv, num_heads // num_kv, head_dim)
+  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  if softcap:
+    scores = jnp.tanh(scores / softcap) * softcap
+  delta = q_pos[:, :, None] - k_pos[:, None, :]  # [B, T, S]
+  mask = (k_pos[:, None, :] >= 0) & (delta >= 0)
+  if window:
+    mask &= delta < window
+  scores = jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(batch, steps, num_heads, head_dim)
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Keys and values of every layer for B rows of up to S tokens.
+
+  k[l], v[l]: [B, S, K, D]. pos [B, S] int32 is the position of each cached token, −1 where empty;
+  the attention mask is derived from it, so rows may hold sequences of different lengths.
+  """
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  pos: jax.Array
+
+  @classmethod
+  def init(cls, config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
+    shape = (batch, max_len, config.num_kv_heads, config.head_dim)
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    return cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+               pos=jnp.full((batch, max_len), -1, jnp.int32))
+
+  @property
+  def max_len(self) -> int:
+    return self.pos.shape[1]
+
+
+def _scatter_rows(buffer: jax.Array, rows_index: jax.Array, values: jax.Array) -> jax.Array:
+  """buffer[b, rows_index[b, t]] = values[b, t]; indices outside the buffer are dropped."""
+  batch = jnp.arange(buffer.shape[0])[:, None]
+  return buffer.at[batch, rows_index].set(values, mode="drop")
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, config: ModelConfig, layer_index: int, *, param_dtype, rngs):
+    c = config
+    self.config = c
+    self.window = c.sliding_window if c.layer_types[layer_index] == "sliding_attention" else None
+    self.q_proj = _param(rngs, (c.hidden_size, c.num_heads, c.head_dim), param_dtype,
+                         ("embed", "heads", "head_dim"))
+    self.k_proj = _param(rngs, (c.hidden_size, c.num_kv_heads, c.head_dim), param_dtype,
+                         ("embed", "kv_heads", "head_dim"))
+    self.v_proj = _param(rngs, (c.hidden_size, c.num_kv_heads, c.head_dim), param_dtype,
+                         ("embed", "kv_heads", "head_dim"))
+    self.o_proj = _param(rngs, (c.num_heads, c.head_dim, c.hidden_size), param_dtype,
+                         ("heads", "head_dim", "embed"))
+    if c.attention_bias:
+      self.q_bias = _param(rngs, (c.num_heads, c.head_dim), param_dtype, ("heads", "head_dim"))
+      self.k_bias = _param(rngs, (c.num_kv_heads, c.head_dim), param_dtype,
+                           ("kv_heads", "head_dim"))
+      self.v_bias = _param(rngs, (c.num_kv_heads, c.head_dim), param_dtype,
+                           ("kv_heads", "head_dim"))
+    if c.qk_norm:
+      self.q_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, plus_one=False,
+                            param_dtype=param_dtype)
+      self.k_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, plus_one=False,
+                            param_dtype=param_dtype)
+
+  def project_qkv(self, x, positions, inv_freq):
+    dtype = x.dtype
+    q = jnp.einsum("btd,dhk->bthk", x, self.q_proj[...].astype(dtype))
+    k = jnp.einsum("btd,dhk->bthk", x, self.k_proj[...].astype(dtype))
+    v = jnp.einsum("btd,dhk->bthk", x, self.v_proj[...].astype(dtype))
+    if self.config.attention_bias:
+      q = q + self.q_bias[...].astype(dtype)
+      k = k + self.k_bias[...].astype(dtype)
+      v = v + self.v_bias[...].astype(dtype)
+    if self.config.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+  def output(self, attended):
+    return jnp.einsum("bthk,hkd->btd", attended, self.o_proj[...].astype(attended.dtype))
+
+  def __call__(self, x, positions, key_positions, inv_freq, cache_kv=None, write_index=None):
+    """Self-attention of x [B, T, D]; with `cache_kv` the new k/v are written into it first."""
+    q, k, v = self.project_qkv(x, positions, inv_freq)
+    if cache_kv is not None:
+      slots = write_index[:, None] + jnp.arange(x.shape[1])[None, :]
+      k_all = _scatter_rows(cache_kv[0], slots, k.astype(cache_kv[0].dtype))
+      v_all = _scatter_rows(cache_kv[1], slots, v.astype(cache_kv[1].dtype))
+      new_cache_kv = (k_all, v_all)
+      k, v = k_all.astype(x.dtype), v_all.astype(x.dtype)
+    else:
+      new_cache_kv = None
+    c = self.config
+    attended = attend(q, k, v, positions, key_positions, scale=c.attention_scale,
+                      softcap=c.attn_logit_softcap, window=self.window)
+    return self.output(attended), new_cache_kv
+
+
+class MLP(nnx.Module):
+  """Gated MLP: down(act(gate(x)) · up(x)); SwiGLU (Shazeer 2020) or GeGLU for Gemma."""
+
+  def __init__(self, config: ModelConfig, *, param_dtype, rngs):
+    d, f = config.hidden_size, config.intermediate_size
+    self.activation = config.activation
+    self.gate_proj = _param(rngs, (d, f), param_dtype, ("embed", "mlp"))
+    self.up_proj = _param(rngs, (d, f), param_dtype, ("embed", "mlp"))
+    self.down_proj = _param(rngs, (f, d), param_dtype, ("mlp", "embed"))
+
+  def __call__(self, x):
+    dtype = x.dtype
+    gate = x @ self.gate_proj[...].astype(dtype)
+    up = x @ self.up_proj[...].astype(dtype)
+    if self.activation == "silu":
+      hidden = jax.nn.silu(gate) * up
+    else:
+      hidden = jax.nn.gelu(gate, approximate=True) * up
+    return hidden @ self.down_proj[...].astype(dtype)
+
+
+class Block(nnx.Module):
+  """Pre-norm residual block; Gemma 2 adds a norm after attention and after the MLP."""
+
+  def __init__(self, config: ModelConfig, layer_index: int, *, param_dtype, rngs):
+    def norm():
+      return RMSNorm(config.hidden_size, eps=config.rms_norm_eps,
+                     plus_one=config.norm_plus_one, param_dtype=param_dtype)
+
+    self.attn_norm = norm()
+    self.attn = Attention(config, layer_index, param_dtype=param_dtype, rngs=rngs)
+    self.mlp_norm = norm()
+    self.mlp = MLP(config, param_dtype=param_dtype, rngs=rngs)
+    self.sandwich = config.sandwich_norms
+    if self.sandwich:
+      self.attn_post_norm = norm()
+      self.mlp_post_norm = norm()
+
+  def __call__(self, x, positions, key_positions, inv_freq, cache_kv=None, write_index=None):
+    attn_out, new_cache_kv = self.attn(self.attn_norm(x), positions, key_positions, inv_freq,
+                                       cache_kv, write_index)
+    if self.sandwich:
+      attn_out = self.attn_post_norm(attn_out)
+    x = x + attn_out
+    mlp_out = self.mlp(self.mlp_norm(x))
+    if self.sandwich:
+      mlp_out = self.mlp_post_norm(mlp_out)
+    return x + mlp_out, new_cache_kv
+
+
+def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
+  """Position of each token counted over real tokens only; −1 at padding.
+
+  A left-padded row [0, 0, a, b, c] gets [−1, −1, 0, 1, 2], so it computes exactly what the unpadded
+  sequence [a, b, c] computes; the negative marks padding keys as never attended.
+  """
+  mask = attention_mask.astype(jnp.int32)
+  return jnp.where(mask > 0, jnp.cumsum(mask, axis=-1) - 1, -1)
+
+
+class Transformer(nnx.Module):
+  """Decoder-only language model; see the module docstring for the two entry points."""
+
+  def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    c = config
+    self.config = c
+    self.dtype = jnp.dtype(dtype)
+    self.param_dtype = jnp.dtype(param_dtype)
+    self.embed = _param(rngs, (c.vocab_size, c.hidden_size), param_dtype, ("vocab", "embed"))
+    self.layers = nnx.List(
+        [Block(c, i, param_dtype=param_dtype, rngs=rngs) for i in range(c.num_layers)])
+    self.final_norm = RMSNorm(c.hidden_size, eps=c.rms_norm_eps, plus_one=c.norm_plus_one,
+                              param_dtype=param_dtype)
+    if not c.tie_word_embeddings:
+      self.lm_head = _param(rngs, (c.hidden_size, c.vocab_size), param_dtype, ("embed", "vocab"))
+
+  # ------------------------------------------------------------------------------- pieces
+
+  def embed_tokens(self, token_ids: jax.Array) -> jax.Array:
+    x = jnp.take(self.embed[...], token_ids, axis=0).astype(self.dtype)
+    if self.config.scale_embeddings:
+      x = x * jnp.asarray(math.sqrt(self.config.hidden_size), self.dtype)
+    return x
+
+  def output_kernel(self) -> jax.Array:
+    """[D, V] projection to the vocabulary (the transposed embedding when tied)."""
+    if self.config.tie_word_embeddings:
+      return self.embed[...].T
+    return self.lm_head[...]
+
+  def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
+    """Final-normed hidden [..., D] → logits [..., V] in float32 (soft-capped for Gemma 2)."""
+    logits = jnp.dot(hidden, self.output_kernel().astype(hidden.dtype),
+                     preferred_element_type=jnp.float32)
+    cap = self.config.final_logit_softcap
+    if cap:
+      logits = jnp.tanh(logits / cap) * cap
+    return logits
+
+  # ------------------------------------------------------------------------------- entry points
+
+  def hidden_states(self, token_ids, attention_mask=None, *, positions=None):
+    """Final-normed hidden states [B, T, D] of a full forward (no cache)."""
+    if attention_mask is None:
+      attention_mask = jnp.ones(token_ids.shape, jnp.int32)
+    if positions is None:
+      positions = positions_from_mask(attention_mask)
+    key_positions = jnp.where(attention_mask > 0, positions, -1)
+    inv_freq = rope_inverse_frequencies(self.config)
+    x = self.embed_tokens(token_ids)
+    for block in self.layers:
+      x, _ = block(x, positions, key_positions, inv_freq)
+    return self.final_norm(x)
+
+  def __call__(self, token_ids, attention_mask=None, *, positions=None):
+    """Logits [B, T, V] (float32) of a batch that may be left- or right-padded."""
+    return self.logits_from_hidden(
+        self.hidden_states(token_ids, attention_mask, positions=positions))
+
+  def decode(self, token_ids, positions, cache: KVCache, write_index):
+    """Runs T new tokens per row through the KV cache.
+
+    token_ids, positions [B, T] (position −1 marks padding inside a bucketed prefill);
+    write_index [B] is the cache slot of each row's first new token. Returns (logits [B, T, V],
+    updated cache). Tokens are written at slots write_index + t, so a row's cache is contiguous.
+    """
+    slots = write_index[:, None] + jnp.arange(token_ids.shape[1])[None, :]
+    cache_pos = _scatter_rows(cache.pos, slots, positions.astype(jnp.int32))
+    inv_freq = rope_inverse_frequencies(self.config)
+    x = self.embed_tokens(token_ids)
+    new_k, new_v = [], []
+    for layer, block in enumerate(self.layers):
+      x, (k, v) = block(x, positions, cache_pos, inv_freq, (cache.k[layer], cache.v[layer]),
+                        write_index)
+      new_k.append(k)
+      new_v.append(v)
+    logits = self.logits_from_hidden(self.final_norm(x))
+    return logits, KVCache(k=tuple(new_k), v=tuple(new_v), pos=cache_pos)
+
+
+def create_model(config: ModelConfig, *, seed: int = 0, dtype=jnp.float32,
+                 param_dtype=jnp.float32) -> Transformer:
+  """A randomly initialised model (weights ~ N(0, 0.02²), norms neutral)."""
+  return Transformer(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(params=seed))
+
+
+def abstract_model(config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32):
+  """The model's structure without allocating weights: (graphdef, abstract state)."""
+  model = nnx.eval_shape(lambda: create_model(config, dtype=dtype, param_dtype=param_dtype))
+  return nnx.split(model)
+
+
+def logical_axes(state: nnx.State) -> nnx.State:
+  """The `logical_axes` metadata of every parameter in a state, as a tree of tuples."""
+  return jax.tree.map(lambda v: v.get_metadata()["logical_axes"], state,
+                      is_leaf=lambda v: isinstance(v, nnx.Variable))
+
+
+__all__ = [
+    "Attention", "Block", "KVCache", "MLP", "ModelConfig", "RMSNorm", "Transformer",
+    "abstract_model", "apply_rope", "attend", "create_model", "logical_axes",
+    "positions_from_mask", "rope_inverse_frequencies",
+]

@@ -1,0 +1,136 @@
+"""Device meshes, the trainer / sampler slices, and the one table of partition rules.
+
+Every array dimension in the project is named with a logical axis (`batch`, `vocab`, `embed`, `mlp`,
+`heads`, `kv_heads`, `head_dim`, `norm`, `length`); `LOGICAL_AXIS_RULES` maps each to mesh axes
+(`data`, `fsdp`, `tensor`). Parameters are sharded FSDP-style over `fsdp` on their embedding
+dimension and Megatron-style over `tensor` on heads / MLP / vocabulary; activations split their batch
+over `data` × `fsdp`. A dimension that a mesh axis does not divide stays replicated on that axis (e.g.
+SmolLM2's 3 KV heads on a tensor axis of 2), so any model fits any mesh.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from reasoning_rl.errors import ConfigError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axes (a tuple shards over several mesh axes, None replicates).
+LOGICAL_AXIS_RULES: dict[str, tuple[str, ...] | None] = {
+    "batch": ("data", "fsdp"),
+    "length": None,
+    "vocab": ("tensor",),
+    "embed": ("fsdp",),
+    "mlp": ("tensor",),
+    "heads": ("tensor",),
+    "kv_heads": ("tensor",),
+    "head_dim": None,
+    "norm": None,
+}
+
+
+def make_mesh(shape: Sequence[int] | dict[str, int], devices: Sequence[jax.Device] | None = None,
+              *, field: str = "mesh") -> Mesh:
+  """A mesh with axes (data, fsdp, tensor) over `devices` (default: all).
+
+  `shape` gives the three sizes (a dict by axis name or a sequence in MESH_AXES order); one of them
+  may be -1 to take whatever the others leave. `field` names the config field in errors.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  if isinstance(shape, dict):
+    unknown = set(shape) - set(MESH_AXES)
+    if unknown:
+      raise ConfigError(f"{field}: unknown mesh axes {sorted(unknown)}; use {MESH_AXES}")
+    sizes = [int(shape.get(axis, 1)) for axis in MESH_AXES]
+  else:
+    sizes = [int(s) for s in shape]
+    if len(sizes) != len(MESH_AXES):
+      raise ConfigError(f"{field}: needs {len(MESH_AXES)} sizes for {MESH_AXES}, got {sizes}")
+  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise ConfigError(f"{field}: sizes {sizes} must be positive, with at most one -1")
+  if -1 in sizes:
+    known = math.prod(s for s in sizes if s != -1)
+    if len(devices) % known:
+      raise ConfigError(
+          f"{field}: {len(devices)} devices cannot be split into {sizes}; make the known sizes "
+          f"divide {len(devices)}")
+    sizes[sizes.index(-1)] = len(devices) // known
+  if math.prod(sizes) != len(devices):
+    raise ConfigError(
+        f"{field}: mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices but "
+        f"{len(devices)} are available; change the sizes so their product is {len(devices)} "
+        "(or use -1 for one axis)")
+  return Mesh(np.asarray(devices, dtype=object).reshape(sizes), MESH_AXES)
+
+
+def split_devices(num_trainer: int, devices: Sequence[jax.Device] | None = None,
+                  *, field: str = "num_trainer_devices"):
+  """Splits devices into (trainer, sampler) lists; 0 < num_trainer < len(devices).
+
+  With a single device both roles share it (returned as the same one-element list), which is how the
+  CPU demo runs.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  if len(devices) == 1:
+    return devices, devices
+  if not 0 < num_trainer < len(devices):
+    raise ConfigError(
+        f"{field}={num_trainer}: must leave at least one of the {len(devices)} devices to each "
+        "slice (trainer and sampler)")
+  return devices[:num_trainer], devices[num_trainer:]
+
+
+def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+  """PartitionSpec for an array whose dimensions carry logical `axes`.
+
+  A mesh axis is used at most once per array, and only where it divides the dimension; otherwise the
+  dimension stays replicated on it.
+  """
+  if len(axes) != len(shape):
+    raise ValueError(f"logical axes {tuple(axes)} do not match shape {tuple(shape)}")
+  used: set[str] = set()
+  spec = []
+  for name, size in zip(axes, shape):
+    if name is not None and name not in LOGICAL_AXIS_RULES:
+      raise ValueError(f"logical axis {name!r} has no rule in LOGICAL_AXIS_RULES")
+    chosen = []
+    for mesh_axis in (LOGICAL_AXIS_RULES.get(name) or ()) if name else ():
+      factor = math.prod(mesh.shape[a] for a in chosen) * mesh.shape[mesh_axis]
+      if mesh_axis not in used and mesh.shape[mesh_axis] > 1 and size % factor == 0:
+        chosen.append(mesh_axis)
+    used.update(chosen)
+    spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else tuple(chosen))
+  return PartitionSpec(*spec)
+
+
+def sharding_for(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, logical_to_spec(axes, shape, mesh))
+
+
+def param_shardings(abstract_state, mesh: Mesh):
+  """NamedSharding of every parameter of an nnx state (abstract or concrete) on `mesh`."""
+  from flax import nnx  # local: keeps this module importable without flax for planning tools
+
+  def one(variable):
+    return sharding_for(variable.get_metadata()["logical_axes"], variable.shape, mesh)
+
+  return jax.tree.map(one, abstract_state, is_leaf=lambda v: isinstance(v, nnx.Variable))
+
+
+def reshard(tree, shardings):
+  """Moves a tree of arrays onto new shardings (e.g. trainer mesh -> sampler mesh).
+
+  `jax.device_put` copies device to device, shard by shard; values are bit-identical.
+  """
+  return jax.device_put(tree, shardings)
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+  """Activations / data: batch over (data, fsdp), the rest replicated."""
+  return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
