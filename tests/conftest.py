@@ -37,3 +37,22 @@ def smollm2_gguf_path() -> pathlib.Path:
 def sentencepiece_model_path() -> pathlib.Path:
   """A real SentencePiece model shipped by `pip install --no-deps mistral-common`."""
   return _package_dir("mistral_common") / "data" / "tokenizer.model.v1"
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_gguf_path):
+  """(model, tokenizer) of SmolLM2-135M-Instruct loaded by reasoning_rl, float32, device 0."""
+  from reasoning_rl.models import load
+
+  return load(smollm2_gguf_path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_torch(smollm2_gguf_path):
+  """The same GGUF loaded by transformers (dequantised to float32): the reference."""
+  import torch
+  import transformers
+
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      str(smollm2_gguf_path.parent), gguf_file=smollm2_gguf_path.name, dtype=torch.float32)
+  return model.eval()
