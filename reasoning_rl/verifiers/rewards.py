@@ -1,0 +1,371 @@
+"""Reward composition: a reward is a weighted sum of named parts, configured with ml_collections.
+
+Example (`config.rewards`):
+
+    rewards = ml_collections.ConfigDict({
+        "correct": {"weight": 1.0, "verifier": "math"},
+        "format": {"weight": 0.1},
+        "length": {"weight": 1.0, "method": "dapo", "cache_len": 256},
+    })
+
+Each entry is a part; its `kind` defaults to its name (`correct`, `format`, `language`, `length`), so
+two parts of one kind need distinct names and an explicit `kind`. `parts` of a `Reward` hold the
+*unweighted* value of every part (so each is logged on its own); `total` = Σ weight · value.
+
+Settings (all optional except `weight`; defaults in `PART_DEFAULTS`):
+  correct:  verifier (math | countdown | reasoning_gym | code | auto), extract, timeout_s, answer_tag,
+            use_each, allow_unary_minus (countdown), success_threshold (reasoning_gym),
+            partial_credit (code: passed/total instead of all-or-nothing).
+  format:   think_tag, answer_tag, require_nonempty_think, require_nonempty_answer,
+            think_open_in_prompt, pattern.
+  language: script, think_tag, think_open_in_prompt.
+  length:   method (dapo | kimi | lcpo | lcpo_max), cache_len, max_len (default: the record's
+            max_new_tokens), alpha, delta, target_tokens (default: record.metadata["target_tokens"]).
+
+`verifier_version` is derived from every part's name, kind, weight, resolved settings and the
+version constants of the verifiers (and of math-verify / reasoning-gym), so any change shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from reasoning_rl.errors import ConfigError, VerifierError
+from reasoning_rl.verifiers import format as format_lib
+from reasoning_rl.verifiers import length as length_lib
+from reasoning_rl.verifiers import logic as logic_lib
+from reasoning_rl.verifiers import math as math_lib
+
+CODE_VERIFIER_VERSION = "code-1"
+VERIFIERS = ("math", "countdown", "reasoning_gym", "code", "auto")
+LENGTH_METHODS = ("dapo", "kimi", "lcpo", "lcpo_max")
+CODE_TASKS = ("code", "humaneval", "mbpp")
+
+PART_DEFAULTS: dict[str, dict[str, Any]] = {
+    "correct": {"verifier": "math", "extract": "answer_or_boxed", "timeout_s": 5.0,
+                "answer_tag": "answer", "use_each": "exactly_once", "allow_unary_minus": False,
+                "success_threshold": 1.0, "partial_credit": False},
+    "format": {"think_tag": "think", "answer_tag": "answer", "require_nonempty_think": True,
+               "require_nonempty_answer": True, "think_open_in_prompt": False, "pattern": None},
+    "language": {"script": "latin", "think_tag": "think", "think_open_in_prompt": False},
+    "length": {"method": "dapo", "cache_len": None, "max_len": None, "alpha": 3e-4, "delta": 0.5,
+               "target_tokens": None},
+}
+
+
+@dataclasses.dataclass
+class CompletionRecord:
+  """What a reward is computed from.
+
+  Attributes:
+    response: the completion text.
+    ground_truth: the reference answer (math, reasoning-gym).
+    task: task name (routes `verifier="auto"`: countdown, code/humaneval/mbpp, else by metadata).
+    num_tokens: completion length in tokens.
+    truncated: generation hit `max_new_tokens` without finishing.
+    max_new_tokens: the generation limit (DAPO's L_max unless `length.max_len` is set).
+    prompt: the prompt text (reasoning-gym `question`).
+    tests: code tests (assert statements) for code tasks.
+    metadata: task metadata: countdown `numbers`/`target`, reasoning-gym entry metadata
+      (`source_dataset`, …), LCPO `target_tokens`.
+  """
+
+  response: str
+  ground_truth: str = ""
+  task: str = "math"
+  num_tokens: int = 0
+  truncated: bool = False
+  max_new_tokens: int | None = None
+  prompt: str = ""
+  tests: Sequence[str] = ()
+  metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  @classmethod
+  def coerce(cls, record: CompletionRecord | Mapping[str, Any]) -> CompletionRecord:
+    """Accepts a record or a mapping (`completion` and `answer` are aliases of `response` and
+    `ground_truth`, as in rollout rows and task files)."""
+    if isinstance(record, cls):
+      return record
+    if not isinstance(record, Mapping):
+      raise VerifierError(f"completion record must be a CompletionRecord or a mapping, got "
+                          f"{type(record).__name__}")
+    data = dict(record)
+    if "response" not in data and "completion" in data:
+      data["response"] = data.pop("completion")
+    if "ground_truth" not in data and "answer" in data:
+      data["ground_truth"] = data.pop("answer")
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclasses.dataclass(frozen=True)
+class Reward:
+  """A scalar reward, its unweighted parts, and the version of the verifiers that produced it."""
+
+  total: float
+  parts: dict[str, float]
+  verifier_version: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+  """One configured reward part (picklable: plain data, behaviour in module functions)."""
+
+  name: str
+  kind: str
+  weight: float
+  settings: Mapping[str, Any]
+
+  @property
+  def group_level(self) -> bool:
+    return self.kind == "length" and self.settings["method"] == "kimi"
+
+  @property
+  def needs_correctness(self) -> bool:
+    return self.kind == "length" and self.settings["method"] in ("kimi", "lcpo_max")
+
+  @property
+  def version(self) -> str:
+    if self.kind == "correct":
+      verifier = self.settings["verifier"]
+      table = {"math": math_lib.MATH_VERIFIER_VERSION,
+               "countdown": logic_lib.COUNTDOWN_VERIFIER_VERSION,
+               "reasoning_gym": logic_lib.REASONING_GYM_VERIFIER_VERSION,
+               "code": CODE_VERIFIER_VERSION}
+      return "+".join(table.values()) if verifier == "auto" else table[verifier]
+    return {"format": format_lib.FORMAT_VERIFIER_VERSION,
+            "language": format_lib.LANGUAGE_VERIFIER_VERSION,
+            "length": length_lib.LENGTH_VERIFIER_VERSION}[self.kind]
+
+
+def _plain(config: Any) -> Any:
+  """ConfigDict / FrozenConfigDict / mappings → plain dicts (picklable, JSON-able)."""
+  if hasattr(config, "to_dict"):
+    config = config.to_dict()
+  if isinstance(config, Mapping):
+    return {str(k): _plain(v) for k, v in config.items()}
+  if isinstance(config, (list, tuple)):
+    return [_plain(v) for v in config]
+  return config
+
+
+def build_parts(rewards_config: Any) -> list[Part]:
+  """Validates `rewards_config` and resolves every part's settings (defaults filled in)."""
+  spec = _plain(rewards_config)
+  if not isinstance(spec, Mapping) or not spec:
+    raise ConfigError("rewards must be a non-empty mapping of part name -> {weight: …, …}, e.g. "
+                      "{'correct': {'weight': 1.0, 'verifier': 'math'}}")
+  parts = []
+  for name, part_spec in spec.items():
+    field = f"rewards.{name}"
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+      raise ConfigError(f"{field}: part names must be identifiers")
+    if not isinstance(part_spec, Mapping):
+      raise ConfigError(f"{field} must be a mapping such as {{'weight': 1.0}}, got {part_spec!r}")
+    part_spec = dict(part_spec)
+    kind = part_spec.pop("kind", name)
+    if kind not in PART_DEFAULTS:
+      raise ConfigError(f"{field}.kind={kind!r} is not a known reward part; choose one of "
+                        f"{sorted(PART_DEFAULTS)} (or set 'kind' for a custom part name)")
+    if "weight" not in part_spec:
+      raise ConfigError(f"{field}.weight is missing; give the part a float weight (e.g. 1.0)")
+    weight = part_spec.pop("weight")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+      raise ConfigError(f"{field}.weight={weight!r} must be a number")
+    unknown = sorted(set(part_spec) - set(PART_DEFAULTS[kind]))
+    if unknown:
+      raise ConfigError(f"{field}.{unknown[0]} is not a setting of a {kind!r} part; known: "
+                        f"{sorted(PART_DEFAULTS[kind])}")
+    settings = {**PART_DEFAULTS[kind], **part_spec}
+    _validate(field, kind, settings)
+    parts.append(Part(name, kind, float(weight), settings))
+  if sum(p.kind == "correct" for p in parts) > 1:
+    raise ConfigError("rewards: at most one part of kind 'correct' is allowed")
+  if any(p.needs_correctness for p in parts) and not any(p.kind == "correct" for p in parts):
+    raise ConfigError("rewards: a length part with method kimi or lcpo_max needs a 'correct' part")
+  return parts
+
+
+def _validate(field: str, kind: str, s: dict[str, Any]) -> None:
+  if kind == "correct":
+    if s["verifier"] not in VERIFIERS:
+      raise ConfigError(f"{field}.verifier={s['verifier']!r} is unknown; choose one of {VERIFIERS}")
+    if s["extract"] not in math_lib.EXTRACT_MODES + ("none",):
+      raise ConfigError(f"{field}.extract={s['extract']!r} is unknown; choose one of "
+                        f"{math_lib.EXTRACT_MODES + ('none',)}")
+    if s["verifier"] == "math" and s["extract"] == "none":
+      raise ConfigError(f"{field}.extract='none' only applies to countdown/reasoning_gym; math "
+                        f"reads {math_lib.EXTRACT_MODES}")
+    if s["use_each"] not in logic_lib.USE_EACH_MODES:
+      raise ConfigError(f"{field}.use_each={s['use_each']!r}; choose one of "
+                        f"{logic_lib.USE_EACH_MODES}")
+    if not isinstance(s["timeout_s"], (int, float)) or s["timeout_s"] <= 0:
+      raise ConfigError(f"{field}.timeout_s={s['timeout_s']!r} must be a positive number")
+  elif kind == "format":
+    format_lib.FormatSpec(**_format_kwargs(s))  # raises ConfigError on bad tags / regex
+  elif kind == "language":
+    if s["script"] not in format_lib.SCRIPT_NAME_PREFIXES:
+      raise ConfigError(f"{field}.script={s['script']!r} is unknown; choose one of "
+                        f"{sorted(format_lib.SCRIPT_NAME_PREFIXES)}")
+  elif kind == "length":
+    if s["method"] not in LENGTH_METHODS:
+      raise ConfigError(f"{field}.method={s['method']!r} is unknown; choose one of {LENGTH_METHODS}")
+    if s["method"] == "dapo" and (not isinstance(s["cache_len"], int) or s["cache_len"] <= 0):
+      raise ConfigError(f"{field}.cache_len={s['cache_len']!r}: DAPO needs a positive L_cache in "
+                        "tokens (e.g. 256)")
+
+
+def _format_kwargs(s: Mapping[str, Any]) -> dict[str, Any]:
+  return {k: s[k] for k in ("think_tag", "answer_tag", "require_nonempty_think",
+                            "require_nonempty_answer", "think_open_in_prompt", "pattern")}
+
+
+def verifier_version(parts: Sequence[Part]) -> str:
+  """A stable, readable id of the configured reward: part:version list + hash of everything."""
+  canonical = [[p.name, p.kind, p.weight, p.version, sorted(p.settings.items())]
+               for p in sorted(parts, key=lambda p: p.name)]
+  digest = hashlib.sha256(json.dumps(canonical, sort_keys=True, default=repr).encode()).hexdigest()
+  readable = ",".join(f"{p.name}={p.version}" for p in sorted(parts, key=lambda p: p.name))
+  return f"{readable}#{digest[:12]}"
+
+
+# ------------------------------------------------------------------------------------- part scoring
+
+
+def _route(record: CompletionRecord) -> str:
+  if record.task == "countdown":
+    return "countdown"
+  if record.task in CODE_TASKS or record.tests:
+    return "code"
+  if "source_dataset" in record.metadata:
+    return "reasoning_gym"
+  return "math"
+
+
+def _metadata_field(record: CompletionRecord, key: str) -> Any:
+  if key not in record.metadata:
+    raise VerifierError(f"task {record.task!r}: completion record has no metadata[{key!r}]; the "
+                        "task source must pass it through")
+  return record.metadata[key]
+
+
+def _code_answer(response: str, answer_tag: str) -> str:
+  spans = format_lib.tag_contents(response, answer_tag)
+  text = spans[-1] if spans else response
+  blocks = re.findall(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)```", text, re.DOTALL)
+  return blocks[-1] if blocks else text
+
+
+def score_correct(record: CompletionRecord, s: Mapping[str, Any]) -> float:
+  """The `correct` part: 1.0 / 0.0 (or a pass share for code with partial_credit)."""
+  verifier = _route(record) if s["verifier"] == "auto" else s["verifier"]
+  if verifier == "math":
+    extract = "answer_or_boxed" if s["extract"] == "none" else s["extract"]  # via verifier=auto
+    return float(math_lib.is_correct(record.response, record.ground_truth, extract=extract,
+                                      timeout_s=s["timeout_s"], answer_tag=s["answer_tag"]))
+  logic_extract = "none" if s["extract"] == "none" else "answer"
+  if verifier == "countdown":
+    return float(logic_lib.countdown_correct(
+        record.response, _metadata_field(record, "numbers"), _metadata_field(record, "target"),
+        extract=logic_extract, use_each=s["use_each"], allow_unary_minus=s["allow_unary_minus"],
+        answer_tag=s["answer_tag"]))
+  if verifier == "reasoning_gym":
+    entry = {"question": record.prompt, "answer": record.ground_truth,
+             "metadata": dict(record.metadata)}
+    return logic_lib.reasoning_gym_score(record.response, entry, extract=logic_extract,
+                                         success_threshold=s["success_threshold"],
+                                         answer_tag=s["answer_tag"])
+  # code: the sandbox lives in reasoning_rl.verifiers.code; imported only when code is scored.
+  from reasoning_rl.verifiers import code as code_lib  # pylint: disable=import-outside-toplevel
+
+  if not record.tests:
+    raise VerifierError(f"task {record.task!r}: code record has no tests")
+  result = code_lib.run_tests(_code_answer(record.response, s["answer_tag"]), list(record.tests),
+                              timeout_s=s["timeout_s"])
+  if result.total <= 0:
+    return 0.0
+  if s["partial_credit"]:
+    return result.passed / result.total
+  return float(result.passed == result.total and result.status == "passed")
+
+
+def score_format(record: CompletionRecord, s: Mapping[str, Any]) -> float:
+  return float(format_lib.format_ok(record.response, format_lib.FormatSpec(**_format_kwargs(s))))
+
+
+def score_language(record: CompletionRecord, s: Mapping[str, Any]) -> float:
+  return format_lib.language_consistency(record.response, s["script"], think_tag=s["think_tag"],
+                                         think_open_in_prompt=s["think_open_in_prompt"])
+
+
+def score_length(record: CompletionRecord, s: Mapping[str, Any], correct: float | None) -> float:
+  """Per-record length methods (dapo, lcpo, lcpo_max); kimi is scored per group."""
+  method = s["method"]
+  if method == "dapo":
+    max_len = s["max_len"] if s["max_len"] is not None else record.max_new_tokens
+    if max_len is None:
+      raise VerifierError("length (dapo): set rewards.<part>.max_len or pass max_new_tokens in "
+                          "the completion record")
+    return length_lib.dapo_overlong_penalty(record.num_tokens, max_len=int(max_len),
+                                            cache_len=s["cache_len"], truncated=record.truncated)
+  target = s["target_tokens"]
+  if target is None:
+    target = _metadata_field(record, "target_tokens")
+  if method == "lcpo":
+    return length_lib.lcpo_exact_penalty(record.num_tokens, int(target), alpha=s["alpha"])
+  return length_lib.lcpo_max_reward(bool(correct is not None and correct >= 1.0), record.num_tokens,
+                                    int(target), alpha=s["alpha"], delta=s["delta"])
+
+
+class RewardFunction:
+  """Computes `Reward`s for completion records according to a `rewards` config.
+
+  Picklable (it holds only plain data), so it can be shipped to verifier worker processes.
+  """
+
+  def __init__(self, rewards_config: Any):
+    self.parts = build_parts(rewards_config)
+    self.verifier_version = verifier_version(self.parts)
+
+  @property
+  def needs_group(self) -> bool:
+    """True when a part (Kimi length reward) can only be computed over a whole group."""
+    return any(p.group_level for p in self.parts)
+
+  def __call__(self, record: CompletionRecord | Mapping[str, Any]) -> Reward:
+    if self.needs_group:
+      names = [p.name for p in self.parts if p.group_level]
+      raise VerifierError(f"reward parts {names} need the whole group of completions; call "
+                          "RewardFunction.score_group(records)")
+    return self.score_group([record])[0]
+
+  def score_group(self, records: Sequence[CompletionRecord | Mapping[str, Any]]) -> list[Reward]:
+    """Rewards for the completions of one prompt (group-level parts see all of them)."""
+    records = [CompletionRecord.coerce(r) for r in records]
+    correct_part = next((p for p in self.parts if p.kind == "correct"), None)
+    correct = [score_correct(r, correct_part.settings) if correct_part else None for r in records]
+    values: dict[str, list[float]] = {}
+    for part in self.parts:
+      if part.kind == "correct":
+        values[part.name] = [float(c) for c in correct]
+      elif part.group_level:
+        values[part.name] = length_lib.kimi_length_rewards(
+            [r.num_tokens for r in records], [c >= 1.0 for c in correct])
+      elif part.kind == "format":
+        values[part.name] = [score_format(r, part.settings) for r in records]
+      elif part.kind == "language":
+        values[part.name] = [score_language(r, part.settings) for r in records]
+      else:
+        values[part.name] = [score_length(r, part.settings, c) for r, c in zip(records, correct)]
+    rewards = []
+    for i in range(len(records)):
+      parts = {p.name: float(values[p.name][i]) for p in self.parts}
+      total = sum(p.weight * parts[p.name] for p in self.parts)
+      rewards.append(Reward(total=float(total), parts=parts,
+                            verifier_version=self.verifier_version))
+    return rewards
