@@ -1,0 +1,272 @@
+"""Host side of the code sandbox: starts the supervisor in fresh Linux namespaces, enforces the wall
+clock, and collects the verdicts only the supervisor can send.
+
+Isolation (`isolation="namespaces"`, the default), all from the `unshare` tool of util-linux plus a
+small Python supervisor (`sandbox_supervisor.py`), so no extra system package is needed:
+
+* user namespace (the caller's uid becomes root inside, with capabilities only for setting up),
+  mount namespace with a private root (read-only /usr and the Python installation, read-only procfs,
+  writable tmpfs /scratch and /tmp, no /work, /root, /home, /etc, or host /tmp), pid namespace
+  (killing its init kills everything the program started), empty net namespace (no network, not even
+  the host's loopback), private IPC and UTS namespaces;
+* the program's process holds no capabilities (bounding set empty, securebits lock root out),
+  has no_new_privs, and runs under rlimits (CPU seconds, address space, file size, processes, open
+  files) in a scrubbed environment;
+* a wall deadline: the supervisor stops at `timeout_s`, and this side kills the whole process group
+  (and with it the namespace) half a second later if the supervisor has not finished.
+
+`isolation="rlimits_only"` keeps the separate process, the rlimits, the scrubbed environment and the
+unforgeable verdict, but has no private file system, no network isolation, and cannot reap processes
+that escape with setsid. It exists for hosts without user namespaces, must be asked for explicitly,
+and logs a warning.
+"""
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from reasoning_rl.errors import VerifierError
+
+ISOLATION_MODES = ("namespaces", "rlimits_only")
+_SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_supervisor.py")
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_KILL_GRACE_S = 0.5
+_STDERR_KEEP_BYTES = 4096
+_logger = logging.getLogger(__name__)
+_warned_rlimits_only = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxLimits:
+  """Resource limits of the program's process (each rlimit applies per process).
+
+  Attributes:
+    memory_mb: address-space limit (RLIMIT_AS).
+    max_processes: processes and threads of the sandbox's user (RLIMIT_NPROC); inside the user
+      namespace this counts only the sandbox's own.
+    file_size_mb: largest file the program may write (RLIMIT_FSIZE).
+    open_files: file descriptors (RLIMIT_NOFILE).
+    scratch_mb: size of each writable tmpfs (/scratch, /tmp) in namespace mode.
+  """
+  memory_mb: int = 1024
+  max_processes: int = 32
+  file_size_mb: int = 16
+  open_files: int = 256
+  scratch_mb: int = 32
+
+  def validate(self) -> None:
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if type(value) is not int or value <= 0:
+        raise VerifierError(f"SandboxLimits.{field.name} must be a positive int, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxOutcome:
+  """What the supervisor reported: per-test verdicts it confirmed, and how the run ended."""
+  verdicts: dict[int, bool]
+  reasons: dict[int, str]
+  status: str
+  detail: str
+
+
+def _unshare_binary() -> str | None:
+  return shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
+
+
+def _read_only_dirs() -> list[str]:
+  dirs = set(_SYSTEM_DIRS) | {sys.prefix, sys.base_prefix,
+                              os.path.dirname(os.path.realpath(sys.executable))}
+  return sorted(path for path in dirs if os.path.lexists(path))
+
+
+def _command(isolation: str) -> list[str]:
+  python = [sys.executable, "-I", "-B", _SUPERVISOR]
+  if isolation == "rlimits_only":
+    return python
+  return [_unshare_binary(), "--user", "--map-root-user", "--mount", "--propagation", "private",
+          "--pid", "--fork", "--kill-child", "--net", "--ipc", "--uts"] + python
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+  """SIGKILLs the process group (unshare and the supervisor; with the supervisor, the namespace)."""
+  try:
+    os.killpg(process.pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+
+
+def _group_members(pgid: int) -> list[int]:
+  members = []
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        with open(f"/proc/{entry}/stat") as handle:
+          fields = handle.read().rsplit(")", 1)[1].split()
+      except OSError:
+        continue
+      if int(fields[2]) == pgid:
+        members.append(int(entry))
+  return members
+
+
+def _wait_gone(pids: list[int], limit_s: float) -> None:
+  end = time.monotonic() + limit_s
+  while time.monotonic() < end and any(os.path.exists(f"/proc/{pid}") for pid in pids):
+    time.sleep(0.005)
+
+
+def _reap(process: subprocess.Popen, graceful: bool) -> None:
+  """Waits for the sandbox to end, killing its process group unless it finishes by itself.
+
+  In namespace mode the supervisor is the namespace's init, so once it is gone so is every process
+  the program started; its pid is awaited explicitly because unshare may be reaped first.
+  """
+  if graceful:
+    try:
+      process.wait(timeout=1.0)
+      return
+    except subprocess.TimeoutExpired:
+      pass
+  members = _group_members(process.pid)
+  _kill_group(process)
+  process.wait()
+  _wait_gone(members, 2.0)
+
+
+def run_in_sandbox(program: str, tests: list[str], *, timeout_s: float, isolation: str,
+                   limits: SandboxLimits) -> SandboxOutcome:
+  """Runs `tests` against `program` in the sandbox; callers validate arguments (see code.py)."""
+  global _warned_rlimits_only
+  if isolation == "rlimits_only" and not _warned_rlimits_only:
+    _warned_rlimits_only = True
+    _logger.warning(
+        "CODE SANDBOX RUNS WITH RLIMITS ONLY (isolation='rlimits_only'): the program can read and "
+        "write the host's files, reach the network, and leave daemon processes behind. Use it only "
+        "where user namespaces are unavailable and the programs are not adversarial.")
+  start = time.monotonic()
+  deadline = start + timeout_s
+  nonce = secrets.token_hex(16)
+  workdir = tempfile.mkdtemp(prefix="rrl-sandbox-") if isolation == "rlimits_only" else None
+  spec = {
+      "nonce": nonce, "isolation": isolation, "program": program, "tests": tests,
+      "deadline": deadline, "read_only_dirs": _read_only_dirs(), "workdir": workdir,
+      "scratch_bytes": limits.scratch_mb << 20,
+      "limits": {"cpu_s": int(timeout_s) + 1, "address_space_bytes": limits.memory_mb << 20,
+                 "file_size_bytes": limits.file_size_mb << 20,
+                 "processes": limits.max_processes, "open_files": limits.open_files},
+  }
+  try:
+    process = subprocess.Popen(
+        _command(isolation), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        start_new_session=True, close_fds=True)
+    finished = False
+    try:
+      lines, stderr, finished = _talk(process, json.dumps(spec).encode(), deadline + _KILL_GRACE_S)
+    finally:
+      _reap(process, graceful=finished)
+  finally:
+    if workdir:
+      shutil.rmtree(workdir, ignore_errors=True)
+  return _outcome(lines, stderr, nonce, timed_out=time.monotonic() >= deadline)
+
+
+def _talk(process: subprocess.Popen, spec: bytes, kill_at: float) -> tuple[list[bytes], bytes,
+                                                                            bool]:
+  """Feeds the spec, reads report lines until the supervisor closes its pipe or `kill_at` passes.
+
+  Returns (stdout lines, stderr tail, whether stdout reached its end).
+  """
+  out, err = bytearray(), bytearray()
+  selector = selectors.DefaultSelector()
+  os.set_blocking(process.stdin.fileno(), False)
+  selector.register(process.stdin, selectors.EVENT_WRITE)
+  selector.register(process.stdout, selectors.EVENT_READ)
+  selector.register(process.stderr, selectors.EVENT_READ)
+  pending = memoryview(spec)
+  finished = False
+  try:
+    while not finished:
+      left = kill_at - time.monotonic()
+      if left <= 0:
+        break
+      for key, _ in selector.select(left):
+        if key.fileobj is process.stdin:
+          try:
+            pending = pending[os.write(process.stdin.fileno(), pending[:1 << 16]):]
+          except BrokenPipeError:
+            pending = pending[:0]
+          if not pending:
+            selector.unregister(process.stdin)
+            process.stdin.close()
+          continue
+        chunk = os.read(key.fileobj.fileno(), 1 << 16)
+        if key.fileobj is process.stdout:
+          out += chunk
+          finished = not chunk
+        else:
+          err = (err + chunk)[-_STDERR_KEEP_BYTES:]
+          if not chunk:
+            selector.unregister(process.stderr)
+  finally:
+    selector.close()
+    for stream in (process.stdin, process.stdout, process.stderr):
+      if not stream.closed:
+        stream.close()
+  return bytes(out).splitlines(), bytes(err), finished
+
+
+def _outcome(lines: list[bytes], stderr: bytes, nonce: str, timed_out: bool) -> SandboxOutcome:
+  verdicts, reasons, status, detail = {}, {}, None, ""
+  for line in lines:
+    try:
+      message = json.loads(line)
+    except ValueError:
+      continue
+    if type(message) is not dict or message.get("nonce") != nonce:
+      continue
+    if "test" in message:
+      verdicts[message["test"]] = message.get("passed") is True
+      reasons[message["test"]] = str(message.get("why", ""))
+    elif "status" in message:
+      status, detail = message["status"], str(message.get("detail", ""))
+  if status is None:
+    if timed_out:
+      status, detail = "timeout", "the sandbox did not finish before the deadline and was killed"
+    else:
+      status = "error"
+      detail = "the sandbox supervisor failed: " + stderr.decode(errors="replace")[-1000:]
+  return SandboxOutcome(verdicts, reasons, status, detail)
+
+
+@functools.lru_cache(maxsize=1)
+def namespace_probe_failure() -> str | None:
+  """None when the namespace sandbox works on this host, else why not (runs it once, cached)."""
+  if not sys.platform.startswith("linux"):
+    return f"the sandbox needs Linux namespaces; this is {sys.platform}"
+  if _unshare_binary() is None:
+    return "the `unshare` tool of util-linux is not installed"
+  try:
+    outcome = run_in_sandbox("value = 6 * 7", ["assert value == 42"], timeout_s=20.0,
+                             isolation="namespaces", limits=SandboxLimits())
+  except OSError as error:
+    return f"starting the sandbox failed: {error}"
+  if outcome.verdicts != {0: True}:
+    return f"a trivial program did not pass in the sandbox ({outcome.status}: {outcome.detail})"
+  return None
+
+
+def sandbox_available() -> bool:
+  """Whether `run_tests(..., isolation="namespaces")` can run here."""
+  return namespace_probe_failure() is None

@@ -1,0 +1,170 @@
+"""Thin ctypes wrappers over the Linux calls the sandbox supervisor needs (mount, pivot_root, prctl,
+capset), and the two set-up steps built from them: a private root file system and a privilege drop.
+
+Stdlib-only: imported by the supervisor before it pivots into the new root.
+"""
+
+import ctypes
+import os
+import resource
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21
+MNT_DETACH = 2
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+# NOROOT(+locked), NO_SETUID_FIXUP(+locked), KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE(+locked): a uid-0
+# process that execs gains no capabilities, and cannot undo that.
+_SECUREBITS_NO_ROOT_POWERS = 0b1110_1111
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_LAST_CAPABILITY = 63
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+  if result != 0:
+    code = ctypes.get_errno()
+    raise OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def _bytes(text: str | None) -> bytes | None:
+  return None if text is None else os.fsencode(text)
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int,
+          data: str | None = None) -> None:
+  _check(_libc.mount(_bytes(source), _bytes(target), _bytes(fstype), ctypes.c_ulong(flags),
+                     _bytes(data)), f"mount {source} on {target}")
+
+
+def umount_detached(target: str) -> None:
+  _check(_libc.umount2(_bytes(target), MNT_DETACH), f"umount {target}")
+
+
+def prctl(option: int, arg: int = 0) -> int:
+  return _libc.prctl(option, ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                     ctypes.c_ulong(0))
+
+
+def _preserved_mount_flags(path: str) -> int:
+  """Flags of the mount holding `path` that a remount inside a user namespace must keep."""
+  flags, st = 0, os.statvfs(path).f_flag
+  for st_bit, ms_bit in ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV),
+                         (os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, MS_NOATIME),
+                         (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME)):
+    if st & st_bit:
+      flags |= ms_bit
+  return flags
+
+
+def bind_read_only(source: str, target: str) -> None:
+  """Bind-mounts `source` at `target` and makes that view read-only, nosuid and nodev."""
+  mount(source, target, None, MS_BIND)
+  mount(None, target, None,
+        MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | _preserved_mount_flags(source))
+
+
+def build_private_root(new_root: str, read_only_dirs: list[str], devices: list[str],
+                       tmpfs_sizes: dict[str, int]) -> None:
+  """Assembles a root file system under `new_root` and pivots into it; the host's is unmounted.
+
+  Must run as the init of fresh user, mount and pid namespaces; also forbids creating nested user
+  namespaces (a per-namespace limit, the host's value is untouched). The root is an empty tmpfs holding
+  only: read-only binds of `read_only_dirs` (host paths, kept at the same path; symlinks such as
+  /lib -> usr/lib are recreated as symlinks), the `devices` nodes, a read-only procfs of the new pid
+  namespace, and writable tmpfs mounts (path -> size in bytes). Afterwards "/" is that root and the
+  old one is detached, so no path leads back to the host's files.
+  """
+  # Per-user-namespace limit: the program may not nest a user namespace, where it would regain
+  # capabilities (and with them mount, procfs and sysctl tricks).
+  with open("/proc/sys/user/max_user_namespaces", "w") as limit:
+    limit.write("0")
+  mount(None, "/", None, MS_REC | MS_PRIVATE)
+  mount("sandbox-root", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=16m")
+  for path in sorted(read_only_dirs, key=len):
+    target = new_root + path
+    if os.path.lexists(target):  # already visible through a parent bind or symlink
+      continue
+    if os.path.islink(path):
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      os.symlink(os.readlink(path), target)
+    elif os.path.isdir(path):
+      os.makedirs(target)
+      bind_read_only(path, target)
+  os.makedirs(new_root + "/dev")
+  for device in devices:
+    with open(new_root + device, "w"):
+      pass
+    mount(device, new_root + device, None, MS_BIND)
+  os.makedirs(new_root + "/proc")
+  mount("proc", new_root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
+  for path, size in tmpfs_sizes.items():
+    os.makedirs(new_root + path)
+    mount("sandbox-tmp", new_root + path, "tmpfs", MS_NOSUID | MS_NODEV,
+          f"mode=0777,size={size},nr_inodes=4096")
+  os.makedirs(new_root + "/.old_root")
+  _check(_libc.pivot_root(_bytes(new_root), _bytes(new_root + "/.old_root")), "pivot_root")
+  os.chdir("/")
+  umount_detached("/.old_root")
+  os.rmdir("/.old_root")
+
+
+def seal_root() -> None:
+  """Makes the (tmpfs) root itself read-only; the writable tmpfs mounts stay writable."""
+  mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+class _CapHeader(ctypes.Structure):
+  _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+  _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+              ("inheritable", ctypes.c_uint32)]
+
+
+def drop_all_privileges() -> None:
+  """Empties every capability set of the calling process for good (bounding, ambient, effective,
+  permitted, inheritable), locks root out of regaining any on exec, and sets no_new_privs.
+
+  Steps that need a capability the caller lacks are skipped: then it had nothing to drop there.
+  """
+  prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+  for capability in range(_LAST_CAPABILITY + 1):
+    if prctl(PR_CAPBSET_DROP, capability) != 0 and ctypes.get_errno() == 22:  # EINVAL: past the last
+      break
+  prctl(PR_SET_SECUREBITS, _SECUREBITS_NO_ROOT_POWERS)
+  header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+  data = (_CapData * 2)()
+  _libc.capset(ctypes.byref(header), data)
+  _check(prctl(PR_SET_NO_NEW_PRIVS, 1), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+def apply_limits(limits: dict[str, int]) -> None:
+  """Sets rlimits (hard = soft): cpu_s, address_space_bytes, file_size_bytes, processes, open_files.
+
+  The CPU hard limit sits one second above the soft one so the kernel first sends SIGXCPU, which
+  tells "ran out of CPU time" apart from a SIGKILL of any other origin.
+  """
+  resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
+  for name, key in (("address_space_bytes", resource.RLIMIT_AS),
+                    ("file_size_bytes", resource.RLIMIT_FSIZE),
+                    ("processes", resource.RLIMIT_NPROC), ("open_files", resource.RLIMIT_NOFILE)):
+    resource.setrlimit(key, (limits[name], limits[name]))
+  resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
