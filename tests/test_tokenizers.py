@@ -5,7 +5,6 @@ tokenizer.json loader) and the `sentencepiece` library on the original model fil
 """
 
 import json
-import pathlib
 
 import gguf
 import jinja2
@@ -119,9 +118,9 @@ def test_gguf_special_ids(smollm2, smollm2_reference):
   assert smollm2.eos_id == smollm2_reference.eos_token_id == 2
   assert smollm2.token_to_id("<|im_end|>") in smollm2.eos_ids
   assert smollm2.pad_id == 2  # Declared by tokenizer.ggml.padding_token_id.
-  assert smollm2.special_ids == frozenset(range(17)) == frozenset(smollm2_reference.all_special_ids) | set(
-      range(3, 17)
-  )
+  # The 17 control tokens of the file (<|endoftext|>, <|im_start|>, <|im_end|>, <repo_name>, …).
+  assert smollm2.special_ids == frozenset(range(17))
+  assert set(smollm2_reference.all_special_ids) <= smollm2.special_ids
   assert smollm2.chat_template == smollm2_reference.chat_template
 
 
@@ -294,7 +293,9 @@ def test_gguf_llama_vocabulary_matches_sentencepiece(sentencepiece_model_path, s
   writer.add_eos_token_id(2)
   writer.add_unk_token_id(0)
   writer.add_add_bos_token(True)
-  writer.add_chat_template("{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}")
+  writer.add_chat_template(
+      "{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
+  )
   _write(writer)
 
   tokenizer = Tokenizer.from_gguf(gguf.GGUFReader(str(path)))
@@ -304,6 +305,29 @@ def test_gguf_llama_vocabulary_matches_sentencepiece(sentencepiece_model_path, s
       assert tokenizer.encode(text) == [1] + spm_reference.encode(text), text
   assert tokenizer.encode("a<s>b", add_special_tokens=False) == [264, 1, 287]
   assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == "<s>[INST] hi [/INST]"
+
+
+def test_gguf_byte_level_flags_and_token_types(tmp_path):
+  # A tiny byte-level vocabulary: BOS/EOS requested by the file, a control token and a user-defined one.
+  path = tmp_path / "tiny.gguf"
+  writer = gguf.GGUFWriter(str(path), "llama")
+  writer.add_tokenizer_model("gpt2")
+  writer.add_tokenizer_pre("gpt-2")
+  writer.add_token_list(["<s>", "</s>", "a", "b", "ab", "<think>"])
+  writer.add_token_types([3, 3, 1, 1, 1, 4])
+  writer.add_token_merges(["a b"])
+  writer.add_bos_token_id(0)
+  writer.add_eos_token_id(1)
+  writer.add_add_bos_token(True)
+  writer.add_add_eos_token(True)
+  _write(writer)
+  tokenizer = Tokenizer.from_gguf(path)
+  assert tokenizer.encode("abba") == [0, 4, 3, 2, 1]
+  assert tokenizer.encode("b<think>ab", add_special_tokens=False) == [3, 5, 4]
+  # <think> is user-defined: matched whole, but not special, so it survives skip_special_tokens.
+  assert tokenizer.special_ids == frozenset({0, 1})
+  assert tokenizer.decode([0, 5, 4, 1], skip_special_tokens=True) == "<think>ab"
+  assert tokenizer.pad_id == 1  # No padding id in the file: EOS.
 
 
 # The pre-tokenizers chosen by `tokenizer.ggml.pre`, against splits worked out by hand from each rule.
@@ -339,6 +363,9 @@ def test_missing_sources_name_the_file(tmp_path):
   (tmp_path / "notes.txt").write_text("hello")
   with pytest.raises(CheckpointError, match="notes.txt: not a tokenizer source"):
     load_tokenizer(tmp_path / "notes.txt")
+  (tmp_path / "broken.gguf").write_bytes(b"GGUF\x03\x00")
+  with pytest.raises(CheckpointError, match="broken.gguf: not a readable GGUF file"):
+    load_tokenizer(tmp_path / "broken.gguf")
   (tmp_path / "broken.model").write_bytes(b"\x00not a protobuf")
   with pytest.raises(CheckpointError, match="broken.model: not a readable SentencePiece model"):
     load_tokenizer(tmp_path / "broken.model")

@@ -11,7 +11,6 @@ import pathlib
 import re
 
 import sentencepiece
-from sentencepiece import sentencepiece_model_pb2
 import tokenizers
 from tokenizers import processors
 
@@ -41,7 +40,7 @@ class TokenizersBackend:
     self.tokenizer.post_processor = processors.TemplateProcessing(
         single=" ".join(sequence_template("A", 0)),
         pair=" ".join(sequence_template("A", 0) + sequence_template("B", 1)),
-        special_tokens=[(token, self.tokenizer.token_to_id(token)) for token in set(used.values())],
+        special_tokens=[(token, self.tokenizer.token_to_id(token)) for token in dict.fromkeys(used.values())],
     )
 
   @property
@@ -115,11 +114,6 @@ class SentencePieceBackend:
     return cls(
         path.read_bytes(), add_bos=add_bos, add_eos=add_eos, parse_special_text=parse_special_text
     )
-
-  def model(self) -> sentencepiece_model_pb2.ModelProto:
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString(self.model_proto)
-    return proto
 
   @property
   def vocab_size(self) -> int:

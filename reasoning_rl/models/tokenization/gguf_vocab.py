@@ -19,7 +19,7 @@ from typing import Any
 import gguf
 from sentencepiece import sentencepiece_model_pb2
 import tokenizers
-from tokenizers import decoders, models, normalizers, pre_tokenizers
+from tokenizers import decoders, models, pre_tokenizers
 
 from reasoning_rl.errors import CheckpointError
 from reasoning_rl.models.tokenization import backends
@@ -62,8 +62,11 @@ def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
 _BYTE_LEVEL_PRE_TOKENIZERS = {
     "gpt-2": (_gpt2_pre_tokenizer, False),
     "gpt2": (_gpt2_pre_tokenizer, False),
-    "smollm": (_digits_then_gpt2_pre_tokenizer, False),
-    "starcoder": (_digits_then_gpt2_pre_tokenizer, False),
+    # llama.cpp gives these names one rule (each numeric character alone, then GPT-2's split).
+    **{
+        name: (_digits_then_gpt2_pre_tokenizer, False)
+        for name in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")
+    },
     "llama-bpe": (lambda: _split_then_bytes(_LLAMA3_SPLIT), True),
     "llama3": (lambda: _split_then_bytes(_LLAMA3_SPLIT), True),
     "qwen2": (lambda: _split_then_bytes(_QWEN2_SPLIT), False),
@@ -105,12 +108,15 @@ def _open(source: str | os.PathLike | gguf.GGUFReader) -> tuple[gguf.GGUFReader,
   try:
     return gguf.GGUFReader(str(path)), str(path)
   except Exception as error:  # the gguf package raises ValueError, struct.error, … on bad files.
-    raise CheckpointError(f"{path}: not a readable GGUF file ({error}); re-download or re-convert it") from error
+    raise CheckpointError(
+        f"{path}: not a readable GGUF file ({error}); re-download or re-convert it"
+    ) from error
 
 
 def _byte_level_backend(metadata: _Metadata, tokens: list[str], token_types: list[int]):
   pre_name = metadata.get("tokenizer.ggml.pre", "gpt-2")
   if pre_name == "default":
+    # Files without a specific rule: GPT-2's split, as transformers' GGUF loader uses for every file.
     pre_name = "gpt-2"
   if pre_name not in _BYTE_LEVEL_PRE_TOKENIZERS:
     raise CheckpointError(
@@ -133,8 +139,6 @@ def _byte_level_backend(metadata: _Metadata, tokens: list[str], token_types: lis
   )
   tokenizer.pre_tokenizer = make_pre_tokenizer()
   tokenizer.decoder = decoders.ByteLevel()
-  if pre_name == "qwen2":
-    tokenizer.normalizer = normalizers.NFC()  # As Qwen2's own tokenizer.json does.
   tokenizer.add_special_tokens([
       tokenizers.AddedToken(tokens[i], special=True, normalized=False)
       for i, kind in enumerate(token_types)
