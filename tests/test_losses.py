@@ -1,7 +1,6 @@
 """policy_loss, aggregation, KL, entropy and stats against a plain-Python loop reference."""
 
 import functools
-import itertools
 import math
 
 import jax
@@ -393,6 +392,20 @@ def test_jit_matches_numpy_float64():
     assert_metrics_close(metrics, stats.finalize(expected_metrics), rtol=1e-5)
 
 
+def test_bfloat16_inputs_are_computed_in_float32():
+  batch = make_batch("typical", seed=8)
+  advantages = group_advantages(REWARDS).reshape(-1)
+  low = {k: jnp.asarray(batch[k], jnp.bfloat16) for k in ("logp", "old", "ref")}
+  loss, metrics = policy_loss(low["logp"], low["old"], advantages, batch["mask"],
+                              ref_logprobs=low["ref"], beta=0.1)
+  assert loss.dtype == jnp.float32 and metrics["kl"][0].dtype == jnp.float32
+  # Same numbers as float64 on the bf16-rounded values: no arithmetic happened in bf16.
+  rounded = {k: np.asarray(v.astype(jnp.float32), np.float64) for k, v in low.items()}
+  expected, _ = reference_policy_loss(rounded["logp"], rounded["old"], advantages,
+                                      batch["mask"], ref=rounded["ref"], beta=0.1)
+  np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+
+
 def test_token_entropy():
   rng = np.random.default_rng(7)
   logits = rng.normal(size=(2, 3, 11)) * 3
@@ -433,43 +446,3 @@ def test_bad_shapes_raise_value_error():
     policy_loss(np.zeros((2, 3)), np.zeros((2, 4)), np.zeros(2), np.ones((2, 3)))
   with pytest.raises(ValueError, match=r"advantages has shape \(3,\)"):
     policy_loss(np.zeros((2, 3)), np.zeros((2, 3)), np.zeros(3), np.ones((2, 3)))
-
-
-# ---------------------------------------------------------------------------------------------
-# stats.py: the (value, count) convention.
-# ---------------------------------------------------------------------------------------------
-
-
-def test_stats_merge_and_finalize():
-  values = np.array([3.0, -1.0, 7.0, 2.0, 5.0])
-  parts = [np.array([1, 1, 0, 0, 0], bool), np.array([0, 0, 1, 1, 0], bool),
-           np.array([0, 0, 0, 0, 1], bool), np.zeros(5, bool)]
-  per_part = [{"x": stats.mean_stat(values, p), "x/min": stats.min_stat(values, p),
-               "x/max": stats.max_stat(values, p)} for p in parts]
-  merged = stats.finalize(stats.merge_all(per_part))
-  assert merged == {"x": pytest.approx(16 / 5), "x/min": -1.0, "x/max": 7.0}
-  assert math.isnan(stats.finalize(per_part[3])["x/min"])
-  # A name present in one dict only survives the merge unchanged; jax values merge too.
-  mixed = stats.merge({"a": (jnp.float32(2.0), jnp.int32(1))}, {"b/max": (3.0, 1)})
-  assert stats.finalize(mixed) == {"a": 2.0, "b/max": 3.0}
-  assert stats.reduction_kind("ratio/min") == "min" and stats.reduction_kind("kl") == "sum"
-
-
-def test_stats_all_reduce_across_devices():
-  devices = jax.devices()
-  mesh = jax.sharding.Mesh(np.array(devices), ("data",))
-  values = np.arange(len(devices) * 3, dtype=np.float32).reshape(len(devices), 3) - 7.0
-  valid = (np.arange(values.size).reshape(values.shape) % 3) != 1
-
-  def per_shard(v, m):
-    local = {"v": stats.mean_stat(v, m), "v/min": stats.min_stat(v, m),
-             "v/max": stats.max_stat(v, m)}
-    return stats.all_reduce(local, "data")
-
-  spec = jax.sharding.PartitionSpec("data")
-  reduced = jax.shard_map(per_shard, mesh=mesh, in_specs=(spec, spec),
-                          out_specs=jax.sharding.PartitionSpec())(values, valid)
-  got = stats.finalize(reduced)
-  expected = values[valid]
-  assert got == {"v": pytest.approx(expected.mean()), "v/min": expected.min(),
-                 "v/max": expected.max()}

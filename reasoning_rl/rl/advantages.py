@@ -46,7 +46,7 @@ import jax
 import numpy as np
 
 from reasoning_rl.errors import ConfigError
-from reasoning_rl.rl.stats import array_namespace
+from reasoning_rl.rl.stats import array_namespace, float_dtype
 
 ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 
@@ -85,7 +85,7 @@ def group_advantages(rewards: Any, *, estimator: str = "grpo", eps: float = 1e-6
     raise ValueError(
         f"rewards must have shape [num_prompts, G], got shape {tuple(rewards.shape)}; reshape "
         "the flat rewards to (num_prompts, G) with each prompt's G completions in one row")
-  rewards = rewards.astype(xp.promote_types(rewards.dtype, xp.float32))
+  rewards = rewards.astype(float_dtype(xp, rewards.dtype))
   if not isinstance(rewards, jax.core.Tracer) and not bool(xp.all(xp.isfinite(rewards))):
     bad = np.argwhere(~np.isfinite(np.asarray(rewards)))[0].tolist()
     raise ValueError(

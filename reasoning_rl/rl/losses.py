@@ -66,7 +66,7 @@ import jax.numpy as jnp
 
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import stats as stats_lib
-from reasoning_rl.rl.stats import array_namespace
+from reasoning_rl.rl.stats import array_namespace, float_dtype
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
@@ -74,13 +74,6 @@ LOSS_AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-no
 
 def _is_zero(x: Any) -> bool:
   return isinstance(x, (int, float)) and x == 0
-
-
-def _float_dtype(xp: Any, *arrays: Any) -> Any:
-  dtype = xp.float32
-  for a in arrays:
-    dtype = xp.promote_types(dtype, a.dtype)
-  return dtype
 
 
 def token_entropy(logits: jax.Array) -> jax.Array:
@@ -91,7 +84,7 @@ def token_entropy(logits: jax.Array) -> jax.Array:
   should call it on chunks of the time axis.
   """
   logits = jnp.asarray(logits)
-  logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+  logits = logits.astype(float_dtype(jnp, logits.dtype))
   logp = jax.nn.log_softmax(logits, axis=-1)
   probs = jnp.exp(logp)
   # p·log p → 0 where p = 0; the where keeps log p = -inf out of the product and its gradient.
@@ -258,8 +251,8 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
         f"per sequence) or [B, T] = {tuple(mask.shape)} (one per token)")
 
   valid = mask > 0
-  dtype = _float_dtype(xp, *[xp.asarray(v) for v in named.values() if v is not None],
-                       advantages)
+  dtype = float_dtype(xp, *[xp.asarray(v).dtype for v in named.values() if v is not None],
+                      advantages.dtype)
 
   def clean(x: Any) -> Any:
     # Masked positions become 0 *before* any exp/log, so padding garbage cannot leak NaN

@@ -43,6 +43,14 @@ def array_namespace(*arrays: Any) -> Any:
   return np
 
 
+def float_dtype(xp: Any, *dtypes: Any) -> Any:
+  """At least float32, promoted with ``dtypes``; for jax limited to what is enabled (x64)."""
+  dtype = xp.float32
+  for d in dtypes:
+    dtype = xp.promote_types(dtype, d)
+  return jax.dtypes.canonicalize_dtype(dtype) if xp is jnp else dtype
+
+
 def reduction_kind(name: str) -> str:
   """``"min"``, ``"max"`` or ``"sum"``: how the stat called ``name`` merges."""
   if name.endswith(MIN_SUFFIX):
