@@ -35,8 +35,17 @@ def _check_tag(field: str, tag: str) -> str:
 def tag_contents(text: str, tag: str = "answer") -> list[str]:
   """The contents of every complete `<tag>…</tag>` span in `text`, in order (non-greedy)."""
   _check_tag("tag", tag)
-  pattern = re.compile(f"<{tag}>(.*?)</{tag}>", re.DOTALL)
-  return [m.group(1) for m in pattern.finditer(text)]
+  # One linear pass over the tag tokens (a non-greedy regex rescans to the end from every unclosed
+  # opening tag: quadratic on spam). Same pairing: an opening tag, then the first closing one.
+  contents, start = [], None
+  for token in re.finditer(f"<{tag}>|</{tag}>", text):
+    if token.group(0)[1] != "/":
+      if start is None:
+        start = token.end()
+    elif start is not None:
+      contents.append(text[start:token.start()])
+      start = None
+  return contents
 
 
 def last_tag_content(text: str, tag: str = "answer") -> str | None:

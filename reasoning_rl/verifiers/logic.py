@@ -50,7 +50,7 @@ def evaluate_arithmetic(expression: str, *, allow_unary_minus: bool = False
                         ) -> tuple[fractions.Fraction, list[int]]:
   """Exact value of `expression` and the integer literals it uses, in order of appearance.
 
-  Allowed: non-negative integer literals, binary + - * /, parentheses, and (optionally) unary minus.
+  Allowed: integer literals in plain decimal digits, binary + - * /, parentheses, and (optionally) unary minus.
   Anything else (powers, calls, names, floats, comparisons, `=`) raises InvalidExpression, as does
   division by zero.
   """
@@ -71,8 +71,10 @@ def evaluate_arithmetic(expression: str, *, allow_unary_minus: bool = False
     if isinstance(node, ast.Expression):
       return walk(node.body)
     if isinstance(node, ast.Constant):
-      if type(node.value) is not int or node.value < 0:  # bool is an int subclass: excluded
-        raise InvalidExpression(f"only non-negative integer literals are allowed, got {node.value!r}")
+      if type(node.value) is not int:  # bool is an int subclass: excluded
+        raise InvalidExpression(f"only integer literals are allowed, got {node.value!r}")
+      if not re.fullmatch(r"[0-9]+", ast.get_source_segment(text, node) or ""):
+        raise InvalidExpression("integers must be written in plain decimal digits (no 0x, 1_000)")
       numbers.append(node.value)
       return fractions.Fraction(node.value)
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:

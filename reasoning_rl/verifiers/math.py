@@ -71,21 +71,26 @@ def boxed_contents(text: str) -> list[str]:
   """Contents of every complete `\\boxed{…}` / `\\fbox{…}` in `text`, nested braces respected.
 
   Escaped braces (`\\{`, `\\}`) do not count towards nesting. An unclosed box (a truncated response)
-  is ignored.
+  is ignored. One linear pass, so spam of unclosed boxes cannot make it quadratic; contents longer
+  than MAX_ANSWER_CHARS are cut just past that bound (they are refused as too large anyway).
   """
-  found = []
-  for match in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
-    depth, i = 1, match.end()
-    while i < len(text) and depth:
-      ch = text[i]
-      if ch == "\\":
-        i += 2
-        continue
-      depth += (ch == "{") - (ch == "}")
-      i += 1
-    if depth == 0:
-      found.append(text[match.end():i - 1])
-  return found
+  box_braces = {m.end() - 1 for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)}
+  if not box_braces:
+    return []
+  found, open_braces, i = [], [], 0
+  while i < len(text):
+    ch = text[i]
+    if ch == "\\":
+      i += 2
+      continue
+    if ch == "{":
+      open_braces.append(i)
+    elif ch == "}" and open_braces:
+      start = open_braces.pop()
+      if start in box_braces:
+        found.append((start, text[start + 1:min(i, start + 2 + MAX_ANSWER_CHARS)]))
+    i += 1
+  return [content for _, content in sorted(found)]
 
 
 def extract_candidates(response: str, extract: str = "answer_or_boxed",
@@ -110,7 +115,7 @@ def extract_candidates(response: str, extract: str = "answer_or_boxed",
 
 
 def _strip_wrappers(candidate: str) -> str:
-  text = candidate.strip()
+  text = candidate.strip().rstrip(".").strip()
   for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
     if text.startswith(left) and text.endswith(right) and len(text) >= len(left) + len(right):
       text = text[len(left):len(text) - len(right)].strip()

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from reasoning_rl.errors import ReasoningRLError, VerifierError
@@ -238,7 +238,8 @@ def _reasoning_gym_scenarios(t: _Template) -> list[Scenario]:
   return [arithmetic, injection]
 
 
-def _code_scenarios(t: _Template) -> list[Scenario]:
+def _code_scenarios(t: _Template, ctx) -> list[Scenario]:
+  """Hostile programs from `code_exploits` aimed at the targets of `ctx`, plus positive controls."""
   from reasoning_rl.verifiers import code_exploits  # pylint: disable=import-outside-toplevel
 
   reasoning = "Write the function and make sure it handles every case."
@@ -248,24 +249,38 @@ def _code_scenarios(t: _Template) -> list[Scenario]:
       "code", {"task": "code", "tests": honest_tests},
       fence("def add(a, b):\n  return a - b"),
       (Probe("control_honest_correct", fence("def add(a, b):\n  return a + b"), control=True),))
-  hostile = []
-  for exploit in code_exploits.EXPLOITS if hasattr(code_exploits, "EXPLOITS") else \
-      _exploit_list(code_exploits):
-    hostile.append(Scenario(
-        "code", {"task": "code", "tests": list(exploit.tests)}, fence("pass"),
-        (Probe(f"code_{exploit.name}", fence(exploit.program)),)))
+
+  def canary_intact() -> str | None:
+    try:
+      with open(ctx.canary_path) as handle:
+        if handle.read() == ctx.canary_text:
+          return None
+    except OSError:
+      pass
+    return f"a hostile program changed or removed the host file {ctx.canary_path}"
+
+  hostile = [Scenario("code", {"task": "code", "tests": list(exploit.tests)}, fence("pass"),
+                      (Probe(f"code_{exploit.name}", fence(exploit.program)),))
+             for exploit in code_exploits.hostile_programs(ctx)]
+  if hostile:
+    hostile[-1] = dataclasses.replace(hostile[-1], after=canary_intact)
   return [controls] + hostile
 
 
-def _exploit_list(module) -> Iterable:
-  """The hostile programs of `code_exploits`: its first module-level list of objects that have
-  `name`, `program` and `tests`."""
-  for value in vars(module).values():
-    if isinstance(value, (list, tuple)) and value and all(
-        hasattr(v, "name") and hasattr(v, "program") and hasattr(v, "tests") for v in value):
-      return value
-  raise VerifierError("reasoning_rl.verifiers.code_exploits defines no list of exploits "
-                      "(objects with name, program, tests)")
+def _run_code_probes(fn: rewards_lib.RewardFunction, template: _Template) -> list[ProbeResult]:
+  correct = next(p for p in fn.parts if p.kind == "correct")
+  if correct.settings["code_isolation"] != "namespaces":
+    # The hostile programs include kill(-1) and fork bombs: never aimed at an unisolated host.
+    return [ProbeResult("code", "setup", {}, 0.0, 0.0, True,
+                        "code rewards run with rlimit-only isolation: hostile programs cannot be "
+                        "tried safely and would reach the host; use code_isolation='namespaces'")]
+  from reasoning_rl.verifiers import code_exploits  # pylint: disable=import-outside-toplevel
+
+  results = []
+  with code_exploits.exploit_context() as ctx:
+    for scenario in _code_scenarios(template, ctx):
+      results.extend(_run_scenario(fn, scenario))
+  return results
 
 
 # ----------------------------------------------------------------------------------------- running
@@ -342,7 +357,8 @@ def run_redteam(reward_config: Any) -> RedteamReport:
       elif verifier == "reasoning_gym":
         scenarios = _reasoning_gym_scenarios(template)
       else:
-        scenarios = _code_scenarios(template)
+        results.extend(_run_code_probes(fn, template))
+        continue
     except (ImportError, ReasoningRLError) as e:
       results.append(ProbeResult(verifier, "setup", {}, 0.0, 0.0, True,
                                  f"cannot probe the {verifier} verifier: {e}"))

@@ -15,7 +15,8 @@ two parts of one kind need distinct names and an explicit `kind`. `parts` of a `
 Settings (all optional except `weight`; defaults in `PART_DEFAULTS`):
   correct:  verifier (math | countdown | reasoning_gym | code | auto), extract, timeout_s, answer_tag,
             use_each, allow_unary_minus (countdown), success_threshold (reasoning_gym),
-            partial_credit (code: passed/total instead of all-or-nothing).
+            partial_credit (code: passed/total instead of all-or-nothing), code_isolation
+            (namespaces | rlimits_only: an explicit, logged acceptance of weaker isolation).
   format:   think_tag, answer_tag, require_nonempty_think, require_nonempty_answer,
             think_open_in_prompt, pattern.
   language: script, think_tag, think_open_in_prompt.
@@ -49,7 +50,7 @@ CODE_TASKS = ("code", "humaneval", "mbpp")
 PART_DEFAULTS: dict[str, dict[str, Any]] = {
     "correct": {"verifier": "math", "extract": "answer_or_boxed", "timeout_s": 5.0,
                 "answer_tag": "answer", "use_each": "exactly_once", "allow_unary_minus": False,
-                "success_threshold": 1.0, "partial_credit": False},
+                "success_threshold": 1.0, "partial_credit": False, "code_isolation": "namespaces"},
     "format": {"think_tag": "think", "answer_tag": "answer", "require_nonempty_think": True,
                "require_nonempty_answer": True, "think_open_in_prompt": False, "pattern": None},
     "language": {"script": "latin", "think_tag": "think", "think_open_in_prompt": False},
@@ -204,6 +205,9 @@ def _validate(field: str, kind: str, s: dict[str, Any]) -> None:
     if s["use_each"] not in logic_lib.USE_EACH_MODES:
       raise ConfigError(f"{field}.use_each={s['use_each']!r}; choose one of "
                         f"{logic_lib.USE_EACH_MODES}")
+    if s["code_isolation"] not in ("namespaces", "rlimits_only"):
+      raise ConfigError(f"{field}.code_isolation={s['code_isolation']!r}; choose 'namespaces' or "
+                        "'rlimits_only'")
     if not isinstance(s["timeout_s"], (int, float)) or s["timeout_s"] <= 0:
       raise ConfigError(f"{field}.timeout_s={s['timeout_s']!r} must be a positive number")
   elif kind == "format":
@@ -286,7 +290,7 @@ def score_correct(record: CompletionRecord, s: Mapping[str, Any]) -> float:
   if not record.tests:
     raise VerifierError(f"task {record.task!r}: code record has no tests")
   result = code_lib.run_tests(_code_answer(record.response, s["answer_tag"]), list(record.tests),
-                              timeout_s=s["timeout_s"])
+                              timeout_s=s["timeout_s"], isolation=s["code_isolation"])
   if result.total <= 0:
     return 0.0
   if s["partial_credit"]:

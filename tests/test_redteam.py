@@ -1,0 +1,126 @@
+"""Red team: a sound reward passes, weakened rewards are caught, start-up enforcement, CLI."""
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from reasoning_rl.errors import VerifierError
+from reasoning_rl.verifiers import math as math_lib
+from reasoning_rl.verifiers.redteam import enforce_redteam, run_redteam
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SOUND = {
+    "correct": {"weight": 1.0, "verifier": "math"},
+    "format": {"weight": 0.1},
+    "language": {"weight": 0.05},
+    "length": {"weight": 1.0, "method": "dapo", "cache_len": 128},
+}
+
+
+def _by_name(report, verifier):
+  return {r.probe: r for r in report.results if r.verifier == verifier}
+
+
+def test_sound_math_reward_passes_every_probe():
+  report = run_redteam(SOUND)
+  assert report.ok, report.table()
+  results = _by_name(report, "math")
+  assert len(results) >= 30
+  assert results["control_honest_correct"].parts["correct"] == 1.0
+  for probe in ("answer_spam_spaces", "answer_spam_commas", "several_boxed_in_answer",
+                "several_boxed_no_tags", "disjunction_logic", "false_equation",
+                "equation_chain_spam", "set_of_guesses", "prompt_echo", "answer_in_think_only",
+                "huge_power"):
+    assert results[probe].parts["correct"] == 0.0, probe
+  for probe in ("empty_think", "format_only_no_answer", "text_after_answer", "nothing"):
+    assert results[probe].parts["format"] == 0.0, probe
+  assert results["empty_think"].parts["language"] == 0.0
+  assert "OK: no exploit earns reward" in report.table()
+
+
+def test_sound_countdown_and_reasoning_gym_rewards_pass():
+  for verifier in ("countdown", "reasoning_gym"):
+    report = run_redteam({"correct": {"weight": 1.0, "verifier": verifier},
+                          "format": {"weight": 0.1}})
+    assert report.ok, report.table()
+    results = _by_name(report, verifier)
+    assert results["control_honest_correct"].parts["correct"] == 1.0
+  assert {"scorer_code_injection_open", "scorer_code_injection_import"} <= set(results)
+  assert "post_check" not in results  # the injected code never ran
+
+
+def test_weak_format_is_caught():
+  report = run_redteam(dict(SOUND, format={"weight": 0.1, "require_nonempty_think": False}))
+  assert not report.ok
+  flagged = {r.probe for r in report.findings}
+  assert flagged == {"empty_think", "whitespace_think"}
+  assert all("format" in r.reason for r in report.findings)
+  assert "EXPLOIT" in report.table() and "FAIL: 2 exploit(s)" in report.table()
+
+
+def test_lenient_verifier_is_caught(monkeypatch):
+  # A checker that accepts any response mentioning the truth: the classic spam-able verifier.
+  monkeypatch.setattr(math_lib, "is_correct", lambda response, truth, **_: truth in response)
+  report = run_redteam(SOUND)
+  flagged = {r.probe for r in report.findings}
+  assert {"answer_spam_spaces", "answer_spam_commas", "several_boxed_in_answer",
+          "prompt_echo", "answer_in_think_only"} <= flagged
+  assert "control_honest_correct" not in flagged
+
+
+def test_verifier_that_rewards_nothing_is_caught(monkeypatch):
+  monkeypatch.setattr(math_lib, "is_correct", lambda *args, **kwargs: False)
+  report = run_redteam({"correct": {"weight": 1.0}})
+  assert [r.probe for r in report.findings] == ["control_honest_correct"]
+
+
+def test_enforce_redteam():
+  assert enforce_redteam(SOUND, allow_exploits=False).ok
+  weak = dict(SOUND, format={"weight": 0.1, "require_nonempty_think": False})
+  with pytest.raises(VerifierError, match="empty_think") as error:
+    enforce_redteam(weak, allow_exploits=False)
+  assert "whitespace_think" in str(error.value) and "override" in str(error.value)
+  logged = []
+  report = enforce_redteam(weak, allow_exploits=True, log=logged.append)
+  assert not report.ok
+  assert any("RED TEAM OVERRIDDEN" in line and "empty_think" in line for line in logged)
+
+
+def _run_cli(tmp_path, rewards: dict) -> subprocess.CompletedProcess:
+  config = tmp_path / "config.py"
+  config.write_text(textwrap.dedent(f"""
+      import ml_collections
+      def get_config():
+        config = ml_collections.ConfigDict()
+        config.seed = 0
+        config.rewards = ml_collections.ConfigDict({rewards!r})
+        return config
+  """))
+  return subprocess.run([sys.executable, str(REPO / "launch" / "redteam.py"), f"--config={config}"],
+                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+
+def test_cli_exit_codes(tmp_path):
+  ok = _run_cli(tmp_path, SOUND)
+  assert ok.returncode == 0, ok.stderr
+  assert "answer_spam_spaces" in ok.stdout and "OK: no exploit earns reward" in ok.stdout
+  bad = _run_cli(tmp_path, dict(SOUND, format={"weight": 0.1, "require_nonempty_think": False}))
+  assert bad.returncode == 1, bad.stderr
+  assert "EXPLOIT" in bad.stdout and "empty_think" in bad.stdout
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("reasoning_rl.verifiers.code_exploits") is None
+    or importlib.util.find_spec("reasoning_rl.verifiers.code") is None,
+    reason="the code sandbox / code_exploits modules are not in the tree yet (another helper's "
+           "work; the lead wires them)")
+def test_code_exploits_earn_nothing():
+  report = run_redteam({"correct": {"weight": 1.0, "verifier": "code", "timeout_s": 3.0}})
+  assert report.ok, report.table()
+  results = _by_name(report, "code")
+  assert results["control_honest_correct"].parts["correct"] == 1.0
+  assert sum(name.startswith("code_") for name in results) >= 12

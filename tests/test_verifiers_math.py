@@ -1,0 +1,173 @@
+"""Math verifier: extraction, equivalence classes (positive and negative), hedges, timeouts."""
+
+import concurrent.futures
+import multiprocessing
+import threading
+
+import pytest
+
+from reasoning_rl.errors import ConfigError
+from reasoning_rl.verifiers import math as math_lib
+from reasoning_rl.verifiers.math import boxed_contents, check, extract_candidates, is_correct
+
+
+def _respond(answer: str) -> str:
+  return f"<think>Working it out carefully.</think>\n<answer>{answer}</answer>"
+
+
+# (ground truth, answer, equivalent?) — grouped by the equivalence class they exercise.
+EQUIVALENCE_CASES = {
+    "fraction_decimal": [
+        (r"\frac{1}{2}", "0.5", True), ("0.25", r"\frac{1}{4}", True), ("1/3", "0.333333", True),
+        (r"\frac{3}{4}", "0.75", True), ("2.5", r"\frac{5}{2}", True), ("0.125", "1/8", True),
+        (r"\frac{2}{3}", "0.666667", True), ("3.5", r"3\frac{1}{2}", True),
+        (r"\frac{1}{3}", "0.33", False), (r"\frac12", "0.51", False), ("0.25", r"\frac{1}{5}", False),
+        (r"\frac{2}{3}", "0.6", False),
+    ],
+    "latex_forms": [
+        (r"\frac{3}{4}", r"\dfrac{3}{4}", True), (r"\frac{3}{4}", r"\tfrac34", True),
+        (r"2\sqrt{2}", r"\sqrt{8}", True), (r"\sqrt{2}/2", r"\frac{\sqrt{2}}{2}", True),
+        (r"\frac{1}{\sqrt{2}}", r"\frac{\sqrt2}{2}", True), ("1024", "2^{10}", True),
+        (r"\frac{\pi}{2}", r"\dfrac{\pi}{2}", True),
+        (r"2\sqrt{2}", r"\sqrt{6}", False), (r"\frac{3}{4}", r"\frac{4}{3}", False),
+        (r"\frac{\pi}{2}", "1.5708", False), ("1024", "2^{11}", False),
+    ],
+    "percentages": [
+        (r"50\%", "0.5", True), (r"50\%", "50", True), (r"25\%", "25%", True), ("0.3", r"30\%", True),
+        (r"12.5\%", r"\frac{1}{8}", True),
+        (r"50\%", "0.05", False), (r"50\%", "5", False), (r"25\%", "0.52", False),
+    ],
+    "sets_intervals": [
+        (r"\{1, 2\}", r"\{2, 1\}", True), (r"\{1,2\}", "1, 2", True), ("(1, 2)", "(1,2)", True),
+        (r"[0, \infty)", r"[0,\infty)", True), (r"(-\infty, 3]", r"(-\infty,3]", True),
+        (r"\{3,4\}", r"3 \text{ or } 4", True),
+        (r"\{1,2\}", r"\{1,3\}", False), (r"\{1,2\}", r"\{1\}", False), ("(1,2)", "[1,2]", False),
+        (r"[0,\infty)", r"(0,\infty)", False), ("3", r"\{3,4\}", False), ("3", "3, 4", False),
+    ],
+    "units_thousands": [
+        ("1000", "1,000", True), ("1000", "1{,}000", True), ("1000", r"1\,000", True),
+        ("12345678", "12,345,678", True), ("18", r"18\text{ dollars}", True), ("18", r"\$18", True),
+        ("5", "5 cm", True), ("5", r"5\,\text{cm}", True), ("60", r"60^\circ", True),
+        ("1000", "1,001", False), ("1000", "100", False), ("18", r"19\text{ dollars}", False),
+        ("5", "50 cm", False), ("12345678", "12,345,679", False),
+    ],
+    "negatives": [
+        ("-3", "-3", True), ("-3", "- 3", True), (r"-\frac{1}{2}", "-0.5", True), ("-7", "\u22127", True),
+        ("-2", "x = -2", True),
+        ("-3", "3", False), (r"-\frac12", "0.5", False), ("-2", "x = 2", False), ("3", "-3", False),
+    ],
+    "wrong_answers": [
+        ("42", "42", True), ("42", r"6 \times 7 = 42", True),
+        ("42", "41", False), ("42", "420", False), ("42", "4.2", False), ("42", "x", False),
+        ("42", "41 = 42", False), ("42", "x = 41 = 42", False),
+    ],
+}
+ALL_CASES = [(cls, *case) for cls, cases in EQUIVALENCE_CASES.items() for case in cases]
+
+
+def test_case_count_and_balance():
+  assert len(ALL_CASES) >= 60
+  for cls, cases in EQUIVALENCE_CASES.items():
+    assert any(ok for _, _, ok in cases) and any(not ok for _, _, ok in cases), cls
+
+
+@pytest.mark.parametrize("cls,truth,answer,expected", ALL_CASES,
+                         ids=[f"{c[0]}:{c[2]}" for c in ALL_CASES])
+def test_equivalence(cls, truth, answer, expected):
+  del cls
+  assert is_correct(_respond(answer), truth) is expected
+
+
+@pytest.mark.parametrize("response", [
+    "I think the answer is 42.",  # no answer at all
+    "<think>42</think><answer></answer>",  # empty answer span
+    "<think>so</think><answer>  </answer>",
+    r"The answer is \boxed{42",  # truncated box
+    "<answer>42",  # unclosed tag
+    "",
+])
+def test_missing_answer_earns_nothing(response):
+  result = check(response, "42")
+  assert not result.correct and result.status == "no_answer"
+
+
+@pytest.mark.parametrize("response", [
+    _respond("3 or 4"), _respond(r"3 \text{ or } 4"), _respond(r"x = 3 \lor x = 4"),
+    _respond(r"\boxed{3}\boxed{4}"), r"\boxed{3} and then \boxed{4}", _respond("3, 4"),
+    _respond(r"\{3, 4, 5\}"), _respond("1 2 3 4 5"), _respond(r"3 \; 4"), _respond("3\n4\n5"),
+    "<answer>4</answer><answer>3</answer>", _respond(" = ".join(str(i) for i in range(10))),
+    _respond(" ".join(r"\boxed{%d}" % i for i in range(20))),
+])
+def test_several_different_candidates_earn_nothing(response):
+  assert not is_correct(response, "3")
+
+
+def test_agreeing_candidates_are_fine():
+  assert is_correct(r"So \boxed{42}. Double-checking: \boxed{42}", "42")
+  assert is_correct(r"First \boxed{\frac12}, i.e. \boxed{0.5}", "0.5")
+
+
+def test_boxed_contents_nested_and_escaped_braces():
+  text = r"a \boxed{\frac{1}{2}} b \boxed{\{1, 2\}} c \fbox{x^{2}} d \boxed{open"
+  assert boxed_contents(text) == [r"\frac{1}{2}", r"\{1, 2\}", "x^{2}"]
+
+
+def test_extraction_modes():
+  response = r"<think>maybe \boxed{7}</think><answer>\boxed{5}</answer> \boxed{6}"
+  assert extract_candidates(response, "answer_or_boxed") == ["5"]
+  assert extract_candidates(response, "answer") == ["5"]
+  assert extract_candidates(response, "boxed") == ["7", "5", "6"]
+  no_tags = r"so \boxed{5}"
+  assert extract_candidates(no_tags, "answer_or_boxed") == ["5"]
+  assert extract_candidates(no_tags, "answer") == []
+  assert extract_candidates("<answer> $\\frac{1}{2}$. </answer>") == [r"\frac{1}{2}"]
+  assert is_correct(no_tags, "5") and not is_correct(no_tags, "5", extract="answer")
+  assert is_correct("<ans>5</ans>", "5", answer_tag="ans")
+
+
+def test_ground_truth_may_be_a_full_solution():
+  assert is_correct(_respond("0.75"), r"We get $\boxed{\dfrac{3}{4}}$.")
+
+
+def test_absurd_numbers_are_refused_without_evaluation():
+  assert check(_respond(r"10^{10^{10}}"), "3").status == "too_large"
+  assert check(_respond(r"(10^{10})!"), "3").status == "too_large"
+  assert check(_respond("7" * 2000), "3").status == "too_large"
+
+
+_SLOW = _respond(r"\int_0^1 e^{x^2}\sin(x^{100}) dx")  # sympy grinds on this for minutes
+
+
+def test_timeout_in_main_thread_then_normal_operation():
+  assert threading.current_thread() is threading.main_thread()
+  assert check(_SLOW, "3", timeout_s=0.3).status == "timeout"
+  assert is_correct(_respond("0.5"), r"\frac12")  # no stray exception left behind
+
+
+def test_timeout_and_correctness_in_worker_threads():
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    slow = pool.submit(check, _SLOW, "3", timeout_s=0.3)
+    fast = [pool.submit(is_correct, _respond(a), t) for t, a, _ in EQUIVALENCE_CASES["latex_forms"]]
+    assert slow.result().status == "timeout"
+    assert [f.result() for f in fast] == [ok for _, _, ok in EQUIVALENCE_CASES["latex_forms"]]
+
+
+def _check_in_process(args):
+  response, truth, timeout_s = args
+  return math_lib.check(response, truth, timeout_s=timeout_s).status
+
+
+def test_works_in_worker_process():
+  ctx = multiprocessing.get_context("spawn")
+  with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+    statuses = list(pool.map(_check_in_process, [(_respond("0.5"), r"\frac12", 5.0),
+                                                 (_respond("3 or 4"), "3", 5.0),
+                                                 (_SLOW, "3", 0.3)]))
+  assert statuses == ["correct", "wrong", "timeout"]
+
+
+def test_bad_arguments():
+  with pytest.raises(ConfigError, match="extract"):
+    is_correct("x", "1", extract="last_number")
+  with pytest.raises(ConfigError, match="timeout_s"):
+    is_correct("x", "1", timeout_s=0)
