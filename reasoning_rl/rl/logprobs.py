@@ -1,0 +1,70 @@
+"""Per-token log-probabilities of completions without materialising [batch, time, vocab] logits.
+
+A row of a training batch is `prompt (left-padded to P) + completion (right-padded to T)`. The
+log-prob of completion token t comes from the hidden state at position P + t − 1. Projecting every
+hidden state to a 49k-entry vocabulary at once would hold B·T·V float32 values (3.2 GB for
+32 × 512 × 49k) and as much again for the backward pass; instead the time axis is cut into chunks,
+and each chunk's logits are computed, reduced to (log-prob, entropy) and dropped. `jax.checkpoint`
+makes the backward pass recompute a chunk's logits instead of storing them, so peak memory is
+O(B · chunk · V).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from reasoning_rl.models.transformer import Transformer
+
+
+def _chunk_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array):
+  """hidden [B, c, D], targets [B, c] -> (log p(target) [B, c], entropy [B, c]), float32."""
+  logits = model.logits_from_hidden(hidden)
+  log_norm = jax.nn.logsumexp(logits, axis=-1)
+  target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  probs = jnp.exp(logits - log_norm[..., None])
+  entropy = log_norm - jnp.sum(probs * logits, axis=-1)
+  return target_logits - log_norm, entropy
+
+
+def completion_logprobs(model: Transformer, tokens: jax.Array, attention_mask: jax.Array,
+                        completion_length: int, *, chunk_size: int = 128,
+                        return_hidden: bool = False):
+  """Log-probs and entropies of the last `completion_length` tokens of each row.
+
+  Args:
+    model: the policy (or reference) transformer.
+    tokens, attention_mask: [B, P + T]; the prompt part may be left-padded, the completion part
+      right-padded (mask 0 after the end).
+    completion_length: T.
+    chunk_size: time steps projected to the vocabulary at once.
+    return_hidden: also return the hidden states feeding the completion tokens [B, T, D] (a value
+      head reads them).
+
+  Returns:
+    (logprobs [B, T], entropy [B, T]) in float32 (+ hidden when asked). Values at padding
+    positions are finite but meaningless; mask them.
+  """
+  prompt_length = tokens.shape[1] - completion_length
+  if prompt_length < 1:
+    raise ValueError(f"rows of length {tokens.shape[1]} leave no prompt before "
+                     f"{completion_length} completion tokens")
+  hidden = model.hidden_states(tokens, attention_mask)
+  hidden = hidden[:, prompt_length - 1: prompt_length - 1 + completion_length]
+  targets = tokens[:, prompt_length:]
+  batch, length, width = hidden.shape
+  chunk = min(chunk_size, length)
+  num_chunks = -(-length // chunk)
+  pad = num_chunks * chunk - length
+  padded_hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+  padded_targets = jnp.pad(targets, ((0, 0), (0, pad)))
+  # [num_chunks, B, chunk, ...] so lax.map walks the chunks one after another.
+  hidden_chunks = padded_hidden.reshape(batch, num_chunks, chunk, width).swapaxes(0, 1)
+  target_chunks = padded_targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
+  one_chunk = jax.checkpoint(lambda args: _chunk_logprobs(model, *args))
+  logprobs, entropy = jax.lax.map(one_chunk, (hidden_chunks, target_chunks))
+  logprobs = logprobs.swapaxes(0, 1).reshape(batch, -1)[:, :length]
+  entropy = entropy.swapaxes(0, 1).reshape(batch, -1)[:, :length]
+  if return_hidden:
+    return logprobs, entropy, hidden
+  return logprobs, entropy

@@ -1,0 +1,343 @@
+"""The fused, jit-sharded RL training step (DESIGN §1 step 5).
+
+`TrainStep.__call__(state, batch) -> (state, stats)` is ONE compiled program on the trainer mesh: it
+computes the policy's completion log-probs and — when β > 0 — the frozen reference's, the clipped
+surrogate with its KL term (`reasoning_rl.rl.losses.policy_loss`), gradients accumulated over
+micro-batches, and the optax update, repeated μ times against fixed π_old log-probs. State buffers
+are donated, so parameters and optimizer moments are updated in place.
+
+Two algorithms share it:
+- `grpo` (and every group estimator): advantages [B] come with the batch.
+- `ppo` (Schulman et al. 2017) with a learned value head on the policy trunk: the step computes
+  π_old log-probs and old values, GAE(γ, λ) advantages (Schulman et al. 2016) from the sequence
+  rewards, and adds the clipped value loss (`reasoning_rl.rl.value`).
+
+Batch layout (all leading dimension B, sharded over the mesh's data × fsdp axes):
+  tokens, attention_mask [B, P + T] — prompt left-padded to P, completion right-padded to T;
+  completion_mask [B, T]; advantages [B] (grpo) or rewards [B] (ppo);
+  optional behavior_logprobs [B, T] — the sampler's log-probs, enabling truncated importance
+  sampling when the sampler's policy differs from π_old (async / stale rollouts).
+
+A non-finite loss or gradient norm skips the update (parameters and optimizer state unchanged) and
+counts it in `state.skipped_updates` and the `skipped_update` stat; it is never applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from reasoning_rl import sharding as sharding_lib
+from reasoning_rl.errors import ConfigError
+from reasoning_rl.rl import losses
+from reasoning_rl.rl import stats as stats_lib
+from reasoning_rl.rl import value as value_lib
+from reasoning_rl.rl.logprobs import completion_logprobs
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+  """Options of the training step; every field is a config switch of the trainer.
+
+  algorithm: "grpo" (advantages come with the batch) or "ppo" (value head + GAE).
+  beta, kl_estimator, epsilon_low, epsilon_high, dual_clip, loss_agg, entropy_coef, tis_cap:
+    as `reasoning_rl.rl.losses.policy_loss`.
+  max_completion_length: L of the Dr. GRPO aggregation (the generation budget); None = T.
+  num_micro_batches: gradient accumulation; B must be divisible by it.
+  num_inner_updates: μ optimizer updates per rollout batch against fixed π_old (GRPO's μ).
+  logprob_chunk: time steps projected to the vocabulary at once (memory / speed trade-off).
+  learning_rate, warmup_steps, total_steps, weight_decay, b1, b2, adam_eps, max_grad_norm:
+    AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to
+    `final_lr_fraction`·lr, after clipping the global gradient norm.
+  vf_coef, value_clip, gamma, gae_lambda: PPO value loss weight, value clip ε_v, GAE γ and λ.
+  """
+
+  algorithm: str = "grpo"
+  beta: float = 0.0
+  kl_estimator: str = "k3"
+  epsilon_low: float = 0.2
+  epsilon_high: float = 0.2
+  dual_clip: float | None = None
+  loss_agg: str = "seq-mean-token-mean"
+  entropy_coef: float = 0.0
+  tis_cap: float = 2.0
+  max_completion_length: int | None = None
+  num_micro_batches: int = 1
+  num_inner_updates: int = 1
+  logprob_chunk: int = 128
+  learning_rate: float = 1e-6
+  warmup_steps: int = 0
+  total_steps: int = 1000
+  final_lr_fraction: float = 0.1
+  weight_decay: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.999
+  adam_eps: float = 1e-8
+  max_grad_norm: float = 1.0
+  vf_coef: float = 0.5
+  value_clip: float = 0.2
+  gamma: float = 1.0
+  gae_lambda: float = 0.95
+
+  def __post_init__(self):
+    if self.algorithm not in ("grpo", "ppo"):
+      raise ConfigError(f"algorithm={self.algorithm!r}: use 'grpo' or 'ppo'")
+    for name in ("num_micro_batches", "num_inner_updates", "logprob_chunk", "total_steps"):
+      if getattr(self, name) < 1:
+        raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
+    if self.loss_agg not in losses.LOSS_AGGREGATIONS:
+      raise ConfigError(f"loss_agg={self.loss_agg!r}: use one of {losses.LOSS_AGGREGATIONS}")
+    if self.kl_estimator not in losses.KL_ESTIMATORS:
+      raise ConfigError(f"kl_estimator={self.kl_estimator!r}: use one of {losses.KL_ESTIMATORS}")
+
+
+class TrainState(flax.struct.PyTreeNode):
+  """Everything the step changes or reads, as pytrees (checkpointable as is)."""
+
+  step: jax.Array
+  params: Any  # nnx.State of the policy
+  opt_state: Any
+  skipped_updates: jax.Array
+  value_head: Any = None  # {"kernel": [D], "bias": []} for ppo
+  ref_params: Any = None  # frozen reference, only when beta > 0
+
+
+def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
+  schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0 if config.warmup_steps else config.learning_rate,
+      peak_value=config.learning_rate, warmup_steps=config.warmup_steps,
+      decay_steps=max(config.total_steps, config.warmup_steps + 1),
+      end_value=config.learning_rate * config.final_lr_fraction)
+  return optax.chain(
+      optax.clip_by_global_norm(config.max_grad_norm),
+      optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.adam_eps,
+                  weight_decay=config.weight_decay))
+
+
+def learning_rate_at(config: StepConfig, step) -> jax.Array:
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0 if config.warmup_steps else config.learning_rate,
+      peak_value=config.learning_rate, warmup_steps=config.warmup_steps,
+      decay_steps=max(config.total_steps, config.warmup_steps + 1),
+      end_value=config.learning_rate * config.final_lr_fraction)(step)
+
+
+class TrainStep:
+  """Builds the initial state and the compiled step for one model graph on one mesh."""
+
+  def __init__(self, graphdef, config: StepConfig, mesh=None):
+    self.graphdef = graphdef
+    self.config = config
+    self.mesh = mesh
+    self.optimizer = make_optimizer(config)
+    self._compiled = None
+
+  # ------------------------------------------------------------------------ state
+
+  def init_state(self, params, *, ref_params=None) -> TrainState:
+    """The step's state. Takes ownership of `params`: the step donates them, so keep no other
+    reference to these buffers (copy first if the caller needs the initial weights, e.g. as the
+    reference). With a mesh, parameters are placed on their partition-rule shardings."""
+    c = self.config
+    if c.beta > 0 and ref_params is None:
+      raise ConfigError("beta > 0 needs the frozen reference: pass ref_params (a copy of the "
+                        "initial policy parameters)")
+    if self.mesh is not None:
+      params = sharding_lib.reshard(params, sharding_lib.param_shardings(params, self.mesh))
+      if ref_params is not None:
+        ref_params = sharding_lib.reshard(
+            ref_params, sharding_lib.param_shardings(ref_params, self.mesh))
+    value_head = None
+    trainable = {"policy": params}
+    if c.algorithm == "ppo":
+      width = params["final_norm"]["scale"].shape[0]
+      value_head = {"kernel": jnp.zeros((width,), jnp.float32), "bias": jnp.zeros((), jnp.float32)}
+      trainable["value_head"] = value_head
+    opt_state = jax.jit(self.optimizer.init)(trainable)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
+                       skipped_updates=jnp.zeros((), jnp.int32), value_head=value_head,
+                       ref_params=ref_params if c.beta > 0 else None)
+    if self.mesh is None:
+      return state
+    # Scalars (step counters, optimizer counts) and the value head: replicated on the mesh.
+    replicated = NamedSharding(self.mesh, PartitionSpec())
+    on_mesh = lambda x: isinstance(x.sharding, NamedSharding) and x.sharding.mesh == self.mesh  # noqa
+    return jax.tree.map(lambda x: x if on_mesh(x) else jax.device_put(x, replicated), state)
+
+  def state_shardings(self, state: TrainState):
+    return jax.tree.map(lambda x: x.sharding, state)
+
+  # ------------------------------------------------------------------------ the step
+
+  def _policy_outputs(self, params, value_head, batch):
+    model = nnx.merge(self.graphdef, params)
+    length = batch["completion_mask"].shape[1]
+    if value_head is None:
+      logprobs, entropy = completion_logprobs(
+          model, batch["tokens"], batch["attention_mask"], length,
+          chunk_size=self.config.logprob_chunk)
+      return logprobs, entropy, None
+    logprobs, entropy, hidden = completion_logprobs(
+        model, batch["tokens"], batch["attention_mask"], length,
+        chunk_size=self.config.logprob_chunk, return_hidden=True)
+    values = hidden.astype(jnp.float32) @ value_head["kernel"] + value_head["bias"]
+    return logprobs, entropy, values
+
+  def _micro_loss(self, trainable, micro, normalizers):
+    c = self.config
+    logprobs, entropy, values = self._policy_outputs(
+        trainable["policy"], trainable.get("value_head"), micro)
+    loss, stats = losses.policy_loss(
+        logprobs, micro["old_logprobs"], micro["advantages"], micro["completion_mask"],
+        ref_logprobs=micro.get("ref_logprobs"), beta=c.beta, kl_estimator=c.kl_estimator,
+        epsilon_low=c.epsilon_low, epsilon_high=c.epsilon_high, dual_clip=c.dual_clip,
+        loss_agg=c.loss_agg, behavior_logprobs=micro.get("behavior_logprobs"),
+        tis_cap=c.tis_cap, entropy=entropy, entropy_coef=c.entropy_coef,
+        max_completion_length=c.max_completion_length, **normalizers)
+    if values is not None:
+      v_loss, v_stats = value_lib.value_loss(
+          values, micro["old_values"], micro["returns"], micro["completion_mask"],
+          clip_epsilon=c.value_clip, loss_agg=c.loss_agg,
+          max_completion_length=c.max_completion_length, **normalizers)
+      loss = loss + c.vf_coef * v_loss
+      stats = stats_lib.merge(stats, v_stats)
+    return loss, stats
+
+  def _prepare(self, state: TrainState, batch):
+    """Adds π_old log-probs, reference log-probs and (ppo) GAE targets to the batch."""
+    c = self.config
+    batch = dict(batch)
+    mask = batch["completion_mask"]
+    length = mask.shape[1]
+    needs_old = c.num_inner_updates > 1 or c.algorithm == "ppo"
+    if needs_old:
+      old_logprobs, _, old_values = self._policy_outputs(state.params, state.value_head, batch)
+      batch["old_logprobs"] = jax.lax.stop_gradient(old_logprobs)
+    if c.beta > 0:
+      ref_model = nnx.merge(self.graphdef, state.ref_params)
+      ref_logprobs, _ = completion_logprobs(ref_model, batch["tokens"], batch["attention_mask"],
+                                            length, chunk_size=c.logprob_chunk)
+      batch["ref_logprobs"] = jax.lax.stop_gradient(ref_logprobs)
+    if c.algorithm == "ppo":
+      token_rewards = value_lib.sequence_rewards_to_tokens(batch["rewards"], mask)
+      advantages, returns = value_lib.gae_advantages(
+          token_rewards, jax.lax.stop_gradient(old_values), mask, gamma=c.gamma,
+          lam=c.gae_lambda)
+      batch["advantages"] = value_lib.masked_whiten(advantages, mask)
+      batch["returns"] = returns
+      batch["old_values"] = jax.lax.stop_gradient(old_values)
+    return batch
+
+  def _update(self, state: TrainState, batch, normalizers):
+    """One optimizer update over the whole batch (micro-batched gradient accumulation)."""
+    c = self.config
+    trainable = {"policy": state.params}
+    if state.value_head is not None:
+      trainable["value_head"] = state.value_head
+    grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
+    uses_current_as_old = "old_logprobs" not in batch
+
+    def micro_grads(micro):
+      if uses_current_as_old:
+        # μ = 1 and grpo: π_old is the current policy, so its log-probs are the forward's own.
+        def loss_with_self_as_old(trainable, micro, normalizers):
+          logprobs, entropy, _ = self._policy_outputs(trainable["policy"], None, micro)
+          return losses.policy_loss(
+              logprobs, jax.lax.stop_gradient(logprobs), micro["advantages"],
+              micro["completion_mask"], ref_logprobs=micro.get("ref_logprobs"), beta=c.beta,
+              kl_estimator=c.kl_estimator, epsilon_low=c.epsilon_low,
+              epsilon_high=c.epsilon_high, dual_clip=c.dual_clip, loss_agg=c.loss_agg,
+              behavior_logprobs=micro.get("behavior_logprobs"), tis_cap=c.tis_cap,
+              entropy=entropy, entropy_coef=c.entropy_coef,
+              max_completion_length=c.max_completion_length, **normalizers)
+        return jax.value_and_grad(loss_with_self_as_old, has_aux=True)(
+            trainable, micro, normalizers)
+      return grad_fn(trainable, micro, normalizers)
+
+    m = c.num_micro_batches
+    if m == 1:
+      (loss, stats), grads = micro_grads(batch)
+    else:
+      def split(x):
+        # rows i, i+m, i+2m … form micro-batch i: every device keeps a share of each.
+        return x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
+
+      micro_batches = jax.tree.map(split, batch)
+
+      def accumulate(carry, micro):
+        loss_sum, grads_sum, stats_sum = carry
+        (loss, stats), grads = micro_grads(micro)
+        return (loss_sum + loss, jax.tree.map(jnp.add, grads_sum, grads),
+                stats_lib.merge(stats_sum, stats)), None
+
+      first = jax.tree.map(lambda x: x[0], micro_batches)
+      rest = jax.tree.map(lambda x: x[1:], micro_batches)
+      (loss, stats), grads = micro_grads(first)
+      (loss, grads, stats), _ = jax.lax.scan(accumulate, (loss, grads, stats), rest)
+
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
+    updates, new_opt_state = self.optimizer.update(safe_grads, state.opt_state, trainable)
+    new_trainable = optax.apply_updates(trainable, updates)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa
+    new_state = state.replace(
+        params=keep(new_trainable["policy"], state.params),
+        value_head=(keep(new_trainable["value_head"], state.value_head)
+                    if state.value_head is not None else None),
+        opt_state=keep(new_opt_state, state.opt_state),
+        skipped_updates=state.skipped_updates + (~finite).astype(jnp.int32))
+    one = jnp.ones((), jnp.int32)
+    stats = dict(stats)
+    stats["loss"] = (jnp.where(finite, loss, 0.0), finite.astype(jnp.int32))
+    stats["grad_norm"] = (jnp.where(finite, grad_norm, 0.0), finite.astype(jnp.int32))
+    stats["skipped_update"] = ((~finite).astype(jnp.float32), one)
+    return new_state, stats
+
+  def _step(self, state: TrainState, batch):
+    c = self.config
+    batch = self._prepare(state, batch)
+    normalizers = losses.loss_normalizers(batch["completion_mask"])
+
+    def inner(carry, _):
+      state, stats = carry
+      state, new_stats = self._update(state, batch, normalizers)
+      return (state, stats_lib.merge(stats, new_stats) if stats is not None else new_stats), None
+
+    state, stats = self._update(state, batch, normalizers)
+    if c.num_inner_updates > 1:
+      (state, stats), _ = jax.lax.scan(inner, (state, stats), None,
+                                       length=c.num_inner_updates - 1)
+    stats["learning_rate"] = (learning_rate_at(c, state.step), jnp.ones((), jnp.int32))
+    state = state.replace(step=state.step + 1)
+    return state, stats
+
+  def compile(self, state: TrainState, batch_example):
+    """jit with explicit in/out shardings on the trainer mesh (state donated)."""
+    state_shardings = self.state_shardings(state)
+    if self.mesh is not None:
+      batch_shardings = jax.tree.map(
+          lambda x: sharding_lib.batch_sharding(self.mesh, x.ndim), batch_example)
+      replicated = NamedSharding(self.mesh, PartitionSpec())
+      out = (state_shardings, replicated)
+    else:
+      batch_shardings = None
+      out = (state_shardings, None)
+    self._compiled = jax.jit(self._step, in_shardings=(state_shardings, batch_shardings),
+                             out_shardings=out, donate_argnums=(0,))
+    return self._compiled
+
+  def __call__(self, state: TrainState, batch):
+    if self._compiled is None:
+      self.compile(state, batch)
+    if self.mesh is not None:
+      batch = jax.device_put(
+          batch, jax.tree.map(lambda x: sharding_lib.batch_sharding(self.mesh, x.ndim), batch))
+    return self._compiled(state, batch)
