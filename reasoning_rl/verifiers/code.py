@@ -46,6 +46,9 @@ class TestResult:
     detail: why the first failing test failed, or why the run ended early.
     wall_s: wall-clock seconds of the whole call.
     isolation: the isolation mode the program ran under.
+    pid_namespace: the sandbox's pid namespace as /proc/PID/ns/pid shows it ("pid:[inode]"), so
+      a caller can check that no process of the run is left; "" in rlimits_only mode or when the
+      supervisor was killed before reporting.
   """
   __test__ = False  # not a pytest class, despite the name
 
@@ -57,6 +60,7 @@ class TestResult:
   detail: str
   wall_s: float
   isolation: str
+  pid_namespace: str
 
   @property
   def pass_rate(self) -> float:
@@ -128,4 +132,5 @@ def run_tests(program: str, tests: list[str], *, timeout_s: float = 5.0,
                   for index in range(len(tests)))
   return TestResult(passed=sum(verdicts), total=len(tests), status=status, test_passed=verdicts,
                     test_reasons=reasons,
-                    detail=outcome.detail, wall_s=time.monotonic() - start, isolation=isolation)
+                    detail=outcome.detail, wall_s=time.monotonic() - start, isolation=isolation,
+                    pid_namespace=outcome.pid_namespace)

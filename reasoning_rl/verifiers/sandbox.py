@@ -59,7 +59,7 @@ class SandboxLimits:
     scratch_mb: size of each writable tmpfs (/scratch, /tmp) in namespace mode.
   """
   memory_mb: int = 1024
-  max_processes: int = 32
+  max_processes: int = 16
   file_size_mb: int = 16
   open_files: int = 256
   scratch_mb: int = 32
@@ -78,6 +78,7 @@ class SandboxOutcome:
   reasons: dict[int, str]
   status: str
   detail: str
+  pid_namespace: str
 
 
 def _unshare_binary() -> str | None:
@@ -228,7 +229,7 @@ def _talk(process: subprocess.Popen, spec: bytes, kill_at: float) -> tuple[list[
 
 
 def _outcome(lines: list[bytes], stderr: bytes, nonce: str, timed_out: bool) -> SandboxOutcome:
-  verdicts, reasons, status, detail = {}, {}, None, ""
+  verdicts, reasons, status, detail, pid_namespace = {}, {}, None, "", ""
   for line in lines:
     try:
       message = json.loads(line)
@@ -236,7 +237,9 @@ def _outcome(lines: list[bytes], stderr: bytes, nonce: str, timed_out: bool) -> 
       continue
     if type(message) is not dict or message.get("nonce") != nonce:
       continue
-    if "test" in message:
+    if "pid_namespace" in message:
+      pid_namespace = str(message["pid_namespace"])
+    elif "test" in message:
       verdicts[message["test"]] = message.get("passed") is True
       reasons[message["test"]] = str(message.get("why", ""))
     elif "status" in message:
@@ -247,7 +250,7 @@ def _outcome(lines: list[bytes], stderr: bytes, nonce: str, timed_out: bool) -> 
     else:
       status = "error"
       detail = "the sandbox supervisor failed: " + stderr.decode(errors="replace")[-1000:]
-  return SandboxOutcome(verdicts, reasons, status, detail)
+  return SandboxOutcome(verdicts, reasons, status, detail, pid_namespace)
 
 
 @functools.lru_cache(maxsize=1)

