@@ -1,0 +1,129 @@
+"""GRPO training-step throughput on SmolLM2-135M: reasoning_rl's fused step beside torch.
+
+The torch side is the same loss (PPO-clipped surrogate + β·k3 KL, per-sequence token mean, as TRL's
+GRPOTrainer computes it) on the transformers model, with a frozen reference forward and AdamW — the
+work one TRL GRPO optimizer step does once the completions exist.
+
+Usage: python benchmarks/train_step.py [--completions 32] [--completion_length 256]
+         [--prompt_length 64] [--beta 0.04] [--repeats 2]
+Prints completion tokens/s, seconds per step and achieved GFLOP/s for both.
+"""
+
+import argparse
+import copy
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from benchmarks.forward import smollm2_path
+
+
+def step_flops(config, batch, length, with_reference):
+  """Forward = 2·N·tokens (+ causal attention); backward = 2× forward; reference = 1 forward."""
+  tokens = batch * length
+  forward = 2 * tokens * config.num_params() + \
+      2 * batch * length * length * config.num_heads * config.head_dim * config.num_layers
+  return forward * (3 + (1 if with_reference else 0))
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--completions", type=int, default=32)
+  parser.add_argument("--completion_length", type=int, default=256)
+  parser.add_argument("--prompt_length", type=int, default=64)
+  parser.add_argument("--beta", type=float, default=0.04)
+  parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--micro_batches", type=int, default=1)
+  args = parser.parse_args()
+
+  from reasoning_rl.models import load
+  from reasoning_rl.rl.step import StepConfig, TrainStep
+
+  path = smollm2_path()
+  b, p, t = args.completions, args.prompt_length, args.completion_length
+  rng = np.random.RandomState(0)
+  tokens = rng.randint(0, 49152, (b, p + t)).astype(np.int32)
+  advantages = rng.randn(b).astype(np.float32)
+  completion_mask = np.ones((b, t), np.int32)
+  rows = []
+
+  model, _ = load(path)
+  config = model.config
+  flops = step_flops(config, b, p + t, args.beta > 0)
+  graphdef, params = nnx.split(model)
+  reference = jax.tree.map(jnp.copy, params)
+  step = TrainStep(graphdef, StepConfig(beta=args.beta, learning_rate=1e-6,
+                                        num_micro_batches=args.micro_batches))
+  state = step.init_state(params, ref_params=reference if args.beta > 0 else None)
+  batch = dict(tokens=jnp.asarray(tokens), attention_mask=jnp.ones((b, p + t), jnp.int32),
+               completion_mask=jnp.asarray(completion_mask), advantages=jnp.asarray(advantages))
+  start = time.perf_counter()
+  state, stats = step(state, batch)
+  jax.block_until_ready(stats)
+  compile_and_first = time.perf_counter() - start
+  best = float("inf")
+  for _ in range(args.repeats):
+    start = time.perf_counter()
+    state, stats = step(state, batch)
+    jax.block_until_ready(stats)
+    best = min(best, time.perf_counter() - start)
+  rows.append(("reasoning_rl fused step (jax.jit, f32)", best))
+  del state, step, reference
+
+  import torch
+  import transformers
+
+  policy = transformers.AutoModelForCausalLM.from_pretrained(
+      str(path.parent), gguf_file=path.name, dtype=torch.float32)
+  ref_model = copy.deepcopy(policy).eval() if args.beta > 0 else None
+  optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6, weight_decay=0.0)
+  torch_tokens = torch.tensor(tokens, dtype=torch.long)
+  torch_adv = torch.tensor(advantages)
+  torch_mask = torch.tensor(completion_mask, dtype=torch.float32)
+
+  def completion_logps(m, ids):
+    logits = m(ids).logits[:, p - 1:-1].float()
+    return torch.gather(logits.log_softmax(-1), 2, ids[:, p:, None])[..., 0]
+
+  def torch_step():
+    with torch.no_grad():
+      ref = completion_logps(ref_model, torch_tokens) if ref_model is not None else None
+    logps = completion_logps(policy, torch_tokens)
+    ratio = torch.exp(logps - logps.detach())
+    surrogate = torch.minimum(ratio * torch_adv[:, None],
+                              torch.clamp(ratio, 0.8, 1.2) * torch_adv[:, None])
+    per_token = -surrogate
+    if ref is not None:
+      per_token = per_token + args.beta * (torch.exp(ref - logps) - (ref - logps) - 1)
+    loss = ((per_token * torch_mask).sum(1) / torch_mask.sum(1)).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+    optimizer.step()
+
+  torch_step()
+  torch_best = float("inf")
+  for _ in range(args.repeats):
+    start = time.perf_counter()
+    torch_step()
+    torch_best = min(torch_best, time.perf_counter() - start)
+  rows.append((f"transformers {transformers.__version__} + torch {torch.__version__} "
+               "(TRL GRPO loss)", torch_best))
+
+  tokens_per_step = b * t
+  print(f"SmolLM2-135M GRPO step: {b} completions x {t} tokens after {p}-token prompts, "
+        f"beta={args.beta}, {flops / 1e12:.2f} TFLOP/step; best of {args.repeats} "
+        f"(jax compile + first step {compile_and_first:.0f} s)")
+  print("| implementation | s / step | completion tokens/s | GFLOP/s |")
+  print("|---|---|---|---|")
+  for name, seconds in rows:
+    print(f"| {name} | {seconds:.1f} | {tokens_per_step / seconds:,.0f} | "
+          f"{flops / seconds / 1e9:.0f} |")
+  print(f"speed-up: {rows[1][1] / rows[0][1]:.2f}x")
+
+
+if __name__ == "__main__":
+  main()
