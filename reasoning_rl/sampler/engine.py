@@ -1,0 +1,474 @@
+"""A decode engine with JetStream's Engine API semantics, on its own device mesh.
+
+JetStream (`jetstream/engine/engine_api.py`) splits serving into four calls that an outer loop
+interleaves for continuous batching:
+- `prefill(params=, padded_tokens=, true_length=)` runs a prompt and returns a `Prefix` (its KV
+  cache and next-token logits) plus the first token as `ResultTokens`;
+- `insert(prefix, decode_state, slot)` copies a prefix into one of `max_concurrent_decodes` slots of
+  the preallocated decode state;
+- `generate(params, decode_state)` advances every live slot and returns `ResultTokens` with per-slot
+  tokens, validity and lengths;
+- `init_decode_state()` / `load_params()` build the state those calls transform.
+
+This engine keeps its own types (no JetStream import; `jetstream_adapter.py` bridges to JetStream's
+orchestrator) and adds what RL rollouts need: per-slot sampling parameters and PRNG keys, stop ids,
+a `max_new_tokens` budget, both log-probs of every token, and `update_params` for weight sync.
+
+Decode state: one KV cache [slots, cache_length, kv_heads, head_dim] per layer, preallocated on the
+sampler mesh and donated to every jitted call, so it is updated in place. Each slot holds the logits
+of its next token; a decode step samples from them, feeds the sampled token through the model and
+stores the new logits. `generate` runs up to `steps_per_call` such steps inside one jitted
+`lax.while_loop` (it exits early once every slot is done), so the host sees one round trip per
+`steps_per_call` tokens.
+
+Prompts are right-padded to power-of-two buckets (at least `min_prefill_bucket`, at most
+`max_prefill_length`), so the prefill compiles once per bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from reasoning_rl import sharding as sharding_lib
+from reasoning_rl.errors import SamplingError
+from reasoning_rl.models.transformer import KVCache, Transformer, rope_inverse_frequencies
+from reasoning_rl.sampler import sampling as sampling_lib
+from reasoning_rl.sampler.sampling import SamplingParams
+
+MAX_STOP_IDS = 8  # stop ids per request held on device (EOS + end-of-turn tokens fit easily)
+
+
+@flax.struct.dataclass
+class SlotRequest:
+  """What a slot needs besides its prompt: PRNG key, sampling parameters, budget and stop ids."""
+
+  key: jax.Array  # typed PRNG key (scalar); token n is drawn with fold_in(key, n)
+  temperature: jax.Array  # f32 scalar
+  top_p: jax.Array  # f32 scalar
+  top_k: jax.Array  # i32 scalar
+  max_new_tokens: jax.Array  # i32 scalar
+  stop_ids: jax.Array  # i32 [MAX_STOP_IDS], -1 = unused
+
+
+@flax.struct.dataclass
+class Prefix:
+  """A prefilled prompt: its KV cache [1, bucket, …], next-token logits [V], length and request."""
+
+  cache: KVCache
+  logits: jax.Array
+  length: jax.Array
+  request: SlotRequest
+
+  def with_request(self, request: SlotRequest) -> "Prefix":
+    """The same prefilled prompt for another sample (prefix sharing: no new prefill)."""
+    return self.replace(request=request)
+
+
+@flax.struct.dataclass
+class DecodeState:
+  """Everything `generate` transforms; every leading dimension is the slot."""
+
+  cache: KVCache
+  next_logits: jax.Array  # [S, V] logits of each slot's next token
+  position: jax.Array  # [S] position (= cache index) the next token will be written at
+  generated: jax.Array  # [S] tokens emitted so far by the slot's request
+  done: jax.Array  # [S] bool; empty slots are done
+  keys: jax.Array  # [S] typed PRNG keys
+  temperature: jax.Array
+  top_p: jax.Array
+  top_k: jax.Array
+  max_new_tokens: jax.Array
+  stop_ids: jax.Array  # [S, MAX_STOP_IDS]
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotData:
+  """One slot's share of a `ResultTokens`: tokens/valid [samples, steps], lengths [samples]."""
+
+  tokens: np.ndarray
+  valid: np.ndarray
+  lengths: np.ndarray
+
+
+@flax.struct.dataclass
+class ResultTokens:
+  """Tokens produced by one `prefill` (1 step) or `generate` (up to `steps_per_call` steps).
+
+  tokens, valid, logprobs, sampling_logprobs: [S, steps]; a token is valid iff its slot was live when
+  it was drawn. lengths [S]: tokens emitted so far by each slot's request. done [S]: the slot
+  finished (stop id, budget or cache full) during or before this call.
+  """
+
+  tokens: jax.Array
+  valid: jax.Array
+  lengths: jax.Array
+  logprobs: jax.Array
+  sampling_logprobs: jax.Array
+  done: jax.Array
+  samples_per_slot: int = flax.struct.field(pytree_node=False, default=1)
+
+  def to_host(self) -> "ResultTokens":
+    """A copy whose arrays are numpy (one transfer per field)."""
+    return jax.tree.map(np.asarray, self)
+
+  def get_result_at_slot(self, slot: int) -> SlotData:
+    rows = slice(slot * self.samples_per_slot, (slot + 1) * self.samples_per_slot)
+    return SlotData(tokens=np.asarray(self.tokens[rows]), valid=np.asarray(self.valid[rows]),
+                    lengths=np.asarray(self.lengths[rows]))
+
+
+def _decode_hidden(model: Transformer, token_ids, positions, cache: KVCache, write_index):
+  """`Transformer.decode` up to the final norm: (hidden [B, T, D], cache).
+
+  The prefill needs logits at one position only; stopping before the vocabulary projection avoids
+  computing [T, V] logits for a whole bucket.
+  """
+  slots = write_index[:, None] + jnp.arange(token_ids.shape[1])[None, :]
+  batch = jnp.arange(cache.pos.shape[0])[:, None]
+  cache_pos = cache.pos.at[batch, slots].set(positions.astype(jnp.int32), mode="drop")
+  inv_freq = rope_inverse_frequencies(model.config)
+  x = model.embed_tokens(token_ids)
+  new_k, new_v = [], []
+  for layer, block in enumerate(model.layers):
+    x, (k, v) = block(x, positions, cache_pos, inv_freq, (cache.k[layer], cache.v[layer]),
+                      write_index)
+    new_k.append(k)
+    new_v.append(v)
+  return model.final_norm(x), KVCache(k=tuple(new_k), v=tuple(new_v), pos=cache_pos)
+
+
+def prefill_bucket(length: int, max_prefill_length: int, min_bucket: int = 16) -> int:
+  """Smallest power of two >= length (and >= min_bucket), capped at max_prefill_length."""
+  return min(max(min_bucket, 1 << max(0, math.ceil(math.log2(max(length, 1))))),
+             max_prefill_length)
+
+
+class Engine:
+  """Prefill / insert / generate over a fixed set of decode slots on the sampler mesh.
+
+  Args:
+    model: the policy; its parameters are copied onto `mesh` (see `update_params`).
+    mesh: the sampler slice (axes data, fsdp, tensor); None uses one device.
+    max_concurrent_decodes: number of decode slots.
+    max_prefill_length: longest prompt accepted.
+    max_decode_length: most tokens a request may generate; the cache holds
+      max_prefill_length + max_decode_length tokens per slot.
+    steps_per_call: decode steps per `generate` call.
+    min_prefill_bucket: smallest prefill bucket.
+    truncation: what to do with a prompt longer than max_prefill_length: "error" (SamplingError)
+      or "left" (keep its last max_prefill_length tokens).
+    default_sampling: used by `prefill` calls that carry no request (e.g. from JetStream's Driver).
+    default_max_new_tokens: budget of such requests (default max_decode_length).
+    default_stop_ids: stop ids of such requests.
+  """
+
+  def __init__(self, model: Transformer, *, mesh: Mesh | None = None,
+               max_concurrent_decodes: int = 8, max_prefill_length: int = 256,
+               max_decode_length: int = 256, steps_per_call: int = 16,
+               min_prefill_bucket: int = 16, truncation: str = "error",
+               default_sampling: SamplingParams = SamplingParams(temperature=0.0),
+               default_max_new_tokens: int | None = None,
+               default_stop_ids: Sequence[int] = (), seed: int = 0):
+    for name, value in (("max_concurrent_decodes", max_concurrent_decodes),
+                        ("max_prefill_length", max_prefill_length),
+                        ("max_decode_length", max_decode_length),
+                        ("steps_per_call", steps_per_call),
+                        ("min_prefill_bucket", min_prefill_bucket)):
+      if not isinstance(value, int) or value < 1:
+        raise SamplingError(f"{name}={value!r}: must be a positive integer")
+    if truncation not in ("error", "left"):
+      raise SamplingError(f"truncation={truncation!r}: must be 'error' or 'left'")
+    self.config = model.config
+    self.dtype = model.dtype
+    self._mesh = mesh if mesh is not None else sharding_lib.make_mesh(
+        (1, 1, 1), devices=[jax.devices()[0]])
+    self._slots = max_concurrent_decodes
+    self._max_prefill_length = max_prefill_length
+    self.max_decode_length = max_decode_length
+    self.cache_length = max_prefill_length + max_decode_length
+    self.steps_per_call = steps_per_call
+    self.min_prefill_bucket = min(min_prefill_bucket, max_prefill_length)
+    self.truncation = truncation
+    self.default_sampling = default_sampling
+    self.default_max_new_tokens = default_max_new_tokens or max_decode_length
+    self.default_stop_ids = tuple(default_stop_ids)
+    self._default_key = jax.random.key(seed)
+    self._default_requests = 0
+    self.policy_version = 0
+    self.num_prefills = 0
+    self.num_inserts = 0
+    self.num_generate_calls = 0
+
+    self._graphdef, state = nnx.split(model)
+    self._param_shardings = sharding_lib.param_shardings(state, self._mesh)
+    self._params = sharding_lib.reshard(state, self._param_shardings)
+    self._replicated = NamedSharding(self._mesh, PartitionSpec())
+    self._state_shardings = self._decode_state_shardings()
+    self._build_functions()
+
+  # ----------------------------------------------------------------------------- properties
+
+  @property
+  def max_concurrent_decodes(self) -> int:
+    return self._slots
+
+  @property
+  def samples_per_slot(self) -> int:
+    return 1
+
+  @property
+  def max_prefill_length(self) -> int:
+    return self._max_prefill_length
+
+  @property
+  def mesh(self) -> Mesh:
+    return self._mesh
+
+  @property
+  def colocated_cpus(self):
+    return None
+
+  @property
+  def params(self) -> nnx.State:
+    """The parameters currently on the sampler mesh."""
+    return self._params
+
+  # ----------------------------------------------------------------------------- params
+
+  def load_params(self) -> nnx.State:
+    """The engine's parameters (JetStream calls this once and passes them back to every call)."""
+    return self._params
+
+  def update_params(self, params) -> nnx.State:
+    """Copies new parameters (an nnx.State or a Transformer, on any mesh) onto the sampler mesh.
+
+    The copy is device to device (`jax.device_put` with the sampler's shardings), never through host
+    memory. Bumps `policy_version`; returns the new params for callers that hold them.
+    """
+    if isinstance(params, nnx.Module):
+      params = nnx.state(params)
+    self._params = sharding_lib.reshard(params, self._param_shardings)
+    self.policy_version += 1
+    return self._params
+
+  def get_prefix_destination_sharding(self):
+    """Prefixes are small (one row) and live replicated on the sampler mesh."""
+    return self._replicated
+
+  # ----------------------------------------------------------------------------- requests
+
+  def make_request(self, *, key: jax.Array, sampling: SamplingParams, max_new_tokens: int,
+                   stop_ids: Sequence[int] = ()) -> SlotRequest:
+    """A SlotRequest, validated (SamplingError on a bad budget or too many stop ids)."""
+    if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= self.max_decode_length:
+      raise SamplingError(
+          f"max_new_tokens={max_new_tokens!r}: must be an integer in [1, max_decode_length="
+          f"{self.max_decode_length}]; raise the engine's max_decode_length")
+    stop_ids = list(dict.fromkeys(int(i) for i in stop_ids))
+    if len(stop_ids) > MAX_STOP_IDS:
+      raise SamplingError(f"stop_ids: at most {MAX_STOP_IDS} ids, got {len(stop_ids)}")
+    padded = np.full(MAX_STOP_IDS, -1, np.int32)
+    padded[:len(stop_ids)] = stop_ids
+    return SlotRequest(key=key, temperature=np.float32(sampling.temperature),
+                       top_p=np.float32(sampling.top_p), top_k=np.int32(sampling.top_k),
+                       max_new_tokens=np.int32(max_new_tokens), stop_ids=padded)
+
+  def _default_request(self) -> SlotRequest:
+    key = jax.random.fold_in(self._default_key, self._default_requests)
+    self._default_requests += 1
+    return self.make_request(key=key, sampling=self.default_sampling,
+                             max_new_tokens=self.default_max_new_tokens,
+                             stop_ids=self.default_stop_ids)
+
+  def prepare_prompt(self, prompt_ids: Sequence[int]) -> tuple[np.ndarray, int]:
+    """Right-pads a prompt to its bucket: (padded_tokens [bucket], true_length).
+
+    Raises SamplingError for an empty prompt, or one longer than max_prefill_length when the
+    truncation policy is "error" ("left" keeps the last max_prefill_length tokens).
+    """
+    ids = np.asarray(list(prompt_ids), np.int32)
+    if ids.size == 0:
+      raise SamplingError("prompt: is empty; a prompt needs at least one token")
+    if ids.size > self.max_prefill_length:
+      if self.truncation == "error":
+        raise SamplingError(
+            f"prompt: {ids.size} tokens exceed max_prefill_length={self.max_prefill_length}; "
+            "shorten it, raise max_prefill_length, or set truncation='left'")
+      ids = ids[-self.max_prefill_length:]
+    if ids.min() < 0 or ids.max() >= self.config.vocab_size:
+      raise SamplingError(
+          f"prompt: token ids must lie in [0, {self.config.vocab_size}), got "
+          f"[{ids.min()}, {ids.max()}]")
+    bucket = prefill_bucket(ids.size, self.max_prefill_length, self.min_prefill_bucket)
+    return np.pad(ids, (0, bucket - ids.size)), int(ids.size)
+
+  # ----------------------------------------------------------------------------- engine API
+
+  def init_decode_state(self) -> DecodeState:
+    """An empty decode state (every slot done) on the sampler mesh."""
+    return self._init_fn()
+
+  def prefill(self, *, params, existing_prefix: Prefix | None = None, padded_tokens,
+              true_length: int, request: SlotRequest | None = None):
+    """Runs a right-padded prompt through the model once.
+
+    Returns (Prefix, ResultTokens): the prefix holds the prompt's cache and next-token logits; the
+    result holds the first token drawn with the request's key — the same token `generate` emits
+    first for a slot this prefix is inserted into with that request.
+    """
+    if existing_prefix is not None:
+      raise NotImplementedError("prefill: continuing an existing prefix is not supported; "
+                                "prefill the whole conversation")
+    tokens = np.asarray(padded_tokens, np.int32).reshape(-1)
+    if tokens.size > self.max_prefill_length:
+      raise SamplingError(f"padded_tokens: {tokens.size} > max_prefill_length="
+                          f"{self.max_prefill_length}")
+    if not 1 <= int(true_length) <= tokens.size:
+      raise SamplingError(f"true_length={true_length}: must be in [1, {tokens.size}]")
+    request = self._default_request() if request is None else request
+    self.num_prefills += 1
+    return self._prefill_fn(params, tokens[None], np.int32(true_length), request)
+
+  def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
+    """Copies `prefix` (and its request) into `slot`; the old state is donated."""
+    if not 0 <= int(slot) < self._slots:
+      raise SamplingError(f"slot={slot}: must be in [0, {self._slots})")
+    self.num_inserts += 1
+    return self._insert_fn(decode_state, prefix, np.int32(slot))
+
+  def release(self, decode_state: DecodeState, slot: int) -> DecodeState:
+    """Marks `slot` done (e.g. a stop string was found on the host) so it stops decoding."""
+    return self._release_fn(decode_state, np.int32(slot))
+
+  def free_resource(self, slot: int) -> None:
+    """Nothing to free: every slot owns a fixed row of the cache."""
+    return None
+
+  def generate(self, params, decode_state: DecodeState):
+    """Up to `steps_per_call` decode steps for every live slot: (decode_state, ResultTokens)."""
+    self.num_generate_calls += 1
+    return self._generate_fn(params, decode_state)
+
+  # ----------------------------------------------------------------------------- jitted bodies
+
+  def _decode_state_shardings(self) -> DecodeState:
+    mesh, slots, cfg = self._mesh, self._slots, self.config
+    kv_shape = (slots, self.cache_length, cfg.num_kv_heads, cfg.head_dim)
+    kv = sharding_lib.sharding_for(("batch", "length", "kv_heads", "head_dim"), kv_shape, mesh)
+    rows = sharding_lib.sharding_for(("batch", "length"), (slots, self.cache_length), mesh)
+    vector = sharding_lib.sharding_for(("batch",), (slots,), mesh)
+    return DecodeState(
+        cache=KVCache(k=(kv,) * cfg.num_layers, v=(kv,) * cfg.num_layers, pos=rows),
+        next_logits=sharding_lib.sharding_for(("batch", None), (slots, cfg.vocab_size), mesh),
+        position=vector, generated=vector, done=vector, keys=vector, temperature=vector,
+        top_p=vector, top_k=vector, max_new_tokens=vector,
+        stop_ids=sharding_lib.sharding_for(("batch", None), (slots, MAX_STOP_IDS), mesh))
+
+  def _build_functions(self):
+    graphdef, cfg = self._graphdef, self.config
+    slots, cache_length, steps = self._slots, self.cache_length, self.steps_per_call
+    state_shardings, replicated = self._state_shardings, self._replicated
+
+    def init():
+      return DecodeState(
+          cache=KVCache.init(cfg, slots, cache_length, self.dtype),
+          next_logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
+          position=jnp.zeros(slots, jnp.int32), generated=jnp.zeros(slots, jnp.int32),
+          done=jnp.ones(slots, bool), keys=jax.random.split(jax.random.key(0), slots),
+          temperature=jnp.zeros(slots, jnp.float32), top_p=jnp.ones(slots, jnp.float32),
+          top_k=jnp.zeros(slots, jnp.int32), max_new_tokens=jnp.zeros(slots, jnp.int32),
+          stop_ids=jnp.full((slots, MAX_STOP_IDS), -1, jnp.int32))
+
+    def prefill(params, tokens, true_length, request):
+      model = nnx.merge(graphdef, params)
+      length = tokens.shape[1]
+      index = jnp.arange(length)[None, :]
+      positions = jnp.where(index < true_length, index, -1)
+      cache = KVCache.init(cfg, 1, length, self.dtype)
+      hidden, cache = _decode_hidden(model, tokens, positions, cache, jnp.zeros(1, jnp.int32))
+      logits = model.logits_from_hidden(hidden[0, true_length - 1])
+      prefix = Prefix(cache=cache, logits=logits, length=true_length, request=request)
+      token, logprob, sampling_logprob = sampling_lib.sample_tokens(
+          logits[None], jax.random.fold_in(request.key, 0)[None], request.temperature[None],
+          request.top_p[None], request.top_k[None])
+      first = ResultTokens(tokens=token[:, None], valid=jnp.ones((1, 1), bool),
+                           lengths=jnp.ones(1, jnp.int32), logprobs=logprob[:, None],
+                           sampling_logprobs=sampling_logprob[:, None],
+                           done=jnp.zeros(1, bool))
+      return prefix, first
+
+    def insert(state: DecodeState, prefix: Prefix, slot):
+      def put_row(buffer, row):
+        return jax.lax.dynamic_update_slice(buffer, row, (slot,) + (0,) * (buffer.ndim - 1))
+
+      bucket = prefix.cache.pos.shape[1]
+      pos_row = jnp.full((1, cache_length), -1, jnp.int32).at[:, :bucket].set(prefix.cache.pos)
+      cache = KVCache(
+          k=tuple(put_row(a, b.astype(a.dtype)) for a, b in zip(state.cache.k, prefix.cache.k)),
+          v=tuple(put_row(a, b.astype(a.dtype)) for a, b in zip(state.cache.v, prefix.cache.v)),
+          pos=put_row(state.cache.pos, pos_row))
+      req = prefix.request
+      return state.replace(
+          cache=cache, next_logits=state.next_logits.at[slot].set(prefix.logits),
+          position=state.position.at[slot].set(prefix.length),
+          generated=state.generated.at[slot].set(0), done=state.done.at[slot].set(False),
+          keys=state.keys.at[slot].set(req.key),
+          temperature=state.temperature.at[slot].set(req.temperature),
+          top_p=state.top_p.at[slot].set(req.top_p), top_k=state.top_k.at[slot].set(req.top_k),
+          max_new_tokens=state.max_new_tokens.at[slot].set(req.max_new_tokens),
+          stop_ids=state.stop_ids.at[slot].set(req.stop_ids))
+
+    def release(state: DecodeState, slot):
+      return state.replace(done=state.done.at[slot].set(True))
+
+    def generate(params, state: DecodeState):
+      model = nnx.merge(graphdef, params)
+      buffers = dict(tokens=jnp.zeros((slots, steps), jnp.int32),
+                     valid=jnp.zeros((slots, steps), bool),
+                     logprobs=jnp.zeros((slots, steps), jnp.float32),
+                     sampling_logprobs=jnp.zeros((slots, steps), jnp.float32))
+
+      def step(carry):
+        state, i, buffers = carry
+        live = ~state.done
+        step_keys = jax.vmap(jax.random.fold_in)(state.keys, state.generated)
+        tokens, logprobs, sampling_logprobs = sampling_lib.sample_tokens(
+            state.next_logits, step_keys, state.temperature, state.top_p, state.top_k)
+        generated = state.generated + live.astype(jnp.int32)
+        hit_stop = jnp.any(tokens[:, None] == state.stop_ids, axis=-1)
+        finished = live & (hit_stop | (generated >= state.max_new_tokens)
+                           | (state.position >= cache_length))
+        logits, cache = model.decode(tokens[:, None], state.position[:, None], state.cache,
+                                     state.position)
+        continuing = live & ~finished
+        state = state.replace(
+            cache=cache, next_logits=logits[:, 0], generated=generated,
+            position=state.position + continuing.astype(jnp.int32), done=state.done | finished)
+        column = dict(tokens=tokens, valid=live, logprobs=logprobs,
+                      sampling_logprobs=sampling_logprobs)
+        buffers = {name: buffers[name].at[:, i].set(column[name]) for name in buffers}
+        return state, i + 1, buffers
+
+      def keep_going(carry):
+        state, i, _ = carry
+        return (i < steps) & ~jnp.all(state.done)
+
+      state, _, buffers = jax.lax.while_loop(keep_going, step, (state, jnp.int32(0), buffers))
+      result = ResultTokens(lengths=state.generated, done=state.done, **buffers)
+      return state, result
+
+    self._init_fn = jax.jit(init, out_shardings=state_shardings)
+    self._prefill_fn = jax.jit(prefill, out_shardings=replicated)
+    self._insert_fn = jax.jit(insert, donate_argnums=0, out_shardings=state_shardings)
+    self._release_fn = jax.jit(release, donate_argnums=0, out_shardings=state_shardings)
+    self._generate_fn = jax.jit(generate, donate_argnums=1,
+                                out_shardings=(state_shardings, replicated))

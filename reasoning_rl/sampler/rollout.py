@@ -1,0 +1,209 @@
+"""Group rollouts: G completions per prompt with prefix sharing and continuous batching.
+
+`stream_groups` drives an `Engine`:
+- Each prompt is prefilled once; its `Prefix` is inserted into one slot per sample (G inserts, one
+  prefill). The prefix is kept only until its last sample has a slot.
+- Continuous batching: after every `generate` call, slots whose completion finished are refilled from
+  the queue of waiting samples (prompt-major order) while the other slots keep decoding.
+- Stops: a stop id (EOS, end of turn) ends a completion on device and is kept as its last token;
+  `max_new_tokens` (or a full cache) ends it with `truncated=True`; stop strings (e.g. "</answer>")
+  are searched on the host in the decoded text after each `generate` call.
+- Where a stop string cuts: the completion keeps the shortest token prefix whose decoded text
+  contains the stop string, i.e. every token up to and including the one that completes it; later
+  tokens (already drawn inside the same `generate` call) are dropped with their log-probs.
+- Determinism: sample g of prompt p draws its n-th token with
+  fold_in(fold_in(fold_in(key(seed), p), g), n) (see `sampling.sample_key`), so a completion depends
+  on (seed, prompt_id, sample_index) and the model only — not on its slot, on the other requests in
+  the batch, or on the order prompts are given in.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from reasoning_rl.errors import SamplingError
+from reasoning_rl.sampler.engine import Engine
+from reasoning_rl.sampler.sampling import SamplingParams, sample_key
+
+
+@dataclasses.dataclass
+class Completion:
+  """One sampled completion.
+
+  Attributes:
+    prompt_id: id of its prompt (its index unless `prompt_ids` were given).
+    sample_index: its index within the group of `num_samples` (0..G-1).
+    prompt_tokens: the prompt as prefilled (after truncation, if the engine truncates).
+    completion_ids: generated token ids (a final stop id included).
+    logprobs: log p(token) under the model's unscaled distribution (log_softmax of raw logits).
+    sampling_logprobs: log p(token) under the distribution it was drawn from (temperature, top-k,
+      top-p applied; 0 for greedy), or None when that distribution is the model's own.
+    finish_reason: "stop_id", "stop_string" or "length".
+    truncated: True iff finish_reason == "length" (budget or cache exhausted).
+    policy_version: the engine's policy version the completion was sampled with.
+  """
+
+  prompt_id: int
+  sample_index: int
+  prompt_tokens: list[int]
+  completion_ids: list[int]
+  logprobs: list[float]
+  sampling_logprobs: list[float] | None
+  finish_reason: str
+  truncated: bool
+  policy_version: int
+
+
+@dataclasses.dataclass
+class _Running:
+  prompt_id: int
+  sample_index: int
+  prompt_tokens: list[int]
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  logprobs: list[float] = dataclasses.field(default_factory=list)
+  sampling_logprobs: list[float] = dataclasses.field(default_factory=list)
+
+
+def find_stop_string(tokenizer, tokens: Sequence[int], stop_strings: Sequence[str]) -> int | None:
+  """Length of the shortest prefix of `tokens` whose text contains a stop string, or None.
+
+  Decoding is monotone in the prefix for containment, so a binary search needs O(log n) decodes.
+  """
+  def contains(length: int) -> bool:
+    text = tokenizer.decode(tokens[:length])
+    return any(stop in text for stop in stop_strings)
+
+  if not tokens or not contains(len(tokens)):
+    return None
+  low, high = 1, len(tokens)
+  while low < high:
+    middle = (low + high) // 2
+    if contains(middle):
+      high = middle
+    else:
+      low = middle + 1
+  return low
+
+
+def stream_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_samples: int = 1,
+                  sampling: SamplingParams = SamplingParams(), max_new_tokens: int,
+                  stop_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
+                  tokenizer=None, seed: int = 0,
+                  prompt_ids: Sequence[int] | None = None) -> Iterator[Completion]:
+  """Yields completions as they finish (G per prompt), continuously batching on `engine`.
+
+  Args:
+    engine: the sampler engine (its current params and policy_version are used).
+    prompts: token ids per prompt.
+    num_samples: G, completions per prompt.
+    sampling: temperature / top_p / top_k.
+    max_new_tokens: budget per completion (<= engine.max_decode_length).
+    stop_ids: token ids that end a completion (usually tokenizer.eos_ids); empty = none.
+    stop_strings: texts that end a completion (needs `tokenizer`).
+    tokenizer: decodes completions for stop strings.
+    seed: root of every sample's PRNG key (see the module docstring).
+    prompt_ids: ids to report and to derive keys from (default 0..P-1); must be distinct.
+
+  Raises:
+    SamplingError: bad arguments or prompts — raised before any decoding starts.
+  """
+  if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+    raise SamplingError(f"num_samples={num_samples!r}: must be an integer >= 1")
+  stop_strings = [s for s in stop_strings]
+  if any(not isinstance(s, str) or not s for s in stop_strings):
+    raise SamplingError(f"stop_strings={stop_strings!r}: must be non-empty strings")
+  if stop_strings and tokenizer is None:
+    raise SamplingError("stop_strings: need a tokenizer to decode completions; pass tokenizer=")
+  prompt_ids = list(range(len(prompts))) if prompt_ids is None else [int(i) for i in prompt_ids]
+  if len(prompt_ids) != len(prompts) or len(set(prompt_ids)) != len(prompt_ids):
+    raise SamplingError(f"prompt_ids: need {len(prompts)} distinct ids, got {prompt_ids!r}")
+  prepared = []
+  for index, prompt in enumerate(prompts):
+    try:
+      prepared.append(engine.prepare_prompt(prompt))
+    except SamplingError as error:
+      raise SamplingError(f"prompts[{index}]: {error}") from None
+
+  if prompts:  # validates max_new_tokens and stop_ids before anything runs
+    engine.make_request(key=sample_key(seed, 0, 0), sampling=sampling,
+                        max_new_tokens=max_new_tokens, stop_ids=stop_ids)
+  return _run_groups(engine, prepared, prompt_ids, num_samples=num_samples, sampling=sampling,
+                     max_new_tokens=max_new_tokens, stop_ids=stop_ids,
+                     stop_strings=stop_strings, tokenizer=tokenizer, seed=seed)
+
+
+def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, max_new_tokens,
+                stop_ids, stop_strings, tokenizer, seed) -> Iterator[Completion]:
+  """The decoding loop of `stream_groups` (arguments already validated)."""
+
+  def request(prompt_index: int, sample_index: int):
+    return engine.make_request(key=sample_key(seed, prompt_ids[prompt_index], sample_index),
+                               sampling=sampling, max_new_tokens=max_new_tokens,
+                               stop_ids=stop_ids)
+
+  stop_set = set(int(i) for i in stop_ids)
+  waiting = collections.deque((p, g) for p in range(len(prepared)) for g in range(num_samples))
+  prefixes: dict[int, list] = {}  # prompt index -> [prefix, samples still to insert]
+  running: list[_Running | None] = [None] * engine.max_concurrent_decodes
+  state = engine.init_decode_state()
+
+  def finish(run: _Running, length: int, reason: str) -> Completion:
+    return Completion(
+        prompt_id=run.prompt_id, sample_index=run.sample_index, prompt_tokens=run.prompt_tokens,
+        completion_ids=run.tokens[:length], logprobs=run.logprobs[:length],
+        sampling_logprobs=(run.sampling_logprobs[:length] if sampling.changes_distribution
+                           else None),
+        finish_reason=reason, truncated=reason == "length",
+        policy_version=engine.policy_version)
+
+  while waiting or any(run is not None for run in running):
+    for slot in range(len(running)):
+      if running[slot] is not None or not waiting:
+        continue
+      p, g = waiting.popleft()
+      padded, true_length = prepared[p]
+      if p not in prefixes:
+        prefix, _ = engine.prefill(params=engine.params, padded_tokens=padded,
+                                   true_length=true_length, request=request(p, g))
+        prefixes[p] = [prefix, num_samples]
+      entry = prefixes[p]
+      state = engine.insert(entry[0].with_request(request(p, g)), state, slot)
+      entry[1] -= 1
+      if entry[1] == 0:
+        del prefixes[p]
+      running[slot] = _Running(prompt_ids[p], g, padded[:true_length].tolist())
+
+    state, result = engine.generate(engine.params, state)
+    result = result.to_host()
+    for slot, run in enumerate(running):
+      if run is None:
+        continue
+      valid = result.valid[slot]
+      new_tokens = result.tokens[slot][valid].tolist()
+      run.tokens += new_tokens
+      run.logprobs += result.logprobs[slot][valid].tolist()
+      run.sampling_logprobs += result.sampling_logprobs[slot][valid].tolist()
+      cut = (find_stop_string(tokenizer, run.tokens, stop_strings)
+             if stop_strings and new_tokens else None)
+      if cut is not None:
+        if not result.done[slot]:
+          state = engine.release(state, slot)
+        running[slot] = None
+        yield finish(run, cut, "stop_string")
+      elif result.done[slot]:
+        running[slot] = None
+        ended_by_stop_id = bool(run.tokens) and run.tokens[-1] in stop_set
+        yield finish(run, len(run.tokens), "stop_id" if ended_by_stop_id else "length")
+
+
+def generate_groups(engine: Engine, prompts: Sequence[Sequence[int]], **kwargs) -> list[Completion]:
+  """All completions of `stream_groups`, ordered by (prompt_id, sample_index)."""
+  completions = list(stream_groups(engine, prompts, **kwargs))
+  return sorted(completions, key=lambda c: (c.prompt_id, c.sample_index))
+
+
+__all__ = ["Completion", "find_stop_string", "generate_groups", "stream_groups"]
