@@ -263,7 +263,10 @@ def install_preemption_handler(callback: Callable[[int], None] | None = None) ->
 
   The handler does no I/O itself (a signal can arrive mid-save); the loop polls the flag once per
   step, saves with `force=True`, closes the Checkpointer and exits with `PREEMPTED_EXIT_CODE`.
-  Must be called from the main thread (a Python rule for signal handlers).
+  Must be called from the main thread (a Python rule for signal handlers). The flag is per
+  process: on a multi-host slice the loop must agree on the step to save at across hosts (e.g.
+  `jax.experimental.multihost_utils.reached_preemption_sync_point`) before saving; this function
+  does not do that.
   """
 
   def handle(signum, frame):

@@ -3,7 +3,12 @@
 import io
 import json
 import math
+import os
+import pathlib
+import signal
 import struct
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -165,3 +170,32 @@ def test_progress_bar_quiet_unless_tty_or_forced():
   bar.close()
   text = shown.getvalue()
   assert "5/10" in text and "loss=0.25" in text and "loss=0.1235" in text and "<" in text
+
+
+_WRITER_LOOP = """
+import sys
+from reasoning_rl.metrics import MetricsWriter
+writer = MetricsWriter(sys.argv[1], tensorboard=False)
+for step in range(1, 10**9):
+  writer.write(step, {"loss": 1.0 / step, "payload": float(step)})
+  if step == 50:
+    print("ready", flush=True)
+"""
+
+
+def test_sigkill_mid_run_then_resume(tmp_path):
+  repo_root = pathlib.Path(__file__).resolve().parents[1]
+  child = subprocess.Popen([sys.executable, "-c", _WRITER_LOOP, str(tmp_path)],
+                           env=dict(os.environ, PYTHONPATH=str(repo_root)),
+                           stdout=subprocess.PIPE, text=True)
+  assert child.stdout.readline().strip() == "ready"
+  child.send_signal(signal.SIGKILL)
+  child.wait(timeout=30)
+  logged = read_metrics(tmp_path / "metrics.jsonl")
+  assert [row["step"] for row in logged] == list(range(1, len(logged) + 1))
+  assert len(logged) >= 50
+  with MetricsWriter(tmp_path, resume_step=20, tensorboard=False) as writer:
+    for step in range(21, 31):
+      writer.write(step, {"loss": 1.0 / step, "payload": float(step)})
+  rows = _without_time(read_metrics(tmp_path / "metrics.jsonl"))
+  assert rows == [{"step": s, "loss": 1.0 / s, "payload": float(s)} for s in range(1, 31)]
