@@ -16,9 +16,15 @@ small Python supervisor (`sandbox_supervisor.py`), so no extra system package is
   (and with it the namespace) half a second later if the supervisor has not finished.
 
 `isolation="rlimits_only"` keeps the separate process, the rlimits, the scrubbed environment and the
-unforgeable verdict, but has no private file system, no network isolation, and cannot reap processes
-that escape with setsid. It exists for hosts without user namespaces, must be asked for explicitly,
-and logs a warning.
+unforgeable verdict, but has no private file system, no network isolation, cannot reap processes
+that escape with setsid, and (when the caller is root) no process limit. It exists for hosts
+without user namespaces, must be asked for explicitly, and logs a warning.
+
+Known limits of the namespace mode: the program's uid maps to the caller's uid (so, for a root
+caller, to host root without any capability; the mount view is what keeps host files out of reach,
+and /proc is mounted read-only so root-owned sysctls cannot be written); no seccomp filter, so the
+whole kernel system-call surface is reachable; memory is bounded per process (address space x
+process limit), not by a cgroup; the tests themselves run in the supervisor and are trusted.
 """
 
 import dataclasses
@@ -52,8 +58,10 @@ class SandboxLimits:
 
   Attributes:
     memory_mb: address-space limit (RLIMIT_AS).
-    max_processes: processes and threads of the sandbox's user (RLIMIT_NPROC); inside the user
-      namespace this counts only the sandbox's own.
+    max_processes: processes of the program (RLIMIT_NPROC, which also counts threads). The kernel
+      exempts the host's root user from RLIMIT_NPROC, and the sandbox's uid maps to the caller's,
+      so in namespace mode the supervisor also counts its pid namespace every 20 ms while the
+      program runs and kills everything past the limit (status "killed").
     file_size_mb: largest file the program may write (RLIMIT_FSIZE).
     open_files: file descriptors (RLIMIT_NOFILE).
     scratch_mb: size of each writable tmpfs (/scratch, /tmp) in namespace mode.
