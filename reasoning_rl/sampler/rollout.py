@@ -44,7 +44,8 @@ class Completion:
       top-p applied; 0 for greedy), or None when that distribution is the model's own.
     finish_reason: "stop_id", "stop_string" or "length".
     truncated: True iff finish_reason == "length" (budget or cache exhausted).
-    policy_version: the engine's policy version the completion was sampled with.
+    policy_version: the engine's policy version when the completion started (if `update_params`
+      runs while it decodes, later tokens come from newer weights; this is the oldest version).
   """
 
   prompt_id: int
@@ -63,6 +64,7 @@ class _Running:
   prompt_id: int
   sample_index: int
   prompt_tokens: list[int]
+  policy_version: int
   tokens: list[int] = dataclasses.field(default_factory=list)
   logprobs: list[float] = dataclasses.field(default_factory=list)
   sampling_logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -158,7 +160,7 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
         sampling_logprobs=(run.sampling_logprobs[:length] if sampling.changes_distribution
                            else None),
         finish_reason=reason, truncated=reason == "length",
-        policy_version=engine.policy_version)
+        policy_version=run.policy_version)
 
   while waiting or any(run is not None for run in running):
     for slot in range(len(running)):
@@ -175,7 +177,8 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
       entry[1] -= 1
       if entry[1] == 0:
         del prefixes[p]
-      running[slot] = _Running(prompt_ids[p], g, padded[:true_length].tolist())
+      running[slot] = _Running(prompt_ids[p], g, padded[:true_length].tolist(),
+                               engine.policy_version)
 
     state, result = engine.generate(engine.params, state)
     result = result.to_host()

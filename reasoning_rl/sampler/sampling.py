@@ -115,8 +115,12 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
   """
   logits = logits.astype(jnp.float32)
   filtered = sampling_logits(logits, temperature, top_p, top_k)
-  drawn = jax.vmap(jax.random.categorical)(keys, filtered)
-  tokens = jnp.where(temperature <= 0, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+  greedy_tokens = jnp.argmax(logits, axis=-1)
+  # Drawing Gumbel noise for [B, V] costs as much as a small model's step on a CPU: skip it when
+  # every row is greedy.
+  drawn = jax.lax.cond(jnp.all(temperature <= 0), lambda: greedy_tokens,
+                       lambda: jax.vmap(jax.random.categorical)(keys, filtered))
+  tokens = jnp.where(temperature <= 0, greedy_tokens, drawn).astype(jnp.int32)
   model_logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None],
                                        axis=-1)[:, 0]
   sampling_logprobs = jnp.take_along_axis(jax.nn.log_softmax(filtered, axis=-1), tokens[:, None],

