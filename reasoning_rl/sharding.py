@@ -126,9 +126,12 @@ def param_shardings(abstract_state, mesh: Mesh):
 def reshard(tree, shardings):
   """Moves a tree of arrays onto new shardings (e.g. trainer mesh -> sampler mesh).
 
-  `jax.device_put` copies device to device, shard by shard; values are bit-identical.
+  `jax.device_put` copies device to device, shard by shard; values are bit-identical. The result
+  never aliases the input, even where source and target sharding coincide (trainer and sampler
+  sharing devices): the trainer donates its buffers to the next step, and the sampler's copy must
+  survive that.
   """
-  return jax.device_put(tree, shardings)
+  return jax.device_put(tree, shardings, may_alias=False)
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
