@@ -1,0 +1,74 @@
+"""DeepSeek-R1-Zero recipe (DeepSeek-AI 2025) on a Cloud TPU slice: RL straight from a base model.
+
+Qwen2.5-7B base from a local Hugging Face directory; countdown (Gandhi et al. 2025 / TinyZero) and
+GSM-style symbolic math (reasoning-gym gsm_symbolic); G = 16 samples per prompt; long completions;
+the slice split into a trainer half and a sampler half; KL k3 (β small); DAPO's clip-higher and
+dynamic sampling (Yu et al. 2025); Dr. GRPO's length-unbiased aggregation (Liu et al. 2025).
+
+  python launch/train.py --config=configs/r1zero_tpu.py --config.workdir=gs://…/run \
+      --config.model.path=/mnt/models/Qwen2.5-7B
+  python launch/train.py --config=configs/r1zero_tpu.py --config.dry_run=True   # memory plan
+"""
+
+import ml_collections
+
+from reasoning_rl.config import base_config
+
+# Qwen2.5-7B's published config.json: the dry run plans with it when model.path is not readable
+# on the machine that prints the plan.
+QWEN25_7B = dict(
+    model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+    num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, rms_norm_eps=1e-6,
+    rope_theta=1_000_000.0, tie_word_embeddings=False, max_position_embeddings=131072)
+
+
+def get_config():
+  c = base_config()
+  c.total_steps = 1000
+  c.model.path = "/mnt/models/Qwen2.5-7B"
+  c.model.dtype = "bfloat16"
+  c.model.hf_config_for_planning = ml_collections.ConfigDict(QWEN25_7B)
+  c.data.train = dict(kind="mixture", weights=(0.5, 0.5), sources=(
+      dict(kind="reasoning_gym", name="countdown", seed=0, size=200_000),
+      dict(kind="reasoning_gym", name="gsm_symbolic", seed=0, size=200_000)))
+  c.data.eval = dict(kind="mixture", weights=(0.5, 0.5), sources=(
+      dict(kind="reasoning_gym", name="countdown", seed=777, size=2_000),
+      dict(kind="reasoning_gym", name="gsm_symbolic", seed=777, size=2_000)))
+  c.data.template = "r1zero"
+  c.rollout.num_prompts = 64
+  c.rollout.num_samples = 16
+  c.rollout.max_new_tokens = 4096
+  c.rollout.max_prefill_length = 512
+  c.rollout.max_concurrent_decodes = 512
+  c.rollout.steps_per_call = 64
+  c.rollout.temperature = 1.0
+  c.rewards = {
+      "correct": {"weight": 1.0, "verifier": "auto", "extract": "answer"},
+      "format": {"weight": 0.1, "think_open_in_prompt": False},
+      "length": {"weight": 1.0, "method": "dapo", "cache_len": 512},
+  }
+  c.verifier.num_workers = 16
+  c.algo.estimator = "grpo"
+  c.algo.kl_estimator = "k3"
+  c.algo.epsilon_low = 0.2
+  c.algo.epsilon_high = 0.28
+  c.algo.loss_agg = "seq-mean-token-sum-norm"
+  c.algo.num_micro_batches = 16
+  c.algo.logprob_chunk = 256
+  c.beta = 0.001
+  c.optim.learning_rate = 1e-6
+  c.optim.warmup_steps = 10
+  c.optim.weight_decay = 0.01
+  c.dynamic_sampling.enabled = True
+  c.dynamic_sampling.max_rounds = 3
+  c.mesh.num_trainer_devices = 32
+  c.mesh.trainer = (1, -1, 4)
+  c.mesh.sampler = (-1, 1, 4)
+  c.target = ml_collections.ConfigDict(dict(tpu="v5p", num_devices=64))
+  c.checkpoint.every_steps = 25
+  c.checkpoint.keep = 3
+  c.eval.every_steps = 25
+  c.eval.num_examples = 512
+  c.guards.max_kl = 0.5
+  c.guards.min_entropy = 0.05
+  return c

@@ -1,0 +1,203 @@
+"""Every training-config field, its default and its meaning, plus validation.
+
+Config files in configs/ start from `base_config()` and override what differs; `launch/train.py`
+applies `--config.a.b=value` overrides and then `validate(config)` raises one `ConfigError` naming
+the first bad field before anything is loaded or compiled.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_collections
+
+from reasoning_rl.errors import ConfigError
+
+ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+GROUP_ESTIMATORS = ESTIMATORS  # all of them compare samples within a group
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.workdir = ""  # where metrics.jsonl, tensorboard/, checkpoints/, rollouts/ and model/ go
+  c.seed = 0  # root of every random stream (sampling, init, data order)
+  c.total_steps = 10  # RL steps (one rollout batch + its updates each)
+  c.stage = "rl"  # "rl" (cold-start / rejection-sampling SFT stages come with their configs)
+  c.dry_run = False  # print the memory / throughput plan of the target slice and exit
+
+  # The policy. `path`: an HF directory or .gguf file; empty = a random model built from
+  # `random` with the tokenizer named by `tokenizer` ("debug_arithmetic" is a built-in
+  # character-level vocabulary for the synthetic debug task).
+  c.model = ml_collections.ConfigDict()
+  c.model.path = ""
+  c.model.tokenizer = ""
+  c.model.dtype = "float32"  # parameters and compute: float32 | bfloat16
+  c.model.random = ml_collections.ConfigDict(dict(
+      model_type="qwen2", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+      num_kv_heads=2, head_dim=16, tie_word_embeddings=True))
+
+  # Prompts. Each source: kind = synthetic_arithmetic | reasoning_gym | jsonl (+ its settings).
+  c.data = ml_collections.ConfigDict()
+  c.data.train = ml_collections.ConfigDict(dict(kind="synthetic_arithmetic", seed=0))
+  c.data.eval = ml_collections.ConfigDict(dict(kind="synthetic_arithmetic", seed=10_000))
+  # template: plain ("{prompt}"), chat (the tokenizer's chat template around `instruction`), or
+  # r1zero (DeepSeek-R1-Zero's "A conversation between User and Assistant…" text prompt).
+  c.data.template = "plain"
+  c.data.instruction = "{prompt}"  # for chat: the user message; {prompt} is the task's question
+  c.data.system_prompt = ""
+
+  # Sampling on the sampler slice.
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.num_prompts = 4  # P prompts per step
+  c.rollout.num_samples = 4  # G completions per prompt (group size)
+  c.rollout.max_new_tokens = 12
+  c.rollout.temperature = 1.0
+  c.rollout.top_p = 1.0
+  c.rollout.top_k = 0
+  c.rollout.stop_strings = ("</answer>",)
+  c.rollout.max_prefill_length = 32
+  c.rollout.max_concurrent_decodes = 16  # decode slots
+  c.rollout.steps_per_call = 16  # decode steps per host round trip
+
+  # Rewards: a weighted sum of named parts (reasoning_rl.verifiers.rewards).
+  c.rewards = ml_collections.ConfigDict({
+      "correct": {"weight": 1.0, "verifier": "math", "extract": "answer"},
+  })
+  c.verifier = ml_collections.ConfigDict()
+  c.verifier.num_workers = 2  # verifier worker processes (0 = score in this process)
+  c.verifier.item_timeout_s = 10.0
+  c.verifier.redteam = True  # probe the rewards with known exploits before training
+  c.verifier.allow_exploits = False  # explicit, logged override of a failed red team
+
+  # Advantages and loss (reasoning_rl.rl.*).
+  c.algo = ml_collections.ConfigDict()
+  c.algo.name = "grpo"  # grpo (any group estimator) | ppo (value head + GAE)
+  c.algo.estimator = "grpo"  # grpo | dr_grpo | rloo | reinforce_pp
+  c.algo.kl_estimator = "k3"
+  c.algo.epsilon_low = 0.2
+  c.algo.epsilon_high = 0.2  # > epsilon_low is DAPO's clip-higher
+  c.algo.dual_clip = None
+  c.algo.loss_agg = "seq-mean-token-mean"
+  c.algo.entropy_coef = 0.0
+  c.algo.num_inner_updates = 1  # μ
+  c.algo.num_micro_batches = 1
+  c.algo.logprob_chunk = 128
+  c.algo.tis_cap = 2.0
+  c.beta = 0.0  # KL weight; 0 never loads the reference model
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.learning_rate = 1e-3
+  c.optim.warmup_steps = 0
+  c.optim.final_lr_fraction = 0.1
+  c.optim.weight_decay = 0.0
+  c.optim.max_grad_norm = 1.0
+
+  # DAPO dynamic sampling: sample extra prompts, drop groups whose rewards are all equal, refill.
+  c.dynamic_sampling = ml_collections.ConfigDict()
+  c.dynamic_sampling.enabled = False
+  c.dynamic_sampling.max_rounds = 3  # sampling rounds per step before training on what is there
+
+  # Asynchronous rollouts: batch s is sampled with policy version s - max_staleness.
+  c.async_rollouts = ml_collections.ConfigDict()
+  c.async_rollouts.enabled = False
+  c.async_rollouts.max_staleness = 1
+
+  # Devices: one list split into trainer and sampler slices, each its own (data, fsdp, tensor) mesh.
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.num_trainer_devices = 0  # 0 = all devices shared by both roles (single-device demos)
+  c.mesh.trainer = (1, -1, 1)
+  c.mesh.sampler = (1, 1, -1)
+
+  # The slice the dry run plans for: tpu = v4 | v5e | v5p | v6e | cpu; 0 devices = this machine's.
+  c.target = ml_collections.ConfigDict(dict(tpu="cpu", num_devices=0))
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every_steps = 5
+  c.checkpoint.keep = 2
+  c.checkpoint.async_save = True
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.every_steps = 0  # 0 = only before and after training
+  c.eval.num_examples = 16
+  c.eval.max_new_tokens = 0  # 0 = rollout.max_new_tokens
+
+  c.logging = ml_collections.ConfigDict()
+  c.logging.rollouts_every_steps = 1
+  c.logging.tensorboard = True
+  c.logging.progress_bar = True
+
+  c.guards = ml_collections.ConfigDict()
+  c.guards.max_kl = math.inf  # stop when the mean KL to the reference exceeds this
+  c.guards.min_entropy = 0.0  # stop when the mean token entropy falls below this
+  c.guards.max_verifier_timeout_rate = 1.0
+  c.guards.max_skipped_updates = 10  # consecutive non-finite updates before stopping
+  return c
+
+
+def _field(config, dotted: str):
+  node = config
+  for part in dotted.split("."):
+    node = node[part]
+  return node
+
+
+def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = None) -> None:
+  """Raises ConfigError naming the first inconsistent field."""
+
+  def require(condition: bool, field: str, message: str):
+    if not condition:
+      raise ConfigError(f"config.{field}={_field(config, field)!r}: {message}")
+
+  require(bool(config.workdir), "workdir", "set --config.workdir=DIR (metrics, checkpoints, "
+          "rollouts go there)")
+  require(isinstance(config.seed, int), "seed", "must be an integer")
+  require(isinstance(config.total_steps, int) and config.total_steps >= 1, "total_steps",
+          "must be an integer >= 1")
+  require(config.stage in ("rl",), "stage", "must be 'rl'")
+  require(bool(config.model.path) or bool(config.model.tokenizer), "model.path",
+          "give a model path (HF dir or .gguf) or model.tokenizer for a random model")
+  require(config.model.dtype in ("float32", "bfloat16"), "model.dtype",
+          "must be float32 or bfloat16")
+  require(config.data.template in ("plain", "chat", "r1zero"), "data.template",
+          "must be plain, chat or r1zero")
+  r = config.rollout
+  for name in ("num_prompts", "num_samples", "max_new_tokens", "max_prefill_length",
+               "max_concurrent_decodes", "steps_per_call"):
+    require(isinstance(r[name], int) and r[name] >= 1, f"rollout.{name}", "must be an integer >= 1")
+  require(config.algo.name in ("grpo", "ppo"), "algo.name", "must be grpo or ppo")
+  require(config.algo.estimator in ESTIMATORS, "algo.estimator", f"must be one of {ESTIMATORS}")
+  if config.algo.name == "grpo":
+    require(r.num_samples >= 2, "rollout.num_samples",
+            f"group estimator {config.algo.estimator!r} compares samples of one prompt: "
+            "needs at least 2")
+  batch = r.num_prompts * r.num_samples
+  require(batch % config.algo.num_micro_batches == 0, "algo.num_micro_batches",
+          f"must divide the batch of num_prompts x num_samples = {batch} completions")
+  require(r.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)")
+  require(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+  require(config.beta >= 0, "beta", "must be >= 0")
+  require(config.dynamic_sampling.max_rounds >= 1, "dynamic_sampling.max_rounds", "must be >= 1")
+  require(config.async_rollouts.max_staleness >= 0, "async_rollouts.max_staleness",
+          "must be >= 0")
+  require(config.checkpoint.every_steps >= 1, "checkpoint.every_steps", "must be >= 1")
+  if num_devices is not None:
+    _validate_mesh(config, num_devices)
+
+
+def _validate_mesh(config, num_devices: int) -> None:
+  n = config.mesh.num_trainer_devices
+  if n == 0:
+    trainer, sampler = num_devices, num_devices
+  else:
+    if not 0 < n < num_devices:
+      raise ConfigError(f"config.mesh.num_trainer_devices={n}: must be 0 (share all devices) or "
+                        f"leave devices for the sampler: 1..{num_devices - 1}")
+    trainer, sampler = n, num_devices - n
+  for name, count in (("trainer", trainer), ("sampler", sampler)):
+    shape = [int(s) for s in config.mesh[name]]
+    known = math.prod(s for s in shape if s != -1)
+    fits = (count % known == 0) if -1 in shape else known == count
+    if len(shape) != 3 or not fits:
+      raise ConfigError(
+          f"config.mesh.{name}={tuple(shape)}: does not fit the {count} devices of the {name} "
+          "slice; give (data, fsdp, tensor) sizes whose product is that count (one may be -1)")
