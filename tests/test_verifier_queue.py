@@ -46,7 +46,7 @@ def test_ten_thousand_items_survive_a_killed_and_a_hung_worker():
       if len(results) == len(items):
         return
 
-  with VerifierPool(score_answer, num_workers=2, max_queue=256, item_timeout_s=1.0,
+  with VerifierPool(score_answer, num_workers=2, max_queue=256, item_timeout_s=2.0,
                     fallback=0.0) as pool:
     collector = threading.Thread(target=collect, args=(pool,))
     collector.start()
@@ -93,10 +93,11 @@ def test_errors_crashes_and_unpicklable_items_each_get_one_result():
 
 
 def test_backpressure_and_exactly_once_bookkeeping():
-  with VerifierPool(score_answer, num_workers=1, max_queue=2, item_timeout_s=0.5,
+  with VerifierPool(score_answer, num_workers=1, max_queue=2, item_timeout_s=1.0,
                     fallback=0.0) as pool:
     pool.submit("hang", (HANG, ""))  # occupies the only worker
-    time.sleep(0.2)
+    while pool.queued:
+      time.sleep(0.01)
     assert pool.submit("a", ("1", "1"), block=False)
     assert pool.submit("b", ("1", "2"), block=False)
     assert not pool.submit("c", ("1", "1"), block=False)  # queue full: refused, not taken

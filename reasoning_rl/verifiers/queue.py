@@ -37,6 +37,8 @@ import numpy as np
 from reasoning_rl.errors import ConfigError, VerifierError
 
 _IDLE_TICK_S = 0.1
+_READY = "__ready__"
+_STARTUP_TIMEOUT_S = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,7 @@ class PoolResult:
 def _worker_main(fn: Callable[[Any], Any], conn: multiprocessing.connection.Connection) -> None:
   """Scores items received on `conn` until the pipe closes."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
+  conn.send(_READY)  # start-up (imports, unpickling fn) does not count against an item's time
   while True:
     try:
       item_id, item = conn.recv()
@@ -96,8 +99,9 @@ class _Slot:
     self.process.start()
     child_end.close()
     self.conn = parent_end
+    self.ready = False
     self.task: _Task | None = None
-    self.started_at = 0.0
+    self.started_at = time.monotonic()  # of the start-up until ready, then of the current task
 
   def kill(self) -> None:
     if self.process.is_alive():
@@ -210,6 +214,11 @@ class VerifierPool:
     with self._lock:
       return len(self._outstanding)
 
+  @property
+  def queued(self) -> int:
+    """Items waiting for a worker (what `max_queue` bounds, plus items to re-issue)."""
+    return self._inbox.qsize() + len(self._retries)
+
   def worker_pids(self) -> list[int]:
     return [slot.process.pid for slot in self._slots]
 
@@ -319,7 +328,7 @@ class VerifierPool:
   def _dispatch(self) -> None:
     while not self._closed.is_set():
       for slot in list(self._slots):
-        if slot.task is None:
+        if slot.ready and slot.task is None:
           task = self._next_task()
           if task is not None:
             self._assign(slot, task)
@@ -330,8 +339,7 @@ class VerifierPool:
       watched = {self._wake_read: None}
       for slot in self._slots:
         watched[slot.process.sentinel] = slot
-        if slot.task is not None:
-          watched[slot.conn] = slot
+        watched[slot.conn] = slot
       ready = multiprocessing.connection.wait(list(watched), timeout=max(wait_s, 0.0))
       if self._wake_read in ready:
         try:
@@ -351,12 +359,18 @@ class VerifierPool:
       for slot in list(self._slots):
         if slot.task is not None and now - slot.started_at > self._item_timeout_s:
           self._replace(slot, f"no result within {self._item_timeout_s:g} s", timed_out=True)
+        elif not slot.ready and now - slot.started_at > _STARTUP_TIMEOUT_S:
+          self._replace(slot, "the worker did not start")
 
   def _receive(self, slot: _Slot) -> None:
     try:
-      item_id, status, value, error = slot.conn.recv()
+      message = slot.conn.recv()
     except (EOFError, OSError):
       return  # the sentinel reports the death
+    if message == _READY:
+      slot.ready = True
+      return
+    item_id, status, value, error = message
     task = slot.task
     if task is None or item_id != task.item_id:
       return  # not the item this worker holds: ignore rather than risk a duplicate
