@@ -1,0 +1,50 @@
+"""Re-score a past run's rollout records with the current verifiers; list every changed reward.
+
+Usage:
+  python launch/replay.py --workdir=DIR --config=configs/NAME.py [--config.rewards.X.weight=…]
+      [--output=replay.json] [--fail_on_change]
+
+The config's `rewards` field defines the reward to re-score with (usually the run's config, perhaps
+with a changed verifier setting). Prints a summary (records changed per reward part, old and new
+verifier_version, the first changed records); `--output` writes the full report as JSON. Exit code 0,
+or 1 with `--fail_on_change` when any record changed.
+"""
+
+import json
+import pathlib
+import sys
+
+# Make the repository importable when run as `python launch/replay.py` from a checkout.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from reasoning_rl.errors import ConfigError  # noqa: E402
+from reasoning_rl.replay import replay  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file whose get_config() has the `rewards` field to re-score with.",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding rollouts/.")
+_OUTPUT = flags.DEFINE_string("output", None, "Write the full report here as JSON.")
+_FAIL_ON_CHANGE = flags.DEFINE_bool("fail_on_change", False, "Exit 1 if any reward changed.")
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _CONFIG.value is None or not _WORKDIR.value:
+    raise app.UsageError("--config=PATH and --workdir=DIR are required")
+  if "rewards" not in _CONFIG.value:
+    raise ConfigError("the config has no `rewards` field; add config.rewards = {part: {weight, …}}")
+  report = replay(_WORKDIR.value, _CONFIG.value.rewards)
+  print(report.summary())
+  if _OUTPUT.value:
+    pathlib.Path(_OUTPUT.value).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+  return 1 if _FAIL_ON_CHANGE.value and report.changed else 0
+
+
+if __name__ == "__main__":
+  app.run(main)
