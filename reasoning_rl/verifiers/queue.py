@@ -23,7 +23,6 @@ import collections
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
-import os
 import queue
 import signal
 import socket
