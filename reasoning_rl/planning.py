@@ -1,0 +1,469 @@
+"""The `--config.dry_run=True` planner: per-device memory and RL-step throughput of a target slice.
+
+`plan(config, model_config, target={"tpu": "v5p", "num_devices": 64})` builds the trainer and sampler
+meshes as `jax.sharding.AbstractMesh`es (no devices needed, so it runs on any laptop), shards every
+real parameter shape of `abstract_model(model_config)` with the project's partition rules
+(`reasoning_rl.sharding.logical_to_spec`), and adds up what each device of each slice holds:
+
+  trainer: params, AdamW moments (2 × params, in the parameter dtype as `optax.adamw` keeps them),
+           gradients (2 × with micro-batch accumulation: accumulator + current micro-batch),
+           the frozen reference (β > 0), activations of one micro-batch kept for the backward pass
+           (no rematerialisation), and the chunked log-prob buffers;
+  sampler: a params copy, the KV cache, and the decode step's temporaries.
+
+With `mesh.num_trainer_devices = 0` both roles share every device, so one "shared" slice holds the
+sum. A slice fits when its total stays under (1 − headroom) of the chip's HBM.
+
+Throughput is a roofline estimate with stated efficiencies (`Assumptions`): FLOPs follow Kaplan et
+al. 2020 ("Scaling Laws for Neural Language Models", §2.1: 2N per token forward, 6N forward +
+backward) plus attention as this code executes it (full masked score matrices); a decode step is
+bound by max(HBM bytes read / bandwidth, FLOPs / peak). Host-side verification and weight sync are
+not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AbstractMesh
+
+from reasoning_rl.errors import ConfigError
+from reasoning_rl.models.config import ModelConfig
+from reasoning_rl.sharding import MESH_AXES, logical_to_spec
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipSpec:
+  """Per-device facts: HBM capacity (bytes), peak dense bf16 FLOP/s, HBM bandwidth (bytes/s)."""
+
+  name: str
+  hbm_bytes: float
+  peak_flops: float
+  hbm_bandwidth: float
+
+
+# Public Cloud TPU documentation, chip specification tables (read 2025):
+#   v4:  docs.cloud.google.com/tpu/docs/v4   — 275 TFLOP/s bf16, HBM2 32 GiB, 1200 GB/s
+#   v5e: docs.cloud.google.com/tpu/docs/v5e  — 197 TFLOP/s bf16, HBM2 16 GB, 819 GB/s
+#   v5p: docs.cloud.google.com/tpu/docs/v5p  — 459 TFLOP/s bf16, HBM2e 95 GB, 2765 GB/s
+#   v6e: docs.cloud.google.com/tpu/docs/v6e  — 918 TFLOP/s bf16, 32 GB, 1638 GB/s
+# The pages write HBM sizes as "GB"; the runtime reports them in binary units (a v5e shows ~16 GiB),
+# so capacities are taken as GiB. One JAX device per chip (v4 / v5p run their two cores as one).
+TPU_CHIPS: dict[str, ChipSpec] = {
+    "v4": ChipSpec("TPU v4", 32 * GIB, 275e12, 1200e9),
+    "v5e": ChipSpec("TPU v5e", 16 * GIB, 197e12, 819e9),
+    "v5p": ChipSpec("TPU v5p", 95 * GIB, 459e12, 2765e9),
+    "v6e": ChipSpec("TPU v6e", 32 * GIB, 918e12, 1638e9),
+}
+# "cpu": the development machine of DESIGN.md §6 (24 GiB RAM, ~400 GFLOP/s f32 matmul, ~60 GB/s),
+# shared evenly by `num_devices` simulated devices.
+CPU_MACHINE = ChipSpec("CPU (2 cores)", 24 * GIB, 400e9, 60e9)
+
+
+@dataclasses.dataclass(frozen=True)
+class Assumptions:
+  """The stated guesses behind the estimate; override any of them through `plan(assumptions=)`.
+
+  headroom: fraction of HBM kept free for XLA temporaries, fragmentation and the runtime.
+  activation_values_per_hidden: hidden-sized values each layer keeps per token for the backward pass
+    without rematerialisation. Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+    Transformer Models", §4.1) count 34·s·b·h bytes per layer at 2 bytes per value, i.e. 17 values,
+    of which one is a dropout mask this model does not have; 16 remain. The attention scores
+    (float32) and probabilities (compute dtype), which this implementation materialises, are added
+    on top.
+  logprob_buffers: float32 [rows, chunk, vocab] buffers alive at once in a chunk's backward
+    (recomputed logits and their gradient).
+  train_mfu: model-FLOPs utilisation of the training step.
+  prefill_mfu: of the sampler's prefill (compute-bound, like training).
+  decode_mfu: compute ceiling of a decode step.
+  decode_bandwidth_utilisation: fraction of HBM bandwidth a decode step achieves (decode is bound by
+    reading every weight and the whole KV cache once per step).
+  """
+
+  headroom: float = 0.10
+  activation_values_per_hidden: int = 16
+  logprob_buffers: int = 2
+  train_mfu: float = 0.40
+  prefill_mfu: float = 0.40
+  decode_mfu: float = 0.20
+  decode_bandwidth_utilisation: float = 0.50
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceMemory:
+  """What one device of a slice holds, item by item (bytes)."""
+
+  name: str  # "trainer", "sampler" or "shared"
+  mesh: AbstractMesh
+  items: tuple[tuple[str, int], ...]
+  capacity: float
+  headroom: float
+
+  @property
+  def num_devices(self) -> int:
+    return self.mesh.size
+
+  @property
+  def total(self) -> int:
+    return sum(b for _, b in self.items)
+
+  @property
+  def usable(self) -> float:
+    return self.capacity * (1.0 - self.headroom)
+
+  @property
+  def fits(self) -> bool:
+    return self.total <= self.usable
+
+  @property
+  def over_bytes(self) -> float:
+    return max(0.0, self.total - self.usable)
+
+  def item(self, name: str) -> int:
+    return sum(b for n, b in self.items if n == name or n.endswith(": " + name))
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+  """FLOPs and estimated seconds of one RL step (sampling P·G completions + the training step)."""
+
+  generation_flops: float
+  training_flops: float
+  prefill_s: float
+  decode_steps: int
+  decode_step_s: float
+  sample_s: float
+  train_s: float
+  step_s_sync: float
+  step_s_async: float | None  # None when both roles share the devices
+
+  @property
+  def steps_per_hour(self) -> float:
+    return 3600.0 / self.step_s_sync
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  chip: ChipSpec
+  num_devices: int
+  model_summary: str
+  slices: tuple[SliceMemory, ...]
+  throughput: Throughput
+  assumptions: Assumptions
+  advice: tuple[str, ...]  # one hint per slice that does not fit
+
+  @property
+  def fits(self) -> bool:
+    return all(s.fits for s in self.slices)
+
+  def slice(self, name: str) -> SliceMemory:
+    return next(s for s in self.slices if s.name == name)
+
+  def verdict(self) -> str:
+    if self.fits:
+      return "fits"
+    worst = max(self.slices, key=lambda s: s.over_bytes)
+    return (f"does NOT fit: {worst.over_bytes / GIB:.2f} GiB over on the {worst.name} slice — try "
+            + "; ".join(self.advice))
+
+  def table(self) -> str:
+    c, a, t = self.chip, self.assumptions, self.throughput
+    lines = [f"Dry-run plan: {self.model_summary}",
+             f"Target: {self.num_devices} x {c.name} ({c.hbm_bytes / GIB:.1f} GiB HBM, "
+             f"{c.peak_flops / 1e12:.1f} TFLOP/s, {c.hbm_bandwidth / 1e9:.0f} GB/s per device)"]
+    for s in self.slices:
+      shape = " ".join(f"{k}={v}" for k, v in s.mesh.shape.items())
+      lines += ["", f"{s.name} slice: {s.num_devices} devices, mesh {shape}",
+                f"  {'per device':<34}{'GiB':>10}"]
+      lines += [f"  {name:<34}{b / GIB:>10.3f}" for name, b in s.items]
+      lines.append(f"  {'total':<34}{s.total / GIB:>10.3f}   of {s.usable / GIB:.2f} usable "
+                   f"({a.headroom:.0%} headroom) -> "
+                   + ("fits" if s.fits else f"OVER by {s.over_bytes / GIB:.2f} GiB"))
+    lines += ["", f"Throughput per RL step (train MFU {a.train_mfu:.0%}, prefill MFU "
+              f"{a.prefill_mfu:.0%}, decode bound by max(bytes / ({a.decode_bandwidth_utilisation:.0%}"
+              f" of HBM bandwidth), FLOPs / {a.decode_mfu:.0%} of peak)):",
+              f"  sampling   {t.generation_flops / 1e12:12.1f} TFLOP   prefill {t.prefill_s:.2f} s + "
+              f"{t.decode_steps} decode steps x {t.decode_step_s * 1e3:.2f} ms = {t.sample_s:.1f} s",
+              f"  training   {t.training_flops / 1e12:12.1f} TFLOP   {t.train_s:.1f} s",
+              f"  step (sync) {t.step_s_sync:.1f} s -> {t.steps_per_hour:.1f} steps/hour"]
+    if t.step_s_async is not None:
+      lines.append(f"  step (async, slices overlap) {t.step_s_async:.1f} s -> "
+                   f"{3600 / t.step_s_async:.1f} steps/hour")
+    lines += ["  (completions assumed to reach max_new_tokens; verification and weight sync not "
+              "counted)", "", f"Verdict: {self.verdict()}"]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- meshes
+
+
+def _chip(target) -> tuple[ChipSpec, int]:
+  tpu, num_devices = target["tpu"], target["num_devices"]
+  if not isinstance(num_devices, int) or num_devices < 1:
+    raise ConfigError(f"target.num_devices={num_devices!r}: must be an integer >= 1")
+  if tpu == "cpu":
+    m = CPU_MACHINE
+    return ChipSpec(m.name, m.hbm_bytes / num_devices, m.peak_flops / num_devices,
+                    m.hbm_bandwidth / num_devices), num_devices
+  if tpu not in TPU_CHIPS:
+    raise ConfigError(f"target.tpu={tpu!r}: use one of {sorted(TPU_CHIPS) + ['cpu']}")
+  return TPU_CHIPS[tpu], num_devices
+
+
+def abstract_mesh(shape: Sequence[int], num_devices: int, *, field: str) -> AbstractMesh:
+  """A (data, fsdp, tensor) AbstractMesh of `num_devices`; one size may be -1 (the rest)."""
+  sizes = [int(s) for s in shape]
+  if len(sizes) != len(MESH_AXES) or sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise ConfigError(f"{field}={tuple(sizes)}: give {len(MESH_AXES)} positive sizes for "
+                      f"{MESH_AXES}, at most one of them -1")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes and num_devices % known == 0:
+    sizes[sizes.index(-1)] = num_devices // known
+  if math.prod(sizes) != num_devices:
+    raise ConfigError(f"{field}={tuple(int(s) for s in shape)}: does not fit the {num_devices} "
+                      "devices of this slice; give sizes whose product is that count (one may be "
+                      "-1)")
+  return AbstractMesh(tuple(sizes), MESH_AXES)
+
+
+def slice_meshes(config, num_devices: int) -> tuple[AbstractMesh, AbstractMesh, bool]:
+  """(trainer mesh, sampler mesh, shared) for the config's split of `num_devices`."""
+  n = config.mesh.num_trainer_devices
+  if n == 0:
+    trainer_count = sampler_count = num_devices
+  elif 0 < n < num_devices:
+    trainer_count, sampler_count = n, num_devices - n
+  else:
+    raise ConfigError(f"config.mesh.num_trainer_devices={n}: must be 0 (share all devices) or "
+                      f"leave devices for the sampler: 1..{num_devices - 1}")
+  return (abstract_mesh(config.mesh.trainer, trainer_count, field="config.mesh.trainer"),
+          abstract_mesh(config.mesh.sampler, sampler_count, field="config.mesh.sampler"), n == 0)
+
+
+def shard_size(axes: Sequence[str | None], shape: Sequence[int], mesh: AbstractMesh) -> int:
+  """Elements of one device's shard of an array with logical `axes` (dims the rules do not divide
+  stay whole)."""
+  spec = logical_to_spec(axes, shape, mesh)
+  size = 1
+  for dim, entry in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    size *= dim // math.prod(mesh.shape[a] for a in names)
+  return size
+
+
+def parameter_shapes(model_config: ModelConfig, dtype) -> list[tuple[tuple, tuple, int]]:
+  """(logical axes, shape, bytes per element) of every parameter, from the abstract model."""
+  from flax import nnx  # local: the planner's other parts need no flax
+
+  from reasoning_rl.models.transformer import abstract_model
+  _, state = abstract_model(model_config, dtype=dtype, param_dtype=dtype)
+  variables = jax.tree.leaves(state, is_leaf=lambda v: isinstance(v, nnx.Variable))
+  return [(tuple(v.get_metadata()["logical_axes"]), tuple(v.shape), np.dtype(v.dtype).itemsize)
+          for v in variables]
+
+
+def param_bytes_per_device(shapes: Sequence[tuple[tuple, tuple, int]], mesh: AbstractMesh) -> int:
+  """Bytes of one device's shard of every parameter, as the partition rules place it."""
+  return sum(shard_size(axes, shape, mesh) * itemsize for axes, shape, itemsize in shapes)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _split(mesh: AbstractMesh, axis: str, size: int) -> int:
+  """How many ways a dimension of `size` with logical `axis` is split on `mesh`."""
+  return size // shard_size((axis,), (size,), mesh)
+
+
+def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, params: int, a: Assumptions,
+                  num_micro_batches: int) -> list[tuple[str, int]]:
+  """Per-device bytes of the training step (see the module docstring)."""
+  r, b = config.rollout, np.dtype(config.model.dtype).itemsize
+  seq = r.max_prefill_length + r.max_new_tokens
+  rows = (r.num_prompts * r.num_samples) // num_micro_batches
+  rows_per_device = -(-rows // _split(mesh, "batch", rows))
+  heads = m.num_heads // _split(mesh, "kv_heads", m.num_kv_heads)
+  per_row = m.num_layers * seq * (a.activation_values_per_hidden * m.hidden_size * b
+                                  + heads * seq * (4 + b))
+  chunk = min(config.algo.logprob_chunk, r.max_new_tokens)
+  vocab = m.vocab_size // _split(mesh, "vocab", m.vocab_size)
+  items = [("params", params), ("optimizer (AdamW m, v)", 2 * params),
+           ("gradients" + (" + accumulator" if num_micro_batches > 1 else ""),
+            params * (2 if num_micro_batches > 1 else 1))]
+  if config.beta > 0:
+    items.append(("reference params", params))
+  items += [("activations (1 micro-batch)", rows_per_device * per_row),
+            ("log-prob chunk buffers", a.logprob_buffers * rows_per_device * chunk * vocab * 4)]
+  return items
+
+
+def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, params: int,
+                  slots: int) -> list[tuple[str, int]]:
+  """Per-device bytes of the sampler: params copy, KV cache [slots, S, K, Dh] × 2 × layers (+ its
+  int32 positions), and one decode step's logits and attention scores."""
+  r, b = config.rollout, np.dtype(config.model.dtype).itemsize
+  length = r.max_prefill_length + r.max_new_tokens
+  kv = shard_size(("batch", "length", "kv_heads", "head_dim"),
+                  (slots, length, m.num_kv_heads, m.head_dim), mesh)
+  positions = shard_size(("batch", "length"), (slots, length), mesh)
+  slots_per_device = slots // _split(mesh, "batch", slots)
+  heads = m.num_heads // _split(mesh, "kv_heads", m.num_kv_heads)
+  temporaries = slots_per_device * (2 * m.vocab_size * 4 + heads * length * (4 + b))
+  return [("params copy", params), ("KV cache", 2 * m.num_layers * kv * b + 4 * positions),
+          ("decode temporaries", temporaries)]
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+def step_flops(config, m: ModelConfig) -> tuple[float, float, float, float]:
+  """(generation, of which prefill, training FLOPs per RL step, FLOPs per decoded token).
+
+  With N_body the matmul parameters outside the vocabulary (num_params minus the embedding table(s)),
+  a forward costs 2·N_body per token (Kaplan et al. 2020, §2.1), 2·D·V per token projected to the
+  vocabulary, and 4·L·H·Dh per query-key pair of attention (scores and weighted sum; this code
+  computes the full masked matrix). Training rows are prompt + completion = S tokens with only the T
+  completion positions projected; the step runs μ forward+backward passes (3 forwards each), one
+  more forward for the frozen reference when β > 0 and one for π_old when μ > 1 or PPO. Sampling
+  prefills each of the P prompts once (its last position projected) and decodes P·G·T tokens
+  against the whole cache of S slots.
+  """
+  r, algo = config.rollout, config.algo
+  d, v = m.hidden_size, m.vocab_size
+  body = m.num_params() - v * d * (1 if m.tie_word_embeddings else 2)
+  attention = 4 * m.num_layers * m.num_heads * m.head_dim  # per query-key pair
+  prompt, new = r.max_prefill_length, r.max_new_tokens
+  seq = prompt + new
+  prefill = r.num_prompts * (2 * body * prompt + attention * prompt * prompt + 2 * d * v)
+  per_token = 2 * body + 2 * d * v + attention * seq
+  generation = prefill + r.num_prompts * r.num_samples * new * per_token
+  forward_row = 2 * body * seq + 2 * d * v * new + attention * seq * seq
+  forwards = 3 * algo.num_inner_updates + (1 if config.beta > 0 else 0) + (
+      1 if algo.num_inner_updates > 1 or algo.name == "ppo" else 0)
+  training = r.num_prompts * r.num_samples * forward_row * forwards
+  return float(generation), float(prefill), float(training), float(per_token)
+
+
+def throughput(config, m: ModelConfig, chip: ChipSpec, trainer: AbstractMesh,
+               sampler: AbstractMesh, sampler_bytes: int, shared: bool,
+               a: Assumptions) -> Throughput:
+  """Roofline times: compute at the stated MFU; each decode step reads the sampler's params and KV
+  cache from HBM once (memory-bound) unless its FLOPs take longer."""
+  r = config.rollout
+  generation, prefill, training, per_token = step_flops(config, m)
+  train_s = training / (trainer.size * chip.peak_flops * a.train_mfu)
+  prefill_s = prefill / (sampler.size * chip.peak_flops * a.prefill_mfu)
+  slots = r.max_concurrent_decodes
+  decode_steps = -(-(r.num_prompts * r.num_samples) // slots) * r.max_new_tokens
+  memory_s = sampler_bytes / (chip.hbm_bandwidth * a.decode_bandwidth_utilisation)
+  compute_s = slots * per_token / (sampler.size * chip.peak_flops * a.decode_mfu)
+  decode_step_s = max(memory_s, compute_s)
+  sample_s = prefill_s + decode_steps * decode_step_s
+  return Throughput(generation_flops=generation, training_flops=training, prefill_s=prefill_s,
+                    decode_steps=decode_steps, decode_step_s=decode_step_s, sample_s=sample_s,
+                    train_s=train_s, step_s_sync=sample_s + train_s,
+                    step_s_async=None if shared else max(sample_s, train_s))
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def _fits(items, chip: ChipSpec, a: Assumptions, extra: int = 0) -> bool:
+  return sum(b for _, b in items) + extra <= chip.hbm_bytes * (1 - a.headroom)
+
+
+def _trainer_fix(config, m, chip, a, trainer, shapes, budget_taken) -> str | None:
+  """The first (mesh, micro-batches) that fits: more micro-batches on the configured mesh, then a
+  tensor axis (it splits attention heads, the MLP and the vocabulary) with as many as needed."""
+  batch = config.rollout.num_prompts * config.rollout.num_samples
+  current = config.algo.num_micro_batches
+  n = trainer.size
+  tensor_sizes = [t for t in range(1, n + 1) if n % t == 0 and t >= trainer.shape["tensor"]]
+  for t in tensor_sizes:
+    mesh = trainer if t == trainer.shape["tensor"] else AbstractMesh((1, n // t, t), MESH_AXES)
+    params = param_bytes_per_device(shapes, mesh)
+    for k in [k for k in range(current, batch + 1) if batch % k == 0]:
+      if _fits(trainer_items(config, m, mesh, params, a, k), chip, a, budget_taken):
+        change = [] if mesh is trainer else [f"mesh.trainer=(1, {n // t}, {t})"]
+        change += [] if k == current else [f"algo.num_micro_batches={k}"]
+        return " with ".join(change)
+  return None
+
+
+def _advice(config, m, chip, a, trainer, sampler, shared, shapes, train_params, sample_params):
+  """Concrete changes that would make the over-full slice(s) fit."""
+  r = config.rollout
+  train_now = trainer_items(config, m, trainer, train_params, a, config.algo.num_micro_batches)
+  sample_now = sampler_items(config, m, sampler, sample_params, r.max_concurrent_decodes)
+  # Sharing devices, each role's budget is what the other one leaves.
+  sampler_taken = sum(b for _, b in sample_now) if shared else 0
+  trainer_taken = sum(b for _, b in train_now) if shared else 0
+  hints = []
+  if not _fits(train_now, chip, a, sampler_taken):
+    fix = _trainer_fix(config, m, chip, a, trainer, shapes, sampler_taken)
+    if fix:
+      hints.append(fix)
+    else:
+      hints.append("more trainer devices, shorter rows (rollout.max_new_tokens, "
+                   "rollout.max_prefill_length) or a chip with more HBM: the step keeps every "
+                   "layer's activations and attention scores (no rematerialisation)")
+      if config.beta > 0:
+        hints.append(f"beta=0 drops the reference ({train_params / GIB:.2f} GiB per device)")
+  if not _fits(sample_now, chip, a, trainer_taken):
+    fitting = [s for s in range(r.max_concurrent_decodes - 1, 0, -1) if _fits(
+        sampler_items(config, m, sampler, sample_params, s), chip, a, trainer_taken)]
+    if fitting:
+      hints.append(f"rollout.max_concurrent_decodes={fitting[0]} (or a shorter "
+                   "rollout.max_new_tokens): the KV cache shrinks with both")
+    else:
+      hints.append("more sampler devices (a larger tensor or fsdp axis in mesh.sampler) or a chip "
+                   "with more HBM")
+  return tuple(hints)
+
+
+def plan(config, model_config: ModelConfig, *, target: Mapping,
+         assumptions: Assumptions | None = None) -> Plan:
+  """Memory per device of each slice and the RL-step throughput for `target`.
+
+  Args:
+    config: the training ConfigDict (reasoning_rl.config.base_config fields).
+    model_config: the policy's architecture.
+    target: {"tpu": "v4"|"v5e"|"v5p"|"v6e"|"cpu", "num_devices": int}.
+    assumptions: efficiencies and headroom; `Assumptions()` by default.
+
+  Raises ConfigError for an unknown chip, or a mesh that does not match the device count.
+  """
+  a = assumptions or Assumptions()
+  chip, num_devices = _chip(target)
+  trainer, sampler, shared = slice_meshes(config, num_devices)
+  shapes = parameter_shapes(model_config, np.dtype(config.model.dtype))
+  train_params = param_bytes_per_device(shapes, trainer)
+  sample_params = param_bytes_per_device(shapes, sampler)
+  train = trainer_items(config, model_config, trainer, train_params, a,
+                        config.algo.num_micro_batches)
+  sample = sampler_items(config, model_config, sampler, sample_params,
+                         config.rollout.max_concurrent_decodes)
+  make = lambda name, mesh, items: SliceMemory(name, mesh, tuple(items), chip.hbm_bytes,  # noqa
+                                               a.headroom)
+  if shared:
+    slices = (make("shared", trainer, [(f"trainer: {n}", b) for n, b in train]
+                   + [(f"sampler: {n}", b) for n, b in sample]),)
+  else:
+    slices = (make("trainer", trainer, train), make("sampler", sampler, sample))
+  sampler_read = sample_params + dict(sample)["KV cache"]
+  speed = throughput(config, model_config, chip, trainer, sampler, sampler_read, shared, a)
+  r = config.rollout
+  summary = (f"{model_config.model_type}, {model_config.num_params() / 1e9:.3f} B params, "
+             f"{model_config.num_layers} layers x hidden {model_config.hidden_size}, "
+             f"{config.model.dtype}; P={r.num_prompts} x G={r.num_samples}, prompt "
+             f"{r.max_prefill_length} + completion {r.max_new_tokens} tokens")
+  advice = () if all(s.fits for s in slices) else _advice(
+      config, model_config, chip, a, trainer, sampler, shared, shapes, train_params, sample_params)
+  return Plan(chip=chip, num_devices=num_devices, model_summary=summary, slices=slices,
+              throughput=speed, assumptions=a, advice=advice)

@@ -1,0 +1,202 @@
+"""The dry-run planner against hand-computed memory, KV-cache and FLOP figures."""
+
+import math
+
+import pytest
+from jax.sharding import AbstractMesh
+
+from reasoning_rl import planning
+from reasoning_rl.config import base_config
+from reasoning_rl.errors import ConfigError
+from reasoning_rl.models.config import ModelConfig
+
+GIB = 2**30
+
+# 3 query heads and 1 KV head do not divide a tensor axis of 2, nor does the MLP width 21: those
+# dimensions stay replicated, which the hand counts below must reflect.
+TINY = ModelConfig(model_type="qwen2", vocab_size=96, hidden_size=16, intermediate_size=21,
+                   num_layers=2, num_heads=3, num_kv_heads=1, head_dim=4, attention_bias=True,
+                   tie_word_embeddings=False)
+
+
+def _config():
+  c = base_config()
+  c.rollout.num_prompts, c.rollout.num_samples = 4, 4  # 16 completions
+  c.rollout.max_prefill_length, c.rollout.max_new_tokens = 32, 16  # rows of S = 48 tokens
+  c.rollout.max_concurrent_decodes = 8
+  c.algo.num_micro_batches = 2
+  c.algo.logprob_chunk = 8
+  c.mesh.num_trainer_devices = 8
+  c.mesh.trainer = (1, 4, 2)
+  c.mesh.sampler = (2, 2, 2)
+  return c
+
+
+V5P_16 = {"tpu": "v5p", "num_devices": 16}
+
+
+def test_param_bytes_per_device_match_a_manual_sum_of_shards():
+  # Trainer mesh data=1, fsdp=4, tensor=2 ("embed" over fsdp; vocab / heads / mlp over tensor only
+  # where 2 divides them). Elements of one device's shard:
+  #   embed [96,16] -> 48x4 = 192; lm_head [16,96] -> 4x48 = 192; final_norm 16
+  #   per layer: 2 norms 32; q [16,3,4] 4x3x4 = 48; k, v [16,1,4] 16 + 16; o [3,4,16] 48;
+  #   biases q 12, k 4, v 4; gate, up [16,21] 4x21 = 84 each; down [21,16] 84  -> 432
+  #   total 192 + 192 + 16 + 2 x 432 = 1264 elements x 4 bytes.
+  p = planning.plan(_config(), TINY, target=V5P_16)
+  assert p.slice("trainer").item("params") == 1264 * 4
+  # Sampler mesh data=2, fsdp=2, tensor=2: embed/lm_head 48x8 = 384 each, final_norm 16; per layer
+  # 32 + 96 + 32 + 32 + 96 + 12 + 4 + 4 + 3 x 168 = 812  -> 384 + 384 + 16 + 1624 = 2408 elements.
+  assert p.slice("sampler").item("params copy") == 2408 * 4
+  # On a 1-device mesh the shards are the whole parameters: num_params() x 4 bytes.
+  shapes = planning.parameter_shapes(TINY, "float32")
+  single = AbstractMesh((1, 1, 1), ("data", "fsdp", "tensor"))
+  assert planning.param_bytes_per_device(shapes, single) == TINY.num_params() * 4
+
+
+def test_trainer_items_by_hand():
+  p = planning.plan(_config(), TINY, target=V5P_16)
+  items = dict(p.slice("trainer").items)
+  params = 1264 * 4
+  assert items["optimizer (AdamW m, v)"] == 2 * params
+  assert items["gradients + accumulator"] == 2 * params  # 2 micro-batches
+  assert "reference params" not in items  # beta = 0
+  # Micro-batch of 16 / 2 = 8 rows over data x fsdp = 4 -> 2 rows per device; the single KV head
+  # does not split over tensor, so all 3 heads stay. Per row: L x S x (16 x D x 4 + H x S x (4 + 4))
+  # = 2 x 48 x (1024 + 1152) = 208896 bytes.
+  assert items["activations (1 micro-batch)"] == 2 * 208896
+  # 2 buffers x 2 rows x chunk 8 x (vocab 96 / tensor 2) x 4 bytes.
+  assert items["log-prob chunk buffers"] == 2 * 2 * 8 * 48 * 4
+  c = _config()
+  c.beta = 0.04
+  with_reference = planning.plan(c, TINY, target=V5P_16).slice("trainer")
+  assert with_reference.item("reference params") == params
+  assert with_reference.total == p.slice("trainer").total + params
+
+
+def test_kv_cache_formula():
+  # slots x (prefill + new) x layers x 2 x kv_heads x head_dim x dtype bytes, slots over
+  # data x fsdp and KV heads over tensor where they divide; plus the int32 positions [slots, S].
+  gqa = ModelConfig(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=32,
+                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4)
+  mesh = AbstractMesh((2, 1, 2), ("data", "fsdp", "tensor"))
+  c = _config()
+  kv = dict(planning.sampler_items(c, gqa, mesh, params=0, slots=6))["KV cache"]
+  assert kv == 3 * 48 * 2 * 2 * 1 * 4 * 4 + 3 * 48 * 4  # 3 slots and 1 KV head per device
+  kv = dict(planning.sampler_items(c, gqa, mesh, params=0, slots=5))["KV cache"]
+  assert kv == 5 * 48 * 2 * 2 * 1 * 4 * 4 + 5 * 48 * 4  # 5 slots do not split over data = 2
+  c.model.dtype = "bfloat16"
+  kv = dict(planning.sampler_items(c, gqa, mesh, params=0, slots=6))["KV cache"]
+  assert kv == 3 * 48 * 2 * 2 * 1 * 4 * 2 + 3 * 48 * 4
+  # In a plan: 8 slots over data x fsdp = 4 on the (2, 2, 2) sampler mesh, TINY's one KV head whole.
+  p = planning.plan(_config(), TINY, target=V5P_16)
+  assert p.slice("sampler").item("KV cache") == 2 * 48 * 2 * 2 * 1 * 4 * 4 + 2 * 48 * 4
+  assert p.slice("sampler").item("decode temporaries") == 2 * (2 * 96 * 4 + 3 * 48 * 8)
+
+
+def test_flops_and_times_by_hand():
+  # num_params = 2 x (attn 512 + bias 20 + mlp 1008 + norms 32) + embeddings 3072 + 16 = 6232;
+  # N_body = 6232 - 2 x 96 x 16 = 3160; attention 4 x L x H x Dh = 96 FLOPs per query-key pair.
+  generation, prefill, training, per_token = planning.step_flops(_config(), TINY)
+  assert prefill == 4 * (2 * 3160 * 32 + 96 * 32 * 32 + 2 * 16 * 96)  # 1_214_464
+  assert per_token == 2 * 3160 + 2 * 16 * 96 + 96 * 48  # 14_000
+  assert generation == prefill + 16 * 16 * 14_000
+  assert training == 16 * 3 * (2 * 3160 * 48 + 2 * 16 * 96 * 16 + 96 * 48 * 48)  # 27_537_408
+  c = _config()
+  c.beta, c.algo.num_inner_updates = 0.1, 2  # + reference forward + pi_old forward, 2 x (f + b)
+  assert planning.step_flops(c, TINY)[2] == 16 * (3 * 2 + 1 + 1) * 573_696
+
+  t = planning.plan(_config(), TINY, target=V5P_16).throughput
+  peak = 459e12
+  assert t.train_s == pytest.approx(27_537_408 / (8 * peak * 0.4))
+  assert t.prefill_s == pytest.approx(1_214_464 / (8 * peak * 0.4))
+  assert t.decode_steps == 2 * 16  # 16 completions through 8 slots, 16 tokens each
+  # Memory-bound: params copy + KV cache read once per step at half of 2765 GB/s.
+  assert t.decode_step_s == pytest.approx((2408 * 4 + 6528) / (2765e9 * 0.5))
+  assert t.step_s_sync == pytest.approx(t.prefill_s + 32 * t.decode_step_s + t.train_s)
+  assert t.step_s_async == pytest.approx(max(t.sample_s, t.train_s))
+  assert t.steps_per_hour == pytest.approx(3600 / t.step_s_sync)
+
+
+def _too_long_for_cpu():
+  c = _config()
+  c.mesh.num_trainer_devices = 0  # one shared slice
+  c.mesh.trainer = c.mesh.sampler = (1, 1, 1)
+  c.algo.num_micro_batches = 1
+  c.rollout.max_new_tokens = 16384 - 32  # S = 16384: 12.03 GiB of activations per row
+  return c
+
+
+def test_a_config_that_cannot_fit_says_so_and_how_to_fix_it():
+  c = _too_long_for_cpu()
+  p = planning.plan(c, TINY, target={"tpu": "cpu", "num_devices": 1})
+  shared = p.slice("shared")
+  per_row = 2 * 16384 * (16 * 16 * 4 + 3 * 16384 * 8)
+  assert shared.item("activations (1 micro-batch)") == 16 * per_row
+  assert not p.fits and not shared.fits
+  over = shared.total - 0.9 * 24 * GIB
+  assert shared.over_bytes == pytest.approx(over)
+  verdict = p.verdict()
+  assert verdict.startswith(f"does NOT fit: {over / GIB:.2f} GiB over on the shared slice — try ")
+  # 8 micro-batches leave 2 rows (24.1 GiB) per device, over 21.6 GiB usable; 16 leave one row.
+  assert "algo.num_micro_batches=16" in verdict
+  assert "does NOT fit" in p.table() and "OVER by" in p.table()
+  c.algo.num_micro_batches = 16
+  fixed = planning.plan(c, TINY, target={"tpu": "cpu", "num_devices": 1})
+  assert fixed.fits and fixed.verdict() == "fits"
+  assert fixed.table().endswith("Verdict: fits")
+
+
+def test_sampler_advice_lowers_the_decode_slots():
+  c = _config()
+  c.rollout.max_new_tokens = 4096 - 32
+  c.rollout.max_concurrent_decodes = 64
+  c.mesh.sampler = (1, 1, 8)  # no batch split: every device holds all 64 slots' cache
+  big = ModelConfig(model_type="llama", vocab_size=96, hidden_size=16, intermediate_size=32,
+                    num_layers=64, num_heads=64, num_kv_heads=64, head_dim=256)
+  p = planning.plan(c, big, target={"tpu": "v5e", "num_devices": 16})
+  sampler = p.slice("sampler")
+  # 64 slots x 4096 x 64 layers x 2 x (64 / 8) x 256 x 4 bytes = 32 GiB + positions.
+  assert sampler.item("KV cache") == 64 * 4096 * 64 * 2 * 8 * 256 * 4 + 64 * 4096 * 4
+  assert not sampler.fits
+  hint = next(h for h in p.advice if "max_concurrent_decodes" in h)
+  slots = int(hint.split("=")[1].split()[0])
+  items = planning.sampler_items(c, big, sampler.mesh, sampler.item("params copy"), slots)
+  more = planning.sampler_items(c, big, sampler.mesh, sampler.item("params copy"), slots + 1)
+  usable = 0.9 * 16 * GIB
+  assert sum(b for _, b in items) <= usable < sum(b for _, b in more)
+
+
+def test_meshes_are_abstract_and_match_the_device_count():
+  trainer, sampler, shared = planning.slice_meshes(_config(), 16)
+  assert dict(trainer.shape) == {"data": 1, "fsdp": 4, "tensor": 2} and not shared
+  assert dict(sampler.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+  c = _config()
+  c.mesh.num_trainer_devices, c.mesh.trainer, c.mesh.sampler = 0, (1, -1, 1), (1, 1, -1)
+  trainer, sampler, shared = planning.slice_meshes(c, 256)  # far more than this machine has
+  assert trainer.shape["fsdp"] == 256 and sampler.shape["tensor"] == 256 and shared
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(trainer=(1, 3, 1)), "config.mesh.trainer"),
+    (dict(sampler=(2, 2, 4)), "config.mesh.sampler"),
+    (dict(num_trainer_devices=16), "config.mesh.num_trainer_devices"),
+    (dict(trainer=(1, -1, -1)), "config.mesh.trainer"),
+])
+def test_a_mesh_that_does_not_match_the_devices_raises(change, field):
+  c = _config()
+  for key, value in change.items():
+    c.mesh[key] = value
+  with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+    planning.plan(c, TINY, target=V5P_16)
+
+
+def test_bad_targets_raise():
+  with pytest.raises(ConfigError, match="target.tpu"):
+    planning.plan(_config(), TINY, target={"tpu": "v3", "num_devices": 16})
+  with pytest.raises(ConfigError, match="target.num_devices"):
+    planning.plan(_config(), TINY, target={"tpu": "v5e", "num_devices": 0})
+
+
+def test_cpu_target_splits_the_machine_over_its_devices():
+  chip, n = planning._chip({"tpu": "cpu", "num_devices": 8})
+  assert n == 8 and chip.hbm_bytes == 3 * GIB and math.isclose(chip.peak_flops, 50e9)
