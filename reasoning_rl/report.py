@@ -1,0 +1,219 @@
+"""A run report at a glance: `workdir/report.md` with PNG plots and sample completions.
+
+Reads what a run wrote (DESIGN.md §3): `metrics.jsonl` (via `reasoning_rl.metrics.read_metrics`),
+`eval/step_XXXXXXXX.json` (`reasoning_rl.evaluation.write_eval_result`), `rollouts/*.jsonl` and
+`STOPPED.md` if a guard stopped the run. Writes `workdir/report.md` and `workdir/report/*.png`:
+
+  reward_parts.png      reward/mean and every reward/<part> per step
+  heldout_accuracy.png  held-out accuracy (and pass@k / maj@k) per evaluation
+  response_length.png   response_length/mean of training and of the held-out evaluations
+  kl.png, entropy.png   kl and entropy per step
+  groups.png            groups/all_pass_frac and groups/all_fail_frac per step
+
+A quantity that was never logged gets a plot saying "not logged" (and the same words in the
+markdown), never an error. Sample completions: the highest- and lowest-reward records of the last
+logged rollout step, and the canary completions of the last evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display (set before pyplot is imported)
+from matplotlib import pyplot as plt  # noqa: E402  pylint: disable=wrong-import-position
+
+from reasoning_rl.evaluation import read_eval_results  # noqa: E402
+from reasoning_rl.metrics import METRICS_FILE, ROLLOUTS_DIR, read_metrics  # noqa: E402
+
+REPORT_FILE = "report.md"
+PLOTS_DIR = "report"
+NOT_LOGGED = "not logged"
+MAX_SAMPLE_CHARS = 2000
+_ROLLOUT_NAME = re.compile(r"^step_(\d{8})\.jsonl$")
+_HELDOUT_KEY = re.compile(r"^(accuracy|pass@\d+|maj@\d+)$")
+
+Series = dict[str, tuple[list[float], list[float]]]
+
+
+def _series(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], x_key: str = "step",
+            prefix: str = "") -> Series:
+  """label -> (xs, ys) for every key that has at least one numeric value."""
+  found: Series = {}
+  for key in keys:
+    points = [(float(r[x_key]), float(r[key])) for r in rows
+              if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+    if points:
+      found[prefix + key] = ([p[0] for p in points], [p[1] for p in points])
+  return found
+
+
+def _plot(path: pathlib.Path, title: str, series: Series, *, xlabel: str = "step",
+          ylabel: str = "") -> bool:
+  """Draws the series (or a "not logged" notice); returns whether anything was plotted."""
+  figure, axes = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+  try:
+    axes.set_title(title)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    if series:
+      for label, (xs, ys) in series.items():
+        axes.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
+      axes.grid(alpha=0.3)
+      axes.legend(fontsize=8)
+    else:
+      axes.text(0.5, 0.5, NOT_LOGGED, ha="center", va="center", fontsize=16, color="gray",
+                transform=axes.transAxes)
+      axes.set_xticks([])
+      axes.set_yticks([])
+    figure.tight_layout()
+    figure.savefig(path)
+  finally:
+    plt.close(figure)
+  return bool(series)
+
+
+def _fence(text: str) -> str:
+  """A code block whose fence is longer than any backtick run inside `text`."""
+  longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+  fence = "`" * max(3, longest + 1)
+  return f"{fence}\n{text}\n{fence}"
+
+
+def _clip(text: str) -> str:
+  text = str(text)
+  if len(text) <= MAX_SAMPLE_CHARS:
+    return text
+  return text[:MAX_SAMPLE_CHARS] + f"\n… [{len(text) - MAX_SAMPLE_CHARS} more characters]"
+
+
+def _format(value: Any) -> str:
+  if isinstance(value, float):
+    return "nan" if math.isnan(value) else f"{value:.4g}"
+  return str(value)
+
+
+def last_rollouts(workdir: pathlib.Path) -> tuple[int | None, list[dict[str, Any]]]:
+  """(step, records) of the newest rollouts/step_XXXXXXXX.jsonl, or (None, [])."""
+  directory = workdir / ROLLOUTS_DIR
+  files = sorted(p for p in directory.iterdir() if _ROLLOUT_NAME.match(p.name)) \
+      if directory.is_dir() else []
+  if not files:
+    return None, []
+  records = [json.loads(line) for line in files[-1].read_text(encoding="utf-8").splitlines()
+             if line.strip()]
+  return int(_ROLLOUT_NAME.match(files[-1].name).group(1)), records
+
+
+def _sample_section(title: str, record: Mapping[str, Any]) -> list[str]:
+  parts = ", ".join(f"{k[len('reward/'):]}={_format(v)}" for k, v in sorted(record.items())
+                    if k.startswith("reward/"))
+  header = (f"**{title}**: reward {_format(record.get('reward'))}"
+            + (f" ({parts})" if parts else "")
+            + f", {record.get('num_tokens', '?')} tokens"
+            + (", truncated" if record.get("truncated") else "")
+            + (f", ground truth `{record['ground_truth']}`" if "ground_truth" in record else ""))
+  return [header, "", "Prompt:", "", _fence(_clip(record.get("prompt", ""))), "",
+          "Completion:", "", _fence(_clip(record.get("completion", ""))), ""]
+
+
+def write_report(workdir: str | os.PathLike[str], *, num_samples: int = 2) -> pathlib.Path:
+  """Writes workdir/report.md and its plots (see the module docstring); returns the path.
+
+  Args:
+    workdir: the run directory.
+    num_samples: how many highest- and lowest-reward completions of the last step to show.
+  """
+  workdir = pathlib.Path(workdir)
+  if not workdir.is_dir():
+    raise FileNotFoundError(f"{workdir} is not a directory; pass the workdir of a run")
+  rows = read_metrics(workdir / METRICS_FILE)
+  evals = read_eval_results(workdir)
+  plots_dir = workdir / PLOTS_DIR
+  plots_dir.mkdir(exist_ok=True)
+  keys = sorted({key for row in rows for key in row})
+  reward_keys = ["reward/mean"] + [k for k in keys if k.startswith("reward/") and k != "reward/mean"]
+  heldout_keys = sorted({k for e in evals for k in e if _HELDOUT_KEY.match(k)},
+                        key=lambda k: (k != "accuracy", k))
+  plots = [
+      ("reward_parts.png", "Reward and its parts (train)", _series(rows, reward_keys), "step"),
+      ("heldout_accuracy.png", "Held-out accuracy", _series(evals, heldout_keys), "step"),
+      ("response_length.png", "Mean response length (tokens)",
+       {**_series(rows, ["response_length/mean"], prefix="train "),
+        **_series(evals, ["response_length/mean"], prefix="held-out ")}, "step"),
+      ("kl.png", "KL to the reference", _series(rows, ["kl"]), "step"),
+      ("entropy.png", "Mean token entropy", _series(rows, ["entropy"]), "step"),
+      ("groups.png", "Groups with all samples passing / failing",
+       _series(rows, ["groups/all_pass_frac", "groups/all_fail_frac"]), "step"),
+  ]
+
+  lines = [f"# Run report: `{workdir.name}`", ""]
+  stopped = workdir / "STOPPED.md"
+  if stopped.exists():
+    first = stopped.read_text(encoding="utf-8").splitlines()[0].lstrip("# ")
+    lines += [f"**{first}** (see STOPPED.md).", ""]
+  if rows:
+    lines += [f"{len(rows)} steps logged ({rows[0]['step']} … {rows[-1]['step']}); "
+              f"{len(evals)} held-out evaluations.", ""]
+    summary = [k for k in ("reward/mean", "kl", "entropy", "response_length/mean",
+                           "groups/all_pass_frac", "groups/all_fail_frac") if k in keys]
+    if summary:
+      lines += ["| metric | first step | last step |", "|---|---|---|"]
+      for key in summary:
+        values = [r[key] for r in rows if key in r]
+        lines.append(f"| {key} | {_format(values[0])} | {_format(values[-1])} |")
+      lines.append("")
+  else:
+    lines += [f"metrics.jsonl: {NOT_LOGGED}.", ""]
+
+  lines += ["## Plots", ""]
+  for name, title, series, xlabel in plots:
+    plotted = _plot(plots_dir / name, title, series, xlabel=xlabel)
+    lines += [f"### {title}" + ("" if plotted else f" — {NOT_LOGGED}"), "",
+              f"![{title}]({PLOTS_DIR}/{name})", ""]
+
+  lines += ["## Held-out evaluations", ""]
+  if evals:
+    columns = ["step"] + heldout_keys + ["format_rate", "response_length/mean"]
+    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for result in evals:
+      lines.append("| " + " | ".join(_format(result.get(c, "")) for c in columns) + " |")
+    lines.append("")
+    canaries = evals[-1].get("canaries") or []
+    if canaries:
+      lines += [f"### Canary completions (evaluation at step {evals[-1]['step']})", ""]
+      for canary in canaries:
+        lines += [f"**{canary.get('uid', '')}**:", "", _fence(_clip(canary.get("prompt", ""))), ""]
+        for completion in canary.get("completions", []):
+          lines += [_fence(_clip(completion.get("text", ""))), ""]
+  else:
+    lines += [f"Held-out evaluations: {NOT_LOGGED}.", ""]
+
+  lines += ["## Sample completions", ""]
+  step, records = last_rollouts(workdir)
+  scored = [r for r in records if isinstance(r.get("reward"), (int, float))]
+  if scored:
+    order = sorted(range(len(scored)), key=lambda i: (-scored[i]["reward"], i))
+    best = order[:num_samples]
+    worst = [i for i in reversed(order) if i not in best][:num_samples]
+    lines += [f"From step {step}: the {len(best)} highest- and {len(worst)} lowest-reward "
+              "completions.", ""]
+    for rank, i in enumerate(best, start=1):
+      lines += _sample_section(f"Highest #{rank}", scored[i])
+    for rank, i in enumerate(worst, start=1):
+      lines += _sample_section(f"Lowest #{rank}", scored[i])
+  else:
+    lines += [f"Rollout records: {NOT_LOGGED}.", ""]
+
+  path = workdir / REPORT_FILE
+  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+  tmp.write_text("\n".join(lines), encoding="utf-8")
+  os.replace(tmp, path)
+  return path
