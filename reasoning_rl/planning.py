@@ -179,10 +179,11 @@ class Plan:
              f"{c.peak_flops / 1e12:.1f} TFLOP/s, {c.hbm_bandwidth / 1e9:.0f} GB/s per device)"]
     for s in self.slices:
       shape = " ".join(f"{k}={v}" for k, v in s.mesh.shape.items())
-      lines += ["", f"{s.name} slice: {s.num_devices} devices, mesh {shape}",
-                f"  {'per device':<34}{'GiB':>10}"]
-      lines += [f"  {name:<34}{b / GIB:>10.3f}" for name, b in s.items]
-      lines.append(f"  {'total':<34}{s.total / GIB:>10.3f}   of {s.usable / GIB:.2f} usable "
+      plural = "s" if s.num_devices > 1 else ""
+      lines += ["", f"{s.name} slice: {s.num_devices} device{plural}, mesh {shape}",
+                f"  {'per device':<40}{'GiB':>10}"]
+      lines += [f"  {name:<40}{b / GIB:>10.3f}" for name, b in s.items]
+      lines.append(f"  {'total':<40}{s.total / GIB:>10.3f}   of {s.usable / GIB:.2f} usable "
                    f"({a.headroom:.0%} headroom) -> "
                    + ("fits" if s.fits else f"OVER by {s.over_bytes / GIB:.2f} GiB"))
     lines += ["", f"Throughput per RL step (train MFU {a.train_mfu:.0%}, prefill MFU "
