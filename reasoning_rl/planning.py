@@ -1,7 +1,7 @@
 """The `--config.dry_run=True` planner: per-device memory and RL-step throughput of a target slice.
 
-`plan(config, model_config, target={"tpu": "v5p", "num_devices": 64})` builds the trainer and sampler
-meshes as `jax.sharding.AbstractMesh`es (no devices needed, so it runs on any laptop), shards every
+`plan(config, model_config, target={"tpu": "v5p", "num_devices": 64})` builds the trainer and
+sampler meshes as `jax.sharding.AbstractMesh`es (no devices needed, so it runs on any laptop), shards every
 real parameter shape of `abstract_model(model_config)` with the project's partition rules
 (`reasoning_rl.sharding.logical_to_spec`), and adds up what each device of each slice holds:
 
@@ -186,11 +186,13 @@ class Plan:
       lines.append(f"  {'total':<40}{s.total / GIB:>10.3f}   of {s.usable / GIB:.2f} usable "
                    f"({a.headroom:.0%} headroom) -> "
                    + ("fits" if s.fits else f"OVER by {s.over_bytes / GIB:.2f} GiB"))
+    bandwidth = a.decode_bandwidth_utilisation
     lines += ["", f"Throughput per RL step (train MFU {a.train_mfu:.0%}, prefill MFU "
-              f"{a.prefill_mfu:.0%}, decode bound by max(bytes / ({a.decode_bandwidth_utilisation:.0%}"
-              f" of HBM bandwidth), FLOPs / {a.decode_mfu:.0%} of peak)):",
-              f"  sampling   {t.generation_flops / 1e12:12.1f} TFLOP   prefill {t.prefill_s:.2f} s + "
-              f"{t.decode_steps} decode steps x {t.decode_step_s * 1e3:.2f} ms = {t.sample_s:.1f} s",
+              f"{a.prefill_mfu:.0%}, decode bound by max(bytes / ({bandwidth:.0%} of HBM "
+              f"bandwidth), FLOPs / {a.decode_mfu:.0%} of peak)):",
+              f"  sampling   {t.generation_flops / 1e12:12.1f} TFLOP   prefill {t.prefill_s:.2f} s"
+              f" + {t.decode_steps} decode steps x {t.decode_step_s * 1e3:.2f} ms = "
+              f"{t.sample_s:.1f} s",
               f"  training   {t.training_flops / 1e12:12.1f} TFLOP   {t.train_s:.1f} s",
               f"  step (sync) {t.step_s_sync:.1f} s -> {t.steps_per_hour:.1f} steps/hour"]
     if t.step_s_async is not None:
@@ -326,8 +328,8 @@ def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, params: int,
 def step_flops(config, m: ModelConfig) -> tuple[float, float, float, float]:
   """(generation, of which prefill, training FLOPs per RL step, FLOPs per decoded token).
 
-  With N_body the matmul parameters outside the vocabulary (num_params minus the embedding table(s)),
-  a forward costs 2·N_body per token (Kaplan et al. 2020, §2.1), 2·D·V per token projected to the
+  With N_body the matmul parameters outside the vocabulary (num_params minus the embedding
+  table(s)), a forward costs 2·N_body per token (Kaplan et al. 2020, §2.1), 2·D·V per token projected to the
   vocabulary, and 4·L·H·Dh per query-key pair of attention (scores and weighted sum; this code
   computes the full masked matrix). Training rows are prompt + completion = S tokens with only the T
   completion positions projected; the step runs μ forward+backward passes (3 forwards each), one
