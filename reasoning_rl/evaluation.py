@@ -12,6 +12,9 @@
   pass@1. With `num_samples=1` and temperature 0 it is greedy accuracy.
 
 A sample is *correct* when its reward part of kind `correct` is >= 1.0 (all tests pass for code).
+`format_rate` is the mean of the reward part of kind `format` when there is one, else the share of
+completions `verifiers.format.format_ok` accepts with its default (R1-Zero `<think>`/`<answer>`)
+spec; `answer_rate` is the share from which the `correct` part's extraction finds an answer.
 
 The result of an evaluation (`EvalResult`) is a plain JSON-able dict; `write_eval_result` stores it
 as `workdir/eval/step_XXXXXXXX.json` and `read_eval_results` reads them back (the format
