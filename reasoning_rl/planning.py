@@ -1,8 +1,8 @@
 """The `--config.dry_run=True` planner: per-device memory and RL-step throughput of a target slice.
 
 `plan(config, model_config, target={"tpu": "v5p", "num_devices": 64})` builds the trainer and
-sampler meshes as `jax.sharding.AbstractMesh`es (no devices needed, so it runs on any laptop), shards every
-real parameter shape of `abstract_model(model_config)` with the project's partition rules
+sampler meshes as `jax.sharding.AbstractMesh`es (no devices needed, so it runs on any laptop),
+shards every real parameter shape of `abstract_model(model_config)` with the project's partition rules
 (`reasoning_rl.sharding.logical_to_spec`), and adds up what each device of each slice holds:
 
   trainer: params, AdamW moments (2 × params, in the parameter dtype as `optax.adamw` keeps them),
@@ -329,8 +329,8 @@ def step_flops(config, m: ModelConfig) -> tuple[float, float, float, float]:
   """(generation, of which prefill, training FLOPs per RL step, FLOPs per decoded token).
 
   With N_body the matmul parameters outside the vocabulary (num_params minus the embedding
-  table(s)), a forward costs 2·N_body per token (Kaplan et al. 2020, §2.1), 2·D·V per token projected to the
-  vocabulary, and 4·L·H·Dh per query-key pair of attention (scores and weighted sum; this code
+  table(s)), a forward costs 2·N_body per token (Kaplan et al. 2020, §2.1), 2·D·V per token
+  projected to the vocabulary, and 4·L·H·Dh per query-key pair of attention (scores and weighted sum; this code
   computes the full masked matrix). Training rows are prompt + completion = S tokens with only the T
   completion positions projected; the step runs μ forward+backward passes (3 forwards each), one
   more forward for the frozen reference when β > 0 and one for π_old when μ > 1 or PPO. Sampling
