@@ -2,8 +2,8 @@
 
 `plan(config, model_config, target={"tpu": "v5p", "num_devices": 64})` builds the trainer and
 sampler meshes as `jax.sharding.AbstractMesh`es (no devices needed, so it runs on any laptop),
-shards every real parameter shape of `abstract_model(model_config)` with the project's partition rules
-(`reasoning_rl.sharding.logical_to_spec`), and adds up what each device of each slice holds:
+shards every real parameter shape of `abstract_model(model_config)` with the project's partition
+rules (`reasoning_rl.sharding.logical_to_spec`), and adds up what each device of each slice holds:
 
   trainer: params, AdamW moments (2 × params, in the parameter dtype as `optax.adamw` keeps them),
            gradients (2 × with micro-batch accumulation: accumulator + current micro-batch),
@@ -330,12 +330,12 @@ def step_flops(config, m: ModelConfig) -> tuple[float, float, float, float]:
 
   With N_body the matmul parameters outside the vocabulary (num_params minus the embedding
   table(s)), a forward costs 2·N_body per token (Kaplan et al. 2020, §2.1), 2·D·V per token
-  projected to the vocabulary, and 4·L·H·Dh per query-key pair of attention (scores and weighted sum; this code
-  computes the full masked matrix). Training rows are prompt + completion = S tokens with only the T
-  completion positions projected; the step runs μ forward+backward passes (3 forwards each), one
-  more forward for the frozen reference when β > 0 and one for π_old when μ > 1 or PPO. Sampling
-  prefills each of the P prompts once (its last position projected) and decodes P·G·T tokens
-  against the whole cache of S slots.
+  projected to the vocabulary, and 4·L·H·Dh per query-key pair of attention (scores and weighted
+  sum; this code computes the full masked matrix). Training rows are prompt + completion = S tokens
+  with only the T completion positions projected; the step runs μ forward+backward passes (3
+  forwards each), one more forward for the frozen reference when β > 0 and one for π_old when μ > 1
+  or PPO. Sampling prefills each of the P prompts once (its last position projected) and decodes
+  P·G·T tokens against the whole cache of S slots.
   """
   r, algo = config.rollout, config.algo
   d, v = m.hidden_size, m.vocab_size
