@@ -347,3 +347,12 @@ def test_debug_config_prompts_encode_with_the_debug_vocab(debug_tokenizer):
     ids = template.encode(source.example(index))
     assert len(ids) == 4 and debug_tokenizer.unk_id not in ids
   assert templates.TEMPLATE_KINDS == ("plain", "chat", "r1zero")
+
+
+def test_mixture_weights_are_reduced_to_small_integers():
+  three = [dict(kind="synthetic_arithmetic", seed=s) for s in range(3)]
+  mixture = build_source(dict(kind="mixture", sources=three, weights=[5, 1, 0.5]))
+  assert mixture.weights == [10, 2, 1]
+  assert [sum(1 for k, _ in mixture.slots if k == s) for s in range(3)] == [10, 2, 1]
+  with pytest.raises(ConfigError, match=r"config.data.weights=\[1, 1e-05\]: a weight below"):
+    build_source(dict(kind="mixture", sources=three[:2], weights=[1, 1e-5]))

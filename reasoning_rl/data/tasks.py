@@ -289,11 +289,14 @@ class MixtureSource:
 
   def __init__(self, sources: Sequence[TaskSource], weights: Sequence[float], *,
                field: str = "data"):
-    ratios = [fractions.Fraction(w).limit_denominator(1000) for w in weights]
+    ratios = [fractions.Fraction(w / max(weights)).limit_denominator(1000) for w in weights]
     scale = math.lcm(*(r.denominator for r in ratios))
     integers = [int(r * scale) for r in ratios]
     divisor = math.gcd(*integers)
     self.weights = [w // divisor for w in integers]
+    if min(self.weights) == 0:
+      raise ConfigError(f"config.{field}.weights={list(weights)}: a weight below 1/1000 of the "
+                        "others rounds to 0; drop that source or raise its weight")
     if sum(self.weights) > MAX_MIXTURE_PERIOD:
       raise ConfigError(f"config.{field}.weights={list(weights)}: their ratios need a period of "
                         f"{sum(self.weights)} slots; use simpler ratios (e.g. 1, 2, 0.25)")
