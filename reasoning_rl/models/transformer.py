@@ -96,18 +96,20 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
   return x * cos + rotated * sin
 
 
-def attend(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, window: int | None):
+def attend(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, window: int | None,
+           kv_heads_first: bool = False):
   """Grouped-query attention with a position-based causal mask.
 
-  q [B, T, N, D]; k, v [B, S, K, D] with N a multiple of K; q_pos [B, T]; k_pos [B, S] where a
-  negative position marks an empty or padding key. Query t attends key s iff
-  0 <= k_pos[s] <= q_pos[t] (and q_pos[t] − k_pos[s] < window for sliding layers). Scores and softmax
-  are float32 whatever the compute dtype.
+  q [B, T, N, D]; k, v [B, S, K, D] (or [B, K, S, D] with `kv_heads_first`, the KV-cache layout)
+  with N a multiple of K; q_pos [B, T]; k_pos [B, S] where a negative position marks an empty or
+  padding key. Query t attends key s iff 0 <= k_pos[s] <= q_pos[t] (and q_pos[t] − k_pos[s] < window
+  for sliding layers). Scores and softmax are float32 whatever the compute dtype.
   """
   batch, steps, num_heads, head_dim = q.shape
-  num_kv = k.shape[2]
+  num_kv = k.shape[1] if kv_heads_first else k.shape[2]
   q = q.reshape(batch, steps, num_kv, num_heads // num_kv, head_dim)
-  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  key_spec = "bksd" if kv_heads_first else "bskd"
+  scores = jnp.einsum(f"btkgd,{key_spec}->bkgts", q, k, preferred_element_type=jnp.float32) * scale
   if softcap:
     scores = jnp.tanh(scores / softcap) * softcap
   delta = q_pos[:, :, None] - k_pos[:, None, :]  # [B, T, S]
@@ -116,7 +118,7 @@ def attend(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, window
     mask &= delta < window
   scores = jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  out = jnp.einsum(f"bkgts,{key_spec}->btkgd", probs, v)
   return out.reshape(batch, steps, num_heads, head_dim)
 
 
@@ -124,8 +126,10 @@ def attend(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, window
 class KVCache:
   """Keys and values of every layer for B rows of up to S tokens.
 
-  k[l], v[l]: [B, S, K, D]. pos [B, S] int32 is the position of each cached token, −1 where empty;
-  the attention mask is derived from it, so rows may hold sequences of different lengths.
+  k[l], v[l]: [B, K, S, D] — heads before length, so attention over the cache is a batched matmul
+  that reads the cache in place (a [B, S, K, D] layout made XLA transpose, i.e. copy, the whole
+  cache at every decode step). pos [B, S] int32 is the position of each cached token, −1 where
+  empty; the attention mask is derived from it, so rows may hold sequences of different lengths.
   """
 
   k: tuple[jax.Array, ...]
@@ -134,7 +138,7 @@ class KVCache:
 
   @classmethod
   def init(cls, config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
-    shape = (batch, max_len, config.num_kv_heads, config.head_dim)
+    shape = (batch, config.num_kv_heads, max_len, config.head_dim)
     zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
     return cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
                pos=jnp.full((batch, max_len), -1, jnp.int32))
@@ -148,6 +152,13 @@ def _scatter_rows(buffer: jax.Array, rows_index: jax.Array, values: jax.Array) -
   """buffer[b, rows_index[b, t]] = values[b, t]; indices outside the buffer are dropped."""
   batch = jnp.arange(buffer.shape[0])[:, None]
   return buffer.at[batch, rows_index].set(values, mode="drop")
+
+
+def _scatter_cache(buffer: jax.Array, rows_index: jax.Array, values: jax.Array) -> jax.Array:
+  """buffer [B, K, S, D] at [b, :, rows_index[b, t]] = values [B, T, K, D]; drops outside."""
+  batch = jnp.arange(buffer.shape[0])[:, None, None]
+  heads = jnp.arange(buffer.shape[1])[None, :, None]
+  return buffer.at[batch, heads, rows_index[:, None, :]].set(values.swapaxes(1, 2), mode="drop")
 
 
 class Attention(nnx.Module):
@@ -197,15 +208,16 @@ class Attention(nnx.Module):
     q, k, v = self.project_qkv(x, positions, inv_freq)
     if cache_kv is not None:
       slots = write_index[:, None] + jnp.arange(x.shape[1])[None, :]
-      k_all = _scatter_rows(cache_kv[0], slots, k.astype(cache_kv[0].dtype))
-      v_all = _scatter_rows(cache_kv[1], slots, v.astype(cache_kv[1].dtype))
+      k_all = _scatter_cache(cache_kv[0], slots, k.astype(cache_kv[0].dtype))
+      v_all = _scatter_cache(cache_kv[1], slots, v.astype(cache_kv[1].dtype))
       new_cache_kv = (k_all, v_all)
       k, v = k_all.astype(x.dtype), v_all.astype(x.dtype)
     else:
       new_cache_kv = None
     c = self.config
     attended = attend(q, k, v, positions, key_positions, scale=c.attention_scale,
-                      softcap=c.attn_logit_softcap, window=self.window)
+                      softcap=c.attn_logit_softcap, window=self.window,
+                      kv_heads_first=cache_kv is not None)
     return self.output(attended), new_cache_kv
 
 
@@ -329,12 +341,14 @@ class Transformer(nnx.Module):
     return self.logits_from_hidden(
         self.hidden_states(token_ids, attention_mask, positions=positions))
 
-  def decode(self, token_ids, positions, cache: KVCache, write_index):
+  def decode(self, token_ids, positions, cache: KVCache, write_index, *, return_hidden=False):
     """Runs T new tokens per row through the KV cache.
 
     token_ids, positions [B, T] (position −1 marks padding inside a bucketed prefill);
     write_index [B] is the cache slot of each row's first new token. Returns (logits [B, T, V],
-    updated cache). Tokens are written at slots write_index + t, so a row's cache is contiguous.
+    updated cache), or with `return_hidden` the final-normed hidden states [B, T, D] instead of
+    logits (a prefill needs logits at one position only). Tokens are written at slots
+    write_index + t, so a row's cache is contiguous.
     """
     slots = write_index[:, None] + jnp.arange(token_ids.shape[1])[None, :]
     cache_pos = _scatter_rows(cache.pos, slots, positions.astype(jnp.int32))
@@ -346,8 +360,11 @@ class Transformer(nnx.Module):
                         write_index)
       new_k.append(k)
       new_v.append(v)
-    logits = self.logits_from_hidden(self.final_norm(x))
-    return logits, KVCache(k=tuple(new_k), v=tuple(new_v), pos=cache_pos)
+    hidden = self.final_norm(x)
+    new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), pos=cache_pos)
+    if return_hidden:
+      return hidden, new_cache
+    return self.logits_from_hidden(hidden), new_cache
 
 
 def create_model(config: ModelConfig, *, seed: int = 0, dtype=jnp.float32,

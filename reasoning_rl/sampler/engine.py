@@ -40,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from reasoning_rl import sharding as sharding_lib
 from reasoning_rl.errors import SamplingError
-from reasoning_rl.models.transformer import KVCache, Transformer, rope_inverse_frequencies
+from reasoning_rl.models.transformer import KVCache, Transformer
 from reasoning_rl.sampler import sampling as sampling_lib
 from reasoning_rl.sampler.sampling import SamplingParams
 
@@ -124,26 +124,6 @@ class ResultTokens:
     rows = slice(slot * self.samples_per_slot, (slot + 1) * self.samples_per_slot)
     return SlotData(tokens=np.asarray(self.tokens[rows]), valid=np.asarray(self.valid[rows]),
                     lengths=np.asarray(self.lengths[rows]))
-
-
-def _decode_hidden(model: Transformer, token_ids, positions, cache: KVCache, write_index):
-  """`Transformer.decode` up to the final norm: (hidden [B, T, D], cache).
-
-  The prefill needs logits at one position only; stopping before the vocabulary projection avoids
-  computing [T, V] logits for a whole bucket.
-  """
-  slots = write_index[:, None] + jnp.arange(token_ids.shape[1])[None, :]
-  batch = jnp.arange(cache.pos.shape[0])[:, None]
-  cache_pos = cache.pos.at[batch, slots].set(positions.astype(jnp.int32), mode="drop")
-  inv_freq = rope_inverse_frequencies(model.config)
-  x = model.embed_tokens(token_ids)
-  new_k, new_v = [], []
-  for layer, block in enumerate(model.layers):
-    x, (k, v) = block(x, positions, cache_pos, inv_freq, (cache.k[layer], cache.v[layer]),
-                      write_index)
-    new_k.append(k)
-    new_v.append(v)
-  return model.final_norm(x), KVCache(k=tuple(new_k), v=tuple(new_v), pos=cache_pos)
 
 
 def prefill_bucket(length: int, max_prefill_length: int, min_bucket: int = 16) -> int:
@@ -362,8 +342,8 @@ class Engine:
 
   def _decode_state_shardings(self) -> DecodeState:
     mesh, slots, cfg = self._mesh, self._slots, self.config
-    kv_shape = (slots, self.cache_length, cfg.num_kv_heads, cfg.head_dim)
-    kv = sharding_lib.sharding_for(("batch", "length", "kv_heads", "head_dim"), kv_shape, mesh)
+    kv_shape = (slots, cfg.num_kv_heads, self.cache_length, cfg.head_dim)
+    kv = sharding_lib.sharding_for(("batch", "kv_heads", "length", "head_dim"), kv_shape, mesh)
     rows = sharding_lib.sharding_for(("batch", "length"), (slots, self.cache_length), mesh)
     vector = sharding_lib.sharding_for(("batch",), (slots,), mesh)
     return DecodeState(
@@ -394,7 +374,8 @@ class Engine:
       index = jnp.arange(length)[None, :]
       positions = jnp.where(index < true_length, index, -1)
       cache = KVCache.init(cfg, 1, length, self.dtype)
-      hidden, cache = _decode_hidden(model, tokens, positions, cache, jnp.zeros(1, jnp.int32))
+      hidden, cache = model.decode(tokens, positions, cache, jnp.zeros(1, jnp.int32),
+                                   return_hidden=True)
       logits = model.logits_from_hidden(hidden[0, true_length - 1])
       prefix = Prefix(cache=cache, logits=logits, length=true_length, request=request)
       token, logprob, sampling_logprob = sampling_lib.sample_tokens(
