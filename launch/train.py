@@ -10,6 +10,7 @@ Exit codes: 0 finished; 2 bad config or input (one line naming the field); 3 a g
 run (see WORKDIR/STOPPED.md); 143 preempted by SIGTERM after saving a checkpoint.
 """
 
+import importlib.util
 import logging
 import pathlib
 import sys
@@ -19,14 +20,38 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from absl import app  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from reasoning_rl.errors import ReasoningRLError  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file.",
                                           lock_config=True)
 
 
+def precheck(argv) -> None:
+  """One ConfigError for a missing config file, an unknown field or an unparsable value."""
+  from reasoning_rl.config import check_overrides
+  from reasoning_rl.errors import ConfigError
+
+  path, overrides = None, {}
+  for arg in argv[1:]:
+    if arg.startswith("--config="):
+      path = arg.split("=", 1)[1]
+    elif arg.startswith("--config.") and "=" in arg:
+      key, value = arg[len("--config."):].split("=", 1)
+      overrides[key] = value
+  if path is None:
+    raise ConfigError("--config: missing; pass --config=configs/NAME.py")
+  if not pathlib.Path(path).is_file():
+    raise ConfigError(f"--config={path}: no such config file")
+  spec = importlib.util.spec_from_file_location("_config_file", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ConfigError(f"--config={path}: the file defines no get_config()")
+  check_overrides(module.get_config(), overrides)
+
+
 def main(argv):
   del argv
-  from reasoning_rl.errors import ReasoningRLError
-
   config = _CONFIG.value
   logging.getLogger("reasoning_rl").setLevel(logging.INFO)
   try:
@@ -39,9 +64,14 @@ def main(argv):
 
     return Trainer(config).run()
   except ReasoningRLError as error:
-    print(f"error: {error}", file=sys.stderr)
+    print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
     return 2
 
 
 if __name__ == "__main__":
+  try:
+    precheck(sys.argv)
+  except ReasoningRLError as error:
+    print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+    sys.exit(2)
   app.run(lambda argv: sys.exit(main(argv)))

@@ -42,8 +42,17 @@ PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
 _preemption_event = threading.Event()
 
 
+def _key_name(key: Any) -> str:
+  for attribute in ("key", "name", "idx"):  # DictKey, GetAttrKey, SequenceKey / FlattenedIndexKey
+    if hasattr(key, attribute):
+      return str(getattr(key, attribute))
+  return str(key)
+
+
 def _path_name(path: tuple[Any, ...]) -> str:
-  return jax.tree_util.keystr(path) or "<root>"
+  """A leaf's path as 'a/b/0/c', the same whether a level is a dict, a dataclass attribute or a
+  list: Orbax stores every level as a dict, so the metadata read back names them differently."""
+  return "/".join(_key_name(k) for k in path) or "<root>"
 
 
 def _is_typed_key(leaf: Any) -> bool:

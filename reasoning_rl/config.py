@@ -120,17 +120,28 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.every_steps = 0  # 0 = only before and after training
   c.eval.num_examples = 16
   c.eval.max_new_tokens = 0  # 0 = rollout.max_new_tokens
+  c.eval.num_samples = 1  # > 1 adds pass@k and maj@k (Chen et al. 2021)
+  c.eval.temperature = 0.0  # 0 = greedy pass@1
+  c.eval.canaries = ()  # prompts whose completions are logged verbatim at every evaluation
 
   c.logging = ml_collections.ConfigDict()
   c.logging.rollouts_every_steps = 1
   c.logging.tensorboard = True
   c.logging.progress_bar = True
+  # Peak FLOP/s of one device, the denominator of throughput/rl_mfu (this CPU: ~4e11 f32).
+  c.logging.peak_flops_per_device = 4e11
 
   c.guards = ml_collections.ConfigDict()
   c.guards.max_kl = math.inf  # stop when the mean KL to the reference exceeds this
   c.guards.min_entropy = 0.0  # stop when the mean token entropy falls below this
   c.guards.max_verifier_timeout_rate = 1.0
   c.guards.max_skipped_updates = 10  # consecutive non-finite updates before stopping
+  # Held-out accuracy fell at each of the last K evaluations while train reward rose (0 = off).
+  c.guards.heldout_drop_evals = 0
+  # Mean held-out length grew (relatively) this much more than accuracy over the last
+  # `length_growth_evals` evaluations (inf = off). See reasoning_rl/guards.py.
+  c.guards.max_length_growth = math.inf
+  c.guards.length_growth_evals = 2
   return c
 
 
@@ -180,6 +191,10 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
   require(config.async_rollouts.max_staleness >= 0, "async_rollouts.max_staleness",
           "must be >= 0")
   require(config.checkpoint.every_steps >= 1, "checkpoint.every_steps", "must be >= 1")
+  require(config.beta > 0 or math.isinf(config.guards.max_kl), "guards.max_kl",
+          "the KL guard measures KL to the reference, which exists only with beta > 0; set "
+          "--config.beta or leave max_kl at inf")
+  require(config.eval.num_samples >= 1, "eval.num_samples", "must be >= 1")
   if num_devices is not None:
     _validate_mesh(config, num_devices)
 
@@ -201,3 +216,29 @@ def _validate_mesh(config, num_devices: int) -> None:
       raise ConfigError(
           f"config.mesh.{name}={tuple(shape)}: does not fit the {count} devices of the {name} "
           "slice; give (data, fsdp, tensor) sizes whose product is that count (one may be -1)")
+
+
+def check_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> None:
+  """Checks `--config.a.b=value` overrides before flag parsing, for one clear error each.
+
+  An unknown field or a value that does not parse as the field's type raises ConfigError naming
+  the field (ml_collections would otherwise fail deep inside flag parsing).
+  """
+  for dotted, text in overrides.items():
+    node = config
+    parts = dotted.split(".")
+    for depth, part in enumerate(parts):
+      if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+        parent = ".".join(["config"] + parts[:depth])
+        known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+        raise ConfigError(f"config.{dotted}: unknown field; {parent} has {known}")
+      node = node[part]
+    expected = type(node)
+    try:
+      if expected is bool:
+        if text.lower() not in ("true", "false", "1", "0"):
+          raise ValueError(text)
+      elif expected in (int, float):
+        expected(text)
+    except ValueError:
+      raise ConfigError(f"config.{dotted}={text!r}: expected {expected.__name__}") from None

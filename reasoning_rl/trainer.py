@@ -1,17 +1,26 @@
 """The RL loop: prompts → sampler slice → verifiers → advantages → fused step → weight sync.
 
 One `Trainer` owns the side effects of a run (devices, files, worker processes); the numerical work
-is done by pure pieces: `reasoning_rl.rl.step.TrainStep`, `reasoning_rl.rl.batching`,
-`reasoning_rl.sampler`. A run is a function of (config, seed): the data position is an integer, each
-completion's random stream derives from (seed, data position of its prompt, sample index), and the
-whole loop state is checkpointed, so a restart on the same workdir continues bit for bit.
+is done by pure pieces (`rl.step.TrainStep`, `rl.batching`, `sampler`). A run is a function of its
+config: the data position is an integer, each completion's random stream derives from (seed, data
+position of its prompt, sample index), and the loop state is checkpointed, so a restart on the same
+workdir continues bit for bit.
 
-Exit codes of `Trainer.run()`: 0 finished, 3 a guard stopped the run (STOPPED.md says why), 143
-preempted by SIGTERM after saving a checkpoint.
+Asynchronous rollouts with bounded staleness k (`async_rollouts.max_staleness`): the batch trained
+at step s is sampled with policy version max(0, s − 1 − k) (version v = parameters after v
+updates). The loop keeps k sampled batches queued; after dispatching step s it samples batch s + k
+with the newest finished version (s − 1) while the step runs, then publishes version s to the
+sampler. With k = 0 the queue is empty and every batch is sampled right before its step: exactly
+the synchronous loop. With k > 0 the loss applies truncated importance sampling against the
+sampler's log-probs. Queued batches are saved in the checkpoint, so a resume is exact too.
+
+Exit codes of `run()`: 0 finished, 3 a guard stopped the run (STOPPED.md), 143 preempted by SIGTERM
+after saving a checkpoint (see reasoning_rl.guards).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import logging
@@ -26,20 +35,19 @@ from flax import nnx
 
 from reasoning_rl import checkpointing
 from reasoning_rl import config as config_lib
+from reasoning_rl import evaluation
+from reasoning_rl import guards as guards_lib
 from reasoning_rl import metrics as metrics_lib
 from reasoning_rl import sharding as sharding_lib
+from reasoning_rl.data import tasks, templates
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import batching
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl.step import StepConfig, TrainStep
 from reasoning_rl.sampler import Engine, SamplingParams, stream_groups
-from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
+from reasoning_rl.verifiers.rewards import CompletionRecord, Reward, RewardFunction
 
 log = logging.getLogger("reasoning_rl")
-
-EXIT_OK = 0
-EXIT_GUARD = 3
-EXIT_PREEMPTED = checkpointing.PREEMPTED_EXIT_CODE
 
 
 class GroupScorer:
@@ -53,12 +61,24 @@ class GroupScorer:
 
 
 @dataclasses.dataclass
-class LoopState:
-  """Host-side state checkpointed beside the arrays (JSON)."""
+class SampledBatch:
+  """One step's sampled and scored groups (JSON-able, so queued batches can be checkpointed).
 
-  data_position: int = 0
-  policy_version: int = 0
-  guards: dict | None = None
+  groups: [data position of the prompt, ScoredGroup fields, decoded responses] per kept group.
+  """
+
+  groups: list
+  outcome: dict
+  groups_sampled: int
+  timeouts: int
+  verifications: int
+  sample_s: float
+  verify_s: float
+  policy_version: int
+
+  def scored(self) -> list[tuple[int, batching.ScoredGroup, list[str]]]:
+    return [(index, batching.ScoredGroup(**fields), responses)
+            for index, fields, responses in self.groups]
 
 
 def step_config(config: ml_collections.ConfigDict) -> StepConfig:
@@ -87,14 +107,17 @@ class Trainer:
     self._setup_data()
     self._setup_rewards()
     self._setup_step()
+    r = config.rollout
     self.engine = Engine(
         nnx.merge(self.graphdef, self.state.params), mesh=self.sampler_mesh,
-        max_concurrent_decodes=config.rollout.max_concurrent_decodes,
-        max_prefill_length=config.rollout.max_prefill_length,
-        max_decode_length=max(config.rollout.max_new_tokens, self._eval_max_new_tokens),
-        steps_per_call=config.rollout.steps_per_call, seed=config.seed)
-    self.sampling = SamplingParams(temperature=config.rollout.temperature,
-                                   top_p=config.rollout.top_p, top_k=config.rollout.top_k)
+        max_concurrent_decodes=r.max_concurrent_decodes, max_prefill_length=r.max_prefill_length,
+        max_decode_length=max(r.max_new_tokens, self.eval_max_new_tokens),
+        steps_per_call=r.steps_per_call, seed=config.seed)
+    self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+    self.staleness = config.async_rollouts.max_staleness if config.async_rollouts.enabled else 0
+    self.guards = guards_lib.Guards(config.guards)
+    self.data_position = 0
+    self.queue: collections.deque[SampledBatch] = collections.deque()
 
   # ---------------------------------------------------------------------------- set-up
 
@@ -112,43 +135,33 @@ class Trainer:
                                                field="config.mesh.sampler")
 
   def _setup_model(self):
+    from reasoning_rl.data.debug_vocab import load_named_tokenizer
     from reasoning_rl.models import load
     from reasoning_rl.models.config import ModelConfig
     from reasoning_rl.models.transformer import create_model
 
     c = self.config.model
     if c.path:
-      model, tokenizer = load(c.path, dtype=c.dtype)
       if c.tokenizer:
         raise ConfigError("config.model.tokenizer: leave empty when model.path is set (the "
                           "tokenizer comes with the model)")
+      model, tokenizer = load(c.path, dtype=c.dtype)
     else:
-      from reasoning_rl.data.debug_vocab import load_named_tokenizer
-
       tokenizer = load_named_tokenizer(c.tokenizer)
-      random = dict(c.random)
-      model_config = ModelConfig(vocab_size=tokenizer.vocab_size,
-                                 bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id,
-                                 pad_token_id=tokenizer.pad_id, **random)
-      # The init key is folded from the run seed, so the random model is part of the run.
-      model = create_model(model_config, seed=self.config.seed, dtype=c.dtype,
-                           param_dtype=c.dtype)
+      model_config = ModelConfig(vocab_size=tokenizer.vocab_size, bos_token_id=tokenizer.bos_id,
+                                 eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id,
+                                 **dict(c.random))
+      model = create_model(model_config, seed=self.config.seed, dtype=c.dtype, param_dtype=c.dtype)
     self.tokenizer = tokenizer
     self.model_config = model.config
-    self.graphdef, params = nnx.split(model)
-    self._initial_params = params
-    self._write_model_card()
-
-  def _write_model_card(self):
-    """workdir/model/: config.json + tokenizer files, so checkpoints load without the config."""
+    self.graphdef, self._initial_params = nnx.split(model)
+    # workdir/model/: config.json + tokenizer files, so checkpoints load without this config.
     directory = self.workdir / "model"
     directory.mkdir(exist_ok=True)
     (directory / "config.json").write_text(json.dumps(self.model_config.to_hf_config(), indent=2))
     self.tokenizer.save(directory)
 
   def _setup_data(self):
-    from reasoning_rl.data import tasks, templates
-
     c = self.config.data
     self.template = templates.PromptTemplate(c.template, self.tokenizer,
                                              instruction=c.instruction,
@@ -156,8 +169,9 @@ class Trainer:
     eval_source = tasks.build_source(c.eval, field="data.eval")
     self.eval_examples = [eval_source.example(i) for i in range(self.config.eval.num_examples)]
     self.train_source = tasks.build_source(c.train, field="data.train")
-    self._exclude = {e.prompt for e in self.eval_examples}
-    self._eval_max_new_tokens = self.config.eval.max_new_tokens or self.config.rollout.max_new_tokens
+    self.held_out = tasks.held_out_prompts(self.eval_examples)
+    self.eval_max_new_tokens = (self.config.eval.max_new_tokens
+                                or self.config.rollout.max_new_tokens)
 
   def _setup_rewards(self):
     self.reward_fn = RewardFunction(self.config.rewards)
@@ -176,126 +190,121 @@ class Trainer:
 
   def _setup_step(self):
     self.step_fn = TrainStep(self.graphdef, step_config(self.config), self.trainer_mesh)
-    reference = None
-    if self.config.beta > 0:
-      reference = jax.tree.map(jnp.copy, self._initial_params)
+    reference = jax.tree.map(jnp.copy, self._initial_params) if self.config.beta > 0 else None
     self.state = self.step_fn.init_state(self._initial_params, ref_params=reference)
     del self._initial_params
-    self.loop = LoopState()
 
   # ---------------------------------------------------------------------------- sampling
 
-  def sample_groups(self, examples, *, sampling, max_new_tokens, num_samples, seed):
-    """(index, example) pairs -> ScoredGroup per prompt (sampling and verification overlap)."""
-    prompts = [self.template.encode(example) for _, example in examples]
-    ids = [index for index, _ in examples]
-    by_prompt: dict[int, list] = {i: [] for i in ids}
-    records_by_prompt: dict[int, list] = {}
-    scored: dict[int, list] = {}
-    timings = {"sample": 0.0, "verify": 0.0}
-    start = time.perf_counter()
-    example_of = dict(examples)
-    for completion in stream_groups(
-        self.engine, prompts, num_samples=num_samples, sampling=sampling,
-        max_new_tokens=max_new_tokens, stop_ids=self.tokenizer.eos_ids,
-        stop_strings=tuple(self.config.rollout.stop_strings), tokenizer=self.tokenizer,
-        seed=seed, prompt_ids=ids):
-      by_prompt[completion.prompt_id].append(completion)
-      if len(by_prompt[completion.prompt_id]) == num_samples:
-        group = sorted(by_prompt[completion.prompt_id], key=lambda c: c.sample_index)
-        records = [self._record(example_of[completion.prompt_id], c, max_new_tokens)
-                   for c in group]
-        records_by_prompt[completion.prompt_id] = records
-        if self.pool is not None:
-          self.pool.submit(completion.prompt_id, records)
-        else:
-          scored[completion.prompt_id] = self.reward_fn.score_group(records)
-    timings["sample"] = time.perf_counter() - start
-    timeouts = 0
-    if self.pool is not None:
-      wait = time.perf_counter()
-      while len(scored) < len(ids):
-        result = self.pool.get()
-        if result.status != "ok":
-          timeouts += 1
-          zero = {p.name: 0.0 for p in self.reward_fn.parts}
-          from reasoning_rl.verifiers.rewards import Reward
-
-          scored[result.item_id] = [Reward(total=0.0, parts=dict(zero),
-                                           verifier_version=self.reward_fn.verifier_version)
-                                    for _ in range(num_samples)]
-        else:
-          scored[result.item_id] = result.value
-      timings["verify"] = time.perf_counter() - wait
-    groups = []
-    for index in ids:
-      completions = sorted(by_prompt[index], key=lambda c: c.sample_index)
-      rewards = scored[index]
-      groups.append(batching.ScoredGroup(
-          prompt_tokens=list(completions[0].prompt_tokens),
-          completion_ids=[list(c.completion_ids) for c in completions],
-          logprobs=[list(c.logprobs) for c in completions],
-          rewards=[r.total for r in rewards],
-          parts={name: [r.parts[name] for r in rewards] for name in rewards[0].parts},
-          truncated=[c.truncated for c in completions]))
-    return groups, records_by_prompt, timings, timeouts
-
-  def _record(self, example, completion, max_new_tokens) -> CompletionRecord:
+  def _record(self, example, response: str, completion) -> CompletionRecord:
     return CompletionRecord(
-        response=self.tokenizer.decode(completion.completion_ids, skip_special_tokens=True),
-        ground_truth=example.answer, task=example.task,
+        response=response, ground_truth=example.answer, task=example.task,
         num_tokens=len(completion.completion_ids), truncated=completion.truncated,
-        max_new_tokens=max_new_tokens, prompt=example.prompt, tests=list(example.tests),
-        metadata=dict(example.metadata))
+        max_new_tokens=self.config.rollout.max_new_tokens, prompt=example.prompt,
+        tests=list(example.tests), metadata=dict(example.metadata))
+
+  def _zero_rewards(self, count: int) -> list[Reward]:
+    parts = {p.name: 0.0 for p in self.reward_fn.parts}
+    return [Reward(total=0.0, parts=dict(parts), verifier_version=self.reward_fn.verifier_version)
+            for _ in range(count)]
+
+  def sample_groups(self, examples):
+    """(data position, example) pairs -> (index, ScoredGroup, responses) per prompt.
+
+    Groups go to the verifier pool as soon as their G completions are done, so verification
+    overlaps the rest of the sampling. A group whose verification times out or fails scores 0.
+    """
+    g = self.config.rollout.num_samples
+    prompts = [self.template.encode(example) for _, example in examples]
+    example_at = dict(examples)
+    finished: dict[int, list] = collections.defaultdict(list)
+    responses: dict[int, list[str]] = {}
+    rewards: dict[int, list[Reward]] = {}
+    timeouts = 0
+    start = time.perf_counter()
+    for completion in stream_groups(
+        self.engine, prompts, num_samples=g, sampling=self.sampling,
+        max_new_tokens=self.config.rollout.max_new_tokens, stop_ids=self.tokenizer.eos_ids,
+        stop_strings=tuple(self.config.rollout.stop_strings), tokenizer=self.tokenizer,
+        seed=self.config.seed, prompt_ids=[index for index, _ in examples]):
+      group = finished[completion.prompt_id]
+      group.append(completion)
+      if len(group) < g:
+        continue
+      group.sort(key=lambda c: c.sample_index)
+      example = example_at[completion.prompt_id]
+      texts = [self.tokenizer.decode(c.completion_ids, skip_special_tokens=True) for c in group]
+      responses[completion.prompt_id] = texts
+      records = [self._record(example, t, c) for t, c in zip(texts, group)]
+      if self.pool is not None:
+        self.pool.submit(completion.prompt_id, records)
+      else:
+        rewards[completion.prompt_id] = self.reward_fn.score_group(records)
+    sample_s = time.perf_counter() - start
+    start = time.perf_counter()
+    while len(rewards) < len(examples):
+      result = self.pool.get()
+      if result.status == "ok":
+        rewards[result.item_id] = result.value
+      else:
+        timeouts += 1
+        log.warning("verifier %s for prompt %s: %s", result.status, result.item_id, result.error)
+        rewards[result.item_id] = self._zero_rewards(g)
+    verify_s = time.perf_counter() - start
+    out = []
+    for index, _ in examples:
+      group, scored = finished[index], rewards[index]
+      out.append((index, batching.ScoredGroup(
+          prompt_tokens=list(group[0].prompt_tokens),
+          completion_ids=[list(c.completion_ids) for c in group],
+          logprobs=[[float(x) for x in c.logprobs] for c in group],
+          rewards=[r.total for r in scored],
+          parts={name: [r.parts[name] for r in scored] for name in scored[0].parts},
+          truncated=[bool(c.truncated) for c in group]), responses[index]))
+    return out, sample_s, verify_s, timeouts
 
   def _take_examples(self, count: int):
-    """The next `count` training examples (skipping held-out prompts); advances the position."""
-    taken = []
-    while len(taken) < count:
-      index = self.loop.data_position
-      self.loop.data_position += 1
-      example = self.train_source.example(index)
-      if example.prompt not in self._exclude:
-        taken.append((index, example))
+    stream = tasks.PromptStream(self.train_source, position=self.data_position,
+                                exclude=self.held_out)
+    taken = stream.take(count)
+    self.data_position = stream.position
     return taken
 
-  def collect_batch(self):
-    """One step's groups, with DAPO dynamic sampling when enabled (Yu et al. 2025, §3.2)."""
+  def sample_batch(self) -> SampledBatch:
+    """One step's groups; DAPO dynamic sampling (Yu et al. 2025, §3.2) drops groups whose rewards
+    are all equal and samples more prompts, up to `dynamic_sampling.max_rounds` rounds."""
     c = self.config
     wanted = c.rollout.num_prompts
-    kept, sampled = [], []
-    records = {}
-    timings = {"sample": 0.0, "verify": 0.0}
+    kept, all_groups = [], []
+    sample_s = verify_s = 0.0
     timeouts = 0
     rounds = c.dynamic_sampling.max_rounds if c.dynamic_sampling.enabled else 1
     for _ in range(rounds):
-      examples = self._take_examples(wanted - len(kept))
-      groups, group_records, t, n = self.sample_groups(
-          examples, sampling=self.sampling, max_new_tokens=c.rollout.max_new_tokens,
-          num_samples=c.rollout.num_samples, seed=c.seed)
-      timings = {k: timings[k] + t[k] for k in timings}
-      timeouts += n
-      sampled.extend(groups)
-      for (index, example), group in zip(examples, groups):
-        if group.has_signal or not c.dynamic_sampling.enabled:
-          kept.append((index, example, group))
-          records[index] = group_records[index]
+      groups, s, v, t = self.sample_groups(self._take_examples(wanted - len(kept)))
+      sample_s, verify_s, timeouts = sample_s + s, verify_s + v, timeouts + t
+      all_groups.extend(group for _, group, _ in groups)
+      kept.extend(item for item in groups
+                  if item[1].has_signal or not c.dynamic_sampling.enabled)
       if len(kept) >= wanted:
         break
-    return kept, sampled, records, timings, timeouts
+    return SampledBatch(
+        groups=[[index, dataclasses.asdict(group), texts] for index, group, texts in kept],
+        outcome=batching.group_outcome_fractions(all_groups), groups_sampled=len(all_groups),
+        timeouts=timeouts, verifications=len(all_groups), sample_s=sample_s, verify_s=verify_s,
+        policy_version=self.engine.policy_version)
 
-  # ---------------------------------------------------------------------------- the loop
-
-  def _abstract_state(self):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                        self.state)
+  # ---------------------------------------------------------------------------- checkpoints
 
   def _checkpoint_tree(self):
-    """What the checkpoint holds: the train state without the frozen reference (rebuilt from
-    the model source at start-up, identical bit for bit)."""
+    """The train state without the frozen reference (rebuilt identically at start-up)."""
     return self.state.replace(ref_params=None)
 
-  def restore(self, checkpointer) -> int:
+  def _meta(self) -> dict:
+    return {"data_position": self.data_position, "policy_version": self.engine.policy_version,
+            "guards": self.guards.state_dict(),
+            "queue": [dataclasses.asdict(b) for b in self.queue]}
+
+  def _restore(self, checkpointer) -> int:
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                             self._checkpoint_tree())
     restored = checkpointer.restore_latest(abstract)
@@ -303,40 +312,60 @@ class Trainer:
       return 0
     step, tree, meta = restored
     self.state = tree.replace(ref_params=self.state.ref_params)
-    self.loop = LoopState(**meta["loop"])
+    self.data_position = meta["data_position"]
+    self.guards.load_state_dict(meta["guards"])
+    self.queue = collections.deque(SampledBatch(**b) for b in meta["queue"])
     self.engine.update_params(self.state.params)
-    self.engine.policy_version = self.loop.policy_version
+    self.engine.policy_version = meta["policy_version"]
     return step
+
+  # ---------------------------------------------------------------------------- the loop
 
   def run(self) -> int:
     c = self.config
     checkpointer = checkpointing.Checkpointer(self.workdir / "checkpoints", keep=c.checkpoint.keep,
                                               async_save=c.checkpoint.async_save)
     checkpointing.install_preemption_handler()
-    start_step = self.restore(checkpointer)
+    start_step = self._restore(checkpointer)
     writer = metrics_lib.MetricsWriter(self.workdir, resume_step=start_step or None,
                                        tensorboard=c.logging.tensorboard)
     progress = metrics_lib.ProgressBar(c.total_steps, initial=start_step,
                                        enabled=None if c.logging.progress_bar else False)
-    exit_code = EXIT_OK
+    stopped = guards_lib.STOPPED_FILE
+    exit_code = guards_lib.DONE_EXIT_CODE
+    save = lambda step: checkpointer.save(step, self._checkpoint_tree(), self._meta(),  # noqa
+                                          force=True)
     try:
       if start_step == 0:
+        (self.workdir / stopped).unlink(missing_ok=True)
         self.evaluate(0)
+      while len(self.queue) < self.staleness:  # batches 1..k, sampled with version 0
+        self.queue.append(self.sample_batch())
       for step in range(start_step + 1, c.total_steps + 1):
-        row = self.train_one_step(step, writer)
+        row = self.train_one_step(step)
+        writer.write(step, row)
+        if c.logging.rollouts_every_steps and step % c.logging.rollouts_every_steps == 0:
+          writer.write_rollouts(step, self._rollout_records(step))
         progress.update(step, {k: row[k] for k in ("reward/mean", "loss") if k in row})
+        trip = self.guards.check_step(step, row)
+        if (trip is None and c.eval.every_steps and step % c.eval.every_steps == 0
+            and step != c.total_steps):
+          trip = self.guards.check_eval(step, self.evaluate(step))
+        if trip is not None:
+          save(step)
+          guards_lib.write_stopped_md(self.workdir, trip)
+          log.error("guard %s stopped the run at step %d: %s", trip.guard, step, trip.message)
+          exit_code = guards_lib.GUARD_EXIT_CODE
+          break
         if step % c.checkpoint.every_steps == 0 or step == c.total_steps:
-          checkpointer.save(step, self._checkpoint_tree(), {"loop": dataclasses.asdict(self.loop)},
-                            force=True)
-        if c.eval.every_steps and step % c.eval.every_steps == 0 and step != c.total_steps:
-          self.evaluate(step)
+          save(step)
         if checkpointing.preemption_requested():
-          checkpointer.save(step, self._checkpoint_tree(), {"loop": dataclasses.asdict(self.loop)},
-                            force=True)
-          exit_code = EXIT_PREEMPTED
+          save(step)
+          exit_code = guards_lib.PREEMPTED_EXIT_CODE
           break
       else:
-        self.evaluate(c.total_steps)
+        if start_step < c.total_steps:
+          self.evaluate(c.total_steps)
     finally:
       checkpointer.wait()
       checkpointer.close()
@@ -346,82 +375,107 @@ class Trainer:
         self.pool.close()
     return exit_code
 
-  def train_one_step(self, step: int, writer) -> dict:
+  def train_one_step(self, step: int) -> dict:
     c = self.config
     start = time.perf_counter()
-    kept, sampled, records, timings, timeouts = self.collect_batch()
+    batch_data = self.queue.popleft() if self.queue else self.sample_batch()
+    groups = batch_data.scored()
     batch, advantages = batching.build_batch(
-        [g for _, _, g in kept], num_groups=c.rollout.num_prompts,
+        [g for _, g, _ in groups], num_groups=c.rollout.num_prompts,
         group_size=c.rollout.num_samples, prompt_length=c.rollout.max_prefill_length,
         completion_length=c.rollout.max_new_tokens, pad_id=self.tokenizer.pad_id,
-        estimator=c.algo.estimator)
+        estimator=c.algo.estimator, with_behavior_logprobs=self.staleness > 0)
     if c.algo.name != "ppo":
       del batch["rewards"]
     train_start = time.perf_counter()
     self.state, stats = self.step_fn(self.state, jax.tree.map(jnp.asarray, batch))
+    ahead_s = 0.0
+    if self.staleness > 0:  # sample batch step + k with version step − 1 while the step runs
+      ahead = time.perf_counter()
+      self.queue.append(self.sample_batch())
+      ahead_s = time.perf_counter() - ahead
     stats = stats_lib.finalize(jax.device_get(stats))
-    train_seconds = time.perf_counter() - train_start
+    train_s = time.perf_counter() - train_start - ahead_s
     sync_start = time.perf_counter()
     self.engine.update_params(self.state.params)
-    self.loop.policy_version += 1
-    sync_seconds = time.perf_counter() - sync_start
-
-    row = self._metrics_row(kept, sampled, stats, timeouts)
-    row.update({"time/sample_s": timings["sample"], "time/verify_s": timings["verify"],
-                "time/train_s": train_seconds, "time/sync_s": sync_seconds,
-                "time/step_s": time.perf_counter() - start})
-    writer.write(step, row)
-    if c.logging.rollouts_every_steps and step % c.logging.rollouts_every_steps == 0:
-      writer.write_rollouts(step, self._rollout_records(step, kept, advantages, records))
+    sync_s = time.perf_counter() - sync_start
+    self._last = (batch_data, groups, advantages)
+    row = self._metrics_row(batch_data, groups, stats, batch)
+    step_s = time.perf_counter() - start
+    row.update({
+        "time/sample_s": batch_data.sample_s, "time/verify_s": batch_data.verify_s,
+        "time/train_s": train_s, "time/sync_s": sync_s, "time/sample_ahead_s": ahead_s,
+        "time/step_s": step_s,
+    })
+    row.update(self._throughput(batch_data, groups, batch, step_s))
     return row
 
-  def _metrics_row(self, kept, sampled, stats, timeouts) -> dict:
-    groups = [g for _, _, g in kept]
-    rewards = np.array([r for g in groups for r in g.rewards] or [0.0])
-    lengths = np.array([len(ids) for g in groups for ids in g.completion_ids] or [0])
-    truncated = np.array([t for g in groups for t in g.truncated] or [False])
+  def _throughput(self, batch_data, groups, batch, step_s) -> dict:
+    """Tokens/s and an RL-aware MFU counting generation FLOPs as well as training FLOPs."""
+    n = self.model_config.num_params()
+    generated = sum(len(ids) for _, g, _ in groups for ids in g.completion_ids)
+    prompts = sum(len(g.prompt_tokens) for _, g, _ in groups)
+    trained = int(np.asarray(batch["attention_mask"]).sum())
+    forward_passes = 3 + (1 if self.config.beta > 0 else 0)  # fwd + bwd (2x) + reference
+    flops = 2 * n * (generated + prompts) + 2 * n * forward_passes * trained
+    peak = self.config.logging.peak_flops_per_device * jax.device_count()
+    seconds = step_s + batch_data.sample_s + batch_data.verify_s if self.staleness == 0 else step_s
+    return {"throughput/generated_tokens_per_s": generated / max(batch_data.sample_s, 1e-9),
+            "throughput/trained_tokens_per_s": trained / max(seconds, 1e-9),
+            "throughput/rl_mfu": flops / max(seconds, 1e-9) / peak}
+
+  def _metrics_row(self, batch_data: SampledBatch, groups, stats, batch) -> dict:
+    scored = [g for _, g, _ in groups]
+    rewards = np.array([r for g in scored for r in g.rewards] or [0.0])
+    lengths = np.array([len(ids) for g in scored for ids in g.completion_ids] or [0])
+    truncated = np.array([t for g in scored for t in g.truncated] or [False])
     row = {
-        "loss": stats["loss"],
-        "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std()),
-        "kl": stats.get("kl", float("nan")),
-        "entropy": stats["entropy"],
-        "clip_frac": stats["clip_frac"],
+        "loss": stats["loss"], "kl": stats.get("kl", float("nan")),
+        "entropy": stats["entropy"], "clip_frac": stats["clip_frac"],
+        "skipped_update": stats["skipped_update"],
+        "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
         "response_length/mean": float(lengths.mean()),
         "response_length/max": int(lengths.max()),
         "response_length/truncated_frac": float(truncated.mean()),
-        "verifier/timeouts": timeouts,
-        "dynamic_sampling/groups_sampled": len(sampled),
-        "dynamic_sampling/groups_kept": len(groups),
-        "policy_version": self.loop.policy_version,
-        "data_position": self.loop.data_position,
+        "verifier/timeouts": batch_data.timeouts,
+        "verifier/timeout_rate": batch_data.timeouts / max(batch_data.verifications, 1),
+        "dynamic_sampling/groups_sampled": batch_data.groups_sampled,
+        "dynamic_sampling/groups_kept": len(scored),
+        "policy_version": self.engine.policy_version,
+        "policy_lag": self.engine.policy_version - 1 - batch_data.policy_version,
+        "data_position": self.data_position,
     }
-    for name in (groups[0].parts if groups else {}):
-      row[f"reward/{name}"] = float(np.mean([v for g in groups for v in g.parts[name]]))
-    row.update(batching.group_outcome_fractions(sampled))
+    for name in self.reward_fn.parts:
+      values = [v for g in scored for v in g.parts[name.name]]
+      row[f"reward/{name.name}"] = float(np.mean(values)) if values else 0.0
+    row.update(batch_data.outcome)
     for key, value in stats.items():
-      if key not in ("loss", "kl", "entropy", "clip_frac"):
+      if key not in ("loss", "kl", "entropy", "clip_frac", "skipped_update"):
         row[f"train/{key}"] = value
+    if self.pool is not None:
+      for key, value in self.pool.metrics().items():
+        row[f"verifier/pool/{key}"] = value
     return row
 
-  def _rollout_records(self, step, kept, advantages, records):
+  def _rollout_records(self, step: int) -> list[dict]:
     c = self.config
+    batch_data, groups, advantages = self._last
     out = []
-    for g, (index, example, group) in enumerate(kept):
+    for g, (index, group, responses) in enumerate(groups):
+      example = self.train_source.example(index)
       for s in range(group.size):
-        record = records[index][s]
         row = {
             "step": step, "prompt_id": index, "group_id": g, "sample_index": s,
-            "prompt": self.tokenizer.decode(group.prompt_tokens),
-            "completion": record.response, "reward": group.rewards[s],
-            "advantage": float(advantages[g, s]), "num_tokens": record.num_tokens,
-            "truncated": group.truncated[s], "policy_version": self.loop.policy_version - 1,
+            "prompt": self.tokenizer.decode(group.prompt_tokens), "completion": responses[s],
+            "reward": group.rewards[s], "advantage": float(advantages[g, s]),
+            "num_tokens": len(group.completion_ids[s]), "truncated": group.truncated[s],
+            "policy_version": batch_data.policy_version,
             "verifier_version": self.reward_fn.verifier_version,
             "sampling": {"temperature": c.rollout.temperature, "top_p": c.rollout.top_p,
-                         "max_new_tokens": c.rollout.max_new_tokens, "seed": c.seed,
-                         "top_k": c.rollout.top_k},
+                         "top_k": c.rollout.top_k, "max_new_tokens": c.rollout.max_new_tokens,
+                         "seed": c.seed},
             "ground_truth": example.answer, "task": example.task,
-            "metadata": dict(example.metadata),
+            "metadata": dict(example.metadata), "tests": list(example.tests),
         }
         for name, values in group.parts.items():
           row[f"reward/{name}"] = values[s]
@@ -431,29 +485,15 @@ class Trainer:
   # ---------------------------------------------------------------------------- evaluation
 
   def evaluate(self, step: int) -> dict:
-    """Greedy pass@1 on the held-out examples; written to workdir/eval/step_XXXXXXXX.json."""
+    """Greedy pass@1 on the held-out examples (+ canaries); eval/step_XXXXXXXX.json."""
     start = time.perf_counter()
-    examples = [(1_000_000_000 + i, e) for i, e in enumerate(self.eval_examples)]
-    groups, records, _, _ = self.sample_groups(
-        examples, sampling=SamplingParams(temperature=0.0),
-        max_new_tokens=self._eval_max_new_tokens, num_samples=1, seed=self.config.seed)
-    correct = [g.parts.get("correct", g.rewards)[0] for g in groups]
-    result = {
-        "step": step,
-        "num_examples": len(groups),
-        "accuracy": float(np.mean([c >= 1.0 for c in correct])),
-        "reward/mean": float(np.mean([g.rewards[0] for g in groups])),
-        "response_length/mean": float(np.mean([len(g.completion_ids[0]) for g in groups])),
-        "samples": [{"prompt": e.prompt, "answer": e.answer,
-                     "completion": records[i][0].response, "reward": g.rewards[0]}
-                    for (i, e), g in list(zip(examples, groups))[:8]],
-        "time/eval_s": time.perf_counter() - start,
-    }
-    directory = self.workdir / "eval"
-    directory.mkdir(exist_ok=True)
-    path = directory / f"step_{step:08d}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(path)
+    result = evaluation.run_evaluation(
+        self.engine, self.tokenizer, self.template, self.eval_examples, self.reward_fn,
+        num_samples=self.config.eval.num_samples, temperature=self.config.eval.temperature,
+        max_new_tokens=self.eval_max_new_tokens,
+        stop_strings=tuple(self.config.rollout.stop_strings), seed=self.config.seed,
+        canaries=tuple(self.config.eval.canaries))
+    result["time/eval_s"] = time.perf_counter() - start
+    evaluation.write_eval_result(self.workdir, step, result)
     log.info("held-out accuracy at step %d: %.3f", step, result["accuracy"])
     return result

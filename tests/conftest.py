@@ -17,6 +17,8 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 
 import pytest  # noqa: E402
 
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
 
 def _package_dir(name: str) -> pathlib.Path:
   spec = importlib.util.find_spec(name)

@@ -1,0 +1,143 @@
+"""The RL loop end to end on the debug config, through launch/train.py as users run it."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from reasoning_rl.metrics import read_metrics
+from tests.conftest import REPO
+
+VOLATILE = ("time/", "throughput/", "verifier/pool/")
+
+
+def train(workdir, *overrides, check=True, timeout=600):
+  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
+             f"--config.workdir={workdir}", "--config.logging.progress_bar=False", *overrides]
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+  if check and result.returncode != 0:
+    raise AssertionError(f"train.py exited {result.returncode}:\n{result.stderr[-3000:]}")
+  return result
+
+
+def stable(rows):
+  return [{k: v for k, v in row.items() if not k.startswith(VOLATILE)} for row in rows]
+
+
+def rollouts(workdir):
+  records = []
+  for path in sorted((workdir / "rollouts").glob("*.jsonl")):
+    records += [json.loads(line) for line in path.read_text().splitlines()]
+  return records
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("baseline")
+  train(workdir)
+  return workdir
+
+
+def test_debug_run_writes_the_workdir_contract(baseline):
+  rows = read_metrics(baseline / "metrics.jsonl")
+  assert [r["step"] for r in rows] == list(range(1, 11))
+  required = ("loss", "reward/mean", "reward/correct", "reward/length", "kl", "entropy",
+              "clip_frac", "response_length/mean", "groups/all_pass_frac",
+              "groups/all_fail_frac", "time/step_s")
+  for row in rows:
+    assert all(key in row for key in required), set(required) - set(row)
+    assert row["entropy"] > 0 and row["response_length/mean"] > 0
+  records = rollouts(baseline)
+  assert len(records) == 10 * 4 * 4
+  for key in ("step", "prompt_id", "group_id", "sample_index", "prompt", "completion", "reward",
+              "reward/correct", "advantage", "num_tokens", "truncated", "policy_version",
+              "verifier_version", "sampling"):
+    assert key in records[0], key
+  # GRPO advantages are zero-mean within each group
+  by_group = {}
+  for r in records:
+    by_group.setdefault((r["step"], r["group_id"]), []).append(r["advantage"])
+  assert all(abs(sum(a)) < 1e-4 for a in by_group.values())
+  assert sorted(p.name for p in (baseline / "eval").iterdir()) == [
+      "step_00000000.json", "step_00000010.json"]
+  assert list((baseline / "tensorboard").iterdir())
+  assert (baseline / "model" / "config.json").exists()
+  steps = sorted(int(p.name) for p in (baseline / "checkpoints").iterdir() if p.name.isdigit())
+  assert steps == [5, 10]
+
+
+def test_same_config_gives_identical_metrics_and_pool_equals_inline(baseline, tmp_path):
+  train(tmp_path, "--config.verifier.num_workers=2")
+  assert stable(read_metrics(tmp_path / "metrics.jsonl")) == stable(
+      read_metrics(baseline / "metrics.jsonl"))
+
+
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(baseline, tmp_path):
+  kill_after = random.Random().randint(2, 9)
+  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
+             f"--config.workdir={tmp_path}", "--config.logging.progress_bar=False",
+             "--config.checkpoint.every_steps=3"]
+  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  metrics = tmp_path / "metrics.jsonl"
+  deadline = time.time() + 300
+  while time.time() < deadline and process.poll() is None:
+    if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
+      os.kill(process.pid, signal.SIGKILL)
+      break
+    time.sleep(0.01)
+  process.wait()
+  assert process.returncode == -signal.SIGKILL, f"run ended before step {kill_after}"
+  train(tmp_path, "--config.checkpoint.every_steps=3")
+  resumed = read_metrics(metrics)
+  assert [r["step"] for r in resumed] == list(range(1, 11)), f"killed after {kill_after} rows"
+  assert stable(resumed) == stable(read_metrics(baseline / "metrics.jsonl")), kill_after
+
+
+def test_async_with_zero_staleness_equals_sync(baseline, tmp_path):
+  train(tmp_path, "--config.async_rollouts.enabled=True",
+        "--config.async_rollouts.max_staleness=0")
+  assert stable(read_metrics(tmp_path / "metrics.jsonl")) == stable(
+      read_metrics(baseline / "metrics.jsonl"))
+
+
+def test_async_with_staleness_applies_importance_correction(tmp_path):
+  train(tmp_path, "--config.async_rollouts.enabled=True",
+        "--config.async_rollouts.max_staleness=1", "--config.total_steps=6",
+        "--config.checkpoint.every_steps=2")
+  rows = read_metrics(tmp_path / "metrics.jsonl")
+  assert [r["policy_lag"] for r in rows] == [0, 1, 1, 1, 1, 1]
+  assert all("train/tis/weight" in r for r in rows)
+  # the sampler's policy differs from π_old after the first step: weights move off 1
+  assert any(abs(r["train/tis/weight"] - 1.0) > 1e-4 for r in rows[1:])
+  records = rollouts(tmp_path)
+  assert {r["step"] - r["policy_version"] for r in records if r["step"] > 1} == {2}
+
+
+def test_dynamic_sampling_trains_only_groups_with_signal(tmp_path):
+  train(tmp_path, "--config.dynamic_sampling.enabled=True",
+        "--config.dynamic_sampling.max_rounds=8", "--config.rollout.num_samples=2",
+        "--config.total_steps=5")
+  rows = read_metrics(tmp_path / "metrics.jsonl")
+  assert sum(r["dynamic_sampling/groups_sampled"] for r in rows) > sum(
+      r["dynamic_sampling/groups_kept"] for r in rows)  # some groups were dropped
+  groups = {}
+  for r in rollouts(tmp_path):
+    groups.setdefault((r["step"], r["group_id"]), []).append(r["reward"])
+  assert len(groups) == 5 * 4
+  assert all(len(set(rewards)) > 1 for rewards in groups.values())
+
+
+def test_kl_guard_stops_with_exit_code_3(tmp_path):
+  result = train(tmp_path, "--config.beta=0.1", "--config.guards.max_kl=1e-12", check=False)
+  assert result.returncode == 3, result.stderr[-2000:]
+  stopped = (tmp_path / "STOPPED.md").read_text()
+  assert "max_kl" in stopped
+  rows = read_metrics(tmp_path / "metrics.jsonl")
+  assert rows[-1]["kl"] > 1e-12 and len(rows) < 10
+  assert (tmp_path / "checkpoints" / str(rows[-1]["step"])).exists()
