@@ -34,7 +34,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"  # parameters and compute: float32 | bfloat16
   c.model.random = ml_collections.ConfigDict(dict(
       model_type="qwen2", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-      num_kv_heads=2, head_dim=16, tie_word_embeddings=True))
+      num_kv_heads=2, head_dim=16, tie_word_embeddings=True, attention_bias=True))
 
   # Prompts. Each source: kind = synthetic_arithmetic | reasoning_gym | jsonl (+ its settings).
   c.data = ml_collections.ConfigDict()
@@ -82,6 +82,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.algo.num_inner_updates = 1  # μ
   c.algo.num_micro_batches = 1
   c.algo.logprob_chunk = 128
+  c.algo.remat = False  # recompute block activations in the backward pass (long sequences)
   c.algo.tis_cap = 2.0
   c.beta = 0.0  # KL weight; 0 never loads the reference model
 

@@ -72,7 +72,8 @@ class Assumptions:
 
   headroom: fraction of HBM kept free for XLA temporaries, fragmentation and the runtime.
   activation_values_per_hidden: hidden-sized values each layer keeps per token for the backward pass
-    without rematerialisation. Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+    without rematerialisation (with `algo.remat` only one hidden-sized block input per layer is
+    kept, plus one layer's full activations while it is recomputed). Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
     Transformer Models", §4.1) count 34·s·b·h bytes per layer at 2 bytes per value, i.e. 17 values,
     of which one is a dropout mask this model does not have; 16 remain. The attention scores
     (float32) and probabilities (compute dtype), which this implementation materialises, are added
@@ -292,8 +293,12 @@ def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, params: int, a: As
   rows = (r.num_prompts * r.num_samples) // num_micro_batches
   rows_per_device = -(-rows // _split(mesh, "batch", rows))
   heads = m.num_heads // _split(mesh, "kv_heads", m.num_kv_heads)
-  per_row = m.num_layers * seq * (a.activation_values_per_hidden * m.hidden_size * b
-                                  + heads * seq * (4 + b))
+  per_layer = seq * (a.activation_values_per_hidden * m.hidden_size * b + heads * seq * (4 + b))
+  if config.algo.get("remat", False):
+    # Only each block's input is kept; one block's activations are rebuilt at a time.
+    per_row = m.num_layers * seq * m.hidden_size * b + per_layer
+  else:
+    per_row = m.num_layers * per_layer
   chunk = min(config.algo.logprob_chunk, r.max_new_tokens)
   vocab = m.vocab_size // _split(mesh, "vocab", m.vocab_size)
   items = [("params", params), ("optimizer (AdamW m, v)", 2 * params),
@@ -308,12 +313,12 @@ def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, params: int, a: As
 
 def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, params: int,
                   slots: int) -> list[tuple[str, int]]:
-  """Per-device bytes of the sampler: params copy, KV cache [slots, S, K, Dh] × 2 × layers (+ its
+  """Per-device bytes of the sampler: params copy, KV cache [slots, K, S, Dh] × 2 × layers (+ its
   int32 positions), and one decode step's logits and attention scores."""
   r, b = config.rollout, np.dtype(config.model.dtype).itemsize
   length = r.max_prefill_length + r.max_new_tokens
-  kv = shard_size(("batch", "length", "kv_heads", "head_dim"),
-                  (slots, length, m.num_kv_heads, m.head_dim), mesh)
+  kv = shard_size(("batch", "kv_heads", "length", "head_dim"),
+                  (slots, m.num_kv_heads, length, m.head_dim), mesh)
   positions = shard_size(("batch", "length"), (slots, length), mesh)
   slots_per_device = slots // _split(mesh, "batch", slots)
   heads = m.num_heads // _split(mesh, "kv_heads", m.num_kv_heads)
@@ -347,7 +352,9 @@ def step_flops(config, m: ModelConfig) -> tuple[float, float, float, float]:
   per_token = 2 * body + 2 * d * v + attention * seq
   generation = prefill + r.num_prompts * r.num_samples * new * per_token
   forward_row = 2 * body * seq + 2 * d * v * new + attention * seq * seq
-  forwards = 3 * algo.num_inner_updates + (1 if config.beta > 0 else 0) + (
+  # remat recomputes each block's forward inside the backward pass: one more forward per update.
+  per_update = 4 if algo.get("remat", False) else 3
+  forwards = per_update * algo.num_inner_updates + (1 if config.beta > 0 else 0) + (
       1 if algo.num_inner_updates > 1 or algo.name == "ppo" else 0)
   training = r.num_prompts * r.num_samples * forward_row * forwards
   return float(generation), float(prefill), float(training), float(per_token)
@@ -470,3 +477,35 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
       config, model_config, chip, a, trainer, sampler, shared, shapes, train_params, sample_params)
   return Plan(chip=chip, num_devices=num_devices, model_summary=summary, slices=slices,
               throughput=speed, assumptions=a, advice=advice)
+
+
+def dry_run_model_config(config) -> ModelConfig:
+  """The architecture to plan with: model.path's config.json (or GGUF metadata) when readable on
+  this machine, else `model.hf_config_for_planning` (a config.json dict in the config file)."""
+  import json
+  import pathlib
+
+  path = pathlib.Path(config.model.path) if config.model.path else None
+  if path is not None and (path / "config.json").exists():
+    return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()),
+                                      source=str(path / "config.json"))
+  if path is not None and path.suffix == ".gguf" and path.exists():
+    from reasoning_rl.models.gguf_io import gguf_model_config, open_gguf
+
+    return gguf_model_config(open_gguf(path), path)
+  fallback = config.model.get("hf_config_for_planning")
+  if fallback is None:
+    raise ConfigError(
+        f"config.model.path={config.model.path!r}: not readable here and the config has no "
+        "model.hf_config_for_planning (the config.json dict of the target model) to plan with")
+  return ModelConfig.from_hf_config(dict(fallback), source="config.model.hf_config_for_planning")
+
+
+def print_dry_run(config) -> Plan:
+  """`launch/train.py --config.dry_run=True`: prints the plan of `config.target` and returns it."""
+  target = dict(config.target)
+  if target.get("num_devices", 0) == 0:
+    target = {"tpu": target.get("tpu", "cpu"), "num_devices": jax.device_count()}
+  result = plan(config, dry_run_model_config(config), target=target)
+  print(result.table())
+  return result

@@ -89,7 +89,7 @@ def step_config(config: ml_collections.ConfigDict) -> StepConfig:
       dual_clip=a.dual_clip, loss_agg=a.loss_agg, entropy_coef=a.entropy_coef,
       tis_cap=a.tis_cap, max_completion_length=config.rollout.max_new_tokens,
       num_micro_batches=a.num_micro_batches, num_inner_updates=a.num_inner_updates,
-      logprob_chunk=a.logprob_chunk, learning_rate=o.learning_rate, warmup_steps=o.warmup_steps,
+      logprob_chunk=a.logprob_chunk, remat=a.remat, learning_rate=o.learning_rate, warmup_steps=o.warmup_steps,
       total_steps=config.total_steps, final_lr_fraction=o.final_lr_fraction,
       weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm)
 

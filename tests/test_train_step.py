@@ -177,3 +177,13 @@ def test_rl_raises_a_programmatic_reward(algorithm):
   start, end = np.mean(mean_rewards[:3]), np.mean(mean_rewards[-3:])
   assert start < 0.15  # chance is 1/16 for a random model
   assert end > start + 0.25, (algorithm, mean_rewards)
+
+
+def test_remat_changes_nothing_but_memory():
+  batch = make_batch()
+  plain, plain_stats = run_step(StepConfig(learning_rate=1e-3, beta=0.05), batch, ref_seed=1)
+  remat, remat_stats = run_step(StepConfig(learning_rate=1e-3, beta=0.05, remat=True), batch,
+                                ref_seed=1)
+  for a, b in zip(flat_params(plain), flat_params(remat)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  assert plain_stats["loss"] == pytest.approx(remat_stats["loss"], abs=1e-6)

@@ -141,3 +141,27 @@ def test_kl_guard_stops_with_exit_code_3(tmp_path):
   rows = read_metrics(tmp_path / "metrics.jsonl")
   assert rows[-1]["kl"] > 1e-12 and len(rows) < 10
   assert (tmp_path / "checkpoints" / str(rows[-1]["step"])).exists()
+
+
+def test_evaluate_cli_reproduces_the_final_in_training_evaluation(baseline, tmp_path):
+  output = tmp_path / "eval.json"
+  result = subprocess.run(
+      [sys.executable, str(REPO / "launch" / "evaluate.py"), f"--checkpoint={baseline}",
+       "--config=configs/debug_cpu.py", f"--output={output}"],
+      cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  standalone = json.loads(output.read_text())
+  in_training = json.loads((baseline / "eval" / "step_00000010.json").read_text())
+  assert standalone["examples"] == in_training["examples"]
+  assert standalone["accuracy"] == in_training["accuracy"]
+
+
+def test_report_has_the_six_plots(baseline):
+  from reasoning_rl.report import write_report
+
+  report = write_report(baseline)
+  text = report.read_text()
+  plots = sorted(p.name for p in (baseline / "report").glob("*.png"))
+  assert len(plots) >= 6, plots
+  for plot in plots:
+    assert plot in text

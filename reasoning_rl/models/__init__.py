@@ -16,12 +16,13 @@ from reasoning_rl.models.transformer import KVCache, Transformer, create_model
 
 
 def load(path: str | os.PathLike, *, dtype: str = "float32", mesh=None):
-  """Loads `(model, tokenizer)` from a Hugging Face directory or a GGUF file.
+  """Loads `(model, tokenizer)` from a Hugging Face directory, a GGUF file or a training run.
 
   Args:
     path: a directory with config.json, *.safetensors (single or sharded) and tokenizer.json or
       tokenizer.model; or a `.gguf` file (weights dequantised, vocabulary and chat template read
-      from its metadata).
+      from its metadata); or a training run's workdir (its newest complete checkpoint) or one of
+      its `checkpoints/<step>` directories.
     dtype: parameter and compute dtype, "float32" or "bfloat16".
     mesh: a `jax.sharding.Mesh` with axes (data, fsdp, tensor); each parameter is placed straight
       onto its sharding from `reasoning_rl.sharding`. None places everything on the default device.
@@ -38,6 +39,11 @@ def load(path: str | os.PathLike, *, dtype: str = "float32", mesh=None):
     model, reader = load_gguf_weights(path, dtype=dtype, mesh=mesh)
     return model, tokenizers.Tokenizer.from_gguf(reader)
   if path.is_dir():
+    from reasoning_rl.models.run_checkpoint import load_from_run
+
+    loaded = load_from_run(path, dtype=dtype, mesh=mesh)
+    if loaded is not None:
+      return loaded
     # Tokenizer first: it is cheap and its errors should not wait for the weights.
     tokenizer = tokenizers.Tokenizer.from_hf_dir(path) if (path / "config.json").exists() else None
     model, _ = load_hf_weights(path, dtype=dtype, mesh=mesh)
@@ -46,7 +52,7 @@ def load(path: str | os.PathLike, *, dtype: str = "float32", mesh=None):
     raise CheckpointError(f"{path}: no such file or directory")
   raise CheckpointError(
       f"{path}: not a model this loader knows; pass a Hugging Face directory (config.json + "
-      "*.safetensors + tokenizer files) or a .gguf file")
+      "*.safetensors + tokenizer files), a .gguf file or a training run's workdir")
 
 
 __all__ = ["CheckpointError", "KVCache", "ModelConfig", "Transformer", "create_model", "load",

@@ -174,8 +174,12 @@ def save_hf(model: Transformer, tokenizer, directory: str | os.PathLike) -> path
   from safetensors.numpy import save_file
 
   directory = pathlib.Path(directory)
-  directory.parent.mkdir(parents=True, exist_ok=True)
   config = model.config
+  if config.model_type == "qwen2" and not config.attention_bias:
+    raise CheckpointError(
+        f"{directory}: transformers' Qwen2 always has q/k/v biases, so a bias-free qwen2 model "
+        "would load with random biases; build bias-free models as model_type 'llama'")
+  directory.parent.mkdir(parents=True, exist_ok=True)
   _, state = nnx.split(model)
   tensors = {}
   dtype_name = "float32"

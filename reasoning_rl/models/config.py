@@ -223,8 +223,7 @@ class ModelConfig:
         "torch_dtype": torch_dtype,
         "dtype": torch_dtype,
     }
-    if self.model_type in ("llama", "qwen3", "gemma", "gemma2"):
-      hf["attention_bias"] = self.attention_bias
+    hf["attention_bias"] = self.attention_bias  # read back by from_hf_config for every type
     if self.model_type == "gemma2":
       hf.update(
           hidden_activation=hf["hidden_act"],

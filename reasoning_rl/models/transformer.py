@@ -323,17 +323,29 @@ class Transformer(nnx.Module):
 
   # ------------------------------------------------------------------------------- entry points
 
-  def hidden_states(self, token_ids, attention_mask=None, *, positions=None):
-    """Final-normed hidden states [B, T, D] of a full forward (no cache)."""
+  def hidden_states(self, token_ids, attention_mask=None, *, positions=None, remat=False):
+    """Final-normed hidden states [B, T, D] of a full forward (no cache).
+
+    With `remat`, each block is rematerialised in the backward pass (Chen et al. 2016, "Training
+    Deep Nets with Sublinear Memory Cost"): only block inputs are kept, and one block's
+    activations (attention scores included) are recomputed at a time — about one extra forward
+    for a memory cost of one layer instead of all of them.
+    """
     if attention_mask is None:
       attention_mask = jnp.ones(token_ids.shape, jnp.int32)
     if positions is None:
       positions = positions_from_mask(attention_mask)
     key_positions = jnp.where(attention_mask > 0, positions, -1)
     inv_freq = rope_inverse_frequencies(self.config)
+
+    def run_block(block, x):
+      return block(x, positions, key_positions, inv_freq)[0]
+
+    if remat:
+      run_block = nnx.remat(run_block)
     x = self.embed_tokens(token_ids)
     for block in self.layers:
-      x, _ = block(x, positions, key_positions, inv_freq)
+      x = run_block(block, x)
     return self.final_norm(x)
 
   def __call__(self, token_ids, attention_mask=None, *, positions=None):

@@ -29,7 +29,7 @@ def _chunk_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array):
 
 def completion_logprobs(model: Transformer, tokens: jax.Array, attention_mask: jax.Array,
                         completion_length: int, *, chunk_size: int = 128,
-                        return_hidden: bool = False):
+                        return_hidden: bool = False, remat: bool = False):
   """Log-probs and entropies of the last `completion_length` tokens of each row.
 
   Args:
@@ -40,6 +40,8 @@ def completion_logprobs(model: Transformer, tokens: jax.Array, attention_mask: j
     chunk_size: time steps projected to the vocabulary at once.
     return_hidden: also return the hidden states feeding the completion tokens [B, T, D] (a value
       head reads them).
+    remat: rematerialise each transformer block in the backward pass (see
+      `Transformer.hidden_states`).
 
   Returns:
     (logprobs [B, T], entropy [B, T]) in float32 (+ hidden when asked). Values at padding
@@ -49,7 +51,7 @@ def completion_logprobs(model: Transformer, tokens: jax.Array, attention_mask: j
   if prompt_length < 1:
     raise ValueError(f"rows of length {tokens.shape[1]} leave no prompt before "
                      f"{completion_length} completion tokens")
-  hidden = model.hidden_states(tokens, attention_mask)
+  hidden = model.hidden_states(tokens, attention_mask, remat=remat)
   hidden = hidden[:, prompt_length - 1: prompt_length - 1 + completion_length]
   targets = tokens[:, prompt_length:]
   batch, length, width = hidden.shape

@@ -53,6 +53,8 @@ class StepConfig:
   num_micro_batches: gradient accumulation; B must be divisible by it.
   num_inner_updates: μ optimizer updates per rollout batch against fixed π_old (GRPO's μ).
   logprob_chunk: time steps projected to the vocabulary at once (memory / speed trade-off).
+  remat: recompute each block's activations in the backward pass (memory of one layer instead of
+    all layers, for about one extra forward).
   learning_rate, warmup_steps, total_steps, weight_decay, b1, b2, adam_eps, max_grad_norm:
     AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to
     `final_lr_fraction`·lr, after clipping the global gradient norm.
@@ -72,6 +74,7 @@ class StepConfig:
   num_micro_batches: int = 1
   num_inner_updates: int = 1
   logprob_chunk: int = 128
+  remat: bool = False
   learning_rate: float = 1e-6
   warmup_steps: int = 0
   total_steps: int = 1000
@@ -182,11 +185,11 @@ class TrainStep:
     if value_head is None:
       logprobs, entropy = completion_logprobs(
           model, batch["tokens"], batch["attention_mask"], length,
-          chunk_size=self.config.logprob_chunk)
+          chunk_size=self.config.logprob_chunk, remat=self.config.remat)
       return logprobs, entropy, None
     logprobs, entropy, hidden = completion_logprobs(
         model, batch["tokens"], batch["attention_mask"], length,
-        chunk_size=self.config.logprob_chunk, return_hidden=True)
+        chunk_size=self.config.logprob_chunk, return_hidden=True, remat=self.config.remat)
     values = hidden.astype(jnp.float32) @ value_head["kernel"] + value_head["bias"]
     return logprobs, entropy, values
 

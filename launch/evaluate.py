@@ -1,0 +1,75 @@
+"""Evaluate a policy on a config's held-out set: greedy pass@1, pass@k / maj@k with samples.
+
+  python launch/evaluate.py --checkpoint=WORKDIR_OR_MODEL --config=configs/debug_cpu.py \
+      [--output=eval.json] [--config.eval.num_samples=8 --config.eval.temperature=1.0]
+
+--checkpoint is a training run's workdir (newest complete checkpoint), one of its
+checkpoints/<step> directories, a Hugging Face directory or a .gguf file. The config supplies the
+held-out data (`data.eval`, `eval.num_examples`), the prompt template, the rewards and the sampling
+limits. Writes the evaluation result (reasoning_rl.evaluation) as JSON to --output (default:
+eval.json beside the checkpoint) and prints the headline numbers. Exit code 2 on bad input.
+"""
+
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (data, rewards, sampling).")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Run workdir, checkpoint step, HF dir or GGUF.")
+_OUTPUT = flags.DEFINE_string("output", None, "Where to write eval.json.")
+
+
+def evaluate(checkpoint: str, config) -> dict:
+  from reasoning_rl import evaluation
+  from reasoning_rl.data import tasks, templates
+  from reasoning_rl.models import load
+  from reasoning_rl.sampler import Engine
+  from reasoning_rl.verifiers.rewards import RewardFunction
+
+  model, tokenizer = load(checkpoint, dtype=config.model.dtype)
+  template = templates.PromptTemplate(config.data.template, tokenizer,
+                                      instruction=config.data.instruction,
+                                      system_prompt=config.data.system_prompt)
+  source = tasks.build_source(config.data.eval, field="data.eval")
+  examples = [source.example(i) for i in range(config.eval.num_examples)]
+  max_new_tokens = config.eval.max_new_tokens or config.rollout.max_new_tokens
+  engine = Engine(model, max_concurrent_decodes=config.rollout.max_concurrent_decodes,
+                  max_prefill_length=config.rollout.max_prefill_length,
+                  max_decode_length=max_new_tokens, steps_per_call=config.rollout.steps_per_call,
+                  seed=config.seed)
+  return evaluation.run_evaluation(
+      engine, tokenizer, template, examples, RewardFunction(config.rewards),
+      num_samples=config.eval.num_samples, temperature=config.eval.temperature,
+      max_new_tokens=max_new_tokens, stop_strings=tuple(config.rollout.stop_strings),
+      seed=config.seed, canaries=tuple(config.eval.canaries))
+
+
+def main(argv):
+  del argv
+  from reasoning_rl.errors import ReasoningRLError
+
+  if not _CHECKPOINT.value:
+    print("error: --checkpoint is required", file=sys.stderr)
+    return 2
+  try:
+    result = evaluate(_CHECKPOINT.value, _CONFIG.value)
+  except ReasoningRLError as error:
+    print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+    return 2
+  checkpoint = pathlib.Path(_CHECKPOINT.value)
+  output = pathlib.Path(_OUTPUT.value) if _OUTPUT.value else (
+      (checkpoint if checkpoint.is_dir() else checkpoint.parent) / "eval.json")
+  output.write_text(json.dumps(result, indent=2))
+  print(f"accuracy {result['accuracy']:.4f} on {result['num_examples']} examples "
+        f"(reward/mean {result['reward/mean']:.4f}) -> {output}")
+  return 0
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(lambda argv: sys.exit(main(argv)))

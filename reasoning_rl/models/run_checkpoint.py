@@ -1,0 +1,85 @@
+"""Loading the policy from a training run's workdir ("a checkpoint of ours").
+
+A run writes `WORKDIR/model/` (config.json + tokenizer files) at start-up and Orbax checkpoints of
+its whole train state under `WORKDIR/checkpoints/<step>/`. Loading reads only the policy
+parameters out of a checkpoint (Orbax partial restore), placed straight on their shardings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import jax
+from flax import nnx
+
+from reasoning_rl import sharding as sharding_lib
+from reasoning_rl.errors import CheckpointError
+from reasoning_rl.models.config import ModelConfig
+from reasoning_rl.models.transformer import abstract_model
+
+
+def find_run_checkpoint(path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path] | None:
+  """(workdir, step directory) if `path` is a run workdir or one of its checkpoint steps."""
+  if (path / "model" / "config.json").exists() and (path / "checkpoints").is_dir():
+    steps = sorted((int(p.name), p) for p in (path / "checkpoints").iterdir()
+                   if p.name.isdigit() and (p / "state").is_dir())
+    if not steps:
+      raise CheckpointError(f"{path}: the run has no complete checkpoint yet under checkpoints/")
+    return path, steps[-1][1]
+  if path.name.isdigit() and path.parent.name == "checkpoints":
+    workdir = path.parent.parent
+    if (workdir / "model" / "config.json").exists() and (path / "state").is_dir():
+      return workdir, path
+  return None
+
+
+def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype="float32",
+                        mesh=None):
+  """(model, tokenizer) from a run: architecture and tokenizer from model/, weights from step."""
+  import orbax.checkpoint as ocp
+
+  from reasoning_rl.models.tokenizers import Tokenizer
+
+  config = ModelConfig.from_hf_config(json.loads((workdir / "model" / "config.json").read_text()),
+                                      source=str(workdir / "model" / "config.json"))
+  graphdef, abstract = abstract_model(config, dtype=dtype, param_dtype=dtype)
+  if mesh is None:
+    mesh = sharding_lib.make_mesh((1, 1, 1), devices=[jax.devices()[0]])
+  shardings = dict(nnx.to_flat_state(sharding_lib.param_shardings(abstract, mesh)))
+  flat = list(nnx.to_flat_state(abstract))
+  target: dict = {}
+  for path, var in flat:
+    node = target
+    for key in path[:-1]:
+      node = node.setdefault(str(key), {})
+    node[str(path[-1])] = {"value": jax.ShapeDtypeStruct(var.shape, var.dtype,
+                                                         sharding=shardings[path])}
+  target = {"params": target}
+  restore_args = jax.tree.map(lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding), target)
+  try:
+    restored = ocp.PyTreeCheckpointer().restore(
+        step_dir / "state", args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args,
+                                                        partial_restore=True))
+  except Exception as error:  # Orbax raises many types for missing or mismatched leaves
+    raise CheckpointError(f"{step_dir}: cannot read the policy parameters ({error}); was it "
+                          "written by this run's model/config.json?") from None
+  for path, var in flat:
+    node = restored["params"]
+    for key in path:
+      node = node[str(key)]
+    if not isinstance(node["value"], jax.Array):  # partial restore leaves absent leaves abstract
+      raise CheckpointError(
+          f"{step_dir}: parameter {'/'.join(map(str, path))} is not in the checkpoint; "
+          f"{workdir / 'model' / 'config.json'} does not describe the checkpointed model")
+    var.set_value(node["value"])
+  return nnx.merge(graphdef, abstract), Tokenizer.from_hf_dir(workdir / "model")
+
+
+def load_from_run(path: str | os.PathLike, *, dtype="float32", mesh=None):
+  """load() for run workdirs; None when `path` is not one."""
+  found = find_run_checkpoint(pathlib.Path(path))
+  if found is None:
+    return None
+  return load_run_checkpoint(*found, dtype=dtype, mesh=mesh)
