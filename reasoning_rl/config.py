@@ -22,7 +22,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.workdir = ""  # where metrics.jsonl, tensorboard/, checkpoints/, rollouts/ and model/ go
   c.seed = 0  # root of every random stream (sampling, init, data order)
   c.total_steps = 10  # RL steps (one rollout batch + its updates each)
-  c.stage = "rl"  # "rl" (cold-start / rejection-sampling SFT stages come with their configs)
+  # rl | sft (cold-start SFT on `sft.data_path`) | rejection_sft (sample from the model, keep
+  # verified-correct traces, fine-tune on them). Checkpoints of every stage load as models, so a
+  # stage starts from the previous one with --config.model.path=PREVIOUS_WORKDIR.
+  c.stage = "rl"
   c.dry_run = False  # print the memory / throughput plan of the target slice and exit
 
   # The policy. `path`: an HF directory or .gguf file; empty = a random model built from
@@ -98,6 +101,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.dynamic_sampling.enabled = False
   c.dynamic_sampling.max_rounds = 3  # sampling rounds per step before training on what is there
 
+  # SFT stages (DeepSeek-AI 2025, §2.3): loss on completion tokens only.
+  c.sft = ml_collections.ConfigDict()
+  c.sft.data_path = ""  # JSONL rows {"prompt"|"question": …, "completion"|"response": …}
+  c.sft.batch_size = 16  # rows per step; the data is walked in a seeded order, epoch by epoch
+  c.rejection = ml_collections.ConfigDict()
+  c.rejection.num_prompts = 64  # training prompts sampled from (data.train)
+  c.rejection.num_samples = 8
+  c.rejection.temperature = 1.0
+  c.rejection.keep = "shortest"  # shortest correct trace per prompt | all (distinct) correct ones
+
   # Asynchronous rollouts: batch s is sampled with policy version s - max_staleness.
   c.async_rollouts = ml_collections.ConfigDict()
   c.async_rollouts.enabled = False
@@ -165,7 +178,21 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
   require(isinstance(config.seed, int), "seed", "must be an integer")
   require(isinstance(config.total_steps, int) and config.total_steps >= 1, "total_steps",
           "must be an integer >= 1")
-  require(config.stage in ("rl",), "stage", "must be 'rl'")
+  require(config.stage in ("rl", "sft", "rejection_sft"), "stage",
+          "must be rl, sft or rejection_sft")
+  if config.stage == "sft":
+    require(bool(config.sft.data_path), "sft.data_path", "the sft stage needs a JSONL file of "
+            "{prompt, completion} rows")
+  if config.stage != "rl":
+    require(config.sft.batch_size % config.algo.num_micro_batches == 0, "sft.batch_size",
+            "must be divisible by algo.num_micro_batches")
+  if config.stage != "rl":
+    require(config.beta == 0, "beta", "SFT stages have no KL term; set beta=0")
+  if config.stage == "rejection_sft":
+    require(config.rejection.keep in ("shortest", "all"), "rejection.keep",
+            "must be shortest or all")
+    require("correct" in config.rewards, "rewards", "rejection sampling keeps verified-correct "
+            "traces: configure a 'correct' reward part")
   require(bool(config.model.path) or bool(config.model.tokenizer), "model.path",
           "give a model path (HF dir or .gguf) or model.tokenizer for a random model")
   require(config.model.dtype in ("float32", "bfloat16"), "model.dtype",
@@ -178,12 +205,13 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     require(isinstance(r[name], int) and r[name] >= 1, f"rollout.{name}", "must be an integer >= 1")
   require(config.algo.name in ("grpo", "ppo"), "algo.name", "must be grpo or ppo")
   require(config.algo.estimator in ESTIMATORS, "algo.estimator", f"must be one of {ESTIMATORS}")
-  if config.algo.name == "grpo":
+  if config.algo.name == "grpo" and config.stage == "rl":
     require(r.num_samples >= 2, "rollout.num_samples",
             f"group estimator {config.algo.estimator!r} compares samples of one prompt: "
             "needs at least 2")
   batch = r.num_prompts * r.num_samples
-  require(batch % config.algo.num_micro_batches == 0, "algo.num_micro_batches",
+  require(config.stage != "rl" or batch % config.algo.num_micro_batches == 0,
+          "algo.num_micro_batches",
           f"must divide the batch of num_prompts x num_samples = {batch} completions")
   require(r.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)")
   require(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")

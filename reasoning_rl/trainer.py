@@ -81,10 +81,32 @@ class SampledBatch:
             for index, fields, responses in self.groups]
 
 
+def load_sft_rows(path: pathlib.Path) -> list[tuple[str, str]]:
+  """(prompt, completion) texts of a JSONL file; a bad row raises ConfigError naming file:line."""
+  if not path.is_file():
+    raise ConfigError(f"{path}: no such SFT data file")
+  rows = []
+  for number, line in enumerate(path.read_text().splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except ValueError as error:
+      raise ConfigError(f"{path}:{number}: not JSON ({error})") from None
+    prompt = row.get("prompt", row.get("question"))
+    completion = row.get("completion", row.get("response"))
+    if not isinstance(prompt, str) or not isinstance(completion, str):
+      raise ConfigError(f"{path}:{number}: needs string fields 'prompt' (or 'question') and "
+                        "'completion' (or 'response')")
+    rows.append((prompt, completion))
+  return rows
+
+
 def step_config(config: ml_collections.ConfigDict) -> StepConfig:
   a, o = config.algo, config.optim
   return StepConfig(
-      algorithm="ppo" if a.name == "ppo" else "grpo", beta=config.beta,
+      algorithm="sft" if config.stage != "rl" else ("ppo" if a.name == "ppo" else "grpo"),
+      beta=config.beta,
       kl_estimator=a.kl_estimator, epsilon_low=a.epsilon_low, epsilon_high=a.epsilon_high,
       dual_clip=a.dual_clip, loss_agg=a.loss_agg, entropy_coef=a.entropy_coef,
       tis_cap=a.tis_cap, max_completion_length=config.rollout.max_new_tokens,
@@ -208,13 +230,13 @@ class Trainer:
     return [Reward(total=0.0, parts=dict(parts), verifier_version=self.reward_fn.verifier_version)
             for _ in range(count)]
 
-  def sample_groups(self, examples):
+  def sample_groups(self, examples, *, num_samples=None, sampling=None):
     """(data position, example) pairs -> (index, ScoredGroup, responses) per prompt.
 
     Groups go to the verifier pool as soon as their G completions are done, so verification
     overlaps the rest of the sampling. A group whose verification times out or fails scores 0.
     """
-    g = self.config.rollout.num_samples
+    g = num_samples or self.config.rollout.num_samples
     prompts = [self.template.encode(example) for _, example in examples]
     example_at = dict(examples)
     finished: dict[int, list] = collections.defaultdict(list)
@@ -223,7 +245,7 @@ class Trainer:
     timeouts = 0
     start = time.perf_counter()
     for completion in stream_groups(
-        self.engine, prompts, num_samples=g, sampling=self.sampling,
+        self.engine, prompts, num_samples=g, sampling=sampling or self.sampling,
         max_new_tokens=self.config.rollout.max_new_tokens, stop_ids=self.tokenizer.eos_ids,
         stop_strings=tuple(self.config.rollout.stop_strings), tokenizer=self.tokenizer,
         seed=self.config.seed, prompt_ids=[index for index, _ in examples]):
@@ -339,12 +361,15 @@ class Trainer:
       if start_step == 0:
         (self.workdir / stopped).unlink(missing_ok=True)
         self.evaluate(0)
-      while len(self.queue) < self.staleness:  # batches 1..k, sampled with version 0
+      if c.stage != "rl":
+        self.sft_pairs = self._sft_data()
+      while c.stage == "rl" and len(self.queue) < self.staleness:  # batches 1..k, version 0
         self.queue.append(self.sample_batch())
       for step in range(start_step + 1, c.total_steps + 1):
-        row = self.train_one_step(step)
+        row = self.train_one_step(step) if c.stage == "rl" else self.sft_step()
         writer.write(step, row)
-        if c.logging.rollouts_every_steps and step % c.logging.rollouts_every_steps == 0:
+        if (c.stage == "rl" and c.logging.rollouts_every_steps
+            and step % c.logging.rollouts_every_steps == 0):
           writer.write_rollouts(step, self._rollout_records(step))
         progress.update(step, {k: row[k] for k in ("reward/mean", "loss") if k in row})
         trip = self.guards.check_step(step, row)
@@ -366,6 +391,7 @@ class Trainer:
       else:
         if start_step < c.total_steps:
           self.evaluate(c.total_steps)
+      self._print_summary()
     finally:
       checkpointer.wait()
       checkpointer.close()
@@ -481,6 +507,90 @@ class Trainer:
           row[f"reward/{name}"] = values[s]
         out.append(row)
     return out
+
+  # ---------------------------------------------------------------------------- SFT stages
+
+  def _sft_data(self) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids + EOS) pairs: from sft.data_path, or — for rejection_sft —
+    from the verified-correct samples of the starting model (written once to the workdir, so a
+    resumed run fine-tunes on the same traces)."""
+    if self.config.stage == "rejection_sft":
+      path = self.workdir / "rejection_sampling.jsonl"
+      if not path.exists():
+        self._rejection_sample(path)
+    else:
+      path = pathlib.Path(self.config.sft.data_path)
+    pairs = []
+    for prompt, completion in load_sft_rows(path):
+      completion_ids = self.tokenizer.encode(completion, add_special_tokens=False)
+      pairs.append((self.template.encode(prompt), completion_ids + [self.tokenizer.eos_id]))
+    if not pairs:
+      raise ConfigError(f"{path}: no training rows (for rejection_sft: no sampled trace was "
+                        "verified correct; sample more prompts or start from a stronger model)")
+    return pairs
+
+  def _rejection_sample(self, path: pathlib.Path):
+    """Samples rejection.num_samples completions for rejection.num_prompts training prompts and
+    keeps the verified-correct ones: distinct texts, optionally only the shortest per prompt."""
+    r = self.config.rejection
+    examples = self._take_examples(r.num_prompts)
+    groups, _, _, _ = self.sample_groups(
+        examples, num_samples=r.num_samples,
+        sampling=SamplingParams(temperature=r.temperature, top_p=self.config.rollout.top_p))
+    rows, sampled, correct = [], 0, 0
+    for (_, example), (_, group, responses) in zip(examples, groups):
+      kept = {}
+      for text, ids, ok in zip(responses, group.completion_ids, group.parts["correct"]):
+        sampled += 1
+        if ok >= 1.0:
+          correct += 1
+          kept.setdefault(text, len(ids))
+      ordered = sorted(kept.items(), key=lambda item: (item[1], item[0]))
+      if r.keep == "shortest":
+        ordered = ordered[:1]
+      rows += [{"prompt": example.prompt, "completion": text, "answer": example.answer,
+                "task": example.task} for text, _ in ordered]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tmp.replace(path)
+    summary = {"sampled": sampled, "correct": correct, "kept": len(rows),
+               "prompts": len(examples), "keep": r.keep}
+    (self.workdir / "rejection_sampling.json").write_text(json.dumps(summary, indent=2))
+    log.info("rejection sampling: %s", summary)
+
+  def sft_step(self) -> dict:
+    """One SFT step over the next `sft.batch_size` pairs of a seeded per-epoch order."""
+    c = self.config
+    start = time.perf_counter()
+    n = len(self.sft_pairs)
+    chosen = []
+    for position in range(self.data_position, self.data_position + c.sft.batch_size):
+      epoch, offset = divmod(position, n)
+      order = np.random.default_rng([c.seed, epoch]).permutation(n)
+      chosen.append(self.sft_pairs[order[offset]])
+    self.data_position += c.sft.batch_size
+    tokens, attention, completion_mask = batching.pack_rows(
+        [p for p, _ in chosen], [q for _, q in chosen], num_rows=c.sft.batch_size,
+        prompt_length=c.rollout.max_prefill_length, completion_length=c.rollout.max_new_tokens,
+        pad_id=self.tokenizer.pad_id)
+    batch = {"tokens": tokens, "attention_mask": attention, "completion_mask": completion_mask}
+    self.state, stats = self.step_fn(self.state, jax.tree.map(jnp.asarray, batch))
+    stats = stats_lib.finalize(jax.device_get(stats))
+    self.engine.update_params(self.state.params)
+    truncated = np.mean([len(q) > c.rollout.max_new_tokens for _, q in chosen])
+    return {"loss": stats["loss"], "nll": stats["nll"], "entropy": stats["entropy"],
+            "skipped_update": stats["skipped_update"], "train/grad_norm": stats["grad_norm"],
+            "train/learning_rate": stats["learning_rate"], "sft/epoch": self.data_position / n,
+            "sft/truncated_frac": float(truncated), "data_position": self.data_position,
+            "policy_version": self.engine.policy_version,
+            "time/step_s": time.perf_counter() - start}
+
+  def _print_summary(self):
+    """One line per held-out evaluation of the run, on stdout."""
+    results = evaluation.read_eval_results(self.workdir)
+    if results:
+      trail = " -> ".join(f"{r['accuracy']:.1%} (step {r['step']})" for r in results)
+      print(f"held-out accuracy on {results[-1]['num_examples']} examples: {trail}", flush=True)
 
   # ---------------------------------------------------------------------------- evaluation
 

@@ -62,6 +62,27 @@ def group_outcome_fractions(groups: Sequence[ScoredGroup], part: str | None = "c
           "groups/all_fail_frac": all_fail / len(groups)}
 
 
+def pack_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
+              num_rows: int, prompt_length: int, completion_length: int, pad_id: int):
+  """(tokens, attention_mask [R, P + T], completion_mask [R, T]) for prompt/completion pairs.
+
+  Prompts are left-padded (their last `prompt_length` tokens kept), completions right-padded
+  (their first `completion_length` kept); rows past the pairs are padding, fully masked.
+  """
+  width = prompt_length + completion_length
+  tokens = np.full((num_rows, width), pad_id, np.int32)
+  attention = np.zeros((num_rows, width), np.int32)
+  completion_mask = np.zeros((num_rows, completion_length), np.int32)
+  for row, (prompt, completion) in enumerate(zip(prompts, completions)):
+    prompt = list(prompt)[-prompt_length:]
+    completion = list(completion)[:completion_length]
+    tokens[row, prompt_length - len(prompt):prompt_length] = prompt
+    attention[row, prompt_length - len(prompt):prompt_length + len(completion)] = 1
+    tokens[row, prompt_length:prompt_length + len(completion)] = completion
+    completion_mask[row, :len(completion)] = 1
+  return tokens, attention, completion_mask
+
+
 def build_batch(groups: Sequence[ScoredGroup], *, num_groups: int, group_size: int,
                 prompt_length: int, completion_length: int, pad_id: int, estimator: str,
                 with_behavior_logprobs: bool = False):
@@ -72,36 +93,28 @@ def build_batch(groups: Sequence[ScoredGroup], *, num_groups: int, group_size: i
   advantages [R], rewards [R] (for PPO) and, if asked, behavior_logprobs [R, completion_length];
   R = num_groups · G. Missing groups (dynamic sampling came up short) are fully masked rows.
   """
+  groups = list(groups[:num_groups])
   rows = num_groups * group_size
-  width = prompt_length + completion_length
-  tokens = np.full((rows, width), pad_id, np.int32)
-  attention = np.zeros((rows, width), np.int32)
-  completion_mask = np.zeros((rows, completion_length), np.int32)
-  behavior = np.zeros((rows, completion_length), np.float32)
   rewards = np.zeros((num_groups, group_size), np.float32)
-  for g, group in enumerate(groups[:num_groups]):
+  for g, group in enumerate(groups):
     if group.size != group_size:
       raise ValueError(f"group {g} has {group.size} samples, expected {group_size}")
     rewards[g] = group.rewards
   advantages = np.zeros((num_groups, group_size), np.float32)
   if groups:
-    present = min(len(groups), num_groups)
-    advantages[:present] = np.asarray(
-        group_advantages(rewards[:present].astype(np.float64), estimator=estimator),
+    advantages[:len(groups)] = np.asarray(
+        group_advantages(rewards[:len(groups)].astype(np.float64), estimator=estimator),
         np.float32)
-  for g, group in enumerate(groups[:num_groups]):
-    prompt = group.prompt_tokens[-prompt_length:]
-    for s in range(group_size):
-      row = g * group_size + s
-      completion = group.completion_ids[s][:completion_length]
-      tokens[row, prompt_length - len(prompt):prompt_length] = prompt
-      attention[row, prompt_length - len(prompt):prompt_length] = 1
-      tokens[row, prompt_length:prompt_length + len(completion)] = completion
-      attention[row, prompt_length:prompt_length + len(completion)] = 1
-      completion_mask[row, :len(completion)] = 1
-      behavior[row, :len(completion)] = group.logprobs[s][:len(completion)]
+  tokens, attention, completion_mask = pack_rows(
+      [g.prompt_tokens for g in groups for _ in range(group_size)],
+      [ids for g in groups for ids in g.completion_ids], num_rows=rows,
+      prompt_length=prompt_length, completion_length=completion_length, pad_id=pad_id)
   batch = {"tokens": tokens, "attention_mask": attention, "completion_mask": completion_mask,
            "advantages": advantages.reshape(-1), "rewards": rewards.reshape(-1)}
   if with_behavior_logprobs:
+    behavior = np.zeros((rows, completion_length), np.float32)
+    for row, logprobs in enumerate(lp for g in groups for lp in g.logprobs):
+      logprobs = logprobs[:completion_length]
+      behavior[row, :len(logprobs)] = logprobs
     batch["behavior_logprobs"] = behavior
   return batch, advantages

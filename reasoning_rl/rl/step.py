@@ -6,11 +6,13 @@ surrogate with its KL term (`reasoning_rl.rl.losses.policy_loss`), gradients acc
 micro-batches, and the optax update, repeated μ times against fixed π_old log-probs. State buffers
 are donated, so parameters and optimizer moments are updated in place.
 
-Two algorithms share it:
+Three objectives share it:
 - `grpo` (and every group estimator): advantages [B] come with the batch.
 - `ppo` (Schulman et al. 2017) with a learned value head on the policy trunk: the step computes
   π_old log-probs and old values, GAE(γ, λ) advantages (Schulman et al. 2016) from the sequence
   rewards, and adds the clipped value loss (`reasoning_rl.rl.value`).
+- `sft`: supervised fine-tuning for the R1 recipe's SFT stages — next-token cross-entropy on the
+  completion tokens only (the prompt is context, never a target), aggregated like the policy loss.
 
 Batch layout (all leading dimension B, sharded over the mesh's data × fsdp axes):
   tokens, attention_mask [B, P + T] — prompt left-padded to P, completion right-padded to T;
@@ -46,7 +48,8 @@ from reasoning_rl.rl.logprobs import completion_logprobs
 class StepConfig:
   """Options of the training step; every field is a config switch of the trainer.
 
-  algorithm: "grpo" (advantages come with the batch) or "ppo" (value head + GAE).
+  algorithm: "grpo" (advantages come with the batch), "ppo" (value head + GAE) or "sft"
+    (cross-entropy on completion tokens; the batch needs no advantages).
   beta, kl_estimator, epsilon_low, epsilon_high, dual_clip, loss_agg, entropy_coef, tis_cap:
     as `reasoning_rl.rl.losses.policy_loss`.
   max_completion_length: L of the Dr. GRPO aggregation (the generation budget); None = T.
@@ -90,8 +93,8 @@ class StepConfig:
   gae_lambda: float = 0.95
 
   def __post_init__(self):
-    if self.algorithm not in ("grpo", "ppo"):
-      raise ConfigError(f"algorithm={self.algorithm!r}: use 'grpo' or 'ppo'")
+    if self.algorithm not in ("grpo", "ppo", "sft"):
+      raise ConfigError(f"algorithm={self.algorithm!r}: use 'grpo', 'ppo' or 'sft'")
     for name in ("num_micro_batches", "num_inner_updates", "logprob_chunk", "total_steps"):
       if getattr(self, name) < 1:
         raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
@@ -112,24 +115,20 @@ class TrainState(flax.struct.PyTreeNode):
   ref_params: Any = None  # frozen reference, only when beta > 0
 
 
-def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
-  schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0 if config.warmup_steps else config.learning_rate,
-      peak_value=config.learning_rate, warmup_steps=config.warmup_steps,
-      decay_steps=max(config.total_steps, config.warmup_steps + 1),
-      end_value=config.learning_rate * config.final_lr_fraction)
-  return optax.chain(
-      optax.clip_by_global_norm(config.max_grad_norm),
-      optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.adam_eps,
-                  weight_decay=config.weight_decay))
-
-
-def learning_rate_at(config: StepConfig, step) -> jax.Array:
+def learning_rate_schedule(config: StepConfig) -> optax.Schedule:
+  """Linear warm-up to `learning_rate`, then cosine decay to `final_lr_fraction` of it."""
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0 if config.warmup_steps else config.learning_rate,
       peak_value=config.learning_rate, warmup_steps=config.warmup_steps,
       decay_steps=max(config.total_steps, config.warmup_steps + 1),
-      end_value=config.learning_rate * config.final_lr_fraction)(step)
+      end_value=config.learning_rate * config.final_lr_fraction)
+
+
+def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
+  return optax.chain(
+      optax.clip_by_global_norm(config.max_grad_norm),
+      optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
+                  eps=config.adam_eps, weight_decay=config.weight_decay))
 
 
 class TrainStep:
@@ -194,11 +193,20 @@ class TrainStep:
     return logprobs, entropy, values
 
   def _micro_loss(self, trainable, micro, normalizers):
+    """Loss of one micro-batch. Without `old_logprobs` in the batch (μ = 1, GRPO), π_old is the
+    current policy, so its log-probs are this forward's own, held constant."""
     c = self.config
     logprobs, entropy, values = self._policy_outputs(
         trainable["policy"], trainable.get("value_head"), micro)
+    if c.algorithm == "sft":
+      mask = micro["completion_mask"]
+      loss = losses.aggregate_loss(-logprobs, mask, c.loss_agg,
+                                   max_completion_length=c.max_completion_length, **normalizers)
+      return loss, {"nll": stats_lib.mean_stat(-logprobs, mask > 0),
+                    "entropy": stats_lib.mean_stat(entropy, mask > 0)}
+    old_logprobs = micro.get("old_logprobs", jax.lax.stop_gradient(logprobs))
     loss, stats = losses.policy_loss(
-        logprobs, micro["old_logprobs"], micro["advantages"], micro["completion_mask"],
+        logprobs, old_logprobs, micro["advantages"], micro["completion_mask"],
         ref_logprobs=micro.get("ref_logprobs"), beta=c.beta, kl_estimator=c.kl_estimator,
         epsilon_low=c.epsilon_low, epsilon_high=c.epsilon_high, dual_clip=c.dual_clip,
         loss_agg=c.loss_agg, behavior_logprobs=micro.get("behavior_logprobs"),
@@ -245,23 +253,8 @@ class TrainStep:
     if state.value_head is not None:
       trainable["value_head"] = state.value_head
     grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
-    uses_current_as_old = "old_logprobs" not in batch
 
     def micro_grads(micro):
-      if uses_current_as_old:
-        # μ = 1 and grpo: π_old is the current policy, so its log-probs are the forward's own.
-        def loss_with_self_as_old(trainable, micro, normalizers):
-          logprobs, entropy, _ = self._policy_outputs(trainable["policy"], None, micro)
-          return losses.policy_loss(
-              logprobs, jax.lax.stop_gradient(logprobs), micro["advantages"],
-              micro["completion_mask"], ref_logprobs=micro.get("ref_logprobs"), beta=c.beta,
-              kl_estimator=c.kl_estimator, epsilon_low=c.epsilon_low,
-              epsilon_high=c.epsilon_high, dual_clip=c.dual_clip, loss_agg=c.loss_agg,
-              behavior_logprobs=micro.get("behavior_logprobs"), tis_cap=c.tis_cap,
-              entropy=entropy, entropy_coef=c.entropy_coef,
-              max_completion_length=c.max_completion_length, **normalizers)
-        return jax.value_and_grad(loss_with_self_as_old, has_aux=True)(
-            trainable, micro, normalizers)
       return grad_fn(trainable, micro, normalizers)
 
     m = c.num_micro_batches
@@ -318,7 +311,7 @@ class TrainStep:
     if c.num_inner_updates > 1:
       (state, stats), _ = jax.lax.scan(inner, (state, stats), None,
                                        length=c.num_inner_updates - 1)
-    stats["learning_rate"] = (learning_rate_at(c, state.step), jnp.ones((), jnp.int32))
+    stats["learning_rate"] = (learning_rate_schedule(c)(state.step), jnp.ones((), jnp.int32))
     state = state.replace(step=state.step + 1)
     return state, stats
 

