@@ -77,8 +77,8 @@ def main():
 
   print(f"SmolLM2-135M forward, batch {args.batch} x {args.length} tokens, "
         f"{flops / 1e9:.1f} GFLOP per forward, best of {args.repeats}")
-  print(f"| implementation | s / forward | tokens/s | GFLOP/s |")
-  print(f"|---|---|---|---|")
+  print("| implementation | s / forward | tokens/s | GFLOP/s |")
+  print("|---|---|---|---|")
   for name, seconds in rows:
     print(f"| {name} | {seconds:.3f} | {tokens / seconds:,.0f} | {flops / seconds / 1e9:.0f} |")
   print(f"speed-up: {rows[1][1] / rows[0][1]:.2f}x")

@@ -45,6 +45,7 @@ from reasoning_rl.rl import batching
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl.step import StepConfig, TrainStep
 from reasoning_rl.sampler import Engine, SamplingParams, stream_groups
+from reasoning_rl.sft import SFTStages
 from reasoning_rl.verifiers.rewards import CompletionRecord, Reward, RewardFunction
 
 log = logging.getLogger("reasoning_rl")
@@ -81,27 +82,6 @@ class SampledBatch:
             for index, fields, responses in self.groups]
 
 
-def load_sft_rows(path: pathlib.Path) -> list[tuple[str, str]]:
-  """(prompt, completion) texts of a JSONL file; a bad row raises ConfigError naming file:line."""
-  if not path.is_file():
-    raise ConfigError(f"{path}: no such SFT data file")
-  rows = []
-  for number, line in enumerate(path.read_text().splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-    except ValueError as error:
-      raise ConfigError(f"{path}:{number}: not JSON ({error})") from None
-    prompt = row.get("prompt", row.get("question"))
-    completion = row.get("completion", row.get("response"))
-    if not isinstance(prompt, str) or not isinstance(completion, str):
-      raise ConfigError(f"{path}:{number}: needs string fields 'prompt' (or 'question') and "
-                        "'completion' (or 'response')")
-    rows.append((prompt, completion))
-  return rows
-
-
 def step_config(config: ml_collections.ConfigDict) -> StepConfig:
   a, o = config.algo, config.optim
   return StepConfig(
@@ -116,8 +96,8 @@ def step_config(config: ml_collections.ConfigDict) -> StepConfig:
       weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm)
 
 
-class Trainer:
-  """Builds everything a run needs from its config, then `run()` trains."""
+class Trainer(SFTStages):
+  """Builds everything a run needs from its config, then `run()` trains (RL or an SFT stage)."""
 
   def __init__(self, config: ml_collections.ConfigDict):
     config_lib.validate(config, num_devices=jax.device_count())
@@ -428,10 +408,13 @@ class Trainer:
     self._last = (batch_data, groups, advantages)
     row = self._metrics_row(batch_data, groups, stats, batch)
     step_s = time.perf_counter() - start
+    sampled_now = 0.0 if self.staleness else batch_data.sample_s + batch_data.verify_s
     row.update({
         "time/sample_s": batch_data.sample_s, "time/verify_s": batch_data.verify_s,
         "time/train_s": train_s, "time/sync_s": sync_s, "time/sample_ahead_s": ahead_s,
         "time/step_s": step_s,
+        # host time attributed to nothing above (batching, metrics): neither slice works
+        "time/idle_s": max(0.0, step_s - sampled_now - train_s - sync_s - ahead_s),
     })
     row.update(self._throughput(batch_data, groups, batch, step_s))
     return row
@@ -507,83 +490,6 @@ class Trainer:
           row[f"reward/{name}"] = values[s]
         out.append(row)
     return out
-
-  # ---------------------------------------------------------------------------- SFT stages
-
-  def _sft_data(self) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, completion ids + EOS) pairs: from sft.data_path, or — for rejection_sft —
-    from the verified-correct samples of the starting model (written once to the workdir, so a
-    resumed run fine-tunes on the same traces)."""
-    if self.config.stage == "rejection_sft":
-      path = self.workdir / "rejection_sampling.jsonl"
-      if not path.exists():
-        self._rejection_sample(path)
-    else:
-      path = pathlib.Path(self.config.sft.data_path)
-    pairs = []
-    for prompt, completion in load_sft_rows(path):
-      completion_ids = self.tokenizer.encode(completion, add_special_tokens=False)
-      pairs.append((self.template.encode(prompt), completion_ids + [self.tokenizer.eos_id]))
-    if not pairs:
-      raise ConfigError(f"{path}: no training rows (for rejection_sft: no sampled trace was "
-                        "verified correct; sample more prompts or start from a stronger model)")
-    return pairs
-
-  def _rejection_sample(self, path: pathlib.Path):
-    """Samples rejection.num_samples completions for rejection.num_prompts training prompts and
-    keeps the verified-correct ones: distinct texts, optionally only the shortest per prompt."""
-    r = self.config.rejection
-    examples = self._take_examples(r.num_prompts)
-    groups, _, _, _ = self.sample_groups(
-        examples, num_samples=r.num_samples,
-        sampling=SamplingParams(temperature=r.temperature, top_p=self.config.rollout.top_p))
-    rows, sampled, correct = [], 0, 0
-    for (_, example), (_, group, responses) in zip(examples, groups):
-      kept = {}
-      for text, ids, ok in zip(responses, group.completion_ids, group.parts["correct"]):
-        sampled += 1
-        if ok >= 1.0:
-          correct += 1
-          kept.setdefault(text, len(ids))
-      ordered = sorted(kept.items(), key=lambda item: (item[1], item[0]))
-      if r.keep == "shortest":
-        ordered = ordered[:1]
-      rows += [{"prompt": example.prompt, "completion": text, "answer": example.answer,
-                "task": example.task} for text, _ in ordered]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    tmp.replace(path)
-    summary = {"sampled": sampled, "correct": correct, "kept": len(rows),
-               "prompts": len(examples), "keep": r.keep}
-    (self.workdir / "rejection_sampling.json").write_text(json.dumps(summary, indent=2))
-    log.info("rejection sampling: %s", summary)
-
-  def sft_step(self) -> dict:
-    """One SFT step over the next `sft.batch_size` pairs of a seeded per-epoch order."""
-    c = self.config
-    start = time.perf_counter()
-    n = len(self.sft_pairs)
-    chosen = []
-    for position in range(self.data_position, self.data_position + c.sft.batch_size):
-      epoch, offset = divmod(position, n)
-      order = np.random.default_rng([c.seed, epoch]).permutation(n)
-      chosen.append(self.sft_pairs[order[offset]])
-    self.data_position += c.sft.batch_size
-    tokens, attention, completion_mask = batching.pack_rows(
-        [p for p, _ in chosen], [q for _, q in chosen], num_rows=c.sft.batch_size,
-        prompt_length=c.rollout.max_prefill_length, completion_length=c.rollout.max_new_tokens,
-        pad_id=self.tokenizer.pad_id)
-    batch = {"tokens": tokens, "attention_mask": attention, "completion_mask": completion_mask}
-    self.state, stats = self.step_fn(self.state, jax.tree.map(jnp.asarray, batch))
-    stats = stats_lib.finalize(jax.device_get(stats))
-    self.engine.update_params(self.state.params)
-    truncated = np.mean([len(q) > c.rollout.max_new_tokens for _, q in chosen])
-    return {"loss": stats["loss"], "nll": stats["nll"], "entropy": stats["entropy"],
-            "skipped_update": stats["skipped_update"], "train/grad_norm": stats["grad_norm"],
-            "train/learning_rate": stats["learning_rate"], "sft/epoch": self.data_position / n,
-            "sft/truncated_frac": float(truncated), "data_position": self.data_position,
-            "policy_version": self.engine.policy_version,
-            "time/step_s": time.perf_counter() - start}
 
   def _print_summary(self):
     """One line per held-out evaluation of the run, on stdout."""

@@ -1,7 +1,6 @@
 """Checkpoint I/O: GGUF parity, save_hf round trips, and one clear error per kind of bad input."""
 
 import json
-import shutil
 
 import gguf
 import jax.numpy as jnp

@@ -1,6 +1,5 @@
 """Logit parity with transformers for every family, and the KV-cache path against the full one."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

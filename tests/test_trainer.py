@@ -165,3 +165,22 @@ def test_report_has_the_six_plots(baseline):
   assert len(plots) >= 6, plots
   for plot in plots:
     assert plot in text
+
+
+def test_sigterm_saves_and_exits_143_then_resumes_exactly(baseline, tmp_path):
+  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
+             f"--config.workdir={tmp_path}", "--config.logging.progress_bar=False"]
+  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  metrics = tmp_path / "metrics.jsonl"
+  deadline = time.time() + 300
+  while time.time() < deadline and process.poll() is None:
+    if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+      os.kill(process.pid, signal.SIGTERM)
+      break
+    time.sleep(0.01)
+  assert process.wait(timeout=120) == 143
+  stopped_at = read_metrics(metrics)[-1]["step"]
+  assert stopped_at < 10 and (tmp_path / "checkpoints" / str(stopped_at)).exists()
+  train(tmp_path)
+  assert stable(read_metrics(metrics)) == stable(read_metrics(baseline / "metrics.jsonl"))

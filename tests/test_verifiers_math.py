@@ -171,3 +171,22 @@ def test_bad_arguments():
     is_correct("x", "1", extract="last_number")
   with pytest.raises(ConfigError, match="timeout_s"):
     is_correct("x", "1", timeout_s=0)
+
+
+@pytest.mark.parametrize("response,candidates", [
+    ("6 - 2 = 4.", ["4"]),
+    ("The answer is -28", ["-28"]),
+    ("That makes 1,234 apples", ["1234"]),
+    ("x2 and then 3.5", ["3.5"]),  # a digit inside a word is no number
+    ("12 * 3 = 36\n\nIn math, 36 is 6 squared", ["6"]),  # rambling after the answer costs it
+    ("6-2", ["2"]),  # a hyphen after a digit is subtraction, not a sign
+    ("no digits here", []),
+])
+def test_last_number_extraction(response, candidates):
+  assert extract_candidates(response, "last_number") == candidates
+
+
+def test_last_number_correctness():
+  assert is_correct("So 17 + 25 = 42.", "42", extract="last_number")
+  assert not is_correct("So 17 + 25 = 42, or maybe 43", "42", extract="last_number")
+  assert not is_correct("I do not know", "42", extract="last_number")

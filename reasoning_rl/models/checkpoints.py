@@ -105,13 +105,15 @@ def build_model(config: ModelConfig, read_tensor: Callable[[tuple, tuple, Conver
   shardings = (dict(_flat_params(sharding_lib.param_shardings(abstract_state, mesh)))
                if mesh is not None else {})
 
+  # Copies (np.array(..., copy=True)): the host arrays may be read-only views of a memory-mapped
+  # file, and a device buffer aliasing one would break when a train step donates it.
   def place(path, var):
     array = host[path]
     if mesh is None:
-      return jnp.asarray(np.asarray(array, dtype=dtype))
+      return jnp.asarray(np.array(array, dtype=dtype, copy=True))
     sharding = shardings[path]
     return jax.make_array_from_callback(
-        tuple(var.shape), sharding, lambda index: np.asarray(array[index], dtype=dtype))
+        tuple(var.shape), sharding, lambda index: np.array(array[index], dtype=dtype, copy=True))
 
   values = {path: place(path, var) for path, var in flat}
   for path, var in flat:
@@ -140,24 +142,22 @@ def load_hf_weights(directory: str | os.PathLike, *, dtype="float32", mesh=None
   """Loads the weights of a Hugging Face directory; returns (model, raw config.json dict)."""
   directory = pathlib.Path(directory)
   config, hf = read_hf_config(directory)
-  files = SafetensorsDirectory(directory)
-  try:
-    def read(path, shape):
-      name, to_ours, to_hf = hf_tensor_name(path, config)
-      if name not in files:
-        raise CheckpointError(
-            f"{directory}: tensor {name!r} is missing from the safetensors files; the checkpoint "
-            f"does not match config.json (model_type {config.model_type!r})")
-      expected = to_hf(np.broadcast_to(np.float32(0), shape)).shape
-      if tuple(files.shape(name)) != tuple(expected):
-        raise CheckpointError(
-            f"{directory}: tensor {name!r} has shape {files.shape(name)} but config.json implies "
-            f"{expected}; the weights and config.json disagree")
-      return to_ours(files.tensor(name))
+  files = SafetensorsDirectory(directory)  # memory maps close when the last view is gone
 
-    model = build_model(config, read, dtype=dtype, mesh=mesh)
-  finally:
-    del files  # memory maps close when the last view is gone
+  def read(path, shape):
+    name, to_ours, to_hf = hf_tensor_name(path, config)
+    if name not in files:
+      raise CheckpointError(
+          f"{directory}: tensor {name!r} is missing from the safetensors files; the checkpoint "
+          f"does not match config.json (model_type {config.model_type!r})")
+    expected = to_hf(np.broadcast_to(np.float32(0), shape)).shape
+    if tuple(files.shape(name)) != tuple(expected):
+      raise CheckpointError(
+          f"{directory}: tensor {name!r} has shape {files.shape(name)} but config.json implies "
+          f"{expected}; the weights and config.json disagree")
+    return to_ours(files.tensor(name))
+
+  model = build_model(config, read, dtype=dtype, mesh=mesh)
   return model, hf
 
 

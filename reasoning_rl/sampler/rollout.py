@@ -23,8 +23,6 @@ import collections
 import dataclasses
 from collections.abc import Iterator, Sequence
 
-import numpy as np
-
 from reasoning_rl.errors import SamplingError
 from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.sampling import SamplingParams, sample_key
