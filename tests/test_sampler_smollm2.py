@@ -5,34 +5,24 @@ Completions come from `launch/generate.py`'s `generate_rows` (the CLI's code pat
 the session's model fixture is reused instead of dequantising the GGUF again).
 """
 
-import importlib.util
-import pathlib
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
 from reasoning_rl.rl.logprobs import completion_logprobs
+from tests.test_generate import generate
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUESTIONS = ["What is 17 + 25?", "Name a colour.",
              "Write one sentence about the sea, and explain why it is blue in a few words."]
 NEW_TOKENS = 32
-
-
-def load_generate_module():
-  spec = importlib.util.spec_from_file_location("generate", ROOT / "launch" / "generate.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 @pytest.fixture(scope="module")
 def greedy_rows(smollm2):
   model, tokenizer = smollm2
   rows = [{"prompt": q} for q in QUESTIONS]
-  return load_generate_module().generate_rows(
+  return generate.generate_rows(
       model, tokenizer, rows, max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True,
       max_concurrent_decodes=3)
 

@@ -168,7 +168,7 @@ def test_works_in_worker_process():
 
 def test_bad_arguments():
   with pytest.raises(ConfigError, match="extract"):
-    is_correct("x", "1", extract="last_number")
+    is_correct("x", "1", extract="last_word")
   with pytest.raises(ConfigError, match="timeout_s"):
     is_correct("x", "1", timeout_s=0)
 

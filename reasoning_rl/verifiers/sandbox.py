@@ -166,7 +166,10 @@ def run_in_sandbox(program: str, tests: list[str], *, timeout_s: float, isolatio
   start = time.monotonic()
   deadline = start + timeout_s
   nonce = secrets.token_hex(16)
-  workdir = tempfile.mkdtemp(prefix="rrl-sandbox-") if isolation == "rlimits_only" else None
+  # rlimits_only: the run's files live here. namespaces: the (empty) mount point of the private
+  # root; a fresh directory can never hide a read-only bind source, as mounting over a parent of
+  # one (say /tmp, when the venv is under /tmp) would.
+  workdir = tempfile.mkdtemp(prefix="rrl-sandbox-")
   spec = {
       "nonce": nonce, "isolation": isolation, "program": program, "tests": tests,
       "deadline": deadline, "read_only_dirs": _read_only_dirs(), "workdir": workdir,
@@ -186,8 +189,7 @@ def run_in_sandbox(program: str, tests: list[str], *, timeout_s: float, isolatio
     finally:
       _reap(process, graceful=finished)
   finally:
-    if workdir:
-      shutil.rmtree(workdir, ignore_errors=True)
+    shutil.rmtree(workdir, ignore_errors=True)
   return _outcome(lines, stderr, nonce, timed_out=time.monotonic() >= deadline)
 
 

@@ -288,7 +288,7 @@ def _prepare_world(spec: dict, harness_sources: dict) -> tuple[str, str, str]:
   """Returns (harness_dir, scratch, tmp) inside the world the worker will see."""
   if spec["isolation"] == "namespaces":
     sizes = {"/scratch": spec["scratch_bytes"], "/tmp": spec["scratch_bytes"]}
-    linux.build_private_root("/tmp", spec["read_only_dirs"], _DEVICES, sizes)
+    linux.build_private_root(spec["workdir"], spec["read_only_dirs"], _DEVICES, sizes)
     harness_dir, scratch, tmp = "/.harness", "/scratch", "/tmp"
   else:
     workdir = spec["workdir"]
