@@ -184,3 +184,23 @@ def test_sigterm_saves_and_exits_143_then_resumes_exactly(baseline, tmp_path):
   assert stopped_at < 10 and (tmp_path / "checkpoints" / str(stopped_at)).exists()
   train(tmp_path)
   assert stable(read_metrics(metrics)) == stable(read_metrics(baseline / "metrics.jsonl"))
+
+
+def test_generate_cli_reads_a_run_checkpoint(baseline, tmp_path):
+  prompts = tmp_path / "prompts.jsonl"
+  prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("3+4=", "9+9=")))
+  outputs = []
+  for name in ("a", "b"):
+    output = tmp_path / f"{name}.jsonl"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "generate.py"), "--checkpoint", str(baseline),
+         "--prompts_file", str(prompts), "--max_new_tokens", "8", "--temperature", "0",
+         "--no_chat_template", "--output", str(output)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    outputs.append([json.loads(line) for line in output.read_text().splitlines()])
+  assert outputs[0] == outputs[1] and len(outputs[0]) == 2  # greedy: deterministic
+  for row in outputs[0]:
+    assert 1 <= len(row["completion_ids"]) <= 8
+    assert all(0 <= i < 23 for i in row["completion_ids"])  # the debug vocabulary
+    assert all(lp <= 0 for lp in row["logprobs"])
