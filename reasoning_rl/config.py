@@ -229,22 +229,12 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
 
 
 def _validate_mesh(config, num_devices: int) -> None:
-  n = config.mesh.num_trainer_devices
-  if n == 0:
-    trainer, sampler = num_devices, num_devices
-  else:
-    if not 0 < n < num_devices:
-      raise ConfigError(f"config.mesh.num_trainer_devices={n}: must be 0 (share all devices) or "
-                        f"leave devices for the sampler: 1..{num_devices - 1}")
-    trainer, sampler = n, num_devices - n
-  for name, count in (("trainer", trainer), ("sampler", sampler)):
-    shape = [int(s) for s in config.mesh[name]]
-    known = math.prod(s for s in shape if s != -1)
-    fits = (count % known == 0) if -1 in shape else known == count
-    if len(shape) != 3 or not fits:
-      raise ConfigError(
-          f"config.mesh.{name}={tuple(shape)}: does not fit the {count} devices of the {name} "
-          "slice; give (data, fsdp, tensor) sizes whose product is that count (one may be -1)")
+  from reasoning_rl import sharding  # imports jax; validation of the rest of the config does not
+
+  counts = sharding.slice_device_counts(config.mesh.num_trainer_devices, num_devices,
+                                        field="config.mesh.num_trainer_devices")
+  for name, count in zip(("trainer", "sampler"), counts):
+    sharding.resolve_mesh_shape(tuple(config.mesh[name]), count, field=f"config.mesh.{name}")
 
 
 def check_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> None:

@@ -33,7 +33,8 @@ from jax.sharding import AbstractMesh
 
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.config import ModelConfig
-from reasoning_rl.sharding import MESH_AXES, logical_to_spec
+from reasoning_rl.sharding import (MESH_AXES, logical_to_spec, resolve_mesh_shape,
+                                   slice_device_counts)
 
 GIB = 2**30
 
@@ -222,30 +223,14 @@ def _chip(target) -> tuple[ChipSpec, int]:
 
 def abstract_mesh(shape: Sequence[int], num_devices: int, *, field: str) -> AbstractMesh:
   """A (data, fsdp, tensor) AbstractMesh of `num_devices`; one size may be -1 (the rest)."""
-  sizes = [int(s) for s in shape]
-  if len(sizes) != len(MESH_AXES) or sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-    raise ConfigError(f"{field}={tuple(sizes)}: give {len(MESH_AXES)} positive sizes for "
-                      f"{MESH_AXES}, at most one of them -1")
-  known = math.prod(s for s in sizes if s != -1)
-  if -1 in sizes and num_devices % known == 0:
-    sizes[sizes.index(-1)] = num_devices // known
-  if math.prod(sizes) != num_devices:
-    raise ConfigError(f"{field}={tuple(int(s) for s in shape)}: does not fit the {num_devices} "
-                      "devices of this slice; give sizes whose product is that count (one may be "
-                      "-1)")
-  return AbstractMesh(tuple(sizes), MESH_AXES)
+  return AbstractMesh(resolve_mesh_shape(shape, num_devices, field=field), MESH_AXES)
 
 
 def slice_meshes(config, num_devices: int) -> tuple[AbstractMesh, AbstractMesh, bool]:
   """(trainer mesh, sampler mesh, shared) for the config's split of `num_devices`."""
   n = config.mesh.num_trainer_devices
-  if n == 0:
-    trainer_count = sampler_count = num_devices
-  elif 0 < n < num_devices:
-    trainer_count, sampler_count = n, num_devices - n
-  else:
-    raise ConfigError(f"config.mesh.num_trainer_devices={n}: must be 0 (share all devices) or "
-                      f"leave devices for the sampler: 1..{num_devices - 1}")
+  trainer_count, sampler_count = slice_device_counts(
+      n, num_devices, field="config.mesh.num_trainer_devices")
   return (abstract_mesh(config.mesh.trainer, trainer_count, field="config.mesh.trainer"),
           abstract_mesh(config.mesh.sampler, sampler_count, field="config.mesh.sampler"), n == 0)
 

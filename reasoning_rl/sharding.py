@@ -35,14 +35,10 @@ LOGICAL_AXIS_RULES: dict[str, tuple[str, ...] | None] = {
 }
 
 
-def make_mesh(shape: Sequence[int] | dict[str, int], devices: Sequence[jax.Device] | None = None,
-              *, field: str = "mesh") -> Mesh:
-  """A mesh with axes (data, fsdp, tensor) over `devices` (default: all).
-
-  `shape` gives the three sizes (a dict by axis name or a sequence in MESH_AXES order); one of them
-  may be -1 to take whatever the others leave. `field` names the config field in errors.
-  """
-  devices = list(jax.devices() if devices is None else devices)
+def resolve_mesh_shape(shape: Sequence[int] | dict[str, int], num_devices: int, *,
+                       field: str = "mesh") -> tuple[int, int, int]:
+  """(data, fsdp, tensor) sizes for `num_devices`: a dict by axis name or a sequence in MESH_AXES
+  order, one size may be -1 to take whatever the others leave. ConfigError names `field`."""
   if isinstance(shape, dict):
     unknown = set(shape) - set(MESH_AXES)
     if unknown:
@@ -50,22 +46,41 @@ def make_mesh(shape: Sequence[int] | dict[str, int], devices: Sequence[jax.Devic
     sizes = [int(shape.get(axis, 1)) for axis in MESH_AXES]
   else:
     sizes = [int(s) for s in shape]
-    if len(sizes) != len(MESH_AXES):
-      raise ConfigError(f"{field}: needs {len(MESH_AXES)} sizes for {MESH_AXES}, got {sizes}")
-  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-    raise ConfigError(f"{field}: sizes {sizes} must be positive, with at most one -1")
+  if len(sizes) != len(MESH_AXES) or sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise ConfigError(f"{field}={tuple(sizes)}: give {len(MESH_AXES)} positive sizes for "
+                      f"{MESH_AXES}, at most one of them -1")
   if -1 in sizes:
     known = math.prod(s for s in sizes if s != -1)
-    if len(devices) % known:
+    if num_devices % known:
       raise ConfigError(
-          f"{field}: {len(devices)} devices cannot be split into {sizes}; make the known sizes "
-          f"divide {len(devices)}")
-    sizes[sizes.index(-1)] = len(devices) // known
-  if math.prod(sizes) != len(devices):
+          f"{field}={tuple(sizes)}: {num_devices} devices cannot be split so; make the known "
+          f"sizes divide {num_devices}")
+    sizes[sizes.index(-1)] = num_devices // known
+  if math.prod(sizes) != num_devices:
     raise ConfigError(
         f"{field}: mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices but "
-        f"{len(devices)} are available; change the sizes so their product is {len(devices)} "
+        f"{num_devices} are available; change the sizes so their product is {num_devices} "
         "(or use -1 for one axis)")
+  return tuple(sizes)
+
+
+def slice_device_counts(num_trainer: int, num_devices: int, *,
+                        field: str = "num_trainer_devices") -> tuple[int, int]:
+  """(trainer, sampler) device counts; num_trainer 0 means both roles share every device."""
+  if num_trainer == 0:
+    return num_devices, num_devices
+  if not 0 < num_trainer < num_devices:
+    raise ConfigError(
+        f"{field}={num_trainer}: must be 0 (share all devices) or leave at least one of the "
+        f"{num_devices} devices to each slice (trainer and sampler): 1..{num_devices - 1}")
+  return num_trainer, num_devices - num_trainer
+
+
+def make_mesh(shape: Sequence[int] | dict[str, int], devices: Sequence[jax.Device] | None = None,
+              *, field: str = "mesh") -> Mesh:
+  """A mesh with axes (data, fsdp, tensor) over `devices` (default: all); see resolve_mesh_shape."""
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = resolve_mesh_shape(shape, len(devices), field=field)
   return Mesh(np.asarray(devices, dtype=object).reshape(sizes), MESH_AXES)
 
 
@@ -79,11 +94,11 @@ def split_devices(num_trainer: int, devices: Sequence[jax.Device] | None = None,
   devices = list(jax.devices() if devices is None else devices)
   if len(devices) == 1:
     return devices, devices
-  if not 0 < num_trainer < len(devices):
-    raise ConfigError(
-        f"{field}={num_trainer}: must leave at least one of the {len(devices)} devices to each "
-        "slice (trainer and sampler)")
-  return devices[:num_trainer], devices[num_trainer:]
+  trainer, _ = slice_device_counts(num_trainer, len(devices), field=field)
+  if num_trainer == 0:
+    raise ConfigError(f"{field}=0: splitting needs a trainer device count; 0 means sharing all "
+                      "devices, which needs no split")
+  return devices[:trainer], devices[trainer:]
 
 
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
