@@ -8,29 +8,27 @@ Hedging earns nothing: a response that commits to several *different* candidates
 or boxes that disagree, `3 or 4`, a list of guesses when the truth is one number, numbers separated
 only by whitespace) is wrong even if one of them is right.
 
-Timeouts: math-verify's own timeout uses `signal.alarm`, which only works in the main thread of the
-main interpreter and has whole-second resolution. It is disabled here; instead every call runs under
-a watchdog thread that raises an asynchronous exception in the calling thread when the deadline
-passes, which works in any thread or process. Work done inside a single C call (huge integer powers)
-cannot be interrupted that way, so answers whose numeric magnitude is absurd are refused before
-math-verify evaluates them.
+Timeouts: math-verify's own timeout uses `signal.alarm`, which only works in the main thread and
+whose exception can be swallowed mid-computation. It is disabled here; instead the parsing and
+comparison run in a reusable helper process that is killed when the deadline passes (`deadline`),
+which works from any thread or process and cannot be dodged. Answers whose numeric magnitude is
+absurd are still refused before evaluation, so they cost no helper restart.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 import importlib.metadata
 import logging
 import math as _pymath
 import re
-import threading
 
 import math_verify
 import sympy
 
 from reasoning_rl.errors import ConfigError
+from reasoning_rl.verifiers import deadline
 from reasoning_rl.verifiers.format import tag_contents
 
 MATH_VERIFIER_VERSION = "math-1+math_verify-" + importlib.metadata.version("math-verify")
@@ -242,42 +240,9 @@ def _has_false_equation(parsed: list) -> bool:
 # ------------------------------------------------------------------------------------------- timeouts
 
 
-class _Deadline(BaseException):
-  """Raised asynchronously in the checking thread when its time is up. BaseException so that the
-  `except Exception` blocks inside math-verify and sympy cannot swallow it."""
-
-
-class _Watchdog:
-  """Arms a timer that raises `_Deadline` in the current thread after `timeout_s` seconds."""
-
-  def __init__(self, timeout_s: float):
-    self._timeout_s = timeout_s
-    self._thread_id = threading.get_ident()
-    self._lock = threading.Lock()
-    self._armed = False
-    self.fired = False
-
-  def _fire(self):
-    with self._lock:
-      if self._armed:
-        self.fired = True
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id),
-                                                   ctypes.py_object(_Deadline))
-
-  def __enter__(self):
-    self._armed = True
-    self._timer = threading.Timer(self._timeout_s, self._fire)
-    self._timer.daemon = True
-    self._timer.start()
-    return self
-
-  def __exit__(self, *exc):
-    self._timer.cancel()
-    with self._lock:
-      self._armed = False
-      if self.fired:  # clear an exception that was set but not delivered yet
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
-    return False
+# One pool of killable helper processes per process (see `deadline`); each has sympy and
+# math-verify imported once, so a check costs a socket round trip on top of the parsing itself.
+_RUNNER = deadline.DeadlineRunner(preload=__name__)
 
 
 # ------------------------------------------------------------------------------------------ checking
@@ -300,13 +265,9 @@ def check(response: str, ground_truth: str, *, extract: str = "answer_or_boxed",
     return MathResult(False, "multiple_answers", distinct)
   if not _DISJUNCTION.search(ground_truth) and any(_DISJUNCTION.search(c) for c in distinct):
     return MathResult(False, "multiple_answers", distinct)
-  watchdog = _Watchdog(float(timeout_s))
   try:
-    with watchdog:
-      status = _judge(distinct, ground_truth)
-  except _Deadline:
-    status = "timeout"
-  if watchdog.fired:
+    status = _RUNNER.run(_judge, distinct, ground_truth, timeout_s=float(timeout_s))
+  except deadline.DeadlineExceeded:
     status = "timeout"
   if status == "timeout":
     log.warning("math check timed out after %.1fs on answer %r", timeout_s, distinct[-1][:80])
