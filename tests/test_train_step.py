@@ -184,6 +184,9 @@ def test_remat_changes_nothing_but_memory():
   plain, plain_stats = run_step(StepConfig(learning_rate=1e-3, beta=0.05), batch, ref_seed=1)
   remat, remat_stats = run_step(StepConfig(learning_rate=1e-3, beta=0.05, remat=True), batch,
                                 ref_seed=1)
+  # Same tolerance as the sharding and micro-batch equivalences: remat recomputes the forward with
+  # a different fusion, so gradients differ in the last bits, and Adam's first update (≈ lr · sign g)
+  # magnifies that where g is near zero.
   for a, b in zip(flat_params(plain), flat_params(remat)):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_allclose(a, b, atol=1e-5)
   assert plain_stats["loss"] == pytest.approx(remat_stats["loss"], abs=1e-6)
