@@ -87,7 +87,8 @@ def main():
   torch_mask = torch.tensor(completion_mask, dtype=torch.float32)
 
   def completion_logps(m, ids):
-    logits = m(ids).logits[:, p - 1:-1].float()
+    # As TRL does: project only the positions that predict completion tokens to the vocabulary.
+    logits = m(ids, logits_to_keep=t + 1).logits[:, :-1].float()
     return torch.gather(logits.log_softmax(-1), 2, ids[:, p:, None])[..., 0]
 
   def torch_step():
