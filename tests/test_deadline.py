@@ -3,6 +3,8 @@
 import concurrent.futures
 import multiprocessing
 import os
+import select
+import signal
 import time
 
 import pytest
@@ -104,3 +106,23 @@ def test_works_inside_a_daemonic_process():
   assert queue.get(timeout=120) is True
   process.join(30)
   assert process.exitcode == 0
+
+
+def test_a_forked_child_starts_its_own_helpers(runner):
+  parent_helper = runner.run(_pid, timeout_s=30)
+  read_end, write_end = os.pipe()
+  child = os.fork()
+  if child == 0:  # pragma: no cover - runs in the child
+    try:
+      os.write(write_end, str(runner.run(_pid, timeout_s=30)).encode())
+    finally:
+      os._exit(0)
+  os.close(write_end)
+  if not select.select([read_end], [], [], 120)[0]:  # fail, never hang, if the child gets stuck
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    pytest.fail("the forked child did not answer within 120 s")
+  child_helper = int(os.read(read_end, 64).decode())
+  os.waitpid(child, 0)
+  assert child_helper not in (parent_helper, os.getpid(), child)
+  assert runner.run(_pid, timeout_s=30) == parent_helper  # the parent's helper is untouched

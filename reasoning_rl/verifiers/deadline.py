@@ -88,6 +88,12 @@ class DeadlineRunner:
     self._idle: list[_Helper] = []
     self._lock = threading.Lock()
     atexit.register(self.close)
+    # A forked child must not share its parent's helpers (two writers on one socket).
+    os.register_at_fork(after_in_child=self._forget_inherited)
+
+  def _forget_inherited(self) -> None:
+    self._idle = []
+    self._lock = threading.Lock()
 
   def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
     """`fn(*args)` in a helper; raises `DeadlineExceeded` after `timeout_s` seconds of wall time.
