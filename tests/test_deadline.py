@@ -5,6 +5,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -32,6 +33,10 @@ def _pid():
   return os.getpid()
 
 
+def _unpicklable():
+  return threading.Lock()  # pickling it raises TypeError, not PicklingError
+
+
 def _fail(message):
   raise ValueError(message)
 
@@ -53,6 +58,13 @@ def test_exception_comes_back_and_helper_survives(runner):
   before = runner.run(_pid, timeout_s=30)
   with pytest.raises(ValueError, match="bad input"):
     runner.run(_fail, "bad input", timeout_s=30)
+  assert runner.run(_pid, timeout_s=30) == before
+
+
+def test_unpicklable_result_is_an_error_and_helper_survives(runner):
+  before = runner.run(_pid, timeout_s=30)
+  with pytest.raises(deadline.HelperFailed, match="not picklable"):
+    runner.run(_unpicklable, timeout_s=30)
   assert runner.run(_pid, timeout_s=30) == before
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import pickle
 import signal
 import socket
 import subprocess
@@ -150,5 +149,5 @@ def _serve(fd: int, preload: str) -> None:
       reply = (False, e)
     try:
       conn.send(reply)
-    except pickle.PicklingError as e:
+    except Exception as e:  # unpicklable (PicklingError, TypeError, …); nothing was written yet
       conn.send((False, HelperFailed(f"result of {fn!r} is not picklable: {e}")))
