@@ -6,7 +6,8 @@ and result shape, split into matmuls (YNNPACK / XNNPACK / oneDNN / Eigen dot thu
 else, with the threads' busy share of the wall time.
 
 Usage: python -m benchmarks.profile_step [--completions 8] [--completion_length 256]
-         [--prompt_length 64] [--beta 0.04] [--top 25] [--trace_dir /tmp/reasoning_rl_profile]
+         [--prompt_length 64] [--beta 0.04] [--micro_batches 1] [--system_allocator] [--top 25]
+         [--trace_dir /tmp/reasoning_rl_profile]
 """
 
 import argparse
@@ -19,11 +20,8 @@ import shutil
 import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
 
-from benchmarks.forward import smollm2_path
+from benchmarks.train_step import add_step_arguments, build_jax_step
 
 _MATMUL = re.compile(r"^(ynn_fusion|xnn_fusion|onednn|dot|custom-call)")
 # Events that wrap others (the executor, loops, Python frames) would count their children twice.
@@ -38,28 +36,13 @@ def result_shapes(hlo_text: str) -> dict[str, str]:
 
 def main():
   parser = argparse.ArgumentParser()
-  parser.add_argument("--completions", type=int, default=8)
-  parser.add_argument("--completion_length", type=int, default=256)
-  parser.add_argument("--prompt_length", type=int, default=64)
-  parser.add_argument("--beta", type=float, default=0.04)
+  add_step_arguments(parser, completions=8, micro_batches=1)
   parser.add_argument("--top", type=int, default=25)
   parser.add_argument("--trace_dir", default="/tmp/reasoning_rl_profile")
   args = parser.parse_args()
 
-  from reasoning_rl.models import load
-  from reasoning_rl.rl.step import StepConfig, TrainStep
-
   b, p, t = args.completions, args.prompt_length, args.completion_length
-  rng = np.random.RandomState(0)
-  model, _ = load(smollm2_path())
-  graphdef, params = nnx.split(model)
-  reference = jax.tree.map(jnp.copy, params) if args.beta > 0 else None
-  step = TrainStep(graphdef, StepConfig(beta=args.beta, learning_rate=1e-6))
-  state = step.init_state(params, ref_params=reference)
-  batch = dict(tokens=jnp.asarray(rng.randint(0, 49152, (b, p + t)).astype(np.int32)),
-               attention_mask=jnp.ones((b, p + t), jnp.int32),
-               completion_mask=jnp.ones((b, t), jnp.int32),
-               advantages=jnp.asarray(rng.randn(b).astype(np.float32)))
+  _, step, state, batch = build_jax_step(args)
   shapes = result_shapes(step.compile(state, batch).lower(state, batch).compile().as_text())
   state, stats = step(state, batch)  # compile + warm-up
   jax.block_until_ready(stats)

@@ -4,8 +4,12 @@ The torch side is the same loss (PPO-clipped surrogate + β·k3 KL, per-sequence
 GRPOTrainer computes it) on the transformers model, with a frozen reference forward and AdamW — the
 work one TRL GRPO optimizer step does once the completions exist.
 
-Usage: python benchmarks/train_step.py [--completions 32] [--completion_length 256]
-         [--prompt_length 64] [--beta 0.04] [--repeats 2]
+Both sides run in one process, so both get the same host allocator: by default glibc is told to
+keep freed memory (`reasoning_rl.host_memory`, as `launch/train.py` does); `--system_allocator`
+leaves glibc's defaults.
+
+Usage: python -m benchmarks.train_step [--completions 32] [--completion_length 256]
+         [--prompt_length 64] [--beta 0.04] [--repeats 2] [--system_allocator]
 Prints completion tokens/s, seconds per step and achieved GFLOP/s for both.
 """
 
@@ -29,39 +33,60 @@ def step_flops(config, batch, length, with_reference):
   return forward * (3 + (1 if with_reference else 0))
 
 
-def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--completions", type=int, default=32)
+def add_step_arguments(parser: argparse.ArgumentParser, *, completions: int, micro_batches: int):
+  """The shape of the benchmarked step; shared with benchmarks/profile_step.py."""
+  parser.add_argument("--completions", type=int, default=completions)
   parser.add_argument("--completion_length", type=int, default=256)
   parser.add_argument("--prompt_length", type=int, default=64)
   parser.add_argument("--beta", type=float, default=0.04)
-  parser.add_argument("--repeats", type=int, default=2)
-  # Micro-batches on both sides: the full 32 x 320-token batch's activations do not fit 24 GiB.
-  parser.add_argument("--micro_batches", type=int, default=4)
+  parser.add_argument("--micro_batches", type=int, default=micro_batches)
   parser.add_argument("--remat", action="store_true")
-  args = parser.parse_args()
+  parser.add_argument("--system_allocator", action="store_true",
+                      help="leave glibc's malloc defaults (freed memory goes back to the OS)")
 
+
+def random_batch(b: int, p: int, t: int) -> dict[str, np.ndarray]:
+  """b rows of p prompt + t completion random token ids, every completion token counted."""
+  rng = np.random.RandomState(0)
+  return dict(tokens=rng.randint(0, 49152, (b, p + t)).astype(np.int32),
+              attention_mask=np.ones((b, p + t), np.int32),
+              completion_mask=np.ones((b, t), np.int32),
+              advantages=rng.randn(b).astype(np.float32))
+
+
+def build_jax_step(args):
+  """(model config, TrainStep, its initial state, a device batch) for SmolLM2-135M."""
+  if not args.system_allocator:
+    from reasoning_rl.host_memory import keep_freed_memory
+    keep_freed_memory()  # before the first JAX computation starts the backend's threads
   from reasoning_rl.models import load
   from reasoning_rl.rl.step import StepConfig, TrainStep
 
-  path = smollm2_path()
-  b, p, t = args.completions, args.prompt_length, args.completion_length
-  rng = np.random.RandomState(0)
-  tokens = rng.randint(0, 49152, (b, p + t)).astype(np.int32)
-  advantages = rng.randn(b).astype(np.float32)
-  completion_mask = np.ones((b, t), np.int32)
-  rows = []
-
-  model, _ = load(path)
-  config = model.config
-  flops = step_flops(config, b, p + t, args.beta > 0)
+  model, _ = load(smollm2_path())
   graphdef, params = nnx.split(model)
-  reference = jax.tree.map(jnp.copy, params)
+  reference = jax.tree.map(jnp.copy, params) if args.beta > 0 else None
   step = TrainStep(graphdef, StepConfig(beta=args.beta, learning_rate=1e-6,
                                         num_micro_batches=args.micro_batches, remat=args.remat))
-  state = step.init_state(params, ref_params=reference if args.beta > 0 else None)
-  batch = dict(tokens=jnp.asarray(tokens), attention_mask=jnp.ones((b, p + t), jnp.int32),
-               completion_mask=jnp.asarray(completion_mask), advantages=jnp.asarray(advantages))
+  state = step.init_state(params, ref_params=reference)
+  batch = random_batch(args.completions, args.prompt_length, args.completion_length)
+  return model.config, step, state, jax.tree.map(jnp.asarray, batch)
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  # Micro-batches on both sides: the full 32 x 320-token batch's activations do not fit 24 GiB.
+  add_step_arguments(parser, completions=32, micro_batches=4)
+  parser.add_argument("--repeats", type=int, default=2)
+  args = parser.parse_args()
+
+  path = smollm2_path()
+  b, p, t = args.completions, args.prompt_length, args.completion_length
+  rows = []
+  config, step, state, batch = build_jax_step(args)
+  host_batch = jax.tree.map(np.asarray, batch)
+  tokens, advantages = host_batch["tokens"], host_batch["advantages"]
+  completion_mask = host_batch["completion_mask"]
+  flops = step_flops(config, b, p + t, args.beta > 0)
   start = time.perf_counter()
   state, stats = step(state, batch)
   jax.block_until_ready(stats)
@@ -73,7 +98,7 @@ def main():
     jax.block_until_ready(stats)
     best = min(best, time.perf_counter() - start)
   rows.append(("reasoning_rl fused step (jax.jit, f32)", best))
-  del state, step, reference
+  del state, step
 
   import torch
   import transformers
@@ -120,6 +145,7 @@ def main():
   tokens_per_step = b * t
   print(f"SmolLM2-135M GRPO step: {b} completions x {t} tokens after {p}-token prompts, "
         f"beta={args.beta}, {args.micro_batches} micro-batches, remat={args.remat}, "
+        f"{'system' if args.system_allocator else 'kept-memory'} malloc, "
         f"{flops / 1e12:.2f} TFLOP/step; best of {args.repeats} "
         f"(jax compile + first step {compile_and_first:.0f} s)")
   print("| implementation | s / step | completion tokens/s | GFLOP/s |")

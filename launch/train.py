@@ -54,6 +54,10 @@ def main(argv):
   del argv
   config = _CONFIG.value
   logging.getLogger("reasoning_rl").setLevel(logging.INFO)
+  if config.keep_freed_host_memory:
+    # Before anything starts JAX's backend threads: they keep the malloc arena they first use.
+    from reasoning_rl.host_memory import keep_freed_memory
+    keep_freed_memory()
   try:
     if config.dry_run:
       from reasoning_rl.planning import print_dry_run

@@ -27,6 +27,10 @@ def base_config() -> ml_collections.ConfigDict:
   # stage starts from the previous one with --config.model.path=PREVIOUS_WORKDIR.
   c.stage = "rl"
   c.dry_run = False  # print the memory / throughput plan of the target slice and exit
+  # Linux/glibc: keep freed host memory for reuse instead of returning it to the OS, so a CPU
+  # step's multi-GB temporaries are not page-faulted (and zeroed) afresh every step; the process
+  # then holds its peak host memory until it exits. See reasoning_rl/host_memory.py.
+  c.keep_freed_host_memory = True
 
   # The policy. `path`: an HF directory or .gguf file; empty = a random model built from
   # `random` with the tokenizer named by `tokenizer` ("debug_arithmetic" is a built-in
@@ -176,6 +180,8 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
   require(bool(config.workdir), "workdir", "set --config.workdir=DIR (metrics, checkpoints, "
           "rollouts go there)")
   require(isinstance(config.seed, int), "seed", "must be an integer")
+  require(isinstance(config.keep_freed_host_memory, bool), "keep_freed_host_memory",
+          "must be True or False")
   require(isinstance(config.total_steps, int) and config.total_steps >= 1, "total_steps",
           "must be an integer >= 1")
   require(config.stage in ("rl", "sft", "rejection_sft"), "stage",

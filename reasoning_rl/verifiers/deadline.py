@@ -24,6 +24,8 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
+from reasoning_rl.verifiers.request_loop import answer_requests
+
 # Importing sympy and math-verify in a fresh interpreter takes a second or two, more on a loaded
 # machine; that start-up is not charged to the caller's deadline but it is bounded.
 STARTUP_TIMEOUT_S = 300.0
@@ -135,19 +137,16 @@ def _serve(fd: int, preload: str) -> None:
   """The helper's main loop: import `preload`, say ready, then answer requests until EOF."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent, which kills us
   threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
-  conn = Connection(fd)
   __import__(preload)
-  conn.send("ready")
-  while True:
+
+  def answer(request):
+    fn, args = request
     try:
-      fn, args = conn.recv()
-    except EOFError:
-      return
-    try:
-      reply = (True, fn(*args))
+      return True, fn(*args)
     except Exception as e:  # sent back and re-raised in the caller
-      reply = (False, e)
-    try:
-      conn.send(reply)
-    except Exception as e:  # unpicklable (PicklingError, TypeError, …); nothing was written yet
-      conn.send((False, HelperFailed(f"result of {fn!r} is not picklable: {e}")))
+      return False, e
+
+  def unsendable(request, error):
+    return False, HelperFailed(f"result of {request[0]!r} is not picklable: {error}")
+
+  answer_requests(Connection(fd), "ready", answer, unsendable)

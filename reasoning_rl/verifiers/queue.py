@@ -34,6 +34,7 @@ from typing import Any, Callable, Hashable, Iterator
 import numpy as np
 
 from reasoning_rl.errors import ConfigError, VerifierError
+from reasoning_rl.verifiers.request_loop import answer_requests
 
 _IDLE_TICK_S = 0.1
 _READY = "__ready__"
@@ -64,21 +65,19 @@ class PoolResult:
 def _worker_main(fn: Callable[[Any], Any], conn: multiprocessing.connection.Connection) -> None:
   """Scores items received on `conn` until the pipe closes."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
-  conn.send(_READY)  # start-up (imports, unpickling fn) does not count against an item's time
-  while True:
+
+  def answer(request):
+    item_id, item = request
     try:
-      item_id, item = conn.recv()
-    except (EOFError, OSError):
-      return
-    try:
-      reply = (item_id, "ok", fn(item), "")
+      return item_id, "ok", fn(item), ""
     except Exception as error:  # pylint: disable=broad-except
-      reply = (item_id, "error", None, f"{type(error).__name__}: {error}\n"
-               f"{traceback.format_exc(limit=5)}")
-    try:
-      conn.send(reply)
-    except Exception as error:  # an unpicklable value; the pipe itself still works
-      conn.send((item_id, "error", None, f"result of {type(error).__name__}: {error}"))
+      return (item_id, "error", None,
+              f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=5)}")
+
+  def unsendable(request, error):
+    return request[0], "error", None, f"result of {type(error).__name__}: {error}"
+
+  answer_requests(conn, _READY, answer, unsendable)
 
 
 @dataclasses.dataclass
