@@ -10,7 +10,8 @@ leaves glibc's defaults.
 
 Usage: python -m benchmarks.train_step [--completions 32] [--completion_length 256]
          [--prompt_length 64] [--beta 0.04] [--repeats 2] [--system_allocator]
-Prints completion tokens/s, seconds per step and achieved GFLOP/s for both.
+Prints completion tokens/s, seconds per step and achieved GFLOP/s for both, the latter also
+as a share of this machine's f32 matmul speed (a 2048³ product measured in the same run).
 """
 
 import argparse
@@ -31,6 +32,19 @@ def step_flops(config, batch, length, with_reference):
   forward = 2 * tokens * config.num_params() + \
       2 * batch * length * length * config.num_heads * config.head_dim * config.num_layers
   return forward * (3 + (1 if with_reference else 0))
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+  """This machine's f32 matmul speed: the best of `repeats` jitted n³ products, in GFLOP/s."""
+  a = jnp.ones((n, n), jnp.float32)
+  product = jax.jit(lambda x: x @ x)
+  product(a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    product(a).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * n**3 / best / 1e9
 
 
 def add_step_arguments(parser: argparse.ArgumentParser, *, completions: int, micro_batches: int):
@@ -142,17 +156,20 @@ def main():
   rows.append((f"transformers {transformers.__version__} + torch {torch.__version__} "
                "(TRL GRPO loss)", torch_best))
 
+  peak = matmul_peak_gflops()
   tokens_per_step = b * t
   print(f"SmolLM2-135M GRPO step: {b} completions x {t} tokens after {p}-token prompts, "
         f"beta={args.beta}, {args.micro_batches} micro-batches, remat={args.remat}, "
         f"{'system' if args.system_allocator else 'kept-memory'} malloc, "
         f"{flops / 1e12:.2f} TFLOP/step; best of {args.repeats} "
         f"(jax compile + first step {compile_and_first:.0f} s)")
-  print("| implementation | s / step | completion tokens/s | GFLOP/s |")
-  print("|---|---|---|---|")
+  print(f"matmul peak here: {peak:.0f} GFLOP/s (jitted 2048^3 f32 product, best of 5)")
+  print("| implementation | s / step | completion tokens/s | GFLOP/s | % of matmul peak |")
+  print("|---|---|---|---|---|")
   for name, seconds in rows:
+    achieved = flops / seconds / 1e9
     print(f"| {name} | {seconds:.1f} | {tokens_per_step / seconds:,.0f} | "
-          f"{flops / seconds / 1e9:.0f} |")
+          f"{achieved:.0f} | {achieved / peak:.0%} |")
   print(f"speed-up: {rows[1][1] / rows[0][1]:.2f}x")
 
 
