@@ -20,8 +20,9 @@ import shutil
 import time
 
 import jax
+import jax.numpy as jnp
 
-from benchmarks.train_step import add_step_arguments, build_jax_step
+from benchmarks.train_step import add_step_arguments, build_jax_step, random_batch
 
 _MATMUL = re.compile(r"^(ynn_fusion|xnn_fusion|onednn|dot|custom-call)")
 # Events that wrap others (the executor, loops, Python frames) would count their children twice.
@@ -42,7 +43,8 @@ def main():
   args = parser.parse_args()
 
   b, p, t = args.completions, args.prompt_length, args.completion_length
-  _, step, state, batch = build_jax_step(args)
+  _, step, state = build_jax_step(args)
+  batch = jax.tree.map(jnp.asarray, random_batch(b, p, t))
   shapes = result_shapes(step.compile(state, batch).lower(state, batch).compile().as_text())
   state, stats = step(state, batch)  # compile + warm-up
   jax.block_until_ready(stats)

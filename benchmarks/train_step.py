@@ -69,7 +69,7 @@ def random_batch(b: int, p: int, t: int) -> dict[str, np.ndarray]:
 
 
 def build_jax_step(args):
-  """(model config, TrainStep, its initial state, a device batch) for SmolLM2-135M."""
+  """(model config, TrainStep, its initial state) for SmolLM2-135M; call before any JAX work."""
   if not args.system_allocator:
     from reasoning_rl.host_memory import keep_freed_memory
     keep_freed_memory()  # before the first JAX computation starts the backend's threads
@@ -81,9 +81,7 @@ def build_jax_step(args):
   reference = jax.tree.map(jnp.copy, params) if args.beta > 0 else None
   step = TrainStep(graphdef, StepConfig(beta=args.beta, learning_rate=1e-6,
                                         num_micro_batches=args.micro_batches, remat=args.remat))
-  state = step.init_state(params, ref_params=reference)
-  batch = random_batch(args.completions, args.prompt_length, args.completion_length)
-  return model.config, step, state, jax.tree.map(jnp.asarray, batch)
+  return model.config, step, step.init_state(params, ref_params=reference)
 
 
 def main():
@@ -96,8 +94,9 @@ def main():
   path = smollm2_path()
   b, p, t = args.completions, args.prompt_length, args.completion_length
   rows = []
-  config, step, state, batch = build_jax_step(args)
-  host_batch = jax.tree.map(np.asarray, batch)
+  config, step, state = build_jax_step(args)
+  host_batch = random_batch(b, p, t)
+  batch = jax.tree.map(jnp.asarray, host_batch)
   tokens, advantages = host_batch["tokens"], host_batch["advantages"]
   completion_mask = host_batch["completion_mask"]
   flops = step_flops(config, b, p + t, args.beta > 0)

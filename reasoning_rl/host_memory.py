@@ -35,12 +35,17 @@ _NEVER = -1  # mallopt takes an int; glibc stores it as size_t, so −1 is SIZE_
 _applied = False
 
 
+def runs_on_glibc() -> bool:
+  """True on Linux with glibc, the only C library whose `mallopt` this module knows."""
+  return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
 def keep_freed_memory() -> bool:
   """Makes glibc keep and reuse freed memory; True if it now does, False where it cannot."""
   global _applied
   if _applied:
     return True
-  if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+  if not runs_on_glibc():
     logging.getLogger(__name__).info(
         "keep_freed_memory: not Linux with glibc (%s %s); the allocator is left as it is",
         platform.system(), platform.libc_ver()[0] or "unknown libc")

@@ -35,8 +35,7 @@ _PROBE = textwrap.dedent("""
     print(*faults)
 """)
 
-glibc_only = pytest.mark.skipif(
-    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="needs glibc")
+glibc_only = pytest.mark.skipif(not host_memory.runs_on_glibc(), reason="needs glibc")
 
 
 def _faults_per_round(mode: str) -> list[int]:
