@@ -26,27 +26,17 @@ _OUTPUT = flags.DEFINE_string("output", None, "Where to write eval.json.")
 
 def evaluate(checkpoint: str, config) -> dict:
   from reasoning_rl import evaluation
-  from reasoning_rl.data import tasks, templates
-  from reasoning_rl.models import load
-  from reasoning_rl.sampler import Engine
-  from reasoning_rl.verifiers.rewards import RewardFunction
+  from reasoning_rl.build import build_evaluation
 
-  model, tokenizer = load(checkpoint, dtype=config.model.dtype)
-  template = templates.PromptTemplate(config.data.template, tokenizer,
-                                      instruction=config.data.instruction,
-                                      system_prompt=config.data.system_prompt)
-  source = tasks.build_source(config.data.eval, field="data.eval")
-  examples = [source.example(i) for i in range(config.eval.num_examples)]
-  max_new_tokens = config.eval.max_new_tokens or config.rollout.max_new_tokens
-  engine = Engine(model, max_concurrent_decodes=config.rollout.max_concurrent_decodes,
-                  max_prefill_length=config.rollout.max_prefill_length,
-                  max_decode_length=max_new_tokens, steps_per_call=config.rollout.steps_per_call,
-                  seed=config.seed)
-  return evaluation.run_evaluation(
-      engine, tokenizer, template, examples, RewardFunction(config.rewards),
-      num_samples=config.eval.num_samples, temperature=config.eval.temperature,
-      max_new_tokens=max_new_tokens, stop_strings=tuple(config.rollout.stop_strings),
-      seed=config.seed, canaries=tuple(config.eval.canaries))
+  parts = build_evaluation(config, checkpoint)
+  try:
+    return evaluation.run_evaluation(
+        parts.engine, parts.tokenizer, parts.template, parts.examples, parts.scorer,
+        num_samples=config.eval.num_samples, temperature=config.eval.temperature,
+        max_new_tokens=parts.max_new_tokens, stop_strings=tuple(config.rollout.stop_strings),
+        seed=config.seed, canaries=tuple(config.eval.canaries))
+  finally:
+    parts.scorer.close()
 
 
 def main(argv):

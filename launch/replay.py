@@ -39,7 +39,17 @@ def main(argv: list[str]) -> int:
     raise app.UsageError("--config=PATH and --workdir=DIR are required")
   if "rewards" not in _CONFIG.value:
     raise ConfigError("the config has no `rewards` field; add config.rewards = {part: {weight, …}}")
-  report = replay(_WORKDIR.value, _CONFIG.value.rewards)
+  config = _CONFIG.value
+  scorer = None
+  if "verifier" in config:  # a full training config: score as the run did (pool or inline)
+    from reasoning_rl.build import build_reward_fn, build_scorer  # pylint: disable=import-outside-toplevel
+
+    scorer = build_scorer(config, build_reward_fn(config, redteam=False))
+  try:
+    report = replay(_WORKDIR.value, config.rewards, scorer=scorer)
+  finally:
+    if scorer is not None:
+      scorer.close()
   print(report.summary())
   if _OUTPUT.value:
     pathlib.Path(_OUTPUT.value).write_text(json.dumps(report.to_dict(), indent=1) + "\n")

@@ -6,24 +6,30 @@ The config file's `get_config()` gives every field (documented in reasoning_rl/c
 `--config.FIELD=value` flags override them. The config is validated before anything is loaded or
 compiled. Run again on the same workdir to resume from its newest complete checkpoint.
 
+The terminal shows one progress line (step, train reward, held-out accuracy, s/step, ETA) and a
+summary at the end; library logs go to WORKDIR/logs/train.log (`--verbose` prints them too), and
+WORKDIR/report.md (with plots) is written however the run ends.
+
 Exit codes: 0 finished; 2 bad config or input (one line naming the field); 3 a guard stopped the
 run (see WORKDIR/STOPPED.md); 143 preempted by SIGTERM after saving a checkpoint.
 """
 
 import importlib.util
-import logging
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from reasoning_rl.errors import ReasoningRLError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file.",
                                           lock_config=True)
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Also print library logs (INFO and up) on the "
+                             "terminal; they always go to WORKDIR/logs/train.log.")
 
 
 def precheck(argv) -> None:
@@ -53,7 +59,6 @@ def precheck(argv) -> None:
 def main(argv):
   del argv
   config = _CONFIG.value
-  logging.getLogger("reasoning_rl").setLevel(logging.INFO)
   if config.keep_freed_host_memory:
     # Before anything starts JAX's backend threads: they keep the malloc arena they first use.
     from reasoning_rl.host_memory import keep_freed_memory
@@ -64,9 +69,13 @@ def main(argv):
 
       print_dry_run(config)
       return 0
+    from reasoning_rl import config as config_lib
+    from reasoning_rl.console import send_logs_to_workdir
     from reasoning_rl.trainer import Trainer
 
-    return Trainer(config).run()
+    config_lib.validate(config)  # before anything is written to the workdir
+    send_logs_to_workdir(config.workdir, verbose=_VERBOSE.value)
+    return Trainer.from_config(config).run()
   except ReasoningRLError as error:
     print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
     return 2

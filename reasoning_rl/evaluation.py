@@ -191,13 +191,23 @@ def _as_generated(item: GeneratedText | Mapping[str, Any] | str, where: str) -> 
                    f"'truncated'; got {type(item).__name__}")
 
 
-def _record(example, generated: GeneratedText, max_new_tokens: int | None) -> CompletionRecord:
+def completion_record(example, text: str, *, num_tokens: int, truncated: bool,
+                      max_new_tokens: int | None) -> CompletionRecord:
+  """What a verifier sees of one completion of `example` (a task example or a canary prompt);
+  training (`loop.rollouts`) and evaluation build their records here, so both score alike."""
   return CompletionRecord(
-      response=generated.text, ground_truth=str(getattr(example, "answer", "") or ""),
-      task=getattr(example, "task", "math") or "math", num_tokens=generated.num_tokens,
-      truncated=generated.truncated, max_new_tokens=max_new_tokens,
+      response=text, ground_truth=str(getattr(example, "answer", "") or ""),
+      task=getattr(example, "task", "math") or "math", num_tokens=num_tokens,
+      truncated=bool(truncated), max_new_tokens=max_new_tokens,
       prompt=getattr(example, "prompt", ""), tests=tuple(getattr(example, "tests", ()) or ()),
       metadata=dict(getattr(example, "metadata", {}) or {}))
+
+
+def _as_scorer(scorer):
+  """A `workers.scorer.Scorer`; a bare RewardFunction is scored inline."""
+  from reasoning_rl.workers.scorer import InlineScorer, Scorer  # pylint: disable=import-outside-toplevel
+
+  return scorer if isinstance(scorer, Scorer) else InlineScorer(scorer)
 
 
 def _correct_part(reward_fn: RewardFunction):
@@ -214,7 +224,7 @@ def _mean(values: Sequence[float]) -> float:
 
 def evaluate_completions(examples: Sequence[Any],
                          completions_by_example: Sequence[Sequence[GeneratedText]],
-                         reward_fn: RewardFunction, *, max_new_tokens: int | None = None,
+                         scorer, *, max_new_tokens: int | None = None,
                          temperature: float | None = None, ks: Sequence[int] | None = None,
                          canaries: Sequence[Any] = (),
                          canary_completions: Sequence[Sequence[GeneratedText]] = ()) -> EvalResult:
@@ -223,7 +233,9 @@ def evaluate_completions(examples: Sequence[Any],
   Args:
     examples: objects with `.answer`, `.task`, `.prompt`, `.metadata`, `.tests`, `.uid`.
     completions_by_example: for each example, its n samples (same n for all examples).
-    reward_fn: the run's rewards; its `correct` part decides correctness.
+    scorer: a `workers.scorer.Scorer` (or a RewardFunction, scored inline) of the run's rewards;
+      its `correct` part decides correctness. A group it cannot score (timeout / error) counts
+      as wrong and is counted in `verifier/timeouts` / `verifier/errors`.
     max_new_tokens: the generation budget (for length rewards and the record).
     temperature: recorded in the result.
     ks: the k of pass@k / maj@k (default `default_ks(n)`).
@@ -246,7 +258,15 @@ def evaluate_completions(examples: Sequence[Any],
   ks = default_ks(n) if ks is None else sorted(set(int(k) for k in ks))
   if not all(1 <= k <= n for k in ks):
     raise ValueError(f"evaluate_completions: ks={ks} must lie in [1, {n}] (samples per example)")
+  scorer = _as_scorer(scorer)
+  reward_fn = scorer.reward_fn
   correct_part = _correct_part(reward_fn)
+  generated_by_example = [[_as_generated(s, f"completions_by_example[{index}]") for s in samples]
+                          for index, samples in enumerate(completions_by_example)]
+  scored = scorer.score(
+      (index, [completion_record(example, g.text, num_tokens=g.num_tokens, truncated=g.truncated,
+                                 max_new_tokens=max_new_tokens) for g in generated])
+      for index, (example, generated) in enumerate(zip(examples, generated_by_example)))
   format_part = next((p for p in reward_fn.parts if p.kind == "format"), None)
   extract = correct_part.settings["extract"]
   extract = "answer_or_boxed" if extract == "none" else extract
@@ -258,9 +278,8 @@ def evaluate_completions(examples: Sequence[Any],
   part_values: dict[str, list[float]] = {p.name: [] for p in reward_fn.parts}
   per_task: dict[str, list[float]] = {}
   rows = []
-  for index, (example, samples) in enumerate(zip(examples, completions_by_example)):
-    generated = [_as_generated(s, f"completions_by_example[{index}]") for s in samples]
-    rewards = reward_fn.score_group([_record(example, g, max_new_tokens) for g in generated])
+  for index, (example, generated) in enumerate(zip(examples, generated_by_example)):
+    rewards = scored[index].rewards
     verdicts = [r.parts[correct_part.name] >= 1.0 for r in rewards]
     answers = [extract_answer(g.text, extract=extract, answer_tag=answer_tag) for g in generated]
     num_correct = sum(verdicts)
@@ -297,6 +316,8 @@ def evaluate_completions(examples: Sequence[Any],
   result["truncated_frac"] = _mean(truncated)
   result["format_rate"] = _mean(formats)
   result["answer_rate"] = _mean(answered)
+  result["verifier/timeouts"] = sum(item.status == "timeout" for item in scored.values())
+  result["verifier/errors"] = sum(item.status == "error" for item in scored.values())
   result["per_task"] = {task: {"num_examples": len(values), "accuracy": _mean(values)}
                         for task, values in sorted(per_task.items())}
   result["examples"] = rows
@@ -320,8 +341,7 @@ class CanaryPrompt:
   metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def run_evaluation(engine, tokenizer, template, examples: Sequence[Any],
-                   reward_fn: RewardFunction, *, num_samples: int = 1, temperature: float = 0.0,
+def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer, *, num_samples: int = 1, temperature: float = 0.0,
                    top_p: float = 1.0, max_new_tokens: int, stop_strings: Sequence[str] = (),
                    seed: int = 0, ks: Sequence[int] | None = None,
                    canaries: Sequence[Any] = ()) -> EvalResult:
@@ -333,7 +353,7 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any],
       generation.
     template: `.encode(example) -> list[int]` (the prompt as the policy sees it in training).
     examples: held-out examples (see `evaluate_completions`).
-    reward_fn: the run's rewards.
+    scorer: scores the completions (see `evaluate_completions`).
     num_samples, temperature, top_p, max_new_tokens, stop_strings, seed: sampling (0 = greedy).
       Example i is prompt id i; canary j is prompt id len(examples) + j, so a completion depends
       only on (seed, its position, the weights).
@@ -359,7 +379,7 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any],
         text=tokenizer.decode(completion.completion_ids, skip_special_tokens=True),
         num_tokens=len(completion.completion_ids), truncated=bool(completion.truncated)))
   return evaluate_completions(
-      examples, generated[:len(examples)], reward_fn, max_new_tokens=max_new_tokens,
+      examples, generated[:len(examples)], scorer, max_new_tokens=max_new_tokens,
       temperature=temperature, ks=ks, canaries=canaries,
       canary_completions=generated[len(examples):])
 

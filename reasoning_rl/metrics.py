@@ -248,7 +248,10 @@ class MetricsWriter:
 
 
 class ProgressBar:
-  """A console bar with rate and ETA (tqdm); silent unless `stream` is a terminal or forced on.
+  """One live console line (tqdm): step, train reward, last held-out accuracy, s/step and ETA.
+
+  Silent unless `stream` is a terminal or it is forced on. Messages that must not tear the line
+  (a guard trip, a preemption) go through `write`.
 
   Args:
     total_steps: the step the run ends at.
@@ -260,21 +263,45 @@ class ProgressBar:
   def __init__(self, total_steps: int, *, initial: int = 0, enabled: bool | None = None,
                stream: TextIO | None = None):
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-    stream = sys.stderr if stream is None else stream
+    self._stream = sys.stderr if stream is None else stream
     if enabled is None:
-      enabled = bool(getattr(stream, "isatty", lambda: False)())
-    self._bar = tqdm(total=total_steps, initial=initial, disable=not enabled, file=stream,
-                     unit="step", dynamic_ncols=True,
+      enabled = bool(getattr(self._stream, "isatty", lambda: False)())
+    self._bar = tqdm(total=total_steps, initial=initial, disable=not enabled, file=self._stream,
+                     unit="step", dynamic_ncols=True, desc="train",
+                     bar_format="{desc} {n_fmt}/{total_fmt} |{bar:12}| {postfix} "
+                                "[{elapsed}<{remaining}, {rate_fmt}]",
                      mininterval=0.0)  # a step takes seconds: draw every one
     self._step = initial
+    self._shown: dict[str, str] = {}
+
+  def _show(self) -> None:
+    self._bar.set_postfix_str(" ".join(f"{k} {v}" for k, v in self._shown.items()),
+                              refresh=True)
+
+  def set_accuracy(self, accuracy: float) -> None:
+    """Shows the latest held-out accuracy until the next evaluation."""
+    self._shown["held-out"] = f"{accuracy:.1%}"
+    self._show()
 
   def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
-    """Moves the bar to `step` and shows `metrics` (a few key numbers) beside it."""
+    """Moves the line to `step`; shows the step's train reward (or loss, for SFT stages)."""
     if metrics:
-      self._bar.set_postfix({key: f"{_scalar(key, value):.4g}" for key, value in metrics.items()},
-                            refresh=False)
+      key = "reward/mean" if "reward/mean" in metrics else "loss"
+      if key in metrics:
+        self._shown = {("reward" if key == "reward/mean" else key):
+                       f"{_scalar(key, metrics[key]):.3f}",
+                       **{k: v for k, v in self._shown.items() if k == "held-out"}}
+      self._bar.set_postfix_str(" ".join(f"{k} {v}" for k, v in self._shown.items()),
+                                refresh=False)
     self._bar.update(step - self._step)
     self._step = step
+
+  def write(self, message: str) -> None:
+    """Prints a line above the bar (or plainly when the bar is off)."""
+    if self._bar.disable:
+      print(message, file=self._stream, flush=True)
+    else:
+      self._bar.write(message, file=self._stream)
 
   def close(self) -> None:
     self._bar.close()

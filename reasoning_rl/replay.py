@@ -27,6 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from reasoning_rl.errors import VerifierError
 from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
 
 _ROLLOUT_NAME = re.compile(r"^step_(\d{8})\.jsonl$")
@@ -115,7 +116,9 @@ def completion_record(record: Mapping[str, Any], where: str) -> CompletionRecord
       ground_truth=str(record.get("ground_truth", record.get("answer", ""))),
       task=record["task"], num_tokens=int(record["num_tokens"]),
       truncated=bool(record["truncated"]), max_new_tokens=sampling["max_new_tokens"],
-      prompt=record["prompt"], tests=tuple(record.get("tests") or ()),
+      # the task's own prompt, as training scored it (records before `task_prompt` existed hold
+      # only the templated text)
+      prompt=record.get("task_prompt", record["prompt"]), tests=tuple(record.get("tests") or ()),
       metadata=dict(record["metadata"] or {}))
 
 
@@ -140,20 +143,34 @@ def _old_parts(record: Mapping[str, Any]) -> dict[str, float]:
 
 
 def replay(workdir: str | os.PathLike[str], rewards_config: Any, *, rel_tol: float = 1e-9,
-           abs_tol: float = 1e-12) -> ReplayReport:
-  """Re-scores every rollout record under `workdir/rollouts` with `rewards_config`."""
-  reward_fn = RewardFunction(rewards_config)
+           abs_tol: float = 1e-12, scorer=None) -> ReplayReport:
+  """Re-scores every rollout record under `workdir/rollouts` with `rewards_config`.
+
+  `scorer` (a `workers.scorer.Scorer` of that reward, e.g. a verifier pool) scores the groups;
+  by default they are scored inline. A group the scorer could not score raises VerifierError
+  naming its records: a replay must not report fake zeros as changed rewards.
+  """
+  from reasoning_rl.workers.scorer import InlineScorer  # pylint: disable=import-outside-toplevel
+
+  reward_fn = scorer.reward_fn if scorer is not None else RewardFunction(rewards_config)
+  scorer = scorer if scorer is not None else InlineScorer(reward_fn)
   entries = _read_records(pathlib.Path(workdir) / "rollouts")
   groups: dict[tuple, list[int]] = {}
   for index, (name, _, record) in enumerate(entries):
     key = ((name, record.get("step"), record.get("group_id")) if reward_fn.needs_group
            else (index,))
     groups.setdefault(key, []).append(index)
+  scored = scorer.score(
+      (key, [completion_record(entries[i][2], f"rollouts/{entries[i][0]}:{entries[i][1]}")
+             for i in members]) for key, members in groups.items())
   new_rewards: list = [None] * len(entries)
-  for members in groups.values():
-    records = [completion_record(entries[i][2], f"rollouts/{entries[i][0]}:{entries[i][1]}")
-               for i in members]
-    for i, reward in zip(members, reward_fn.score_group(records)):
+  for key, members in groups.items():
+    item = scored[key]
+    if item.status != "ok":
+      name, line, _ = entries[members[0]]
+      raise VerifierError(f"rollouts/{name}:{line}: re-scoring failed ({item.status}): "
+                          f"{item.error.splitlines()[0] if item.error else 'no detail'}")
+    for i, reward in zip(members, item.rewards):
       new_rewards[i] = reward
 
   changed = []

@@ -165,11 +165,17 @@ def test_progress_bar_quiet_unless_tty_or_forced():
 
   shown = io.StringIO()
   bar = ProgressBar(10, initial=2, enabled=True, stream=shown)
+  bar.set_accuracy(0.34)
   bar.update(3, {"loss": 0.123456, "reward/mean": 0.5})
-  bar.update(5, {"loss": 0.25})
+  bar.set_accuracy(0.571)
+  bar.update(5, {"loss": 0.25, "reward/mean": 0.625})
+  bar.write("a message above the line")
   bar.close()
   text = shown.getvalue()
-  assert "5/10" in text and "loss=0.25" in text and "loss=0.1235" in text and "<" in text
+  last = text.replace("\r", "\n").strip().splitlines()[-1]
+  assert "5/10" in last and "reward 0.625" in last and "held-out 57.1%" in last, last
+  assert "reward 0.500 held-out 34.0%" in text and "a message above the line" in text
+  assert "<" in last and "step" in last  # ETA and rate
 
 
 _WRITER_LOOP = """

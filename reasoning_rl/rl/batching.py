@@ -85,12 +85,13 @@ def pack_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[i
 
 def build_batch(groups: Sequence[ScoredGroup], *, num_groups: int, group_size: int,
                 prompt_length: int, completion_length: int, pad_id: int, estimator: str,
-                with_behavior_logprobs: bool = False):
+                with_rewards: bool = False, with_behavior_logprobs: bool = False):
   """Arrays for `TrainStep` plus the advantage of every sample.
 
   Returns (batch, advantages [num_groups, G]) where batch holds numpy arrays: tokens,
   attention_mask [R, prompt_length + completion_length], completion_mask [R, completion_length],
-  advantages [R], rewards [R] (for PPO) and, if asked, behavior_logprobs [R, completion_length];
+  advantages [R] and, if asked, rewards [R] (PPO's value targets) and behavior_logprobs
+  [R, completion_length] (the sampler's log-probs, for importance correction);
   R = num_groups · G. Missing groups (dynamic sampling came up short) are fully masked rows.
   """
   groups = list(groups[:num_groups])
@@ -110,7 +111,9 @@ def build_batch(groups: Sequence[ScoredGroup], *, num_groups: int, group_size: i
       [ids for g in groups for ids in g.completion_ids], num_rows=rows,
       prompt_length=prompt_length, completion_length=completion_length, pad_id=pad_id)
   batch = {"tokens": tokens, "attention_mask": attention, "completion_mask": completion_mask,
-           "advantages": advantages.reshape(-1), "rewards": rewards.reshape(-1)}
+           "advantages": advantages.reshape(-1)}
+  if with_rewards:
+    batch["rewards"] = rewards.reshape(-1)
   if with_behavior_logprobs:
     behavior = np.zeros((rows, completion_length), np.float32)
     for row, logprobs in enumerate(lp for g in groups for lp in g.logprobs):

@@ -228,16 +228,18 @@ class Engine:
     """The engine's parameters (JetStream calls this once and passes them back to every call)."""
     return self._params
 
-  def update_params(self, params) -> nnx.State:
+  def update_params(self, params, *, version: int | None = None) -> nnx.State:
     """Copies new parameters (an nnx.State or a Transformer, on any mesh) onto the sampler mesh.
 
     The copy is device to device (`jax.device_put` with the sampler's shardings), never through host
-    memory. Bumps `policy_version`; returns the new params for callers that hold them.
+    memory. `version` is the policy version the caller assigns to these parameters (the training
+    loop owns the count: updates applied so far); without it the engine's version goes up by one.
+    Returns the new params for callers that hold them.
     """
     if isinstance(params, nnx.Module):
       params = nnx.state(params)
     self._params = sharding_lib.reshard(params, self._param_shardings)
-    self.policy_version += 1
+    self.policy_version = self.policy_version + 1 if version is None else int(version)
     return self._params
 
   def get_prefix_destination_sharding(self):

@@ -6,7 +6,7 @@
 
 The loss is next-token cross-entropy on completion tokens only (`TrainStep` with algorithm
 "sft"); checkpoints are the RL stage's, so a stage starts from the previous one with
-`--config.model.path=PREVIOUS_WORKDIR`. `Trainer` mixes these methods in.
+`--config.model.path=PREVIOUS_WORKDIR`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,13 @@ import pathlib
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from reasoning_rl.build import Run
 from reasoning_rl.errors import ConfigError
+from reasoning_rl.loop.rl_stage import take_examples
+from reasoning_rl.loop.rollouts import RolloutCollector
+from reasoning_rl.loop.state import LoopState
 from reasoning_rl.rl import batching
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.sampler import SamplingParams
@@ -49,40 +52,47 @@ def load_sft_rows(path: pathlib.Path) -> list[tuple[str, str]]:
   return rows
 
 
-class SFTStages:
-  """SFT-stage methods of `reasoning_rl.trainer.Trainer` (they use its model, engine and state)."""
+class SFTStage:
+  """`sft` and `rejection_sft`: `start()` prepares the (prompt, completion) pairs, `step()` trains
+  on the next `sft.batch_size` of them."""
 
-  def _sft_data(self) -> list[tuple[list[int], list[int]]]:
+  def __init__(self, run: Run, collector: RolloutCollector, workdir: pathlib.Path):
+    self.run = run
+    self.collector = collector
+    self.workdir = workdir
+    self.pairs: list[tuple[list[int], list[int]]] = []
+
+  def start(self, loop: LoopState) -> None:
     """(prompt ids, completion ids + EOS) pairs: from sft.data_path, or — for rejection_sft —
     from the verified-correct samples of the starting model (written once to the workdir, so a
     resumed run fine-tunes on the same traces)."""
-    if self.config.stage == "rejection_sft":
+    config, tokenizer = self.run.config, self.run.tokenizer
+    if config.stage == "rejection_sft":
       path = self.workdir / "rejection_sampling.jsonl"
       if not path.exists():
-        self._rejection_sample(path)
+        self._rejection_sample(path, loop)
     else:
-      path = pathlib.Path(self.config.sft.data_path)
-    pairs = []
+      path = pathlib.Path(config.sft.data_path)
     for prompt, completion in load_sft_rows(path):
-      completion_ids = self.tokenizer.encode(completion, add_special_tokens=False)
-      pairs.append((self.template.encode(prompt), completion_ids + [self.tokenizer.eos_id]))
-    if not pairs:
+      completion_ids = tokenizer.encode(completion, add_special_tokens=False)
+      self.pairs.append((self.run.template.encode(prompt), completion_ids + [tokenizer.eos_id]))
+    if not self.pairs:
       raise ConfigError(f"{path}: no training rows (for rejection_sft: no sampled trace was "
                         "verified correct; sample more prompts or start from a stronger model)")
-    return pairs
 
-  def _rejection_sample(self, path: pathlib.Path):
+  def _rejection_sample(self, path: pathlib.Path, loop: LoopState):
     """Samples rejection.num_samples completions for rejection.num_prompts training prompts and
     keeps the verified-correct ones: distinct texts, optionally only the shortest per prompt."""
-    r = self.config.rejection
-    examples = self._take_examples(r.num_prompts)
-    groups, _, _, _ = self.sample_groups(
+    r = self.run.config.rejection
+    examples = take_examples(self.run, loop, r.num_prompts)
+    groups, _, _ = self.collector.collect(
         examples, num_samples=r.num_samples,
-        sampling=SamplingParams(temperature=r.temperature, top_p=self.config.rollout.top_p))
+        sampling=SamplingParams(temperature=r.temperature, top_p=self.run.config.rollout.top_p))
     rows, sampled, correct = [], 0, 0
-    for (_, example), (_, group, responses) in zip(examples, groups):
+    for (_, example), rollout in zip(examples, groups):
       kept = {}
-      for text, ids, ok in zip(responses, group.completion_ids, group.parts["correct"]):
+      for text, ids, ok in zip(rollout.responses, rollout.group.completion_ids,
+                               rollout.group.parts["correct"]):
         sampled += 1
         if ok >= 1.0:
           correct += 1
@@ -100,29 +110,36 @@ class SFTStages:
     (self.workdir / "rejection_sampling.json").write_text(json.dumps(summary, indent=2))
     log.info("rejection sampling: %s", summary)
 
-  def sft_step(self) -> dict:
-    """One SFT step over the next `sft.batch_size` pairs of a seeded per-epoch order."""
-    c = self.config
+  def step(self, step: int, state, loop: LoopState):
+    """(new train state, metrics row): one SFT step over the next `sft.batch_size` pairs of a
+    seeded per-epoch order."""
+    del step
+    c, run = self.run.config, self.run
     start = time.perf_counter()
-    n = len(self.sft_pairs)
+    n = len(self.pairs)
     chosen = []
-    for position in range(self.data_position, self.data_position + c.sft.batch_size):
+    for position in range(loop.data_position, loop.data_position + c.sft.batch_size):
       epoch, offset = divmod(position, n)
       order = np.random.default_rng([c.seed, epoch]).permutation(n)
-      chosen.append(self.sft_pairs[order[offset]])
-    self.data_position += c.sft.batch_size
+      chosen.append(self.pairs[order[offset]])
+    loop.data_position += c.sft.batch_size
     tokens, attention, completion_mask = batching.pack_rows(
         [p for p, _ in chosen], [q for _, q in chosen], num_rows=c.sft.batch_size,
         prompt_length=c.rollout.max_prefill_length, completion_length=c.rollout.max_new_tokens,
-        pad_id=self.tokenizer.pad_id)
+        pad_id=run.tokenizer.pad_id)
     batch = {"tokens": tokens, "attention_mask": attention, "completion_mask": completion_mask}
-    self.state, stats = self.step_fn(self.state, jax.tree.map(jnp.asarray, batch))
+    state, stats = run.step_fn(state, batch)
     stats = stats_lib.finalize(jax.device_get(stats))
-    self.engine.update_params(self.state.params)
+    loop.policy_version += 1
+    run.engine.update_params(state.params, version=loop.policy_version)
     truncated = np.mean([len(q) > c.rollout.max_new_tokens for _, q in chosen])
-    return {"loss": stats["loss"], "nll": stats["nll"], "entropy": stats["entropy"],
-            "skipped_update": stats["skipped_update"], "train/grad_norm": stats["grad_norm"],
-            "train/learning_rate": stats["learning_rate"], "sft/epoch": self.data_position / n,
-            "sft/truncated_frac": float(truncated), "data_position": self.data_position,
-            "policy_version": self.engine.policy_version,
-            "time/step_s": time.perf_counter() - start}
+    return state, {
+        "loss": stats["loss"], "nll": stats["nll"], "entropy": stats["entropy"],
+        "skipped_update": stats["skipped_update"], "train/grad_norm": stats["grad_norm"],
+        "train/learning_rate": stats["learning_rate"], "sft/epoch": loop.data_position / n,
+        "sft/truncated_frac": float(truncated), "data_position": loop.data_position,
+        "policy_version": loop.policy_version, "time/step_s": time.perf_counter() - start}
+
+  def rollout_records(self, step: int) -> list[dict]:
+    del step
+    return []  # SFT samples nothing

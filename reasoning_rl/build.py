@@ -1,0 +1,236 @@
+"""The one place a config becomes objects: meshes, policy, data, rewards, scorer, engine, step.
+
+Every launcher (train, evaluate, generate, replay, redteam) builds what it needs through these
+functions, so a config field means the same thing everywhere. Building has no side effects on the
+workdir: writing files is the loop's job (`reasoning_rl.trainer`), so a run whose set-up fails
+leaves nothing behind.
+
+`build(config)` returns a `Run`: everything a training run needs, with the policy already split
+into `graphdef` and the initial train state placed on the trainer mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Sequence
+
+import ml_collections
+
+from reasoning_rl.errors import ConfigError
+
+log = logging.getLogger("reasoning_rl")
+
+
+# ----------------------------------------------------------------------------------- pieces
+
+
+def build_meshes(config: ml_collections.ConfigDict):
+  """(trainer mesh, sampler mesh). `mesh.num_trainer_devices` = 0 shares every device."""
+  import jax
+
+  from reasoning_rl import sharding
+
+  m = config.mesh
+  devices = jax.devices()
+  if m.num_trainer_devices == 0:
+    trainer_devices = sampler_devices = devices
+  else:
+    trainer_devices, sampler_devices = sharding.split_devices(
+        m.num_trainer_devices, devices, field="config.mesh.num_trainer_devices")
+  return (sharding.make_mesh(tuple(m.trainer), trainer_devices, field="config.mesh.trainer"),
+          sharding.make_mesh(tuple(m.sampler), sampler_devices, field="config.mesh.sampler"))
+
+
+def build_policy(config: ml_collections.ConfigDict):
+  """(model, tokenizer): loaded from `model.path`, or random from `model.random` + a named vocab."""
+  from reasoning_rl.data.debug_vocab import load_named_tokenizer
+  from reasoning_rl.models import load
+  from reasoning_rl.models.config import ModelConfig
+  from reasoning_rl.models.transformer import create_model
+
+  c = config.model
+  if c.path:
+    if c.tokenizer:
+      raise ConfigError("config.model.tokenizer: leave empty when model.path is set (the "
+                        "tokenizer comes with the model)")
+    return load(c.path, dtype=c.dtype)
+  tokenizer = load_named_tokenizer(c.tokenizer)
+  model_config = ModelConfig(vocab_size=tokenizer.vocab_size, bos_token_id=tokenizer.bos_id,
+                             eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id,
+                             **dict(c.random))
+  model = create_model(model_config, seed=config.seed, dtype=c.dtype, param_dtype=c.dtype)
+  return model, tokenizer
+
+
+def build_template(config: ml_collections.ConfigDict, tokenizer):
+  from reasoning_rl.data import templates
+
+  c = config.data
+  return templates.PromptTemplate(c.template, tokenizer, instruction=c.instruction,
+                                  system_prompt=c.system_prompt)
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+  """Prompt sources: the training stream and the fixed held-out examples (never trained on)."""
+
+  train_source: Any
+  eval_examples: list
+  held_out: Any  # prompts excluded from the training stream
+
+
+def build_eval_examples(config: ml_collections.ConfigDict) -> list:
+  from reasoning_rl.data import tasks
+
+  source = tasks.build_source(config.data.eval, field="data.eval")
+  return [source.example(i) for i in range(config.eval.num_examples)]
+
+
+def build_data(config: ml_collections.ConfigDict) -> Data:
+  from reasoning_rl.data import tasks
+
+  eval_examples = build_eval_examples(config)
+  return Data(train_source=tasks.build_source(config.data.train, field="data.train"),
+              eval_examples=eval_examples, held_out=tasks.held_out_prompts(eval_examples))
+
+
+def build_reward_fn(config: ml_collections.ConfigDict, *, redteam: bool | None = None):
+  """The configured reward. With `verifier.redteam` (or `redteam=True`) it must first survive the
+  known exploits (`reasoning_rl.verifiers.redteam`); `verifier.allow_exploits` overrides that."""
+  from reasoning_rl.verifiers.rewards import RewardFunction
+
+  reward_fn = RewardFunction(config.rewards)
+  if config.verifier.redteam if redteam is None else redteam:
+    from reasoning_rl.verifiers.redteam import enforce_redteam
+
+    enforce_redteam(config.rewards, allow_exploits=config.verifier.allow_exploits,
+                    log=log.warning)
+  return reward_fn
+
+
+def build_scorer(config: ml_collections.ConfigDict, reward_fn):
+  """Inline (`verifier.num_workers` = 0) or pool scorer; both report ok / timeout / error."""
+  from reasoning_rl.workers.scorer import make_scorer
+
+  return make_scorer(reward_fn, num_workers=config.verifier.num_workers,
+                     item_timeout_s=config.verifier.item_timeout_s)
+
+
+def eval_max_new_tokens(config: ml_collections.ConfigDict) -> int:
+  return config.eval.max_new_tokens or config.rollout.max_new_tokens
+
+
+def build_engine(config: ml_collections.ConfigDict, model, *, mesh=None,
+                 max_decode_length: int | None = None):
+  """The sampler engine for `model` with the config's slot, prefill and chunk sizes."""
+  from reasoning_rl.sampler import Engine
+
+  r = config.rollout
+  return Engine(model, mesh=mesh, max_concurrent_decodes=r.max_concurrent_decodes,
+                max_prefill_length=r.max_prefill_length,
+                max_decode_length=max_decode_length or max(r.max_new_tokens,
+                                                           eval_max_new_tokens(config)),
+                steps_per_call=r.steps_per_call, seed=config.seed)
+
+
+def sampling_params(config: ml_collections.ConfigDict):
+  from reasoning_rl.sampler import SamplingParams
+
+  r = config.rollout
+  return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+
+
+def step_config(config: ml_collections.ConfigDict):
+  """The training step's static configuration (`reasoning_rl.rl.step.StepConfig`)."""
+  from reasoning_rl.rl.step import StepConfig
+
+  a, o = config.algo, config.optim
+  return StepConfig(
+      algorithm="sft" if config.stage != "rl" else ("ppo" if a.name == "ppo" else "grpo"),
+      beta=config.beta,
+      kl_estimator=a.kl_estimator, epsilon_low=a.epsilon_low, epsilon_high=a.epsilon_high,
+      dual_clip=a.dual_clip, loss_agg=a.loss_agg, entropy_coef=a.entropy_coef,
+      tis_cap=a.tis_cap, max_completion_length=config.rollout.max_new_tokens,
+      num_micro_batches=a.num_micro_batches, num_inner_updates=a.num_inner_updates,
+      logprob_chunk=a.logprob_chunk, remat=a.remat, learning_rate=o.learning_rate,
+      warmup_steps=o.warmup_steps, total_steps=config.total_steps,
+      final_lr_fraction=o.final_lr_fraction, weight_decay=o.weight_decay,
+      max_grad_norm=o.max_grad_norm)
+
+
+# ------------------------------------------------------------------------------- a whole run
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything a training run needs, built from its config (see `build`)."""
+
+  config: ml_collections.ConfigDict
+  trainer_mesh: Any
+  sampler_mesh: Any
+  tokenizer: Any
+  model_config: Any
+  graphdef: Any
+  step_fn: Any  # rl.step.TrainStep
+  state: Any  # rl.step.TrainState, on the trainer mesh
+  engine: Any  # sampler.Engine, on the sampler mesh, holding the initial policy
+  template: Any
+  data: Data
+  reward_fn: Any
+  scorer: Any  # workers.scorer.Scorer; the caller closes it
+  sampling: Any  # sampler.SamplingParams of the rollouts
+
+
+def build(config: ml_collections.ConfigDict) -> Run:
+  """Validates the config against this machine's devices, then builds every piece of a run."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from reasoning_rl import config as config_lib
+  from reasoning_rl.rl.step import TrainStep
+
+  config_lib.validate(config, num_devices=jax.device_count())
+  trainer_mesh, sampler_mesh = build_meshes(config)
+  model, tokenizer = build_policy(config)
+  template = build_template(config, tokenizer)
+  data = build_data(config)
+  reward_fn = build_reward_fn(config)
+  graphdef, params = nnx.split(model)
+  step_fn = TrainStep(graphdef, step_config(config), trainer_mesh)
+  reference = jax.tree.map(jnp.copy, params) if config.beta > 0 else None
+  state = step_fn.init_state(params, ref_params=reference)
+  del params
+  engine = build_engine(config, nnx.merge(graphdef, state.params), mesh=sampler_mesh)
+  scorer = build_scorer(config, reward_fn)  # last: nothing after it can fail and leak workers
+  return Run(config=config, trainer_mesh=trainer_mesh, sampler_mesh=sampler_mesh,
+             tokenizer=tokenizer, model_config=model.config, graphdef=graphdef,
+             step_fn=step_fn, state=state, engine=engine, template=template, data=data,
+             reward_fn=reward_fn, scorer=scorer, sampling=sampling_params(config))
+
+
+@dataclasses.dataclass
+class Evaluation:
+  """What evaluating a checkpoint on a config's held-out set needs (launch/evaluate.py)."""
+
+  engine: Any
+  tokenizer: Any
+  template: Any
+  examples: Sequence[Any]
+  scorer: Any
+  max_new_tokens: int
+
+
+def build_evaluation(config: ml_collections.ConfigDict, checkpoint: str) -> Evaluation:
+  """The policy at `checkpoint` (run workdir, checkpoint step, HF dir or GGUF) + the config's
+  held-out data, template, rewards and sampling limits. No red team: nothing is trained."""
+  from reasoning_rl.models import load
+
+  model, tokenizer = load(checkpoint, dtype=config.model.dtype)
+  max_new_tokens = eval_max_new_tokens(config)
+  engine = build_engine(config, model, max_decode_length=max_new_tokens)
+  reward_fn = build_reward_fn(config, redteam=False)
+  return Evaluation(engine=engine, tokenizer=tokenizer, template=build_template(config, tokenizer),
+                    examples=build_eval_examples(config), scorer=build_scorer(config, reward_fn),
+                    max_new_tokens=max_new_tokens)

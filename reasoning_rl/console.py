@@ -1,0 +1,56 @@
+"""Where a training run's messages go: a quiet terminal, full logs in the workdir.
+
+A run's terminal shows the progress line (`metrics.ProgressBar`), warnings and errors, and the
+summary printed at the end. Everything libraries log (Orbax's INFO lines about every save, JAX's
+backend choice, our own INFO lines) goes to `WORKDIR/logs/train.log`; `verbose=True` shows it on
+the terminal too. Terminal lines are written through tqdm so they never tear the progress line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+
+LOG_DIR = "logs"
+LOG_FILE = "train.log"
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _AboveProgressLine(logging.Handler):
+  """Writes records with `tqdm.write`, which clears and redraws a live progress line."""
+
+  def emit(self, record: logging.LogRecord) -> None:
+    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+
+    try:
+      tqdm.write(self.format(record))
+    except Exception:  # pylint: disable=broad-except
+      self.handleError(record)
+
+
+def send_logs_to_workdir(workdir: str | os.PathLike[str], *, verbose: bool = False) -> pathlib.Path:
+  """Routes every Python logger (absl's included) to WORKDIR/logs/train.log at INFO; the terminal
+  gets WARNING and up, or everything with `verbose`. Returns the log file's path."""
+  directory = pathlib.Path(workdir) / LOG_DIR
+  directory.mkdir(parents=True, exist_ok=True)
+  path = directory / LOG_FILE
+  root = logging.getLogger()
+  for handler in list(root.handlers):  # absl's stderr handler, installed by app.run
+    root.removeHandler(handler)
+  to_file = logging.FileHandler(path, encoding="utf-8")
+  to_file.setFormatter(logging.Formatter(_FORMAT))
+  to_terminal = _AboveProgressLine(level=logging.INFO if verbose else logging.WARNING)
+  to_terminal.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+  root.addHandler(to_file)
+  root.addHandler(to_terminal)
+  root.setLevel(logging.INFO)
+  logging.getLogger("reasoning_rl").setLevel(logging.INFO)
+  try:  # absl routes its own records through the root logger; keep its level from filtering INFO
+    from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+
+    absl_logging.set_verbosity(absl_logging.INFO)
+    absl_logging.set_stderrthreshold(absl_logging.FATAL)
+  except ImportError:
+    pass
+  return path

@@ -1,0 +1,111 @@
+"""The RL stage: one rollout batch and its updates per step, synchronous or k steps ahead.
+
+Asynchronous rollouts with bounded staleness k (`async_rollouts.max_staleness`): the batch trained
+at step s is sampled with policy version max(0, s − 1 − k) (version v = parameters after v
+updates). The loop keeps k sampled batches queued; after dispatching step s it samples batch s + k
+with the newest finished version (s − 1) while the step runs, then publishes version s to the
+sampler. With k = 0 the queue is empty and every batch is sampled right before its step: exactly
+the synchronous loop. With k > 0 the loss applies truncated importance sampling against the
+sampler's log-probs. Queued batches live in the loop state, so a resume is exact too.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+
+from reasoning_rl.build import Run
+from reasoning_rl.data import tasks
+from reasoning_rl.loop import telemetry
+from reasoning_rl.loop.rollouts import RolloutCollector
+from reasoning_rl.loop.state import LoopState, SampledBatch
+from reasoning_rl.rl import batching
+from reasoning_rl.rl import stats as stats_lib
+
+
+def take_examples(run: Run, loop: LoopState, count: int) -> list:
+  """The next `count` (data position, example) training pairs; advances the loop's position."""
+  stream = tasks.PromptStream(run.data.train_source, position=loop.data_position,
+                              exclude=run.data.held_out)
+  taken = stream.take(count)
+  loop.data_position = stream.position
+  return taken
+
+
+class RLStage:
+  """`step()` = sample (or dequeue) a batch, train on it, publish the new policy to the sampler."""
+
+  def __init__(self, run: Run, collector: RolloutCollector):
+    self.run = run
+    self.collector = collector
+    c = run.config
+    self.staleness = c.async_rollouts.max_staleness if c.async_rollouts.enabled else 0
+    self._last = None  # (batch, advantages) of the latest step, for its rollout records
+
+  def sample_batch(self, loop: LoopState) -> SampledBatch:
+    c = self.run.config
+    return self.collector.sample_batch(
+        lambda count: take_examples(self.run, loop, count), num_prompts=c.rollout.num_prompts,
+        dynamic_sampling=c.dynamic_sampling.enabled, max_rounds=c.dynamic_sampling.max_rounds,
+        policy_version=loop.policy_version)
+
+  def start(self, loop: LoopState) -> None:
+    """Fills the queue with batches 1..k, all sampled by version 0 (nothing to do when k = 0)."""
+    while len(loop.queue) < self.staleness:
+      loop.queue.append(self.sample_batch(loop))
+
+  def step(self, step: int, state, loop: LoopState):
+    """(new train state, metrics row) of RL step `step`."""
+    c, run = self.run.config, self.run
+    start = time.perf_counter()
+    sampled = loop.queue.popleft() if loop.queue else self.sample_batch(loop)
+    batch, advantages = batching.build_batch(
+        [g.group for g in sampled.groups], num_groups=c.rollout.num_prompts,
+        group_size=c.rollout.num_samples, prompt_length=c.rollout.max_prefill_length,
+        completion_length=c.rollout.max_new_tokens, pad_id=run.tokenizer.pad_id,
+        estimator=c.algo.estimator, with_rewards=c.algo.name == "ppo",
+        with_behavior_logprobs=self.staleness > 0)
+    train_start = time.perf_counter()
+    state, stats = run.step_fn(state, batch)  # dispatched; runs while we sample ahead
+    ahead_s = 0.0
+    if self.staleness > 0:  # batch step + k, sampled by version step − 1
+      ahead = time.perf_counter()
+      loop.queue.append(self.sample_batch(loop))
+      ahead_s = time.perf_counter() - ahead
+    stats = stats_lib.finalize(jax.device_get(stats))
+    train_s = time.perf_counter() - train_start - ahead_s
+    sync_start = time.perf_counter()
+    loop.policy_version += 1
+    run.engine.update_params(state.params, version=loop.policy_version)
+    sync_s = time.perf_counter() - sync_start
+    self._last = (step, sampled, advantages)
+    times = telemetry.StepTimes(train_s=train_s, sync_s=sync_s, sample_ahead_s=ahead_s,
+                                step_s=time.perf_counter() - start)
+    row = telemetry.rl_metrics(sampled, stats, reward_parts=[p.name for p in run.reward_fn.parts],
+                               policy_version=loop.policy_version,
+                               data_position=loop.data_position)
+    row.update(telemetry.rl_timing(sampled, times, asynchronous=self.staleness > 0))
+    row.update(telemetry.rl_throughput(
+        sampled, times, trained_tokens=int(batch["attention_mask"].sum()),
+        step_flops=self._step_flops, peak_flops=c.logging.peak_flops_per_device
+        * jax.device_count(), asynchronous=self.staleness > 0))
+    row.update({f"verifier/pool/{k}": v for k, v in run.scorer.metrics().items()})
+    return state, row
+
+  def _step_flops(self, *, prompt_tokens: int, generated_tokens: int, trained_tokens: int):
+    # fwd + bwd (2x) + reference forward when beta > 0; generation is one forward per token.
+    n = self.run.model_config.num_params()
+    forward_passes = 3 + (1 if self.run.config.beta > 0 else 0)
+    return 2 * n * (generated_tokens + prompt_tokens) + 2 * n * forward_passes * trained_tokens
+
+  def rollout_records(self, step: int) -> list[dict]:
+    last_step, sampled, advantages = self._last
+    assert last_step == step, (last_step, step)
+    c, run = self.run.config, self.run
+    return telemetry.rollout_records(
+        step, sampled, advantages, examples=run.data.train_source.example,
+        decode=run.tokenizer.decode, verifier_version=run.reward_fn.verifier_version,
+        sampling={"temperature": c.rollout.temperature, "top_p": c.rollout.top_p,
+                  "top_k": c.rollout.top_k, "max_new_tokens": c.rollout.max_new_tokens,
+                  "seed": c.seed})

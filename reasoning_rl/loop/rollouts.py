@@ -1,0 +1,115 @@
+"""Rollout collection: prompts → sampler → scorer → scored groups.
+
+`RolloutCollector.collect` decodes G completions per prompt on the sampler engine and hands each
+group to the scorer (`reasoning_rl.workers.scorer`) the moment its G-th completion finishes, so
+verification overlaps the rest of the decoding. `sample_batch` adds DAPO's dynamic sampling on top.
+A group the scorer could not score (timeout / error) keeps zero rewards and its status; the step's
+metrics count those apart, and the verifier guards stop a run where they pile up.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Callable, Sequence
+
+from reasoning_rl.evaluation import completion_record
+from reasoning_rl.loop.state import SCORING_STATUSES, GroupRollout, SampledBatch
+from reasoning_rl.rl import batching
+
+
+class RolloutCollector:
+  """Samples and scores groups of completions for (data position, example) pairs.
+
+  Args:
+    engine: the sampler engine (holds the current policy).
+    tokenizer: decodes completions; its `eos_ids` end them.
+    template: `.encode(example) -> token ids`, the prompt as the policy sees it.
+    scorer: a `reasoning_rl.workers.scorer.Scorer`.
+    num_samples, max_new_tokens, stop_strings, sampling, seed: the rollout settings.
+  """
+
+  def __init__(self, engine, tokenizer, template, scorer, *, num_samples: int,
+               max_new_tokens: int, stop_strings: Sequence[str], sampling, seed: int):
+    self.engine = engine
+    self.tokenizer = tokenizer
+    self.template = template
+    self.scorer = scorer
+    self.num_samples = num_samples
+    self.max_new_tokens = max_new_tokens
+    self.stop_strings = tuple(stop_strings)
+    self.sampling = sampling
+    self.seed = seed
+
+  def collect(self, examples: Sequence[tuple[int, object]], *, num_samples: int | None = None,
+              sampling=None) -> tuple[list[GroupRollout], float, float]:
+    """(groups in the order of `examples`, decode seconds, seconds waiting for the scorer after)."""
+    from reasoning_rl.sampler import stream_groups  # pylint: disable=import-outside-toplevel
+
+    g = num_samples or self.num_samples
+    example_at = dict(examples)
+    finished: dict[int, list] = collections.defaultdict(list)
+    responses: dict[int, tuple[str, ...]] = {}
+    start = time.perf_counter()
+    for completion in stream_groups(
+        self.engine, [self.template.encode(example) for _, example in examples], num_samples=g,
+        sampling=sampling or self.sampling, max_new_tokens=self.max_new_tokens,
+        stop_ids=self.tokenizer.eos_ids, stop_strings=self.stop_strings,
+        tokenizer=self.tokenizer, seed=self.seed, prompt_ids=[index for index, _ in examples]):
+      group = finished[completion.prompt_id]
+      group.append(completion)
+      if len(group) < g:
+        continue
+      group.sort(key=lambda c: c.sample_index)
+      texts = tuple(self.tokenizer.decode(c.completion_ids, skip_special_tokens=True)
+                    for c in group)
+      responses[completion.prompt_id] = texts
+      example = example_at[completion.prompt_id]
+      self.scorer.submit(completion.prompt_id, [
+          completion_record(example, text, num_tokens=len(c.completion_ids),
+                            truncated=c.truncated, max_new_tokens=self.max_new_tokens)
+          for text, c in zip(texts, group)])
+    sample_s = time.perf_counter() - start
+    start = time.perf_counter()
+    scored = {}
+    while len(scored) < len(examples):
+      item = self.scorer.get()
+      scored[item.key] = item
+    verify_s = time.perf_counter() - start
+    out = []
+    for index, _ in examples:
+      group, item = finished[index], scored[index]
+      out.append(GroupRollout(
+          data_position=index, responses=responses[index], status=item.status,
+          group=batching.ScoredGroup(
+              prompt_tokens=list(group[0].prompt_tokens),
+              completion_ids=[list(c.completion_ids) for c in group],
+              logprobs=[[float(x) for x in c.logprobs] for c in group],
+              rewards=[r.total for r in item.rewards],
+              parts={name: [r.parts[name] for r in item.rewards]
+                     for name in item.rewards[0].parts},
+              truncated=[bool(c.truncated) for c in group])))
+    return out, sample_s, verify_s
+
+  def sample_batch(self, take_examples: Callable[[int], list], *, num_prompts: int,
+                   dynamic_sampling: bool, max_rounds: int, policy_version: int) -> SampledBatch:
+    """One step's groups. DAPO dynamic sampling (Yu et al. 2025, arXiv:2503.14476, §3.2) drops
+    groups whose rewards are all equal (no group-relative signal) and samples more prompts, for at
+    most `max_rounds` rounds; then the step trains on what it has.
+
+    `take_examples(n)` returns the next n (data position, example) pairs of the training stream.
+    """
+    kept, sampled = [], []
+    sample_s = verify_s = 0.0
+    for _ in range(max_rounds if dynamic_sampling else 1):
+      groups, s, v = self.collect(take_examples(num_prompts - len(kept)))
+      sample_s, verify_s = sample_s + s, verify_s + v
+      sampled.extend(groups)
+      kept.extend(g for g in groups if g.group.has_signal or not dynamic_sampling)
+      if len(kept) >= num_prompts:
+        break
+    scoring = {status: sum(g.status == status for g in sampled) for status in SCORING_STATUSES}
+    return SampledBatch(
+        groups=tuple(kept), outcome=batching.group_outcome_fractions([g.group for g in sampled]),
+        groups_sampled=len(sampled), scoring=scoring, sample_s=sample_s, verify_s=verify_s,
+        policy_version=policy_version)

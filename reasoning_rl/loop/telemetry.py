@@ -1,0 +1,118 @@
+"""A step's metrics row and rollout records, as pure functions of what the step produced.
+
+Keys are the public metrics contract (docs/architecture.md lists them). Times are measured by the
+caller and passed in; nothing here reads a clock, a device or a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from reasoning_rl.loop.state import SampledBatch
+
+# Keys of the step's own statistics that are promoted to the top level of the row.
+TOP_LEVEL_STATS = ("loss", "kl", "entropy", "clip_frac", "skipped_update")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+  """Seconds of one RL step's phases (sampling and scoring come from the batch itself)."""
+
+  train_s: float
+  sync_s: float
+  sample_ahead_s: float
+  step_s: float
+
+
+def rl_metrics(batch: SampledBatch, stats: Mapping[str, float], *, reward_parts: Sequence[str],
+               policy_version: int, data_position: int) -> dict[str, Any]:
+  """The deterministic part of an RL step's row (same config and seed → same numbers)."""
+  groups = [g.group for g in batch.groups]
+  rewards = np.array([r for g in groups for r in g.rewards] or [0.0])
+  lengths = np.array([len(ids) for g in groups for ids in g.completion_ids] or [0])
+  truncated = np.array([t for g in groups for t in g.truncated] or [False])
+  scored = max(sum(batch.scoring.values()), 1)
+  row = {key: stats.get(key, float("nan")) for key in TOP_LEVEL_STATS}
+  row.update({
+      "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
+      "response_length/mean": float(lengths.mean()),
+      "response_length/max": int(lengths.max()),
+      "response_length/truncated_frac": float(truncated.mean()),
+      "verifier/timeouts": batch.scoring["timeout"], "verifier/errors": batch.scoring["error"],
+      "verifier/timeout_rate": batch.scoring["timeout"] / scored,
+      "verifier/error_rate": batch.scoring["error"] / scored,
+      "dynamic_sampling/groups_sampled": batch.groups_sampled,
+      "dynamic_sampling/groups_kept": len(groups),
+      "policy_version": policy_version,
+      "policy_lag": policy_version - 1 - batch.policy_version,
+      "data_position": data_position,
+  })
+  for name in reward_parts:
+    values = [v for g in groups for v in g.parts[name]]
+    row[f"reward/{name}"] = float(np.mean(values)) if values else 0.0
+  row.update(batch.outcome)
+  row.update({f"train/{key}": value for key, value in stats.items()
+              if key not in TOP_LEVEL_STATS})
+  return row
+
+
+def rl_timing(batch: SampledBatch, times: StepTimes, *, asynchronous: bool) -> dict[str, float]:
+  """`time/*` keys. With synchronous rollouts the batch was sampled inside this step."""
+  sampled_now = 0.0 if asynchronous else batch.sample_s + batch.verify_s
+  return {
+      "time/sample_s": batch.sample_s, "time/verify_s": batch.verify_s,
+      "time/train_s": times.train_s, "time/sync_s": times.sync_s,
+      "time/sample_ahead_s": times.sample_ahead_s, "time/step_s": times.step_s,
+      # host time attributed to nothing above (batching, metrics): neither slice works
+      "time/idle_s": max(0.0, times.step_s - sampled_now - times.train_s - times.sync_s
+                         - times.sample_ahead_s),
+  }
+
+
+def rl_throughput(batch: SampledBatch, times: StepTimes, *, trained_tokens: int,
+                  step_flops: Callable[..., float], peak_flops: float,
+                  asynchronous: bool) -> dict[str, float]:
+  """Tokens/s and an RL-aware MFU that counts generation FLOPs as well as training FLOPs.
+
+  `step_flops(prompt_tokens=, generated_tokens=, trained_tokens=)` is the run's FLOP model
+  (`reasoning_rl.flops`, shared with the dry-run planner); `peak_flops` is the whole slice's.
+  """
+  generated = sum(len(ids) for g in batch.groups for ids in g.group.completion_ids)
+  prompts = sum(len(g.group.prompt_tokens) for g in batch.groups)
+  flops = step_flops(prompt_tokens=prompts, generated_tokens=generated,
+                     trained_tokens=trained_tokens)
+  seconds = times.step_s if asynchronous else times.step_s + batch.sample_s + batch.verify_s
+  return {"throughput/generated_tokens_per_s": generated / max(batch.sample_s, 1e-9),
+          "throughput/trained_tokens_per_s": trained_tokens / max(seconds, 1e-9),
+          "throughput/rl_mfu": flops / max(seconds, 1e-9) / peak_flops}
+
+
+def rollout_records(step: int, batch: SampledBatch, advantages: np.ndarray, *,
+                    examples: Callable[[int], Any], decode: Callable[[list[int]], str],
+                    verifier_version: str, sampling: Mapping[str, Any]) -> list[dict[str, Any]]:
+  """One record per completion (the rollout-record contract in docs/architecture.md).
+
+  `prompt` is the prompt as the policy saw it (the template's text); `task_prompt` is the task's
+  own question, the text the verifiers were given, so a replay scores exactly what training did.
+  """
+  out = []
+  for g, rollout in enumerate(batch.groups):
+    group, example = rollout.group, examples(rollout.data_position)
+    prompt = decode(group.prompt_tokens)
+    for s in range(group.size):
+      record = {
+          "step": step, "prompt_id": rollout.data_position, "group_id": g, "sample_index": s,
+          "prompt": prompt, "task_prompt": example.prompt, "completion": rollout.responses[s],
+          "reward": group.rewards[s], "advantage": float(advantages[g, s]),
+          "num_tokens": len(group.completion_ids[s]), "truncated": group.truncated[s],
+          "policy_version": batch.policy_version, "verifier_version": verifier_version,
+          "scoring_status": rollout.status, "sampling": dict(sampling),
+          "ground_truth": example.answer, "task": example.task,
+          "metadata": dict(example.metadata), "tests": list(example.tests),
+      }
+      record.update({f"reward/{name}": values[s] for name, values in group.parts.items()})
+      out.append(record)
+  return out
