@@ -1,6 +1,6 @@
 """What a run writes for people to read: metrics.jsonl, TensorBoard events, rollouts, a progress bar.
 
-Layout under the workdir (DESIGN.md §3):
+Layout under the workdir (docs/architecture.md §3.3):
 
 - `metrics.jsonl`: one JSON object per step, `{"step": s, <key>: <number>, …}` with `step` first and
   the other keys sorted, so two runs with equal numbers write equal bytes. Non-finite floats are
@@ -8,7 +8,7 @@ Layout under the workdir (DESIGN.md §3):
   `read_metrics` turns them back into floats. Every row is flushed and fsync'ed, so a crash loses
   at most the row being written, and the next `MetricsWriter` removes that partial row.
 - `tensorboard/`: one scalar per key and step (tensorboardX).
-- `rollouts/step_XXXXXXXX.jsonl`: rollout records (DESIGN.md §3), written atomically.
+- `rollouts/step_XXXXXXXX.jsonl`: rollout records (docs/architecture.md §3.5), written atomically.
 
 Time measurements are the only non-deterministic values; their keys start with `time/`
 (`MetricsWriter` adds `time/unix`, the wall clock when the row was written).
@@ -37,7 +37,7 @@ METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 ROLLOUTS_DIR = "rollouts"
 
-# DESIGN.md §3, rollout record. Reward parts are extra keys (`reward/<part>`), not checked here
+# The rollout record of docs/architecture.md §3.5. Reward parts are extra keys (`reward/<part>`), not checked here
 # because each task defines its own.
 ROLLOUT_FIELDS = ("step", "prompt_id", "group_id", "sample_index", "prompt", "completion", "reward",
                   "advantage", "num_tokens", "truncated", "policy_version", "verifier_version",
@@ -213,7 +213,7 @@ class MetricsWriter:
     return row
 
   def write_rollouts(self, step: int, records: Iterable[Mapping[str, Any]]) -> pathlib.Path:
-    """Appends rollout records (DESIGN.md §3) to rollouts/step_XXXXXXXX.jsonl, atomically."""
+    """Appends rollout records (docs/architecture.md §3.5) to rollouts/step_XXXXXXXX.jsonl, atomically."""
     lines = []
     for index, record in enumerate(records):
       for field in ROLLOUT_FIELDS:

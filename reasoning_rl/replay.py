@@ -1,6 +1,6 @@
 """Replay: re-score a past run's rollout records with today's verifiers (reward-version drift).
 
-Reads `workdir/rollouts/step_XXXXXXXX.jsonl` (DESIGN.md §3 records), rebuilds each completion's
+Reads `workdir/rollouts/step_XXXXXXXX.jsonl` (rollout records, docs/architecture.md §3.5), rebuilds each completion's
 `CompletionRecord`, scores it with a `RewardFunction` built from a `rewards` config, and reports every
 record whose total reward or any part changed, part by part, with the old and new
 `verifier_version`.

@@ -1,6 +1,6 @@
 """A run report at a glance: `workdir/report.md` with PNG plots and sample completions.
 
-Reads what a run wrote (DESIGN.md §3): `metrics.jsonl` (via `reasoning_rl.metrics.read_metrics`),
+Reads what a run wrote (docs/architecture.md §3.3): `metrics.jsonl` (via `reasoning_rl.metrics.read_metrics`),
 `eval/step_XXXXXXXX.json` (`reasoning_rl.evaluation.write_eval_result`), `rollouts/*.jsonl` and
 `STOPPED.md` if a guard stopped the run. Writes `workdir/report.md` and `workdir/report/*.png`:
 

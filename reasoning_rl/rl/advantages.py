@@ -1,4 +1,4 @@
-"""Group-relative advantage estimators for outcome rewards (DESIGN §1 step 4, §3).
+"""Group-relative advantage estimators for outcome rewards (docs/architecture.md §1).
 
 Every prompt is sampled G times; its G scalar rewards form one *group*, and each completion's
 advantage is measured against the rest of its group, so no value model is needed. With
@@ -32,7 +32,7 @@ the mean and standard deviation of row p:
     by its length); this function sees one reward per completion, so each completion counts once.
 
 Every estimator gives **exactly 0** to every member of a group whose rewards are all equal
-(such a group carries no learning signal; DESIGN's dynamic sampling drops them), never NaN and
+(such a group carries no learning signal; DAPO's dynamic sampling drops them), never NaN and
 never rounding noise, and a G = 1 group counts as all-equal (except for ``rloo``, which rejects
 G = 1). The function is pure and works on numpy arrays (host-side, float64 if given) and jax
 arrays (inside ``jit``; ``estimator`` and ``eps`` must then be static).
