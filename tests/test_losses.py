@@ -11,8 +11,8 @@ import pytest
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import stats
 from reasoning_rl.rl.advantages import ESTIMATORS, group_advantages
-from reasoning_rl.rl.losses import (KL_ESTIMATORS, LOSS_AGGREGATIONS, aggregate_loss,
-                                    loss_normalizers, policy_loss, token_entropy)
+from reasoning_rl.rl.losses import (KL_ESTIMATORS, LOSS_AGGREGATIONS, LOSS_TYPES,
+                                    aggregate_loss, loss_normalizers, policy_loss, token_entropy)
 
 # ---------------------------------------------------------------------------------------------
 # Independent reference: one token at a time, Python floats, formulas as written in the papers.
@@ -21,14 +21,14 @@ from reasoning_rl.rl.losses import (KL_ESTIMATORS, LOSS_AGGREGATIONS, aggregate_
 
 def reference_policy_loss(logp, old, adv, mask, *, ref=None, beta=0.0, kl_estimator="k3",
                           epsilon_low=0.2, epsilon_high=0.2, dual_clip=None,
-                          loss_agg="seq-mean-token-mean", behavior=None, tis_cap=2.0,
+                          loss_agg="seq-mean-token-mean", behavior=None, is_threshold=2.0,
                           entropy=None, entropy_coef=0.0, num_sequences=None, num_tokens=None,
                           max_completion_length=None):
   num_rows, num_steps = np.shape(mask)
   row_sums, row_counts = [], []
   sums = {name: 0.0 for name in ("pg", "clip", "low", "high", "dual", "ratio", "approx_kl",
-                                 "kl", "entropy", "tis_w", "tis_clip")}
-  ratios, raw_weights, count = [], [], 0
+                                 "kl", "entropy", "tis_w", "tis_clip", "tis_diff")}
+  ratios, log_diffs, capped_rows, count = [], [], set(), 0
   for b in range(num_rows):
     row_sum, row_count = 0.0, 0
     for t in range(num_steps):
@@ -43,12 +43,14 @@ def reference_policy_loss(logp, old, adv, mask, *, ref=None, beta=0.0, kl_estima
         if pg > -a * dual_clip:
           sums["dual"] += 1
         pg = min(pg, -a * dual_clip)
-      if behavior is not None:
+      if behavior is not None:  # token-truncate
         raw = math.exp(float(old[b][t]) - float(behavior[b][t]))
-        weight = min(raw, tis_cap)
-        raw_weights.append(raw)
+        weight = min(raw, is_threshold)
+        log_diffs.append(abs(float(old[b][t]) - float(behavior[b][t])))
         sums["tis_w"] += weight
-        sums["tis_clip"] += raw > tis_cap
+        sums["tis_clip"] += raw > is_threshold
+        if raw > is_threshold:
+          capped_rows.add(b)
         pg *= weight
       loss = pg
       if ref is not None:
@@ -97,8 +99,11 @@ def reference_policy_loss(logp, old, adv, mask, *, ref=None, beta=0.0, kl_estima
   if entropy is not None:
     metrics["entropy"] = mean("entropy")
   if behavior is not None:
-    metrics.update({"tis/weight": mean("tis_w"), "tis/clip_frac": mean("tis_clip"),
-                    "tis/ratio/max": max(raw_weights, default=math.nan)})
+    num_rows_valid = sum(1 for c in row_counts if c > 0)
+    metrics.update({"tis/weight": mean("tis_w"), "tis/capped_token_frac": mean("tis_clip"),
+                    "tis/capped_seq_frac": len(capped_rows) / num_rows_valid,
+                    "tis/abs_log_diff": sum(log_diffs) / count,
+                    "tis/abs_log_diff/max": max(log_diffs, default=math.nan)})
   return loss, metrics
 
 
@@ -178,26 +183,28 @@ def test_policy_loss_matches_reference(estimator, loss_agg, kl_estimator, clip, 
 
 
 @pytest.mark.parametrize("loss_agg", LOSS_AGGREGATIONS)
-@pytest.mark.parametrize("tis_cap", [0.5, 2.0, 10.0])
-def test_truncated_importance_sampling(loss_agg, tis_cap):
+@pytest.mark.parametrize("is_threshold", [0.5, 2.0, 10.0])
+def test_truncated_importance_sampling(loss_agg, is_threshold):
   batch = make_batch("typical", seed=1)
   advantages = group_advantages(REWARDS, estimator="grpo").reshape(-1)
-  kwargs = dict(loss_agg=loss_agg, tis_cap=tis_cap, dual_clip=3.0)
+  kwargs = dict(loss_agg=loss_agg, is_threshold=is_threshold, dual_clip=3.0)
   expected_loss, expected_metrics = reference_policy_loss(
       batch["logp"], batch["old"], advantages, batch["mask"], behavior=batch["behavior"],
       **kwargs)
+  kwargs["is_correction"] = "token-truncate"
   loss, metrics = policy_loss(batch["logp"], batch["old"], advantages, batch["mask"],
                               behavior_logprobs=batch["behavior"], **kwargs)
   np.testing.assert_allclose(loss, expected_loss, rtol=1e-10)
   assert_metrics_close(metrics, expected_metrics, rtol=1e-10)
-  if tis_cap == 2.0:  # the data has weights on both sides of the cap
-    assert 0 < stats.finalize(metrics)["tis/clip_frac"] < 1
+  if is_threshold == 2.0:  # the data has weights on both sides of the cap
+    assert 0 < stats.finalize(metrics)["tis/capped_token_frac"] < 1
   # Behaviour = old: every raw weight is 1, so the loss is the on-policy one scaled by min(1, C).
   same_loss, same_metrics = policy_loss(batch["logp"], batch["old"], advantages, batch["mask"],
                                         behavior_logprobs=batch["old"], **kwargs)
-  plain_loss, _ = policy_loss(batch["logp"], batch["old"], advantages, batch["mask"], **kwargs)
-  np.testing.assert_allclose(same_loss, min(1.0, tis_cap) * plain_loss, rtol=1e-12)
-  assert stats.finalize(same_metrics)["tis/weight"] == pytest.approx(min(1.0, tis_cap))
+  plain_loss, _ = policy_loss(batch["logp"], batch["old"], advantages, batch["mask"],
+                              **dict(kwargs, is_correction="none"))
+  np.testing.assert_allclose(same_loss, min(1.0, is_threshold) * plain_loss, rtol=1e-12)
+  assert stats.finalize(same_metrics)["tis/weight"] == pytest.approx(min(1.0, is_threshold))
 
 
 def test_entropy_bonus_and_per_token_advantages():
@@ -247,7 +254,8 @@ def test_padding_garbage_never_reaches_loss_or_gradient():
     def loss_fn(logp):
       return policy_loss(logp, jnp.asarray(batch["old"]), advantages, jnp.asarray(batch["mask"]),
                          ref_logprobs=jnp.asarray(batch["ref"]), beta=0.1, loss_agg=loss_agg,
-                         behavior_logprobs=jnp.asarray(batch["behavior"]))
+                         behavior_logprobs=jnp.asarray(batch["behavior"]),
+                         is_correction="sequence-mask")
     (loss, metrics), grad = jax.value_and_grad(loss_fn, has_aux=True)(jnp.asarray(batch["logp"]))
     assert np.isfinite(float(loss))
     assert all(np.isfinite(v) for v in stats.finalize(metrics).values())
@@ -291,6 +299,7 @@ def test_grad_matches_central_finite_differences(case):
       kwargs["ref_logprobs"] = jnp.asarray(logp + rng.normal(size=mask.shape) * 0.5)
     if options.get("behavior"):
       kwargs["behavior_logprobs"] = jnp.asarray(old + rng.normal(size=mask.shape) * 0.5)
+      kwargs["is_correction"] = "token-truncate"
     # Stay away from the kinks of the clip (finite differences are meaningless there).
     ratios = np.exp(logp - old)[mask]
     kinks = [1 - kwargs.get("epsilon_low", 0.2), 1 + kwargs.get("epsilon_high", 0.2),
@@ -319,7 +328,8 @@ def test_grad_matches_central_finite_differences(case):
 
 
 @pytest.mark.parametrize("loss_agg", LOSS_AGGREGATIONS)
-def test_four_micro_batches_equal_one_full_batch(loss_agg):
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_four_micro_batches_equal_one_full_batch(loss_agg, loss_type):
   rng = np.random.default_rng(5)
   lengths = np.array([5, 2, 0, 5, 1, 5, 3, 5])
   num_steps = 6  # the full batch carries one more padding column than any micro-batch
@@ -327,35 +337,43 @@ def test_four_micro_batches_equal_one_full_batch(loss_agg):
   logp = -np.abs(rng.normal(size=mask.shape)) - 0.1
   old = logp + rng.normal(size=mask.shape) * 0.3
   ref = logp + rng.normal(size=mask.shape) * 0.3
+  behavior = old + rng.normal(size=mask.shape) * 0.3
   advantages = rng.normal(size=len(lengths))
-  options = dict(beta=0.04, loss_agg=loss_agg, dual_clip=3.0, epsilon_high=0.28,
-                 max_completion_length=num_steps)
+  options = dict(beta=0.04, loss_agg=loss_agg, epsilon_high=0.28,
+                 max_completion_length=num_steps, is_threshold=1.5)
+  correction = {"ppo": "token-truncate", "gspo": "sequence-mask", "gspo-token": "sequence-truncate",
+                "cispo": "token-mask"}[loss_type]
+  loss_options = dict(options, loss_type=loss_type, is_correction=correction,
+                      dual_clip=None if loss_type == "cispo" else 3.0)
 
   @jax.jit
   @functools.partial(jax.value_and_grad, has_aux=True)
-  def loss_and_grad(logp_, old_, ref_, adv_, mask_, num_sequences, num_tokens):
-    return policy_loss(logp_, old_, adv_, mask_, ref_logprobs=ref_, num_sequences=num_sequences,
-                       num_tokens=num_tokens, **options)
+  def loss_and_grad(logp_, old_, ref_, behavior_, adv_, mask_, num_sequences, num_tokens):
+    return policy_loss(logp_, old_, adv_, mask_, ref_logprobs=ref_, behavior_logprobs=behavior_,
+                       num_sequences=num_sequences, num_tokens=num_tokens, **loss_options)
 
   full_mask = jnp.asarray(mask)
   normalizers = loss_normalizers(full_mask)
   as_jax = lambda *arrays: [jnp.asarray(a, jnp.float32) for a in arrays]
   (full_loss, full_metrics), full_grad = loss_and_grad(
-      *as_jax(logp, old, ref, advantages), full_mask, **normalizers)
-  expected_loss, _ = reference_policy_loss(logp, old, advantages, mask, ref=ref, **options)
-  np.testing.assert_allclose(float(full_loss), expected_loss, rtol=1e-5)
+      *as_jax(logp, old, ref, behavior, advantages), full_mask, **normalizers)
+  if loss_type == "ppo":  # the other types are checked against a reference in test_loss_types
+    expected_loss, _ = reference_policy_loss(logp, old, advantages, mask, ref=ref,
+                                             behavior=behavior, dual_clip=3.0, **options)
+    np.testing.assert_allclose(float(full_loss), expected_loss, rtol=1e-5)
 
   micro_losses, micro_metrics, micro_grads, naive_losses = [], [], [], []
   width = num_steps - 1  # each micro-batch trimmed to its own padding
   for rows in np.split(np.arange(len(lengths)), 4):
-    part = [a[rows][:, :width] for a in (logp, old, ref)]
+    part = [a[rows][:, :width] for a in (logp, old, ref, behavior)]
     (loss, metrics), grad = loss_and_grad(*as_jax(*part, advantages[rows]),
                                           jnp.asarray(mask[rows][:, :width]), **normalizers)
     micro_losses.append(float(loss))
     micro_metrics.append(metrics)
     micro_grads.append(np.pad(np.asarray(grad), ((0, 0), (0, num_steps - width))))
     naive_losses.append(policy_loss(part[0], part[1], advantages[rows], mask[rows][:, :width],
-                                    ref_logprobs=part[2], **options)[0])
+                                    ref_logprobs=part[2], behavior_logprobs=part[3],
+                                    **loss_options)[0])
 
   np.testing.assert_allclose(sum(micro_losses), float(full_loss), rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(np.concatenate(micro_grads), np.asarray(full_grad), rtol=1e-5,
@@ -373,7 +391,7 @@ def test_jit_matches_numpy_float64():
   advantages = group_advantages(REWARDS, estimator="dr_grpo").reshape(-1)
   for loss_agg, kl_estimator in (("token-mean", "k3"), ("seq-mean-token-sum-norm", "k2")):
     options = dict(beta=0.04, kl_estimator=kl_estimator, loss_agg=loss_agg, epsilon_high=0.28,
-                   dual_clip=3.0)
+                   dual_clip=3.0, is_correction="token-mask")
     expected_loss, expected_metrics = policy_loss(
         batch["logp"], batch["old"], advantages, batch["mask"], ref_logprobs=batch["ref"],
         behavior_logprobs=batch["behavior"], **options)
@@ -433,7 +451,12 @@ def test_token_entropy():
     (dict(dual_clip=0.9), "dual_clip=0.9 must be > 1"),
     (dict(epsilon_low=1.0), "epsilon_low=1.0"),
     (dict(epsilon_high=-0.1), "epsilon_high=-0.1"),
-    (dict(tis_cap=0.0), "tis_cap=0.0"),
+    (dict(is_threshold=0.0), "is_threshold=0.0"),
+    (dict(loss_type="grpo"), "loss_type='grpo' is unknown"),
+    (dict(is_correction="sequence"), "is_correction='sequence' is unknown"),
+    (dict(is_correction="token-mask"), "is_correction='token-mask' needs behavior_logprobs"),
+    (dict(loss_type="cispo", dual_clip=3.0), "dual_clip=3.0 does not apply to loss_type='cispo'"),
+    (dict(loss_type="cispo", epsilon_low=1.5), r"epsilon_low=1.5 must be in \[0, 1\] for cispo"),
     (dict(max_completion_length=0), "max_completion_length=0"),
 ])
 def test_bad_options_raise_config_error(kwargs, match):
@@ -446,3 +469,6 @@ def test_bad_shapes_raise_value_error():
     policy_loss(np.zeros((2, 3)), np.zeros((2, 4)), np.zeros(2), np.ones((2, 3)))
   with pytest.raises(ValueError, match=r"advantages has shape \(3,\)"):
     policy_loss(np.zeros((2, 3)), np.zeros((2, 3)), np.zeros(3), np.ones((2, 3)))
+  with pytest.raises(ValueError, match="loss_type='gspo' needs one advantage per sequence"):
+    policy_loss(np.zeros((2, 3)), np.zeros((2, 3)), np.zeros((2, 3)), np.ones((2, 3)),
+                loss_type="gspo")

@@ -1,31 +1,64 @@
-"""The clipped policy-gradient loss of GRPO / PPO and its variants (DESIGN §1 step 5, §3).
+"""The policy-gradient losses of GRPO / PPO, GSPO and CISPO, with their KL and IS terms.
 
-Per valid token (``mask > 0``), with ``A`` the advantage of the token's sequence (or of the
-token itself, for PPO with a value model):
+Notation, per valid token (``mask > 0``) of sequence ``i``: ``A`` the advantage of the token's
+sequence (or of the token itself, for PPO with a value model), ``m`` the mask, the token ratio
+``r_t = exp(logp_t - logp_old_t)``, ``clip(x) = clip(x, 1 - ε_low, 1 + ε_high)`` and ``sg`` the
+stop-gradient. ``loss_type`` picks the policy-gradient term ``pg`` of each token:
 
-- ratio ``ρ = exp(logp - logp_old)``.
-- PPO clip (Schulman et al. 2017, "Proximal Policy Optimization Algorithms", arXiv:1707.06347)
-  with separate bounds (Yu et al. 2025, "DAPO", arXiv:2503.14476, "clip-higher": ε_high > ε_low
-  leaves more room to raise unlikely tokens):
-  ``pg = max(-A·ρ, -A·clip(ρ, 1 - ε_low, 1 + ε_high))``.
+- ``ppo`` (default): the clipped surrogate of PPO (Schulman et al. 2017, "Proximal Policy
+  Optimization Algorithms", arXiv:1707.06347) with separate bounds (Yu et al. 2025, "DAPO",
+  arXiv:2503.14476, "clip-higher": ε_high > ε_low leaves more room to raise unlikely tokens):
+  ``pg = max(-A·r_t, -A·clip(r_t))``; GRPO's ε = 0.2 on both sides, DAPO's (0.2, 0.28).
+- ``gspo`` (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071):
+  one length-normalised ratio per sequence ``s_i = exp(Σ_t m·(logp - logp_old) / Σ_t m)`` and
+  ``pg = max(-A_i·s_i, -A_i·clip(s_i))`` on every token of the sequence; needs advantages
+  ``[B]``. The paper clips at (ε_low, ε_high) = (3e-4, 4e-4), far tighter than PPO's (pass them
+  explicitly), and averages over sequences: ``seq-mean-token-mean`` gives exactly its
+  ``(1/G) Σ_i`` objective.
+- ``gspo-token`` (same paper, its token-level variant):
+  ``s_{i,t} = sg(s_i)·exp(logp_t - sg(logp_t))``, equal to ``s_i`` in value with gradient
+  ``s_i·∇logp_t``, in the same clipped form with the token's own advantage (``[B]`` or
+  ``[B, T]``). With one advantage per sequence it equals ``gspo`` in value and gradient under
+  every aggregation.
+- ``cispo`` (MiniMax 2025, "MiniMax-M1", arXiv:2506.13585, CISPO): REINFORCE with a clipped,
+  stop-gradient importance weight, ``pg = -sg(clip(r_t))·A·logp_t``, so no token loses its
+  gradient. The paper normalises by the total token count (``loss_agg="token-mean"``) and tunes
+  only ε_high, setting ε_low so large that the weight has no floor: ``epsilon_low=1`` (allowed
+  for ``cispo`` only) gives the floor 0, i.e. none.
+
 - Dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep Reinforcement
   Learning", AAAI, arXiv:1912.09729), for ``A < 0`` only, with ``c > 1``:
-  ``pg = min(pg, -A·c)``, which bounds the loss of a token whose ratio has exploded.
-- Optional truncated importance sampling (TIS) for rollouts that were not sampled by π_old:
-  the sampler's own log-probs ``logp_behavior`` give ``w = min(exp(logp_old - logp_behavior),
-  C)``, a constant (no gradient), and ``pg ← w·pg``. This is the decoupled PPO objective of
-  Hilton et al. 2022 ("Batch size-invariance for policy optimization", arXiv:2110.00641), with
-  the weight truncated as in IMPALA (Espeholt et al. 2018, arXiv:1802.01561) and as Yao et al.
-  2025 ("Your Efficient RL Framework Secretly Brings You Off-Policy RL Training", blog, TIS)
-  use for sampler/trainer numerical mismatch and stale (asynchronous) rollouts. Pass
-  ``old_logprobs`` = the trainer's recomputation (the proximal policy) and
-  ``behavior_logprobs`` = the sampler's log-probs; if the trainer does not recompute, pass the
-  sampler's log-probs as ``old_logprobs`` and leave ``behavior_logprobs`` unset.
+  ``pg = min(pg, -A·c)``, which bounds the loss of a token whose ratio has exploded. It applies
+  to ``ppo`` (on ``r_t``) and to both GSPO forms (on ``s_i``); ``cispo`` has no ratio in its
+  loss (its weight is already at most ``1 + ε_high``), so ``dual_clip`` is refused there.
+- Importance correction against the sampler (``is_correction``, below): ``pg ← w·pg``.
 - KL to the frozen reference with Schulman's estimators (J. Schulman 2020, "Approximating KL
   Divergence", http://joschu.net/blog/kl-approx.html), ``x = logp_ref - logp``:
   ``k1 = -x``, ``k2 = x²/2``, ``k3 = exp(x) - x - 1`` (GRPO's choice, DeepSeekMath eq. 4).
 - Optional entropy bonus ``-entropy_coef · H`` with ``H`` the per-token entropy.
 - per-token loss ``ℓ = pg + β·KL - entropy_coef·H``.
+
+Importance correction against the sampler
+-----------------------------------------
+π_old (``old_logprobs``) is the trainer's own recomputation; the sampler's log-probs
+(``behavior_logprobs``) differ from it through numerics (sampler kernels, precision) and, with
+asynchronous rollouts, staleness. The decoupled objective of Hilton et al. 2022 ("Batch
+size-invariance for policy optimization", arXiv:2110.00641) multiplies ``pg`` by the weight
+``w_t = exp(logp_old_t - logp_behavior_t)``, bounded with a threshold C (``is_threshold``) in
+one of four ways (truncation as in IMPALA, Espeholt et al. 2018, arXiv:1802.01561, and Yao et
+al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training", blog, TIS;
+sequence-level weights and masking as compared by Liu, Li et al. 2025, "When Speed Kills
+Stability: Demystifying RL Collapse from the Training-Inference Mismatch", blog):
+
+- ``token-truncate``: ``min(w_t, C)``;
+- ``token-mask``: ``w_t`` where ``w_t ≤ C``, else 0;
+- ``sequence-truncate``: ``min(W_i, C)`` on every token of sequence i, with
+  ``W_i = exp(Σ_t m·log w_t)``;
+- ``sequence-mask``: ``W_i`` where ``W_i ≤ C``, else 0;
+- ``none``: weight 1 (with ``behavior_logprobs`` given, the mismatch is still reported).
+
+Weights are constants (no gradient). Sequence weights are formed in log space, so a huge
+``W_i`` truncates to C (or masks) instead of overflowing.
 
 Aggregation over the mask m (``loss_agg``):
 
@@ -59,6 +92,7 @@ least float32 before any arithmetic.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import jax
@@ -70,6 +104,8 @@ from reasoning_rl.rl.stats import array_namespace, float_dtype
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+LOSS_TYPES = ("ppo", "gspo", "gspo-token", "cispo")
+IS_CORRECTIONS = ("none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
 
 
 def _is_zero(x: Any) -> bool:
@@ -162,22 +198,41 @@ def aggregate_loss(per_token: Any, mask: Any, loss_agg: str = "seq-mean-token-me
   count = defaults["num_sequences"] if num_sequences is None else num_sequences
   return xp.sum(per_row) / xp.maximum(count, 1).astype(masked.dtype)
 
+def _stop_gradient(xp: Any, x: Any) -> Any:
+  return jax.lax.stop_gradient(x) if xp is jnp else x
 
-def _check_options(beta, ref_logprobs, kl_estimator, epsilon_low, epsilon_high, dual_clip,
-                   loss_agg, tis_cap, entropy_coef, entropy) -> None:
+
+def _check_options(loss_type, beta, ref_logprobs, kl_estimator, epsilon_low, epsilon_high,
+                   dual_clip, loss_agg, is_correction, is_threshold, behavior_logprobs,
+                   entropy_coef, entropy) -> None:
+  if loss_type not in LOSS_TYPES:
+    raise ConfigError(f"loss_type={loss_type!r} is unknown; use one of {LOSS_TYPES}")
   if kl_estimator not in KL_ESTIMATORS:
     raise ConfigError(f"kl_estimator={kl_estimator!r} is unknown; use one of {KL_ESTIMATORS}")
   if loss_agg not in LOSS_AGGREGATIONS:
     raise ConfigError(f"loss_agg={loss_agg!r} is unknown; use one of {LOSS_AGGREGATIONS}")
-  if not 0 <= epsilon_low < 1:
+  if is_correction not in IS_CORRECTIONS:
+    raise ConfigError(f"is_correction={is_correction!r} is unknown; use one of {IS_CORRECTIONS}")
+  if loss_type == "cispo":
+    if not 0 <= epsilon_low <= 1:
+      raise ConfigError(f"epsilon_low={epsilon_low!r} must be in [0, 1] for cispo (weight floor "
+                        "1 - ε_low; 1 removes the floor, as MiniMax-M1 does)")
+  elif not 0 <= epsilon_low < 1:
     raise ConfigError(f"epsilon_low={epsilon_low!r} must be in [0, 1) (ratio floor 1 - ε_low)")
   if not epsilon_high >= 0:
     raise ConfigError(f"epsilon_high={epsilon_high!r} must be >= 0 (ratio ceiling 1 + ε_high)")
   if dual_clip is not None and not dual_clip > 1:
     raise ConfigError(
         f"dual_clip={dual_clip!r} must be > 1 (Ye et al. use 3) or None to disable it")
-  if not tis_cap > 0:
-    raise ConfigError(f"tis_cap={tis_cap!r} must be > 0 (truncation of the importance weight)")
+  if dual_clip is not None and loss_type == "cispo":
+    raise ConfigError(f"dual_clip={dual_clip!r} does not apply to loss_type='cispo' (its loss "
+                      "has no ratio to bound; the weight is already ≤ 1 + ε_high): set None")
+  if not is_threshold > 0:
+    raise ConfigError(f"is_threshold={is_threshold!r} must be > 0 (the bound C of the sampler "
+                      "importance weight)")
+  if is_correction != "none" and behavior_logprobs is None:
+    raise ConfigError(f"is_correction={is_correction!r} needs behavior_logprobs (the sampler's "
+                      "log-probs of the completion tokens); pass them or set is_correction='none'")
   if ref_logprobs is None and not _is_zero(beta):
     raise ConfigError(
         f"beta={beta!r} needs ref_logprobs (the frozen reference's log-probs); pass them or "
@@ -188,31 +243,95 @@ def _check_options(beta, ref_logprobs, kl_estimator, epsilon_low, epsilon_high, 
         "pass it or set entropy_coef=0")
 
 
+def importance_weights(old_logprobs: Any, behavior_logprobs: Any, mask: Any,
+                       is_correction: str = "token-truncate",
+                       is_threshold: float = 2.0) -> tuple[Any, stats_lib.Stats]:
+  """Sampler importance weights ``[B, T]`` and their stats (module docstring: the four modes).
+
+  ``old_logprobs``: the trainer's recomputation of π_old; ``behavior_logprobs``: the sampler's
+  log-probs. Values at masked positions are ignored; weights there are 0. The weights carry no
+  gradient. Stats (``reasoning_rl.rl.stats`` convention): ``tis/abs_log_diff`` (mean and
+  ``/max`` of ``|logp_old - logp_behavior|`` over valid tokens) always; unless ``none``:
+  ``tis/weight`` (mean weight applied), ``tis/capped_token_frac`` (valid tokens whose weight
+  exceeded C, i.e. was truncated or masked; for sequence modes every token of such a sequence)
+  and ``tis/capped_seq_frac`` (non-empty sequences with at least one such token).
+  """
+  if is_correction not in IS_CORRECTIONS:
+    raise ConfigError(f"is_correction={is_correction!r} is unknown; use one of {IS_CORRECTIONS}")
+  xp = array_namespace(old_logprobs, behavior_logprobs, mask)
+  valid = xp.asarray(mask) > 0
+  dtype = float_dtype(xp, xp.asarray(old_logprobs).dtype, xp.asarray(behavior_logprobs).dtype)
+  log_weight = xp.where(valid, xp.asarray(old_logprobs).astype(dtype)
+                        - xp.asarray(behavior_logprobs).astype(dtype), 0)
+  log_weight = _stop_gradient(xp, log_weight)
+  stats: stats_lib.Stats = {
+      "tis/abs_log_diff": stats_lib.mean_stat(xp.abs(log_weight), valid),
+      "tis/abs_log_diff/max": stats_lib.max_stat(xp.abs(log_weight), valid),
+  }
+  if is_correction == "none":
+    return xp.where(valid, 1.0, 0.0).astype(dtype), stats
+  if is_correction.startswith("sequence"):
+    log_weight = xp.sum(log_weight, axis=-1, keepdims=True) + xp.zeros_like(log_weight)
+  log_cap = math.log(is_threshold)
+  capped = valid & (log_weight > log_cap)
+  # exp of min(log w, log C): no overflow however far the sampler drifted.
+  weight = xp.exp(xp.minimum(log_weight, log_cap))
+  if is_correction.endswith("mask"):
+    weight = xp.where(capped, 0.0, weight)
+  weight = xp.where(valid, weight, 0.0)
+  stats.update({
+      "tis/weight": stats_lib.mean_stat(weight, valid),
+      "tis/capped_token_frac": stats_lib.mean_stat(capped, valid),
+      "tis/capped_seq_frac": stats_lib.mean_stat(xp.any(capped, axis=-1),
+                                                 xp.any(valid, axis=-1)),
+  })
+  return weight, stats
+
+
+def _clipped_surrogate(ratio: Any, adv: Any, epsilon_low: float, epsilon_high: float,
+                       dual_clip: Optional[float], xp: Any) -> tuple[Any, dict[str, Any]]:
+  """``max(-A·ρ, -A·clip(ρ))`` then the dual clip; also returns where each bound binds."""
+  pg = xp.maximum(-adv * ratio, -adv * xp.clip(ratio, 1 - epsilon_low, 1 + epsilon_high))
+  flags = {"clip_frac/low": (adv < 0) & (ratio < 1 - epsilon_low),
+           "clip_frac/high": (adv > 0) & (ratio > 1 + epsilon_high)}
+  if dual_clip is not None:
+    dual_bound = -adv * dual_clip
+    flags["clip_frac/dual"] = (adv < 0) & (pg > dual_bound)
+    pg = xp.where(flags["clip_frac/dual"], dual_bound, pg)
+  return pg, flags
+
+
 def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
-                ref_logprobs: Any = None, beta: float = 0.0, kl_estimator: str = "k3",
-                epsilon_low: float = 0.2, epsilon_high: float = 0.2,
+                loss_type: str = "ppo", ref_logprobs: Any = None, beta: float = 0.0,
+                kl_estimator: str = "k3", epsilon_low: float = 0.2, epsilon_high: float = 0.2,
                 dual_clip: Optional[float] = None, loss_agg: str = "seq-mean-token-mean",
-                behavior_logprobs: Any = None, tis_cap: float = 2.0,
-                entropy: Any = None, entropy_coef: float = 0.0,
+                behavior_logprobs: Any = None, is_correction: str = "none",
+                is_threshold: float = 2.0, entropy: Any = None, entropy_coef: float = 0.0,
                 num_sequences: Any = None, num_tokens: Any = None,
                 max_completion_length: Optional[int] = None) -> tuple[Any, stats_lib.Stats]:
-  """Clipped policy-gradient loss with KL, TIS and entropy terms (module docstring: formulas).
+  """Policy-gradient loss with KL, sampler-IS and entropy terms (module docstring: formulas).
 
   Args:
     logprobs: ``[B, T]`` log π(token) under the current parameters (the differentiable input).
-    old_logprobs: ``[B, T]`` log π_old(token), fixed over the μ inner updates.
-    advantages: ``[B]`` per sequence (GRPO family) or ``[B, T]`` per token (PPO with GAE).
+    old_logprobs: ``[B, T]`` log π_old(token), fixed over the μ inner updates: the trainer's
+      own recomputation (not the sampler's log-probs; those go to ``behavior_logprobs``).
+    advantages: ``[B]`` per sequence (GRPO family) or ``[B, T]`` per token (PPO with GAE; not
+      for ``gspo``).
     mask: ``[B, T]``, nonzero = completion token that counts.
+    loss_type: ``ppo``, ``gspo``, ``gspo-token`` or ``cispo``.
     ref_logprobs: ``[B, T]`` frozen reference log-probs; required when ``beta != 0``; when given
       with ``beta == 0`` the KL is still reported as a metric.
     beta: KL weight β.
     kl_estimator: ``k1``, ``k2`` or ``k3``.
-    epsilon_low, epsilon_high: clip range ``[1 - ε_low, 1 + ε_high]`` of the ratio.
-    dual_clip: c > 1 for dual-clip PPO, or None.
+    epsilon_low, epsilon_high: clip range ``[1 - ε_low, 1 + ε_high]`` of the ratio (``ppo``),
+      of the sequence ratio (GSPO) or of the importance weight (``cispo``).
+    dual_clip: c > 1 for dual-clip PPO / GSPO, or None (must be None for ``cispo``).
     loss_agg: ``seq-mean-token-mean``, ``token-mean`` or ``seq-mean-token-sum-norm``.
-    behavior_logprobs: ``[B, T]`` log-probs of the policy that actually sampled the tokens,
-      when it differs from π_old (async / stale sampler, sampler numerics); enables TIS.
-    tis_cap: C, the truncation of the TIS weight (2.0 as in Yao et al. 2025).
+    behavior_logprobs: ``[B, T]`` log-probs of the policy that actually sampled the tokens
+      (the sampler); needed unless ``is_correction == "none"``, when they are only reported.
+    is_correction: ``none``, ``token-truncate``, ``token-mask``, ``sequence-truncate`` or
+      ``sequence-mask`` (:func:`importance_weights`).
+    is_threshold: C of the importance correction (2.0 as in Yao et al. 2025).
     entropy: ``[B, T]`` per-token entropy (e.g. :func:`token_entropy` of the logits); reported
       as a metric and, with ``entropy_coef``, used as a bonus. Gradient flows through it.
     entropy_coef: weight of the entropy bonus (subtracted from the loss).
@@ -222,16 +341,21 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
   Returns:
     ``(loss, stats)``: the scalar loss and a stats dict (``reasoning_rl.rl.stats``
     convention; per-token means over valid tokens unless noted):
-    ``pg_loss`` (pg term after TIS), ``clip_frac`` (= low + high), ``clip_frac/low``
-    (A < 0 and ρ < 1 - ε_low: gradient cut by the floor), ``clip_frac/high`` (A > 0 and
-    ρ > 1 + ε_high), ``ratio/mean``, ``ratio/min``, ``ratio/max``, ``approx_kl`` (k3 estimate
-    of KL(π_old‖π): ρ - 1 - log ρ); with ``dual_clip``: ``clip_frac/dual``; with
-    ``ref_logprobs``: ``kl``; with ``entropy``: ``entropy``; with ``behavior_logprobs``:
-    ``tis/weight`` (mean truncated weight), ``tis/clip_frac`` (share truncated),
-    ``tis/ratio/max`` (largest untruncated weight).
+    ``pg_loss`` (pg term after the importance correction), ``clip_frac`` (= low + high),
+    ``clip_frac/low``, ``clip_frac/high``: for ``ppo`` and ``gspo-token`` the tokens whose
+    gradient the floor cuts (A < 0 and ratio < 1 - ε_low) or the ceiling cuts (A > 0 and
+    ratio > 1 + ε_high); for ``gspo`` the same per non-empty *sequence*, on ``s_i``; for
+    ``cispo`` the tokens whose weight was clipped (below the floor / above the ceiling,
+    whatever the sign of A: their gradient is kept, only bounded);
+    ``ratio/mean``, ``ratio/min``, ``ratio/max`` (token ratio ``r_t``), ``approx_kl`` (k3
+    estimate of KL(π_old‖π): r - 1 - log r); for GSPO ``seq_ratio/mean|min|max`` (``s_i`` per
+    non-empty sequence); with ``dual_clip``: ``clip_frac/dual`` (per sequence for ``gspo``);
+    with ``ref_logprobs``: ``kl``; with ``entropy``: ``entropy``; with ``behavior_logprobs``:
+    the ``tis/...`` stats of :func:`importance_weights`.
   """
-  _check_options(beta, ref_logprobs, kl_estimator, epsilon_low, epsilon_high, dual_clip,
-                 loss_agg, tis_cap, entropy_coef, entropy)
+  _check_options(loss_type, beta, ref_logprobs, kl_estimator, epsilon_low, epsilon_high,
+                 dual_clip, loss_agg, is_correction, is_threshold, behavior_logprobs,
+                 entropy_coef, entropy)
   optional = [x for x in (ref_logprobs, behavior_logprobs, entropy) if x is not None]
   xp = array_namespace(logprobs, old_logprobs, advantages, mask, *optional)
   mask = xp.asarray(mask)
@@ -249,8 +373,13 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
     raise ValueError(
         f"advantages has shape {tuple(advantages.shape)}; expected [B] = {mask.shape[:1]} (one "
         f"per sequence) or [B, T] = {tuple(mask.shape)} (one per token)")
+  if loss_type == "gspo" and advantages.ndim != 1:
+    raise ValueError(
+        f"loss_type='gspo' needs one advantage per sequence, shape [B] = {mask.shape[:1]}, got "
+        f"{tuple(advantages.shape)}; use loss_type='gspo-token' for per-token advantages")
 
   valid = mask > 0
+  row_valid = xp.any(valid, axis=-1)
   dtype = float_dtype(xp, *[xp.asarray(v).dtype for v in named.values() if v is not None],
                       advantages.dtype)
 
@@ -265,24 +394,39 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
 
   log_ratio = logp - logp_old
   ratio = xp.exp(log_ratio)
-  pg_unclipped = -adv * ratio
-  pg_clipped = -adv * xp.clip(ratio, 1 - epsilon_low, 1 + epsilon_high)
-  pg = xp.maximum(pg_unclipped, pg_clipped)
   metrics: stats_lib.Stats = {}
-  if dual_clip is not None:
-    dual_bound = -adv * dual_clip
-    dual_active = (adv < 0) & (pg > dual_bound)
-    pg = xp.where(dual_active, dual_bound, pg)
-    metrics["clip_frac/dual"] = stats_lib.mean_stat(dual_active, valid)
+  if loss_type == "cispo":
+    clipped_ratio = xp.clip(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    pg = -_stop_gradient(xp, clipped_ratio) * adv * logp
+    flags = {"clip_frac/low": ratio < 1 - epsilon_low, "clip_frac/high": ratio > 1 + epsilon_high}
+  elif loss_type == "ppo":
+    pg, flags = _clipped_surrogate(ratio, adv, epsilon_low, epsilon_high, dual_clip, xp)
+  else:
+    tokens_per_row = xp.sum(valid, axis=-1, keepdims=True).astype(dtype)
+    seq_ratio = xp.exp(xp.sum(log_ratio, axis=-1, keepdims=True) / xp.maximum(tokens_per_row, 1))
+    if loss_type == "gspo":
+      surrogate_ratio = seq_ratio + xp.zeros_like(logp)
+    else:  # gspo-token: value s_i, gradient s_i·∇logp_t
+      surrogate_ratio = (_stop_gradient(xp, seq_ratio)
+                         * xp.exp(logp - _stop_gradient(xp, logp)))
+    pg, flags = _clipped_surrogate(surrogate_ratio, adv, epsilon_low, epsilon_high, dual_clip,
+                                   xp)
+    metrics.update({"seq_ratio/mean": stats_lib.mean_stat(seq_ratio[:, 0], row_valid),
+                    "seq_ratio/min": stats_lib.min_stat(seq_ratio[:, 0], row_valid),
+                    "seq_ratio/max": stats_lib.max_stat(seq_ratio[:, 0], row_valid)})
+  flags["clip_frac"] = flags["clip_frac/low"] | flags["clip_frac/high"]
+  for name, flag in flags.items():
+    if loss_type == "gspo":  # every token of a sequence shares s_i: count sequences
+      metrics[name] = stats_lib.mean_stat(xp.any(flag & valid, axis=-1), row_valid)
+    else:
+      metrics[name] = stats_lib.mean_stat(flag, valid)
+
   if behavior_logprobs is not None:
-    raw_weight = xp.exp(logp_old - clean(behavior_logprobs))
-    tis_weight = xp.minimum(raw_weight, tis_cap)
-    if xp is jnp:
-      tis_weight = jax.lax.stop_gradient(tis_weight)
-    pg = pg * tis_weight
-    metrics["tis/weight"] = stats_lib.mean_stat(tis_weight, valid)
-    metrics["tis/clip_frac"] = stats_lib.mean_stat(raw_weight > tis_cap, valid)
-    metrics["tis/ratio/max"] = stats_lib.max_stat(raw_weight, valid)
+    is_weight, is_stats = importance_weights(logp_old, clean(behavior_logprobs), valid,
+                                             is_correction, is_threshold)
+    if is_correction != "none":
+      pg = pg * is_weight
+    metrics.update(is_stats)
 
   per_token = pg
   if ref_logprobs is not None:
@@ -298,14 +442,8 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
 
   loss = aggregate_loss(per_token, valid, loss_agg, num_sequences=num_sequences,
                         num_tokens=num_tokens, max_completion_length=max_completion_length)
-
-  clipped_low = (adv < 0) & (ratio < 1 - epsilon_low)
-  clipped_high = (adv > 0) & (ratio > 1 + epsilon_high)
   metrics.update({
       "pg_loss": stats_lib.mean_stat(pg, valid),
-      "clip_frac": stats_lib.mean_stat(clipped_low | clipped_high, valid),
-      "clip_frac/low": stats_lib.mean_stat(clipped_low, valid),
-      "clip_frac/high": stats_lib.mean_stat(clipped_high, valid),
       "ratio/mean": stats_lib.mean_stat(ratio, valid),
       "ratio/min": stats_lib.min_stat(ratio, valid),
       "ratio/max": stats_lib.max_stat(ratio, valid),

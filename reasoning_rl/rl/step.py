@@ -1,8 +1,9 @@
-"""The fused, jit-sharded RL training step (DESIGN §1 step 5).
+"""The fused, jit-sharded RL training step.
 
 `TrainStep.__call__(state, batch) -> (state, stats)` is ONE compiled program on the trainer mesh: it
-computes the policy's completion log-probs and — when β > 0 — the frozen reference's, the clipped
-surrogate with its KL term (`reasoning_rl.rl.losses.policy_loss`), gradients accumulated over
+computes the policy's completion log-probs and — when β > 0 — the frozen reference's, the policy
+loss (`loss_type`: PPO's clipped surrogate, GSPO or CISPO) with its KL term and importance
+correction against the sampler (`reasoning_rl.rl.losses.policy_loss`), gradients accumulated over
 micro-batches, and the optax update, repeated μ times against fixed π_old log-probs. State buffers
 are donated, so parameters and optimizer moments are updated in place.
 
@@ -17,8 +18,14 @@ Three objectives share it:
 Batch layout (all leading dimension B, sharded over the mesh's data × fsdp axes):
   tokens, attention_mask [B, P + T] — prompt left-padded to P, completion right-padded to T;
   completion_mask [B, T]; advantages [B] (grpo) or rewards [B] (ppo);
-  optional behavior_logprobs [B, T] — the sampler's log-probs, enabling truncated importance
-  sampling when the sampler's policy differs from π_old (async / stale rollouts).
+  behavior_logprobs [B, T] — the sampler's log-probs; required when `is_correction` != "none"
+  (optional otherwise: then only the sampler/trainer mismatch is reported).
+
+π_old is always the trainer's own recomputation with the parameters the batch arrives with: with
+μ > 1 (or ppo) `_prepare` computes it once per batch, before the first update; with μ = 1 the
+first and only update runs at exactly those parameters, so its own forward, held constant, is
+that recomputation (no extra pass). The sampler's log-probs never stand in for π_old; they only
+enter the importance weight exp(logp_old - logp_behavior).
 
 A non-finite loss or gradient norm skips the update (parameters and optimizer state unchanged) and
 counts it in `state.skipped_updates` and the `skipped_update` stat; it is never applied.
@@ -50,8 +57,14 @@ class StepConfig:
 
   algorithm: "grpo" (advantages come with the batch), "ppo" (value head + GAE) or "sft"
     (cross-entropy on completion tokens; the batch needs no advantages).
-  beta, kl_estimator, epsilon_low, epsilon_high, dual_clip, loss_agg, entropy_coef, tis_cap:
-    as `reasoning_rl.rl.losses.policy_loss`.
+  loss_type, beta, kl_estimator, epsilon_low, epsilon_high, dual_clip, loss_agg, entropy_coef,
+    is_correction, is_threshold: as `reasoning_rl.rl.losses.policy_loss` (loss types: PPO,
+    Schulman et al. 2017; GSPO, Zheng et al. 2025, arXiv:2507.18071; CISPO, MiniMax-M1,
+    arXiv:2506.13585).
+  tis_cap: the old name of the truncated-IS threshold, kept so configs written before
+    `is_correction` behave as they did: when set (and is_correction is "none"), a batch that
+    carries behavior_logprobs gets token-truncate at C = tis_cap, a batch without gets none.
+    New configs set is_correction / is_threshold instead.
   max_completion_length: L of the Dr. GRPO aggregation (the generation budget); None = T.
   num_micro_batches: gradient accumulation; B must be divisible by it.
   num_inner_updates: μ optimizer updates per rollout batch against fixed π_old (GRPO's μ).
@@ -65,6 +78,7 @@ class StepConfig:
   """
 
   algorithm: str = "grpo"
+  loss_type: str = "ppo"
   beta: float = 0.0
   kl_estimator: str = "k3"
   epsilon_low: float = 0.2
@@ -72,7 +86,9 @@ class StepConfig:
   dual_clip: float | None = None
   loss_agg: str = "seq-mean-token-mean"
   entropy_coef: float = 0.0
-  tis_cap: float = 2.0
+  is_correction: str = "none"
+  is_threshold: float = 2.0
+  tis_cap: float | None = None
   max_completion_length: int | None = None
   num_micro_batches: int = 1
   num_inner_updates: int = 1
@@ -102,6 +118,45 @@ class StepConfig:
       raise ConfigError(f"loss_agg={self.loss_agg!r}: use one of {losses.LOSS_AGGREGATIONS}")
     if self.kl_estimator not in losses.KL_ESTIMATORS:
       raise ConfigError(f"kl_estimator={self.kl_estimator!r}: use one of {losses.KL_ESTIMATORS}")
+    self._check_loss_type_and_correction()
+
+  def _check_loss_type_and_correction(self):
+    if self.loss_type not in losses.LOSS_TYPES:
+      raise ConfigError(f"config.algo.loss_type={self.loss_type!r} is unknown; use one of "
+                        f"{losses.LOSS_TYPES}")
+    if self.is_correction not in losses.IS_CORRECTIONS:
+      raise ConfigError(f"config.algo.is_correction={self.is_correction!r} is unknown; use one "
+                        f"of {losses.IS_CORRECTIONS}")
+    if not self.is_threshold > 0:
+      raise ConfigError(f"config.algo.is_threshold={self.is_threshold!r} must be > 0 (the bound "
+                        "C of the sampler importance weight)")
+    if self.tis_cap is not None and self.is_correction != "none":
+      raise ConfigError(
+          f"config.algo.tis_cap={self.tis_cap!r} and config.algo.is_correction="
+          f"{self.is_correction!r} both set the sampler correction: drop tis_cap (its old name) "
+          "and keep is_correction / is_threshold")
+    if self.tis_cap is not None and not self.tis_cap > 0:
+      raise ConfigError(f"config.algo.tis_cap={self.tis_cap!r} must be > 0")
+    if self.algorithm == "ppo" and self.loss_type == "gspo":
+      raise ConfigError("config.algo.loss_type='gspo' needs one advantage per sequence, but "
+                        "algorithm 'ppo' (GAE) gives one per token: use 'gspo-token'")
+    if self.loss_type == "cispo" and self.dual_clip is not None:
+      raise ConfigError(f"config.algo.dual_clip={self.dual_clip!r} does not apply to "
+                        "config.algo.loss_type='cispo' (no ratio in its loss): set it to None")
+
+  def sampler_correction(self, has_behavior_logprobs: bool) -> tuple[str, float]:
+    """(mode, threshold C) of the importance correction for a batch with / without the sampler's
+    log-probs; resolves the legacy `tis_cap` (class docstring)."""
+    if self.is_correction != "none":
+      if not has_behavior_logprobs:
+        raise ConfigError(
+            f"config.algo.is_correction={self.is_correction!r} needs the sampler's log-probs, "
+            "but the batch has no behavior_logprobs [B, T]: the trainer must attach them "
+            "whenever is_correction != 'none'")
+      return self.is_correction, self.is_threshold
+    if self.tis_cap is not None and has_behavior_logprobs:
+      return "token-truncate", self.tis_cap
+    return "none", self.is_threshold
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -194,7 +249,7 @@ class TrainStep:
 
   def _micro_loss(self, trainable, micro, normalizers):
     """Loss of one micro-batch. Without `old_logprobs` in the batch (μ = 1, GRPO), π_old is the
-    current policy, so its log-probs are this forward's own, held constant."""
+    current policy, so its log-probs are this forward's own, held constant (module docstring)."""
     c = self.config
     logprobs, entropy, values = self._policy_outputs(
         trainable["policy"], trainable.get("value_head"), micro)
@@ -205,13 +260,16 @@ class TrainStep:
       return loss, {"nll": stats_lib.mean_stat(-logprobs, mask > 0),
                     "entropy": stats_lib.mean_stat(entropy, mask > 0)}
     old_logprobs = micro.get("old_logprobs", jax.lax.stop_gradient(logprobs))
+    behavior_logprobs = micro.get("behavior_logprobs")
+    is_correction, is_threshold = c.sampler_correction(behavior_logprobs is not None)
     loss, stats = losses.policy_loss(
         logprobs, old_logprobs, micro["advantages"], micro["completion_mask"],
-        ref_logprobs=micro.get("ref_logprobs"), beta=c.beta, kl_estimator=c.kl_estimator,
-        epsilon_low=c.epsilon_low, epsilon_high=c.epsilon_high, dual_clip=c.dual_clip,
-        loss_agg=c.loss_agg, behavior_logprobs=micro.get("behavior_logprobs"),
-        tis_cap=c.tis_cap, entropy=entropy, entropy_coef=c.entropy_coef,
-        max_completion_length=c.max_completion_length, **normalizers)
+        loss_type=c.loss_type, ref_logprobs=micro.get("ref_logprobs"), beta=c.beta,
+        kl_estimator=c.kl_estimator, epsilon_low=c.epsilon_low, epsilon_high=c.epsilon_high,
+        dual_clip=c.dual_clip, loss_agg=c.loss_agg, behavior_logprobs=behavior_logprobs,
+        is_correction=is_correction, is_threshold=is_threshold, entropy=entropy,
+        entropy_coef=c.entropy_coef, max_completion_length=c.max_completion_length,
+        **normalizers)
     if values is not None:
       v_loss, v_stats = value_lib.value_loss(
           values, micro["old_values"], micro["returns"], micro["completion_mask"],
@@ -224,6 +282,8 @@ class TrainStep:
   def _prepare(self, state: TrainState, batch):
     """Adds π_old log-probs, reference log-probs and (ppo) GAE targets to the batch."""
     c = self.config
+    if c.algorithm != "sft":  # fails at trace time, before any compute, if the batch lacks them
+      c.sampler_correction("behavior_logprobs" in batch)
     batch = dict(batch)
     mask = batch["completion_mask"]
     length = mask.shape[1]
