@@ -63,11 +63,13 @@ def build_policy(config: ml_collections.ConfigDict):
   return model, tokenizer
 
 
-def build_template(config: ml_collections.ConfigDict, tokenizer):
+def build_template(config: ml_collections.ConfigDict, tokenizer, *, instruction: str | None = None):
+  """The prompt template of `data.*`; `instruction` replaces `data.instruction` (eval variants)."""
   from reasoning_rl.data import templates
 
   c = config.data
-  return templates.PromptTemplate(c.template, tokenizer, instruction=c.instruction,
+  return templates.PromptTemplate(c.template, tokenizer,
+                                  instruction=c.instruction if instruction is None else instruction,
                                   system_prompt=c.system_prompt)
 
 
@@ -141,22 +143,37 @@ def sampling_params(config: ml_collections.ConfigDict):
   return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
 
 
+def rollout_staleness(config: ml_collections.ConfigDict) -> int:
+  """k: how many policy versions a trained batch may lag (0 = synchronous rollouts)."""
+  return config.async_rollouts.max_staleness if config.async_rollouts.enabled else 0
+
+
+def sampler_correction(config: ml_collections.ConfigDict) -> str:
+  """`algo.is_correction`, except that asynchronous rollouts always correct (token-truncate)."""
+  if config.algo.is_correction == "none" and rollout_staleness(config) > 0:
+    return "token-truncate"
+  return config.algo.is_correction
+
+
 def step_config(config: ml_collections.ConfigDict):
   """The training step's static configuration (`reasoning_rl.rl.step.StepConfig`)."""
   from reasoning_rl.rl.step import StepConfig
 
   a, o = config.algo, config.optim
   return StepConfig(
+      loss_type=a.loss_type, is_correction=sampler_correction(config),
+      is_threshold=a.is_threshold,
       algorithm="sft" if config.stage != "rl" else ("ppo" if a.name == "ppo" else "grpo"),
       beta=config.beta,
       kl_estimator=a.kl_estimator, epsilon_low=a.epsilon_low, epsilon_high=a.epsilon_high,
       dual_clip=a.dual_clip, loss_agg=a.loss_agg, entropy_coef=a.entropy_coef,
-      tis_cap=a.tis_cap, max_completion_length=config.rollout.max_new_tokens,
+      max_completion_length=config.rollout.max_new_tokens,
       num_micro_batches=a.num_micro_batches, num_inner_updates=a.num_inner_updates,
       logprob_chunk=a.logprob_chunk, remat=a.remat, learning_rate=o.learning_rate,
       warmup_steps=o.warmup_steps, total_steps=config.total_steps,
       final_lr_fraction=o.final_lr_fraction, weight_decay=o.weight_decay,
-      max_grad_norm=o.max_grad_norm)
+      max_grad_norm=o.max_grad_norm, b1=o.b1, b2=o.b2, adam_eps=o.eps, vf_coef=a.vf_coef,
+      value_clip=a.value_clip, gamma=a.gamma, gae_lambda=a.gae_lambda)
 
 
 # ------------------------------------------------------------------------------- a whole run

@@ -90,7 +90,22 @@ def base_config() -> ml_collections.ConfigDict:
   c.algo.num_micro_batches = 1
   c.algo.logprob_chunk = 128
   c.algo.remat = False  # recompute block activations in the backward pass (long sequences)
-  c.algo.tis_cap = 2.0
+  # ppo: PPO's clipped token ratio (Schulman et al. 2017) | gspo / gspo-token: GSPO's
+  # length-normalised sequence ratio (Zheng et al. 2025, arXiv:2507.18071) | cispo: clipped,
+  # stop-gradient IS weight on a REINFORCE term (MiniMax-M1, arXiv:2506.13585). See rl/losses.py.
+  c.algo.loss_type = "ppo"
+  # Correction for the sampler's log-probs differing from the trainer's recomputation (kernels,
+  # precision, staleness): none | token-truncate | token-mask | sequence-truncate | sequence-mask
+  # with threshold C = is_threshold (Yao et al. 2025, TIS; IMPALA's truncation, Espeholt et al.
+  # 2018). Asynchronous rollouts always correct: "none" then means token-truncate.
+  c.algo.is_correction = "none"
+  c.algo.is_threshold = 2.0
+  # algo.name = ppo only (Schulman et al. 2017; GAE, Schulman et al. 2016): value-loss weight,
+  # value clip ε_v, discount γ and GAE λ.
+  c.algo.vf_coef = 0.5
+  c.algo.value_clip = 0.2
+  c.algo.gamma = 1.0
+  c.algo.gae_lambda = 0.95
   c.beta = 0.0  # KL weight; 0 never loads the reference model
 
   c.optim = ml_collections.ConfigDict()
@@ -99,6 +114,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.final_lr_fraction = 0.1
   c.optim.weight_decay = 0.0
   c.optim.max_grad_norm = 1.0
+  # AdamW moments (Loshchilov & Hutter 2019; Kingma & Ba 2015's defaults).
+  c.optim.b1 = 0.9
+  c.optim.b2 = 0.999
+  c.optim.eps = 1e-8
 
   # DAPO dynamic sampling: sample extra prompts, drop groups whose rewards are all equal, refill.
   c.dynamic_sampling = ml_collections.ConfigDict()
@@ -141,6 +160,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.num_samples = 1  # > 1 adds pass@k and maj@k (Chen et al. 2021)
   c.eval.temperature = 0.0  # 0 = greedy pass@1
   c.eval.canaries = ()  # prompts whose completions are logged verbatim at every evaluation
+  # Rewordings of `data.instruction` (each with "{prompt}"): the held-out set is evaluated once
+  # more under each, so a gain that holds only for the training phrasing shows. Results go under
+  # "variants" in eval/step_*.json; guards and the progress line read the main accuracy.
+  c.eval.instruction_variants = ()
 
   c.logging = ml_collections.ConfigDict()
   c.logging.rollouts_every_steps = 1
@@ -211,6 +234,12 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     require(isinstance(r[name], int) and r[name] >= 1, f"rollout.{name}", "must be an integer >= 1")
   require(config.algo.name in ("grpo", "ppo"), "algo.name", "must be grpo or ppo")
   require(config.algo.estimator in ESTIMATORS, "algo.estimator", f"must be one of {ESTIMATORS}")
+  from reasoning_rl.rl.losses import IS_CORRECTIONS, LOSS_TYPES  # pylint: disable=import-outside-toplevel
+
+  require(config.algo.loss_type in LOSS_TYPES, "algo.loss_type", f"must be one of {LOSS_TYPES}")
+  require(config.algo.is_correction in IS_CORRECTIONS, "algo.is_correction",
+          f"must be one of {IS_CORRECTIONS}")
+  require(config.algo.is_threshold > 0, "algo.is_threshold", "must be > 0")
   if config.algo.name == "grpo" and config.stage == "rl":
     require(r.num_samples >= 2, "rollout.num_samples",
             f"group estimator {config.algo.estimator!r} compares samples of one prompt: "
@@ -230,6 +259,9 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "the KL guard measures KL to the reference, which exists only with beta > 0; set "
           "--config.beta or leave max_kl at inf")
   require(config.eval.num_samples >= 1, "eval.num_samples", "must be >= 1")
+  for variant in config.eval.instruction_variants:
+    require(isinstance(variant, str) and "{prompt}" in variant, "eval.instruction_variants",
+            "every variant is an instruction text containing {prompt}")
   if num_devices is not None:
     _validate_mesh(config, num_devices)
 

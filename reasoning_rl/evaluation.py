@@ -25,7 +25,9 @@ as `workdir/eval/step_XXXXXXXX.json` and `read_eval_results` reads them back (th
     reward/mean, reward/<part> (unweighted part means), response_length/mean (tokens),
     truncated_frac, format_rate, answer_rate, per_task {task: {num_examples, accuracy}},
     examples [{uid, task, answer, num_correct, majority_answer}],
-    canaries [{uid, prompt, completions: [{text, num_tokens, truncated}]}]
+    canaries [{uid, prompt, completions: [{text, num_tokens, truncated}]}],
+    variants [{instruction, accuracy, reward/mean, …}] (the trainer, with eval.instruction_variants:
+      the same examples under reworded instructions; `headline` lists the keys kept)
 """
 
 from __future__ import annotations
@@ -382,6 +384,17 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer,
       examples, generated[:len(examples)], scorer, max_new_tokens=max_new_tokens,
       temperature=temperature, ks=ks, canaries=canaries,
       canary_completions=generated[len(examples):])
+
+
+HEADLINE_KEYS = ("accuracy", "reward/mean", "response_length/mean", "truncated_frac",
+                 "answer_rate", "format_rate")
+
+
+def headline(result: EvalResult) -> dict[str, Any]:
+  """The few numbers of a result that are kept for each reworded variant of the held-out set."""
+  out = {key: result[key] for key in HEADLINE_KEYS}
+  out.update({key: value for key, value in result.items() if key.startswith(("pass@", "maj@"))})
+  return out
 
 
 # --------------------------------------------------------------------------------------- storage

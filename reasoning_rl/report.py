@@ -142,9 +142,15 @@ def write_report(workdir: str | os.PathLike[str], *, num_samples: int = 2) -> pa
   reward_keys = ["reward/mean"] + [k for k in keys if k.startswith("reward/") and k != "reward/mean"]
   heldout_keys = sorted({k for e in evals for k in e if _HELDOUT_KEY.match(k)},
                         key=lambda k: (k != "accuracy", k))
+  # eval.instruction_variants: the held-out set under reworded instructions, as "reworded N"
+  reworded = [{"step": e["step"], **{f"reworded {i + 1}": v["accuracy"]
+                                     for i, v in enumerate(e.get("variants", ()))}}
+              for e in evals]
+  reworded_keys = sorted({k for r in reworded for k in r if k != "step"})
   plots = [
       ("reward_parts.png", "Reward and its parts (train)", _series(rows, reward_keys), "step"),
-      ("heldout_accuracy.png", "Held-out accuracy", _series(evals, heldout_keys), "step"),
+      ("heldout_accuracy.png", "Held-out accuracy",
+       {**_series(evals, heldout_keys), **_series(reworded, reworded_keys)}, "step"),
       ("response_length.png", "Mean response length (tokens)",
        {**_series(rows, ["response_length/mean"], prefix="train "),
         **_series(evals, ["response_length/mean"], prefix="held-out ")}, "step"),
@@ -181,11 +187,14 @@ def write_report(workdir: str | os.PathLike[str], *, num_samples: int = 2) -> pa
 
   lines += ["## Held-out evaluations", ""]
   if evals:
-    columns = ["step"] + heldout_keys + ["format_rate", "response_length/mean"]
+    columns = ["step"] + heldout_keys + reworded_keys + ["format_rate", "response_length/mean"]
     lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for result in evals:
-      lines.append("| " + " | ".join(_format(result.get(c, "")) for c in columns) + " |")
+    for result, extra in zip(evals, reworded):
+      lines.append("| " + " | ".join(_format({**result, **extra}.get(c, "")) for c in columns)
+                   + " |")
     lines.append("")
+    for i, variant in enumerate(evals[-1].get("variants", ())):
+      lines += [f"reworded {i + 1}:", "", _fence(_clip(variant["instruction"])), ""]
     canaries = evals[-1].get("canaries") or []
     if canaries:
       lines += [f"### Canary completions (evaluation at step {evals[-1]['step']})", ""]

@@ -27,7 +27,7 @@ from reasoning_rl import checkpointing
 from reasoning_rl import evaluation
 from reasoning_rl import guards as guards_lib
 from reasoning_rl import metrics as metrics_lib
-from reasoning_rl.build import Run, build, eval_max_new_tokens
+from reasoning_rl.build import Run, build, build_template, eval_max_new_tokens
 from reasoning_rl.loop.rl_stage import RLStage
 from reasoning_rl.loop.rollouts import RolloutCollector
 from reasoning_rl.loop.sft_stage import SFTStage
@@ -161,11 +161,21 @@ class Trainer:
     """Greedy pass@1 on the held-out examples (+ canaries); eval/step_XXXXXXXX.json."""
     c, run = self.config, self.run_parts
     start = time.perf_counter()
-    result = evaluation.run_evaluation(
-        run.engine, run.tokenizer, run.template, run.data.eval_examples, run.scorer,
-        num_samples=c.eval.num_samples, temperature=c.eval.temperature,
-        max_new_tokens=eval_max_new_tokens(c), stop_strings=tuple(c.rollout.stop_strings),
-        seed=c.seed, canaries=tuple(c.eval.canaries))
+
+    def evaluate_with(template, canaries=()):
+      return evaluation.run_evaluation(
+          run.engine, run.tokenizer, template, run.data.eval_examples, run.scorer,
+          num_samples=c.eval.num_samples, temperature=c.eval.temperature,
+          max_new_tokens=eval_max_new_tokens(c), stop_strings=tuple(c.rollout.stop_strings),
+          seed=c.seed, canaries=canaries)
+
+    result = evaluate_with(run.template, tuple(c.eval.canaries))
+    if c.eval.instruction_variants:
+      result["variants"] = [
+          {"instruction": instruction,
+           **evaluation.headline(evaluate_with(build_template(c, run.tokenizer,
+                                                              instruction=instruction)))}
+          for instruction in c.eval.instruction_variants]
     result["time/eval_s"] = time.perf_counter() - start
     evaluation.write_eval_result(self.workdir, step, result)
     log.info("held-out accuracy at step %d: %.3f", step, result["accuracy"])
@@ -185,6 +195,10 @@ def summary_text(workdir: pathlib.Path, exit_code: int, report: pathlib.Path) ->
   if results:
     trail = " -> ".join(f"{r['accuracy']:.1%} (step {r['step']})" for r in results)
     lines.append(f"held-out accuracy on {results[-1]['num_examples']} examples: {trail}")
+    for index, variant in enumerate(results[-1].get("variants", ())):
+      trail = " -> ".join(f"{r['variants'][index]['accuracy']:.1%} (step {r['step']})"
+                          for r in results if len(r.get("variants", ())) > index)
+      lines.append(f"  reworded ({variant['instruction']!r}): {trail}")
   if rows and "reward/mean" in rows[-1]:
     lines.append(f"train reward/mean: {rows[0]['reward/mean']:.3f} (step {rows[0]['step']}) -> "
                  f"{rows[-1]['reward/mean']:.3f} (step {rows[-1]['step']})")

@@ -45,9 +45,6 @@ def test_sampler_weights_compare_with_the_trainers_own_recomputation():
   assert stats["tis/abs_log_diff"] == pytest.approx(0.1, abs=1e-5)
   assert stats["tis/weight"] == pytest.approx(np.exp(0.1), rel=1e-5)
   assert stats["tis/capped_token_frac"] == 0.0
-  # The old `tis_cap` spelling gives the same step.
-  legacy, legacy_stats = run_step(StepConfig(learning_rate=1e-3, tis_cap=2.0), batch)
-  assert legacy_stats["tis/weight"] == pytest.approx(stats["tis/weight"], rel=1e-6)
 
 
 def test_sequence_mask_drops_a_far_off_sampler_and_needs_its_logprobs():
@@ -68,7 +65,6 @@ def test_sequence_mask_drops_a_far_off_sampler_and_needs_its_logprobs():
     (dict(loss_type="grpo"), r"config.algo.loss_type='grpo' is unknown; use one of \('ppo'"),
     (dict(is_correction="seq-mask"), r"config.algo.is_correction='seq-mask' is unknown"),
     (dict(is_threshold=0.0), r"config.algo.is_threshold=0.0 must be > 0"),
-    (dict(tis_cap=2.0, is_correction="token-mask"), r"config.algo.tis_cap=2.0 and"),
     (dict(algorithm="ppo", loss_type="gspo"), r"use 'gspo-token'"),
     (dict(loss_type="cispo", dual_clip=3.0), r"config.algo.dual_clip=3.0 does not apply"),
 ])
@@ -77,11 +73,12 @@ def test_step_config_names_the_bad_field(kwargs, match):
     StepConfig(**kwargs)
 
 
-def test_legacy_tis_cap_truncates_only_when_the_batch_carries_sampler_logprobs():
+def test_sampler_correction_is_off_by_default_and_needs_sampler_logprobs_when_on():
   config = StepConfig()
-  assert (config.loss_type, config.is_correction, config.tis_cap) == ("ppo", "none", None)
+  assert (config.loss_type, config.is_correction) == ("ppo", "none")
   assert config.sampler_correction(True) == ("none", 2.0)
-  assert StepConfig(tis_cap=3.0).sampler_correction(True) == ("token-truncate", 3.0)
-  assert StepConfig(tis_cap=3.0).sampler_correction(False) == ("none", 2.0)
+  assert config.sampler_correction(False) == ("none", 2.0)
+  with pytest.raises(ConfigError, match="batch has no behavior_logprobs"):
+    StepConfig(is_correction="token-truncate").sampler_correction(False)
   assert StepConfig(is_correction="sequence-mask", is_threshold=1.5).sampler_correction(True) == (
       "sequence-mask", 1.5)

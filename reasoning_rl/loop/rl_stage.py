@@ -5,8 +5,9 @@ at step s is sampled with policy version max(0, s − 1 − k) (version v = para
 updates). The loop keeps k sampled batches queued; after dispatching step s it samples batch s + k
 with the newest finished version (s − 1) while the step runs, then publishes version s to the
 sampler. With k = 0 the queue is empty and every batch is sampled right before its step: exactly
-the synchronous loop. With k > 0 the loss applies truncated importance sampling against the
-sampler's log-probs. Queued batches live in the loop state, so a resume is exact too.
+the synchronous loop. With k > 0 (or `algo.is_correction` set) the batch carries the sampler's
+log-probs and the loss corrects against them (`rl.losses.importance_weights`). Queued batches
+live in the loop state, so a resume is exact too.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 
 import jax
 
-from reasoning_rl.build import Run
+from reasoning_rl.build import Run, rollout_staleness, sampler_correction
 from reasoning_rl.data import tasks
 from reasoning_rl.loop import telemetry
 from reasoning_rl.loop.rollouts import RolloutCollector
@@ -39,8 +40,8 @@ class RLStage:
   def __init__(self, run: Run, collector: RolloutCollector):
     self.run = run
     self.collector = collector
-    c = run.config
-    self.staleness = c.async_rollouts.max_staleness if c.async_rollouts.enabled else 0
+    self.staleness = rollout_staleness(run.config)
+    self.with_sampler_logprobs = sampler_correction(run.config) != "none"
     self._last = None  # (batch, advantages) of the latest step, for its rollout records
 
   def sample_batch(self, loop: LoopState) -> SampledBatch:
@@ -65,7 +66,7 @@ class RLStage:
         group_size=c.rollout.num_samples, prompt_length=c.rollout.max_prefill_length,
         completion_length=c.rollout.max_new_tokens, pad_id=run.tokenizer.pad_id,
         estimator=c.algo.estimator, with_rewards=c.algo.name == "ppo",
-        with_behavior_logprobs=self.staleness > 0)
+        with_behavior_logprobs=self.with_sampler_logprobs)
     train_start = time.perf_counter()
     state, stats = run.step_fn(state, batch)  # dispatched; runs while we sample ahead
     ahead_s = 0.0

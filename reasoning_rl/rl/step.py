@@ -61,10 +61,6 @@ class StepConfig:
     is_correction, is_threshold: as `reasoning_rl.rl.losses.policy_loss` (loss types: PPO,
     Schulman et al. 2017; GSPO, Zheng et al. 2025, arXiv:2507.18071; CISPO, MiniMax-M1,
     arXiv:2506.13585).
-  tis_cap: the old name of the truncated-IS threshold, kept so configs written before
-    `is_correction` behave as they did: when set (and is_correction is "none"), a batch that
-    carries behavior_logprobs gets token-truncate at C = tis_cap, a batch without gets none.
-    New configs set is_correction / is_threshold instead.
   max_completion_length: L of the Dr. GRPO aggregation (the generation budget); None = T.
   num_micro_batches: gradient accumulation; B must be divisible by it.
   num_inner_updates: μ optimizer updates per rollout batch against fixed π_old (GRPO's μ).
@@ -88,7 +84,6 @@ class StepConfig:
   entropy_coef: float = 0.0
   is_correction: str = "none"
   is_threshold: float = 2.0
-  tis_cap: float | None = None
   max_completion_length: int | None = None
   num_micro_batches: int = 1
   num_inner_updates: int = 1
@@ -130,13 +125,6 @@ class StepConfig:
     if not self.is_threshold > 0:
       raise ConfigError(f"config.algo.is_threshold={self.is_threshold!r} must be > 0 (the bound "
                         "C of the sampler importance weight)")
-    if self.tis_cap is not None and self.is_correction != "none":
-      raise ConfigError(
-          f"config.algo.tis_cap={self.tis_cap!r} and config.algo.is_correction="
-          f"{self.is_correction!r} both set the sampler correction: drop tis_cap (its old name) "
-          "and keep is_correction / is_threshold")
-    if self.tis_cap is not None and not self.tis_cap > 0:
-      raise ConfigError(f"config.algo.tis_cap={self.tis_cap!r} must be > 0")
     if self.algorithm == "ppo" and self.loss_type == "gspo":
       raise ConfigError("config.algo.loss_type='gspo' needs one advantage per sequence, but "
                         "algorithm 'ppo' (GAE) gives one per token: use 'gspo-token'")
@@ -146,7 +134,7 @@ class StepConfig:
 
   def sampler_correction(self, has_behavior_logprobs: bool) -> tuple[str, float]:
     """(mode, threshold C) of the importance correction for a batch with / without the sampler's
-    log-probs; resolves the legacy `tis_cap` (class docstring)."""
+    log-probs (a batch without them while a correction is asked for is an error)."""
     if self.is_correction != "none":
       if not has_behavior_logprobs:
         raise ConfigError(
@@ -154,8 +142,6 @@ class StepConfig:
             "but the batch has no behavior_logprobs [B, T]: the trainer must attach them "
             "whenever is_correction != 'none'")
       return self.is_correction, self.is_threshold
-    if self.tis_cap is not None and has_behavior_logprobs:
-      return "token-truncate", self.tis_cap
     return "none", self.is_threshold
 
 
