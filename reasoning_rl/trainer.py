@@ -47,7 +47,8 @@ def write_model_files(workdir: pathlib.Path, model_config, tokenizer) -> None:
 class Trainer:
   """Runs a built `Run` (RL or an SFT stage) on its workdir; `run()` returns the exit code."""
 
-  def __init__(self, run: Run):
+  def __init__(self, run: Run, *, stage=None):
+    """`stage` replaces the one the config names (`RLStage` / `SFTStage`); tests use it."""
     self.run_parts = run
     self.config = run.config
     self.workdir = pathlib.Path(run.config.workdir)
@@ -59,8 +60,10 @@ class Trainer:
         run.engine, run.tokenizer, run.template, run.scorer, num_samples=r.num_samples,
         max_new_tokens=r.max_new_tokens, stop_strings=r.stop_strings, sampling=run.sampling,
         seed=run.config.seed)
-    self.stage = (RLStage(run, self.collector) if run.config.stage == "rl"
-                  else SFTStage(run, self.collector, self.workdir))
+    if stage is None:
+      stage = (RLStage(run, self.collector) if run.config.stage == "rl"
+               else SFTStage(run, self.collector, self.workdir))
+    self.stage = stage
 
   @classmethod
   def from_config(cls, config) -> "Trainer":

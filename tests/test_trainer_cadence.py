@@ -1,0 +1,128 @@
+"""The trainer's cadence on its own, in process: a scripted stage stands in for sampling and
+training, so the test sees only when the trainer logs, checkpoints, evaluates, stops and resumes."""
+
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from reasoning_rl import checkpointing
+from reasoning_rl import guards as guards_lib
+from reasoning_rl.config import base_config
+from reasoning_rl.metrics import read_metrics
+from reasoning_rl.rl.step import TrainState
+from reasoning_rl.trainer import Trainer
+
+
+class ScriptedStage:
+  """Each step adds 1 to the single parameter and reports `kl` = the step number / 100."""
+
+  def __init__(self, preempt_at=None):
+    self.preempt_at = preempt_at
+    self.started = 0
+
+  def start(self, loop):
+    self.started += 1
+
+  def step(self, step, state, loop):
+    loop.data_position += 3
+    loop.policy_version += 1
+    if step == self.preempt_at:
+      checkpointing._preemption_event.set()  # what the SIGTERM handler does
+    state = state.replace(params={"w": state.params["w"] + 1.0}, step=state.step + 1)
+    return state, {"loss": float(step), "kl": step / 100, "reward/mean": 0.5,
+                   "data_position": loop.data_position, "policy_version": loop.policy_version}
+
+  def rollout_records(self, step):
+    return [{"step": step}]
+
+
+def _fake_run(workdir, **overrides):
+  config = base_config()
+  config.workdir = str(workdir)
+  config.total_steps = 10
+  config.checkpoint.every_steps = 4
+  config.checkpoint.async_save = False
+  config.eval.every_steps = 5
+  config.logging.progress_bar = False
+  config.logging.tensorboard = False
+  config.logging.rollouts_every_steps = 0
+  for key, value in overrides.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for parent in parents:
+      node = node[parent]
+    node[leaf] = value
+  versions = []
+  engine = types.SimpleNamespace(update_params=lambda params, version: versions.append(version))
+  tokenizer = types.SimpleNamespace(save=lambda directory: None)
+  model_config = types.SimpleNamespace(to_hf_config=lambda: {"model_type": "fake"})
+  closed = []
+  scorer = types.SimpleNamespace(close=lambda: closed.append(True))
+  state = TrainState(step=jnp.zeros((), jnp.int32), params={"w": jnp.zeros((2,))}, opt_state={},
+                     skipped_updates=jnp.zeros((), jnp.int32))
+  run = types.SimpleNamespace(
+      config=config, state=state, engine=engine, tokenizer=tokenizer, template=None,
+      scorer=scorer, sampling=None, model_config=model_config)
+  return run, versions, closed
+
+
+@pytest.fixture(autouse=True)
+def no_pending_preemption():
+  checkpointing.clear_preemption_request()
+  yield
+  checkpointing.clear_preemption_request()
+
+
+def _trainer(run, stage, evaluations):
+  trainer = Trainer(run, stage=stage)
+
+  def evaluate(step):
+    evaluations.append(step)
+    return {"accuracy": 0.5, "response_length/mean": 4.0, "step": step}
+
+  trainer.evaluate = evaluate
+  return trainer
+
+
+def test_cadence_of_logging_checkpoints_and_evaluations(tmp_path):
+  run, _, closed = _fake_run(tmp_path)
+  evaluations = []
+  trainer = _trainer(run, ScriptedStage(), evaluations)
+  assert trainer.run() == guards_lib.DONE_EXIT_CODE
+  assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")] == list(range(1, 11))
+  assert checkpointing.Checkpointer(tmp_path / "checkpoints").all_steps() == [8, 10]  # keep = 2
+  assert evaluations == [0, 5, 10]  # before, every 5 steps, after (not twice at the end)
+  assert closed == [True]
+  assert (tmp_path / "report.md").exists() and (tmp_path / "model" / "config.json").exists()
+  np.testing.assert_array_equal(trainer.state.params["w"], [10.0, 10.0])
+  assert trainer.loop.data_position == 30 and trainer.loop.policy_version == 10
+
+
+def test_guard_trip_saves_writes_stopped_md_and_exits_3(tmp_path):
+  run, _, _ = _fake_run(tmp_path, **{"beta": 0.1, "guards.max_kl": 0.065})
+  trainer = _trainer(run, ScriptedStage(), [])
+  assert trainer.run() == guards_lib.GUARD_EXIT_CODE
+  assert read_metrics(tmp_path / "metrics.jsonl")[-1]["step"] == 7  # kl 0.07 > 0.065
+  assert checkpointing.Checkpointer(tmp_path / "checkpoints").latest_step() == 7
+  assert "max_kl" in (tmp_path / guards_lib.STOPPED_FILE).read_text()
+
+
+def test_preemption_saves_then_a_rerun_resumes_the_loop_state(tmp_path):
+  run, _, _ = _fake_run(tmp_path)
+  evaluations = []
+  assert _trainer(run, ScriptedStage(preempt_at=3), evaluations).run() == \
+      guards_lib.PREEMPTED_EXIT_CODE
+  assert checkpointing.Checkpointer(tmp_path / "checkpoints").latest_step() == 3
+  checkpointing.clear_preemption_request()
+  run, versions, _ = _fake_run(tmp_path)
+  stage = ScriptedStage()
+  trainer = _trainer(run, stage, evaluations)
+  assert trainer.run() == guards_lib.DONE_EXIT_CODE
+  assert versions[0] == 3  # the restored params were published as version 3
+  assert trainer.loop.data_position == 30 and trainer.loop.policy_version == 10
+  np.testing.assert_array_equal(trainer.state.params["w"], [10.0, 10.0])
+  assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")] == list(range(1, 11))
+  assert evaluations == [0, 5, 10]  # step 0 is not evaluated again on resume
+  assert stage.started == 1
