@@ -163,7 +163,7 @@ def test_works_in_worker_process():
     statuses = list(pool.map(_check_in_process, [(_respond("0.5"), r"\frac12", 5.0),
                                                  (_respond("3 or 4"), "3", 5.0),
                                                  (_SLOW, "3", 0.3)]))
-  assert statuses == ["correct", "wrong", "timeout"]
+  assert statuses == ["correct", "multiple_answers", "timeout"]
 
 
 def test_bad_arguments():

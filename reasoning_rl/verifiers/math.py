@@ -31,9 +31,9 @@ from reasoning_rl.errors import ConfigError
 from reasoning_rl.verifiers import deadline
 from reasoning_rl.verifiers.format import tag_contents
 
-MATH_VERIFIER_VERSION = "math-1+math_verify-" + importlib.metadata.version("math-verify")
+MATH_VERIFIER_VERSION = "math-2+math_verify-" + importlib.metadata.version("math-verify")
 
-EXTRACT_MODES = ("answer_or_boxed", "answer", "boxed", "last_number")
+EXTRACT_MODES = ("answer_or_boxed", "answer", "boxed", "last_number", "final_answer")
 # A signed integer or decimal, with optional thousands separators: the final number of free-form
 # text ("… so 6 - 2 = 4."). For chat models that write no answer tags, on numeric tasks.
 _NUMBER = re.compile(r"(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")
@@ -58,7 +58,8 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 @dataclasses.dataclass(frozen=True)
 class MathResult:
   """Outcome of one check. `status` is one of: correct, wrong, no_answer, multiple_answers,
-  unparseable, too_large, timeout."""
+  hedged (the stated answer hedges or negates: "maybe 42", "not 42"), unevaluated (arithmetic left
+  undone, "40 + 2", for a numeric truth), unparseable, too_large, timeout."""
 
   correct: bool
   status: str
@@ -98,26 +99,40 @@ def extract_candidates(response: str, extract: str = "answer_or_boxed",
                        answer_tag: str = "answer") -> list[str]:
   """Every final-answer candidate of `response`, in order (the last one is "the" answer).
 
-  - `answer`: the contents of each `<answer>` span (a span holding `\\boxed{}`s yields the boxes).
+  - `answer`: the final answer of each `<answer>` span (`read_final_answer`: its `\\boxed{}`s, the
+    span itself when it is plain math, else the answer its prose states).
   - `boxed`: every `\\boxed{…}` in the response.
   - `answer_or_boxed`: the answer spans when there is at least one, else every box.
+  - `final_answer`: the answer spans when there is at least one, else the final answer of the free
+    text after the last closing tag (`</think>`): its boxes, else what its prose states. For chat
+    models that answer in sentences ("So the total cost is 3*4 = 12 dollars.").
   - `last_number`: the last number written anywhere in the response (one candidate), for models
-    that answer in free text; only meaningful for numeric ground truths.
+    that answer in free text; only meaningful for numeric ground truths. Credits hedges whose last
+    number is right ("3 or 4"); `final_answer` does not.
+  A response that hedges in words ("maybe 42", "not 42") has no candidates; `check` says why.
   """
+  return list(_extract(response, extract, answer_tag)[0])
+
+
+def _extract(response: str, extract: str, answer_tag: str) -> tuple[tuple[str, ...], str | None]:
+  """(candidates, refusal): refusal is "hedged" when the stated answer hedges or negates."""
   if extract not in EXTRACT_MODES:
     raise ConfigError(f"math.extract={extract!r} is unknown; choose one of {EXTRACT_MODES}")
   if extract == "last_number":
     numbers = _NUMBER.findall(response)
-    return [numbers[-1].replace(",", "")] if numbers else []
-  candidates: list[str] = []
+    return ((numbers[-1].replace(",", ""),) if numbers else ()), None
   spans = tag_contents(response, answer_tag) if extract != "boxed" else []
   if spans:
-    for span in spans:
-      boxes = boxed_contents(span)
-      candidates.extend(boxes if boxes else [span])
+    readings = [read_final_answer(span) for span in spans]
+  elif extract == "final_answer":
+    readings = [read_final_answer(_CLOSING_TAG.split(response)[-1])]
   elif extract != "answer":
-    candidates = boxed_contents(response)
-  return [c for c in (_strip_wrappers(c) for c in candidates) if c]
+    readings = [FinalAnswer(tuple(boxed_contents(response)))]
+  else:
+    readings = []
+  refusal = next((r.refusal for r in readings if r.refusal), None)
+  candidates = [c for r in readings for c in (_strip_wrappers(c) for c in r.candidates) if c]
+  return tuple(candidates), refusal
 
 
 def _strip_wrappers(candidate: str) -> str:
@@ -130,8 +145,12 @@ def _strip_wrappers(candidate: str) -> str:
 
 # Thin spaces used as thousands separators in LaTeX and typography: 1\,000, 1\ 000, 1 000.
 _THOUSANDS_SPACE = re.compile(r"(?<=\d)(?:\\,|\\ |\\;|~|\u2009|\u202f)(?=\d{3}(?!\d))")
+# A plain space separates thousands only in a whole number written so: "1 000", "12 345 678".
+_THOUSANDS_PLAIN_SPACE = re.compile(r"(?<![\d.,])(?<!\d )\d{1,3}(?: \d{3})+(?!\d| \d)")
 # Two numbers separated only by (LaTeX) whitespace: "1 2 3", "41 \; 42" (parsed as a sum).
 _WHITESPACE_SEPARATED_NUMBERS = re.compile(r"\d\s+[\d.]")
+# An upright single letter (`\\mathrm{e}`), which math-verify cannot parse, is the letter itself.
+_UPRIGHT_LETTER = re.compile(r"\\(?:mathrm|rm)\s*\{([A-Za-z])\}")
 _LATEX_SPACE = re.compile(r"\\(?:quad|qquad|[,;:! ])|~")
 # Logical "or" that math-verify does not turn into a set: "x = 41 \lor x = 42" parses as 42.
 _DISJUNCTION = re.compile(r"\\(?:lor|vee|parallel)(?![A-Za-z])|\|\|")
@@ -139,7 +158,131 @@ _NUMERIC_LITERAL = re.compile(r"\d+(?:[.,]\d+)*")
 
 
 def _normalise(candidate: str) -> str:
-  return _THOUSANDS_SPACE.sub("", candidate)
+  candidate = _UPRIGHT_LETTER.sub(r"\1", _THOUSANDS_SPACE.sub("", candidate))
+  return _THOUSANDS_PLAIN_SPACE.sub(lambda m: m.group().replace(" ", ""), candidate)
+
+
+# ------------------------------------------------------------------------------ free-text answers
+#
+# How a text states its final answer, read without a model so that no phrasing can hedge:
+#   1. its `\boxed{}`s, when it has any (all of them: disagreeing boxes are a hedge);
+#   2. the whole text, when it is plain math (no words outside LaTeX commands);
+#   3. else its statements (sentences and lines; math between `$…$`, `\(…\)`, `\[…\]` is never cut).
+#      The answer is stated by the last statement that mentions one ("answer"/"result") together
+#      with every later statement that holds a number (a different number after "the answer is …"
+#      is a second answer); without such a statement, by the last statement holding a number.
+#      Questions state nothing. Within a statement the answer is what follows the last verb
+#      ("is", "equals", "gives", ":", …) that is followed by math: "The sum of 17 and 25 is 42."
+#      states 42, not 17. Words split math apart, so "41 or 42" is two candidates (a hedge), and
+#      "3*4 = 12 dollars" is the chain 3*4 = 12. Hedging words ("maybe", "or", "could") anywhere
+#      in the statement, or a negation ("not 42") after the verb, refuse the answer.
+
+_CLOSING_TAG = re.compile(r"</[A-Za-z_][\w-]*>")
+_PLACEHOLDER = 0xF0000  # math segment i is masked as chr(_PLACEHOLDER + i): one character, no digits
+_PLACEHOLDERS = re.compile("[\U000F0000-\U000FFFFD]")
+_MATH_SEGMENT = re.compile(r"\$\$(.+?)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\)|\$([^$\n]+?)\$", re.DOTALL)
+_TEXT_COMMAND = re.compile(
+    r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname|begin|end)\s*\{[^{}]*\}")
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]+(?:['\u2019][A-Za-z]+)*")
+_STATEMENT_END = re.compile(r"(?<=[.!?])\s+|\s*\n\s*")
+_RUN_BREAK = re.compile(r":(?=\s)")  # "Step 2: 17 + 25 = 42" holds two runs; "7:32" one
+_PIECE_STRIP = " \t\r\n.,;:!?\"'`*$\u20ac\u00a3\u00a5"
+_MARKERS = frozenset({
+    "is", "are", "was", "were", "be", "equals", "equal", "gives", "give", "get", "gets", "got",
+    "makes", "make", "yields", "becomes", "has", "have", "had", "so", "thus", "therefore", "hence",
+    "it's", "that's", "here's", "there's", "what's", "answer's"})
+_HEDGES = frozenset({"maybe", "perhaps", "possibly", "probably", "might",
+                     "guess", "unsure", "either"})
+_NEGATIONS = frozenset({"not", "no", "never", "neither", "nor", "cannot"})
+_ANSWER_WORDS = frozenset({"answer", "answers", "result"})
+
+
+@dataclasses.dataclass(frozen=True)
+class FinalAnswer:
+  """What a text states as its final answer: candidates (several = a hedge unless they agree), and
+  `refusal` ("hedged") when the statement hedges or negates its answer."""
+
+  candidates: tuple[str, ...]
+  refusal: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Statement:
+  pieces: tuple[str, ...]
+  refusal: str | None
+  names_answer: bool
+
+
+def read_final_answer(text: str) -> FinalAnswer:
+  """The final answer `text` states (see the comment above for the reading rules)."""
+  boxes = boxed_contents(text)
+  if boxes:
+    return FinalAnswer(tuple(boxes))
+  masked, segments = _mask_math(text)
+  if not any(_is_prose_word(w.group()) for w in _WORD.finditer(masked)):
+    return FinalAnswer((_unmask(masked, segments).strip(),) if masked.strip() else ())
+  statements = [_read_statement(s, segments) for s in _STATEMENT_END.split(masked)]
+  statements = [s for s in statements if s.pieces or s.refusal]
+  if not statements:
+    return FinalAnswer(())
+  named = [i for i, s in enumerate(statements) if s.names_answer]
+  stated = statements[named[0]:] if named else statements[-1:]
+  return FinalAnswer(tuple(p for s in stated for p in s.pieces),
+                     next((s.refusal for s in stated if s.refusal), None))
+
+
+def _mask_math(text: str) -> tuple[str, list[str]]:
+  """`text` with each math segment and each `\\text{…}`-like command replaced by one placeholder
+  character, and the replaced texts (segment contents without their delimiters)."""
+  segments: list[str] = []
+
+  def keep(content: str) -> str:
+    segments.append(content)
+    return chr(_PLACEHOLDER + len(segments) - 1)
+
+  masked = _MATH_SEGMENT.sub(lambda m: keep(next(g for g in m.groups() if g is not None)), text)
+  return _TEXT_COMMAND.sub(lambda m: keep(m.group()), masked), segments
+
+
+def _unmask(masked: str, segments: list[str]) -> str:
+  return _PLACEHOLDERS.sub(lambda m: segments[ord(m.group()) - _PLACEHOLDER], masked)
+
+
+def _is_prose_word(word: str) -> bool:
+  return len(word) > 1  # single letters are variables ("x = 5"), not prose
+
+
+def _read_statement(masked: str, segments: list[str]) -> _Statement:
+  if masked.rstrip().endswith("?"):
+    return _Statement((), None, False)
+  words = [w for w in _WORD.finditer(masked) if _is_prose_word(w.group())]
+  lowered = [w.group().lower() for w in words]
+  breaks = [(w.start(), w.end()) for w in words] + \
+      [(m.start(), m.end()) for m in _RUN_BREAK.finditer(masked)]
+  pieces = []  # (start, text) of each run of math between words
+  position = 0
+  for start, end in sorted(breaks) + [(len(masked), len(masked))]:
+    piece = _piece(masked[position:start], segments)
+    if piece:
+      pieces.append((position, piece))
+    position = max(position, end)
+  verbs = [w.end() for w, low in zip(words, lowered) if low in _MARKERS]
+  verbs += [m.end() for m in _RUN_BREAK.finditer(masked)]
+  clause = max((v for v in verbs if any(start >= v for start, _ in pieces)), default=0)
+  clause_words = {low for w, low in zip(words, lowered) if w.start() >= clause}
+  hedged = bool(_HEDGES & set(lowered)) or bool(_NEGATIONS & clause_words) or \
+      any(low.endswith("n't") or low.endswith("n\u2019t") for low in clause_words)
+  names_answer = any(low in _ANSWER_WORDS for w, low in zip(words, lowered) if w.end() <= clause)
+  return _Statement(tuple(text for start, text in pieces if start >= clause),
+                    "hedged" if hedged and pieces else None, names_answer)
+
+
+def _piece(run: str, segments: list[str]) -> str | None:
+  """The math of one run between words, or None when it holds none ("^2" of "cm^2" is a unit)."""
+  text = run.replace("**", "").strip(_PIECE_STRIP).lstrip("=)]}").rstrip("=([{").strip()
+  if not text or text[0] in "^_" or not (_PLACEHOLDERS.search(text) or re.search(r"[\d\\]", text)):
+    return None
+  return _unmask(text, segments).strip()
 
 
 # -------------------------------------------------------------------------------------------- parsing
@@ -169,8 +312,9 @@ def _free_symbols(parsed: list) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _parse_truth(ground_truth: str) -> tuple:
-  boxes = boxed_contents(ground_truth)
-  text = _normalise(_strip_wrappers(boxes[-1] if boxes else ground_truth))
+  """The reference answer: the ground truth, or its box, or the set of its distinct boxes."""
+  boxes = list(dict.fromkeys(_strip_wrappers(b) for b in boxed_contents(ground_truth)))
+  text = _normalise(", ".join(boxes) if boxes else _strip_wrappers(ground_truth))
   parsed = _parse_strict(text)
   if not _has_expression(parsed):
     parsed = _parse_lenient(text)
@@ -184,7 +328,9 @@ def _parse_candidate(candidate: str, truth_has_symbols: bool) -> list:
   # Prose around a single number ("5 cm", "The answer is 5"): let math-verify find the number, but
   # only when there is exactly one, so it cannot pick one guess out of several.
   if len(_NUMERIC_LITERAL.findall(candidate)) == 1:
-    return _parse_lenient(candidate)
+    lenient = _parse_lenient(candidate)
+    if _has_expression(lenient):
+      return lenient
   return parsed
 
 
@@ -204,13 +350,24 @@ def _log10_bound(expr) -> float:
     base, exponent = bounds[0], bounds[1]
     if base <= _pymath.log10(2) + 1e-12:  # |base| <= 1: 0**n, 1**n, (-1)**n stay small
       return 0.0
-    return _pymath.inf if exponent > 15 else base * 10 ** exponent
+    if exponent > 15:
+      return _pymath.inf
+    return base * max(_magnitude(expr.exp, exponent), 1.0)
   if isinstance(expr, sympy.Mul):
     return sum(bounds)
   if isinstance(expr, sympy.factorial) or type(expr).__name__ in ("factorial", "gamma", "factorial2"):
     n = 10 ** bounds[0]
     return _pymath.inf if n > 1e7 else n * max(_pymath.log10(n), 1.0)
   return max(bounds) + _pymath.log10(len(bounds))
+
+
+def _magnitude(expr, log10_bound: float) -> float:
+  """|expr| when it is a number (safe to evaluate: its bound is small), else 10 ** its bound. A
+  fractional exponent (10^{(\\sqrt{13} - 5)/6}) keeps a power small; its digit bound would not."""
+  try:
+    return abs(complex(expr.evalf(15))) if expr.is_number else 10 ** log10_bound
+  except (TypeError, ValueError, ArithmeticError):
+    return 10 ** log10_bound
 
 
 def _too_large(parsed: list) -> bool:
@@ -222,7 +379,8 @@ def _too_large(parsed: list) -> bool:
 
 
 def _has_false_equation(parsed: list) -> bool:
-  """True when the answer asserts a false numeric equation, e.g. `41 = 42` or `x = 41 = 42`.
+  """True when the answer asserts a false numeric equation, e.g. `41 = 42` or `x = 41 = 42`
+  (for answers to symbolic truths; `_judge_number` reads chains link by link).
 
   math-verify reads an equation as an assignment and compares only its right-hand side, so a chain
   `0 = 1 = … = 99` would otherwise match any of its numbers.
@@ -253,10 +411,12 @@ def check(response: str, ground_truth: str, *, extract: str = "answer_or_boxed",
   """Like `is_correct`, but says why (see `MathResult.status`)."""
   if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
     raise ConfigError(f"math.timeout_s={timeout_s!r} must be a positive number of seconds")
-  candidates = extract_candidates(response, extract, answer_tag)
-  if not candidates:
-    return MathResult(False, "no_answer")
+  candidates, refusal = _extract(response, extract, answer_tag)
   distinct = tuple(dict.fromkeys(_normalise(c) for c in candidates))
+  if refusal:
+    return MathResult(False, refusal, distinct[:MAX_CANDIDATES])
+  if not distinct:
+    return MathResult(False, "no_answer")
   if len(distinct) > MAX_CANDIDATES:
     return MathResult(False, "multiple_answers", distinct[:MAX_CANDIDATES])
   if any(len(c) > MAX_ANSWER_CHARS for c in distinct):
@@ -278,20 +438,12 @@ def _judge(candidates: tuple[str, ...], ground_truth: str) -> str:
   truth = list(_parse_truth(ground_truth))
   if not truth:
     return "unparseable"
-  truth_has_symbols = _free_symbols(truth)
-  statuses = []
-  for candidate in candidates:
-    parsed = _parse_candidate(candidate, truth_has_symbols)
-    if not parsed:
-      statuses.append("unparseable")
-    elif _too_large(parsed):
-      statuses.append("too_large")
-    elif _has_false_equation(parsed):
-      statuses.append("wrong")
-    elif math_verify.verify(truth, parsed, timeout_seconds=None):
-      statuses.append("correct")
-    else:
-      statuses.append("wrong")
+  if len(candidates) > 1 and _is_plural(truth):
+    candidates = (", ".join(candidates),)  # "\\boxed{1} and \\boxed{2}" answer {1, 2}, as a set
+  if isinstance(truth[0], sympy.Number):
+    statuses = [_judge_number(c, truth) for c in candidates]
+  else:
+    statuses = [_judge_expression(c, truth) for c in candidates]
   if all(s == "correct" for s in statuses):
     return "correct"
   if len(candidates) > 1 and "correct" in statuses:
@@ -299,15 +451,106 @@ def _judge(candidates: tuple[str, ...], ground_truth: str) -> str:
   return next(s for s in statuses if s != "correct")
 
 
+def _is_plural(truth: list) -> bool:
+  return isinstance(truth[0], sympy.FiniteSet) and len(truth[0]) > 1
+
+
+def _judge_expression(candidate: str, truth: list) -> str:
+  parsed = _parse_candidate(candidate, _free_symbols(truth))
+  if not parsed:
+    return "unparseable"
+  if _too_large(parsed):
+    return "too_large"
+  if _has_false_equation(parsed):
+    return "wrong"
+  return "correct" if math_verify.verify(truth, parsed, timeout_seconds=None) else "wrong"
+
+
+# Arithmetic left undone: "40 + 2", "6 \\times 7" (an echo of the question), but not "3 \\times 10^5".
+_UNEVALUATED = re.compile(
+    r"(?<![\d.^_{])\d+(?:\.\d+)?\s*(?:[-+*\u00d7\u00b7\u00f7\u2212]|\\times|\\cdot|\\div)\s*"
+    r"[({]?\s*-?(?!10\s*\^)\d")
+_DECIMAL_COMMA = re.compile(r"-?\d+,(?:\d{1,2}|\d{4,})")  # 1000,99; not 1,000 (thousands)
+_CHAIN_TOKEN = re.compile(r"\\approx(?![A-Za-z])|\u2248|(?<![<>!=:\\])=(?!=)|[{}]")
+_SUBSCRIPTS_AND_ARGUMENTS = re.compile(r"_\{[^{}]*\}|_\w|(?<=[A-Za-z])\([^()]*\)")
+MAX_CHAIN_LINKS = 16  # a longer chain of equalities is spam; refuse without parsing
+
+
+def _judge_number(candidate: str, truth: list) -> str:
+  """A numeric truth: the candidate, or the last link of a chain `a = b ≈ c` whose links all hold
+  (an exact link must be equal, an approximate one equal after rounding to its decimals); the
+  first link may name the quantity (`x = …`, `P(A) = …`). Arithmetic left undone is no answer."""
+  links = _chain_links(candidate)
+  if len(links) > MAX_CHAIN_LINKS:
+    return "wrong"
+  if any("," in text for _, text in links[1:-1]):
+    return _judge_expression(candidate, truth)  # "x = 1, x = 2": a list of equations, no chain
+  final = links[-1][1]
+  if _DECIMAL_COMMA.fullmatch(final):
+    final = final.replace(",", ".")
+  if _UNEVALUATED.search(_normalise(final).replace("{,}", "")):
+    return "unevaluated"
+  values = [_parse_candidate(text, False) for _, text in links[:-1]] + [
+      _parse_candidate(final, False)]
+  if not values[-1]:
+    return "unparseable"
+  if any(_too_large(v) for v in values):
+    return "too_large"
+  for i in range(1, len(links)):
+    left, right = values[i - 1], values[i]
+    if i == 1 and _names_quantity(links[0][1]):
+      continue
+    if not _link_holds(left, right, links[i][0], links[i][1]):
+      return "wrong"
+  if _has_false_equation(values[-1]):
+    return "wrong"
+  return "correct" if math_verify.verify(truth, values[-1], timeout_seconds=None) else "wrong"
+
+
+def _names_quantity(link: str) -> bool:
+  """True for a first link that names what the chain computes: `x`, `P(A)`, `a_{37}`, `f(41)`, but
+  not `\\text{41}`, `(41)` or `41x`."""
+  return not re.search(r"\d", _SUBSCRIPTS_AND_ARGUMENTS.sub("", link))
+
+
+def _chain_links(text: str) -> list[tuple[str, str]]:
+  """[(separator, link)] of a chain split at its top-level `=` / `\\approx` (the first separator is
+  "")."""
+  links, separator, start, depth = [], "", 0, 0
+  for token in _CHAIN_TOKEN.finditer(text):
+    if token.group() in "{}":
+      depth = depth + 1 if token.group() == "{" else max(depth - 1, 0)
+    elif depth == 0:
+      links.append((separator, text[start:token.start()].strip()))
+      separator, start = ("=" if token.group() == "=" else "~"), token.end()
+  return links + [(separator, text[start:].strip())]
+
+
+def _link_holds(left: list, right: list, separator: str, right_text: str) -> bool:
+  if not (_has_expression(left) and _has_expression(right)) or _free_symbols(right) \
+      or _free_symbols(left):
+    return False
+  if separator == "=":
+    return bool(math_verify.verify(left, right, timeout_seconds=None))
+  decimals = re.fullmatch(r"-?[\d,]*\.(\d+)", right_text)
+  tolerance = 0.5 * 10.0 ** -(len(decimals.group(1)) if decimals else 0)
+  try:
+    gap = abs(complex(sympy.N(left[0] - right[0], 30)))
+  except (TypeError, ValueError, ArithmeticError):
+    return False
+  return gap <= tolerance * (1 + 1e-9)
+
+
 def is_correct(response: str, ground_truth: str, *, extract: str = "answer_or_boxed",
                timeout_s: float = 5.0, answer_tag: str = "answer") -> bool:
-  """True iff the response's final answer is equivalent to `ground_truth` (DESIGN.md §3).
+  """True iff the response's final answer is equivalent to `ground_truth`.
 
   Args:
     response: the model's completion.
     ground_truth: the reference answer (plain, LaTeX, or a solution whose last `\\boxed{}` is it).
     extract: where the answer is read: `answer_or_boxed` (the `<answer>` spans, else the
-      `\\boxed{}`s), `answer`, `boxed`, or `last_number` (the last number in the text).
+      `\\boxed{}`s), `answer`, `boxed`, `final_answer` (the spans, else the answer the free text
+      states) or `last_number` (the last number in the text); see `extract_candidates`.
     timeout_s: wall-clock budget of the whole check; on timeout the answer is judged wrong.
     answer_tag: name of the answer tag.
   All candidates found must be equivalent to the truth; several different ones earn nothing.

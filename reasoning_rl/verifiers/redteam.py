@@ -139,7 +139,45 @@ def _common_probes(t: _Template, question: str, wrong: str, right: str) -> list[
   ]
 
 
-def _math_scenario(t: _Template) -> Scenario:
+def _free_text_probes(question: str, free_text: bool) -> list[Probe]:
+  """Answers written as sentences, no tags (what `extract="final_answer"` reads): hedges, several
+  candidates, a second answer after the answer, false chains, negations, questions, arithmetic left
+  undone. With `free_text` (the reward reads free text), honest sentences are positive controls."""
+  probes = [
+      Probe("free_or", "She has 41 or 42 apples."),
+      Probe("free_or_maybe", "The answer is 41, or maybe 42."),
+      Probe("free_maybe", "I am not sure, maybe 42."),
+      Probe("free_candidates", "It could be 40, 41, 42, 43 or 44."),
+      Probe("free_between", "She has between 41 and 43 apples."),
+      Probe("free_list", "41, 42, 43"),
+      Probe("free_lines", "41\n42\n43"),
+      Probe("free_math_segments", "The answer is $41$ or $42$."),
+      Probe("free_false_equation", "So 41 = 42."),
+      Probe("free_assignment_chain", "So x = 41 = 42."),
+      Probe("free_variable_chain", "So x = 41 = y = 42."),
+      Probe("free_text_named_chain", r"\text{41} = 42"),
+      Probe("free_false_approximation", r"She has about 41 \approx 42 apples."),
+      Probe("free_answer_then_another", "The answer is 41. Actually, it is 42."),
+      Probe("free_answer_then_number", "The answer is 41.\n42"),
+      Probe("free_two_answers", "The answer is 41. The answer is 42."),
+      Probe("free_box_then_text", r"\boxed{41} Actually it is 42."),
+      Probe("free_negated", "The answer is not 42."),
+      Probe("free_negated_contraction", "It isn't 42."),
+      Probe("free_question", "Is it 42?"),
+      Probe("free_unevaluated", "She has 40 + 2 apples."),
+      Probe("free_question_echo", question),
+  ]
+  controls = [
+      Probe("control_free_sentence", "She still has 42 apples.", control=True),
+      Probe("control_free_equation", "42 + 0 = 42", control=True),
+      Probe("control_free_answer_is", "The answer is 42.", control=True),
+      Probe("control_free_chain_in_prose",
+            "She had 42 apples and bought 0, so the total is 42 + 0 = 42 apples.", control=True),
+  ]
+  return probes + (controls if free_text else [])
+
+
+def _math_scenario(t: _Template, free_text: bool = False) -> Scenario:
   question = "Janet has 42 apples and buys 0 more. How many apples does she have?"
   reasoning = "She starts with some apples and buys none, so the count does not change."
   spam = [str(i) for i in range(100)]
@@ -165,10 +203,13 @@ def _math_scenario(t: _Template) -> Scenario:
       Probe("false_equation", t.render(reasoning, "41 = 42")),
       Probe("equation_chain_spam", t.render(reasoning, " = ".join(spam))),
       Probe("assignment_chain", t.render(reasoning, "x = 41 = 42")),
+      Probe("variable_chain", t.render(reasoning, "x = 41 = y = 42")),
+      Probe("unevaluated_sum", t.render(reasoning, "40 + 2")),
+      Probe("hedge_in_prose", t.render(reasoning, "The answer is 41, or maybe 42.")),
       Probe("latex_space_spam", t.render(reasoning, r" \; ".join(spam))),
       Probe("huge_power", t.render(reasoning, r"10^{10^{10}}")),
       Probe("huge_factorial", t.render(reasoning, r"(10^{10})!")),
-  ]
+  ] + _free_text_probes(question, free_text)
   record = {"ground_truth": "42", "task": "math", "prompt": t.prompt(question)}
   return Scenario("math", record, t.render(reasoning, "41"), tuple(probes))
 
@@ -295,6 +336,11 @@ def _template(parts: list[rewards_lib.Part]) -> _Template:
       think_open_in_prompt=bool(fmt and fmt["think_open_in_prompt"]))
 
 
+def _reads_free_text(parts: list[rewards_lib.Part]) -> bool:
+  correct = next((p for p in parts if p.kind == "correct"), None)
+  return correct is not None and correct.settings["extract"] in ("final_answer", "last_number")
+
+
 def _verifiers_to_probe(parts: list[rewards_lib.Part]) -> list[str]:
   correct = next((p for p in parts if p.kind == "correct"), None)
   if correct is None:
@@ -351,7 +397,7 @@ def run_redteam(reward_config: Any) -> RedteamReport:
   for verifier in _verifiers_to_probe(fn.parts):
     try:
       if verifier == "math":
-        scenarios = [_math_scenario(template)]
+        scenarios = [_math_scenario(template, _reads_free_text(fn.parts))]
       elif verifier == "countdown":
         scenarios = [_countdown_scenario(template)]
       elif verifier == "reasoning_gym":
