@@ -42,6 +42,37 @@ def test_sound_math_reward_passes_every_probe():
   assert "OK: no exploit earns reward" in report.table()
 
 
+FREE_TEXT = {"correct": {"weight": 1.0, "verifier": "math", "extract": "final_answer"}}
+
+
+@pytest.mark.parametrize("reward", [FREE_TEXT, dict(FREE_TEXT, format={"weight": 0.1})],
+                         ids=["correct_only", "with_format"])
+def test_free_text_reward_passes_every_probe(reward):
+  report = run_redteam(reward)
+  assert report.ok, report.table()
+  results = _by_name(report, "math")
+  controls = [name for name in results if name.startswith("control_")]
+  assert len(controls) == 5  # the tagged answer and four sentences
+  assert all(results[name].parts["correct"] == 1.0 for name in controls)
+  free = [name for name in results if name.startswith("free_")]
+  assert len(free) >= 20
+  assert all(results[name].parts["correct"] == 0.0 for name in free)
+
+
+def test_last_number_is_caught_by_free_text_probes():
+  report = run_redteam({"correct": {"weight": 1.0, "verifier": "math", "extract": "last_number"}})
+  flagged = {r.probe for r in report.findings}
+  assert {"free_or_maybe", "free_maybe", "free_negated", "free_answer_then_another",
+          "free_false_equation", "false_equation", "text_after_answer"} <= flagged
+  assert not any(name.startswith("control_") for name in flagged)  # its right answers still pay
+
+
+def test_free_text_controls_only_where_free_text_is_read():
+  results = _by_name(run_redteam({"correct": {"weight": 1.0, "verifier": "math"}}), "math")
+  assert "control_free_sentence" not in results
+  assert results["free_or_maybe"].parts["correct"] == 0.0  # the probes still run
+
+
 def test_sound_countdown_and_reasoning_gym_rewards_pass():
   for verifier in ("countdown", "reasoning_gym"):
     report = run_redteam({"correct": {"weight": 1.0, "verifier": verifier},

@@ -190,3 +190,152 @@ def test_last_number_correctness():
   assert is_correct("So 17 + 25 = 42.", "42", extract="last_number")
   assert not is_correct("So 17 + 25 = 42, or maybe 43", "42", extract="last_number")
   assert not is_correct("I do not know", "42", extract="last_number")
+
+
+# ------------------------------------------------------------------------------ free-text answers
+
+# Honest ways a chat model states the right answer 42 (and, with 41 written instead, a wrong one).
+HONEST_PHRASINGS = [
+    "{a}", "The answer is {a}.", "17 + 25 = {a}", "So 17 + 25 = {a}.", "17 + 25 equals {a}.",
+    "The sum of 17 and 25 is {a}.", "Adding 17 and 25 gives {a}.", "Answer: {a}", "**Answer:** {a}",
+    "The answer is **{a}**.", "The result is {a}", "x = {a}", "So, x = {a}.",
+    "Janet has {a} apples.", "17 plus 25 makes {a} in total.", "It's {a}.", "The final answer is ${a}$.",
+    "We get $17 + 25 = {a}$.", "Therefore, the answer is \\({a}\\).", "17 + 25 = {a}\n\nSo, the answer is {a}.",
+    "To find the answer, add 17 and 25.\n\n17 + 25 = {a}\n\nSo, the answer is {a}.",
+    "To calculate 17 + 25, we add them together: 17 + 25 = {a}.\n\nThis",
+    "I think the answer is {a}.", "The answer is {a} (no rounding needed).", "{a}.0",
+]
+
+
+@pytest.mark.parametrize("phrasing", HONEST_PHRASINGS)
+def test_free_text_honest_answers(phrasing):
+  right = phrasing.format(a=42)
+  assert check(right, "42", extract="final_answer").status == "correct", right
+  wrong = phrasing.replace("{a}", "41").replace("17 + 25", "17 + 24")
+  assert not is_correct(wrong, "42", extract="final_answer"), wrong
+
+
+def test_the_issue_examples():
+  assert is_correct("<answer>So the total cost is 3*4 = 12 dollars.</answer>", "12")
+  assert is_correct("So the total cost is 3*4 = 12 dollars.", "12", extract="final_answer")
+  assert is_correct("17 + 25 = 42", "42", extract="final_answer")
+  assert is_correct("The answer is 42.", "42", extract="final_answer")
+  assert not is_correct("41 = 42", "42", extract="final_answer")
+  assert not is_correct("x = 41 = 42", "42", extract="final_answer")
+
+
+@pytest.mark.parametrize("response,status", [
+    ("She has 41 or 42 apples.", "multiple_answers"),
+    ("The answer is 41, or maybe 42.", "hedged"),
+    ("I am not sure, maybe 42.", "hedged"),
+    ("Perhaps 42.", "hedged"),
+    ("The answer is not 42.", "hedged"),
+    ("It isn't 42.", "hedged"),
+    ("The answer is 42, not 41.", "hedged"),
+    ("Is it 42?", "no_answer"),
+    ("The answer is 41. Actually, it is 42.", "multiple_answers"),
+    ("The answer is 41. The answer is 42.", "multiple_answers"),
+    ("The answer is 41.\n42", "multiple_answers"),
+    ("The answer is 42. To check: 42 - 25 = 17.", "multiple_answers"),  # a second answer after it
+    ("The answer is $41$ or $42$.", "multiple_answers"),
+    ("She has between 41 and 43 apples.", "wrong"),  # two candidates, neither right
+    ("So 41 = 42.", "wrong"),
+    ("So x = 41 = y = 42.", "wrong"),
+    (r"\text{41} = 42", "wrong"),  # a first link with digits must hold, not name the quantity
+    ("41x = 42", "wrong"),
+    (r"She has about 41 \approx 42 apples.", "wrong"),
+    ("She has 40 + 2 apples.", "unevaluated"),
+    ("Calculate 40 + 2.", "unevaluated"),
+    ("<think>The answer is 42.</think>", "no_answer"),  # reasoning is not the answer
+    (r"\boxed{41} Actually it is 42.", "wrong"),  # a box is the answer; prose after it is not
+    ("Janet has 42 apples and buys 0 more. How many apples does she have?", "multiple_answers"),
+])
+def test_free_text_hedges_earn_nothing(response, status):
+  result = check(response, "42", extract="final_answer")
+  assert not result.correct and result.status == status, result
+
+
+def test_final_answer_mode_prefers_answer_tags_then_boxes():
+  assert extract_candidates("<answer>41</answer> The answer is 42.", "final_answer") == ["41"]
+  assert extract_candidates(r"The answer is \boxed{42}, i.e. 41 + 1.", "final_answer") == ["42"]
+  assert extract_candidates("<think>maybe 7</think>So 6 + 1 = 7.", "final_answer") == ["6 + 1 = 7"]
+  assert extract_candidates("<reasoning>7</reasoning> It is 8.", "final_answer") == ["8"]
+  # Without tags or boxes, the other modes read nothing from prose; last_number takes its last number.
+  assert extract_candidates("So 6 + 1 = 7.", "answer_or_boxed") == []
+  assert extract_candidates("So 6 + 1 = 7.", "last_number") == ["7"]
+
+
+@pytest.mark.parametrize("text,candidates,refusal", [
+    ("42", ("42",), None),
+    (r"x = 41 \lor x = 42", (r"x = 41 \lor x = 42",), None),  # plain math stays whole
+    ("$41$ $42$", ("41 42",), None),  # ... so its whitespace-separated numbers are caught
+    ("5 cm", ("5",), None),
+    ("The sum of 17 and 25 is 42.", ("42",), None),
+    ("42 is the answer.", ("42",), None),  # no math after the verb: the statement's math
+    ("Step 2: 17 + 25 = 42", ("17 + 25 = 42",), None),
+    ("The ratio is 7:32.", ("7:32",), None),
+    ("Final Answer: The final answer is $14 {, }916$. I hope it is correct.", ("14 {, }916",), None),
+    (r"Weight = $\frac{7}{9} \times 10$ = $\frac{70}{9}$", (r"\frac{7}{9} \times 10 = \frac{70}{9}",),
+     None),
+    ("So 15 cm^2 in all.", ("15",), None),  # "^2" after a unit is no candidate
+    ("The answer is not 42.", ("42",), "hedged"),
+    ("Maybe it is 42.", ("42",), "hedged"),
+    ("Since 42 is not prime, the answer is 41.", ("41",), None),  # negation before the verb
+    ("No numbers here.", (), None),
+])
+def test_read_final_answer(text, candidates, refusal):
+  assert math_lib.read_final_answer(text) == math_lib.FinalAnswer(candidates, refusal)
+
+
+@pytest.mark.parametrize("answer,truth,status", [
+    ("6 \\times 7 = 42", "42", "correct"), ("x = 2 \\cdot 21 = 42", "42", "correct"),
+    ("P(A) = 1/2 + 1/6 = 2/3", "2/3", "correct"), ("a_{37} = 19", "19", "correct"),
+    (r"\frac{70}{9} \approx 7.78", "7.78", "correct"), (r"\frac{70}{9} \approx 7.8", "7.8", "correct"),
+    (r"\frac{70}{9} \approx 7.7", "7.7", "wrong"), ("41.6 \\approx 42", "42", "correct"),
+    ("40 + 2 = 41", "41", "wrong"), ("x = 5+5+1 = 7 = 11", "11", "wrong"), ("42 = 40 + 2", "42",
+                                                                              "unevaluated"),
+    ("6 \\times 7", "42", "unevaluated"), ("(9+1)", "10", "unevaluated"),
+    ("3 \\times 10^{5}", "300000", "correct"), ("2^{10}", "1024", "correct"),
+    (r"1 - \frac{1}{e}", r"1 - \frac{1}{e}", "correct"),  # not a numeric truth: no rule
+    (" = ".join(["42"] * 20), "42", "wrong"),  # too long a chain is spam
+])
+def test_chains_and_arithmetic_left_undone(answer, truth, status):
+  assert check(_respond(answer), truth).status == status
+
+
+@pytest.mark.parametrize("response,truth,expected", [
+    (r"\boxed{1} and \boxed{2} and \boxed{3}", r"\{1,2,3\}", True),
+    (r"\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}", "(2, 2), (6, 2)", True),
+    (r"\boxed{1}, \boxed{2}, \boxed{4}", r"\{1,2,3\}", False),
+    (r"\boxed{1}, \boxed{2}", r"\{1,2,3\}", False),
+    (r"\boxed{1,2}", r"\boxed{1} \text{ and } \boxed{2}", True),  # several boxes in the truth: a set
+    (r"\boxed{3} and \boxed{4}", "3", False),  # a single truth: still a hedge
+])
+def test_several_candidates_answer_a_set(response, truth, expected):
+  assert is_correct(response, truth) is expected
+
+
+@pytest.mark.parametrize("answer,truth,expected", [
+    ("1 000", "1000", True), ("12 345 678", "12345678", True), ("41 420", "41420", True),
+    ("1000,99", "1000.99", True), ("41,42", "41.42", True), ("41,42", "42", False),
+    (r"1 - \frac{1}{\mathrm{e}}", r"1 - \frac{1}{e}", True), (r"x \in [-2,7]", "[-2, 7]", True),
+])
+def test_number_notations(answer, truth, expected):
+  assert is_correct(_respond(answer), truth) is expected
+
+
+def test_fractional_exponents_are_not_too_large():
+  answer = r"10^{\frac{\sqrt{13} - 5}{6}}"
+  assert check(_respond(answer), r"10^{\frac{-5+\sqrt{13}}{6}}").status == "correct"
+
+
+def test_answer_value_is_the_last_link():
+  assert math_lib.answer_value("17 + 25 = 42") == "42"
+  assert math_lib.answer_value(r"\sum_{k=0}^{3} k = 6") == "6"  # "=" inside braces is no link
+  assert math_lib.answer_value(r"\frac{70}{9} \approx 7.78") == "7.78"
+  assert math_lib.answer_value("x \\leq 2") == "x \\leq 2"
+
+
+def test_long_free_text_is_read_from_its_tail():
+  text = "$x$ " * 60_000 + "So the answer is 42."
+  assert check(text, "42", extract="final_answer").status == "correct"

@@ -1,12 +1,19 @@
 """Math answer checking: extract the final answer, decide equivalence with math-verify.
 
-The answer is the content of the `<answer>…</answer>` span(s) or of the `\\boxed{…}` command(s) of a
-response (which one is configurable). Equivalence (fractions vs decimals, LaTeX forms, percentages,
-sets and intervals, units, thousands separators) is decided by Hugging Face's math-verify.
+The answer is read from the `<answer>…</answer>` span(s), the `\\boxed{…}` command(s), or the free
+text of a response (`extract`). A span or free text written as prose states its answer in words
+("So the total cost is 3*4 = 12 dollars."): `read_final_answer` finds it. Equivalence (fractions vs
+decimals, LaTeX forms, percentages, sets and intervals, units, thousands separators) is decided by
+Hugging Face's math-verify (Kydlíček et al., https://github.com/huggingface/Math-Verify).
 
 Hedging earns nothing: a response that commits to several *different* candidates (two answer spans
 or boxes that disagree, `3 or 4`, a list of guesses when the truth is one number, numbers separated
-only by whitespace) is wrong even if one of them is right.
+only by whitespace, a second answer after "the answer is …") is wrong even if one of them is right,
+and so is a stated answer that hedges or negates itself ("maybe 42", "not 42"). Several candidates
+are read as one set only when the truth is a set of several elements. For a numeric truth a chain
+`3*4 = 12` answers its last link only if every link holds (`41 = 42` and `x = 41 = 42` are wrong),
+and arithmetic left undone (`40 + 2`, an echo of the question) is no answer. Whatever the phrasing,
+a response states at most one answer: it earns only on truths equivalent to that answer.
 
 Timeouts: math-verify's own timeout uses `signal.alarm`, which only works in the main thread and
 whose exception can be swallowed mid-computation. It is disabled here; instead the parsing and
@@ -168,19 +175,24 @@ def _normalise(candidate: str) -> str:
 #   1. its `\boxed{}`s, when it has any (all of them: disagreeing boxes are a hedge);
 #   2. the whole text, when it is plain math (no words outside LaTeX commands);
 #   3. else its statements (sentences and lines; math between `$…$`, `\(…\)`, `\[…\]` is never cut).
-#      The answer is stated by the last statement that mentions one ("answer"/"result") together
-#      with every later statement that holds a number (a different number after "the answer is …"
-#      is a second answer); without such a statement, by the last statement holding a number.
-#      Questions state nothing. Within a statement the answer is what follows the last verb
-#      ("is", "equals", "gives", ":", …) that is followed by math: "The sum of 17 and 25 is 42."
-#      states 42, not 17. Words split math apart, so "41 or 42" is two candidates (a hedge), and
-#      "3*4 = 12 dollars" is the chain 3*4 = 12. Hedging words ("maybe", "or", "could") anywhere
-#      in the statement, or a negation ("not 42") after the verb, refuse the answer.
+#      Within a statement the answer is the math after the last verb ("is", "equals", "gives",
+#      ":", …) that math follows, else all of its math: "The sum of 17 and 25 is 42." states 42,
+#      not 17. Words split math apart, so "41 or 42" is two candidates (a hedge), and
+#      "3*4 = 12 dollars" the chain 3*4 = 12. The text's answer is stated by the first statement
+#      that names it before its verb ("the answer is …", "Result: …") together with every later
+#      statement holding math (so a different number after it is a second answer); without one,
+#      by the last statement holding math. Questions state nothing. Hedging words ("maybe",
+#      "perhaps", …) anywhere in the statement, or a negation after its verb ("is not 42"),
+#      refuse the answer.
 
 _CLOSING_TAG = re.compile(r"</[A-Za-z_][\w-]*>")
+# A longer text is read from its tail (which also keeps its math segments fewer than the
+# placeholder characters).
+MAX_READ_CHARS = 100_000
 _PLACEHOLDER = 0xF0000  # math segment i is masked as chr(_PLACEHOLDER + i): one character, no digits
 _PLACEHOLDERS = re.compile("[\U000F0000-\U000FFFFD]")
-_MATH_SEGMENT = re.compile(r"\$\$(.+?)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\)|\$([^$\n]+?)\$", re.DOTALL)
+_MATH_DELIMITER = re.compile(r"\$\$|\\\[|\\\]|\\\(|\\\)|\\\$|\$|\n")
+_CLOSER = {"$$": "$$", "\\[": "\\]", "\\(": "\\)", "$": "$"}
 _TEXT_COMMAND = re.compile(
     r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname|begin|end)\s*\{[^{}]*\}")
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]+(?:['\u2019][A-Za-z]+)*")
@@ -193,7 +205,7 @@ _MARKERS = frozenset({
     "it's", "that's", "here's", "there's", "what's", "answer's"})
 _HEDGES = frozenset({"maybe", "perhaps", "possibly", "probably", "might",
                      "guess", "unsure", "either"})
-_NEGATIONS = frozenset({"not", "no", "never", "neither", "nor", "cannot"})
+_NEGATIONS = frozenset({"not", "never", "neither", "nor", "cannot"})
 _ANSWER_WORDS = frozenset({"answer", "answers", "result"})
 
 
@@ -218,7 +230,7 @@ def read_final_answer(text: str) -> FinalAnswer:
   boxes = boxed_contents(text)
   if boxes:
     return FinalAnswer(tuple(boxes))
-  masked, segments = _mask_math(text)
+  masked, segments = _mask_math(text[-MAX_READ_CHARS:])
   if not any(_is_prose_word(w.group()) for w in _WORD.finditer(masked)):
     return FinalAnswer((_unmask(masked, segments).strip(),) if masked.strip() else ())
   statements = [_read_statement(s, segments) for s in _STATEMENT_END.split(masked)]
@@ -240,8 +252,30 @@ def _mask_math(text: str) -> tuple[str, list[str]]:
     segments.append(content)
     return chr(_PLACEHOLDER + len(segments) - 1)
 
-  masked = _MATH_SEGMENT.sub(lambda m: keep(next(g for g in m.groups() if g is not None)), text)
+  parts, position = [], 0
+  for start, end, content_start, content_end in _math_segments(text):
+    parts += [text[position:start], keep(text[content_start:content_end])]
+    position = end
+  masked = "".join(parts) + text[position:]
   return _TEXT_COMMAND.sub(lambda m: keep(m.group()), masked), segments
+
+
+def _math_segments(text: str) -> list[tuple[int, int, int, int]]:
+  """(start, end, content start, content end) of each `$…$`, `$$…$$`, `\\(…\\)`, `\\[…\\]` in one
+  linear pass (no rescanning from unclosed openers); `\\$` is a dollar sign, and a `$…$` that
+  meets the end of its line was a dollar sign too."""
+  found, opener = [], None
+  for token in _MATH_DELIMITER.finditer(text):
+    if token.group() == "\\$":
+      continue
+    if opener is None:
+      opener = token if token.group() in _CLOSER else None
+    elif token.group() == _CLOSER[opener.group()]:
+      found.append((opener.start(), token.end(), opener.end(), token.start()))
+      opener = None
+    elif token.group() == "\n" and opener.group() == "$":
+      opener = None
+  return found
 
 
 def _unmask(masked: str, segments: list[str]) -> str:
@@ -268,7 +302,8 @@ def _read_statement(masked: str, segments: list[str]) -> _Statement:
     position = max(position, end)
   verbs = [w.end() for w, low in zip(words, lowered) if low in _MARKERS]
   verbs += [m.end() for m in _RUN_BREAK.finditer(masked)]
-  clause = max((v for v in verbs if any(start >= v for start, _ in pieces)), default=0)
+  last_piece = pieces[-1][0] if pieces else -1
+  clause = max((v for v in verbs if v <= last_piece), default=0)
   clause_words = {low for w, low in zip(words, lowered) if w.start() >= clause}
   hedged = bool(_HEDGES & set(lowered)) or bool(_NEGATIONS & clause_words) or \
       any(low.endswith("n't") or low.endswith("n\u2019t") for low in clause_words)
@@ -511,6 +546,12 @@ def _names_quantity(link: str) -> bool:
   """True for a first link that names what the chain computes: `x`, `P(A)`, `a_{37}`, `f(41)`, but
   not `\\text{41}`, `(41)` or `41x`."""
   return not re.search(r"\d", _SUBSCRIPTS_AND_ARGUMENTS.sub("", link))
+
+
+def answer_value(candidate: str) -> str:
+  """The value a candidate states: the last link of a chain (`17 + 25 = 42` -> `42`), else itself
+  (for comparing or voting on answers outside `check`)."""
+  return _chain_links(candidate)[-1][1]
 
 
 def _chain_links(text: str) -> list[tuple[str, str]]:
