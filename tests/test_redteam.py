@@ -11,6 +11,7 @@ import pytest
 from reasoning_rl.errors import VerifierError
 from reasoning_rl.verifiers import math as math_lib
 from reasoning_rl.verifiers.redteam import enforce_redteam, run_redteam
+from reasoning_rl.verifiers.rewards import RewardFunction
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SOUND = {
@@ -57,6 +58,16 @@ def test_free_text_reward_passes_every_probe(reward):
   free = [name for name in results if name.startswith("free_")]
   assert len(free) >= 20
   assert all(results[name].parts["correct"] == 0.0 for name in free)
+
+
+def test_free_text_reward_scores_honest_sentences():
+  fn = RewardFunction(FREE_TEXT)
+  phrasings = ["{a}", "The answer is {a}.", "17 + 25 = {a}", "So the total is 17 + 25 = {a} apples.",
+               "Adding 17 and 25 gives {a}.", "Answer: {a}", "<answer>{a}</answer>",
+               r"So the answer is \boxed{{{a}}}."]
+  for phrasing in phrasings:
+    assert fn({"response": phrasing.format(a=42), "ground_truth": "42"}).total == 1.0, phrasing
+    assert fn({"response": phrasing.format(a=41), "ground_truth": "42"}).total == 0.0, phrasing
 
 
 def test_last_number_is_caught_by_free_text_probes():
