@@ -62,8 +62,8 @@ def test_free_text_reward_passes_every_probe(reward):
 
 def test_free_text_reward_scores_honest_sentences():
   fn = RewardFunction(FREE_TEXT)
-  phrasings = ["{a}", "The answer is {a}.", "17 + 25 = {a}", "So the total is 17 + 25 = {a} apples.",
-               "Adding 17 and 25 gives {a}.", "Answer: {a}", "<answer>{a}</answer>",
+  phrasings = ["{a}", "The answer is {a}.", "17 + 25 = {a}",
+               "So the total is 17 + 25 = {a} apples.", "Adding 17 and 25 gives {a}.", "Answer: {a}", "<answer>{a}</answer>",
                r"So the answer is \boxed{{{a}}}."]
   for phrasing in phrasings:
     assert fn({"response": phrasing.format(a=42), "ground_truth": "42"}).total == 1.0, phrasing

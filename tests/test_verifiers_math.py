@@ -199,8 +199,9 @@ HONEST_PHRASINGS = [
     "{a}", "The answer is {a}.", "17 + 25 = {a}", "So 17 + 25 = {a}.", "17 + 25 equals {a}.",
     "The sum of 17 and 25 is {a}.", "Adding 17 and 25 gives {a}.", "Answer: {a}", "**Answer:** {a}",
     "The answer is **{a}**.", "The result is {a}", "x = {a}", "So, x = {a}.",
-    "Janet has {a} apples.", "17 plus 25 makes {a} in total.", "It's {a}.", "The final answer is ${a}$.",
-    "We get $17 + 25 = {a}$.", "Therefore, the answer is \\({a}\\).", "17 + 25 = {a}\n\nSo, the answer is {a}.",
+    "Janet has {a} apples.", "17 plus 25 makes {a} in total.", "It's {a}.",
+    "The final answer is ${a}$.", "We get $17 + 25 = {a}$.", "Therefore, the answer is \\({a}\\).",
+    "17 + 25 = {a}\n\nSo, the answer is {a}.",
     "To find the answer, add 17 and 25.\n\n17 + 25 = {a}\n\nSo, the answer is {a}.",
     "To calculate 17 + 25, we add them together: 17 + 25 = {a}.\n\nThis",
     "I think the answer is {a}.", "The answer is {a} (no rounding needed).", "{a}.0",
@@ -260,7 +261,7 @@ def test_final_answer_mode_prefers_answer_tags_then_boxes():
   assert extract_candidates(r"The answer is \boxed{42}, i.e. 41 + 1.", "final_answer") == ["42"]
   assert extract_candidates("<think>maybe 7</think>So 6 + 1 = 7.", "final_answer") == ["6 + 1 = 7"]
   assert extract_candidates("<reasoning>7</reasoning> It is 8.", "final_answer") == ["8"]
-  # Without tags or boxes, the other modes read nothing from prose; last_number takes its last number.
+  # Without tags or boxes the other modes read nothing from prose; last_number takes its last number.
   assert extract_candidates("So 6 + 1 = 7.", "answer_or_boxed") == []
   assert extract_candidates("So 6 + 1 = 7.", "last_number") == ["7"]
 
@@ -274,9 +275,10 @@ def test_final_answer_mode_prefers_answer_tags_then_boxes():
     ("42 is the answer.", ("42",), None),  # no math after the verb: the statement's math
     ("Step 2: 17 + 25 = 42", ("17 + 25 = 42",), None),
     ("The ratio is 7:32.", ("7:32",), None),
-    ("Final Answer: The final answer is $14 {, }916$. I hope it is correct.", ("14 {, }916",), None),
-    (r"Weight = $\frac{7}{9} \times 10$ = $\frac{70}{9}$", (r"\frac{7}{9} \times 10 = \frac{70}{9}",),
+    ("Final Answer: The final answer is $14 {, }916$. I hope it is correct.", ("14 {, }916",),
      None),
+    (r"Weight = $\frac{7}{9} \times 10$ = $\frac{70}{9}$",
+     (r"\frac{7}{9} \times 10 = \frac{70}{9}",), None),
     ("So 15 cm^2 in all.", ("15",), None),  # "^2" after a unit is no candidate
     ("The answer is not 42.", ("42",), "hedged"),
     ("Maybe it is 42.", ("42",), "hedged"),
@@ -290,10 +292,11 @@ def test_read_final_answer(text, candidates, refusal):
 @pytest.mark.parametrize("answer,truth,status", [
     ("6 \\times 7 = 42", "42", "correct"), ("x = 2 \\cdot 21 = 42", "42", "correct"),
     ("P(A) = 1/2 + 1/6 = 2/3", "2/3", "correct"), ("a_{37} = 19", "19", "correct"),
-    (r"\frac{70}{9} \approx 7.78", "7.78", "correct"), (r"\frac{70}{9} \approx 7.8", "7.8", "correct"),
+    (r"\frac{70}{9} \approx 7.78", "7.78", "correct"),
+    (r"\frac{70}{9} \approx 7.8", "7.8", "correct"),
     (r"\frac{70}{9} \approx 7.7", "7.7", "wrong"), ("41.6 \\approx 42", "42", "correct"),
-    ("40 + 2 = 41", "41", "wrong"), ("x = 5+5+1 = 7 = 11", "11", "wrong"), ("42 = 40 + 2", "42",
-                                                                              "unevaluated"),
+    ("40 + 2 = 41", "41", "wrong"), ("x = 5+5+1 = 7 = 11", "11", "wrong"),
+    ("42 = 40 + 2", "42", "unevaluated"),
     ("6 \\times 7", "42", "unevaluated"), ("(9+1)", "10", "unevaluated"),
     ("3 \\times 10^{5}", "300000", "correct"), ("2^{10}", "1024", "correct"),
     (r"1 - \frac{1}{e}", r"1 - \frac{1}{e}", "correct"),  # not a numeric truth: no rule
@@ -308,7 +311,7 @@ def test_chains_and_arithmetic_left_undone(answer, truth, status):
     (r"\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}", "(2, 2), (6, 2)", True),
     (r"\boxed{1}, \boxed{2}, \boxed{4}", r"\{1,2,3\}", False),
     (r"\boxed{1}, \boxed{2}", r"\{1,2,3\}", False),
-    (r"\boxed{1,2}", r"\boxed{1} \text{ and } \boxed{2}", True),  # several boxes in the truth: a set
+    (r"\boxed{1,2}", r"\boxed{1} \text{ and } \boxed{2}", True),  # several boxes in a truth: a set
     (r"\boxed{3} and \boxed{4}", "3", False),  # a single truth: still a hedge
 ])
 def test_several_candidates_answer_a_set(response, truth, expected):

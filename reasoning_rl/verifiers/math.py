@@ -189,7 +189,7 @@ _CLOSING_TAG = re.compile(r"</[A-Za-z_][\w-]*>")
 # A longer text is read from its tail (which also keeps its math segments fewer than the
 # placeholder characters).
 MAX_READ_CHARS = 100_000
-_PLACEHOLDER = 0xF0000  # math segment i is masked as chr(_PLACEHOLDER + i): one character, no digits
+_PLACEHOLDER = 0xF0000  # math segment i is masked as chr(_PLACEHOLDER + i): one char, no digit
 _PLACEHOLDERS = re.compile("[\U000F0000-\U000FFFFD]")
 _MATH_DELIMITER = re.compile(r"\$\$|\\\[|\\\]|\\\(|\\\)|\\\$|\$|\n")
 _CLOSER = {"$$": "$$", "\\[": "\\]", "\\(": "\\)", "$": "$"}
@@ -474,7 +474,7 @@ def _judge(candidates: tuple[str, ...], ground_truth: str) -> str:
   if not truth:
     return "unparseable"
   if len(candidates) > 1 and _is_plural(truth):
-    candidates = (", ".join(candidates),)  # "\\boxed{1} and \\boxed{2}" answer {1, 2}, as a set
+    candidates = (", ".join(candidates),)  # "\boxed{1} and \boxed{2}" answer {1, 2}, as a set
   if isinstance(truth[0], sympy.Number):
     statuses = [_judge_number(c, truth) for c in candidates]
   else:
@@ -501,7 +501,7 @@ def _judge_expression(candidate: str, truth: list) -> str:
   return "correct" if math_verify.verify(truth, parsed, timeout_seconds=None) else "wrong"
 
 
-# Arithmetic left undone: "40 + 2", "6 \\times 7" (an echo of the question), but not "3 \\times 10^5".
+# Arithmetic left undone: "40 + 2", "6 \times 7" (an echo of the question), but not "3 \times 10^5".
 _UNEVALUATED = re.compile(
     r"(?<![\d.^_{])\d+(?:\.\d+)?\s*(?:[-+*\u00d7\u00b7\u00f7\u2212]|\\times|\\cdot|\\div)\s*"
     r"[({]?\s*-?(?!10\s*\^)\d")
@@ -588,7 +588,8 @@ def is_correct(response: str, ground_truth: str, *, extract: str = "answer_or_bo
 
   Args:
     response: the model's completion.
-    ground_truth: the reference answer (plain, LaTeX, or a solution whose last `\\boxed{}` is it).
+    ground_truth: the reference answer (plain, LaTeX, or a solution whose `\\boxed{}` is it; the
+      distinct boxes of a truth with several make a set).
     extract: where the answer is read: `answer_or_boxed` (the `<answer>` spans, else the
       `\\boxed{}`s), `answer`, `boxed`, `final_answer` (the spans, else the answer the free text
       states) or `last_number` (the last number in the text); see `extract_candidates`.
