@@ -2,10 +2,14 @@
 reasoning-gym basic_arithmetic (2 terms, 1–2 digits, + − ×), on a 2-core laptop CPU.
 
 The chat model answers in free text and almost never writes answer tags, so correctness is read
-from the last number of the completion (math verifier, `extract="last_number"`), the same rule for
-the training reward and the held-out accuracy. reasoning-gym 0.1.25 produces wrong labels for '/'
-without parentheses, so division is left out. The instruction carries no example answer (the model
-parrots one).
+from the answer the completion states (math verifier, `extract="final_answer"`: a box, an equation
+chain whose links all hold, or "the answer is …"; hedges, several candidates and a different answer
+after the first are refused), the same rule for the training reward and the held-out accuracy. The
+red team runs before training and must pass (the older `last_number` rule paid 29 known exploits).
+Training prompts are the bare question; the held-out set is also evaluated under two reworded
+instructions (`eval.instruction_variants`), so a gain tied to the training phrasing would show.
+reasoning-gym 0.1.25 produces wrong labels for '/' without parentheses, so division is left out.
+The instruction carries no example answer (the model parrots one).
 
   python launch/train.py --config=configs/smollm2_arithmetic.py --config.workdir=runs/demo
 """
@@ -43,12 +47,8 @@ def get_config():
   c.rollout.max_concurrent_decodes = 32
   c.rollout.steps_per_call = 16
   c.rollout.stop_strings = ()
-  c.rewards = {"correct": {"weight": 1.0, "verifier": "math", "extract": "last_number"}}
+  c.rewards = {"correct": {"weight": 1.0, "verifier": "math", "extract": "final_answer"}}
   c.verifier.num_workers = 0  # math-verify on 32 short answers per step: inline is faster
-  # The red team reports that `last_number` credits hedges ("3 or 4", "41 = 42") whose last number
-  # is right. Accepted knowingly: such a hedge pays exactly when committing to its last number
-  # would, so it cannot earn more than answering; the findings are still logged at start-up.
-  c.verifier.allow_exploits = True
   c.algo.estimator = "grpo"
   c.algo.loss_agg = "token-mean"
   c.algo.logprob_chunk = 64
@@ -59,4 +59,8 @@ def get_config():
   c.eval.num_examples = 100
   c.eval.every_steps = 0
   c.eval.canaries = ("What is 17 + 25?",)
+  c.eval.instruction_variants = (
+      "Solve this arithmetic problem and state the final result as a number.\n\n{prompt}",
+      "{prompt}\nWork it out, then finish with: The answer is <number>.",
+  )
   return c

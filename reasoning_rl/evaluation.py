@@ -125,9 +125,10 @@ def normalise_answer(answer: str) -> str:
 
 def extract_answer(response: str, *, extract: str = "answer_or_boxed",
                    answer_tag: str = "answer") -> str | None:
-  """The final answer of a response (last `<answer>` span or `\\boxed{}`), or None."""
+  """The value of a response's final answer (last `<answer>` span, `\\boxed{}` or stated answer,
+  as `extract` reads it; a chain `17 + 25 = 42` gives its last link), or None."""
   candidates = math_lib.extract_candidates(response, extract, answer_tag)
-  return candidates[-1] if candidates else None
+  return math_lib.answer_value(candidates[-1]) if candidates else None
 
 
 def majority_vote(answers: Sequence[str | None]) -> str | None:
