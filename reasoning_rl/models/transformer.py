@@ -211,7 +211,9 @@ class Attention(nnx.Module):
       k_all = _scatter_cache(cache_kv[0], slots, k.astype(cache_kv[0].dtype))
       v_all = _scatter_cache(cache_kv[1], slots, v.astype(cache_kv[1].dtype))
       new_cache_kv = (k_all, v_all)
-      k, v = k_all.astype(x.dtype), v_all.astype(x.dtype)
+      # Only the first key_positions.shape[1] cache slots are read (see `Transformer.decode`).
+      read = key_positions.shape[1]
+      k, v = k_all[:, :, :read].astype(x.dtype), v_all[:, :, :read].astype(x.dtype)
     else:
       new_cache_kv = None
     c = self.config
@@ -353,7 +355,8 @@ class Transformer(nnx.Module):
     return self.logits_from_hidden(
         self.hidden_states(token_ids, attention_mask, positions=positions))
 
-  def decode(self, token_ids, positions, cache: KVCache, write_index, *, return_hidden=False):
+  def decode(self, token_ids, positions, cache: KVCache, write_index, *, return_hidden=False,
+             key_length: int | None = None):
     """Runs T new tokens per row through the KV cache.
 
     token_ids, positions [B, T] (position −1 marks padding inside a bucketed prefill);
@@ -361,15 +364,21 @@ class Transformer(nnx.Module):
     updated cache), or with `return_hidden` the final-normed hidden states [B, T, D] instead of
     logits (a prefill needs logits at one position only). Tokens are written at slots
     write_index + t, so a row's cache is contiguous.
+
+    key_length (static): attend over cache slots [0, key_length) only, instead of the whole cache.
+    The caller guarantees every key a query may see lies there (a sampler whose rows are shorter
+    than the cache reads less of it); the result is the same up to float summation order, since
+    the slots left out would be masked anyway.
     """
     slots = write_index[:, None] + jnp.arange(token_ids.shape[1])[None, :]
     cache_pos = _scatter_rows(cache.pos, slots, positions.astype(jnp.int32))
+    key_positions = cache_pos if key_length is None else cache_pos[:, :key_length]
     inv_freq = rope_inverse_frequencies(self.config)
     x = self.embed_tokens(token_ids)
     new_k, new_v = [], []
     for layer, block in enumerate(self.layers):
-      x, (k, v) = block(x, positions, cache_pos, inv_freq, (cache.k[layer], cache.v[layer]),
-                        write_index)
+      x, (k, v) = block(x, positions, key_positions, inv_freq,
+                        (cache.k[layer], cache.v[layer]), write_index)
       new_k.append(k)
       new_v.append(v)
     hidden = self.final_norm(x)

@@ -14,15 +14,24 @@ This engine keeps its own types (no JetStream import; `jetstream_adapter.py` bri
 orchestrator) and adds what RL rollouts need: per-slot sampling parameters and PRNG keys, stop ids,
 a `max_new_tokens` budget, both log-probs of every token, and `update_params` for weight sync.
 
-Decode state: one KV cache [slots, cache_length, kv_heads, head_dim] per layer, preallocated on the
+Decode state: one KV cache [slots, kv_heads, cache_length, head_dim] per layer, preallocated on the
 sampler mesh and donated to every jitted call, so it is updated in place. Each slot holds the logits
 of its next token; a decode step samples from them, feeds the sampled token through the model and
 stores the new logits. `generate` runs up to `steps_per_call` such steps inside one jitted
-`lax.while_loop` (it exits early once every slot is done), so the host sees one round trip per
-`steps_per_call` tokens.
+`lax.while_loop`, so the host sees one round trip per `steps_per_call` tokens at most.
+
+Throughput (no decode step is spent on an idle slot the host could have refilled):
+- Early exit: the loop stops once every slot is done, and with `return_on_finish=True` as soon as
+  any slot finishes, so a caller with requests waiting refills the slot at once instead of leaving
+  it idle for the rest of the chunk (the cost is one extra host round trip per finish).
+- Live-length attention: a call attends over the first L cache slots only, L the smallest power of
+  two covering every live slot's position plus `steps_per_call` (capped at cache_length), instead
+  of the whole cache; one compiled `generate` per L, a handful in all.
+- Batched prefill: `prefill_many` runs several prompts in one call (rows padded to the longest
+  prompt's bucket, the row count to a power of two up to `max_prefill_batch`).
 
 Prompts are right-padded to power-of-two buckets (at least `min_prefill_bucket`, at most
-`max_prefill_length`), so the prefill compiles once per bucket.
+`max_prefill_length`), so the prefill compiles once per (bucket, row count).
 """
 
 from __future__ import annotations
@@ -105,7 +114,8 @@ class ResultTokens:
 
   tokens, valid, logprobs, sampling_logprobs: [S, steps]; a token is valid iff its slot was live when
   it was drawn. lengths [S]: tokens emitted so far by each slot's request. done [S]: the slot
-  finished (stop id, budget or cache full) during or before this call.
+  finished (stop id, budget or cache full) during or before this call. num_steps: decode steps the
+  call ran (columns past it hold no valid token).
   """
 
   tokens: jax.Array
@@ -114,6 +124,7 @@ class ResultTokens:
   logprobs: jax.Array
   sampling_logprobs: jax.Array
   done: jax.Array
+  num_steps: jax.Array
   samples_per_slot: int = flax.struct.field(pytree_node=False, default=1)
 
   def to_host(self) -> "ResultTokens":
@@ -126,10 +137,14 @@ class ResultTokens:
                     lengths=np.asarray(self.lengths[rows]))
 
 
+def next_power_of_two(n: int) -> int:
+  """Smallest power of two >= n (1 for n <= 1)."""
+  return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
 def prefill_bucket(length: int, max_prefill_length: int, min_bucket: int = 16) -> int:
   """Smallest power of two >= length (and >= min_bucket), capped at max_prefill_length."""
-  return min(max(min_bucket, 1 << max(0, math.ceil(math.log2(max(length, 1))))),
-             max_prefill_length)
+  return min(max(min_bucket, next_power_of_two(length)), max_prefill_length)
 
 
 class Engine:
@@ -144,6 +159,9 @@ class Engine:
       max_prefill_length + max_decode_length tokens per slot.
     steps_per_call: decode steps per `generate` call.
     min_prefill_bucket: smallest prefill bucket.
+    max_prefill_batch: most prompts one prefill call runs (`prefill_many` splits larger lists).
+    live_length_attention: attend over the live part of the cache (see the module docstring);
+      False attends over the whole cache (the reference the tests compare against).
     truncation: what to do with a prompt longer than max_prefill_length: "error" (SamplingError)
       or "left" (keep its last max_prefill_length tokens).
     default_sampling: used by `prefill` calls that carry no request (e.g. from JetStream's Driver).
@@ -154,7 +172,8 @@ class Engine:
   def __init__(self, model: Transformer, *, mesh: Mesh | None = None,
                max_concurrent_decodes: int = 8, max_prefill_length: int = 256,
                max_decode_length: int = 256, steps_per_call: int = 16,
-               min_prefill_bucket: int = 16, truncation: str = "error",
+               min_prefill_bucket: int = 16, max_prefill_batch: int = 8,
+               live_length_attention: bool = True, truncation: str = "error",
                default_sampling: SamplingParams = SamplingParams(temperature=0.0),
                default_max_new_tokens: int | None = None,
                default_stop_ids: Sequence[int] = (), seed: int = 0):
@@ -162,7 +181,8 @@ class Engine:
                         ("max_prefill_length", max_prefill_length),
                         ("max_decode_length", max_decode_length),
                         ("steps_per_call", steps_per_call),
-                        ("min_prefill_bucket", min_prefill_bucket)):
+                        ("min_prefill_bucket", min_prefill_bucket),
+                        ("max_prefill_batch", max_prefill_batch)):
       if not isinstance(value, int) or value < 1:
         raise SamplingError(f"{name}={value!r}: must be a positive integer")
     if truncation not in ("error", "left"):
@@ -177,6 +197,8 @@ class Engine:
     self.cache_length = max_prefill_length + max_decode_length
     self.steps_per_call = steps_per_call
     self.min_prefill_bucket = min(min_prefill_bucket, max_prefill_length)
+    self.max_prefill_batch = max_prefill_batch
+    self.live_length_attention = live_length_attention
     self.truncation = truncation
     self.default_sampling = default_sampling
     self.default_max_new_tokens = default_max_new_tokens or max_decode_length
@@ -184,7 +206,8 @@ class Engine:
     self._default_key = jax.random.key(seed)
     self._default_requests = 0
     self.policy_version = 0
-    self.num_prefills = 0
+    self.num_prefills = 0  # prompts prefilled (padding rows of a batch not counted)
+    self.num_prefill_calls = 0
     self.num_inserts = 0
     self.num_generate_calls = 0
 
@@ -310,15 +333,55 @@ class Engine:
     if existing_prefix is not None:
       raise NotImplementedError("prefill: continuing an existing prefix is not supported; "
                                 "prefill the whole conversation")
-    tokens = np.asarray(padded_tokens, np.int32).reshape(-1)
-    if tokens.size > self.max_prefill_length:
-      raise SamplingError(f"padded_tokens: {tokens.size} > max_prefill_length="
-                          f"{self.max_prefill_length}")
-    if not 1 <= int(true_length) <= tokens.size:
-      raise SamplingError(f"true_length={true_length}: must be in [1, {tokens.size}]")
     request = self._default_request() if request is None else request
-    self.num_prefills += 1
-    return self._prefill_fn(params, tokens[None], np.int32(true_length), request)
+    prefixes, first = self._prefill_rows(params, [padded_tokens], [true_length], [request])
+    return prefixes[0], first
+
+  def prefill_many(self, *, params, padded_tokens: Sequence, true_lengths: Sequence[int],
+                   requests: Sequence[SlotRequest]) -> list[Prefix]:
+    """Prefills several prompts, `max_prefill_batch` per call: one Prefix per prompt, in order.
+
+    Each prefix is what `prefill` returns for that prompt alone (up to float summation order), its
+    cache padded to the longest prompt's bucket of its call. The first tokens are not returned: a
+    slot's first `generate` step draws the same token.
+    """
+    if not len(padded_tokens) == len(true_lengths) == len(requests):
+      raise SamplingError(
+          f"prefill_many: got {len(padded_tokens)} prompts, {len(true_lengths)} true_lengths and "
+          f"{len(requests)} requests; pass one of each per prompt")
+    padded_tokens, true_lengths, requests = list(padded_tokens), list(true_lengths), list(requests)
+    prefixes = []
+    for start in range(0, len(padded_tokens), self.max_prefill_batch):
+      rows = slice(start, start + self.max_prefill_batch)
+      prefixes += self._prefill_rows(params, padded_tokens[rows], true_lengths[rows],
+                                     requests[rows])[0]
+    return prefixes
+
+  def prefill_rows(self, num_prompts: int) -> int:
+    """Rows one prefill call of `num_prompts` prompts computes (a power of two, for few compiles)."""
+    return min(next_power_of_two(num_prompts), self.max_prefill_batch)
+
+  def _prefill_rows(self, params, padded_tokens, true_lengths, requests):
+    """One prefill call: (prefixes of the real prompts, first tokens [rows, 1])."""
+    rows = [np.asarray(tokens, np.int32).reshape(-1) for tokens in padded_tokens]
+    for index, (tokens, true_length) in enumerate(zip(rows, true_lengths)):
+      if tokens.size > self.max_prefill_length:
+        raise SamplingError(f"padded_tokens[{index}]: {tokens.size} > max_prefill_length="
+                            f"{self.max_prefill_length}")
+      if not 1 <= int(true_length) <= tokens.size:
+        raise SamplingError(f"true_lengths[{index}]={true_length}: must be in [1, {tokens.size}]")
+    # Padding rows (one token each, the first request) only round the row count up.
+    num_rows = self.prefill_rows(len(rows))
+    batch = np.zeros((num_rows, max(tokens.size for tokens in rows)), np.int32)
+    lengths = np.ones(num_rows, np.int32)
+    for index, (tokens, true_length) in enumerate(zip(rows, true_lengths)):
+      batch[index, :tokens.size] = tokens
+      lengths[index] = true_length
+    padded_requests = tuple(requests) + (requests[0],) * (num_rows - len(rows))
+    self.num_prefills += len(rows)
+    self.num_prefill_calls += 1
+    prefixes, first = self._prefill_fn(params, batch, lengths, padded_requests)
+    return list(prefixes[:len(rows)]), first
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
     """Copies `prefix` (and its request) into `slot`; the old state is donated."""
@@ -335,10 +398,26 @@ class Engine:
     """Nothing to free: every slot owns a fixed row of the cache."""
     return None
 
-  def generate(self, params, decode_state: DecodeState):
-    """Up to `steps_per_call` decode steps for every live slot: (decode_state, ResultTokens)."""
+  def generate(self, params, decode_state: DecodeState, *, return_on_finish: bool = False):
+    """Up to `steps_per_call` decode steps for every live slot: (decode_state, ResultTokens).
+
+    The call returns early once every slot is done, and with `return_on_finish` also right after
+    the step in which any slot finishes (a caller with waiting requests refills it at once).
+    """
     self.num_generate_calls += 1
-    return self._generate_fn(params, decode_state)
+    return self._generate_fn(params, decode_state, np.bool_(return_on_finish),
+                             key_length=self.attention_length(decode_state))
+
+  def attention_length(self, decode_state: DecodeState) -> int:
+    """Cache slots the next `generate` call attends over (reads the live positions: one sync).
+
+    Every key a live slot can see during the call lies below its position + steps_per_call; the
+    smallest power of two covering that for all live slots, capped at cache_length.
+    """
+    if not self.live_length_attention:
+      return self.cache_length
+    live_end = int(self._live_end_fn(decode_state.done, decode_state.position))
+    return min(self.cache_length, next_power_of_two(live_end + self.steps_per_call))
 
   # ----------------------------------------------------------------------------- jitted bodies
 
@@ -370,24 +449,28 @@ class Engine:
           top_k=jnp.zeros(slots, jnp.int32), max_new_tokens=jnp.zeros(slots, jnp.int32),
           stop_ids=jnp.full((slots, MAX_STOP_IDS), -1, jnp.int32))
 
-    def prefill(params, tokens, true_length, request):
+    def prefill(params, tokens, true_lengths, requests):
       model = nnx.merge(graphdef, params)
-      length = tokens.shape[1]
+      rows, length = tokens.shape
       index = jnp.arange(length)[None, :]
-      positions = jnp.where(index < true_length, index, -1)
-      cache = KVCache.init(cfg, 1, length, self.dtype)
-      hidden, cache = model.decode(tokens, positions, cache, jnp.zeros(1, jnp.int32),
+      positions = jnp.where(index < true_lengths[:, None], index, -1)
+      cache = KVCache.init(cfg, rows, length, self.dtype)
+      hidden, cache = model.decode(tokens, positions, cache, jnp.zeros(rows, jnp.int32),
                                    return_hidden=True)
-      logits = model.logits_from_hidden(hidden[0, true_length - 1])
-      prefix = Prefix(cache=cache, logits=logits, length=true_length, request=request)
+      last = jnp.take_along_axis(hidden, (true_lengths - 1)[:, None, None], axis=1)[:, 0]
+      logits = model.logits_from_hidden(last)
+      prefixes = tuple(
+          Prefix(cache=jax.tree.map(lambda a, r=r: a[r:r + 1], cache), logits=logits[r],
+                 length=true_lengths[r], request=requests[r]) for r in range(rows))
+      request = jax.tree.map(lambda *fields: jnp.stack(fields), *requests)
       token, logprob, sampling_logprob = sampling_lib.sample_tokens(
-          logits[None], jax.random.fold_in(request.key, 0)[None], request.temperature[None],
-          request.top_p[None], request.top_k[None])
-      first = ResultTokens(tokens=token[:, None], valid=jnp.ones((1, 1), bool),
-                           lengths=jnp.ones(1, jnp.int32), logprobs=logprob[:, None],
+          logits, jax.vmap(jax.random.fold_in)(request.key, jnp.zeros(rows, jnp.int32)),
+          request.temperature, request.top_p, request.top_k)
+      first = ResultTokens(tokens=token[:, None], valid=jnp.ones((rows, 1), bool),
+                           lengths=jnp.ones(rows, jnp.int32), logprobs=logprob[:, None],
                            sampling_logprobs=sampling_logprob[:, None],
-                           done=jnp.zeros(1, bool))
-      return prefix, first
+                           done=jnp.zeros(rows, bool), num_steps=jnp.int32(1))
+      return prefixes, first
 
     def insert(state: DecodeState, prefix: Prefix, slot):
       def put_row(buffer, row):
@@ -413,8 +496,12 @@ class Engine:
     def release(state: DecodeState, slot):
       return state.replace(done=state.done.at[slot].set(True))
 
-    def generate(params, state: DecodeState):
+    def live_end(done, position):
+      return jnp.max(jnp.where(done, 0, position))
+
+    def generate(params, state: DecodeState, return_on_finish, *, key_length: int):
       model = nnx.merge(graphdef, params)
+      done_at_start = state.done
       buffers = dict(tokens=jnp.zeros((slots, steps), jnp.int32),
                      valid=jnp.zeros((slots, steps), bool),
                      logprobs=jnp.zeros((slots, steps), jnp.float32),
@@ -430,8 +517,9 @@ class Engine:
         hit_stop = jnp.any(tokens[:, None] == state.stop_ids, axis=-1)
         finished = live & (hit_stop | (generated >= state.max_new_tokens)
                            | (state.position >= cache_length))
-        logits, cache = model.decode(tokens[:, None], state.position[:, None], state.cache,
-                                     state.position)
+        logits, cache = model.decode(
+            tokens[:, None], state.position[:, None], state.cache, state.position,
+            key_length=key_length if key_length < cache_length else None)
         continuing = live & ~finished
         state = state.replace(
             cache=cache, next_logits=logits[:, 0], generated=generated,
@@ -443,15 +531,19 @@ class Engine:
 
       def keep_going(carry):
         state, i, _ = carry
-        return (i < steps) & ~jnp.all(state.done)
+        finished_here = jnp.any(state.done & ~done_at_start)
+        return (i < steps) & ~jnp.all(state.done) & ~(return_on_finish & finished_here)
 
-      state, _, buffers = jax.lax.while_loop(keep_going, step, (state, jnp.int32(0), buffers))
-      result = ResultTokens(lengths=state.generated, done=state.done, **buffers)
+      state, num_steps, buffers = jax.lax.while_loop(keep_going, step,
+                                                     (state, jnp.int32(0), buffers))
+      result = ResultTokens(lengths=state.generated, done=state.done, num_steps=num_steps,
+                            **buffers)
       return state, result
 
     self._init_fn = jax.jit(init, out_shardings=state_shardings)
     self._prefill_fn = jax.jit(prefill, out_shardings=replicated)
     self._insert_fn = jax.jit(insert, donate_argnums=0, out_shardings=state_shardings)
     self._release_fn = jax.jit(release, donate_argnums=0, out_shardings=state_shardings)
-    self._generate_fn = jax.jit(generate, donate_argnums=1,
+    self._live_end_fn = jax.jit(live_end)
+    self._generate_fn = jax.jit(generate, donate_argnums=1, static_argnames="key_length",
                                 out_shardings=(state_shardings, replicated))

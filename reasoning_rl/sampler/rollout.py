@@ -2,9 +2,12 @@
 
 `stream_groups` drives an `Engine`:
 - Each prompt is prefilled once; its `Prefix` is inserted into one slot per sample (G inserts, one
-  prefill). The prefix is kept only until its last sample has a slot.
+  prefill). The prefix is kept only until its last sample has a slot. The prompts that the free
+  slots need are prefilled together (`Engine.prefill_many`).
 - Continuous batching: after every `generate` call, slots whose completion finished are refilled from
-  the queue of waiting samples (prompt-major order) while the other slots keep decoding.
+  the queue of waiting samples (prompt-major order) while the other slots keep decoding. While
+  samples are waiting, `generate` returns as soon as any slot finishes, so no slot idles until the
+  end of a `steps_per_call` chunk.
 - Stops: a stop id (EOS, end of turn) ends a completion on device and is kept as its last token;
   `max_new_tokens` (or a full cache) ends it with `truncated=True`; stop strings (e.g. "</answer>")
   are searched on the host in the decoded text after each `generate` call.
@@ -161,24 +164,26 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
         policy_version=run.policy_version)
 
   while waiting or any(run is not None for run in running):
-    for slot in range(len(running)):
-      if running[slot] is not None or not waiting:
-        continue
-      p, g = waiting.popleft()
-      padded, true_length = prepared[p]
-      if p not in prefixes:
-        prefix, _ = engine.prefill(params=engine.params, padded_tokens=padded,
-                                   true_length=true_length, request=request(p, g))
-        prefixes[p] = [prefix, num_samples]
+    free_slots = [slot for slot, run in enumerate(running) if run is None]
+    assigned = [(slot, waiting.popleft()) for slot in free_slots[:len(waiting)]]
+    to_prefill = list(dict.fromkeys(p for _, (p, _) in assigned if p not in prefixes))
+    if to_prefill:
+      new_prefixes = engine.prefill_many(
+          params=engine.params, padded_tokens=[prepared[p][0] for p in to_prefill],
+          true_lengths=[prepared[p][1] for p in to_prefill],
+          requests=[request(p, 0) for p in to_prefill])
+      prefixes.update({p: [prefix, num_samples] for p, prefix in zip(to_prefill, new_prefixes)})
+    for slot, (p, g) in assigned:
       entry = prefixes[p]
       state = engine.insert(entry[0].with_request(request(p, g)), state, slot)
       entry[1] -= 1
       if entry[1] == 0:
         del prefixes[p]
+      padded, true_length = prepared[p]
       running[slot] = _Running(prompt_ids[p], g, padded[:true_length].tolist(),
                                engine.policy_version)
 
-    state, result = engine.generate(engine.params, state)
+    state, result = engine.generate(engine.params, state, return_on_finish=bool(waiting))
     result = result.to_host()
     for slot, run in enumerate(running):
       if run is None:
