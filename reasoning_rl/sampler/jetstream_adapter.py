@@ -3,7 +3,11 @@
 google-jetstream is optional and never imported at module load: `jetstream_engine(engine,
 tokenizer)` imports it and returns an object implementing `jetstream.engine.engine_api.Engine`
 (and a `jetstream.engine.tokenizer_api.Tokenizer` through `build_tokenizer`) by delegating to ours.
-Written against google-jetstream 0.2.2, the newest release, whose `prefill` returns the prefix alone.
+Written against google-jetstream 0.2.2, the newest release, whose `prefill` returns the prefix
+alone.
+Its orchestrator still calls `jax.tree_map`, which JAX has removed, when it frees an inserted
+prefix; callers running the Driver replace `orchestrator.delete_pytree`
+(tests/test_sampler_interop.py shows how).
 
 How the two contracts meet:
 - `prefill` returns our `Prefix` (drawn with the engine's default request: its default sampling
@@ -32,7 +36,13 @@ from reasoning_rl.sampler.engine import Engine
 @functools.cache
 def _adapter_classes():
   """Builds the adapter classes on first use (imports jetstream)."""
-  from jetstream.engine import engine_api, tokenizer_api, tokenizer_pb2
+  try:
+    from jetstream.engine import engine_api, tokenizer_api, tokenizer_pb2
+  except ImportError as error:
+    raise ImportError(
+        f"jetstream_engine needs google-jetstream==0.2.2 ({error}); to install it without "
+        "TensorFlow, run `python tests/jetstream_side_install.py` and put .jetstream_deps/ on "
+        "PYTHONPATH") from error
 
   class JetStreamTokenizer(tokenizer_api.Tokenizer):
     """Our Tokenizer behind JetStream's tokenizer interface."""
