@@ -42,18 +42,23 @@ def evaluate(checkpoint: str, config) -> dict:
 def main(argv):
   del argv
   from reasoning_rl.errors import ReasoningRLError
+  from reasoning_rl.workdir import check_output_file_writable
 
   if not _CHECKPOINT.value:
     print("error: --checkpoint is required", file=sys.stderr)
     return 2
+  checkpoint = pathlib.Path(_CHECKPOINT.value)
+  if not checkpoint.exists():
+    print(f"error: --checkpoint {checkpoint}: no such file or directory", file=sys.stderr)
+    return 2
+  output = pathlib.Path(_OUTPUT.value) if _OUTPUT.value else (
+      (checkpoint if checkpoint.is_dir() else checkpoint.parent) / "eval.json")
   try:
+    check_output_file_writable(output)  # before the slow part, not after it
     result = evaluate(_CHECKPOINT.value, _CONFIG.value)
   except ReasoningRLError as error:
     print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
     return 2
-  checkpoint = pathlib.Path(_CHECKPOINT.value)
-  output = pathlib.Path(_OUTPUT.value) if _OUTPUT.value else (
-      (checkpoint if checkpoint.is_dir() else checkpoint.parent) / "eval.json")
   output.write_text(json.dumps(result, indent=2))
   print(f"accuracy {result['accuracy']:.4f} on {result['num_examples']} examples "
         f"(reward/mean {result['reward/mean']:.4f}) -> {output}")

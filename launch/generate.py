@@ -3,25 +3,44 @@
 Usage:
   python launch/generate.py --checkpoint PATH --prompts_file FILE.jsonl --max_new_tokens N
       [--temperature T] [--top_p P] [--top_k K] [--num_samples G] [--seed S] [--stop TEXT ...]
-      [--no_chat_template] [--ignore_eos] --output OUT.jsonl
+      [--no_chat_template] [--ignore_eos] [--truncate_prompts] [--batch_prompts B]
+      --output OUT.jsonl
 
 PATH is a Hugging Face directory or a .gguf file (see `reasoning_rl.models.load`). Each input row holds
 "prompt" (text; wrapped in the model's chat template as a user turn unless --no_chat_template) or
 "prompt_ids" (token ids, used as they are). Each output row is one completion: prompt, completion,
 completion_ids, logprobs (log-softmax of the model's unscaled logits at each generated token), and
-prompt_id (input row index), sample_index, finish_reason, truncated; sampling_logprobs is added when
-temperature / top-p / top-k make the sampling distribution differ from the model's. Temperature 0 is
-greedy; --ignore_eos decodes exactly max_new_tokens tokens (stop strings still apply).
+prompt_id (input row index), sample_index, finish_reason, truncated, prompt_truncated;
+sampling_logprobs is added when temperature / top-p / top-k make the sampling distribution differ
+from the model's. Temperature 0 is greedy; --ignore_eos decodes exactly max_new_tokens tokens (stop
+strings still apply). A NaN or infinite number is written as JSON null.
+
+Bounds: a prompt plus its completion must fit the model's context (`max_position_embeddings`), so a
+prompt longer than context - max_new_tokens is refused, or left-truncated (its first tokens dropped)
+with --truncate_prompts. Prompts run in batches of --batch_prompts; each batch's completions are
+appended to OUT.jsonl.partial before the next batch starts, and the file is renamed to OUT.jsonl at
+the end (after a failure, the .partial file holds the batches that finished). Device memory is then
+at most the weights, plus the KV cache of min(max_concurrent_decodes, batch_prompts * G) slots of at
+most `max_position_embeddings` tokens each, plus one prefill of up to 8 prompts of the longest
+prompt's length; host memory holds one batch's completions. --output's directory is checked before
+the model is loaded. Exit codes: 0 done, 2 bad input (one line naming it), 4 the output could not be
+written.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import pathlib
 import sys
+from collections.abc import Iterator
 
 from reasoning_rl.errors import ReasoningRLError, SamplingError
+
+DEFAULT_BATCH_PROMPTS = 64
+STORAGE_EXIT_CODE = 4
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -51,6 +70,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="decode slots (continuous batching refills them)")
   parser.add_argument("--steps_per_call", type=int, default=16,
                       help="decode steps per device round trip")
+  parser.add_argument("--truncate_prompts", action="store_true",
+                      help="left-truncate prompts that do not fit the model's context with "
+                      "max_new_tokens, instead of refusing them")
+  parser.add_argument("--batch_prompts", type=int, default=DEFAULT_BATCH_PROMPTS,
+                      help="prompts per batch; each batch is written before the next starts")
   return parser.parse_args(argv)
 
 
@@ -59,8 +83,12 @@ def read_prompt_rows(path: str | pathlib.Path) -> list[dict]:
   path = pathlib.Path(path)
   if not path.is_file():
     raise SamplingError(f"--prompts_file {path}: no such file")
+  try:
+    text = path.read_text(encoding="utf-8")
+  except (OSError, UnicodeDecodeError) as error:
+    raise SamplingError(f"--prompts_file {path}: cannot be read as UTF-8 text ({error})") from None
   rows = []
-  for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+  for number, line in enumerate(text.splitlines(), start=1):
     if not line.strip():
       continue
     try:
@@ -91,73 +119,149 @@ def encode_prompt(row: dict, tokenizer, *, chat_template: bool) -> list[int]:
   return tokenizer.encode(row["prompt"])
 
 
-def generate_rows(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
-                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                  num_samples: int = 1, seed: int = 0, stop: tuple[str, ...] = (),
-                  chat_template: bool = True, ignore_eos: bool = False,
-                  max_concurrent_decodes: int = 16, steps_per_call: int = 16) -> list[dict]:
-  """Samples `num_samples` completions per row; returns the output rows (prompt-major order)."""
+def fit_to_context(prompts: list[list[int]], context: int, max_new_tokens: int, *,
+                   truncate: bool) -> tuple[list[list[int]], list[bool]]:
+  """Prompts that leave room for `max_new_tokens` in a `context`-token window, and which of them
+  were left-truncated. Without `truncate` an over-long prompt is a SamplingError."""
+  if max_new_tokens >= context:
+    raise SamplingError(f"--max_new_tokens={max_new_tokens}: must be below the model's context of "
+                        f"{context} tokens (max_position_embeddings)")
+  limit = context - max_new_tokens
+  too_long = [index for index, prompt in enumerate(prompts) if len(prompt) > limit]
+  if too_long and not truncate:
+    first = too_long[0]
+    raise SamplingError(
+        f"prompt_id {first}: {len(prompts[first])} tokens, more than the {limit} that the model's "
+        f"context of {context} leaves with --max_new_tokens={max_new_tokens} ({len(too_long)} "
+        "prompts in all); shorten them or pass --truncate_prompts")
+  return [prompt[-limit:] for prompt in prompts], [len(prompt) > limit for prompt in prompts]
+
+
+def generate_batches(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
+                     temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                     num_samples: int = 1, seed: int = 0, stop: tuple[str, ...] = (),
+                     chat_template: bool = True, ignore_eos: bool = False,
+                     max_concurrent_decodes: int = 16, steps_per_call: int = 16,
+                     truncate_prompts: bool = False,
+                     batch_prompts: int = DEFAULT_BATCH_PROMPTS) -> Iterator[list[dict]]:
+  """Samples `num_samples` completions per row, yielding the output rows batch by batch.
+
+  Every prompt is encoded and checked before the first batch decodes, so bad input fails before
+  any output. Sample g of prompt p is keyed by (seed, p, g) whatever the batch size.
+  """
   from reasoning_rl.sampler import Engine, SamplingParams, generate_groups
   from reasoning_rl.sampler.engine import prefill_bucket
 
-  sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-  prompts = [encode_prompt(row, tokenizer, chat_template=chat_template) for row in rows]
-  longest = max(len(p) for p in prompts)
   if max_new_tokens < 1:
     raise SamplingError(f"--max_new_tokens={max_new_tokens}: must be >= 1")
+  if batch_prompts < 1:
+    raise SamplingError(f"--batch_prompts={batch_prompts}: must be >= 1")
+  sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+  encoded = [encode_prompt(row, tokenizer, chat_template=chat_template) for row in rows]
+  prompts, truncated = fit_to_context(encoded, model.config.max_position_embeddings,
+                                      max_new_tokens, truncate=truncate_prompts)
+  limit = model.config.max_position_embeddings - max_new_tokens
   engine = Engine(
       model, max_concurrent_decodes=max(1, min(max_concurrent_decodes,
-                                               len(prompts) * max(num_samples, 1))),
-      max_prefill_length=prefill_bucket(longest, max_prefill_length=1 << 30),
+                                               min(batch_prompts, len(prompts)) * num_samples)),
+      max_prefill_length=prefill_bucket(max(len(p) for p in prompts), max_prefill_length=limit),
       max_decode_length=max_new_tokens, steps_per_call=min(steps_per_call, max_new_tokens))
-  completions = generate_groups(
-      engine, prompts, num_samples=num_samples, sampling=sampling, max_new_tokens=max_new_tokens,
-      stop_ids=() if ignore_eos else tokenizer.eos_ids, stop_strings=stop, tokenizer=tokenizer,
-      seed=seed)
-  out = []
-  for completion in completions:
-    row = rows[completion.prompt_id]
-    prompt_text = row.get("prompt")
-    if prompt_text is None:
-      prompt_text = tokenizer.decode(completion.prompt_tokens)
-    record = {
-        "prompt_id": completion.prompt_id,
-        "sample_index": completion.sample_index,
-        "prompt": prompt_text,
-        "completion": tokenizer.decode(completion.completion_ids, skip_special_tokens=True),
-        "completion_ids": completion.completion_ids,
-        "logprobs": completion.logprobs,
-        "finish_reason": completion.finish_reason,
-        "truncated": completion.truncated,
-    }
-    if completion.sampling_logprobs is not None:
-      record["sampling_logprobs"] = completion.sampling_logprobs
-    out.append(record)
-  return out
+  for index, prompt in enumerate(prompts):
+    try:
+      engine.prepare_prompt(prompt)  # empty prompts, ids outside the vocabulary
+    except SamplingError as error:
+      raise SamplingError(f"prompt_id {index}: {error}") from None
+  for start in range(0, len(prompts), batch_prompts):
+    prompt_ids = list(range(start, min(start + batch_prompts, len(prompts))))
+    completions = generate_groups(
+        engine, [prompts[i] for i in prompt_ids], prompt_ids=prompt_ids, num_samples=num_samples,
+        sampling=sampling, max_new_tokens=max_new_tokens,
+        stop_ids=() if ignore_eos else tokenizer.eos_ids, stop_strings=stop, tokenizer=tokenizer,
+        seed=seed)
+    yield [_output_row(rows, truncated, completion, tokenizer) for completion in completions]
+
+
+def _output_row(rows: list[dict], truncated: list[bool], completion, tokenizer) -> dict:
+  row = rows[completion.prompt_id]
+  prompt_text = row.get("prompt")
+  if prompt_text is None:
+    prompt_text = tokenizer.decode(completion.prompt_tokens)
+  record = {
+      "prompt_id": completion.prompt_id,
+      "sample_index": completion.sample_index,
+      "prompt": prompt_text,
+      "completion": tokenizer.decode(completion.completion_ids, skip_special_tokens=True),
+      "completion_ids": completion.completion_ids,
+      "logprobs": completion.logprobs,
+      "finish_reason": completion.finish_reason,
+      "truncated": completion.truncated,
+      "prompt_truncated": truncated[completion.prompt_id],
+  }
+  if completion.sampling_logprobs is not None:
+    record["sampling_logprobs"] = completion.sampling_logprobs
+  return record
+
+
+def generate_rows(model, tokenizer, rows: list[dict], **kwargs) -> list[dict]:
+  """All output rows of `generate_batches` (prompt-major order)."""
+  return [record for batch in generate_batches(model, tokenizer, rows, **kwargs)
+          for record in batch]
+
+
+def _finite_or_null(value):
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  if isinstance(value, list):
+    return [_finite_or_null(v) for v in value]
+  if isinstance(value, dict):
+    return {k: _finite_or_null(v) for k, v in value.items()}
+  return value
+
+
+def json_line(record: dict) -> str:
+  """One strict-JSON line; NaN and infinities become null."""
+  return json.dumps(_finite_or_null(record), allow_nan=False) + "\n"
 
 
 def main(argv=None) -> int:
   args = parse_args(argv)
+  partial = pathlib.Path(args.output + ".partial")
+  written = 0
   try:
+    from reasoning_rl.workdir import check_output_file_writable
+
+    output = check_output_file_writable(args.output)
+    if args.batch_prompts < 1:
+      raise SamplingError(f"--batch_prompts={args.batch_prompts}: must be >= 1")
+    rows = read_prompt_rows(args.prompts_file)
     from reasoning_rl.models import load
 
-    rows = read_prompt_rows(args.prompts_file)
     model, tokenizer = load(args.checkpoint, dtype=args.dtype)
     if tokenizer is None:
       raise SamplingError(f"--checkpoint {args.checkpoint}: has no tokenizer files")
-    out = generate_rows(
+    batches = generate_batches(
         model, tokenizer, rows, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         num_samples=args.num_samples, seed=args.seed, stop=tuple(args.stop),
         chat_template=not args.no_chat_template, ignore_eos=args.ignore_eos,
-        max_concurrent_decodes=args.max_concurrent_decodes, steps_per_call=args.steps_per_call)
+        max_concurrent_decodes=args.max_concurrent_decodes, steps_per_call=args.steps_per_call,
+        truncate_prompts=args.truncate_prompts, batch_prompts=args.batch_prompts)
+    with open(partial, "w", encoding="utf-8") as f:
+      for batch in batches:
+        f.writelines(json_line(record) for record in batch)
+        f.flush()
+        written += len(batch)
+    os.replace(partial, output)
   except ReasoningRLError as error:
+    if not written:
+      partial.unlink(missing_ok=True)
     print(f"generate.py: error: {error}", file=sys.stderr)
     return 2
-  with open(args.output, "w", encoding="utf-8") as f:
-    for record in out:
-      f.write(json.dumps(record) + "\n")
-  print(f"wrote {len(out)} completions to {args.output}")
+  except OSError as error:
+    print(f"generate.py: error: writing {args.output} failed ({error.strerror or error}); "
+          f"{written} completions are in {partial}", file=sys.stderr)
+    return STORAGE_EXIT_CODE
+  print(f"wrote {written} completions to {output}")
   return 0
 
 

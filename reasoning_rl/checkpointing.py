@@ -14,14 +14,30 @@ Atomicity comes from Orbax: a step is written into `<s>.orbax-checkpoint-tmp…`
 only once every item is on disk, so a crash mid-save leaves a temporary directory that is never
 mistaken for a checkpoint (and is removed when the next `Checkpointer` opens the directory).
 
-Preemption: `install_preemption_handler()` turns SIGTERM into a flag the training loop polls with
-`preemption_requested()`. The loop then saves (`save(step, …, force=True)`), calls `close()` and
-exits with `PREEMPTED_EXIT_CODE`.
+Integrity: once Orbax has committed a step, a background thread writes `<s>/CHECKSUMS.json`, the
+size and SHA-256 of every file of the step (Orbax keeps a CRC32C of its shard indices only, not of
+the array data). `restore` re-hashes the files and refuses a step whose bytes changed, and refuses
+non-finite values in floating-point arrays, naming the leaf (`CheckpointCorruptError`).
+`restore_latest` moves a newest step that fails either check to `corrupt-<s>` (never deleted),
+logs a warning naming it and goes on with the previous step; if every step fails it raises
+`CheckpointError` rather than silently starting from scratch (a rerun then starts from step 0, the
+failed steps still kept aside for inspection). A step without CHECKSUMS.json (written before
+checksums existed, or by a process killed between Orbax's commit and the checksum file) is restored
+with a warning, still subject to the finite-values check. A read error on such a step is not
+treated as corruption: without checksums it cannot be told from, e.g., running out of memory.
+
+Stopping: `install_preemption_handler()` turns SIGTERM (preemption) and SIGINT (Ctrl-C) into a flag
+the training loop polls with `preemption_requested()`. The loop then saves (`save(step, …,
+force=True)`), calls `close()` and exits with `interrupt_exit_code()`: 143 for SIGTERM, 130 for
+SIGINT. A second Ctrl-C aborts at once with KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import hashlib
 import json
+import logging
 import os
 import pathlib
 import signal
@@ -29,17 +45,108 @@ import threading
 from typing import Any, Callable, Mapping
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
 from reasoning_rl.errors import CheckpointError
 
-# 128 + SIGTERM: what a shell reports for a SIGTERM-terminated process. Schedulers that requeue
-# preempted jobs treat it as "killed, restart me", unlike 0 ("finished"); the checkpoint written
-# before exiting is complete either way.
+log = logging.getLogger("reasoning_rl")
+
+# 128 + the signal: what a shell reports for a process the signal terminated. Schedulers that
+# requeue preempted jobs treat 143 as "killed, restart me", unlike 0 ("finished"); the checkpoint
+# written before exiting is complete either way.
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
+
+CHECKSUMS_FILE = "CHECKSUMS.json"
+CORRUPT_PREFIX = "corrupt-"
 
 _preemption_event = threading.Event()
+_stop_signals: list[int] = []  # the signal that set the flag (first one only)
+
+
+class CheckpointCorruptError(CheckpointError):
+  """A checkpoint's files differ from their checksums, or its arrays hold NaN / inf."""
+
+
+# ------------------------------------------------------------------------------ checksums
+
+
+def _sha256(path: pathlib.Path) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _step_files(step_dir: pathlib.Path) -> list[pathlib.Path]:
+  return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != CHECKSUMS_FILE
+                and not p.name.startswith("." + CHECKSUMS_FILE))
+
+
+def _hash_files(step_dir: pathlib.Path, files: list[pathlib.Path]) -> dict[str, str]:
+  """{relative path: sha256}; hashlib releases the GIL, so a few threads read files in parallel."""
+  with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+    digests = list(pool.map(_sha256, files))
+  return {str(f.relative_to(step_dir)): d for f, d in zip(files, digests)}
+
+
+def write_checksums(step_dir: str | os.PathLike[str]) -> None:
+  """Writes `step_dir/CHECKSUMS.json`: size and SHA-256 of every file of a committed step."""
+  step_dir = pathlib.Path(step_dir)
+  entries = {name: {"bytes": (step_dir / name).stat().st_size, "sha256": digest}
+             for name, digest in _hash_files(step_dir, _step_files(step_dir)).items()}
+  staging = step_dir / f".{CHECKSUMS_FILE}.{os.getpid()}"
+  staging.write_text(json.dumps({"version": 1, "files": entries}, indent=1))
+  os.replace(staging, step_dir / CHECKSUMS_FILE)
+
+
+def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
+  """Checks a step's files against its CHECKSUMS.json.
+
+  Returns True when every listed file has its recorded size and hash, False when the step has no
+  CHECKSUMS.json (written before checksums existed). Raises CheckpointCorruptError naming the
+  first file that is missing, truncated or changed.
+  """
+  step_dir = pathlib.Path(step_dir)
+  manifest_path = step_dir / CHECKSUMS_FILE
+  if not manifest_path.exists():
+    return False
+  try:
+    entries = json.loads(manifest_path.read_text())["files"]
+  except (OSError, ValueError, KeyError, TypeError) as error:
+    raise CheckpointCorruptError(f"{manifest_path} is unreadable ({error})") from None
+  for name, entry in sorted(entries.items()):
+    path = step_dir / name
+    if not path.is_file():
+      raise CheckpointCorruptError(f"{path} is missing")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+      raise CheckpointCorruptError(f"{path} has {size} bytes, {entry['bytes']} were written "
+                                   "(truncated or overwritten)")
+  digests = _hash_files(step_dir, [step_dir / name for name in sorted(entries)])
+  for name, digest in digests.items():
+    if digest != entries[name]["sha256"]:
+      raise CheckpointCorruptError(f"{step_dir / name} does not match its SHA-256 in "
+                                   f"{CHECKSUMS_FILE} (its bytes changed after the save)")
+  return True
+
+
+@jax.jit
+def _all_finite(leaves: list[jax.Array]) -> list[jax.Array]:
+  return [jnp.isfinite(leaf).all() for leaf in leaves]
+
+
+def nonfinite_leaves(tree: Any) -> list[str]:
+  """Paths ('a/b/0') of the floating-point leaves of `tree` that hold a NaN or an infinity."""
+  named = [(_path_name(path), leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+           if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jnp.inexact)]
+  if not named:
+    return []
+  flags = jax.device_get(_all_finite([leaf for _, leaf in named]))
+  return [name for (name, _), finite in zip(named, flags) if not finite]
 
 
 def _key_name(key: Any) -> str:
@@ -88,6 +195,11 @@ def _abstract_leaf(path: tuple[Any, ...], leaf: Any) -> jax.ShapeDtypeStruct:
     extra = (None,) * (len(data.shape) - len(leaf.shape))
     sharding = jax.NamedSharding(sharding.mesh, jax.P(*sharding.spec, *extra))
   return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip()
+  return text.splitlines()[0] if text else type(error).__name__
 
 
 def _check_meta(meta: Mapping[str, Any]) -> None:
@@ -139,6 +251,8 @@ class Checkpointer:
     handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler(),
                 "keys": ocp.JsonCheckpointHandler()}
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    self._checksum_thread: threading.Thread | None = None
+    self._checksum_error: tuple[int, BaseException] | None = None
 
   def save(self, step: int, state: Any, meta: Mapping[str, Any], *, force: bool = False) -> bool:
     """Starts saving `state` and `meta` as checkpoint `step`.
@@ -153,6 +267,9 @@ class Checkpointer:
       return False
     if not force and step % self._save_interval_steps:
       return False
+    # Orbax waits for the previous save here anyway; its checksums are written by then, so a
+    # later save's clean-up never deletes a step while it is being hashed.
+    self._finish_checksums()
     encoded, key_impls = _encode_state(state)
     args = ocp.args.Composite(
         state=ocp.args.StandardSave(encoded),
@@ -160,9 +277,39 @@ class Checkpointer:
         keys=ocp.args.JsonSave({"impls": key_impls}),
     )
     try:
-      return bool(self._manager.save(step, args=args, force=True))
+      started = bool(self._manager.save(step, args=args, force=True))
     except (OSError, ValueError) as error:
       raise CheckpointError(f"saving step {step} under {self.directory} failed: {error}") from error
+    if started:
+      self._start_checksums(step)
+    return started
+
+  def _start_checksums(self, step: int) -> None:
+    """Hashes step `step` in the background once Orbax has committed it (training goes on)."""
+
+    def write():
+      try:
+        self._manager.wait_until_finished()
+        step_dir = self.directory / str(step)
+        if step_dir.is_dir() and jax.process_index() == 0:
+          write_checksums(step_dir)
+      except BaseException as error:  # pylint: disable=broad-except  # re-raised by the owner
+        self._checksum_error = (step, error)
+
+    self._checksum_thread = threading.Thread(target=write, name=f"checksums-{step}", daemon=True)
+    self._checksum_thread.start()
+
+  def _finish_checksums(self) -> None:
+    """Waits for the checksum thread; raises what it failed with."""
+    if self._checksum_thread is not None:
+      self._checksum_thread.join()
+      self._checksum_thread = None
+    if self._checksum_error is not None:
+      step, error = self._checksum_error
+      self._checksum_error = None
+      raise CheckpointError(
+          f"checkpoint {self.directory / str(step)} was not saved completely ({error}); check the "
+          "disk (space, permissions) before training on") from error
 
   def latest_step(self) -> int | None:
     """The highest step among complete checkpoints, or None if there is none.
@@ -182,6 +329,12 @@ class Checkpointer:
 
     `abstract_state` is a pytree of `jax.ShapeDtypeStruct` (or arrays) with the structure of the
     saved state; typed PRNG keys are given with their key dtype. Returns (state, meta).
+
+    Raises:
+      CheckpointCorruptError: the step's files differ from their checksums, or a floating-point
+        array holds NaN / inf (the message names the file or the leaf).
+      CheckpointError: the step is missing, unreadable, or its structure differs from
+        `abstract_state`.
     """
     self.wait()
     if step not in self._manager.all_steps():
@@ -189,19 +342,28 @@ class Checkpointer:
           f"no complete checkpoint for step {step} under {self.directory}; "
           f"available: {self.all_steps()}")
     step_dir = self.directory / str(step)
+    if not verify_checksums(step_dir):
+      log.warning("checkpoint %s has no %s (written before checksums existed, or the run stopped "
+                  "right after saving it); restoring it unverified", step_dir, CHECKSUMS_FILE)
     try:
       key_impls = self._manager.restore(
           step, args=ocp.args.Composite(keys=ocp.args.JsonRestore()))["keys"]["impls"]
     except (OSError, ValueError, KeyError) as error:
-      raise CheckpointError(f"{step_dir} has no readable key layout ({error}); it was not written "
-                            "by reasoning_rl.checkpointing or is damaged") from error
+      raise CheckpointError(
+          f"{step_dir} has no readable key layout ({_first_line(error)}); it was not written by "
+          "reasoning_rl.checkpointing or is damaged") from error
     target = jax.tree_util.tree_map_with_path(_abstract_leaf, abstract_state)
     self._check_matches(step, abstract_state, target, key_impls)
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-    except (OSError, ValueError, KeyError, TypeError) as error:
-      raise CheckpointError(f"restoring {step_dir} failed: {error}") from error
+    except Exception as error:  # Orbax and TensorStore raise many types for unreadable data
+      raise CheckpointError(f"restoring {step_dir} failed: {_first_line(error)}") from error
+    bad = nonfinite_leaves(restored["state"])
+    if bad:
+      raise CheckpointCorruptError(
+          f"{step_dir}: leaf {bad[0]} holds NaN or inf"
+          + (f" (and {len(bad) - 1} more leaves)" if len(bad) > 1 else ""))
 
     def decode(path, abstract_leaf, leaf):
       if _is_typed_key(abstract_leaf):
@@ -212,19 +374,53 @@ class Checkpointer:
     return state, dict(restored["meta"])
 
   def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
-    """(step, state, meta) of the newest complete checkpoint, or None if there is none."""
+    """(step, state, meta) of the newest intact checkpoint, or None if there is none.
+
+    A step that fails its checksums or holds non-finite values is moved to `corrupt-<step>` (with
+    a warning naming it) and the previous step is tried. Raises CheckpointError when steps exist
+    but none is intact (they are all moved aside by then, so a rerun starts from scratch).
+    """
     self.wait()
-    step = self.latest_step()
-    if step is None:
-      return None
-    state, meta = self.restore(step, abstract_state)
-    return step, state, meta
+    moved = []
+    for step in reversed(self.all_steps()):
+      try:
+        state, meta = self.restore(step, abstract_state)
+      except CheckpointCorruptError as error:
+        moved.append(self._move_aside(step))
+        log.warning("checkpoint step %d is corrupt (%s); moved it to %s and trying the previous "
+                    "step", step, error, moved[-1])
+        continue
+      return step, state, meta
+    if moved:
+      raise CheckpointError(
+          f"no intact checkpoint under {self.directory}: moved {[p.name for p in moved]} aside "
+          "(see the warnings); inspect them, then rerun to start from step 0")
+    return None
+
+  def _move_aside(self, step: int) -> pathlib.Path:
+    """Renames step `step` to corrupt-<step> (corrupt-<step>.2 … if taken); never deletes it."""
+    target = self.directory / f"{CORRUPT_PREFIX}{step}"
+    suffix = 1
+    while target.exists():
+      suffix += 1
+      target = self.directory / f"{CORRUPT_PREFIX}{step}.{suffix}"
+    try:
+      os.rename(self.directory / str(step), target)
+    except OSError as error:
+      raise CheckpointError(f"checkpoint {self.directory / str(step)} is corrupt and could not be "
+                            f"moved aside ({error.strerror}); move or delete it by hand") from error
+    self._manager.reload()
+    return target
 
   def _check_matches(self, step: int, abstract_state: Any, target: Any,
                      key_impls: Mapping[str, str]) -> None:
     """Raises CheckpointError naming the first leaf whose structure, shape or dtype differs."""
     step_dir = self.directory / str(step)
-    saved = self._manager.item_metadata(step)["state"]
+    try:
+      saved = self._manager.item_metadata(step)["state"]
+    except Exception as error:  # Orbax raises many types for unreadable metadata
+      raise CheckpointError(f"{step_dir}: unreadable array metadata ({_first_line(error)}); the "
+                            "checkpoint is damaged, restore an earlier step") from error
     saved = getattr(saved, "tree", saved)  # Orbax wraps the array metadata in a TreeMetadata
     saved_leaves = dict(
         (_path_name(path), leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(saved))
@@ -252,13 +448,16 @@ class Checkpointer:
             "checkpoint was written with")
 
   def wait(self) -> None:
-    """Blocks until every started save is complete on disk."""
+    """Blocks until every started save is complete on disk, its checksums included."""
     self._manager.wait_until_finished()
+    self._finish_checksums()
 
   def close(self) -> None:
     """Finishes pending saves and releases Orbax's threads."""
-    self._manager.wait_until_finished()
-    self._manager.close()
+    try:
+      self.wait()
+    finally:
+      self._manager.close()
 
   def __enter__(self) -> "Checkpointer":
     return self
@@ -267,31 +466,54 @@ class Checkpointer:
     self.close()
 
 
-def install_preemption_handler(callback: Callable[[int], None] | None = None) -> None:
-  """Makes SIGTERM set the flag `preemption_requested()` reports, then call `callback(signum)`.
+def install_preemption_handler(
+    callback: Callable[[int], None] | None = None) -> Callable[[], None]:
+  """Makes SIGTERM and SIGINT set the flag `preemption_requested()` reports, then call
+  `callback(signum)`; returns a function that puts the previous handlers back.
 
-  The handler does no I/O itself (a signal can arrive mid-save); the loop polls the flag once per
-  step, saves with `force=True`, closes the Checkpointer and exits with `PREEMPTED_EXIT_CODE`.
-  Must be called from the main thread (a Python rule for signal handlers). The flag is per
-  process: on a multi-host slice the loop must agree on the step to save at across hosts (e.g.
+  The handler does no I/O itself (a signal can arrive mid-save or mid-print); the loop polls the
+  flag once per step, saves with `force=True`, closes the Checkpointer and exits with
+  `interrupt_exit_code()`. A SIGINT arriving once the flag is set (the second Ctrl-C) raises
+  KeyboardInterrupt at once and restores Python's default SIGINT handling. Must be called from
+  the main thread (a Python rule for signal handlers). The flag is per process: on a multi-host
+  slice the loop must agree on the step to save at across hosts (e.g.
   `jax.experimental.multihost_utils.reached_preemption_sync_point`) before saving; this function
   does not do that.
   """
 
   def handle(signum, frame):
     del frame
+    if _preemption_event.is_set():
+      if signum == signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        raise KeyboardInterrupt
+      return
+    _stop_signals[:] = [signum]
     _preemption_event.set()
     if callback is not None:
       callback(signum)
 
-  signal.signal(signal.SIGTERM, handle)
+  previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+  def uninstall() -> None:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+
+  return uninstall
 
 
 def preemption_requested() -> bool:
-  """True once SIGTERM has arrived after `install_preemption_handler()`."""
+  """True once SIGTERM or SIGINT has arrived after `install_preemption_handler()`."""
   return _preemption_event.is_set()
+
+
+def interrupt_exit_code() -> int:
+  """The exit code for the signal that set the flag: 130 for SIGINT, 143 for SIGTERM (the
+  default when the flag was set without a signal)."""
+  return 128 + (_stop_signals[0] if _stop_signals else signal.SIGTERM)
 
 
 def clear_preemption_request() -> None:
   """Resets the flag (for tests, or a loop that chose to keep going)."""
+  _stop_signals.clear()
   _preemption_event.clear()

@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from flax import nnx
 
@@ -78,6 +79,29 @@ def hf_tensor_name(path: tuple, config: ModelConfig) -> tuple[str, Converter, Co
       return (prefix + f"self_attn.{name[0]}_proj.bias", lambda w: w.reshape(shape),
               lambda w: w.reshape(-1))
   raise KeyError(path)
+
+
+def _is_floating(dtype) -> bool:
+  try:
+    ml_dtypes.finfo(dtype)  # numpy's float types and ml_dtypes' (bfloat16 …)
+  except ValueError:
+    return False
+  return True
+
+
+def require_finite(array: np.ndarray, *, tensor: str, source) -> None:
+  """Raises CheckpointError if a floating-point tensor read from `source` holds NaN or inf.
+
+  Checked in blocks of 2**24 elements, so the temporary mask stays small for any tensor.
+  """
+  if not _is_floating(array.dtype):
+    return
+  flat = array.reshape(-1)
+  block = 1 << 24
+  for start in range(0, flat.size, block):
+    if not np.isfinite(flat[start:start + block]).all():
+      raise CheckpointError(f"{source}: tensor {tensor!r} holds NaN or inf values; the file is "
+                            "damaged or the model diverged, re-download or re-export it")
 
 
 def _flat_params(state) -> list[tuple[tuple, nnx.Variable]]:
@@ -155,7 +179,9 @@ def load_hf_weights(directory: str | os.PathLike, *, dtype="float32", mesh=None
       raise CheckpointError(
           f"{directory}: tensor {name!r} has shape {files.shape(name)} but config.json implies "
           f"{expected}; the weights and config.json disagree")
-    return to_ours(files.tensor(name))
+    tensor = files.tensor(name)
+    require_finite(tensor, tensor=name, source=files.path(name))
+    return to_ours(tensor)
 
   model = build_model(config, read, dtype=dtype, mesh=mesh)
   return model, hf

@@ -14,7 +14,7 @@ import pathlib
 import numpy as np
 
 from reasoning_rl.errors import CheckpointError
-from reasoning_rl.models.checkpoints import build_model, hf_tensor_name
+from reasoning_rl.models.checkpoints import build_model, hf_tensor_name, require_finite
 from reasoning_rl.models.config import ModelConfig
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
@@ -144,6 +144,7 @@ def load_gguf_weights(path: str | os.PathLike, *, dtype="float32", mesh=None, re
                             f"{tensor.tensor_type.name}, which the gguf package cannot "
                             f"dequantise ({e})") from None
     weight = np.asarray(weight, np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
+    require_finite(weight, tensor=name, source=path)
     if permuted and name.endswith(("attn_q.weight", "attn_k.weight")):
       heads = config.num_heads if "attn_q" in name else config.num_kv_heads
       weight = unpermute_rope_rows(weight, heads)

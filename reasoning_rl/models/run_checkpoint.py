@@ -40,7 +40,14 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
   """(model, tokenizer) from a run: architecture and tokenizer from model/, weights from step."""
   import orbax.checkpoint as ocp
 
+  from reasoning_rl.checkpointing import CheckpointCorruptError, nonfinite_leaves, verify_checksums
   from reasoning_rl.models.tokenizers import Tokenizer
+
+  try:
+    verify_checksums(step_dir)
+  except CheckpointCorruptError as error:
+    raise CheckpointError(f"{error}; load an earlier checkpoints/<step> of the run (resuming "
+                          "training moves this one aside)") from None
 
   config = ModelConfig.from_hf_config(json.loads((workdir / "model" / "config.json").read_text()),
                                       source=str(workdir / "model" / "config.json"))
@@ -74,6 +81,10 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
           f"{step_dir}: parameter {'/'.join(map(str, path))} is not in the checkpoint; "
           f"{workdir / 'model' / 'config.json'} does not describe the checkpointed model")
     var.set_value(node["value"])
+  bad = nonfinite_leaves(restored["params"])
+  if bad:
+    raise CheckpointError(f"{step_dir}: parameter {bad[0]} holds NaN or inf values; load an "
+                          "earlier checkpoints/<step> of the run")
   return nnx.merge(graphdef, abstract), Tokenizer.from_hf_dir(workdir / "model")
 
 

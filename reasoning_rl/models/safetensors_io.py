@@ -120,6 +120,10 @@ class SafetensorsDirectory:
   def shape(self, name: str):
     return self._where[name].shape(name)
 
+  def path(self, name: str) -> pathlib.Path:
+    """The file that holds tensor `name`."""
+    return self._where[name].path
+
   def tensor(self, name: str) -> np.ndarray:
     return self._where[name].tensor(name)
 

@@ -1,0 +1,238 @@
+"""A run's workdir: one trainer at a time, one config per run, and a writable place.
+
+- `WorkdirLock`: an exclusive lock held for a trainer's whole life. It is an `fcntl.flock` on
+  `WORKDIR/trainer.lock`, chosen over an O_EXCL lock file because the kernel drops a flock when
+  its process dies however it dies (SIGKILL, OOM, a crashed host's NFS lease), so a stale lock can
+  never block a restart and taking one over is race-free. The file also records the holder (host,
+  PID, start time) for the refusal message; it is emptied on release and never deleted (deleting a
+  lock file lets two processes lock two different files). A non-empty file whose flock is free was
+  left by a holder that died: it is taken over with a warning. flock does not reach across hosts on
+  every network file system (some give host-local locks); where it does not, the lock guards
+  against a second trainer on the same host only.
+- `check_or_write_fingerprint`: the first start writes `run_config.json` (the resolved config);
+  a resume compares against it and refuses changed fields, so one run never mixes two configs.
+- `check_workdir_writable`: one clear ConfigError for a workdir that cannot be written.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import fcntl
+import json
+import logging
+import math
+import os
+import pathlib
+import socket
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from reasoning_rl.errors import ConfigError
+
+log = logging.getLogger("reasoning_rl")
+
+LOCK_FILE = "trainer.lock"
+FINGERPRINT_FILE = "run_config.json"
+
+# Fields a resume may always change: where the run is written, how it is shown and stored, and
+# the dry-run's planning target. None of them changes the train state or what a step computes.
+ALWAYS_ALLOWED_CHANGES = (
+    "workdir", "dry_run", "keep_freed_host_memory", "logging.*", "checkpoint.every_steps",
+    "checkpoint.keep", "checkpoint.async_save", "target.*", "verifier.num_workers",
+)
+
+
+# ------------------------------------------------------------------------------ writability
+
+
+def check_workdir_writable(path: str | os.PathLike[str], *, field: str = "workdir") -> pathlib.Path:
+  """Creates `path` if needed and proves a file can be written in it; returns it.
+
+  Raises ConfigError (one line naming `field` and the path) when it is a file, lies under a file,
+  is on a read-only mount or lacks permissions.
+  """
+  path = pathlib.Path(path)
+  if path.exists() and not path.is_dir():
+    raise ConfigError(f"{field}={path}: is a file, not a directory; choose another {field}")
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / f".write_probe_{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
+  except OSError as error:
+    reason = ("read-only file system" if error.errno == errno.EROFS
+              else error.strerror or str(error))
+    raise ConfigError(f"{field}={path}: cannot be written ({reason}); choose a writable "
+                      f"{field} or fix its permissions") from None
+  return path
+
+
+def check_output_file_writable(path: str | os.PathLike[str], *, flag: str = "--output"
+                               ) -> pathlib.Path:
+  """For a file a tool writes at the end: its directory must exist and be writable, and the path
+  must not be a directory. Checked before any slow work (loading a model) starts."""
+  path = pathlib.Path(path)
+  if path.is_dir():
+    raise ConfigError(f"{flag} {path}: is a directory; give a file path")
+  if not path.parent.is_dir():
+    raise ConfigError(f"{flag} {path}: directory {path.parent} does not exist; create it first")
+  check_workdir_writable(path.parent, field=flag)
+  return path
+
+
+# ------------------------------------------------------------------------------ lock
+
+
+def _holder_text(holder: Mapping[str, Any]) -> str:
+  return (f"host {holder.get('host', '?')}, PID {holder.get('pid', '?')}, started "
+          f"{holder.get('started', '?')}")
+
+
+def _read_holder(fd: int) -> dict[str, Any] | None:
+  os.lseek(fd, 0, os.SEEK_SET)
+  text = os.read(fd, 4096).decode("utf-8", "replace").strip()
+  if not text:
+    return None
+  try:
+    holder = json.loads(text)
+  except ValueError:
+    return {"host": "?", "pid": "?", "started": f"(unreadable lock file: {text[:40]!r})"}
+  return holder if isinstance(holder, dict) else None
+
+
+class WorkdirLock:
+  """Exclusive ownership of a workdir by one trainer process (see the module docstring).
+
+  `with WorkdirLock(workdir):` … ; entering raises ConfigError naming the holder (host, PID,
+  start time) when another live process holds the workdir.
+  """
+
+  def __init__(self, workdir: str | os.PathLike[str]):
+    self.path = pathlib.Path(workdir) / LOCK_FILE
+    self._fd: int | None = None
+
+  def acquire(self) -> "WorkdirLock":
+    if self._fd is not None:
+      return self
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = _read_holder(fd) or {}
+      os.close(fd)
+      raise ConfigError(
+          f"workdir {self.path.parent} is in use by another trainer ({_holder_text(holder)}); "
+          "wait for it to finish, stop it, or choose another workdir") from None
+    except OSError as error:
+      os.close(fd)
+      raise ConfigError(f"workdir {self.path.parent}: cannot lock {self.path} ({error.strerror}); "
+                        "put the workdir on a file system that supports flock") from None
+    previous = _read_holder(fd)
+    if previous is not None:
+      log.warning("taking over the lock %s left by a trainer that did not release it (%s)",
+                  self.path, _holder_text(previous))
+    me = {"host": socket.gethostname(), "pid": os.getpid(),
+          "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+    self._fd = fd
+    return self
+
+  def release(self) -> None:
+    if self._fd is None:
+      return
+    try:
+      os.ftruncate(self._fd, 0)  # empty = released cleanly
+    finally:
+      fcntl.flock(self._fd, fcntl.LOCK_UN)
+      os.close(self._fd)
+      self._fd = None
+
+  def __enter__(self) -> "WorkdirLock":
+    return self.acquire()
+
+  def __exit__(self, *exc_info) -> None:
+    self.release()
+
+
+# ------------------------------------------------------------------------------ fingerprint
+
+
+def _plain(value: Any) -> Any:
+  """JSON-able form: tuples as lists, NaN / inf as strings (strict JSON has neither)."""
+  if isinstance(value, Mapping):
+    return {str(k): _plain(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_plain(v) for v in value]
+  if isinstance(value, float) and not math.isfinite(value):
+    return str(value)
+  if value is None or isinstance(value, (bool, int, float, str)):
+    return value
+  return repr(value)
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  flat = {}
+  for key, value in tree.items():
+    name = f"{prefix}{key}"
+    if isinstance(value, Mapping) and value:
+      flat.update(_flatten(value, name + "."))
+    else:
+      flat[name] = value
+  return flat
+
+
+def _allowed(field: str, patterns: Iterable[str]) -> bool:
+  return any(field == p or (p.endswith(".*") and field.startswith(p[:-1])) for p in patterns)
+
+
+def check_or_write_fingerprint(workdir: str | os.PathLike[str], resolved_config: Mapping[str, Any],
+                               allow_changes: Iterable[str] = ()) -> list[str]:
+  """Writes `run_config.json` at a run's first start; on a resume refuses a changed config.
+
+  Args:
+    workdir: the run's directory.
+    resolved_config: the full config as a nested dict (e.g. `config.to_dict()`).
+    allow_changes: dotted fields (e.g. "total_steps") or prefixes ("eval.*") this resume may
+      change, on top of `ALWAYS_ALLOWED_CHANGES`.
+
+  Returns the changes that were allowed, as "field: old -> new" lines (run_config.json is then
+  rewritten with the new values, so the next resume compares against them).
+
+  Raises:
+    ConfigError: listing every other changed, added or removed field as old -> new.
+  """
+  path = pathlib.Path(workdir) / FINGERPRINT_FILE
+  current = _plain(resolved_config)
+  if not path.exists():
+    _write_json(path, current)
+    return []
+  try:
+    saved = json.loads(path.read_text())
+  except (OSError, ValueError) as error:
+    raise ConfigError(f"{path}: unreadable ({error}); restore it from a backup, or delete it to "
+                      "accept the current config as this run's") from None
+  old, new = _flatten(saved), _flatten(current)
+  absent = "<absent>"
+  lines = {}
+  for field in sorted(set(old) | set(new)):
+    before, after = old.get(field, absent), new.get(field, absent)
+    if before != after:
+      lines[field] = f"{field}: {json.dumps(before)} -> {json.dumps(after)}"
+  patterns = (*ALWAYS_ALLOWED_CHANGES, *allow_changes)
+  refused = [line for field, line in lines.items() if not _allowed(field, patterns)]
+  if refused:
+    raise ConfigError(
+        f"{path.parent} was started with another config; changed fields: {'; '.join(refused)}. "
+        "Resume with the old values, use a new workdir, or allow these fields explicitly")
+  if lines:
+    log.warning("resuming %s with changed fields: %s", path.parent, "; ".join(lines.values()))
+    _write_json(path, current)
+  return list(lines.values())
+
+
+def _write_json(path: pathlib.Path, value: Any) -> None:
+  staging = path.with_name(f".{path.name}.{os.getpid()}")
+  staging.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+  os.replace(staging, path)
