@@ -198,7 +198,8 @@ def _abstract_leaf(path: tuple[Any, ...], leaf: Any) -> jax.ShapeDtypeStruct:
 
 
 def _first_line(error: BaseException) -> str:
-  text = str(error).strip()
+  """The gist of a library error for a one-line message (TensorStore appends a long spec dump)."""
+  text = str(error).strip().split(" See full TensorStore details")[0]
   return text.splitlines()[0] if text else type(error).__name__
 
 

@@ -1,4 +1,6 @@
-"""Checkpointer: round trips onto shardings, keep-N, atomicity, bad input, SIGTERM preemption."""
+"""Checkpointer: round trips onto shardings, keep-N, atomicity, bad input, SIGTERM preemption.
+
+Damaged checkpoints, non-finite values and SIGINT are in test_faults.py."""
 
 import os
 import pathlib
@@ -213,14 +215,13 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
 
 
 def test_preemption_flag_in_process():
-  previous = signal.getsignal(signal.SIGTERM)
   seen = []
+  checkpointing.clear_preemption_request()
+  uninstall = checkpointing.install_preemption_handler(seen.append)
   try:
-    checkpointing.clear_preemption_request()
-    checkpointing.install_preemption_handler(seen.append)
     assert not checkpointing.preemption_requested()
     os.kill(os.getpid(), signal.SIGTERM)
     assert checkpointing.preemption_requested() and seen == [signal.SIGTERM]
   finally:
-    signal.signal(signal.SIGTERM, previous)
+    uninstall()
     checkpointing.clear_preemption_request()
