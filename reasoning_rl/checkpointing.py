@@ -115,20 +115,21 @@ def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
   if not manifest_path.exists():
     return False
   try:
-    entries = json.loads(manifest_path.read_text())["files"]
-  except (OSError, ValueError, KeyError, TypeError) as error:
-    raise CheckpointCorruptError(f"{manifest_path} is unreadable ({error})") from None
-  for name, entry in sorted(entries.items()):
+    entries = {name: (int(entry["bytes"]), str(entry["sha256"]))
+               for name, entry in json.loads(manifest_path.read_text())["files"].items()}
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+    raise CheckpointCorruptError(f"{manifest_path} is unreadable ({error!r})") from None
+  for name, (written, _) in sorted(entries.items()):
     path = step_dir / name
     if not path.is_file():
       raise CheckpointCorruptError(f"{path} is missing")
     size = path.stat().st_size
-    if size != entry["bytes"]:
-      raise CheckpointCorruptError(f"{path} has {size} bytes, {entry['bytes']} were written "
+    if size != written:
+      raise CheckpointCorruptError(f"{path} has {size} bytes, {written} were written "
                                    "(truncated or overwritten)")
   digests = _hash_files(step_dir, [step_dir / name for name in sorted(entries)])
   for name, digest in digests.items():
-    if digest != entries[name]["sha256"]:
+    if digest != entries[name][1]:
       raise CheckpointCorruptError(f"{step_dir / name} does not match its SHA-256 in "
                                    f"{CHECKSUMS_FILE} (its bytes changed after the save)")
   return True

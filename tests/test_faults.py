@@ -320,14 +320,10 @@ def test_live_holder_refuses_and_a_dead_one_is_taken_over(tmp_path, caplog):
 
 
 def _config(**changes):
+  """The base config as a dict, with `a__b=v` setting field a.b."""
   config = base_config()
   config.workdir = "/runs/a"
-  for dotted, value in changes.items():
-    node = config
-    *parents, leaf = dotted.split("__")
-    for parent in parents:
-      node = node[parent]
-    node[leaf] = value
+  config.update_from_flattened_dict({k.replace("__", "."): v for k, v in changes.items()})
   return config.to_dict()
 
 
