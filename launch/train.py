@@ -11,7 +11,8 @@ summary at the end; library logs go to WORKDIR/logs/train.log (`--verbose` print
 WORKDIR/report.md (with plots) is written however the run ends.
 
 Exit codes: 0 finished; 2 bad config or input (one line naming the field); 3 a guard stopped the
-run (see WORKDIR/STOPPED.md); 143 preempted by SIGTERM after saving a checkpoint.
+run (see WORKDIR/STOPPED.md); 4 storage failure (a checkpoint could not be read or written);
+130 interrupted by Ctrl-C and 143 preempted by SIGTERM, both after saving a checkpoint.
 """
 
 import importlib.util
@@ -24,7 +25,9 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from reasoning_rl.errors import ReasoningRLError  # noqa: E402
+from reasoning_rl.errors import CheckpointError, ReasoningRLError  # noqa: E402
+
+STORAGE_EXIT_CODE = 4
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file.",
                                           lock_config=True)
@@ -69,16 +72,40 @@ def main(argv):
 
       print_dry_run(config)
       return 0
-    from reasoning_rl import config as config_lib
-    from reasoning_rl.console import send_logs_to_workdir
-    from reasoning_rl.trainer import Trainer
-
-    config_lib.validate(config)  # before anything is written to the workdir
-    send_logs_to_workdir(config.workdir, verbose=_VERBOSE.value)
-    return Trainer.from_config(config).run()
+    return train(config)
+  except CheckpointError as error:
+    print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+    return STORAGE_EXIT_CODE
   except ReasoningRLError as error:
     print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt:  # a second Ctrl-C: abort at once, nothing saved
+    print("interrupted twice: stopped without saving", file=sys.stderr)
+    return 130
+
+
+def train(config) -> int:
+  """Validates config and workdir, locks the workdir, builds the run, checks it against the run's
+  first start (WORKDIR/run_config.json), then trains. Nothing but the lock and the logs is
+  written to the workdir before the model has loaded and the config has been checked."""
+  from reasoning_rl import config as config_lib
+  from reasoning_rl import workdir as workdir_lib
+  from reasoning_rl.build import build
+  from reasoning_rl.console import send_logs_to_workdir
+  from reasoning_rl.trainer import Trainer
+
+  config_lib.validate(config)
+  workdir_lib.check_workdir_writable(config.workdir, field="config.workdir")
+  with workdir_lib.WorkdirLock(config.workdir):
+    send_logs_to_workdir(config.workdir, verbose=_VERBOSE.value)
+    run = build(config)
+    try:
+      workdir_lib.check_or_write_fingerprint(config.workdir, config.to_dict(),
+                                             allow_changes=tuple(config.resume.allow_changes))
+    except ReasoningRLError:
+      run.scorer.close()
+      raise
+    return Trainer(run).run()
 
 
 if __name__ == "__main__":

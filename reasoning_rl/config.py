@@ -148,6 +148,14 @@ def base_config() -> ml_collections.ConfigDict:
   # The slice the dry run plans for: tpu = v4 | v5e | v5p | v6e | cpu; 0 devices = this machine's.
   c.target = ml_collections.ConfigDict(dict(tpu="cpu", num_devices=0))
 
+  # A rerun on a workdir resumes it; fields that differ from the run's first start
+  # (WORKDIR/run_config.json) are refused unless named here, e.g. ("total_steps",) — the
+  # learning-rate schedule then stretches to the new total from the resumed step on — or
+  # ("eval.*",). Display and storage fields (logging.*, checkpoint cadence, verifier.num_workers)
+  # may always change.
+  c.resume = ml_collections.ConfigDict()
+  c.resume.allow_changes = ()
+
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 5
   c.checkpoint.keep = 2

@@ -9,8 +9,8 @@ A run is a function of its config: the data position is an integer, each complet
 stream derives from (seed, data position of its prompt, sample index), and the loop state is
 checkpointed, so a restart on the same workdir continues bit for bit.
 
-Exit codes of `run()`: 0 finished, 3 a guard stopped the run (STOPPED.md), 143 preempted by SIGTERM
-after saving a checkpoint (see reasoning_rl.guards).
+Exit codes of `run()`: 0 finished, 3 a guard stopped the run (STOPPED.md), 130 interrupted (SIGINT)
+or 143 preempted (SIGTERM), both after saving a checkpoint (see reasoning_rl.checkpointing).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class Trainer:
     write_model_files(self.workdir, self.run_parts.model_config, self.run_parts.tokenizer)
     checkpointer = checkpointing.Checkpointer(self.workdir / "checkpoints", keep=c.checkpoint.keep,
                                               async_save=c.checkpoint.async_save)
-    checkpointing.install_preemption_handler()
+    restore_signal_handlers = checkpointing.install_preemption_handler()
     start_step = self._restore(checkpointer)
     writer = metrics_lib.MetricsWriter(self.workdir, resume_step=start_step or None,
                                        tensorboard=c.logging.tensorboard)
@@ -135,9 +135,9 @@ class Trainer:
           save(step)
         if checkpointing.preemption_requested():
           save(step)
-          progress.write(f"preempted: checkpoint of step {step} saved; rerun on the same "
-                         "workdir to resume")
-          exit_code = guards_lib.PREEMPTED_EXIT_CODE
+          exit_code = checkpointing.interrupt_exit_code()
+          progress.write(f"{_ENDINGS[exit_code]}: checkpoint of step {step} saved; rerun on the "
+                         "same workdir to resume")
           break
       else:
         if start_step < c.total_steps:
@@ -148,6 +148,7 @@ class Trainer:
       writer.close()
       progress.close()
       self.run_parts.scorer.close()
+      restore_signal_handlers()
     self._finish(exit_code)
     return exit_code
 
@@ -185,11 +186,16 @@ class Trainer:
     return result
 
 
+_ENDINGS = {guards_lib.DONE_EXIT_CODE: "finished", guards_lib.GUARD_EXIT_CODE: "stopped by a guard",
+            guards_lib.PREEMPTED_EXIT_CODE: "preempted", 130: "interrupted"}
+
+
 def summary_text(workdir: pathlib.Path, exit_code: int, report: pathlib.Path) -> str:
   """The few lines printed when a run ends: how it ended, held-out accuracy, where things are."""
-  ended = {guards_lib.DONE_EXIT_CODE: "finished",
+  ended = {**_ENDINGS,
            guards_lib.GUARD_EXIT_CODE: f"stopped by a guard (see {workdir / guards_lib.STOPPED_FILE})",
-           guards_lib.PREEMPTED_EXIT_CODE: "preempted (checkpoint saved; rerun to resume)"}
+           guards_lib.PREEMPTED_EXIT_CODE: "preempted (checkpoint saved; rerun to resume)",
+           130: "interrupted (checkpoint saved; rerun to resume)"}
   rows = metrics_lib.read_metrics(workdir / metrics_lib.METRICS_FILE) if (
       workdir / metrics_lib.METRICS_FILE).exists() else []
   lines = [f"run {ended.get(exit_code, f'ended with code {exit_code}')} after step "

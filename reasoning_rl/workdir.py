@@ -40,6 +40,7 @@ FINGERPRINT_FILE = "run_config.json"
 ALWAYS_ALLOWED_CHANGES = (
     "workdir", "dry_run", "keep_freed_host_memory", "logging.*", "checkpoint.every_steps",
     "checkpoint.keep", "checkpoint.async_save", "target.*", "verifier.num_workers",
+    "resume.*",
 )
 
 
