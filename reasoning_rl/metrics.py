@@ -208,7 +208,8 @@ class MetricsWriter:
     self._last_step = step
     if self._tensorboard is not None:
       for key, value in values.items():
-        self._tensorboard.add_scalar(key, value, global_step=step)
+        if math.isfinite(value):  # NaN marks "not measured" (e.g. kl without a reference)
+          self._tensorboard.add_scalar(key, value, global_step=step)
       self._tensorboard.flush()
     return row
 
@@ -266,17 +267,18 @@ class ProgressBar:
     self._stream = sys.stderr if stream is None else stream
     if enabled is None:
       enabled = bool(getattr(self._stream, "isatty", lambda: False)())
+    # The step's numbers go in `desc`, placed after the bar (tqdm's postfix adds a comma).
     self._bar = tqdm(total=total_steps, initial=initial, disable=not enabled, file=self._stream,
-                     unit="step", dynamic_ncols=True, desc="train",
-                     bar_format="{desc} {n_fmt}/{total_fmt} |{bar:12}| {postfix} "
+                     unit="step", dynamic_ncols=True,
+                     bar_format="step {n_fmt}/{total_fmt} |{bar:12}| {desc} "
                                 "[{elapsed}<{remaining}, {rate_fmt}]",
                      mininterval=0.0)  # a step takes seconds: draw every one
     self._step = initial
     self._shown: dict[str, str] = {}
 
-  def _show(self) -> None:
-    self._bar.set_postfix_str(" ".join(f"{k} {v}" for k, v in self._shown.items()),
-                              refresh=True)
+  def _show(self, refresh: bool = True) -> None:
+    self._bar.set_description_str(" ".join(f"{k} {v}" for k, v in self._shown.items()),
+                                  refresh=refresh)
 
   def set_accuracy(self, accuracy: float) -> None:
     """Shows the latest held-out accuracy until the next evaluation."""
@@ -291,8 +293,7 @@ class ProgressBar:
         self._shown = {("reward" if key == "reward/mean" else key):
                        f"{_scalar(key, metrics[key]):.3f}",
                        **{k: v for k, v in self._shown.items() if k == "held-out"}}
-      self._bar.set_postfix_str(" ".join(f"{k} {v}" for k, v in self._shown.items()),
-                                refresh=False)
+      self._show(refresh=False)
     self._bar.update(step - self._step)
     self._step = step
 

@@ -91,7 +91,8 @@ def test_timing_and_throughput():
 
   out = telemetry.rl_throughput(_batch(), times, trained_tokens=40, step_flops=flops,
                                 peak_flops=1e9, asynchronous=False)
-  assert seen == {"prompt_tokens": 12, "generated_tokens": 12, "trained_tokens": 40}
+  # a group's prompt is prefilled once, whatever G
+  assert seen == {"prompt_tokens": 6, "generated_tokens": 12, "trained_tokens": 40}
   assert out["throughput/generated_tokens_per_s"] == pytest.approx(12 / 2.0)
   assert out["throughput/trained_tokens_per_s"] == pytest.approx(40 / 10.5)
   assert out["throughput/rl_mfu"] == pytest.approx(1 / 10.5)

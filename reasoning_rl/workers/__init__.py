@@ -1,0 +1,1 @@
+"""Process machinery: the Scorer interface over inline scoring or a verifier pool."""
