@@ -18,7 +18,7 @@ Decode state: one KV cache [slots, kv_heads, cache_length, head_dim] per layer, 
 sampler mesh and donated to every jitted call, so it is updated in place. Each slot holds the logits
 of its next token; a decode step samples from them, feeds the sampled token through the model and
 stores the new logits. `generate` runs up to `steps_per_call` such steps inside one jitted
-`lax.while_loop`, so the host sees one round trip per `steps_per_call` tokens at most.
+`lax.while_loop`, so the host sees one round trip per (up to) `steps_per_call` tokens.
 
 Throughput (no decode step is spent on an idle slot the host could have refilled):
 - Early exit: the loop stops once every slot is done, and with `return_on_finish=True` as soon as
@@ -26,9 +26,14 @@ Throughput (no decode step is spent on an idle slot the host could have refilled
   it idle for the rest of the chunk (the cost is one extra host round trip per finish).
 - Live-length attention: a call attends over the first L cache slots only, L the smallest power of
   two covering every live slot's position plus `steps_per_call` (capped at cache_length), instead
-  of the whole cache; one compiled `generate` per L, a handful in all.
+  of the whole cache.
+- Live slots only: when at most half the slots are live (the tail of a rollout, when no request is
+  waiting), a call gathers the live slots (rounded up to a power of two with done ones) and the
+  first L slots of their cache into a smaller batch, decodes that, and scatters it back, so a step
+  costs what its live slots need.
 - Batched prefill: `prefill_many` runs several prompts in one call (rows padded to the longest
   prompt's bucket, the row count to a power of two up to `max_prefill_batch`).
+`generate` compiles once per (L, batch) pair it meets: a handful of variants.
 
 Prompts are right-padded to power-of-two buckets (at least `min_prefill_bucket`, at most
 `max_prefill_length`), so the prefill compiles once per (bucket, row count).
@@ -162,6 +167,8 @@ class Engine:
     max_prefill_batch: most prompts one prefill call runs (`prefill_many` splits larger lists).
     live_length_attention: attend over the live part of the cache (see the module docstring);
       False attends over the whole cache (the reference the tests compare against).
+    compact_live_slots: when at most half the slots are live, decode only those (see the module
+      docstring); False always decodes every slot.
     truncation: what to do with a prompt longer than max_prefill_length: "error" (SamplingError)
       or "left" (keep its last max_prefill_length tokens).
     default_sampling: used by `prefill` calls that carry no request (e.g. from JetStream's Driver).
@@ -173,7 +180,8 @@ class Engine:
                max_concurrent_decodes: int = 8, max_prefill_length: int = 256,
                max_decode_length: int = 256, steps_per_call: int = 16,
                min_prefill_bucket: int = 16, max_prefill_batch: int = 8,
-               live_length_attention: bool = True, truncation: str = "error",
+               live_length_attention: bool = True, compact_live_slots: bool = True,
+               truncation: str = "error",
                default_sampling: SamplingParams = SamplingParams(temperature=0.0),
                default_max_new_tokens: int | None = None,
                default_stop_ids: Sequence[int] = (), seed: int = 0):
@@ -199,6 +207,7 @@ class Engine:
     self.min_prefill_bucket = min(min_prefill_bucket, max_prefill_length)
     self.max_prefill_batch = max_prefill_batch
     self.live_length_attention = live_length_attention
+    self.compact_live_slots = compact_live_slots
     self.truncation = truncation
     self.default_sampling = default_sampling
     self.default_max_new_tokens = default_max_new_tokens or max_decode_length
@@ -405,19 +414,33 @@ class Engine:
     the step in which any slot finishes (a caller with waiting requests refills it at once).
     """
     self.num_generate_calls += 1
-    return self._generate_fn(params, decode_state, np.bool_(return_on_finish),
-                             key_length=self.attention_length(decode_state))
+    rows, key_length = self.decode_plan(decode_state)
+    if rows is None:
+      return self._generate_fn(params, decode_state, np.bool_(return_on_finish),
+                               key_length=key_length)
+    return self._generate_rows_fn(params, decode_state, rows, np.bool_(return_on_finish),
+                                  key_length=key_length)
 
-  def attention_length(self, decode_state: DecodeState) -> int:
-    """Cache slots the next `generate` call attends over (reads the live positions: one sync).
+  def decode_plan(self, decode_state: DecodeState) -> tuple[np.ndarray | None, int]:
+    """(slots the next `generate` call decodes, or None for all; cache slots it attends over).
 
-    Every key a live slot can see during the call lies below its position + steps_per_call; the
-    smallest power of two covering that for all live slots, capped at cache_length.
+    Reads each slot's done flag and position (one small device-to-host copy). Every key a live
+    slot can see during the call lies below its position + steps_per_call: the attended length is
+    the smallest power of two covering that for every live slot, capped at cache_length. When at
+    most half the slots are live, the call decodes a power-of-two number of slots (the live ones,
+    padded with done ones) instead of all of them.
     """
-    if not self.live_length_attention:
-      return self.cache_length
-    live_end = int(self._live_end_fn(decode_state.done, decode_state.position))
-    return min(self.cache_length, next_power_of_two(live_end + self.steps_per_call))
+    done, position = jax.device_get((decode_state.done, decode_state.position))
+    live = np.flatnonzero(~done)
+    key_length = self.cache_length
+    if self.live_length_attention and live.size:
+      key_length = min(key_length, next_power_of_two(int(position[live].max()) +
+                                                     self.steps_per_call))
+    num_rows = next_power_of_two(live.size)
+    if not self.compact_live_slots or not live.size or num_rows > self._slots // 2:
+      return None, key_length
+    padding = np.flatnonzero(done)[:num_rows - live.size]
+    return np.concatenate([live, padding]).astype(np.int32), key_length
 
   # ----------------------------------------------------------------------------- jitted bodies
 
@@ -496,16 +519,14 @@ class Engine:
     def release(state: DecodeState, slot):
       return state.replace(done=state.done.at[slot].set(True))
 
-    def live_end(done, position):
-      return jnp.max(jnp.where(done, 0, position))
-
-    def generate(params, state: DecodeState, return_on_finish, *, key_length: int):
-      model = nnx.merge(graphdef, params)
+    def decode_steps(model, state: DecodeState, return_on_finish, key_length):
+      """Up to `steps` decode steps for the rows of `state` (all slots, or a gathered subset)."""
+      rows = state.done.shape[0]
       done_at_start = state.done
-      buffers = dict(tokens=jnp.zeros((slots, steps), jnp.int32),
-                     valid=jnp.zeros((slots, steps), bool),
-                     logprobs=jnp.zeros((slots, steps), jnp.float32),
-                     sampling_logprobs=jnp.zeros((slots, steps), jnp.float32))
+      buffers = dict(tokens=jnp.zeros((rows, steps), jnp.int32),
+                     valid=jnp.zeros((rows, steps), bool),
+                     logprobs=jnp.zeros((rows, steps), jnp.float32),
+                     sampling_logprobs=jnp.zeros((rows, steps), jnp.float32))
 
       def step(carry):
         state, i, buffers = carry
@@ -517,9 +538,8 @@ class Engine:
         hit_stop = jnp.any(tokens[:, None] == state.stop_ids, axis=-1)
         finished = live & (hit_stop | (generated >= state.max_new_tokens)
                            | (state.position >= cache_length))
-        logits, cache = model.decode(
-            tokens[:, None], state.position[:, None], state.cache, state.position,
-            key_length=key_length if key_length < cache_length else None)
+        logits, cache = model.decode(tokens[:, None], state.position[:, None], state.cache,
+                                     state.position, key_length=key_length)
         continuing = live & ~finished
         state = state.replace(
             cache=cache, next_logits=logits[:, 0], generated=generated,
@@ -540,10 +560,40 @@ class Engine:
                             **buffers)
       return state, result
 
+    def generate(params, state: DecodeState, return_on_finish, *, key_length: int):
+      return decode_steps(nnx.merge(graphdef, params), state, return_on_finish,
+                          key_length if key_length < cache_length else None)
+
+    def generate_rows(params, state: DecodeState, rows, return_on_finish, *, key_length: int):
+      """`generate` for the slots `rows` only: their state and first key_length cache slots are
+      gathered into a batch of len(rows), decoded, and scattered back."""
+      per_slot = state.replace(cache=None)
+      part = jax.tree.map(lambda a: a[rows], per_slot).replace(cache=KVCache(
+          k=tuple(k[rows, :, :key_length] for k in state.cache.k),
+          v=tuple(v[rows, :, :key_length] for v in state.cache.v),
+          pos=state.cache.pos[rows, :key_length]))
+      part, result = decode_steps(nnx.merge(graphdef, params), part, return_on_finish, None)
+      cache = KVCache(
+          k=tuple(a.at[rows, :, :key_length].set(b) for a, b in zip(state.cache.k, part.cache.k)),
+          v=tuple(a.at[rows, :, :key_length].set(b) for a, b in zip(state.cache.v, part.cache.v)),
+          pos=state.cache.pos.at[rows, :key_length].set(part.cache.pos))
+      state = jax.tree.map(lambda a, b: a.at[rows].set(b), per_slot,
+                           part.replace(cache=None)).replace(cache=cache)
+
+      def spread(a):
+        return jnp.zeros((slots,) + a.shape[1:], a.dtype).at[rows].set(a)
+
+      return state, result.replace(
+          tokens=spread(result.tokens), valid=spread(result.valid),
+          logprobs=spread(result.logprobs), sampling_logprobs=spread(result.sampling_logprobs),
+          lengths=state.generated, done=state.done)
+
     self._init_fn = jax.jit(init, out_shardings=state_shardings)
     self._prefill_fn = jax.jit(prefill, out_shardings=replicated)
     self._insert_fn = jax.jit(insert, donate_argnums=0, out_shardings=state_shardings)
     self._release_fn = jax.jit(release, donate_argnums=0, out_shardings=state_shardings)
-    self._live_end_fn = jax.jit(live_end)
     self._generate_fn = jax.jit(generate, donate_argnums=1, static_argnames="key_length",
                                 out_shardings=(state_shardings, replicated))
+    self._generate_rows_fn = jax.jit(generate_rows, donate_argnums=1,
+                                     static_argnames="key_length",
+                                     out_shardings=(state_shardings, replicated))
