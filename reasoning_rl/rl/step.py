@@ -4,8 +4,9 @@
 computes the policy's completion log-probs and — when β > 0 — the frozen reference's, the policy
 loss (`loss_type`: PPO's clipped surrogate, GSPO or CISPO) with its KL term and importance
 correction against the sampler (`reasoning_rl.rl.losses.policy_loss`), gradients accumulated over
-micro-batches, and the optax update, repeated μ times against fixed π_old log-probs. State buffers
-are donated, so parameters and optimizer moments are updated in place.
+micro-batches, and the optax updates: μ epochs over the batch, each a sequence of
+`num_mini_batches` updates on disjoint slices of rows, all against the same π_old log-probs. State
+buffers are donated, so parameters and optimizer moments are updated in place.
 
 Three objectives share it:
 - `grpo` (and every group estimator): advantages [B] come with the batch.
@@ -22,10 +23,35 @@ Batch layout (all leading dimension B, sharded over the mesh's data × fsdp axes
   (optional otherwise: then only the sampler/trainer mismatch is reported).
 
 π_old is always the trainer's own recomputation with the parameters the batch arrives with: with
-μ > 1 (or ppo) `_prepare` computes it once per batch, before the first update; with μ = 1 the
-first and only update runs at exactly those parameters, so its own forward, held constant, is
-that recomputation (no extra pass). The sampler's log-probs never stand in for π_old; they only
-enter the importance weight exp(logp_old - logp_behavior).
+more than one update per batch (μ > 1 or num_mini_batches > 1) or ppo, `_prepare` computes it once
+per batch, before the first update (whose ratio is therefore exactly 1); with a single update, that
+update runs at exactly those parameters, so its own forward, held constant, is that recomputation
+(no extra pass). The sampler's log-probs never stand in for π_old; they only enter the importance
+weight exp(logp_old - logp_behavior).
+
+Memory: `_prepare`'s forwards (π_old, reference, ppo's old values) run one micro-batch at a time,
+the same rows an update's micro-batch holds, and write into [B, T] arrays, so their activations
+peak at one micro-batch's, as the update's do. Only GAE and the advantage whitening, which need
+the whole batch's values, run on the assembled [B, T] arrays.
+
+Updates per batch (the PPO recipe of Schulman et al. 2017: K epochs of minibatch SGD on the same
+rollouts; GRPO's μ, Shao et al. 2024, arXiv:2402.03300, Algorithm 1): for each of μ epochs, for
+mini-batch k = 0 … M-1 in that fixed order, one optimizer update on the rows k, k+M, k+2M, …
+(strided, so every data-parallel device keeps a share of every mini-batch, as with micro-batches:
+micro-batch j of mini-batch k holds rows k + M·j + M·m·s). Each update is a complete update on its
+own slice: its loss normalizers (`losses.loss_normalizers`) are the mini-batch's, and its
+micro-batch losses sum to the loss of that slice alone. B must be divisible by M·m.
+
+Counters: `state.step` counts RL steps (batches), +1 per call. The learning-rate schedule counts
+optimizer updates (optax's own count in the optimizer state, as TRL's trainer does), with
+`warmup_steps` / `total_steps` given in RL steps and stretched by the μ·M updates per step, so a
+schedule spans the same RL steps whatever μ and M are, and the rate also moves within a step.
+
+Stats are merged over all μ·M updates (`reasoning_rl.rl.stats.merge`): `loss`, `grad_norm` and
+`learning_rate` are means over updates (loss and grad norm over the applied ones), token stats such
+as `clip_frac` or `ratio/max` cover every token of every update, and `skipped_update` is the
+fraction of updates skipped. So with μ·M > 1, `clip_frac` mixes the first update (ratio 1, no
+clipping) with later ones.
 
 A non-finite loss or gradient norm skips the update (parameters and optimizer state unchanged) and
 counts it in `state.skipped_updates` and the `skipped_update` stat; it is never applied.
@@ -62,8 +88,11 @@ class StepConfig:
     Schulman et al. 2017; GSPO, Zheng et al. 2025, arXiv:2507.18071; CISPO, MiniMax-M1,
     arXiv:2506.13585).
   max_completion_length: L of the Dr. GRPO aggregation (the generation budget); None = T.
-  num_micro_batches: gradient accumulation; B must be divisible by it.
-  num_inner_updates: μ optimizer updates per rollout batch against fixed π_old (GRPO's μ).
+  num_micro_batches: gradient accumulation within an update (m); also the size of the slices
+    `_prepare`'s forwards run on.
+  num_inner_updates: μ, epochs over each rollout batch against fixed π_old (GRPO's μ).
+  num_mini_batches: M, optimizer updates per epoch, each on a disjoint 1/M of the rows; μ·M
+    updates per batch in all. B must be divisible by M·m.
   logprob_chunk: time steps projected to the vocabulary at once (memory / speed trade-off).
   remat: recompute each block's activations in the backward pass (memory of one layer instead of
     all layers, for about one extra forward).
@@ -87,6 +116,7 @@ class StepConfig:
   max_completion_length: int | None = None
   num_micro_batches: int = 1
   num_inner_updates: int = 1
+  num_mini_batches: int = 1
   logprob_chunk: int = 128
   remat: bool = False
   learning_rate: float = 1e-6
@@ -106,7 +136,8 @@ class StepConfig:
   def __post_init__(self):
     if self.algorithm not in ("grpo", "ppo", "sft"):
       raise ConfigError(f"algorithm={self.algorithm!r}: use 'grpo', 'ppo' or 'sft'")
-    for name in ("num_micro_batches", "num_inner_updates", "logprob_chunk", "total_steps"):
+    for name in ("num_micro_batches", "num_inner_updates", "num_mini_batches", "logprob_chunk",
+                 "total_steps"):
       if getattr(self, name) < 1:
         raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
     if self.loss_agg not in losses.LOSS_AGGREGATIONS:
@@ -144,6 +175,20 @@ class StepConfig:
       return self.is_correction, self.is_threshold
     return "none", self.is_threshold
 
+  @property
+  def updates_per_step(self) -> int:
+    """Optimizer updates per rollout batch: μ epochs × M mini-batches."""
+    return self.num_inner_updates * self.num_mini_batches
+
+  def check_batch_size(self, batch_size: int):
+    """The batch must split into M mini-batches of m micro-batches of whole rows."""
+    slices = self.num_mini_batches * self.num_micro_batches
+    if batch_size % slices:
+      raise ConfigError(
+          f"config.algo.num_mini_batches={self.num_mini_batches} × "
+          f"config.algo.num_micro_batches={self.num_micro_batches} = {slices} must divide the "
+          f"batch of {batch_size} rows (prompts × samples): change either so that it does")
+
 
 class TrainState(flax.struct.PyTreeNode):
   """Everything the step changes or reads, as pytrees (checkpointable as is)."""
@@ -157,12 +202,50 @@ class TrainState(flax.struct.PyTreeNode):
 
 
 def learning_rate_schedule(config: StepConfig) -> optax.Schedule:
-  """Linear warm-up to `learning_rate`, then cosine decay to `final_lr_fraction` of it."""
+  """Linear warm-up to `learning_rate`, then cosine decay to `final_lr_fraction` of it.
+
+  Indexed by optimizer updates; `warmup_steps` and `total_steps` are RL steps, each of
+  `config.updates_per_step` updates (module docstring, "Counters").
+  """
+  per_step = config.updates_per_step
+  warmup = config.warmup_steps * per_step
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0 if config.warmup_steps else config.learning_rate,
-      peak_value=config.learning_rate, warmup_steps=config.warmup_steps,
-      decay_steps=max(config.total_steps, config.warmup_steps + 1),
+      init_value=0.0 if warmup else config.learning_rate,
+      peak_value=config.learning_rate, warmup_steps=warmup,
+      decay_steps=max(config.total_steps * per_step, warmup + 1),
       end_value=config.learning_rate * config.final_lr_fraction)
+
+
+def applied_updates(opt_state) -> jax.Array:
+  """Optimizer updates applied so far: the count the learning-rate schedule reads (skipped
+  updates keep the old optimizer state, so they do not count)."""
+  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+  counts = [s.count for s in jax.tree.leaves(opt_state, is_leaf=is_schedule) if is_schedule(s)]
+  if len(counts) != 1:
+    raise ValueError(f"expected one schedule state in the optimizer state, found {len(counts)}")
+  return counts[0]
+
+
+def split_rows(tree, num_slices: int):
+  """[B, ...] leaves → [num_slices, B / num_slices, ...]: slice i holds rows i, i+n, i+2n, …
+  (strided, so a batch sharded over devices in row blocks keeps a share on every device)."""
+  return jax.tree.map(
+      lambda x: x.reshape(x.shape[0] // num_slices, num_slices, *x.shape[1:]).swapaxes(0, 1),
+      tree)
+
+
+def merge_rows(tree):
+  """Inverse of `split_rows`: [n, B / n, ...] → [B, ...] in the original row order."""
+  return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), tree)
+
+
+def _no_stats(shapes) -> stats_lib.Stats:
+  """The identity of `stats_lib.merge` for stats of these shapes (a scan's starting carry)."""
+  out = {}
+  for name, (value, count) in shapes.items():
+    start = {"min": jnp.inf, "max": -jnp.inf, "sum": 0}[stats_lib.reduction_kind(name)]
+    out[name] = (jnp.full(value.shape, start, value.dtype), jnp.zeros(count.shape, count.dtype))
+  return out
 
 
 def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
@@ -265,35 +348,58 @@ class TrainStep:
       stats = stats_lib.merge(stats, v_stats)
     return loss, stats
 
+  def _needs_old_logprobs(self) -> bool:
+    c = self.config
+    return c.algorithm != "sft" and (c.updates_per_step > 1 or c.algorithm == "ppo")
+
+  def _frozen_forwards(self, state: TrainState, batch):
+    """π_old log-probs, (ppo) old values and (β > 0) reference log-probs, [B, T] each, computed
+    one micro-batch (the rows of one update's micro-batch) at a time."""
+    c = self.config
+    needs_old = self._needs_old_logprobs()
+    inputs = {k: batch[k] for k in ("tokens", "attention_mask", "completion_mask")}
+
+    def forward(micro):
+      out = {}
+      if needs_old:
+        logprobs, _, values = self._policy_outputs(state.params, state.value_head, micro)
+        out["old_logprobs"] = logprobs
+        if values is not None:
+          out["old_values"] = values
+      if c.beta > 0:
+        ref_model = nnx.merge(self.graphdef, state.ref_params)
+        out["ref_logprobs"], _ = completion_logprobs(
+            ref_model, micro["tokens"], micro["attention_mask"],
+            micro["completion_mask"].shape[1], chunk_size=c.logprob_chunk)
+      return out
+
+    if not (needs_old or c.beta > 0):
+      return {}
+    num_slices = c.num_mini_batches * c.num_micro_batches
+    if num_slices == 1:
+      out = forward(inputs)
+    else:  # lax.map runs the slices one after another: one slice's activations live at a time
+      out = merge_rows(jax.lax.map(forward, split_rows(inputs, num_slices)))
+    return jax.tree.map(jax.lax.stop_gradient, out)
+
   def _prepare(self, state: TrainState, batch):
     """Adds π_old log-probs, reference log-probs and (ppo) GAE targets to the batch."""
     c = self.config
     if c.algorithm != "sft":  # fails at trace time, before any compute, if the batch lacks them
       c.sampler_correction("behavior_logprobs" in batch)
-    batch = dict(batch)
-    mask = batch["completion_mask"]
-    length = mask.shape[1]
-    needs_old = c.num_inner_updates > 1 or c.algorithm == "ppo"
-    if needs_old:
-      old_logprobs, _, old_values = self._policy_outputs(state.params, state.value_head, batch)
-      batch["old_logprobs"] = jax.lax.stop_gradient(old_logprobs)
-    if c.beta > 0:
-      ref_model = nnx.merge(self.graphdef, state.ref_params)
-      ref_logprobs, _ = completion_logprobs(ref_model, batch["tokens"], batch["attention_mask"],
-                                            length, chunk_size=c.logprob_chunk)
-      batch["ref_logprobs"] = jax.lax.stop_gradient(ref_logprobs)
+    c.check_batch_size(batch["completion_mask"].shape[0])
+    batch = dict(batch, **self._frozen_forwards(state, batch))
     if c.algorithm == "ppo":
+      mask = batch["completion_mask"]
       token_rewards = value_lib.sequence_rewards_to_tokens(batch["rewards"], mask)
       advantages, returns = value_lib.gae_advantages(
-          token_rewards, jax.lax.stop_gradient(old_values), mask, gamma=c.gamma,
-          lam=c.gae_lambda)
-      batch["advantages"] = value_lib.masked_whiten(advantages, mask)
+          token_rewards, batch["old_values"], mask, gamma=c.gamma, lam=c.gae_lambda)
+      batch["advantages"] = value_lib.masked_whiten(advantages, mask)  # over the whole batch
       batch["returns"] = returns
-      batch["old_values"] = jax.lax.stop_gradient(old_values)
     return batch
 
   def _update(self, state: TrainState, batch, normalizers):
-    """One optimizer update over the whole batch (micro-batched gradient accumulation)."""
+    """One optimizer update over `batch` (one mini-batch; micro-batched gradient accumulation)."""
     c = self.config
     trainable = {"policy": state.params}
     if state.value_head is not None:
@@ -307,11 +413,7 @@ class TrainStep:
     if m == 1:
       (loss, stats), grads = micro_grads(batch)
     else:
-      def split(x):
-        # rows i, i+m, i+2m … form micro-batch i: every device keeps a share of each.
-        return x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
-
-      micro_batches = jax.tree.map(split, batch)
+      micro_batches = split_rows(batch, m)  # every device keeps a share of each micro-batch
 
       def accumulate(carry, micro):
         loss_sum, grads_sum, stats_sum = carry
@@ -341,25 +443,32 @@ class TrainStep:
     stats["loss"] = (jnp.where(finite, loss, 0.0), finite.astype(jnp.int32))
     stats["grad_norm"] = (jnp.where(finite, grad_norm, 0.0), finite.astype(jnp.int32))
     stats["skipped_update"] = ((~finite).astype(jnp.float32), one)
+    learning_rate = learning_rate_schedule(c)(applied_updates(state.opt_state))
+    stats["learning_rate"] = (jnp.asarray(learning_rate, jnp.float32), one)
     return new_state, stats
+
+  def _update_on(self, state: TrainState, rows):
+    """A full update on `rows` alone: the loss normalizers are theirs (module docstring)."""
+    return self._update(state, rows, losses.loss_normalizers(rows["completion_mask"]))
 
   def _step(self, state: TrainState, batch):
     c = self.config
     batch = self._prepare(state, batch)
-    normalizers = losses.loss_normalizers(batch["completion_mask"])
+    if c.updates_per_step == 1:
+      state, stats = self._update_on(state, batch)
+      return state.replace(step=state.step + 1), stats
+    mini_batches = split_rows(batch, c.num_mini_batches)
 
-    def inner(carry, _):
+    def update(carry, index):
       state, stats = carry
-      state, new_stats = self._update(state, batch, normalizers)
-      return (state, stats_lib.merge(stats, new_stats) if stats is not None else new_stats), None
+      state, new_stats = self._update_on(state, jax.tree.map(lambda x: x[index], mini_batches))
+      return (state, stats_lib.merge(stats, new_stats)), None
 
-    state, stats = self._update(state, batch, normalizers)
-    if c.num_inner_updates > 1:
-      (state, stats), _ = jax.lax.scan(inner, (state, stats), None,
-                                       length=c.num_inner_updates - 1)
-    stats["learning_rate"] = (learning_rate_schedule(c)(state.step), jnp.ones((), jnp.int32))
-    state = state.replace(step=state.step + 1)
-    return state, stats
+    # Update e·M + k works on mini-batch k in epoch e: μ passes over mini-batches 0 … M-1.
+    order = jnp.tile(jnp.arange(c.num_mini_batches, dtype=jnp.int32), c.num_inner_updates)
+    shapes = jax.eval_shape(lambda s: update((s, {}), order[0])[0][1], state)
+    (state, stats), _ = jax.lax.scan(update, (state, _no_stats(shapes)), order)
+    return state.replace(step=state.step + 1), stats
 
   def compile(self, state: TrainState, batch_example):
     """jit with explicit in/out shardings on the trainer mesh (state donated)."""
