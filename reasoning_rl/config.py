@@ -86,8 +86,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.algo.dual_clip = None
   c.algo.loss_agg = "seq-mean-token-mean"
   c.algo.entropy_coef = 0.0
-  c.algo.num_inner_updates = 1  # μ
-  c.algo.num_micro_batches = 1
+  # μ (GRPO's notation, Shao et al. 2024): passes over each rollout batch against a fixed π_old.
+  # With μ·M > 1 the ratio moves off 1 after the first update, so clipping can fire.
+  c.algo.num_iterations = 1
+  # M: optimizer updates per pass, each on a disjoint 1/M of the batch's rows (PPO mini-batches).
+  # The learning-rate schedule advances per optimizer update; warmup_steps / total_steps stay
+  # in RL steps (they are scaled by μ·M).
+  c.algo.num_mini_batches = 1
+  c.algo.num_micro_batches = 1  # gradient accumulation inside each update (memory, not maths)
   c.algo.logprob_chunk = 128
   c.algo.remat = False  # recompute block activations in the backward pass (long sequences)
   # ppo: PPO's clipped token ratio (Schulman et al. 2017) | gspo / gspo-token: GSPO's
@@ -253,9 +259,13 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
             f"group estimator {config.algo.estimator!r} compares samples of one prompt: "
             "needs at least 2")
   batch = r.num_prompts * r.num_samples
-  require(config.stage != "rl" or batch % config.algo.num_micro_batches == 0,
-          "algo.num_micro_batches",
-          f"must divide the batch of num_prompts x num_samples = {batch} completions")
+  for name in ("num_iterations", "num_mini_batches", "num_micro_batches"):
+    require(isinstance(config.algo[name], int) and config.algo[name] >= 1, f"algo.{name}",
+            "must be an integer >= 1")
+  updates_split = config.algo.num_mini_batches * config.algo.num_micro_batches
+  require(config.stage != "rl" or batch % updates_split == 0, "algo.num_mini_batches",
+          f"x algo.num_micro_batches = {updates_split} must divide the batch of num_prompts x "
+          f"num_samples = {batch} completions")
   require(r.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)")
   require(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
   require(config.beta >= 0, "beta", "must be >= 0")

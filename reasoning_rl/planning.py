@@ -339,8 +339,8 @@ def step_flops(config, m: ModelConfig) -> tuple[float, float, float, float]:
   forward_row = 2 * body * seq + 2 * d * v * new + attention * seq * seq
   # remat recomputes each block's forward inside the backward pass: one more forward per update.
   per_update = 4 if algo.get("remat", False) else 3
-  forwards = per_update * algo.num_inner_updates + (1 if config.beta > 0 else 0) + (
-      1 if algo.num_inner_updates > 1 or algo.name == "ppo" else 0)
+  forwards = per_update * algo.num_iterations + (1 if config.beta > 0 else 0) + (
+      1 if algo.num_iterations > 1 or algo.name == "ppo" else 0)
   training = r.num_prompts * r.num_samples * forward_row * forwards
   return float(generation), float(prefill), float(training), float(per_token)
 

@@ -102,7 +102,7 @@ def test_flops_and_times_by_hand():
   assert generation == prefill + 16 * 16 * 14_000
   assert training == 16 * 3 * (2 * 3160 * 48 + 2 * 16 * 96 * 16 + 96 * 48 * 48)  # 27_537_408
   c = _config()
-  c.beta, c.algo.num_inner_updates = 0.1, 2  # + reference forward + pi_old forward, 2 x (f + b)
+  c.beta, c.algo.num_iterations = 0.1, 2  # + reference forward + pi_old forward, 2 x (f + b)
   assert planning.step_flops(c, TINY)[2] == 16 * (3 * 2 + 1 + 1) * 573_696
 
   t = planning.plan(_config(), TINY, target=V5P_16).throughput

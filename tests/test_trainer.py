@@ -204,3 +204,14 @@ def test_generate_cli_reads_a_run_checkpoint(baseline, tmp_path):
     assert 1 <= len(row["completion_ids"]) <= 8
     assert all(0 <= i < 23 for i in row["completion_ids"])  # the debug vocabulary
     assert all(lp <= 0 for lp in row["logprobs"])
+
+
+def test_two_iterations_clip_and_sampler_correction_is_logged(tmp_path):
+  train(tmp_path, "--config.algo.num_iterations=2", "--config.algo.num_mini_batches=2",
+        "--config.algo.is_correction=token-truncate", "--config.total_steps=3",
+        "--config.eval.num_examples=2")
+  rows = read_metrics(tmp_path / "metrics.jsonl")
+  assert [r["step"] for r in rows] == [1, 2, 3]
+  assert any(r["clip_frac"] > 0 for r in rows)  # the ratio moves after the first update
+  for row in rows:  # mismatch between the sampler's and the trainer's log-probs
+    assert row["train/tis/abs_log_diff"] >= 0 and "train/tis/capped_token_frac" in row
