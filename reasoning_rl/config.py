@@ -189,7 +189,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.guards = ml_collections.ConfigDict()
   c.guards.max_kl = math.inf  # stop when the mean KL to the reference exceeds this
   c.guards.min_entropy = 0.0  # stop when the mean token entropy falls below this
-  c.guards.max_verifier_timeout_rate = 1.0
+  # Shares of a step's groups the scorer could not score (zero rewards): stop a run training on
+  # fake zeros. Errors are verifier bugs (low bar); timeouts may be a slow machine. 1.0 = off.
+  c.guards.max_verifier_timeout_rate = 0.5
+  c.guards.max_verifier_error_rate = 0.1
   c.guards.max_skipped_updates = 10  # consecutive non-finite updates before stopping
   # Held-out accuracy fell at each of the last K evaluations while train reward rose (0 = off).
   c.guards.heldout_drop_evals = 0
@@ -262,10 +265,11 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
   for name in ("num_iterations", "num_mini_batches", "num_micro_batches"):
     require(isinstance(config.algo[name], int) and config.algo[name] >= 1, f"algo.{name}",
             "must be an integer >= 1")
-  updates_split = config.algo.num_mini_batches * config.algo.num_micro_batches
-  require(config.stage != "rl" or batch % updates_split == 0, "algo.num_mini_batches",
-          f"x algo.num_micro_batches = {updates_split} must divide the batch of num_prompts x "
-          f"num_samples = {batch} completions")
+  mini, micro = config.algo.num_mini_batches, config.algo.num_micro_batches
+  require(config.stage != "rl" or batch % (mini * micro) == 0,
+          "algo.num_micro_batches" if mini == 1 else "algo.num_mini_batches",
+          f"num_mini_batches x num_micro_batches = {mini} x {micro} must divide the batch of "
+          f"num_prompts x num_samples = {batch} completions")
   require(r.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)")
   require(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
   require(config.beta >= 0, "beta", "must be >= 0")

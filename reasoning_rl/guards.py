@@ -8,14 +8,19 @@ Process exit codes of `launch/train.py`:
   143  preempted (SIGTERM, 128 + 15): a checkpoint was saved; restart on the workdir to resume.
 Anything else is a crash (Python's 1 for an uncaught exception, ConfigError included).
 
-Guards (thresholds under `config.guards`; each is off at its default):
+Guards (thresholds under `config.guards`; off at their defaults except the verifier guards):
 
 - `max_kl` (default inf): trips when a step's `kl` (mean KL to the reference) is > max_kl, or is
   not finite.
 - `min_entropy` (default 0.0): trips when a step's `entropy` (mean token entropy, nats) is
   < min_entropy, or is not finite (only when min_entropy > 0).
-- `max_verifier_timeout_rate` (default 1.0): trips when a step's `verifier/timeout_rate` (share of
-  the step's verifications that timed out) is > the threshold.
+- `max_verifier_timeout_rate` (default 0.5) and `max_verifier_error_rate` (default 0.1): trip
+  when a step's `verifier/timeout_rate` / `verifier/error_rate` (shares of the step's scored
+  groups that timed out / whose verifier raised or killed its worker; both get zero rewards) is >
+  the threshold. On by default because a group the verifier could not score trains on fake zeros:
+  an error is a verifier bug, so a tenth of a batch is already a broken reward; a timeout can be a
+  slow machine or one pathological answer, so only a batch that is mostly fake zeros stops the run.
+  1.0 turns either off.
 - `max_skipped_updates` (default 10): trips when this many consecutive steps each skipped an
   update because of a non-finite loss or gradient (`skipped_update` > 0); 0 disables it.
 - `heldout_drop_evals` K (default 0 = off): trips at an evaluation when held-out `accuracy` fell
@@ -55,6 +60,7 @@ STOPPED_FILE = "STOPPED.md"
 KL_KEY = "kl"
 ENTROPY_KEY = "entropy"
 TIMEOUT_RATE_KEY = "verifier/timeout_rate"
+ERROR_RATE_KEY = "verifier/error_rate"
 SKIPPED_KEY = "skipped_update"
 TRAIN_REWARD_KEY = "reward/mean"
 ACCURACY_KEY = "accuracy"
@@ -67,14 +73,16 @@ class GuardConfig:
 
   max_kl: float = math.inf
   min_entropy: float = 0.0
-  max_verifier_timeout_rate: float = 1.0
+  max_verifier_timeout_rate: float = 0.5
+  max_verifier_error_rate: float = 0.1
   max_skipped_updates: int = 10
   heldout_drop_evals: int = 0
   max_length_growth: float = math.inf
   length_growth_evals: int = 2
 
   def __post_init__(self):
-    for name in ("max_kl", "min_entropy", "max_verifier_timeout_rate", "max_length_growth"):
+    for name in ("max_kl", "min_entropy", "max_verifier_timeout_rate", "max_verifier_error_rate",
+                 "max_length_growth"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise ConfigError(f"config.guards.{name}={value!r} must be a number")
@@ -174,13 +182,13 @@ class Guards:
       return Trip("min_entropy", f"mean token entropy {entropy:.6g} is below guards.min_entropy="
                   f"{c.min_entropy:.6g} at step {step}", step,
                   {"entropy": entropy, "min_entropy": c.min_entropy})
-    rate = _number(metrics, TIMEOUT_RATE_KEY)
-    if rate is not None and rate > c.max_verifier_timeout_rate:
-      return Trip("max_verifier_timeout_rate",
-                  f"{rate:.1%} of verifications timed out at step {step}, above "
-                  f"guards.max_verifier_timeout_rate={c.max_verifier_timeout_rate:.6g}", step,
-                  {"verifier_timeout_rate": rate,
-                   "max_verifier_timeout_rate": c.max_verifier_timeout_rate})
+    for key, name, what in ((TIMEOUT_RATE_KEY, "max_verifier_timeout_rate", "timed out"),
+                            (ERROR_RATE_KEY, "max_verifier_error_rate", "failed in the verifier")):
+      rate, limit = _number(metrics, key), getattr(c, name)
+      if rate is not None and rate > limit:
+        return Trip(name, f"{rate:.1%} of the groups scored at step {step} {what} (zero rewards), "
+                    f"above guards.{name}={limit:.6g}; see WORKDIR/logs/train.log", step,
+                    {key: rate, name: limit})
     if c.max_skipped_updates > 0 and self._consecutive_skipped >= c.max_skipped_updates:
       return Trip("max_skipped_updates",
                   f"{self._consecutive_skipped} consecutive steps skipped their update (non-finite "

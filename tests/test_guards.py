@@ -24,11 +24,19 @@ def test_config_from_base_config_and_errors():
     GuardConfig(max_kl="big")
 
 
-def test_defaults_never_trip():
+def test_defaults_trip_only_on_unscored_groups():
   guards = Guards(GuardConfig())
   for step in range(30):
-    assert guards.check_step(step, {"kl": 1e9, "entropy": 0.0, "verifier/timeout_rate": 1.0,
-                                    "skipped_update": 0.0, "reward/mean": step}) is None
+    assert guards.check_step(step, {"kl": 1e9, "entropy": 0.0, "verifier/timeout_rate": 0.5,
+                                    "verifier/error_rate": 0.1, "skipped_update": 0.0,
+                                    "reward/mean": step}) is None
+  # a broken verifier: by default the run stops instead of training on zeros
+  trip = Guards(GuardConfig()).check_step(1, {"verifier/error_rate": 0.125})
+  assert trip.guard == "max_verifier_error_rate" and "12.5%" in trip.message
+  trip = Guards(GuardConfig()).check_step(1, {"verifier/timeout_rate": 0.75})
+  assert trip.guard == "max_verifier_timeout_rate"
+  assert Guards(GuardConfig(max_verifier_error_rate=1.0)).check_step(
+      1, {"verifier/error_rate": 1.0}) is None
   for step, (acc, length) in enumerate([(0.9, 10), (0.5, 100), (0.1, 1000)]):
     assert guards.check_eval(step * 10, {"accuracy": acc, "response_length/mean": length}) is None
 
