@@ -251,9 +251,14 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     require(isinstance(r[name], int) and r[name] >= 1, f"rollout.{name}", "must be an integer >= 1")
   require(config.algo.name in ("grpo", "ppo"), "algo.name", "must be grpo or ppo")
   require(config.algo.estimator in ESTIMATORS, "algo.estimator", f"must be one of {ESTIMATORS}")
-  from reasoning_rl.rl.losses import IS_CORRECTIONS, LOSS_TYPES  # pylint: disable=import-outside-toplevel
+  from reasoning_rl.rl.losses import (  # pylint: disable=import-outside-toplevel
+      IS_CORRECTIONS, KL_ESTIMATORS, LOSS_AGGREGATIONS, LOSS_TYPES)
 
   require(config.algo.loss_type in LOSS_TYPES, "algo.loss_type", f"must be one of {LOSS_TYPES}")
+  require(config.algo.loss_agg in LOSS_AGGREGATIONS, "algo.loss_agg",
+          f"must be one of {LOSS_AGGREGATIONS}")
+  require(config.algo.kl_estimator in KL_ESTIMATORS, "algo.kl_estimator",
+          f"must be one of {KL_ESTIMATORS}")
   require(config.algo.is_correction in IS_CORRECTIONS, "algo.is_correction",
           f"must be one of {IS_CORRECTIONS}")
   require(config.algo.is_threshold > 0, "algo.is_threshold", "must be > 0")
