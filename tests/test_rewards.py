@@ -1,6 +1,5 @@
 """Reward composition: weighted parts, group parts, routing, versions, pickling, config errors."""
 
-import importlib.util
 import pickle
 
 import ml_collections
@@ -140,8 +139,6 @@ def test_custom_part_names_need_a_kind():
   assert reward.parts == pytest.approx({"correct": 1.0, "overlong": -0.5, "budget": -0.0135})
 
 
-@pytest.mark.skipif(importlib.util.find_spec("reasoning_rl.verifiers.code") is None,
-                    reason="reasoning_rl.verifiers.code (the sandbox) is not in the tree yet")
 def test_code_part_uses_the_sandbox():
   fn = RewardFunction({"correct": {"weight": 1.0, "verifier": "code", "partial_credit": True}})
   tests = ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from reasoning_rl.errors import ConfigError, VerifierError
-from reasoning_rl.verifiers.queue import VerifierPool
+from reasoning_rl.workers.pool import VerifierPool
 
 HANG = "<hang>"
 CRASH = "<crash>"

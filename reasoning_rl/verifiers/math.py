@@ -35,7 +35,7 @@ import math_verify
 import sympy
 
 from reasoning_rl.errors import ConfigError
-from reasoning_rl.verifiers import deadline
+from reasoning_rl.workers import deadline
 from reasoning_rl.verifiers.format import tag_contents
 
 MATH_VERIFIER_VERSION = "math-2+math_verify-" + importlib.metadata.version("math-verify")

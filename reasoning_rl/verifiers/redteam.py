@@ -8,9 +8,9 @@ length (the baseline), so length parts cannot tell them apart. A probe is a find
 Positive controls (an honest right answer must earn `correct` = 1) catch a verifier that rewards
 nothing, which would otherwise pass every probe.
 
-Code probes take the hostile programs of `reasoning_rl.verifiers.code_exploits` (early exit,
-reading or erasing the tests, fake "passed" output, patched builtins, background daemons, …) and run
-them through the configured reward, i.e. through `reasoning_rl.verifiers.code.run_tests`.
+Code probes take the hostile programs of `reasoning_rl.verifiers.sandbox.code_exploits` (early
+exit, reading or erasing the tests, fake "passed" output, patched builtins, background daemons, …)
+and run them through the configured reward, i.e. through `reasoning_rl.verifiers.code.run_tests`.
 """
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ def _reasoning_gym_scenarios(t: _Template) -> list[Scenario]:
 
 def _code_scenarios(t: _Template, ctx) -> list[Scenario]:
   """Hostile programs from `code_exploits` aimed at the targets of `ctx`, plus positive controls."""
-  from reasoning_rl.verifiers import code_exploits  # pylint: disable=import-outside-toplevel
+  from reasoning_rl.verifiers.sandbox import code_exploits  # pylint: disable=import-outside-toplevel
 
   reasoning = "Write the function and make sure it handles every case."
   fence = lambda program: t.render(reasoning, f"```python\n{program}\n```")  # noqa: E731
@@ -315,7 +315,7 @@ def _run_code_probes(fn: rewards_lib.RewardFunction, template: _Template) -> lis
     return [ProbeResult("code", "setup", {}, 0.0, 0.0, True,
                         "code rewards run with rlimit-only isolation: hostile programs cannot be "
                         "tried safely and would reach the host; use code_isolation='namespaces'")]
-  from reasoning_rl.verifiers import code_exploits  # pylint: disable=import-outside-toplevel
+  from reasoning_rl.verifiers.sandbox import code_exploits  # pylint: disable=import-outside-toplevel
 
   results = []
   with code_exploits.exploit_context() as ctx:

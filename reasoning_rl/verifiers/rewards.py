@@ -284,8 +284,8 @@ def score_correct(record: CompletionRecord, s: Mapping[str, Any]) -> float:
     return logic_lib.reasoning_gym_score(record.response, entry, extract=logic_extract,
                                          success_threshold=s["success_threshold"],
                                          answer_tag=s["answer_tag"])
-  # code: the sandbox lives in reasoning_rl.verifiers.code; imported only when code is scored.
-  from reasoning_rl.verifiers import code as code_lib  # pylint: disable=import-outside-toplevel
+  # code: the test harness over the sandbox (reasoning_rl.verifiers.code_tests).
+  from reasoning_rl.verifiers import code_tests as code_lib  # pylint: disable=import-outside-toplevel
 
   if not record.tests:
     raise VerifierError(f"task {record.task!r}: code record has no tests")

@@ -141,7 +141,7 @@ class PoolScorer(Scorer):
   """Scores groups in `num_workers` worker processes, each group under `item_timeout_s`."""
 
   def __init__(self, reward_fn: RewardFunction, *, num_workers: int, item_timeout_s: float):
-    from reasoning_rl.verifiers.queue import VerifierPool  # pylint: disable=import-outside-toplevel
+    from reasoning_rl.workers.pool import VerifierPool  # pylint: disable=import-outside-toplevel
 
     super().__init__(reward_fn)
     self._pool = VerifierPool(GroupScorer(reward_fn), num_workers=num_workers,

@@ -1,4 +1,4 @@
-"""Code verifier: runs a generated program against unit tests in the sandbox (`sandbox.py`).
+"""Code verifier: runs a generated program against unit tests in the sandbox (`sandbox/`).
 
 Semantics of a run:
 * The program is executed once, as a module named `solution` (so `if __name__ == "__main__"`

@@ -2,7 +2,7 @@
 clock, and collects the verdicts only the supervisor can send.
 
 Isolation (`isolation="namespaces"`, the default), all from the `unshare` tool of util-linux plus a
-small Python supervisor (`sandbox_supervisor.py`), so no extra system package is needed:
+small Python supervisor (`supervisor.py`), so no extra system package is needed:
 
 * user namespace (the caller's uid becomes root inside, with capabilities only for setting up),
   mount namespace with a private root (read-only /usr and the Python installation, read-only procfs,
@@ -44,7 +44,7 @@ import time
 from reasoning_rl.errors import VerifierError
 
 ISOLATION_MODES = ("namespaces", "rlimits_only")
-_SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_supervisor.py")
+_SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "supervisor.py")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _KILL_GRACE_S = 0.5
 _STDERR_KEEP_BYTES = 4096

@@ -1,17 +1,17 @@
 """Runs inside the untrusted process: loads the program, then answers the test runner's requests.
 
 Nothing here is trusted. The program executes in this very interpreter and may rewrite any of it;
-that is fine, because the verdict is decided elsewhere (see `sandbox_supervisor.py`): this process
+that is fine, because the verdict is decided elsewhere (see `supervisor.py`): this process
 only ever hands back plain data or opaque handles, and it never sees the tests or their expected
 values. Started as `python -I -c ...` with the request and response pipe numbers in argv.
 
-Stdlib-only; copied into the sandbox next to `sandbox_wire.py`.
+Stdlib-only; copied into the sandbox next to `wire.py`.
 """
 
 import sys
 import types
 
-import sandbox_wire as wire
+import wire
 
 _MESSAGE_CHARS = 500
 

@@ -1,10 +1,10 @@
 """The trusted side inside the sandbox: builds the program's world, runs the tests, reports verdicts.
 
-Run as `python -I sandbox_supervisor.py` by `reasoning_rl.verifiers.sandbox`, with a JSON spec on
+Run as `python -I supervisor.py` by `reasoning_rl.verifiers.sandbox`, with a JSON spec on
 stdin. With `isolation == "namespaces"` it is the init process (pid 1) of fresh user, mount, pid, net,
 IPC and UTS namespaces, which has three consequences the design relies on:
 
-* It assembles a private root (`sandbox_linux.build_private_root`): read-only system and Python
+* It assembles a private root (`linux.build_private_root`): read-only system and Python
   directories, a read-only procfs, two small writable tmpfs (/scratch, /tmp), nothing else of the host.
 * Other members of its pid namespace cannot signal it (the kernel drops signals to a namespace init
   unless it installed a handler, and it installs none), and when it exits every process in the
@@ -13,7 +13,7 @@ IPC and UTS namespaces, which has three consequences the design relies on:
   ptrace it nor read its memory, file descriptors or environment through /proc.
 
 Why the verdict cannot be forged: the program runs in a separate process (the "worker",
-`sandbox_server.py`) that never receives the tests. The tests execute *here*, in a fresh namespace
+`server.py`) that never receives the tests. The tests execute *here*, in a fresh namespace
 each, where the program's top-level names appear as proxies (`Remote`). Calling one sends the
 arguments to the worker and gets back either plain data (checked by exact type, so no rigged
 `__eq__`) or an opaque handle that compares equal only to itself. The program's `sys.exit`,
@@ -32,7 +32,7 @@ import subprocess
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_HARNESS_FILES = ("sandbox_wire.py", "sandbox_server.py")
+_HARNESS_FILES = ("wire.py", "server.py")
 _DEVICES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
 _WHY_CHARS = 300
 # Numeric libraries would start one thread per core, which counts against the process limit.
@@ -40,8 +40,8 @@ _ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
 
 
 def _load_sibling(name: str):
-  """Imports a module of this directory by path (the directory itself must stay off sys.path: it
-  holds modules named `math`, `code` and `queue` that would shadow the standard library in tests)."""
+  """Imports a module of this directory by path: `python -I` keeps the directory off sys.path, and
+  this package's `__init__` must not run here (it imports the rest of `reasoning_rl`)."""
   spec = importlib.util.spec_from_file_location(name, os.path.join(_HERE, name + ".py"))
   module = importlib.util.module_from_spec(spec)
   sys.modules[name] = module
@@ -49,8 +49,8 @@ def _load_sibling(name: str):
   return module
 
 
-wire = _load_sibling("sandbox_wire")
-linux = _load_sibling("sandbox_linux")
+wire = _load_sibling("wire")
+linux = _load_sibling("linux")
 
 
 class _Abort(BaseException):
@@ -154,7 +154,7 @@ class _Connection:
       if type(reply) is not dict or type(reply.get("ok")) is not bool:
         raise wire.WireError("reply is not an object with a boolean 'ok'")
       return reply
-    except wire.DeadlineExceeded:
+    except wire.FrameTimeout:
       self._fail("timeout", "the program ran past the time limit")
     except wire.PeerGone:
       self._fail(*self._exit_status())
@@ -244,7 +244,7 @@ def _start_worker(harness_dir: str, scratch: str, tmp: str, limits: dict) -> tup
   request_read, request_write = os.pipe()
   reply_read, reply_write = os.pipe()
   bootstrap = (f"import sys; sys.path.insert(0, {harness_dir!r}); "
-               "import sandbox_server; sandbox_server.main()")
+               "import server; server.main()")
   env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "TMPDIR": tmp,
          "LANG": "C.UTF-8", **_ONE_THREAD}
 

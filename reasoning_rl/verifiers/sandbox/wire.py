@@ -33,8 +33,8 @@ class PeerGone(Exception):
   """The other end closed its pipe (usually: the process exited or was killed)."""
 
 
-class DeadlineExceeded(Exception):
-  """No complete frame arrived before the deadline."""
+class FrameTimeout(Exception):
+  """No complete frame arrived before the deadline (the program ran past its time limit)."""
 
 
 def to_wire(value: Any, handle_of: Callable[[Any], int], depth: int = 0) -> Any:
@@ -122,7 +122,7 @@ def _read_exact(fd: int, size: int, deadline: float | None,
       while True:
         left = deadline - time.monotonic()
         if left <= 0:
-          raise DeadlineExceeded()
+          raise FrameTimeout()
         if select.select([fd], [], [], min(left, WAIT_TICK_S))[0]:
           break
         if on_wait is not None:
