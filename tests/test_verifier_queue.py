@@ -142,3 +142,21 @@ def test_real_math_verifier_through_the_pool():
       pool.submit(key, item)
     results = {r.item_id: (r.status, r.value) for r in pool.drain()}
   assert results == {"frac": ("ok", True), "wrong": ("ok", False), "boxed": ("ok", True)}
+
+
+def _dispatcher_bug():
+  raise RuntimeError("bookkeeping bug")
+
+
+def test_a_dispatcher_that_dies_makes_get_raise_with_its_cause(caplog):
+  with VerifierPool(score_answer, num_workers=1, item_timeout_s=30.0) as pool:
+    pool._next_task = _dispatcher_bug  # pylint: disable=protected-access  # runs on its thread
+    pool.submit(0, ("1", "1"))
+    start = time.monotonic()
+    with pytest.raises(VerifierError, match="dispatcher thread has died.*RuntimeError: bookkeep"):
+      pool.get(timeout=60.0)  # None (a plain wait) before get checked on the dispatcher
+    with pytest.raises(VerifierError, match="dispatcher thread has died"):
+      pool.get()  # and without a timeout it raises rather than waits forever
+    assert time.monotonic() - start < 30.0
+  assert "the dispatcher thread died" in caplog.text
+  assert pool.get(timeout=0.0).status == "cancelled"  # closing still answers the item once

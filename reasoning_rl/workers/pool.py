@@ -15,12 +15,15 @@ Guarantee: every submitted item gets exactly one `PoolResult`, whatever happens 
 * Backpressure: at most `max_queue` items wait for a worker. `submit` then blocks (optionally
   with a timeout) or, with `block=False`, returns False and the item is not taken; items already
   on a worker do not count.
+* If the dispatcher thread itself dies (a bug), `get` raises `VerifierError` naming the cause
+  instead of waiting for results that can no longer come.
 * Metrics: items/s, p50/p95 latency (submit to result), timeouts, errors, worker restarts and
   re-issued items (`metrics()`).
 """
 
 import collections
 import dataclasses
+import logging
 import multiprocessing
 import multiprocessing.connection
 import queue
@@ -39,6 +42,7 @@ from reasoning_rl.workers.request_loop import answer_requests
 _IDLE_TICK_S = 0.1
 _READY = "__ready__"
 _STARTUP_TIMEOUT_S = 120.0
+_logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +153,7 @@ class VerifierPool:
     self._closed = threading.Event()
     self._wake_read, self._wake_write = socket.socketpair()
     self._wake_read.setblocking(False)
+    self._dispatcher_failure = ""  # why the dispatcher thread ended early, if it did
     self._slots = [_Slot(self._context, fn) for _ in range(num_workers)]
     self._dispatcher = threading.Thread(target=self._dispatch, name="verifier-pool", daemon=True)
     self._dispatcher.start()
@@ -182,11 +187,25 @@ class VerifierPool:
     return True
 
   def get(self, timeout: float | None = None) -> PoolResult | None:
-    """The next finished result, or None if none arrives within `timeout`."""
-    try:
-      return self._results.get(timeout=timeout)
-    except queue.Empty:
-      return None
+    """The next finished result, or None if none arrives within `timeout`.
+
+    Raises:
+      VerifierError: the dispatcher thread has died, so nothing outstanding will ever finish.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+      wait = _IDLE_TICK_S if deadline is None else min(_IDLE_TICK_S,
+                                                       max(deadline - time.monotonic(), 0.0))
+      try:
+        return self._results.get(timeout=wait)
+      except queue.Empty:
+        pass
+      if not self._dispatcher.is_alive() and not self._closed.is_set():
+        cause = self._dispatcher_failure or "no cause recorded"
+        raise VerifierError(f"VerifierPool: its dispatcher thread has died ({cause}), so no "
+                            "outstanding item will be scored; the log has its traceback")
+      if deadline is not None and time.monotonic() >= deadline:
+        return None
 
   def results(self) -> Iterator[PoolResult]:
     """Yields results as they finish until nothing submitted so far is outstanding."""
@@ -324,6 +343,13 @@ class VerifierPool:
       self._retries.append(task)
 
   def _dispatch(self) -> None:
+    try:
+      self._dispatch_until_closed()
+    except BaseException as error:  # a bug here: record it for `get`, which raises in the caller
+      self._dispatcher_failure = f"{type(error).__name__}: {error}"
+      _logger.exception("verifier pool: the dispatcher thread died")
+
+  def _dispatch_until_closed(self) -> None:
     while not self._closed.is_set():
       for slot in list(self._slots):
         if slot.ready and slot.task is None:

@@ -1,6 +1,6 @@
 """One way to score completions: `Scorer`, in this process (`InlineScorer`) or in a verifier pool.
 
-Training, held-out evaluation, replay and the red team all score through this interface, so a
+Training, held-out evaluation and replay all score through this interface, so a
 verifier that raises or hangs is handled the same everywhere: the group gets zero rewards and a
 status — "timeout" (it ran past its deadline) or "error" (it raised, or killed its worker) —
 counted apart from "ok" (`counts()`), never a crash of the caller and never a silent zero.
@@ -11,16 +11,13 @@ from __future__ import annotations
 import abc
 import collections
 import dataclasses
-import queue
-import time
 import traceback
 from typing import Hashable, Iterable
 
-from reasoning_rl.errors import VerifierError
+from reasoning_rl.errors import ConfigError, VerifierError
 from reasoning_rl.verifiers.rewards import CompletionRecord, Reward, RewardFunction
 
 STATUSES = ("ok", "timeout", "error")
-_DISPATCHER_POLL_S = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,21 +146,16 @@ class PoolScorer(Scorer):
 
   def submit(self, key: Hashable, records: list[CompletionRecord]) -> None:
     self._register(key, records)
-    self._pool.submit(key, list(records))
+    try:
+      self._pool.submit(key, list(records))
+    except BaseException:
+      del self._sizes[key]  # not taken: it must not count as outstanding
+      raise
 
   def _next(self, timeout: float | None) -> ScoredItem | None:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-      wait = _DISPATCHER_POLL_S if deadline is None else min(
-          _DISPATCHER_POLL_S, max(deadline - time.monotonic(), 0.0))
-      result = self._pool.get(timeout=wait)
-      if result is not None:
-        break
-      if not self._pool._dispatcher.is_alive():  # pylint: disable=protected-access
-        raise VerifierError("verifier pool: its dispatcher thread has died, so no outstanding "
-                            "group will ever be scored; see the log for its traceback")
-      if deadline is not None and time.monotonic() >= deadline:
-        return None
+    result = self._pool.get(timeout=timeout)  # raises VerifierError if its dispatcher died
+    if result is None:
+      return None
     size = self._sizes[result.item_id]
     if result.status == "ok":
       return ScoredItem(result.item_id, result.value, "ok")
@@ -178,7 +170,13 @@ class PoolScorer(Scorer):
 
 
 def make_scorer(reward_fn: RewardFunction, *, num_workers: int, item_timeout_s: float) -> Scorer:
-  """`InlineScorer` for 0 workers, else a `PoolScorer`."""
+  """`InlineScorer` for 0 workers, else a `PoolScorer`; arguments as `verifier.*` in the config."""
+  if type(num_workers) is not int or num_workers < 0:
+    raise ConfigError(f"verifier.num_workers must be an int >= 0 (0 scores in this process), got "
+                      f"{num_workers!r}")
+  if not isinstance(item_timeout_s, (int, float)) or item_timeout_s <= 0:
+    raise ConfigError(f"verifier.item_timeout_s must be a number of seconds > 0, got "
+                      f"{item_timeout_s!r}")
   if num_workers == 0:
     return InlineScorer(reward_fn)
   return PoolScorer(reward_fn, num_workers=num_workers, item_timeout_s=item_timeout_s)
