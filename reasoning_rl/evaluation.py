@@ -44,7 +44,7 @@ from typing import Any
 
 from reasoning_rl.errors import VerifierError
 from reasoning_rl.verifiers import format as format_lib
-from reasoning_rl.verifiers import math as math_lib
+from reasoning_rl.verifiers import math_answers as math_lib
 from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
 
 EvalResult = dict[str, Any]

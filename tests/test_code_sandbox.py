@@ -77,11 +77,17 @@ from reasoning_rl.verifiers import code, code_tests
 assert reasoning_rl.verifiers.code is code is code_tests and run_tests is code_tests.run_tests
 heavy = sorted(name for name in ("jax", "torch", "sympy", "math_verify") if name in sys.modules)
 assert not heavy, heavy
+import reasoning_rl.verifiers.math
+from reasoning_rl.verifiers.math import is_correct
+from reasoning_rl.verifiers import math, math_answers
+assert reasoning_rl.verifiers.math is math is math_answers and is_correct is math_answers.is_correct
+assert math.__name__ == "reasoning_rl.verifiers.math_answers"
+assert is_correct("<answer>42</answer>", "42") and not is_correct("<answer>41</answer>", "42")
 print("ok")
 """
 
 
-def test_published_code_module_name_imports_both_ways_and_cheaply():
+def test_published_math_and_code_module_names_import_both_ways_and_cheaply():
   # A fresh interpreter: this one has imported the module already, which could hide a broken alias.
   run = subprocess.run([sys.executable, "-c", _IMPORT_FORMS], capture_output=True, text=True,
                        timeout=120)
@@ -89,12 +95,11 @@ def test_published_code_module_name_imports_both_ways_and_cheaply():
 
 
 def test_no_module_shadows_the_standard_library():
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  names = {os.path.splitext(name)[0]
-           for folder in ("reasoning_rl/verifiers", "reasoning_rl/verifiers/sandbox",
-                          "reasoning_rl/workers")
-           for name in os.listdir(os.path.join(root, folder)) if name.endswith(".py")}
-  assert names & sys.stdlib_module_names <= {"math"}  # verifiers/math.py: to be renamed on its own
+  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reasoning_rl")
+  names = {os.path.splitext(name)[0] for _, _, files in os.walk(root)
+           for name in files if name.endswith(".py")}
+  assert "math_answers" in names and "code_tests" in names
+  assert not names & sys.stdlib_module_names
   assert {"code_tests", "wire", "supervisor"} <= names  # the listing did find the modules
 
 

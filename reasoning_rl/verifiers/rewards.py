@@ -40,7 +40,7 @@ from reasoning_rl.errors import ConfigError, VerifierError
 from reasoning_rl.verifiers import format as format_lib
 from reasoning_rl.verifiers import length as length_lib
 from reasoning_rl.verifiers import logic as logic_lib
-from reasoning_rl.verifiers import math as math_lib
+from reasoning_rl.verifiers import math_answers as math_lib
 
 CODE_VERIFIER_VERSION = "code-1"
 VERIFIERS = ("math", "countdown", "reasoning_gym", "code", "auto")
