@@ -12,7 +12,7 @@ For each model and batch size B: B prompts of `prompt_length` random tokens, gre
 Achieved rates use the model's FLOPs per decoded token (2 × matmul parameters incl. the output
 projection, plus attention over the average context) and bytes per decode step (all weights once,
 plus the KV cache the step reads), against this machine's ~400 GFLOP/s f32 matmul peak and ~60 GB/s
-memory bandwidth (DESIGN.md §6).
+memory bandwidth (measured on the development machine, benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations

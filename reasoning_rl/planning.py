@@ -62,7 +62,7 @@ TPU_CHIPS: dict[str, ChipSpec] = {
     "v5p": ChipSpec("TPU v5p", 95 * GIB, 459e12, 2765e9),
     "v6e": ChipSpec("TPU v6e", 32 * GIB, 918e12, 1638e9),
 }
-# "cpu": the development machine of DESIGN.md §6 (24 GiB RAM, ~400 GFLOP/s f32 matmul, ~60 GB/s),
+# "cpu": the development machine (24 GiB RAM, ~400 GFLOP/s f32 matmul, ~60 GB/s),
 # shared evenly by `num_devices` simulated devices.
 CPU_MACHINE = ChipSpec("CPU (2 cores)", 24 * GIB, 400e9, 60e9)
 

@@ -1,4 +1,4 @@
-"""Metrics kept as exact, mergeable reductions until they are logged (DESIGN §4).
+"""Metrics kept as exact, mergeable reductions until they are logged (docs/architecture.md §4).
 
 Convention
 ----------
