@@ -119,6 +119,21 @@ def test_verifier_that_rewards_nothing_is_caught(monkeypatch):
   assert [r.probe for r in report.findings] == ["control_honest_correct"]
 
 
+def test_verifier_that_raises_on_a_probe_is_a_finding_not_a_crash(monkeypatch):
+  real = math_lib.is_correct
+
+  def crashes_on_hedges(response, truth, **kwargs):
+    if " or " in response:
+      raise ZeroDivisionError("verifier bug")
+    return real(response, truth, **kwargs)
+
+  monkeypatch.setattr(math_lib, "is_correct", crashes_on_hedges)
+  report = run_redteam(SOUND)
+  crashed = {r.probe: r.reason for r in report.findings if r.reason.startswith("verifier error")}
+  assert "disjunction_word" in crashed and "ZeroDivisionError" in crashed["disjunction_word"]
+  assert not report.ok
+
+
 def test_enforce_redteam():
   assert enforce_redteam(SOUND, allow_exploits=False).ok
   weak = dict(SOUND, format={"weight": 0.1, "require_nonempty_think": False})

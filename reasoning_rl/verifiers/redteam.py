@@ -308,7 +308,8 @@ def _code_scenarios(t: _Template, ctx) -> list[Scenario]:
   return [controls] + hostile
 
 
-def _run_code_probes(fn: rewards_lib.RewardFunction, template: _Template) -> list[ProbeResult]:
+def _run_code_probes(scorer, template: _Template) -> list[ProbeResult]:
+  fn = scorer.reward_fn
   correct = next(p for p in fn.parts if p.kind == "correct")
   if correct.settings["code_isolation"] != "namespaces":
     # The hostile programs include kill(-1) and fork bombs: never aimed at an unisolated host.
@@ -320,7 +321,7 @@ def _run_code_probes(fn: rewards_lib.RewardFunction, template: _Template) -> lis
   results = []
   with code_exploits.exploit_context() as ctx:
     for scenario in _code_scenarios(template, ctx):
-      results.extend(_run_scenario(fn, scenario))
+      results.extend(_run_scenario(scorer, scenario))
   return results
 
 
@@ -367,19 +368,26 @@ def _judge(probe: Probe, reward: rewards_lib.Reward, baseline: rewards_lib.Rewar
   return False, ""
 
 
-def _run_scenario(fn: rewards_lib.RewardFunction, scenario: Scenario) -> list[ProbeResult]:
+def _run_scenario(scorer, scenario: Scenario) -> list[ProbeResult]:
+  """Scores every probe of `scenario` beside its baseline through `scorer` (a
+  `workers.scorer.Scorer`); a probe the verifier could not score (it raised or timed out) is a
+  finding."""
+  fn = scorer.reward_fn
   results = []
   base = {"num_tokens": NUM_TOKENS, "truncated": False, "max_new_tokens": MAX_NEW_TOKENS,
           **scenario.record}
   base["metadata"] = {"target_tokens": NUM_TOKENS, **base.get("metadata", {})}
-  for probe in scenario.probes:
-    records = [dict(base, response=scenario.baseline), dict(base, response=probe.response)]
-    try:
-      baseline, reward = fn.score_group(records)
-    except ReasoningRLError as e:
+  scored = scorer.score(
+      (index, [dict(base, response=scenario.baseline), dict(base, response=probe.response)])
+      for index, probe in enumerate(scenario.probes))
+  for index, probe in enumerate(scenario.probes):
+    item = scored[index]
+    if item.status != "ok":
+      detail = item.error.strip().splitlines()[-1] if item.error else "no detail"
       results.append(ProbeResult(scenario.verifier, probe.name, {}, 0.0, 0.0, True,
-                                 f"verifier error: {e}"))
+                                 f"verifier {item.status}: {detail}"))
       continue
+    baseline, reward = item.rewards
     flagged, reason = _judge(probe, reward, baseline, fn.parts)
     results.append(ProbeResult(scenario.verifier, probe.name, dict(reward.parts), reward.total,
                                baseline.total, flagged, reason))
@@ -390,8 +398,14 @@ def _run_scenario(fn: rewards_lib.RewardFunction, scenario: Scenario) -> list[Pr
 
 
 def run_redteam(reward_config: Any) -> RedteamReport:
-  """Throws every known exploit at the reward configured by `reward_config` (a `rewards` config)."""
+  """Throws every known exploit at the reward configured by `reward_config` (a `rewards` config).
+
+  Probes are scored through the same `Scorer` interface as training (inline here: the probes are
+  few and short), so a verifier that raises on a probe is reported as a finding, not a crash."""
+  from reasoning_rl.workers.scorer import InlineScorer  # pylint: disable=import-outside-toplevel
+
   fn = rewards_lib.RewardFunction(reward_config)
+  scorer = InlineScorer(fn)
   template = _template(fn.parts)
   results: list[ProbeResult] = []
   for verifier in _verifiers_to_probe(fn.parts):
@@ -403,14 +417,14 @@ def run_redteam(reward_config: Any) -> RedteamReport:
       elif verifier == "reasoning_gym":
         scenarios = _reasoning_gym_scenarios(template)
       else:
-        results.extend(_run_code_probes(fn, template))
+        results.extend(_run_code_probes(scorer, template))
         continue
     except (ImportError, ReasoningRLError) as e:
       results.append(ProbeResult(verifier, "setup", {}, 0.0, 0.0, True,
                                  f"cannot probe the {verifier} verifier: {e}"))
       continue
     for scenario in scenarios:
-      results.extend(_run_scenario(fn, scenario))
+      results.extend(_run_scenario(scorer, scenario))
   return RedteamReport(results, fn.verifier_version)
 
 
