@@ -175,16 +175,16 @@ def test_decode_plan_reads_only_the_live_part(model):
                                request=request)
     state = engine.insert(prefix, state, slot)
   rows, key_length = engine.decode_plan(state)
-  assert key_length == 16  # the next token of the longest live prompt (13 tokens) goes at 13
+  assert key_length == 32  # longest live prompt 13 tokens + 4 steps -> 17 -> 32 of 48
   np.testing.assert_array_equal(rows, [1, 3, 6, 0])  # the live slots, padded with a done one
   state = engine.release(engine.release(state, 1), 3)
   rows, key_length = engine.decode_plan(state)
-  assert rows.tolist() == [6] and key_length == 16  # position 2, raised to the smallest bucket
+  assert rows.tolist() == [6] and key_length == 16  # 2 + 4 -> 8, raised to the smallest bucket
   full = Engine(model, max_concurrent_decodes=8, steps_per_call=4, **PLAIN, **SIZES)
   assert full.decode_plan(state) == (None, 48)
 
 
-def test_a_call_stops_where_its_attended_length_ends(model):
+def test_live_slots_get_every_step_of_a_call(model):
   def first_slot_tokens(engine):
     request = engine.make_request(key=sample_key(0, 0, 0), sampling=GREEDY, max_new_tokens=16)
     padded, length = engine.prepare_prompt(PROMPTS[5])  # 13 tokens
@@ -205,8 +205,9 @@ def test_a_call_stops_where_its_attended_length_ends(model):
       Engine(model, max_concurrent_decodes=2, steps_per_call=16, **SIZES))
   full_steps, full_tokens, full_logprobs = first_slot_tokens(
       Engine(model, max_concurrent_decodes=2, steps_per_call=16, **PLAIN, **SIZES))
-  assert full_steps == [16]
-  assert live_steps == [3, 13]  # positions 13..15 under length 16, then 16..28 under 32
+  # JetStream's Driver reads an invalid token as the end of a request: a live slot must get all
+  # steps_per_call tokens of a call (here from cache slots below 32 of 48).
+  assert live_steps == full_steps == [16]
   assert live_tokens == full_tokens
   np.testing.assert_allclose(live_logprobs, full_logprobs, atol=1e-5)
 

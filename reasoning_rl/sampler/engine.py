@@ -25,8 +25,10 @@ Throughput (no decode step is spent on an idle slot the host could have refilled
   any slot finishes, so a caller with requests waiting refills the slot at once instead of leaving
   it idle for the rest of the chunk (the cost is one extra host round trip per finish).
 - Live-length attention: a call attends over the first L cache slots only, L the smallest power of
-  two above every live slot's position (capped at cache_length), instead of the whole cache; the
-  call returns before a slot would write at L, and the next one doubles L.
+  two covering every live slot's position plus `steps_per_call` (capped at cache_length), instead
+  of the whole cache. (L covers the whole call: a live slot never gets fewer than
+  `steps_per_call` tokens from a call unless it finishes, which JetStream's Driver relies on — it
+  reads an invalid token as the end of a request.)
 - Live slots only: when at most half the slots are live (the tail of a rollout, when no request is
   waiting), a call gathers the live slots (rounded up to a power of two with done ones) and the
   first L slots of their cache into a smaller batch, decodes that, and scatters it back, so a step
@@ -424,18 +426,18 @@ class Engine:
   def decode_plan(self, decode_state: DecodeState) -> tuple[np.ndarray | None, int]:
     """(slots the next `generate` call decodes, or None for all; cache slots it attends over).
 
-    Reads each slot's done flag and position (one small device-to-host copy). The attended length
-    is the smallest power of two above every live slot's position (at least min_prefill_bucket,
-    at most cache_length); the call stops before a slot reaches it, so every key it needs lies
-    below. When at most half the slots are live, the call decodes a power-of-two number of slots
-    (the live ones, padded with done ones) instead of all of them.
+    Reads each slot's done flag and position (one small device-to-host copy). Every key a live
+    slot can see during the call lies below its position + steps_per_call: the attended length is
+    the smallest power of two covering that for every live slot (at least min_prefill_bucket, at
+    most cache_length). When at most half the slots are live, the call decodes a power-of-two
+    number of slots (the live ones, padded with done ones) instead of all of them.
     """
     done, position = jax.device_get((decode_state.done, decode_state.position))
     live = np.flatnonzero(~done)
     key_length = self.cache_length
     if self.live_length_attention and live.size:
-      key_length = min(key_length, max(self.min_prefill_bucket,
-                                       next_power_of_two(int(position[live].max()) + 1)))
+      live_end = int(position[live].max()) + self.steps_per_call
+      key_length = min(key_length, max(self.min_prefill_bucket, next_power_of_two(live_end)))
     num_rows = next_power_of_two(live.size)
     if not self.compact_live_slots or not live.size or num_rows > self._slots // 2:
       return None, key_length
@@ -521,7 +523,7 @@ class Engine:
 
     def decode_steps(model, state: DecodeState, return_on_finish, key_length: int):
       """Up to `steps` decode steps for the rows of `state` (all slots, or a gathered subset),
-      attending over the first key_length cache slots; stops before a live slot writes past them."""
+      attending over the first key_length cache slots."""
       rows = state.done.shape[0]
       done_at_start = state.done
       buffers = dict(tokens=jnp.zeros((rows, steps), jnp.int32),
@@ -554,10 +556,7 @@ class Engine:
       def keep_going(carry):
         state, i, _ = carry
         finished_here = jnp.any(state.done & ~done_at_start)
-        # At cache_length a slot finishes instead (the full-cache check in `step`).
-        fits = key_length >= cache_length or jnp.all(state.done | (state.position < key_length))
-        return ((i < steps) & ~jnp.all(state.done) & ~(return_on_finish & finished_here)
-                & fits)
+        return (i < steps) & ~jnp.all(state.done) & ~(return_on_finish & finished_here)
 
       state, num_steps, buffers = jax.lax.while_loop(keep_going, step,
                                                      (state, jnp.int32(0), buffers))
