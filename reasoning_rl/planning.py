@@ -14,11 +14,11 @@ rules (`reasoning_rl.sharding.logical_to_spec`), and adds up what each device of
 With `mesh.num_trainer_devices = 0` both roles share every device, so one "shared" slice holds the
 sum. A slice fits when its total stays under (1 − headroom) of the chip's HBM.
 
-Throughput is a roofline estimate with stated efficiencies (`Assumptions`): FLOPs follow Kaplan et
-al. 2020 ("Scaling Laws for Neural Language Models", §2.1: 2N per token forward, 6N forward +
-backward) plus attention as this code executes it (full masked score matrices); a decode step is
-bound by max(HBM bytes read / bandwidth, FLOPs / peak). Host-side verification and weight sync are
-not counted.
+Throughput is a roofline estimate with stated efficiencies (`Assumptions`): FLOPs come from the
+project's one FLOP model, `reasoning_rl.flops` (the same count as the trainer's
+`throughput/rl_mfu`), with completions assumed to reach max_new_tokens; training time counts the
+recomputation the step executes as well; a decode step is bound by max(HBM bytes read /
+bandwidth, FLOPs / peak). Host-side verification and weight sync are not counted.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh
 
+from reasoning_rl import flops as flops_lib
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.sharding import (MESH_AXES, logical_to_spec, resolve_mesh_shape,
@@ -81,7 +82,8 @@ class Assumptions:
     on top.
   logprob_buffers: float32 [rows, chunk, vocab] buffers alive at once in a chunk's backward
     (recomputed logits and their gradient).
-  train_mfu: model-FLOPs utilisation of the training step.
+  train_mfu: FLOP utilisation of the training step, applied to every FLOP it executes
+    (recomputation included).
   prefill_mfu: of the sampler's prefill (compute-bound, like training).
   decode_mfu: compute ceiling of a decode step.
   decode_bandwidth_utilisation: fraction of HBM bandwidth a decode step achieves (decode is bound by
@@ -135,8 +137,7 @@ class SliceMemory:
 class Throughput:
   """FLOPs and estimated seconds of one RL step (sampling P·G completions + the training step)."""
 
-  generation_flops: float
-  training_flops: float
+  flops: flops_lib.StepFlops
   prefill_s: float
   decode_steps: int
   decode_step_s: float
@@ -192,10 +193,11 @@ class Plan:
     lines += ["", f"Throughput per RL step (train MFU {a.train_mfu:.0%}, prefill MFU "
               f"{a.prefill_mfu:.0%}, decode bound by max(bytes / ({bandwidth:.0%} of HBM "
               f"bandwidth), FLOPs / {a.decode_mfu:.0%} of peak)):",
-              f"  sampling   {t.generation_flops / 1e12:12.1f} TFLOP   prefill {t.prefill_s:.2f} s"
+              f"  sampling   {t.flops.generation / 1e12:12.1f} TFLOP   prefill {t.prefill_s:.2f} s"
               f" + {t.decode_steps} decode steps x {t.decode_step_s * 1e3:.2f} ms = "
               f"{t.sample_s:.1f} s",
-              f"  training   {t.training_flops / 1e12:12.1f} TFLOP   {t.train_s:.1f} s",
+              f"  training   {t.flops.training / 1e12:12.1f} TFLOP   {t.train_s:.1f} s (+ "
+              f"{t.flops.recomputation / 1e12:.1f} TFLOP recomputed)",
               f"  step (sync) {t.step_s_sync:.1f} s -> {t.steps_per_hour:.1f} steps/hour"]
     if t.step_s_async is not None:
       lines.append(f"  step (async, slices overlap) {t.step_s_async:.1f} s -> "
@@ -315,34 +317,21 @@ def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, params: int,
 # --------------------------------------------------------------------------- throughput
 
 
-def step_flops(config, m: ModelConfig) -> tuple[float, float, float, float]:
-  """(generation, of which prefill, training FLOPs per RL step, FLOPs per decoded token).
+def step_flops(config, m: ModelConfig) -> flops_lib.StepFlops:
+  """FLOPs of one RL step at the config's padded shapes (`reasoning_rl.flops`): P prompts of
+  max_prefill_length tokens prefilled once each, P·G completions of max_new_tokens tokens decoded
+  against the whole cache of S = prompt + completion slots, and P·G training rows of S tokens
+  with the completion positions projected, through the passes the configured step runs."""
+  from reasoning_rl.build import step_config  # local: build imports the training stack lazily
 
-  With N_body the matmul parameters outside the vocabulary (num_params minus the embedding
-  table(s)), a forward costs 2·N_body per token (Kaplan et al. 2020, §2.1), 2·D·V per token
-  projected to the vocabulary, and 4·L·H·Dh per query-key pair of attention (scores and weighted
-  sum; this code computes the full masked matrix). Training rows are prompt + completion = S tokens
-  with only the T completion positions projected; the step runs μ forward+backward passes (3
-  forwards each), one more forward for the frozen reference when β > 0 and one for π_old when μ > 1
-  or PPO. Sampling prefills each of the P prompts once (its last position projected) and decodes
-  P·G·T tokens against the whole cache of S slots.
-  """
-  r, algo = config.rollout, config.algo
-  d, v = m.hidden_size, m.vocab_size
-  body = m.num_params() - v * d * (1 if m.tie_word_embeddings else 2)
-  attention = 4 * m.num_layers * m.num_heads * m.head_dim  # per query-key pair
-  prompt, new = r.max_prefill_length, r.max_new_tokens
-  seq = prompt + new
-  prefill = r.num_prompts * (2 * body * prompt + attention * prompt * prompt + 2 * d * v)
-  per_token = 2 * body + 2 * d * v + attention * seq
-  generation = prefill + r.num_prompts * r.num_samples * new * per_token
-  forward_row = 2 * body * seq + 2 * d * v * new + attention * seq * seq
-  # remat recomputes each block's forward inside the backward pass: one more forward per update.
-  per_update = 4 if algo.get("remat", False) else 3
-  forwards = per_update * algo.num_iterations + (1 if config.beta > 0 else 0) + (
-      1 if algo.num_iterations > 1 or algo.name == "ppo" else 0)
-  training = r.num_prompts * r.num_samples * forward_row * forwards
-  return float(generation), float(prefill), float(training), float(per_token)
+  r = config.rollout
+  rows, prompt, new = r.num_prompts * r.num_samples, r.max_prefill_length, r.max_new_tokens
+  return flops_lib.rl_step_flops(
+      m, prompts=r.num_prompts, prompt_tokens=r.num_prompts * prompt, prompt_context=prompt,
+      generated_tokens=rows * new, decode_context=prompt + new,
+      trained_tokens=rows * (prompt + new), trained_context=prompt + new,
+      completion_tokens=rows * new,
+      passes=flops_lib.TrainingPasses.of_step(step_config(config)))
 
 
 def throughput(config, m: ModelConfig, chip: ChipSpec, trainer: AbstractMesh,
@@ -351,16 +340,17 @@ def throughput(config, m: ModelConfig, chip: ChipSpec, trainer: AbstractMesh,
   """Roofline times: compute at the stated MFU; each decode step reads the sampler's params and KV
   cache from HBM once (memory-bound) unless its FLOPs take longer."""
   r = config.rollout
-  generation, prefill, training, per_token = step_flops(config, m)
-  train_s = training / (trainer.size * chip.peak_flops * a.train_mfu)
-  prefill_s = prefill / (sampler.size * chip.peak_flops * a.prefill_mfu)
+  step = step_flops(config, m)
+  per_token = flops_lib.forward_flops(m, 1, r.max_prefill_length + r.max_new_tokens)
+  train_s = (step.training + step.recomputation) / (trainer.size * chip.peak_flops * a.train_mfu)
+  prefill_s = step.prefill / (sampler.size * chip.peak_flops * a.prefill_mfu)
   slots = r.max_concurrent_decodes
   decode_steps = -(-(r.num_prompts * r.num_samples) // slots) * r.max_new_tokens
   memory_s = sampler_bytes / (chip.hbm_bandwidth * a.decode_bandwidth_utilisation)
   compute_s = slots * per_token / (sampler.size * chip.peak_flops * a.decode_mfu)
   decode_step_s = max(memory_s, compute_s)
   sample_s = prefill_s + decode_steps * decode_step_s
-  return Throughput(generation_flops=generation, training_flops=training, prefill_s=prefill_s,
+  return Throughput(flops=step, prefill_s=prefill_s,
                     decode_steps=decode_steps, decode_step_s=decode_step_s, sample_s=sample_s,
                     train_s=train_s, step_s_sync=sample_s + train_s,
                     step_s_async=None if shared else max(sample_s, train_s))

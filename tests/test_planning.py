@@ -94,21 +94,29 @@ def test_kv_cache_formula():
 
 
 def test_flops_and_times_by_hand():
-  # num_params = 2 x (attn 512 + bias 20 + mlp 1008 + norms 32) + embeddings 3072 + 16 = 6232;
-  # N_body = 6232 - 2 x 96 x 16 = 3160; attention 4 x L x H x Dh = 96 FLOPs per query-key pair.
-  generation, prefill, training, per_token = planning.step_flops(_config(), TINY)
-  assert prefill == 4 * (2 * 3160 * 32 + 96 * 32 * 32 + 2 * 16 * 96)  # 1_214_464
-  assert per_token == 2 * 3160 + 2 * 16 * 96 + 96 * 48  # 14_000
-  assert generation == prefill + 16 * 16 * 14_000
-  assert training == 16 * 3 * (2 * 3160 * 48 + 2 * 16 * 96 * 16 + 96 * 48 * 48)  # 27_537_408
+  # Matmul weights W = 2 layers x (q, o 16x3x4 each + k, v 16x1x4 each = 512, MLP 3 x 16 x 21 =
+  # 1008) = 3040; attention 4 x L x H x Dh = 96 FLOPs per query-key pair; output 2 x 16 x 96 = 3072.
+  f = planning.step_flops(_config(), TINY)
+  assert f.prefill == 4 * (2 * 3040 * 32 + 96 * 32 * 32 + 3072)  # 4 prompts, last position only
+  per_token = 2 * 3040 + 3072 + 96 * 48  # 13_760: a decoded token against the 48-slot cache
+  assert f.decode == 16 * 16 * per_token
+  row = 2 * 3040 * 48 + 3072 * 16 + 96 * 48 * 48  # 562_176: 48 tokens, 16 projected
+  assert f.training == 16 * 3 * row  # forward + backward, no reference, no pi_old pass
+  assert f.recomputation == 16 * 3072 * 16  # the log-prob chunks' logits, once per update
   c = _config()
   c.beta, c.algo.num_iterations = 0.1, 2  # + reference forward + pi_old forward, 2 x (f + b)
-  assert planning.step_flops(c, TINY)[2] == 16 * (3 * 2 + 1 + 1) * 573_696
+  assert planning.step_flops(c, TINY).training == 16 * (3 * 2 + 1 + 1) * row
+  assert planning.step_flops(c, TINY).recomputation == 2 * 16 * 3072 * 16
+  c = _config()
+  c.algo.num_mini_batches = 2  # two updates per batch: pi_old is recomputed once, still 1 epoch
+  assert planning.step_flops(c, TINY).training == 16 * (3 + 1) * row
+  c.algo.remat = True  # every update also recomputes the blocks' forward but the down projection
+  assert planning.step_flops(c, TINY).recomputation == 16 * (row - 2 * 2 * 16 * 21 * 48)
 
   t = planning.plan(_config(), TINY, target=V5P_16).throughput
   peak = 459e12
-  assert t.train_s == pytest.approx(27_537_408 / (8 * peak * 0.4))
-  assert t.prefill_s == pytest.approx(1_214_464 / (8 * peak * 0.4))
+  assert t.train_s == pytest.approx((16 * 3 * 562_176 + 16 * 3072 * 16) / (8 * peak * 0.4))
+  assert t.prefill_s == pytest.approx(1_183_744 / (8 * peak * 0.4))
   assert t.decode_steps == 2 * 16  # 16 completions through 8 slots, 16 tokens each
   # Memory-bound: params copy + KV cache read once per step at half of 2765 GB/s.
   assert t.decode_step_s == pytest.approx((2408 * 4 + 6528) / (2765e9 * 0.5))
