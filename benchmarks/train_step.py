@@ -24,14 +24,16 @@ import numpy as np
 from flax import nnx
 
 from benchmarks.forward import smollm2_path
+from reasoning_rl import flops
 
 
-def step_flops(config, batch, length, with_reference):
-  """Forward = 2·N·tokens (+ causal attention); backward = 2× forward; reference = 1 forward."""
-  tokens = batch * length
-  forward = 2 * tokens * config.num_params() + \
-      2 * batch * length * length * config.num_heads * config.head_dim * config.num_layers
-  return forward * (3 + (1 if with_reference else 0))
+def step_flops(config, step_config, batch: int, prompt: int, completion: int) -> float:
+  """Model FLOPs of the step (`reasoning_rl.flops`; recomputation left out, as the torch side
+  runs none), the numerator of both sides' GFLOP/s."""
+  training, _ = flops.training_flops(
+      config, trained_tokens=batch * (prompt + completion), trained_context=prompt + completion,
+      completion_tokens=batch * completion, passes=flops.TrainingPasses.of_step(step_config))
+  return training
 
 
 def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
@@ -99,7 +101,7 @@ def main():
   batch = jax.tree.map(jnp.asarray, host_batch)
   tokens, advantages = host_batch["tokens"], host_batch["advantages"]
   completion_mask = host_batch["completion_mask"]
-  flops = step_flops(config, b, p + t, args.beta > 0)
+  step_flop_count = step_flops(config, step.config, b, p, t)
   start = time.perf_counter()
   state, stats = step(state, batch)
   jax.block_until_ready(stats)
@@ -160,13 +162,13 @@ def main():
   print(f"SmolLM2-135M GRPO step: {b} completions x {t} tokens after {p}-token prompts, "
         f"beta={args.beta}, {args.micro_batches} micro-batches, remat={args.remat}, "
         f"{'system' if args.system_allocator else 'kept-memory'} malloc, "
-        f"{flops / 1e12:.2f} TFLOP/step; best of {args.repeats} "
+        f"{step_flop_count / 1e12:.2f} TFLOP/step; best of {args.repeats} "
         f"(jax compile + first step {compile_and_first:.0f} s)")
   print(f"matmul peak here: {peak:.0f} GFLOP/s (jitted 2048^3 f32 product, best of 5)")
   print("| implementation | s / step | completion tokens/s | GFLOP/s | % of matmul peak |")
   print("|---|---|---|---|---|")
   for name, seconds in rows:
-    achieved = flops / seconds / 1e9
+    achieved = step_flop_count / seconds / 1e9
     print(f"| {name} | {seconds:.1f} | {tokens_per_step / seconds:,.0f} | "
           f"{achieved:.0f} | {achieved / peak:.0%} |")
   print(f"speed-up: {rows[1][1] / rows[0][1]:.2f}x")
