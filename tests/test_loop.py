@@ -92,7 +92,7 @@ def test_timing_and_throughput():
   out = telemetry.rl_throughput(_batch(), times, trained_tokens=40, step_flops=flops,
                                 peak_flops=1e9, asynchronous=False)
   # a group's prompt is prefilled once, whatever G
-  assert seen == {"prompt_tokens": 6, "generated_tokens": 12, "trained_tokens": 40}
+  assert seen == {"prompts": 2, "prompt_tokens": 6, "generated_tokens": 12, "trained_tokens": 40}
   assert out["throughput/generated_tokens_per_s"] == pytest.approx(12 / 2.0)
   assert out["throughput/trained_tokens_per_s"] == pytest.approx(40 / 10.5)
   assert out["throughput/rl_mfu"] == pytest.approx(1 / 10.5)
@@ -217,3 +217,25 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(debug_run_pieces):
   off = collector.sample_batch(take, num_prompts=3, dynamic_sampling=False, max_rounds=2,
                                policy_version=7)
   assert len(off.groups) == 3 and off.groups_sampled == 3
+
+
+def test_telemetry_flops_equal_the_dry_run_plan_at_the_padded_shapes(debug_run_pieces):
+  """One FLOP model: the step's rl_mfu numerator and the planner agree when every prompt and
+  completion fills its padded length."""
+  import types
+
+  from reasoning_rl import build, planning
+  from reasoning_rl.loop.rl_stage import RLStage
+
+  config = debug_run_pieces["config"]
+  model_config = build.build_policy(config)[0].config
+  stage = types.SimpleNamespace(run=types.SimpleNamespace(
+      config=config, model_config=model_config,
+      step_fn=types.SimpleNamespace(config=build.step_config(config))))
+  r = config.rollout
+  rows = r.num_prompts * r.num_samples
+  measured = RLStage._step_flops(  # pylint: disable=protected-access
+      stage, prompts=r.num_prompts, prompt_tokens=r.num_prompts * r.max_prefill_length,
+      generated_tokens=rows * r.max_new_tokens,
+      trained_tokens=rows * (r.max_prefill_length + r.max_new_tokens))
+  assert measured == pytest.approx(planning.step_flops(config, model_config).total, rel=1e-12)

@@ -16,6 +16,7 @@ import time
 
 import jax
 
+from reasoning_rl import flops as flops_lib
 from reasoning_rl.build import Run, rollout_staleness, sampler_correction
 from reasoning_rl.data import tasks
 from reasoning_rl.loop import telemetry
@@ -94,11 +95,18 @@ class RLStage:
     row.update({f"verifier/pool/{k}": v for k, v in run.scorer.metrics().items()})
     return state, row
 
-  def _step_flops(self, *, prompt_tokens: int, generated_tokens: int, trained_tokens: int):
-    # fwd + bwd (2x) + reference forward when beta > 0; generation is one forward per token.
-    n = self.run.model_config.num_params()
-    forward_passes = 3 + (1 if self.run.config.beta > 0 else 0)
-    return 2 * n * (generated_tokens + prompt_tokens) + 2 * n * forward_passes * trained_tokens
+  def _step_flops(self, *, prompts: int, prompt_tokens: int, generated_tokens: int,
+                  trained_tokens: int) -> float:
+    """Model FLOPs of this step's real token counts, with the attention contexts the engine and
+    the step run at (the planner's model, `reasoning_rl.flops`)."""
+    r = self.run.config.rollout
+    width = r.max_prefill_length + r.max_new_tokens
+    return flops_lib.rl_step_flops(
+        self.run.model_config, prompts=prompts, prompt_tokens=prompt_tokens,
+        prompt_context=r.max_prefill_length, generated_tokens=generated_tokens,
+        decode_context=width, trained_tokens=trained_tokens, trained_context=width,
+        completion_tokens=generated_tokens,
+        passes=flops_lib.TrainingPasses.of_step(self.run.step_fn.config)).total
 
   def rollout_records(self, step: int) -> list[dict]:
     last_step, sampled, advantages = self._last

@@ -77,13 +77,13 @@ def rl_throughput(batch: SampledBatch, times: StepTimes, *, trained_tokens: int,
                   asynchronous: bool) -> dict[str, float]:
   """Tokens/s and an RL-aware MFU that counts generation FLOPs as well as training FLOPs.
 
-  `step_flops(prompt_tokens=, generated_tokens=, trained_tokens=)` is the run's FLOP model
-  (`reasoning_rl.flops`, shared with the dry-run planner); `peak_flops` is the whole slice's.
+  `step_flops(prompts=, prompt_tokens=, generated_tokens=, trained_tokens=)` is the run's FLOP
+  model (`reasoning_rl.flops`, shared with the dry-run planner); `peak_flops` is the whole slice's.
   """
   generated = sum(len(ids) for g in batch.groups for ids in g.group.completion_ids)
   prompts = sum(len(g.group.prompt_tokens) for g in batch.groups)
-  flops = step_flops(prompt_tokens=prompts, generated_tokens=generated,
-                     trained_tokens=trained_tokens)
+  flops = step_flops(prompts=len(batch.groups), prompt_tokens=prompts,
+                     generated_tokens=generated, trained_tokens=trained_tokens)
   seconds = times.step_s if asynchronous else times.step_s + batch.sample_s + batch.verify_s
   return {"throughput/generated_tokens_per_s": generated / max(batch.sample_s, 1e-9),
           "throughput/trained_tokens_per_s": trained_tokens / max(seconds, 1e-9),
