@@ -1,8 +1,17 @@
-"""The fused training step: chunked log-probs, sharding, micro-batching, μ, skips, learning."""
+"""The fused training step: chunked log-probs, sharding, micro-batching, μ, skips, learning.
+
+Equivalences (micro-batches, sharding, remat) compare the GRADIENT the step applies, not the
+parameters after one AdamW update: Adam's first update is lr·g/(|g| + ε) ≈ lr·sign(g), and AdamW
+is invariant to rescaling the gradient, so a wrong gradient magnitude would pass unseen. With its
+optimizer swapped for `gradient_probe` (plain SGD), the step's update is exactly −lr·gradient;
+both sides are also checked against a gradient computed here from public pieces
+(`completion_logprobs` + `losses.policy_loss`).
+"""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -10,6 +19,7 @@ from reasoning_rl import sharding
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import KVCache, create_model
 from reasoning_rl.rl import advantages as advantages_lib
+from reasoning_rl.rl import losses
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.stats import finalize
 from reasoning_rl.rl.step import StepConfig, TrainStep
@@ -36,7 +46,8 @@ def make_batch(seed=0):
               advantages=jnp.asarray(rng.randn(B).astype(np.float32)))
 
 
-def run_step(config, batch, *, mesh=None, seed=0, ref_seed=None):
+def run_step(config, batch, *, mesh=None, seed=0, ref_seed=None, optimizer=None):
+  """One step from fresh parameters; `optimizer` replaces the step's AdamW when given."""
   graphdef, params = fresh_params(seed)
   ref = fresh_params(ref_seed)[1] if ref_seed is not None else None
   if mesh is not None:
@@ -44,6 +55,8 @@ def run_step(config, batch, *, mesh=None, seed=0, ref_seed=None):
     if ref is not None:
       ref = sharding.reshard(ref, sharding.param_shardings(ref, mesh))
   step = TrainStep(graphdef, config, mesh)
+  if optimizer is not None:
+    step.optimizer = optimizer
   state = step.init_state(params, ref_params=ref)
   state, stats = step(state, batch)
   return state, finalize(jax.device_get(stats))
@@ -51,6 +64,47 @@ def run_step(config, batch, *, mesh=None, seed=0, ref_seed=None):
 
 def flat_params(state):
   return [np.asarray(x) for x in jax.tree.leaves(state.params)]
+
+
+PROBE_LR = 1e3  # large, so parameters − update loses few of the gradient's bits to rounding
+
+
+def gradient_probe() -> optax.GradientTransformation:
+  """SGD at PROBE_LR (through a schedule, so the step's learning-rate stat finds its count)."""
+  return optax.sgd(lambda count: PROBE_LR)
+
+
+def step_gradient(config, batch, **kwargs):
+  """(gradient of the step's single update as flat leaves, stats), read off an SGD update."""
+  state, stats = run_step(config, batch, optimizer=gradient_probe(), **kwargs)
+  before = jax.tree.leaves(fresh_params(kwargs.get("seed", 0))[1])
+  return [(np.asarray(b, np.float64) - a) / PROBE_LR
+          for b, a in zip(before, flat_params(state))], stats
+
+
+def reference_gradient(config, batch, *, ref_seed=None):
+  """The gradient of the μ = 1 GRPO loss over the whole batch, from public pieces."""
+  graphdef, params = fresh_params(0)
+  logprobs_of = lambda model: completion_logprobs(  # noqa: E731
+      model, batch["tokens"], batch["attention_mask"], T)[0]
+  ref = logprobs_of(nnx.merge(*fresh_params(ref_seed))) if ref_seed is not None else None
+
+  def loss(p):
+    logprobs = logprobs_of(nnx.merge(graphdef, p))
+    return losses.policy_loss(logprobs, jax.lax.stop_gradient(logprobs), batch["advantages"],
+                              batch["completion_mask"], ref_logprobs=ref, beta=config.beta,
+                              loss_agg=config.loss_agg)[0]
+
+  return [np.asarray(g, np.float64) for g in jax.tree.leaves(jax.grad(loss)(params))]
+
+
+def assert_same_gradient(actual, expected, rtol=1e-4):
+  """Leaf by leaf within rtol of the largest entry of the whole gradient: a gradient scaled by
+  1 + 10·rtol fails on its largest entries."""
+  scale = max(np.abs(e).max() for e in expected)
+  assert scale > 0
+  for a, e in zip(actual, expected, strict=True):
+    np.testing.assert_allclose(a, e, rtol=0, atol=rtol * scale)
 
 
 def test_chunked_logprobs_equal_full_log_softmax():
@@ -71,10 +125,10 @@ def test_chunked_logprobs_equal_full_log_softmax():
 def test_four_micro_batches_equal_one_full_batch():
   batch = make_batch()
   config = dict(learning_rate=1e-3, beta=0.05, loss_agg="seq-mean-token-mean")
-  full, full_stats = run_step(StepConfig(**config), batch, ref_seed=1)
-  micro, micro_stats = run_step(StepConfig(**config, num_micro_batches=4), batch, ref_seed=1)
-  for a, b in zip(flat_params(full), flat_params(micro)):
-    np.testing.assert_allclose(a, b, atol=1e-5)
+  full, full_stats = step_gradient(StepConfig(**config), batch, ref_seed=1)
+  micro, micro_stats = step_gradient(StepConfig(**config, num_micro_batches=4), batch, ref_seed=1)
+  assert_same_gradient(micro, full)
+  assert_same_gradient(full, reference_gradient(StepConfig(**config), batch, ref_seed=1))
   for key in ("loss", "kl", "pg_loss", "entropy", "grad_norm"):
     assert full_stats[key] == pytest.approx(micro_stats[key], abs=1e-5), key
   assert full_stats["kl"] > 0  # the reference really differs and its log-probs were computed
@@ -83,13 +137,15 @@ def test_four_micro_batches_equal_one_full_batch():
 def test_sharded_step_equals_single_device():
   batch = make_batch()
   config = StepConfig(learning_rate=1e-3, beta=0.05, loss_agg="token-mean")
-  single, single_stats = run_step(config, batch, ref_seed=1)
+  single, single_stats = step_gradient(config, batch, ref_seed=1)
   mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
-  sharded, sharded_stats = run_step(config, batch, mesh=mesh, ref_seed=1)
-  for a, b in zip(flat_params(single), flat_params(sharded)):
-    np.testing.assert_allclose(a, b, atol=1e-5)
+  sharded, sharded_stats = step_gradient(config, batch, mesh=mesh, ref_seed=1)
+  assert_same_gradient(sharded, single)
+  assert_same_gradient(single, reference_gradient(config, batch, ref_seed=1))
   assert single_stats["loss"] == pytest.approx(sharded_stats["loss"], abs=1e-5)
-  q_proj = sharded.params["layers"][0]["attn"]["q_proj"][...]
+  # The AdamW step still runs on the mesh and keeps the partition rules' placement.
+  state, _ = run_step(config, batch, mesh=mesh, ref_seed=1)
+  q_proj = state.params["layers"][0]["attn"]["q_proj"][...]
   assert q_proj.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
 
 
@@ -181,12 +237,10 @@ def test_rl_raises_a_programmatic_reward(algorithm):
 
 def test_remat_changes_nothing_but_memory():
   batch = make_batch()
-  plain, plain_stats = run_step(StepConfig(learning_rate=1e-3, beta=0.05), batch, ref_seed=1)
-  remat, remat_stats = run_step(StepConfig(learning_rate=1e-3, beta=0.05, remat=True), batch,
-                                ref_seed=1)
-  # Same tolerance as the sharding and micro-batch equivalences: remat recomputes the forward with
-  # a different fusion, so gradients differ in the last bits, and Adam's first update (≈ lr · sign g)
-  # magnifies that where g is near zero.
-  for a, b in zip(flat_params(plain), flat_params(remat)):
-    np.testing.assert_allclose(a, b, atol=1e-5)
+  config = dict(learning_rate=1e-3, beta=0.05)
+  plain, plain_stats = step_gradient(StepConfig(**config), batch, ref_seed=1)
+  remat, remat_stats = step_gradient(StepConfig(**config, remat=True), batch, ref_seed=1)
+  # remat recomputes the forward with a different fusion: the gradients differ in the last bits.
+  assert_same_gradient(remat, plain)
+  assert_same_gradient(remat, reference_gradient(StepConfig(**config), batch, ref_seed=1))
   assert plain_stats["loss"] == pytest.approx(remat_stats["loss"], abs=1e-6)

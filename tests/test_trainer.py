@@ -79,6 +79,7 @@ def test_same_config_gives_identical_metrics_and_pool_equals_inline(baseline, tm
 
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(baseline, tmp_path):
   kill_after = random.Random(20261123).randint(2, 9)  # seeded: a failure reproduces
+  print(f"SIGKILL after {kill_after} metric rows")  # shown with -s or on failure
   command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
              f"--config.workdir={tmp_path}", "--config.logging.progress_bar=False",
              "--config.checkpoint.every_steps=3"]
