@@ -75,9 +75,10 @@ class Assumptions:
   headroom: fraction of HBM kept free for XLA temporaries, fragmentation and the runtime.
   activation_values_per_hidden: hidden-sized values each layer keeps per token for the backward pass
     without rematerialisation (with `algo.remat` only one hidden-sized block input per layer is
-    kept, plus one layer's full activations while it is recomputed). Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
-    Transformer Models", §4.1) count 34·s·b·h bytes per layer at 2 bytes per value, i.e. 17 values,
-    of which one is a dropout mask this model does not have; 16 remain. The attention scores
+    kept, plus one layer's full activations while it is recomputed). Korthikanti et al. 2022
+    ("Reducing Activation Recomputation in Large Transformer Models", §4.1) count 34·s·b·h bytes
+    per layer at 2 bytes per value, i.e. 17 values, of which one is a dropout mask this model does
+    not have; 16 remain. The attention scores
     (float32) and probabilities (compute dtype), which this implementation materialises, are added
     on top.
   logprob_buffers: float32 [rows, chunk, vocab] buffers alive at once in a chunk's backward
