@@ -12,9 +12,14 @@ from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import losses
 from reasoning_rl.rl import value as value_lib
 from reasoning_rl.rl.logprobs import completion_logprobs
-from reasoning_rl.rl.step import (StepConfig, TrainStep, applied_updates, learning_rate_schedule,
-                                  make_optimizer)
+from reasoning_rl.rl.step import StepConfig, TrainStep, applied_updates, learning_rate_schedule
 from tests.test_train_step import B, T, flat_params, fresh_params, make_batch, run_step
+
+
+def sgd():
+  """Plain SGD (through a schedule, so the step's learning-rate stat finds its count): parameters
+  move by lr × gradient, so a wrong gradient magnitude shows, which AdamW's update would hide."""
+  return optax.sgd(lambda count: 0.05)
 
 
 def ppo_batch():
@@ -84,7 +89,7 @@ def test_two_mini_batches_equal_two_sequential_updates():
   config = StepConfig(learning_rate=1e-2, beta=0.05, loss_agg="token-mean",
                       num_mini_batches=2, num_micro_batches=2)
   batch = make_batch()
-  state, stats = run_step(config, batch, ref_seed=1)
+  state, stats = run_step(config, batch, ref_seed=1, optimizer=sgd())
 
   graphdef, params = fresh_params(0)
   logprobs_of = lambda p, rows: completion_logprobs(  # noqa: E731
@@ -101,7 +106,7 @@ def test_two_mini_batches_equal_two_sequential_updates():
         loss_agg="token-mean")  # normalizers of `rows` alone
     return loss
 
-  optimizer = make_optimizer(config)
+  optimizer = sgd()
   trainable = {"policy": params}
   opt_state = optimizer.init(trainable)
   slice_losses = []
@@ -137,9 +142,10 @@ def test_epochs_times_mini_batches_make_four_updates_that_clip(algorithm):
 def test_sharded_mini_batches_equal_single_device():
   config = StepConfig(learning_rate=1e-3, beta=0.05, num_inner_updates=2, num_mini_batches=2,
                       num_micro_batches=2)
-  single, single_stats = run_step(config, make_batch(), ref_seed=1)
+  single, single_stats = run_step(config, make_batch(), ref_seed=1, optimizer=sgd())
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-  sharded, sharded_stats = run_step(config, make_batch(), mesh=mesh, ref_seed=1)
+  sharded, sharded_stats = run_step(config, make_batch(), mesh=mesh, ref_seed=1,
+                                    optimizer=sgd())
   for a, b in zip(flat_params(single), flat_params(sharded)):
     np.testing.assert_allclose(a, b, atol=1e-5)
   for key in ("loss", "clip_frac", "kl", "grad_norm"):
