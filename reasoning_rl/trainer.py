@@ -64,6 +64,10 @@ class Trainer:
       stage = (RLStage(run, self.collector) if run.config.stage == "rl"
                else SFTStage(run, self.collector, self.workdir))
     self.stage = stage
+    # eval.instruction_variants: the held-out set is also evaluated under these templates
+    self.variant_templates = [(instruction, build_template(run.config, run.tokenizer,
+                                                           instruction=instruction))
+                              for instruction in run.config.eval.instruction_variants]
 
   @classmethod
   def from_config(cls, config) -> "Trainer":
@@ -174,12 +178,10 @@ class Trainer:
           seed=c.seed, canaries=canaries)
 
     result = evaluate_with(run.template, tuple(c.eval.canaries))
-    if c.eval.instruction_variants:
+    if self.variant_templates:
       result["variants"] = [
-          {"instruction": instruction,
-           **evaluation.headline(evaluate_with(build_template(c, run.tokenizer,
-                                                              instruction=instruction)))}
-          for instruction in c.eval.instruction_variants]
+          {"instruction": instruction, **evaluation.headline(evaluate_with(template))}
+          for instruction, template in self.variant_templates]
     result["time/eval_s"] = time.perf_counter() - start
     evaluation.write_eval_result(self.workdir, step, result)
     log.info("held-out accuracy at step %d: %.3f", step, result["accuracy"])
