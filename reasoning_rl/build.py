@@ -25,21 +25,51 @@ log = logging.getLogger("reasoning_rl")
 # ----------------------------------------------------------------------------------- pieces
 
 
-def build_meshes(config: ml_collections.ConfigDict):
-  """(trainer mesh, sampler mesh). `mesh.num_trainer_devices` = 0 shares every device."""
+def build_topology(config: ml_collections.ConfigDict):
+  """Which devices train and which sample, and this process's role (`multihost.topology`)."""
+  import jax
+
+  from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
+
+  topology = make_topology(config.mesh.num_trainer_devices, jax.devices(),
+                           process_index=jax.process_index(), num_processes=jax.process_count())
+  if topology.multi_process:
+    check_sync_shapes(topology)
+  return topology
+
+
+def build_meshes(config: ml_collections.ConfigDict, topology=None):
+  """(trainer mesh, mesh of this process's sampler replica). `mesh.num_trainer_devices` = 0 shares
+  every device; the sampler mesh is None on a process that only trains."""
+  from reasoning_rl import sharding
+
+  topology = topology or build_topology(config)
+  local = topology.local_replica_devices
+  return (sharding.make_mesh(tuple(config.mesh.trainer), topology.trainer_devices,
+                             field="config.mesh.trainer"),
+          None if local is None else sharding.make_mesh(tuple(config.mesh.sampler), local,
+                                                        field="config.mesh.sampler"))
+
+
+def build_cluster(config: ml_collections.ConfigDict, topology, params):
+  """The loop's view of the other processes (`multihost.cluster.Cluster`); `params` (the policy's
+  nnx.State) gives the weight sync its shapes and partition rules."""
+  from reasoning_rl.multihost.cluster import Cluster, local_cluster
+
+  if not topology.multi_process:
+    return local_cluster(topology)
   import jax
 
   from reasoning_rl import sharding
+  from reasoning_rl.multihost.exchange import Exchange
+  from reasoning_rl.multihost.param_sync import ParamSync
 
-  m = config.mesh
-  devices = jax.devices()
-  if m.num_trainer_devices == 0:
-    trainer_devices = sampler_devices = devices
-  else:
-    trainer_devices, sampler_devices = sharding.split_devices(
-        m.num_trainer_devices, devices, field="config.mesh.num_trainer_devices")
-  return (sharding.make_mesh(tuple(m.trainer), trainer_devices, field="config.mesh.trainer"),
-          sharding.make_mesh(tuple(m.sampler), sampler_devices, field="config.mesh.sampler"))
+  replica_meshes = [sharding.make_mesh(tuple(config.mesh.sampler), devices,
+                                       field="config.mesh.sampler")
+                    for devices in topology.replicas]
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+  return Cluster(topology=topology, exchange=Exchange(),
+                 param_sync=ParamSync(abstract, topology, replica_meshes))
 
 
 def build_policy(config: ml_collections.ConfigDict):
@@ -111,11 +141,12 @@ def build_reward_fn(config: ml_collections.ConfigDict, *, redteam: bool | None =
   return reward_fn
 
 
-def build_scorer(config: ml_collections.ConfigDict, reward_fn):
-  """Inline (`verifier.num_workers` = 0) or pool scorer; both report ok / timeout / error."""
+def build_scorer(config: ml_collections.ConfigDict, reward_fn, *, inline: bool = False):
+  """Inline (`verifier.num_workers` = 0, or `inline`) or pool scorer; both report ok / timeout /
+  error."""
   from reasoning_rl.workers.scorer import make_scorer
 
-  return make_scorer(reward_fn, num_workers=config.verifier.num_workers,
+  return make_scorer(reward_fn, num_workers=0 if inline else config.verifier.num_workers,
                      item_timeout_s=config.verifier.item_timeout_s)
 
 
@@ -191,13 +222,14 @@ class Run:
   model_config: Any
   graphdef: Any
   step_fn: Any  # rl.step.TrainStep
-  state: Any  # rl.step.TrainState, on the trainer mesh
-  engine: Any  # sampler.Engine, on the sampler mesh, holding the initial policy
+  state: Any  # rl.step.TrainState, on the trainer mesh (None on a sampler-only process)
+  engine: Any  # sampler.Engine on this process's replica mesh (None on a trainer-only process)
   template: Any
   data: Data
   reward_fn: Any
   scorer: Any  # workers.scorer.Scorer; the caller closes it
   sampling: Any  # sampler.SamplingParams of the rollouts
+  cluster: Any = None  # multihost.cluster.Cluster: roles, exchange, weight sync
 
 
 def build(config: ml_collections.ConfigDict) -> Run:
@@ -210,22 +242,31 @@ def build(config: ml_collections.ConfigDict) -> Run:
   from reasoning_rl.rl.step import TrainStep
 
   config_lib.validate(config, num_devices=jax.device_count())
-  trainer_mesh, sampler_mesh = build_meshes(config)
+  topology = build_topology(config)
+  trainer_mesh, sampler_mesh = build_meshes(config, topology)
   model, tokenizer = build_policy(config)
   template = build_template(config, tokenizer)
   data = build_data(config)
   reward_fn = build_reward_fn(config)
   graphdef, params = nnx.split(model)
   step_fn = TrainStep(graphdef, step_config(config), trainer_mesh)
-  reference = jax.tree.map(jnp.copy, params) if config.beta > 0 else None
-  state = step_fn.init_state(params, ref_params=reference)
+  cluster = build_cluster(config, topology, params)
+  state = engine = None
+  if topology.is_trainer:
+    reference = jax.tree.map(jnp.copy, params) if config.beta > 0 else None
+    state = step_fn.init_state(params, ref_params=reference)
+  if topology.is_sampler:
+    # one process: from the trainer's copy; several: every process loaded the same policy
+    initial = state.params if state is not None and not topology.multi_process else params
+    engine = build_engine(config, nnx.merge(graphdef, initial), mesh=sampler_mesh)
   del params
-  engine = build_engine(config, nnx.merge(graphdef, state.params), mesh=sampler_mesh)
-  scorer = build_scorer(config, reward_fn)  # last: nothing after it can fail and leak workers
+  # last: nothing after it can fail and leak workers; a process that only trains scores nothing
+  scorer = build_scorer(config, reward_fn, inline=not topology.is_sampler)
   return Run(config=config, trainer_mesh=trainer_mesh, sampler_mesh=sampler_mesh,
              tokenizer=tokenizer, model_config=model.config, graphdef=graphdef,
              step_fn=step_fn, state=state, engine=engine, template=template, data=data,
-             reward_fn=reward_fn, scorer=scorer, sampling=sampling_params(config))
+             reward_fn=reward_fn, scorer=scorer, sampling=sampling_params(config),
+             cluster=cluster)
 
 
 @dataclasses.dataclass

@@ -22,6 +22,7 @@ from reasoning_rl.data import tasks
 from reasoning_rl.loop import telemetry
 from reasoning_rl.loop.rollouts import RolloutCollector
 from reasoning_rl.loop.state import LoopState, SampledBatch
+from reasoning_rl.multihost.cluster import global_batch
 from reasoning_rl.rl import batching
 from reasoning_rl.rl import stats as stats_lib
 
@@ -68,32 +69,41 @@ class RLStage:
         completion_length=c.rollout.max_new_tokens, pad_id=run.tokenizer.pad_id,
         estimator=c.algo.estimator, with_rewards=c.algo.name == "ppo",
         with_behavior_logprobs=self.with_sampler_logprobs)
+    cluster = run.cluster
     train_start = time.perf_counter()
-    state, stats = run.step_fn(state, batch)  # dispatched; runs while we sample ahead
+    if cluster.is_trainer:
+      device_batch = global_batch(batch, run.trainer_mesh) if cluster.multi_process else batch
+      state, stats = run.step_fn(state, device_batch)  # dispatched; runs while we sample ahead
     ahead_s = 0.0
     if self.staleness > 0:  # batch step + k, sampled by version step − 1
       ahead = time.perf_counter()
       loop.queue.append(self.sample_batch(loop))
       ahead_s = time.perf_counter() - ahead
-    stats = stats_lib.finalize(jax.device_get(stats))
+    row = None
+    if cluster.is_trainer:
+      stats = stats_lib.finalize(jax.device_get(stats))
     train_s = time.perf_counter() - train_start - ahead_s
     sync_start = time.perf_counter()
     loop.policy_version += 1
-    run.engine.update_params(state.params, version=loop.policy_version)
+    cluster.sync_params(run.engine, state.params if cluster.is_trainer else None,
+                        version=loop.policy_version)
     sync_s = time.perf_counter() - sync_start
     self._last = (step, sampled, advantages)
-    times = telemetry.StepTimes(train_s=train_s, sync_s=sync_s, sample_ahead_s=ahead_s,
-                                step_s=time.perf_counter() - start)
-    row = telemetry.rl_metrics(sampled, stats, reward_parts=[p.name for p in run.reward_fn.parts],
-                               policy_version=loop.policy_version,
-                               data_position=loop.data_position)
-    row.update(telemetry.rl_timing(sampled, times, asynchronous=self.staleness > 0))
-    row.update(telemetry.rl_throughput(
-        sampled, times, trained_tokens=int(batch["attention_mask"].sum()),
-        step_flops=self._step_flops, peak_flops=c.logging.peak_flops_per_device
-        * jax.device_count(), asynchronous=self.staleness > 0))
-    row.update({f"verifier/pool/{k}": v for k, v in run.scorer.metrics().items()})
-    return state, row
+    pool_metrics = cluster.summed_metrics(run.scorer.metrics())
+    if cluster.is_primary:
+      times = telemetry.StepTimes(train_s=train_s, sync_s=sync_s, sample_ahead_s=ahead_s,
+                                  step_s=time.perf_counter() - start)
+      row = telemetry.rl_metrics(sampled, stats, reward_parts=[p.name for p in run.reward_fn.parts],
+                                 policy_version=loop.policy_version,
+                                 data_position=loop.data_position)
+      row.update(telemetry.rl_timing(sampled, times, asynchronous=self.staleness > 0))
+      row.update(telemetry.rl_throughput(
+          sampled, times, trained_tokens=int(batch["attention_mask"].sum()),
+          step_flops=self._step_flops, peak_flops=c.logging.peak_flops_per_device
+          * jax.device_count(), asynchronous=self.staleness > 0))
+      row.update({f"verifier/pool/{k}": v for k, v in pool_metrics.items()})
+    # every process takes the loop's decisions (guards, ...) on process 0's row
+    return state, cluster.exchange.broadcast("row", row, source=0)
 
   def _step_flops(self, *, prompts: int, prompt_tokens: int, generated_tokens: int,
                   trained_tokens: int) -> float:

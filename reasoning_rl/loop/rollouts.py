@@ -113,3 +113,33 @@ class RolloutCollector:
         groups=tuple(kept), outcome=batching.group_outcome_fractions([g.group for g in sampled]),
         groups_sampled=len(sampled), scoring=scoring, sample_s=sample_s, verify_s=verify_s,
         policy_version=policy_version)
+
+
+class ShardedCollector(RolloutCollector):
+  """Multi-process collection: each sampler replica samples and scores its share of the prompts
+  (every R-th, R = number of replicas) on its own engine and verifier pool, and every process
+  receives every group, in prompt order, through the exchange. A completion's random stream
+  depends only on (seed, data position, sample index), so which replica samples a prompt does not
+  change its completions. Trainer-only processes sample nothing; they receive the groups.
+  Decode / scoring seconds are the slowest replica's."""
+
+  def __init__(self, *args, cluster, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.cluster = cluster
+
+  def collect(self, examples: Sequence[tuple[int, object]], *, num_samples: int | None = None,
+              sampling=None) -> tuple[list[GroupRollout], float, float]:
+    topology = self.cluster.topology
+    replica, replicas = topology.replica_index, len(topology.replicas)
+    share = list(examples)[replica::replicas] if replica is not None else []
+    groups, sample_s, verify_s = ([], 0.0, 0.0) if not share else super().collect(
+        share, num_samples=num_samples, sampling=sampling)
+    parts = self.cluster.exchange.gather(
+        "rollouts", [[g.to_json() for g in groups], sample_s, verify_s])
+    by_position = {}
+    for items, _, _ in parts:
+      for item in items:
+        group = GroupRollout.from_json(item)
+        by_position[group.data_position] = group
+    return ([by_position[index] for index, _ in examples], max(p[1] for p in parts),
+            max(p[2] for p in parts))

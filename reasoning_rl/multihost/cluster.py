@@ -1,0 +1,89 @@
+"""What the training loop needs to know about the other processes: one object, the same interface
+in single-process runs (where every call is a no-op or a local call) and multi-process ones."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from reasoning_rl.multihost.exchange import Exchange, LocalExchange
+from reasoning_rl.multihost.topology import Topology
+
+
+@dataclasses.dataclass
+class Cluster:
+  """The run's topology, its host-side exchange and (multi-process) the weight sync.
+
+  The loop calls every method on every process, in the same order; what each process does inside
+  depends on its role (trainer, sampler replica, or both).
+  """
+
+  topology: Topology
+  exchange: LocalExchange | Exchange
+  param_sync: Any = None  # multihost.param_sync.ParamSync; None in single-process runs
+
+  @property
+  def multi_process(self) -> bool:
+    return self.topology.multi_process
+
+  @property
+  def is_trainer(self) -> bool:
+    return self.topology.is_trainer
+
+  @property
+  def is_sampler(self) -> bool:
+    return self.topology.is_sampler
+
+  @property
+  def is_primary(self) -> bool:
+    """Process 0: the one that writes the run's files (it is always a trainer process)."""
+    return self.topology.process_index == 0
+
+  @property
+  def evaluator_process(self) -> int:
+    """The process whose replica runs evaluations (its result is broadcast to all)."""
+    return self.topology.replica_processes[0]
+
+  def sync_params(self, engine, params, *, version: int) -> None:
+    """Publishes the trainer's `params` as policy `version` to every sampler replica."""
+    if self.param_sync is None:
+      engine.update_params(params, version=version)
+      return
+    local = self.param_sync.send(params if self.is_trainer else None)
+    if engine is not None:
+      engine.update_params(local, version=version)
+
+  def evaluate(self, run_evaluation) -> dict:
+    """`run_evaluation()` on the evaluator process; every process gets its result."""
+    mine = self.topology.process_index == self.evaluator_process
+    return self.exchange.broadcast("eval", run_evaluation() if mine else None,
+                                   source=self.evaluator_process)
+
+  def summed_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+    """Per-process counters (e.g. the verifier pool's) summed over processes."""
+    if not self.multi_process:
+      return metrics
+    parts = self.exchange.gather("counters", {k: float(v) for k, v in metrics.items()})
+    return {k: float(sum(p.get(k, 0.0) for p in parts)) for k in parts[0]}
+
+
+def global_batch(batch: dict[str, np.ndarray], mesh) -> dict:
+  """A host batch (identical on every trainer process) as global arrays on the trainer mesh, each
+  process supplying only the rows its devices hold."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from reasoning_rl import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
+
+  def one(array):
+    array = np.asarray(array)
+    return jax.make_array_from_callback(array.shape,
+                                        sharding_lib.batch_sharding(mesh, array.ndim),
+                                        lambda index: array[index])
+
+  return {name: one(value) for name, value in batch.items()}
+
+
+def local_cluster(topology: Topology) -> Cluster:
+  return Cluster(topology=topology, exchange=LocalExchange())

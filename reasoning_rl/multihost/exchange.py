@@ -1,0 +1,111 @@
+"""Host-side messages between the processes of a run, through JAX's coordination service.
+
+Every process runs the same loop; the decisions the loop takes on the host (which groups were kept,
+whether a guard trips, whether to save and stop) must be identical everywhere, or the processes
+would part ways and hang in their next collective. So every host value a decision depends on has one
+owner that computes it and publishes it, and every process reads the same bytes: `broadcast` (one
+owner) and `gather` (each process contributes its part, everyone gets the list in process order).
+
+Values are JSON, zlib-compressed, split into chunks under the store's message limits. Keys carry a
+call counter that advances identically on every process (they make the same calls in the same
+order). A process deletes its own keys once a `gather` completes: every process has published
+its part of that gather, so every process has read everything before it. A lost peer is handled by the runtime's watcher
+(`runtime.watch_peers`), so the waits here need no timeout of their own beyond a generous bound.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+_CHUNK_BYTES = 8 << 20
+_WAIT_MS = 24 * 3600 * 1000  # a lost peer ends the process long before this (runtime.py)
+
+
+def _builtin(value):
+  """numpy scalars and arrays as plain JSON values."""
+  if hasattr(value, "tolist"):
+    return value.tolist()
+  raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+class LocalExchange:
+  """The single-process exchange: nothing to send, every value is already everyone's."""
+
+  process_index = 0
+  num_processes = 1
+
+  def broadcast(self, name: str, value: Any = None, *, source: int = 0) -> Any:  # noqa: ARG002
+    del name, source
+    return value
+
+  def gather(self, name: str, value: Any) -> list:
+    del name
+    return [value]
+
+  def any(self, name: str, flag: bool) -> bool:
+    del name
+    return bool(flag)
+
+
+class Exchange(LocalExchange):
+  """Broadcast / gather of JSON values among all processes of a `jax.distributed` run."""
+
+  def __init__(self, client=None, *, process_index: int | None = None,
+               num_processes: int | None = None, prefix: str = "reasoning_rl"):
+    import jax  # pylint: disable=import-outside-toplevel
+
+    if client is None:
+      from jax._src import distributed  # pylint: disable=import-outside-toplevel
+
+      client = distributed.global_state.client
+    self._client = client
+    self.process_index = jax.process_index() if process_index is None else process_index
+    self.num_processes = jax.process_count() if num_processes is None else num_processes
+    self._prefix = prefix
+    self._calls = 0
+    self._published: dict[int, list[str]] = {}
+
+  def _key(self, call: int, name: str, source: int) -> str:
+    return f"{self._prefix}/{call}/{name}/{source}"
+
+  def _publish(self, call: int, key: str, value: Any) -> None:
+    data = zlib.compress(json.dumps(value, default=_builtin).encode(), 1)
+    chunks = [data[i:i + _CHUNK_BYTES] for i in range(0, len(data), _CHUNK_BYTES)] or [b""]
+    keys = [f"{key}/{i}" for i in range(len(chunks))]
+    for chunk_key, chunk in zip(keys, chunks):
+      self._client.key_value_set_bytes(chunk_key, chunk)
+    self._client.key_value_set(f"{key}/n", str(len(chunks)))  # last: the value is complete
+    self._published[call] = keys + [f"{key}/n"]
+
+  def _delete_before(self, call: int) -> None:
+    for old in [c for c in self._published if c < call]:
+      for old_key in self._published.pop(old):
+        self._client.key_value_delete(old_key)
+
+  def _read(self, key: str) -> Any:
+    count = int(self._client.blocking_key_value_get(f"{key}/n", _WAIT_MS))
+    data = b"".join(self._client.blocking_key_value_get_bytes(f"{key}/{i}", _WAIT_MS)
+                    for i in range(count))
+    return json.loads(zlib.decompress(data))
+
+  def broadcast(self, name: str, value: Any = None, *, source: int = 0) -> Any:
+    """`source`'s value on every process (the others' `value` is ignored)."""
+    self._calls += 1
+    key = self._key(self._calls, name, source)
+    if self.process_index == source:
+      self._publish(self._calls, key, value)
+    return self._read(key)
+
+  def gather(self, name: str, value: Any) -> list:
+    """Every process's value, in process order, on every process."""
+    self._calls += 1
+    self._publish(self._calls, self._key(self._calls, name, self.process_index), value)
+    values = [self._read(self._key(self._calls, name, p)) for p in range(self.num_processes)]
+    self._delete_before(self._calls)
+    return values
+
+  def any(self, name: str, flag: bool) -> bool:
+    """True on every process when any process passes True (e.g. a signal one process caught)."""
+    return any(self.gather(name, bool(flag)))

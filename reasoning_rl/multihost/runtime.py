@@ -1,0 +1,154 @@
+"""Joining a multi-process run: `jax.distributed.initialize` plus what our runs need around it.
+
+A run spans processes either because the launcher got the three flags
+`--coordinator_address=HOST:PORT --num_processes=N --process_id=I` (any machines, e.g. several
+local processes on a laptop or a CPU CI box), or because JAX detects a cluster on its own (Cloud TPU
+VMs, GKE TPU pods, Slurm, ...), in which case no flag is needed. Single-process runs never call
+anything here that changes behaviour.
+
+Around the initialize call:
+- cross-host device transfers (weights from trainer to sampler hosts) need a socket for backends
+  without their own transport (CPU, GPU): `jax_cross_host_transfer_socket_address` is set to
+  `--transfer_address`, or derived from the coordinator address;
+- a lost process must stop the others quickly and clearly rather than leave them waiting in a
+  collective or a queue: the runtime runs in JAX's recoverable mode (a peer's death does not abort
+  the others from inside C++), with a short heartbeat timeout, and a watcher thread polls which
+  processes are alive and ends this process with one line naming the lost one and exit code
+  `LOST_PROCESS_EXIT_CODE`. If the lost process is process 0, which hosts the coordination service,
+  JAX itself terminates the others at once with a message naming the coordination service.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import threading
+import time
+
+from reasoning_rl.errors import ConfigError
+
+log = logging.getLogger("reasoning_rl")
+
+LOST_PROCESS_EXIT_CODE = 5
+# Seconds without a heartbeat after which the coordination service declares a process dead; the
+# watcher notices within one poll after that, well inside a 60 s budget.
+HEARTBEAT_TIMEOUT_S = 10
+_WATCH_PERIOD_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessFlags:
+  """The launcher flags of a multi-process run (all None: single process or auto-detected)."""
+
+  coordinator_address: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
+  transfer_address: str | None = None
+
+  @property
+  def given(self) -> bool:
+    return any(v is not None for v in (self.coordinator_address, self.num_processes,
+                                       self.process_id))
+
+  def check(self) -> None:
+    """One ConfigError naming the flag when the three flags are incomplete or inconsistent."""
+    if not self.given:
+      if self.transfer_address is not None:
+        raise ConfigError("--transfer_address: only meaningful with --coordinator_address, "
+                          "--num_processes and --process_id")
+      return
+    missing = [name for name, value in (("--coordinator_address", self.coordinator_address),
+                                        ("--num_processes", self.num_processes),
+                                        ("--process_id", self.process_id)) if value is None]
+    if missing:
+      raise ConfigError(f"{', '.join(missing)}: missing; a multi-process run needs all three of "
+                        "--coordinator_address=HOST:PORT --num_processes=N --process_id=I")
+    host, _, port = self.coordinator_address.rpartition(":")
+    if not host or not port.isdigit():
+      raise ConfigError(f"--coordinator_address={self.coordinator_address}: use HOST:PORT")
+    if self.num_processes < 1:
+      raise ConfigError(f"--num_processes={self.num_processes}: must be at least 1")
+    if not 0 <= self.process_id < self.num_processes:
+      raise ConfigError(f"--process_id={self.process_id}: must be in 0..{self.num_processes - 1} "
+                        f"for --num_processes={self.num_processes}")
+
+  def derived_transfer_address(self) -> str:
+    """This process's socket for cross-host transfers: `--transfer_address`, else the
+    coordinator's host with port coordinator port + 1 + process id (unique per process on one
+    machine; on several machines pass --transfer_address=THIS_HOST_IP:PORT)."""
+    if self.transfer_address:
+      return self.transfer_address
+    host, _, port = self.coordinator_address.rpartition(":")
+    return f"{host}:{int(port) + 1 + self.process_id}"
+
+
+def cluster_detected() -> bool:
+  """Whether JAX's own cluster detection finds a multi-host environment (TPU VM slice, GKE, ...)."""
+  from jax._src import clusters  # pylint: disable=import-outside-toplevel
+
+  opt_in = {"Mpi4pyCluster"}  # needs an explicit request in JAX too
+  return any(env.is_env_present() for env in clusters.ClusterEnv._cluster_types  # noqa: SLF001
+             if env.__name__ not in opt_in)
+
+
+def initialize(flags: ProcessFlags = ProcessFlags()) -> bool:
+  """Joins the multi-process run described by `flags` (or detected); True if the run spans
+  processes. Must run before anything touches JAX devices."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  flags.check()
+  if not flags.given and not cluster_detected():
+    return False
+  jax.config.update("jax_enable_recoverability", True)
+  if flags.given:
+    if flags.num_processes == 1:
+      return False
+    jax.config.update("jax_cross_host_transfer_socket_address", flags.derived_transfer_address())
+    jax.distributed.initialize(coordinator_address=flags.coordinator_address,
+                               num_processes=flags.num_processes, process_id=flags.process_id,
+                               heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+  else:
+    jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+  if jax.process_count() > 1:
+    watch_peers()
+  return jax.process_count() > 1
+
+
+def _client():
+  from jax._src import distributed  # pylint: disable=import-outside-toplevel
+
+  return distributed.global_state.client
+
+
+def watch_peers(period_s: float = _WATCH_PERIOD_S) -> threading.Thread:
+  """Starts the daemon thread that ends this process when another process of the run is lost."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  everyone = list(range(jax.process_count()))
+  me = jax.process_index()
+
+  def watch():
+    client = _client()
+    while True:
+      try:
+        live = set(client.get_live_nodes(everyone))
+      except Exception as error:  # pylint: disable=broad-except
+        lost_line(f"the coordination service (process 0) is unreachable: "
+                  f"{str(error).splitlines()[0]}")
+      lost = sorted(set(everyone) - live)
+      if lost:
+        lost_line(f"process{'es' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of "
+                  f"{len(everyone)} stopped sending heartbeats (killed, crashed or unreachable)")
+      time.sleep(period_s)
+
+  def lost_line(reason: str):
+    print(f"error: process {me}: {reason}; stopping this process too. Rerun every process with "
+          "the same flags on the same workdir to resume from the last checkpoint.",
+          file=sys.stderr, flush=True)
+    os._exit(LOST_PROCESS_EXIT_CODE)  # pylint: disable=protected-access
+
+  thread = threading.Thread(target=watch, name="reasoning_rl-peer-watch", daemon=True)
+  thread.start()
+  return thread
