@@ -224,10 +224,12 @@ class Checkpointer:
     async_save: write arrays in a background thread; `save` returns once device buffers are
       copied, so the next step can run. Call `wait()` before reading the checkpoint back.
     save_interval_steps: `save` writes only steps that are multiples of this, unless `force=True`.
+    active_processes: the processes that save and restore (default: all of them).
   """
 
   def __init__(self, directory: str | os.PathLike[str], *, keep: int = 3,
-               async_save: bool = True, save_interval_steps: int = 1):
+               async_save: bool = True, save_interval_steps: int = 1,
+               active_processes: set[int] | None = None):
     if not isinstance(keep, int) or keep < 1:
       raise CheckpointError(f"keep must be an int >= 1, got {keep!r}")
     if not isinstance(save_interval_steps, int) or save_interval_steps < 1:
@@ -248,6 +250,11 @@ class Checkpointer:
         enable_async_checkpointing=async_save,
         cleanup_tmp_directories=True,  # leftovers of a crash mid-save
         create=True,
+        # multi-process runs whose sampler processes hold no train state: only the trainer
+        # processes take part in saves and restores (and in Orbax's barriers)
+        multiprocessing_options=ocp.options.MultiprocessingOptions(
+            primary_host=min(active_processes), active_processes=set(active_processes))
+        if active_processes else ocp.options.MultiprocessingOptions(),
     )
     # Handlers are named up front so a fresh process can read metadata before any save.
     handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler(),

@@ -29,7 +29,7 @@ from reasoning_rl import guards as guards_lib
 from reasoning_rl import metrics as metrics_lib
 from reasoning_rl.build import Run, build, build_template, eval_max_new_tokens
 from reasoning_rl.loop.rl_stage import RLStage
-from reasoning_rl.loop.rollouts import RolloutCollector
+from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
 from reasoning_rl.loop.sft_stage import SFTStage
 from reasoning_rl.loop.state import LoopState
 
@@ -55,11 +55,15 @@ class Trainer:
     self.state = run.state
     run.state = None  # the trainer owns the (donated) train state from here on
     self.loop = LoopState(guards=guards_lib.Guards(run.config.guards))
+    self.cluster = run.cluster
     r = run.config.rollout
-    self.collector = RolloutCollector(
-        run.engine, run.tokenizer, run.template, run.scorer, num_samples=r.num_samples,
-        max_new_tokens=r.max_new_tokens, stop_strings=r.stop_strings, sampling=run.sampling,
-        seed=run.config.seed)
+    collector_kwargs = dict(num_samples=r.num_samples, max_new_tokens=r.max_new_tokens,
+                            stop_strings=r.stop_strings, sampling=run.sampling,
+                            seed=run.config.seed)
+    if self.cluster.multi_process:  # each sampler replica collects its share
+      collector_kwargs["cluster"] = self.cluster
+    self.collector = (ShardedCollector if self.cluster.multi_process else RolloutCollector)(
+        run.engine, run.tokenizer, run.template, run.scorer, **collector_kwargs)
     if stage is None:
       stage = (RLStage(run, self.collector) if run.config.stage == "rl"
                else SFTStage(run, self.collector, self.workdir))
@@ -80,43 +84,63 @@ class Trainer:
     return self.state.replace(ref_params=None)
 
   def _restore(self, checkpointer) -> int:
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                            self._checkpoint_tree())
-    restored = checkpointer.restore_latest(abstract)
-    if restored is None:
+    """Trainer processes restore the newest checkpoint; every process gets its step and loop
+    state from process 0, and the sampler replicas the restored policy."""
+    step, meta = 0, None
+    if self.cluster.is_trainer:
+      abstract = jax.tree.map(
+          lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+          self._checkpoint_tree())
+      restored = checkpointer.restore_latest(abstract)
+      if restored is not None:
+        step, tree, meta = restored
+        self.state = tree.replace(ref_params=self.state.ref_params)
+    step, meta = self.cluster.exchange.broadcast("restored", [step, meta], source=0)
+    if step == 0:
       return 0
-    step, tree, meta = restored
-    self.state = tree.replace(ref_params=self.state.ref_params)
     self.loop.load_meta(meta)
-    self.run_parts.engine.update_params(self.state.params, version=self.loop.policy_version)
+    self.cluster.sync_params(self.run_parts.engine,
+                             self.state.params if self.cluster.is_trainer else None,
+                             version=self.loop.policy_version)
     return step
 
   # ---------------------------------------------------------------------------- the loop
 
   def run(self) -> int:
-    c = self.config
-    self.workdir.mkdir(parents=True, exist_ok=True)
-    write_model_files(self.workdir, self.run_parts.model_config, self.run_parts.tokenizer)
-    checkpointer = checkpointing.Checkpointer(self.workdir / "checkpoints", keep=c.checkpoint.keep,
-                                              async_save=c.checkpoint.async_save)
+    c, cluster = self.config, self.cluster
+    primary = cluster.is_primary  # the one process that writes the run's files
+    if primary:
+      self.workdir.mkdir(parents=True, exist_ok=True)
+      write_model_files(self.workdir, self.run_parts.model_config, self.run_parts.tokenizer)
+    checkpointer = checkpointing.Checkpointer(
+        self.workdir / "checkpoints", keep=c.checkpoint.keep, async_save=c.checkpoint.async_save,
+        active_processes=set(cluster.topology.trainer_processes) if cluster.multi_process
+        else None) if cluster.is_trainer else None
     restore_signal_handlers = checkpointing.install_preemption_handler()
     start_step = self._restore(checkpointer)
     writer = metrics_lib.MetricsWriter(self.workdir, resume_step=start_step or None,
-                                       tensorboard=c.logging.tensorboard)
+                                       tensorboard=c.logging.tensorboard) if primary else None
     progress = metrics_lib.ProgressBar(c.total_steps, initial=start_step,
-                                       enabled=None if c.logging.progress_bar else False)
+                                       enabled=None if c.logging.progress_bar and primary
+                                       else False)
     exit_code = guards_lib.DONE_EXIT_CODE
-    save = lambda step: checkpointer.save(step, self._checkpoint_tree(), self.loop.to_meta(),  # noqa
-                                          force=True)
+
+    def save(step: int) -> None:
+      if checkpointer is not None:
+        checkpointer.save(step, self._checkpoint_tree(), self.loop.to_meta(), force=True)
+
     try:
-      if start_step == 0:
+      if start_step == 0 and primary:
         (self.workdir / guards_lib.STOPPED_FILE).unlink(missing_ok=True)
+      if start_step == 0:
         progress.set_accuracy(self.evaluate(0)["accuracy"])
       self.stage.start(self.loop)
       for step in range(start_step + 1, c.total_steps + 1):
         self.state, row = self.stage.step(step, self.state, self.loop)
-        writer.write(step, row)
-        if c.logging.rollouts_every_steps and step % c.logging.rollouts_every_steps == 0:
+        if primary:
+          writer.write(step, row)
+        if (primary and c.logging.rollouts_every_steps
+            and step % c.logging.rollouts_every_steps == 0):
           records = self.stage.rollout_records(step)
           if records:
             writer.write_rollouts(step, records)
@@ -129,7 +153,8 @@ class Trainer:
           trip = self.loop.guards.check_eval(step, result)
         if trip is not None:
           save(step)
-          guards_lib.write_stopped_md(self.workdir, trip)
+          if primary:
+            guards_lib.write_stopped_md(self.workdir, trip)
           log.error("guard %s stopped the run at step %d: %s", trip.guard, step, trip.message)
           progress.write(f"stopped by guard {trip.guard} at step {step}: {trip.message} "
                          f"(see {self.workdir / guards_lib.STOPPED_FILE})")
@@ -137,7 +162,8 @@ class Trainer:
           break
         if step % c.checkpoint.every_steps == 0 or step == c.total_steps:
           save(step)
-        if checkpointing.preemption_requested():
+        # a signal may reach the processes at different steps: they stop at the same one
+        if cluster.exchange.any("preempted", checkpointing.preemption_requested()):
           save(step)
           exit_code = checkpointing.interrupt_exit_code()
           progress.write(f"{_ENDINGS[exit_code]}: checkpoint of step {step} saved; rerun on the "
@@ -147,13 +173,16 @@ class Trainer:
         if start_step < c.total_steps:
           progress.set_accuracy(self.evaluate(c.total_steps)["accuracy"])
     finally:
-      checkpointer.wait()
-      checkpointer.close()
-      writer.close()
+      if checkpointer is not None:
+        checkpointer.wait()
+        checkpointer.close()
+      if writer is not None:
+        writer.close()
       progress.close()
       self.run_parts.scorer.close()
       restore_signal_handlers()
-    self._finish(exit_code)
+    if primary:
+      self._finish(exit_code)
     return exit_code
 
   def _finish(self, exit_code: int) -> None:
@@ -177,13 +206,19 @@ class Trainer:
           max_new_tokens=eval_max_new_tokens(c), stop_strings=tuple(c.rollout.stop_strings),
           seed=c.seed, canaries=canaries)
 
-    result = evaluate_with(run.template, tuple(c.eval.canaries))
-    if self.variant_templates:
-      result["variants"] = [
-          {"instruction": instruction, **evaluation.headline(evaluate_with(template))}
-          for instruction, template in self.variant_templates]
+    def evaluate_all():
+      result = evaluate_with(run.template, tuple(c.eval.canaries))
+      if self.variant_templates:
+        result["variants"] = [
+            {"instruction": instruction, **evaluation.headline(evaluate_with(template))}
+            for instruction, template in self.variant_templates]
+      return result
+
+    # one sampler replica evaluates; every process gets the result (guards look at it)
+    result = self.cluster.evaluate(evaluate_all)
     result["time/eval_s"] = time.perf_counter() - start
-    evaluation.write_eval_result(self.workdir, step, result)
+    if self.cluster.is_primary:
+      evaluation.write_eval_result(self.workdir, step, result)
     log.info("held-out accuracy at step %d: %.3f", step, result["accuracy"])
     return result
 

@@ -11,6 +11,7 @@ from reasoning_rl import checkpointing
 from reasoning_rl import guards as guards_lib
 from reasoning_rl.config import base_config
 from reasoning_rl.metrics import read_metrics
+from reasoning_rl.multihost.cluster import local_cluster
 from reasoning_rl.rl.step import TrainState
 from reasoning_rl.trainer import Trainer
 
@@ -64,7 +65,7 @@ def _fake_run(workdir, **overrides):
                      skipped_updates=jnp.zeros((), jnp.int32))
   run = types.SimpleNamespace(
       config=config, state=state, engine=engine, tokenizer=tokenizer, template=None,
-      scorer=scorer, sampling=None, model_config=model_config)
+      scorer=scorer, sampling=None, model_config=model_config, cluster=local_cluster())
   return run, versions, closed
 
 

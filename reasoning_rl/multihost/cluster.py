@@ -85,5 +85,12 @@ def global_batch(batch: dict[str, np.ndarray], mesh) -> dict:
   return {name: one(value) for name, value in batch.items()}
 
 
-def local_cluster(topology: Topology) -> Cluster:
+def local_cluster(topology: Topology | None = None) -> Cluster:
+  """The single-process cluster (default topology: every local device trains and samples)."""
+  if topology is None:
+    import jax  # pylint: disable=import-outside-toplevel
+
+    devices = tuple(jax.local_devices())
+    topology = Topology(process_index=0, num_processes=1, trainer_devices=devices,
+                        replicas=(devices,))
   return Cluster(topology=topology, exchange=LocalExchange())
