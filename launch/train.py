@@ -33,6 +33,15 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file
                                           lock_config=True)
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Also print library logs (INFO and up) on the "
                              "terminal; they always go to WORKDIR/logs/train.log.")
+# A run over several processes (hosts). On Cloud TPU / GKE JAX finds its peers by itself and these
+# stay unset; elsewhere (several local processes, plain VMs) give all three on every process.
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "HOST:PORT of process 0's coordination service.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0..N-1.")
+_TRANSFER_ADDRESS = flags.DEFINE_string(
+    "transfer_address", None, "HOST:PORT this process listens on for cross-host weight "
+    "transfers (default: the coordinator's host, port + 1 + process id).")
 
 
 def precheck(argv) -> None:
@@ -72,7 +81,14 @@ def main(argv):
 
       print_dry_run(config)
       return 0
-    return train(config)
+    from reasoning_rl.multihost import runtime
+
+    runtime.initialize(runtime.ProcessFlags(
+        coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
+        process_id=_PROCESS_ID.value, transfer_address=_TRANSFER_ADDRESS.value))
+    exit_code = train(config)
+    runtime.finish()  # every process ended normally: none of them is "lost" when it exits
+    return exit_code
   except CheckpointError as error:
     print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
     return STORAGE_EXIT_CODE
@@ -94,14 +110,23 @@ def train(config) -> int:
   from reasoning_rl.console import send_logs_to_workdir
   from reasoning_rl.trainer import Trainer
 
+  import contextlib
+
+  import jax
+
   config_lib.validate(config)
-  workdir_lib.check_workdir_writable(config.workdir, field="config.workdir")
-  with workdir_lib.WorkdirLock(config.workdir):
-    send_logs_to_workdir(config.workdir, verbose=_VERBOSE.value)
+  # process 0 owns the workdir's files (lock, logs, fingerprint); every process trains
+  primary = jax.process_index() == 0
+  if primary:
+    workdir_lib.check_workdir_writable(config.workdir, field="config.workdir")
+  with workdir_lib.WorkdirLock(config.workdir) if primary else contextlib.nullcontext():
+    if primary:
+      send_logs_to_workdir(config.workdir, verbose=_VERBOSE.value)
     run = build(config)
     try:
-      workdir_lib.check_or_write_fingerprint(config.workdir, config.to_dict(),
-                                             allow_changes=tuple(config.resume.allow_changes))
+      if primary:
+        workdir_lib.check_or_write_fingerprint(config.workdir, config.to_dict(),
+                                               allow_changes=tuple(config.resume.allow_changes))
     except ReasoningRLError:
       run.scorer.close()
       raise

@@ -249,7 +249,7 @@ class Checkpointer:
         preservation_policy=checkpoint_managers.LatestN(keep),
         enable_async_checkpointing=async_save,
         cleanup_tmp_directories=True,  # leftovers of a crash mid-save
-        create=True,
+        create=not active_processes,  # Orbax cannot create it then; mkdir above did
         # multi-process runs whose sampler processes hold no train state: only the trainer
         # processes take part in saves and restores (and in Orbax's barriers)
         multiprocessing_options=ocp.options.MultiprocessingOptions(

@@ -7,11 +7,11 @@ rules) and the trainer mesh (T devices) differ, so the sync goes in two moves:
 1. On the trainer mesh (one jit, trainer processes only): lay the parameters out as the replicas
    want them, on a "send mesh" = the trainer devices arranged as (T/S copies) × (replica mesh
    shape). Device j of copy c then holds exactly the shard that device j of a replica needs.
-2. One batched `jax.device_put` of single-device shards: copy c's device j → replica r's device j,
+2. `jax.device_put` of single-device shards: copy c's device j → replica r's device j,
    with c = the copy on replica r's own process when there is one (colocated runs: the move stays
    on the host) and r mod (T/S) otherwise (split runs: replicas pull from different copies, which
-   spreads the traffic). Every process makes the same call with the same list; the side that does
-   not hold a shard passes a data-less placeholder for it. Each replica then assembles its arrays
+   spreads the traffic). One call per (sending, receiving) process pair, made by every process
+   in the same order; the side that does not hold a shard passes a data-less placeholder for it. Each replica then assembles its arrays
    from its local shards (`jax.make_array_from_single_device_arrays`).
 
 Values are bit-identical to the trainer's. Requires S to divide T (`topology.check_sync_shapes`).
@@ -69,28 +69,38 @@ class ParamSync:
     if self.topology.is_trainer:
       sent = self._to_send_layout(*jax.tree.leaves(params))
       local_shards = [{s.device: s.data for s in leaf.addressable_shards} for leaf in sent]
-    sources, targets, mine = [], [], []
+    # (source process, target process) -> [(leaf, source array, target device)]
+    pairs: dict[tuple[int, int], list] = {}
     for leaf, aval in enumerate(self._avals):
       for replica, mesh in enumerate(self.replica_meshes):
         copy = self.send_mesh.devices[self._copy_of_replica[replica]]
         shard_shape = self._replica_shardings[replica][leaf].shard_shape(aval.shape)
         for position in np.ndindex(mesh.devices.shape):
           source, target = copy[position], mesh.devices[position]
+          route = (source.process_index, target.process_index)
+          if route[0] == route[1] and route[0] != me:
+            continue  # a copy inside another process: that process makes it alone
           if source.process_index == me:
-            sources.append(local_shards[leaf][source])
+            array = local_shards[leaf][source]
           else:  # a placeholder: the array lives on another process
-            sources.append(jax.make_array_from_single_device_arrays(
-                shard_shape, SingleDeviceSharding(source), [], dtype=aval.dtype))
-          targets.append(SingleDeviceSharding(target))
-          if target.process_index == me:
-            mine.append((leaf, len(sources) - 1))
-    moved = jax.device_put(sources, targets, may_alias=False)
+            array = jax.make_array_from_single_device_arrays(
+                shard_shape, SingleDeviceSharding(source), [], dtype=aval.dtype)
+          pairs.setdefault(route, []).append((leaf, array, target))
+    # One device_put per (source, target) process pair, made by every process in the same order:
+    # JAX (0.10, CPU) matches the transfers of one call by their order on each side, so a call
+    # mixing several receiving (or sending) processes hands a receiver another's data.
+    per_leaf = [[] for _ in self._avals]
+    for route in sorted(pairs):
+      entries = pairs[route]
+      moved = jax.device_put([array for _, array, _ in entries],
+                             [SingleDeviceSharding(target) for _, _, target in entries],
+                             may_alias=False)
+      if route[1] == me:
+        for (leaf, _, _), array in zip(entries, moved):
+          per_leaf[leaf].append(array)
     replica = self.topology.replica_index
     if replica is None:
       return None
-    per_leaf = [[] for _ in self._avals]
-    for leaf, index in mine:
-      per_leaf[leaf].append(moved[index])
     leaves = [jax.make_array_from_single_device_arrays(aval.shape,
                                                        self._replica_shardings[replica][leaf],
                                                        per_leaf[leaf])

@@ -36,6 +36,7 @@ LOST_PROCESS_EXIT_CODE = 5
 # watcher notices within one poll after that, well inside a 60 s budget.
 HEARTBEAT_TIMEOUT_S = 10
 _WATCH_PERIOD_S = 1.0
+_finished = threading.Event()  # set once every process reached the end: peers may then leave
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,14 +132,14 @@ def watch_peers(period_s: float = _WATCH_PERIOD_S) -> threading.Thread:
 
   def watch():
     client = _client()
-    while True:
+    while not _finished.is_set():
       try:
         live = set(client.get_live_nodes(everyone))
       except Exception as error:  # pylint: disable=broad-except
         lost_line(f"the coordination service (process 0) is unreachable: "
                   f"{str(error).splitlines()[0]}")
       lost = sorted(set(everyone) - live)
-      if lost:
+      if lost and not _finished.is_set():
         lost_line(f"process{'es' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of "
                   f"{len(everyone)} stopped sending heartbeats (killed, crashed or unreachable)")
       time.sleep(period_s)
@@ -152,3 +153,29 @@ def watch_peers(period_s: float = _WATCH_PERIOD_S) -> threading.Thread:
   thread = threading.Thread(target=watch, name="reasoning_rl-peer-watch", daemon=True)
   thread.start()
   return thread
+
+
+def finish(timeout_s: float = 3600.0) -> None:
+  """A normal end: waits until every process got here, stops watching peers, and leaves the run
+  in order — the others disconnect first, process 0 (which hosts the coordination service) last,
+  so no process loses the service while it shuts down. No-op in single-process runs."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  if jax.process_count() == 1 or _finished.is_set():
+    return
+  client = _client()
+  client.wait_at_barrier("reasoning_rl/finished", int(timeout_s * 1000))
+  _finished.set()
+  if jax.process_index() != 0:
+    jax.distributed.shutdown()
+    return
+  others = list(range(1, jax.process_count()))
+  deadline = time.monotonic() + 60
+  while time.monotonic() < deadline:
+    try:
+      if not client.get_live_nodes(others):
+        break
+    except Exception:  # pylint: disable=broad-except
+      break
+    time.sleep(0.2)
+  jax.distributed.shutdown()
