@@ -1,0 +1,90 @@
+"""Launching a debug_cpu training run as several local processes (the multi-process tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+DEVICES_PER_PROCESS = 2
+
+
+def free_port_block(size: int = 8) -> int:
+  """A base port such that base .. base + size look free (coordinator + transfer sockets)."""
+  for _ in range(50):
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      base = s.getsockname()[1]
+    if base + size < 65535 and all(_free(base + i) for i in range(1, size)):
+      return base
+  raise RuntimeError("no free port block")
+
+
+def _free(port: int) -> bool:
+  with socket.socket() as s:
+    try:
+      s.bind(("127.0.0.1", port))
+      return True
+    except OSError:
+      return False
+
+
+def train_command(workdir, overrides=(), *, port=None, num_processes=1, process_id=0):
+  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
+             f"--config.workdir={workdir}", *overrides]
+  if port is not None:
+    command += [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={num_processes}",
+                f"--process_id={process_id}"]
+  return command
+
+
+def environment(devices: int) -> dict:
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONUNBUFFERED"] = "1"
+  return env
+
+
+def start_processes(workdir, overrides=(), *, num_processes=4, log_dir=None):
+  """Starts the processes of one run; returns [Popen] (stdout+stderr to log files)."""
+  port = free_port_block(num_processes + 2)
+  log_dir = pathlib.Path(log_dir or workdir).parent
+  processes = []
+  for index in range(num_processes):
+    log = open(log_dir / f"{pathlib.Path(workdir).name}.p{index}.log", "ab")  # noqa: SIM115
+    processes.append(subprocess.Popen(
+        train_command(workdir, overrides, port=port, num_processes=num_processes,
+                      process_id=index),
+        cwd=REPO, env=environment(DEVICES_PER_PROCESS), stdout=log, stderr=subprocess.STDOUT))
+  return processes
+
+
+def wait_all(processes, timeout_s: float = 600) -> list[int]:
+  deadline = time.monotonic() + timeout_s
+  codes = []
+  for process in processes:
+    try:
+      codes.append(process.wait(timeout=max(1, deadline - time.monotonic())))
+    except subprocess.TimeoutExpired:
+      for p in processes:
+        p.kill()
+      raise
+  return codes
+
+
+def run_single(workdir, overrides=(), *, devices: int = 8, timeout_s: float = 600):
+  return subprocess.run(train_command(workdir, overrides), cwd=REPO, env=environment(devices),
+                        capture_output=True, text=True, timeout=timeout_s)
+
+
+def metrics_rows(workdir) -> list[dict]:
+  path = pathlib.Path(workdir) / "metrics.jsonl"
+  if not path.exists():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

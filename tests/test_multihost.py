@@ -1,0 +1,205 @@
+"""Multi-process runs: roles, the host exchange, and real 4-process training runs on this machine
+(2 CPU devices per process, gloo collectives, the coordination service on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+
+from reasoning_rl.errors import ConfigError
+from reasoning_rl.multihost import runtime
+from reasoning_rl.multihost.exchange import Exchange
+from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
+from tests import multihost_runs as runs
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeDevice:
+  id: int
+  process_index: int
+
+
+def devices(num_processes: int, per_process: int) -> list[FakeDevice]:
+  # deliberately not in process-major order: the topology must sort them
+  return [FakeDevice(1000 * p + d, p) for d in range(per_process) for p in range(num_processes)]
+
+
+# ------------------------------------------------------------------------------------ topology
+
+
+def test_split_topology_gives_whole_processes_to_each_role():
+  topology = make_topology(4, devices(4, 2), process_index=2, num_processes=4)
+  assert topology.trainer_processes == (0, 1)
+  assert topology.replica_processes == (2, 3)
+  assert [d.process_index for d in topology.trainer_devices] == [0, 0, 1, 1]
+  assert topology.is_sampler and not topology.is_trainer and topology.replica_index == 0
+  assert make_topology(4, devices(4, 2), process_index=1, num_processes=4).replica_index is None
+  check_sync_shapes(topology)  # 2-device replicas divide 4 trainer devices
+
+
+def test_colocated_topology_has_one_replica_per_process():
+  topology = make_topology(0, devices(4, 2), process_index=3, num_processes=4)
+  assert len(topology.trainer_devices) == 8
+  assert topology.replica_processes == (0, 1, 2, 3)
+  assert topology.is_trainer and topology.replica_index == 3
+  assert all(d.process_index == 3 for d in topology.local_replica_devices)
+
+
+def test_split_inside_a_process_is_refused_naming_the_field():
+  with pytest.raises(ConfigError, match=r"config.mesh.num_trainer_devices=3.*multiple of the 2"):
+    make_topology(3, devices(4, 2), process_index=0, num_processes=4)
+
+
+def test_replicas_must_divide_the_trainer_mesh():
+  topology = make_topology(4, devices(3, 4), process_index=0, num_processes=3)
+  check_sync_shapes(topology)  # 4 trainer devices, replicas of 4
+  # whole processes of equal size always divide; an uneven trainer slice is built by hand
+  uneven = dataclasses.replace(topology, trainer_devices=topology.trainer_devices[:3])
+  with pytest.raises(ConfigError, match="does not divide the 3 trainer devices"):
+    check_sync_shapes(uneven)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (runtime.ProcessFlags(coordinator_address="127.0.0.1:1234"), "--num_processes, --process_id"),
+    (runtime.ProcessFlags("127.0.0.1", 2, 0), "use HOST:PORT"),
+    (runtime.ProcessFlags("127.0.0.1:9", 2, 2), r"--process_id=2: must be in 0..1"),
+    (runtime.ProcessFlags(transfer_address="127.0.0.1:5"), "--transfer_address"),
+])
+def test_process_flags_are_checked_in_one_line(flags, message):
+  with pytest.raises(ConfigError, match=message):
+    flags.check()
+
+
+def test_transfer_address_defaults_to_a_port_per_process():
+  flags = runtime.ProcessFlags("127.0.0.1:9000", 4, 3)
+  assert flags.derived_transfer_address() == "127.0.0.1:9004"
+  assert runtime.ProcessFlags("h:1", 2, 1, "10.0.0.2:7").derived_transfer_address() == "10.0.0.2:7"
+
+
+# ------------------------------------------------------------------------------------ exchange
+
+
+class FakeStore:
+  """The coordination service's key-value store, shared by the threads of a test."""
+
+  def __init__(self):
+    self.values, self.condition = {}, threading.Condition()
+
+  def key_value_set_bytes(self, key, value):
+    with self.condition:
+      assert key not in self.values, f"{key} written twice"
+      self.values[key] = bytes(value)
+      self.condition.notify_all()
+
+  def key_value_set(self, key, value):
+    self.key_value_set_bytes(key, value.encode())
+
+  def blocking_key_value_get_bytes(self, key, timeout_ms):
+    with self.condition:
+      assert self.condition.wait_for(lambda: key in self.values, timeout_ms / 1000)
+      return self.values[key]
+
+  def blocking_key_value_get(self, key, timeout_ms):
+    return self.blocking_key_value_get_bytes(key, timeout_ms).decode()
+
+  def key_value_delete(self, key):
+    with self.condition:
+      del self.values[key]
+
+
+def run_processes(store, count, body):
+  results = [None] * count
+
+  def one(index):
+    results[index] = body(Exchange(store, process_index=index, num_processes=count))
+
+  threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(30)
+  return results
+
+
+def test_exchange_broadcast_and_gather_give_every_process_the_same_values(monkeypatch):
+  import numpy as np
+
+  monkeypatch.setattr("reasoning_rl.multihost.exchange._CHUNK_BYTES", 64)  # force chunking
+  store = FakeStore()
+
+  def body(exchange):
+    me = exchange.process_index
+    seen = [exchange.broadcast("row", {"step": 1, "loss": np.float32(0.5), "big": "x" * 500}
+                               if me == 0 else None)]
+    seen.append(exchange.gather("part", [me, me * 10]))
+    seen.append(exchange.any("stop", me == 2))
+    seen.append(exchange.broadcast("eval", me * 100, source=1))
+    return seen
+
+  results = run_processes(store, 3, body)
+  expected = [{"step": 1, "loss": 0.5, "big": "x" * 500}, [[0, 0], [1, 10], [2, 20]], True, 100]
+  assert results == [expected] * 3
+  # every key of calls before the last gather is deleted again; only the latest calls remain
+  assert all(int(key.split("/")[1]) >= 3 for key in store.values), sorted(store.values)
+
+
+# -------------------------------------------------------------------- real multi-process runs
+
+STEPS = ["--config.total_steps=2", "--config.eval.num_examples=4"]
+
+
+@pytest.fixture(scope="module")
+def single_process_reference(tmp_path_factory):
+  """debug_cpu for 2 steps in one process with 8 devices."""
+  workdir = tmp_path_factory.mktemp("single") / "run"
+  result = runs.run_single(workdir, STEPS, devices=8)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return runs.metrics_rows(workdir)
+
+
+def assert_same_training(rows, reference):
+  assert [r["step"] for r in rows] == [1, 2]  # metrics.jsonl written once: one row per step
+  for row, ref in zip(rows, reference):
+    assert row["reward/mean"] == ref["reward/mean"]
+    assert row["data_position"] == ref["data_position"]
+    assert row["policy_version"] == ref["policy_version"]
+    assert row["entropy"] == pytest.approx(ref["entropy"], rel=1e-5)
+    assert row["loss"] == pytest.approx(ref["loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("trainer_devices", [4, 0], ids=["split", "colocated"])
+def test_four_processes_train_like_one(tmp_path, single_process_reference, trainer_devices):
+  """Split: processes 0-1 train, 2-3 sample (weights move across processes each step);
+  colocated: every process trains and samples. Step 1 and 2 equal the one-process run."""
+  workdir = tmp_path / "run"
+  processes = runs.start_processes(
+      workdir, STEPS + [f"--config.mesh.num_trainer_devices={trainer_devices}"])
+  assert runs.wait_all(processes) == [0, 0, 0, 0], _logs(tmp_path)
+  assert_same_training(runs.metrics_rows(workdir), single_process_reference)
+
+
+def test_a_killed_process_stops_the_others_and_a_rerun_resumes(tmp_path):
+  workdir = tmp_path / "run"
+  overrides = ["--config.total_steps=5", "--config.checkpoint.every_steps=2",
+               "--config.eval.num_examples=4", "--config.mesh.num_trainer_devices=4"]
+  processes = runs.start_processes(workdir, overrides)
+  deadline = time.monotonic() + 400
+  while len(runs.metrics_rows(workdir)) < 3 and time.monotonic() < deadline:
+    time.sleep(0.2)
+  killed = time.monotonic()
+  processes[3].kill()  # a sampler process
+  codes = runs.wait_all(processes, timeout_s=120)
+  assert time.monotonic() - killed < 60
+  assert codes[:3] == [runtime.LOST_PROCESS_EXIT_CODE] * 3, _logs(tmp_path)
+  logs = _logs(tmp_path)
+  assert logs.count("process 3 of 4 stopped sending heartbeats") == 3
+  processes = runs.start_processes(workdir, overrides)
+  assert runs.wait_all(processes) == [0, 0, 0, 0], _logs(tmp_path)
+  assert [r["step"] for r in runs.metrics_rows(workdir)] == [1, 2, 3, 4, 5]
+
+
+def _logs(directory) -> str:
+  return "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(directory.glob("*.log")))
