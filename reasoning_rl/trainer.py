@@ -180,7 +180,10 @@ class Trainer:
         writer.close()
       progress.close()
       self.run_parts.scorer.close()
-      restore_signal_handlers()
+      if exit_code not in (guards_lib.PREEMPTED_EXIT_CODE, 130):
+        # after a stop on a signal (here or on another process), keep ours: a late SIGTERM (this
+        # host's own preemption notice) must not kill the orderly exit with 130 / 143
+        restore_signal_handlers()
     if primary:
       self._finish(exit_code)
     return exit_code

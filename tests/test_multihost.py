@@ -203,3 +203,28 @@ def test_a_killed_process_stops_the_others_and_a_rerun_resumes(tmp_path):
 
 def _logs(directory) -> str:
   return "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(directory.glob("*.log")))
+
+
+def test_sigterm_on_every_process_saves_one_checkpoint_and_exits_143(tmp_path):
+  """TPU preemption: every host gets SIGTERM, perhaps at different moments; all processes stop
+  after the same step, one checkpoint of it is saved, and a rerun finishes the run."""
+  import signal
+
+  workdir = tmp_path / "run"
+  overrides = ["--config.total_steps=6", "--config.checkpoint.every_steps=100",
+               "--config.eval.num_examples=4", "--config.mesh.num_trainer_devices=4"]
+  processes = runs.start_processes(workdir, overrides)
+  deadline = time.monotonic() + 400
+  while len(runs.metrics_rows(workdir)) < 2 and time.monotonic() < deadline:
+    time.sleep(0.2)
+  for process in processes:
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # not all at once
+  assert runs.wait_all(processes, timeout_s=120) == [143] * 4, _logs(tmp_path)
+  stopped_at = runs.metrics_rows(workdir)[-1]["step"]
+  assert stopped_at < 6
+  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
+                if p.name.isdigit()) == [stopped_at]
+  processes = runs.start_processes(workdir, overrides)
+  assert runs.wait_all(processes) == [0, 0, 0, 0], _logs(tmp_path)
+  assert [r["step"] for r in runs.metrics_rows(workdir)] == [1, 2, 3, 4, 5, 6]

@@ -36,6 +36,7 @@ LOST_PROCESS_EXIT_CODE = 5
 # watcher notices within one poll after that, well inside a 60 s budget.
 HEARTBEAT_TIMEOUT_S = 10
 _WATCH_PERIOD_S = 1.0
+_LEAVE_GRACE_S = 3.0
 _finished = threading.Event()  # set once every process reached the end: peers may then leave
 
 
@@ -103,6 +104,9 @@ def initialize(flags: ProcessFlags = ProcessFlags()) -> bool:
   if not flags.given and not cluster_detected():
     return False
   jax.config.update("jax_enable_recoverability", True)
+  # SIGTERM is ours (checkpoint, exit 143; reasoning_rl.checkpointing): JAX's preemption service
+  # would take the signal over, and the processes agree on the stop step through the exchange
+  jax.config.update("jax_enable_preemption_service", False)
   if flags.given:
     if flags.num_processes == 1:
       return False
@@ -167,15 +171,11 @@ def finish(timeout_s: float = 3600.0) -> None:
   client.wait_at_barrier("reasoning_rl/finished", int(timeout_s * 1000))
   _finished.set()
   if jax.process_index() != 0:
+    client.key_value_set(f"reasoning_rl/leaving/{jax.process_index()}", "1")
     jax.distributed.shutdown()
     return
-  others = list(range(1, jax.process_count()))
-  deadline = time.monotonic() + 60
-  while time.monotonic() < deadline:
-    try:
-      if not client.get_live_nodes(others):
-        break
-    except Exception:  # pylint: disable=broad-except
-      break
-    time.sleep(0.2)
+  for index in range(1, jax.process_count()):
+    client.blocking_key_value_get(f"reasoning_rl/leaving/{index}", 60_000)
+  # the others disconnect within milliseconds of announcing it; the service must outlive that
+  time.sleep(_LEAVE_GRACE_S)
   jax.distributed.shutdown()
