@@ -12,7 +12,11 @@ WORKDIR/report.md (with plots) is written however the run ends.
 
 Exit codes: 0 finished; 2 bad config or input (one line naming the field); 3 a guard stopped the
 run (see WORKDIR/STOPPED.md); 4 storage failure (a checkpoint could not be read or written);
-130 interrupted by Ctrl-C and 143 preempted by SIGTERM, both after saving a checkpoint.
+5 another process of a multi-process run was lost; 130 interrupted by Ctrl-C and 143 preempted by
+SIGTERM, both after saving a checkpoint.
+
+Several processes (hosts): on Cloud TPU / GKE nothing extra; elsewhere give every process
+`--coordinator_address=HOST:PORT --num_processes=N --process_id=I` (docs/multihost.md).
 """
 
 import importlib.util
