@@ -2,7 +2,9 @@
 
 Qwen2.5-7B base from a local Hugging Face directory; countdown (Gandhi et al. 2025 / TinyZero) and
 GSM-style symbolic math (reasoning-gym gsm_symbolic); G = 16 samples per prompt; long completions;
-the slice split into a trainer half and a sampler half; KL k3 (β small); DAPO's clip-higher and
+a v5p-64 slice (32 chips on 8 hosts of 4) split by hosts: 4 trainer hosts (16 chips, FSDP 4 ×
+tensor 4) and 4 sampler hosts, each sampler host its own replica (tensor 4) fed device to device
+after every step (docs/multihost.md); KL k3 (β small); DAPO's clip-higher and
 dynamic sampling (Yu et al. 2025); Dr. GRPO's length-unbiased aggregation (Liu et al. 2025).
 
   python launch/train.py --config=configs/r1zero_tpu.py --config.workdir=gs://…/run \
@@ -53,7 +55,7 @@ def get_config():
   c.algo.epsilon_low = 0.2
   c.algo.epsilon_high = 0.28
   c.algo.loss_agg = "seq-mean-token-sum-norm"
-  c.algo.num_micro_batches = 16
+  c.algo.num_micro_batches = 32  # 32 rows of 4.6k tokens per micro-batch, 8 per device
   c.algo.logprob_chunk = 256
   c.algo.remat = True  # 4.6k-token rows: keep one layer's attention scores, not 28
   c.beta = 0.001
@@ -62,10 +64,13 @@ def get_config():
   c.optim.weight_decay = 0.01
   c.dynamic_sampling.enabled = True
   c.dynamic_sampling.max_rounds = 3
-  c.mesh.num_trainer_devices = 32
-  c.mesh.trainer = (1, -1, 4)
-  c.mesh.sampler = (-1, 1, 4)
-  c.target = ml_collections.ConfigDict(dict(tpu="v5p", num_devices=64))
+  # v5p-64 = 32 chips (JAX devices), 4 per host on 8 hosts; the split falls between hosts
+  # 1024 rows per batch shard evenly over 4 FSDP groups (not over 6: 24 trainer chips would not
+  # divide the batch); each replica's 4 chips divide the 16 trainer chips (the weight sync's rule)
+  c.mesh.num_trainer_devices = 16  # hosts 0-3 train; hosts 4-7 sample
+  c.mesh.trainer = (1, -1, 4)  # fsdp 4 × tensor 4
+  c.mesh.sampler = (-1, 1, 4)  # per sampler host (1, 1, 4); the dry run sees all four: (4, 1, 4)
+  c.target = ml_collections.ConfigDict(dict(tpu="v5p", num_devices=32))
   c.checkpoint.every_steps = 25
   c.checkpoint.keep = 3
   c.eval.every_steps = 25

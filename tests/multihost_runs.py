@@ -55,6 +55,7 @@ def start_processes(workdir, overrides=(), *, num_processes=4, log_dir=None):
   """Starts the processes of one run; returns [Popen] (stdout+stderr to log files)."""
   port = free_port_block(num_processes + 2)
   log_dir = pathlib.Path(log_dir or workdir).parent
+  log_dir.mkdir(parents=True, exist_ok=True)
   processes = []
   for index in range(num_processes):
     log = open(log_dir / f"{pathlib.Path(workdir).name}.p{index}.log", "ab")  # noqa: SIM115

@@ -228,3 +228,31 @@ def test_sigterm_on_every_process_saves_one_checkpoint_and_exits_143(tmp_path):
   processes = runs.start_processes(workdir, overrides)
   assert runs.wait_all(processes) == [0, 0, 0, 0], _logs(tmp_path)
   assert [r["step"] for r in runs.metrics_rows(workdir)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_r1zero_tpu_config_is_a_v5p_64_split_by_hosts():
+  """configs/r1zero_tpu.py: 32 chips on 8 hosts of 4; hosts 0-3 train, 4-7 each run a replica; the
+  dry-run plan fits both slices (the planner plans the target slice, not this machine)."""
+  import contextlib
+  import importlib.util
+  import io
+
+  from reasoning_rl import planning
+
+  spec = importlib.util.spec_from_file_location("r1zero_tpu", runs.REPO / "configs" / "r1zero_tpu.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  assert (config.target.tpu, config.target.num_devices) == ("v5p", 32)
+  topology = make_topology(config.mesh.num_trainer_devices, devices(8, 4), process_index=5,
+                           num_processes=8)
+  assert topology.trainer_processes == (0, 1, 2, 3)
+  assert topology.replica_processes == (4, 5, 6, 7) and topology.replica_index == 1
+  check_sync_shapes(topology)
+  buffer = io.StringIO()
+  with contextlib.redirect_stdout(buffer):
+    planning.print_dry_run(config)
+  text = buffer.getvalue()
+  assert "Target: 32 x TPU v5p" in text
+  assert "trainer slice: 16 devices" in text and "sampler slice: 16 devices" in text
+  assert "Verdict: fits" in text

@@ -47,13 +47,16 @@ class Cluster:
     return self.topology.replica_processes[0]
 
   def sync_params(self, engine, params, *, version: int) -> None:
-    """Publishes the trainer's `params` as policy `version` to every sampler replica."""
+    """Publishes the trainer's `params` as policy `version` to every sampler replica; returns when
+    this process's replica holds them (so `time/sync_s` is the copy, not its dispatch)."""
+    import jax  # pylint: disable=import-outside-toplevel
+
     if self.param_sync is None:
-      engine.update_params(params, version=version)
+      jax.block_until_ready(engine.update_params(params, version=version))
       return
     local = self.param_sync.send(params if self.is_trainer else None)
     if engine is not None:
-      engine.update_params(local, version=version)
+      jax.block_until_ready(engine.update_params(local, version=version))
 
   def evaluate(self, run_evaluation) -> dict:
     """`run_evaluation()` on the evaluator process; every process gets its result."""
