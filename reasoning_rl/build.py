@@ -243,6 +243,10 @@ def build(config: ml_collections.ConfigDict) -> Run:
 
   config_lib.validate(config, num_devices=jax.device_count())
   topology = build_topology(config)
+  if topology.multi_process and config.stage != "rl":
+    raise ConfigError(f"config.stage={config.stage!r}: runs over several processes train the RL "
+                      "stage only; run SFT stages in one process (their checkpoint then starts "
+                      "the multi-process RL run through model.path)")
   trainer_mesh, sampler_mesh = build_meshes(config, topology)
   model, tokenizer = build_policy(config)
   template = build_template(config, tokenizer)
