@@ -34,7 +34,7 @@ log = logging.getLogger("reasoning_rl")
 LOST_PROCESS_EXIT_CODE = 5
 # Seconds without a heartbeat after which the coordination service declares a process dead; the
 # watcher notices within one poll after that, well inside a 60 s budget.
-HEARTBEAT_TIMEOUT_S = 10
+HEARTBEAT_TIMEOUT_S = 30
 _WATCH_PERIOD_S = 1.0
 _LEAVE_GRACE_S = 3.0
 _finished = threading.Event()  # set once every process reached the end: peers may then leave
