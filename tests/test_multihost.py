@@ -53,9 +53,14 @@ def test_split_inside_a_process_is_refused_naming_the_field():
     make_topology(3, devices(4, 2), process_index=0, num_processes=4)
 
 
+def test_a_trainer_slice_on_one_process_is_refused():
+  with pytest.raises(ConfigError, match="lies on one process of 4.*use 4 or more"):
+    make_topology(2, devices(4, 2), process_index=0, num_processes=4)
+
+
 def test_replicas_must_divide_the_trainer_mesh():
-  topology = make_topology(4, devices(3, 4), process_index=0, num_processes=3)
-  check_sync_shapes(topology)  # 4 trainer devices, replicas of 4
+  topology = make_topology(8, devices(4, 4), process_index=0, num_processes=4)
+  check_sync_shapes(topology)  # 8 trainer devices, replicas of 4
   # whole processes of equal size always divide; an uneven trainer slice is built by hand
   uneven = dataclasses.replace(topology, trainer_devices=topology.trainer_devices[:3])
   with pytest.raises(ConfigError, match="does not divide the 3 trainer devices"):

@@ -108,6 +108,12 @@ def make_topology(num_trainer_devices: int, devices: Sequence, *, process_index:
         f"{field}={num_trainer_devices}: splits the devices of process {min(split)} between the "
         f"trainer and the sampler; with several processes the split must fall between processes: "
         f"use a multiple of the {local} devices per process (or 0 to colocate)")
+  if len({d.process_index for d in trainer}) == 1:
+    # Orbax refuses to checkpoint arrays that live on one process of a multi-process run
+    raise ConfigError(
+        f"{field}={num_trainer_devices}: the trainer slice lies on one process of "
+        f"{num_processes}; its checkpoints need it to span at least two processes (use "
+        f"{2 * len(by_process[0])} or more) or colocate (0)")
   sampler_processes = sorted({d.process_index for d in sampler})
   replicas = tuple(tuple(by_process[p]) for p in sampler_processes)
   return Topology(process_index, num_processes, tuple(trainer), replicas)

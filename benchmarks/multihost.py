@@ -1,0 +1,92 @@
+"""Multi-process runs on this machine: weight-sync speed across processes and step time vs the
+number of processes sharing one global mesh.
+
+Usage: python -m benchmarks.multihost [--steps 5] [--sync_hidden 1024] [--sync_layers 8]
+
+- sync: a random Qwen2-shaped model (hidden --sync_hidden, --sync_layers layers) trained with
+  debug_cpu's task, (a) in one process with 2 devices split trainer | sampler (the sync is a
+  device-to-device copy inside the process) and (b) in 2 processes of 2 devices, process 0 training
+  and process 1 sampling (the sync crosses processes: `reasoning_rl.multihost.param_sync`).
+  Seconds per GiB = median `time/sync_s` of steps 2.. / parameter GiB.
+- step: debug_cpu colocated on 8 devices in total, as 1 process × 8, 2 × 4 and 4 × 2 devices:
+  median `time/step_s` of steps 2.. (step 1 compiles).
+Every process is a real `launch/train.py` (gloo collectives, the coordination service on
+127.0.0.1); they share this machine's cores, so more processes also means more contention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import tempfile
+
+from tests import multihost_runs as runs
+
+
+def _median(rows, key):
+  return statistics.median(r[key] for r in rows[1:]) if len(rows) > 1 else float("nan")
+
+
+def _run(workdir, overrides, *, processes: int, devices_per_process: int):
+  if processes == 1:
+    result = runs.run_single(workdir, overrides, devices=devices_per_process)
+    if result.returncode:
+      sys.exit(f"run failed:\n{result.stderr[-3000:]}")
+  else:
+    runs.DEVICES_PER_PROCESS = devices_per_process
+    codes = runs.wait_all(runs.start_processes(workdir, overrides, num_processes=processes))
+    if any(codes):
+      sys.exit(f"run failed with exit codes {codes}; logs beside {workdir}")
+  return runs.metrics_rows(workdir)
+
+
+def _num_params(workdir) -> int:
+  """Parameter count of the run's model (WORKDIR/model/config.json)."""
+  from reasoning_rl.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
+
+  return ModelConfig.from_hf_config(
+      json.loads((pathlib.Path(workdir) / "model" / "config.json").read_text())).num_params()
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--steps", type=int, default=5)
+  parser.add_argument("--sync_hidden", type=int, default=1024)
+  parser.add_argument("--sync_layers", type=int, default=8)
+  args = parser.parse_args()
+  common = [f"--config.total_steps={args.steps}", "--config.eval.num_examples=4",
+            "--config.checkpoint.every_steps=1000", "--config.logging.tensorboard=False"]
+  h = args.sync_hidden
+  big = [f"--config.model.random.hidden_size={h}", f"--config.model.random.intermediate_size={2 * h}",
+         f"--config.model.random.num_layers={args.sync_layers}", "--config.model.random.num_heads=8",
+         "--config.model.random.num_kv_heads=8", f"--config.model.random.head_dim={h // 8}"]
+  print("| run | parameters | time/sync_s (median) | s per GiB | time/step_s |")
+  print("|---|---|---|---|---|")
+  tmp = tempfile.mkdtemp(prefix="multihost_bench_")
+  print(f"workdirs and logs under {tmp}")
+  for name, processes in (("1 process, split 1 | 1 device", 1),
+                          ("4 processes × 2 devices, 0-1 train, 2-3 sample", 4)):
+    overrides = common + big + ["--config.mesh.num_trainer_devices=" +
+                                ("1" if processes == 1 else "4")]
+    rows = _run(f"{tmp}/sync{processes}/run", overrides, processes=processes,
+                devices_per_process=2)
+    params = _num_params(f"{tmp}/sync{processes}/run")
+    gib = params * 4 / 2**30
+    sync = _median(rows, "time/sync_s")
+    print(f"| {name} | {params / 1e6:.0f}M ({gib:.2f} GiB f32) | {sync:.3f} | {sync / gib:.3f} | "
+          f"{_median(rows, 'time/step_s'):.2f} |")
+  print()
+  print("| debug_cpu, colocated, 8 devices as | time/step_s (median) | time/sample_s | time/train_s |")
+  print("|---|---|---|---|")
+  for processes in (1, 2, 4):
+    rows = _run(f"{tmp}/step{processes}/run", common, processes=processes,
+                devices_per_process=8 // processes)
+    print(f"| {processes} × {8 // processes} | {_median(rows, 'time/step_s'):.3f} | "
+          f"{_median(rows, 'time/sample_s'):.3f} | {_median(rows, 'time/train_s'):.3f} |")
+
+
+if __name__ == "__main__":
+  main()
