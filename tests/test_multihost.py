@@ -190,10 +190,7 @@ def test_a_killed_process_stops_the_others_and_a_rerun_resumes(tmp_path):
   workdir = tmp_path / "run"
   overrides = ["--config.total_steps=5", "--config.checkpoint.every_steps=2",
                "--config.eval.num_examples=4", "--config.mesh.num_trainer_devices=4"]
-  processes = runs.start_processes(workdir, overrides)
-  deadline = time.monotonic() + 400
-  while len(runs.metrics_rows(workdir)) < 3 and time.monotonic() < deadline:
-    time.sleep(0.2)
+  processes = start_and_wait_for_rows(workdir, overrides, 3)
   killed = time.monotonic()
   processes[3].kill()  # a sampler process
   codes = runs.wait_all(processes, timeout_s=120)
@@ -204,6 +201,15 @@ def test_a_killed_process_stops_the_others_and_a_rerun_resumes(tmp_path):
   processes = runs.start_processes(workdir, overrides)
   assert runs.wait_all(processes) == [0, 0, 0, 0], _logs(tmp_path)
   assert [r["step"] for r in runs.metrics_rows(workdir)] == [1, 2, 3, 4, 5]
+
+
+def start_and_wait_for_rows(workdir, overrides, rows: int, timeout_s: float = 400):
+  """Starts the 4 processes of a run; returns once metrics.jsonl has `rows` rows."""
+  processes = runs.start_processes(workdir, overrides)
+  deadline = time.monotonic() + timeout_s
+  while len(runs.metrics_rows(workdir)) < rows and time.monotonic() < deadline:
+    time.sleep(0.2)
+  return processes
 
 
 def _logs(directory) -> str:
@@ -218,10 +224,7 @@ def test_sigterm_on_every_process_saves_one_checkpoint_and_exits_143(tmp_path):
   workdir = tmp_path / "run"
   overrides = ["--config.total_steps=6", "--config.checkpoint.every_steps=100",
                "--config.eval.num_examples=4", "--config.mesh.num_trainer_devices=4"]
-  processes = runs.start_processes(workdir, overrides)
-  deadline = time.monotonic() + 400
-  while len(runs.metrics_rows(workdir)) < 2 and time.monotonic() < deadline:
-    time.sleep(0.2)
+  processes = start_and_wait_for_rows(workdir, overrides, 2)
   for process in processes:
     process.send_signal(signal.SIGTERM)
     time.sleep(0.3)  # not all at once
