@@ -15,8 +15,8 @@ only once every item is on disk, so a crash mid-save leaves a temporary director
 mistaken for a checkpoint (and is removed when the next `Checkpointer` opens the directory).
 
 Integrity: once Orbax has committed a step, a background thread writes `<s>/CHECKSUMS.json`, the
-size and SHA-256 of every file of the step (Orbax keeps a CRC32C of its shard indices only, not of
-the array data). `restore` re-hashes the files and refuses a step whose bytes changed, and refuses
+size and SHA-256 of every file of the step, local or on Cloud Storage (Orbax itself keeps a CRC32C
+of its shard indices only, not of the array data). `restore` re-checks the files and refuses a step whose bytes changed, and refuses
 non-finite values in floating-point arrays, naming the leaf (`CheckpointCorruptError`).
 `restore_latest` moves a newest step that fails either check to `corrupt-<s>` (never deleted),
 logs a warning naming it and goes on with the previous step; if every step fails it raises
@@ -34,8 +34,6 @@ SIGINT. A second Ctrl-C aborts at once with KeyboardInterrupt.
 
 from __future__ import annotations
 
-import concurrent.futures
-import hashlib
 import json
 import logging
 import os
@@ -49,6 +47,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
+from reasoning_rl import storage
 from reasoning_rl.errors import CheckpointError
 
 log = logging.getLogger("reasoning_rl")
@@ -73,64 +72,54 @@ class CheckpointCorruptError(CheckpointError):
 # ------------------------------------------------------------------------------ checksums
 
 
-def _sha256(path: pathlib.Path) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
-
-
-def _step_files(step_dir: pathlib.Path) -> list[pathlib.Path]:
-  return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != CHECKSUMS_FILE
-                and not p.name.startswith("." + CHECKSUMS_FILE))
-
-
-def _hash_files(step_dir: pathlib.Path, files: list[pathlib.Path]) -> dict[str, str]:
-  """{relative path: sha256}; hashlib releases the GIL, so a few threads read files in parallel."""
-  with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-    digests = list(pool.map(_sha256, files))
-  return {str(f.relative_to(step_dir)): d for f, d in zip(files, digests)}
+def _step_files(step_dir) -> list[str]:
+  return [name for name in (storage.relative_name(f, step_dir) for f in storage.list_files(step_dir))
+          if name != CHECKSUMS_FILE and not name.startswith("." + CHECKSUMS_FILE)]
 
 
 def write_checksums(step_dir: str | os.PathLike[str]) -> None:
   """Writes `step_dir/CHECKSUMS.json`: size and SHA-256 of every file of a committed step."""
-  step_dir = pathlib.Path(step_dir)
-  entries = {name: {"bytes": (step_dir / name).stat().st_size, "sha256": digest}
-             for name, digest in _hash_files(step_dir, _step_files(step_dir)).items()}
-  staging = step_dir / f".{CHECKSUMS_FILE}.{os.getpid()}"
-  staging.write_text(json.dumps({"version": 1, "files": entries}, indent=1))
-  os.replace(staging, step_dir / CHECKSUMS_FILE)
+  step_dir = storage.path(step_dir)
+  entries = {name: {"bytes": size, "digest": digest}
+             for name, (size, digest) in storage.file_digests(step_dir,
+                                                              _step_files(step_dir)).items()}
+  storage.atomic_write(step_dir / CHECKSUMS_FILE,
+                       json.dumps({"version": 2, "files": entries}, indent=1))
+
+
+def _manifest_entry(entry: Mapping[str, Any]) -> tuple[int, str]:
+  if "digest" in entry:
+    return int(entry["bytes"]), str(entry["digest"])
+  return int(entry["bytes"]), "sha256:" + str(entry["sha256"])  # version 1 manifests
 
 
 def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
   """Checks a step's files against its CHECKSUMS.json.
 
-  Returns True when every listed file has its recorded size and hash, False when the step has no
-  CHECKSUMS.json (written before checksums existed). Raises CheckpointCorruptError naming the
+  Returns True when every listed file has its recorded size and digest, False when the step has
+  no CHECKSUMS.json (written before checksums existed). Raises CheckpointCorruptError naming the
   first file that is missing, truncated or changed.
   """
-  step_dir = pathlib.Path(step_dir)
+  step_dir = storage.path(step_dir)
   manifest_path = step_dir / CHECKSUMS_FILE
   if not manifest_path.exists():
     return False
   try:
-    entries = {name: (int(entry["bytes"]), str(entry["sha256"]))
+    entries = {name: _manifest_entry(entry)
                for name, entry in json.loads(manifest_path.read_text())["files"].items()}
   except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
     raise CheckpointCorruptError(f"{manifest_path} is unreadable ({error!r})") from None
-  for name, (written, _) in sorted(entries.items()):
-    path = step_dir / name
-    if not path.is_file():
-      raise CheckpointCorruptError(f"{path} is missing")
-    size = path.stat().st_size
+  try:
+    found = storage.file_digests(step_dir, sorted(entries))
+  except FileNotFoundError as error:
+    raise CheckpointCorruptError(f"{error} is missing") from None
+  for name, (size, digest) in found.items():
+    written, recorded = entries[name]
     if size != written:
-      raise CheckpointCorruptError(f"{path} has {size} bytes, {written} were written "
+      raise CheckpointCorruptError(f"{step_dir / name} has {size} bytes, {written} were written "
                                    "(truncated or overwritten)")
-  digests = _hash_files(step_dir, [step_dir / name for name in sorted(entries)])
-  for name, digest in digests.items():
-    if digest != entries[name][1]:
-      raise CheckpointCorruptError(f"{step_dir / name} does not match its SHA-256 in "
+    if digest != recorded:
+      raise CheckpointCorruptError(f"{step_dir / name} does not match its digest in "
                                    f"{CHECKSUMS_FILE} (its bytes changed after the save)")
   return True
 
@@ -234,10 +223,11 @@ class Checkpointer:
       raise CheckpointError(f"keep must be an int >= 1, got {keep!r}")
     if not isinstance(save_interval_steps, int) or save_interval_steps < 1:
       raise CheckpointError(f"save_interval_steps must be an int >= 1, got {save_interval_steps!r}")
-    self.directory = pathlib.Path(directory).absolute()
+    self.directory = (storage.path(directory) if storage.is_remote(directory)
+                      else pathlib.Path(directory).absolute())
     try:
       self.directory.mkdir(parents=True, exist_ok=True)
-      probe = self.directory / f".write_probe_{os.getpid()}"
+      probe = self.directory / f".write_probe_{os.getpid()}_{jax.process_index()}"
       probe.write_bytes(b"")
       probe.unlink()
     except OSError as error:
@@ -406,7 +396,7 @@ class Checkpointer:
           "(see the warnings); inspect them, then rerun to start from step 0")
     return None
 
-  def _move_aside(self, step: int) -> pathlib.Path:
+  def _move_aside(self, step: int):
     """Renames step `step` to corrupt-<step> (corrupt-<step>.2 … if taken); never deletes it."""
     target = self.directory / f"{CORRUPT_PREFIX}{step}"
     suffix = 1
@@ -414,7 +404,7 @@ class Checkpointer:
       suffix += 1
       target = self.directory / f"{CORRUPT_PREFIX}{step}.{suffix}"
     try:
-      os.rename(self.directory / str(step), target)
+      storage.move(self.directory / str(step), target)
     except OSError as error:
       raise CheckpointError(f"checkpoint {self.directory / str(step)} is corrupt and could not be "
                             f"moved aside ({error.strerror}); move or delete it by hand") from error

@@ -12,6 +12,8 @@ import logging
 import os
 import pathlib
 
+from reasoning_rl import storage
+
 LOG_DIR = "logs"
 LOG_FILE = "train.log"
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -32,9 +34,10 @@ class _AboveProgressLine(logging.Handler):
 def send_logs_to_workdir(workdir: str | os.PathLike[str], *, verbose: bool = False) -> pathlib.Path:
   """Routes every Python logger (absl's included) to WORKDIR/logs/train.log at INFO; the terminal
   gets WARNING and up, or everything with `verbose`. Returns the log file's path."""
-  directory = pathlib.Path(workdir) / LOG_DIR
-  directory.mkdir(parents=True, exist_ok=True)
-  path = directory / LOG_FILE
+  # On a remote workdir the log is written to a local staging file whose new lines
+  # storage.sync_staged appends to WORKDIR/logs/train.log (with every metrics row and at exit).
+  path = storage.staged(workdir, f"{LOG_DIR}/{LOG_FILE}")
+  path.parent.mkdir(parents=True, exist_ok=True)
   root = logging.getLogger()
   for handler in list(root.handlers):  # absl's stderr handler, installed by app.run
     root.removeHandler(handler)

@@ -37,11 +37,11 @@ import fractions
 import json
 import math
 import os
-import pathlib
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from reasoning_rl import storage
 from reasoning_rl.errors import VerifierError
 from reasoning_rl.verifiers import format as format_lib
 from reasoning_rl.verifiers import math_answers as math_lib
@@ -401,11 +401,11 @@ def headline(result: EvalResult) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------- storage
 
 
-def eval_path(workdir: str | os.PathLike[str], step: int) -> pathlib.Path:
-  return pathlib.Path(workdir) / EVAL_DIR / f"step_{int(step):08d}.json"
+def eval_path(workdir: str | os.PathLike[str], step: int):
+  return storage.path(workdir) / EVAL_DIR / f"step_{int(step):08d}.json"
 
 
-def write_eval_result(workdir: str | os.PathLike[str], step: int, result: EvalResult) -> pathlib.Path:
+def write_eval_result(workdir: str | os.PathLike[str], step: int, result: EvalResult):
   """Writes `result` (plus its `step`) to workdir/eval/step_XXXXXXXX.json atomically."""
   from reasoning_rl.metrics import to_json_value  # pylint: disable=import-outside-toplevel
 
@@ -413,15 +413,13 @@ def write_eval_result(workdir: str | os.PathLike[str], step: int, result: EvalRe
   path.parent.mkdir(parents=True, exist_ok=True)
   data = json.dumps(to_json_value({**result, "step": int(step)}), indent=1, ensure_ascii=False,
                     allow_nan=False)
-  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-  tmp.write_text(data + "\n", encoding="utf-8")
-  os.replace(tmp, path)
+  storage.atomic_write(path, data + "\n")
   return path
 
 
 def read_eval_results(workdir: str | os.PathLike[str]) -> list[EvalResult]:
   """Every workdir/eval/step_XXXXXXXX.json, ordered by step (non-finite numbers restored)."""
-  directory = pathlib.Path(workdir) / EVAL_DIR
+  directory = storage.path(workdir) / EVAL_DIR
   if not directory.is_dir():
     return []
   results = []

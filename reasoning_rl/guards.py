@@ -45,10 +45,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import pathlib
 from collections.abc import Mapping
 from typing import Any
 
+from reasoning_rl import storage
 from reasoning_rl.errors import ConfigError
 
 GUARD_EXIT_CODE = 3
@@ -260,16 +260,14 @@ class Guards:
                  "base_accuracy": base_acc, "accuracy": acc})
 
 
-def write_stopped_md(workdir: str | os.PathLike[str], trip: Trip) -> pathlib.Path:
+def write_stopped_md(workdir: str | os.PathLike[str], trip: Trip):
   """Writes workdir/STOPPED.md: which guard tripped, its numbers, the step, and the exit code."""
-  path = pathlib.Path(workdir) / STOPPED_FILE
+  path = storage.path(workdir) / STOPPED_FILE
   path.parent.mkdir(parents=True, exist_ok=True)
   lines = [f"# Run stopped by guard `{trip.guard}` at step {trip.step}", "",
            trip.message, "", "| value | |", "|---|---|"]
   lines += [f"| {key} | {value} |" for key, value in trip.values.items()]
   lines += ["", f"Exit code {GUARD_EXIT_CODE}. The newest checkpoint holds step {trip.step}; "
             f"change `config.guards.{trip.guard}` (or fix the cause) before resuming.", ""]
-  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-  tmp.write_text("\n".join(lines), encoding="utf-8")
-  os.replace(tmp, path)
+  storage.atomic_write(path, "\n".join(lines))
   return path

@@ -33,6 +33,8 @@ from typing import Any, Iterable, Mapping, TextIO
 
 import numpy as np
 
+from reasoning_rl import storage
+
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 ROLLOUTS_DIR = "rollouts"
@@ -100,7 +102,7 @@ def _decode_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
   """The complete rows of a metrics.jsonl, with non-finite values back as floats."""
-  rows, _ = _read_complete_rows(pathlib.Path(path))
+  rows, _ = _read_complete_rows(storage.path(path))
   return [_decode_row(row) for row in rows]
 
 
@@ -123,15 +125,6 @@ def _read_complete_rows(path: pathlib.Path) -> tuple[list[dict[str, Any]], bool]
   return rows, bool(tail)
 
 
-def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-  with open(tmp, "wb") as handle:
-    handle.write(data)
-    handle.flush()
-    os.fsync(handle.fileno())
-  os.replace(tmp, path)
-
-
 def _dumps(value: Any) -> str:
   return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
 
@@ -148,19 +141,22 @@ class MetricsWriter:
 
   def __init__(self, workdir: str | os.PathLike[str], *, resume_step: int | None = None,
                tensorboard: bool = True):
-    self.workdir = pathlib.Path(workdir)
+    self.workdir = storage.path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
     self.metrics_path = self.workdir / METRICS_FILE
     self.rollouts_dir = self.workdir / ROLLOUTS_DIR
+    # Appended locally; on a remote workdir a staging copy whose new rows storage.sync_staged
+    # appends to the object.
+    self._metrics_local = storage.staged(self.workdir, METRICS_FILE, download=True)
     keep_up_to = -1 if resume_step is None else int(resume_step)
     self._last_step = self._truncate_metrics(keep_up_to)
     self._truncate_rollouts(keep_up_to)
-    self._file = open(self.metrics_path, "a", encoding="utf-8")
+    self._file = open(self._metrics_local, "a", encoding="utf-8")
     self._tensorboard = None
     if tensorboard:
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
       # purge_step makes TensorBoard hide events a crashed attempt wrote for steps being redone.
-      self._tensorboard = SummaryWriter(str(self.workdir / TENSORBOARD_DIR),
+      self._tensorboard = SummaryWriter(str(storage.staged(self.workdir, TENSORBOARD_DIR)),
                                         purge_step=keep_up_to + 1 if resume_step is not None
                                         else None,
                                         # Unique per writer: the default name has one-second
@@ -169,10 +165,11 @@ class MetricsWriter:
 
   def _truncate_metrics(self, keep_up_to: int) -> int | None:
     """Drops rows with step > keep_up_to and a torn last line; returns the last kept step."""
-    rows, had_partial_tail = _read_complete_rows(self.metrics_path)
+    rows, had_partial_tail = _read_complete_rows(self._metrics_local)
     kept = [row for row in rows if int(row["step"]) <= keep_up_to]
     if had_partial_tail or len(kept) != len(rows):
-      _atomic_write(self.metrics_path, "".join(_dumps(row) + "\n" for row in kept).encode())
+      storage.replace_staged(self.workdir, METRICS_FILE,
+                             "".join(_dumps(row) + "\n" for row in kept).encode())
     return int(kept[-1]["step"]) if kept else None
 
   def _truncate_rollouts(self, keep_up_to: int) -> None:
@@ -211,6 +208,7 @@ class MetricsWriter:
         if math.isfinite(value):  # NaN marks "not measured" (e.g. kl without a reference)
           self._tensorboard.add_scalar(key, value, global_step=step)
       self._tensorboard.flush()
+    storage.sync_staged()
     return row
 
   def write_rollouts(self, step: int, records: Iterable[Mapping[str, Any]]) -> pathlib.Path:
@@ -233,13 +231,21 @@ class MetricsWriter:
     self.rollouts_dir.mkdir(parents=True, exist_ok=True)
     path = self.rollouts_dir / f"step_{step:08d}.jsonl"
     existing = path.read_bytes() if path.exists() else b""
-    _atomic_write(path, existing + "".join(lines).encode())
+    storage.atomic_write(path, existing + "".join(lines).encode())
     return path
+
+  def flush(self) -> None:
+    """Makes everything written so far durable in the workdir (copied, if it is remote)."""
+    self._file.flush()
+    if self._tensorboard is not None:
+      self._tensorboard.flush()
+    storage.sync_staged(force=True)
 
   def close(self) -> None:
     self._file.close()
     if self._tensorboard is not None:
       self._tensorboard.close()
+    storage.sync_staged(force=True)
 
   def __enter__(self) -> "MetricsWriter":
     return self

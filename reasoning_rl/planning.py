@@ -459,13 +459,15 @@ def dry_run_model_config(config) -> ModelConfig:
   """The architecture to plan with: model.path's config.json (or GGUF metadata) when readable on
   this machine, else `model.hf_config_for_planning` (a config.json dict in the config file)."""
   import json
-  import pathlib
 
-  path = pathlib.Path(config.model.path) if config.model.path else None
+  from reasoning_rl import storage
+
+  path = storage.path(config.model.path) if config.model.path else None
   if path is not None and (path / "config.json").exists():
     return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()),
                                       source=str(path / "config.json"))
-  if path is not None and path.suffix == ".gguf" and path.exists():
+  if (path is not None and path.suffix == ".gguf" and not storage.is_remote(path)
+      and path.exists()):
     from reasoning_rl.models.gguf_io import gguf_model_config, open_gguf
 
     return gguf_model_config(open_gguf(path), path)

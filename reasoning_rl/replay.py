@@ -27,6 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from reasoning_rl import storage
 from reasoning_rl.errors import VerifierError
 from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
 
@@ -130,7 +131,7 @@ def _read_records(rollouts_dir: pathlib.Path) -> list[tuple[str, int, dict[str, 
   for path in sorted(rollouts_dir.iterdir()):
     if not _ROLLOUT_NAME.match(path.name):
       continue
-    with open(path, encoding="utf-8") as handle:
+    with path.open(encoding="utf-8") as handle:
       for number, line in enumerate(handle, start=1):
         if line.strip():
           found.append((path.name, number, json.loads(line)))
@@ -154,7 +155,7 @@ def replay(workdir: str | os.PathLike[str], rewards_config: Any, *, rel_tol: flo
 
   reward_fn = scorer.reward_fn if scorer is not None else RewardFunction(rewards_config)
   scorer = scorer if scorer is not None else InlineScorer(reward_fn)
-  entries = _read_records(pathlib.Path(workdir) / "rollouts")
+  entries = _read_records(storage.path(workdir) / "rollouts")
   groups: dict[tuple, list[int]] = {}
   for index, (name, _, record) in enumerate(entries):
     key = ((name, record.get("step"), record.get("group_id")) if reward_fn.needs_group

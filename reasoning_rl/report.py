@@ -17,10 +17,10 @@ logged rollout step, and the canary completions of the last evaluation.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
-import pathlib
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,6 +30,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display (set before pyplot is imported)
 from matplotlib import pyplot as plt  # noqa: E402  pylint: disable=wrong-import-position
 
+from reasoning_rl import storage
 from reasoning_rl.evaluation import read_eval_results  # noqa: E402
 from reasoning_rl.metrics import METRICS_FILE, ROLLOUTS_DIR, read_metrics  # noqa: E402
 
@@ -55,7 +56,7 @@ def _series(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], x_key: str =
   return found
 
 
-def _plot(path: pathlib.Path, title: str, series: Series, *, xlabel: str = "step",
+def _plot(path, title: str, series: Series, *, xlabel: str = "step",
           ylabel: str = "") -> bool:
   """Draws the series (or a "not logged" notice); returns whether anything was plotted."""
   figure, axes = plt.subplots(figsize=(6.4, 3.6), dpi=100)
@@ -74,7 +75,9 @@ def _plot(path: pathlib.Path, title: str, series: Series, *, xlabel: str = "step
       axes.set_xticks([])
       axes.set_yticks([])
     figure.tight_layout()
-    figure.savefig(path)
+    image = io.BytesIO()
+    figure.savefig(image, format="png")
+    storage.atomic_write(path, image.getvalue())
   finally:
     plt.close(figure)
   return bool(series)
@@ -100,7 +103,7 @@ def _format(value: Any) -> str:
   return str(value)
 
 
-def last_rollouts(workdir: pathlib.Path) -> tuple[int | None, list[dict[str, Any]]]:
+def last_rollouts(workdir) -> tuple[int | None, list[dict[str, Any]]]:
   """(step, records) of the newest rollouts/step_XXXXXXXX.jsonl, or (None, [])."""
   directory = workdir / ROLLOUTS_DIR
   files = sorted(p for p in directory.iterdir() if _ROLLOUT_NAME.match(p.name)) \
@@ -124,14 +127,14 @@ def _sample_section(title: str, record: Mapping[str, Any]) -> list[str]:
           "Completion:", "", _fence(_clip(record.get("completion", ""))), ""]
 
 
-def write_report(workdir: str | os.PathLike[str], *, num_samples: int = 2) -> pathlib.Path:
+def write_report(workdir: str | os.PathLike[str], *, num_samples: int = 2):
   """Writes workdir/report.md and its plots (see the module docstring); returns the path.
 
   Args:
     workdir: the run directory.
     num_samples: how many highest- and lowest-reward completions of the last step to show.
   """
-  workdir = pathlib.Path(workdir)
+  workdir = storage.path(workdir)
   if not workdir.is_dir():
     raise FileNotFoundError(f"{workdir} is not a directory; pass the workdir of a run")
   rows = read_metrics(workdir / METRICS_FILE)
@@ -222,7 +225,5 @@ def write_report(workdir: str | os.PathLike[str], *, num_samples: int = 2) -> pa
     lines += [f"Rollout records: {NOT_LOGGED}.", ""]
 
   path = workdir / REPORT_FILE
-  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-  tmp.write_text("\n".join(lines), encoding="utf-8")
-  os.replace(tmp, path)
+  storage.atomic_write(path, "\n".join(lines))
   return path

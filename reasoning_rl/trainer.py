@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
+import tempfile
 import time
 from typing import Any
 
@@ -27,6 +28,7 @@ from reasoning_rl import checkpointing
 from reasoning_rl import evaluation
 from reasoning_rl import guards as guards_lib
 from reasoning_rl import metrics as metrics_lib
+from reasoning_rl import storage
 from reasoning_rl.build import Run, build, build_template, eval_max_new_tokens
 from reasoning_rl.loop.rl_stage import RLStage
 from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
@@ -36,12 +38,16 @@ from reasoning_rl.loop.state import LoopState
 log = logging.getLogger("reasoning_rl")
 
 
-def write_model_files(workdir: pathlib.Path, model_config, tokenizer) -> None:
-  """workdir/model/: config.json + tokenizer files, so checkpoints load without the run's config."""
-  directory = workdir / "model"
-  directory.mkdir(parents=True, exist_ok=True)
-  (directory / "config.json").write_text(json.dumps(model_config.to_hf_config(), indent=2))
-  tokenizer.save(directory)
+def write_model_files(workdir, model_config, tokenizer) -> None:
+  """workdir/model/: config.json + tokenizer files, so checkpoints load without the run's config.
+
+  Written to a local directory first (tokenizer libraries write local files only), then copied.
+  """
+  with tempfile.TemporaryDirectory(prefix="reasoning_rl-model-") as staging:
+    local = pathlib.Path(staging)
+    (local / "config.json").write_text(json.dumps(model_config.to_hf_config(), indent=2))
+    tokenizer.save(local)
+    storage.copy_tree(local, storage.path(workdir) / "model")
 
 
 class Trainer:
@@ -51,7 +57,7 @@ class Trainer:
     """`stage` replaces the one the config names (`RLStage` / `SFTStage`); tests use it."""
     self.run_parts = run
     self.config = run.config
-    self.workdir = pathlib.Path(run.config.workdir)
+    self.workdir = storage.path(run.config.workdir)
     self.state = run.state
     run.state = None  # the trainer owns the (donated) train state from here on
     self.loop = LoopState(guards=guards_lib.Guards(run.config.guards))
@@ -126,6 +132,8 @@ class Trainer:
     exit_code = guards_lib.DONE_EXIT_CODE
 
     def save(step: int) -> None:
+      if writer is not None:
+        writer.flush()  # a checkpoint never holds steps whose metrics are not in the workdir
       if checkpointer is not None:
         checkpointer.save(step, self._checkpoint_tree(), self.loop.to_meta(), force=True)
 

@@ -8,7 +8,8 @@
   lock file lets two processes lock two different files). A non-empty file whose flock is free was
   left by a holder that died: it is taken over with a warning. flock does not reach across hosts on
   every network file system (some give host-local locks); where it does not, the lock guards
-  against a second trainer on the same host only.
+  against a second trainer on the same host only. A workdir on object storage (gs://) takes no
+  lock: GCS has none to offer, and the batch scheduler running one job per workdir is the guard.
 - `check_or_write_fingerprint`: the first start writes `run_config.json` (the resolved config);
   a resume compares against it and refuses changed fields, so one run never mixes two configs.
 - `check_workdir_writable`: one clear ConfigError for a workdir that cannot be written.
@@ -28,6 +29,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from reasoning_rl import storage
 from reasoning_rl.errors import ConfigError
 
 log = logging.getLogger("reasoning_rl")
@@ -53,19 +55,29 @@ def check_workdir_writable(path: str | os.PathLike[str], *, field: str = "workdi
   Raises ConfigError (one line naming `field` and the path) when it is a file, lies under a file,
   is on a read-only mount or lacks permissions.
   """
-  path = pathlib.Path(path)
-  if path.exists() and not path.is_dir():
-    raise ConfigError(f"{field}={path}: is a file, not a directory; choose another {field}")
+  path = storage.path(path)
+  remote = storage.is_remote(path)
   try:
+    if path.exists() and not path.is_dir():
+      raise ConfigError(f"{field}={path}: is a file, not a directory; choose another {field}")
     path.mkdir(parents=True, exist_ok=True)
-    probe = path / f".write_probe_{os.getpid()}"
+    probe = path / f".write_probe_{socket.gethostname()}_{os.getpid()}"
     probe.write_bytes(b"")
     probe.unlink()
+  except ConfigError:
+    raise
   except OSError as error:
     reason = ("read-only file system" if error.errno == errno.EROFS
               else error.strerror or str(error))
     raise ConfigError(f"{field}={path}: cannot be written ({reason}); choose a writable "
                       f"{field} or fix its permissions") from None
+  except Exception as error:  # pylint: disable=broad-except  # gcsfs's HTTP errors
+    if not remote:
+      raise
+    raise ConfigError(f"{field}={path}: cannot be written ({type(error).__name__}: {error}); "
+                      "check the bucket name and that this machine's credentials may write to it "
+                      "(gcloud auth application-default login, or the VM's service account)"
+                      ) from None
   return path
 
 
@@ -110,11 +122,17 @@ class WorkdirLock:
   """
 
   def __init__(self, workdir: str | os.PathLike[str]):
-    self.path = pathlib.Path(workdir) / LOCK_FILE
+    self.remote = storage.is_remote(workdir)
+    self.path = storage.path(workdir) / LOCK_FILE
     self._fd: int | None = None
 
   def acquire(self) -> "WorkdirLock":
     if self._fd is not None:
+      return self
+    if self.remote:
+      # Object storage has no advisory locks; the scheduler (one job per workdir) is the guard.
+      log.info("workdir %s is on object storage: no trainer lock is taken there",
+               self.path.parent)
       return self
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -204,7 +222,7 @@ def check_or_write_fingerprint(workdir: str | os.PathLike[str], resolved_config:
   Raises:
     ConfigError: listing every other changed, added or removed field as old -> new.
   """
-  path = pathlib.Path(workdir) / FINGERPRINT_FILE
+  path = storage.path(workdir) / FINGERPRINT_FILE
   current = _plain(resolved_config)
   if not path.exists():
     _write_json(path, current)
@@ -233,7 +251,5 @@ def check_or_write_fingerprint(workdir: str | os.PathLike[str], resolved_config:
   return list(lines.values())
 
 
-def _write_json(path: pathlib.Path, value: Any) -> None:
-  staging = path.with_name(f".{path.name}.{os.getpid()}")
-  staging.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
-  os.replace(staging, path)
+def _write_json(path, value: Any) -> None:
+  storage.atomic_write(path, json.dumps(value, indent=2, sort_keys=True) + "\n")

@@ -107,7 +107,7 @@ def test_direct_restore_of_a_damaged_step_names_the_file(tmp_path):
   damaged = _largest_data_file(directory / "3")
   _flip_bytes(damaged)
   with Checkpointer(directory) as ckpt:
-    with pytest.raises(CheckpointCorruptError, match=f"{damaged.name} does not match its SHA-256"):
+    with pytest.raises(CheckpointCorruptError, match=f"{damaged.name} does not match its digest"):
       ckpt.restore(3, _abstract())
   assert (directory / "3").is_dir()  # only restore_latest moves steps
 

@@ -22,12 +22,12 @@ import fractions
 import importlib.metadata
 import json
 import math
-import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
+from reasoning_rl import storage
 from reasoning_rl.errors import ConfigError
 
 SYNTHETIC_OPS = ("+", "-", "*")
@@ -234,7 +234,7 @@ class JsonlSource:
   kind = "jsonl"
 
   def __init__(self, path: str, *, shuffle: bool = False, seed: int = 0, field: str = "data"):
-    file = pathlib.Path(path)
+    file = storage.path(path)
     if not file.is_file():
       raise ConfigError(f"config.{field}.path={path!r}: no such file; give a JSONL file of "
                         '{"prompt", "answer", ...} rows')

@@ -19,6 +19,7 @@ import time
 import jax
 import numpy as np
 
+from reasoning_rl import storage
 from reasoning_rl.build import Run
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.loop.rl_stage import take_examples
@@ -72,7 +73,7 @@ class SFTStage:
       if not path.exists():
         self._rejection_sample(path, loop)
     else:
-      path = pathlib.Path(config.sft.data_path)
+      path = storage.path(config.sft.data_path)
     for prompt, completion in load_sft_rows(path):
       completion_ids = tokenizer.encode(completion, add_special_tokens=False)
       self.pairs.append((self.run.template.encode(prompt), completion_ids + [tokenizer.eos_id]))
@@ -102,12 +103,10 @@ class SFTStage:
         ordered = ordered[:1]
       rows += [{"prompt": example.prompt, "completion": text, "answer": example.answer,
                 "task": example.task} for text, _ in ordered]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    tmp.replace(path)
+    storage.atomic_write(path, "".join(json.dumps(row) + "\n" for row in rows))
     summary = {"sampled": sampled, "correct": correct, "kept": len(rows),
                "prompts": len(examples), "keep": r.keep}
-    (self.workdir / "rejection_sampling.json").write_text(json.dumps(summary, indent=2))
+    storage.atomic_write(self.workdir / "rejection_sampling.json", json.dumps(summary, indent=2))
     log.info("rejection sampling: %s", summary)
 
   def step(self, step: int, state, loop: LoopState):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pathlib
 
+from reasoning_rl import storage
 from reasoning_rl.errors import CheckpointError
 from reasoning_rl.models.checkpoints import load_hf_weights, save_hf
 from reasoning_rl.models.config import ModelConfig
@@ -32,6 +33,13 @@ def load(path: str | os.PathLike, *, dtype: str = "float32", mesh=None):
   """
   from reasoning_rl.models import tokenizers
 
+  if storage.is_remote(path):
+    from reasoning_rl.models.run_checkpoint import load_from_run
+
+    loaded = load_from_run(path, dtype=dtype, mesh=mesh)  # Orbax reads gs:// itself
+    if loaded is not None:
+      return loaded
+    path = storage.local_copy(path)  # GGUF / safetensors readers memory-map local files
   path = pathlib.Path(path)
   if path.suffix == ".gguf":
     from reasoning_rl.models.gguf_io import load_gguf_weights

@@ -15,12 +15,13 @@ import jax
 from flax import nnx
 
 from reasoning_rl import sharding as sharding_lib
+from reasoning_rl import storage
 from reasoning_rl.errors import CheckpointError
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import abstract_model
 
 
-def find_run_checkpoint(path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path] | None:
+def find_run_checkpoint(path) -> tuple[pathlib.Path, pathlib.Path] | None:
   """(workdir, step directory) if `path` is a run workdir or one of its checkpoint steps."""
   if (path / "model" / "config.json").exists() and (path / "checkpoints").is_dir():
     steps = sorted((int(p.name), p) for p in (path / "checkpoints").iterdir()
@@ -85,12 +86,14 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
   if bad:
     raise CheckpointError(f"{step_dir}: parameter {bad[0]} holds NaN or inf values; load an "
                           "earlier checkpoints/<step> of the run")
-  return nnx.merge(graphdef, abstract), Tokenizer.from_hf_dir(workdir / "model")
+  # tokenizer libraries read local files: a remote workdir's model/ is fetched (and cached) first
+  return nnx.merge(graphdef, abstract), Tokenizer.from_hf_dir(
+      storage.local_copy(str(workdir / "model")))
 
 
 def load_from_run(path: str | os.PathLike, *, dtype="float32", mesh=None):
   """load() for run workdirs; None when `path` is not one."""
-  found = find_run_checkpoint(pathlib.Path(path))
+  found = find_run_checkpoint(storage.path(path))
   if found is None:
     return None
   return load_run_checkpoint(*found, dtype=dtype, mesh=mesh)

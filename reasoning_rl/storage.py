@@ -1,0 +1,347 @@
+"""Paths that may be local or on Google Cloud Storage (`gs://bucket/path`), one way to use both.
+
+Every path a run reads or writes goes through `path()`: a local path stays a `pathlib.Path`, a
+`gs://` URL becomes an `etils.epath.Path` (the library Orbax uses; its GCS backend is gcsfs). Both
+have the pathlib methods the package uses (`/`, `exists`, `read_text`, `write_bytes`, `iterdir`,
+`mkdir`, `unlink`). What object storage lacks is done here:
+
+- `atomic_write(path, data)`: readers see the old or the new content, never a torn file. Locally a
+  temporary file is fsync'ed and renamed over the target; a GCS object upload is atomic by itself.
+- Appending (metrics.jsonl, TensorBoard event files, the run log): GCS objects cannot be appended
+  to in place. A remote workdir's append-only files are written to a local *staging* directory
+  (`staged(workdir, name)`) and `sync_staged()` copies the new bytes of each to its object with
+  GCS's compose operation (upload the new bytes as a temporary object, compose old + new into the
+  target, delete the temporary), so each sync moves only what was added. GCS allows about one
+  update per second per object, so syncs are rate-limited (`SYNC_INTERVAL_S`) unless forced; the
+  trainer forces one before every checkpoint and at exit, so a checkpoint never contains work
+  whose metrics are still only on the local disk.
+- `list_files(directory)`: every file below a directory (GCS has no real directories and epath
+  refuses recursive globs there).
+- `file_digests(directory)`: {relative path: (size, SHA-256)} of every file, for checkpoint
+  manifests.
+- `local_copy(path)`: a local file or directory with the same content, for readers that need a
+  real file (memory-mapped GGUF / safetensors, sentencepiece); downloads go to a cache directory
+  and are reused when their size and CRC32C still match.
+
+Emulator: with `STORAGE_EMULATOR_HOST=http://HOST:PORT` set (the variable Google's own clients
+honour), `configure_emulator()` also points tensorstore (Orbax's array storage) at it and needs no
+credentials: gcsfs is told to use anonymous access and its gRPC-only bucket-type probe is turned
+off (the emulator speaks JSON/HTTP only). `path()` calls it before the first remote path is used.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import hashlib
+import logging
+import os
+import pathlib
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any, Union
+
+log = logging.getLogger("reasoning_rl")
+
+REMOTE_PREFIXES = ("gs://",)
+SYNC_INTERVAL_S = 5.0
+CACHE_ENV = "REASONING_RL_CACHE"
+
+AnyPath = Union[pathlib.Path, Any]  # pathlib.Path or etils.epath.Path
+_configured: str | None = None  # the emulator address clients were pointed at
+_lock = threading.Lock()
+
+
+def is_remote(value: Any) -> bool:
+  """True for object-storage URLs (`gs://…`)."""
+  return str(value).startswith(REMOTE_PREFIXES)
+
+
+def configure_emulator() -> None:
+  """Points every storage client at `STORAGE_EMULATOR_HOST` when it is set (idempotent; an
+  emulator that moved to another address, as between tests, is picked up)."""
+  global _configured
+  url = os.environ.get("STORAGE_EMULATOR_HOST") or None
+  if url and not url.startswith(("http://", "https://")):
+    url = "http://" + url
+  if url == _configured:
+    return
+  previous, _configured = _configured, url
+  if not url:
+    return
+  for name, value in (("TENSORSTORE_GCS_HTTP_URL", url),
+                      ("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator"),
+                      ("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")):
+    if previous is None or name != "TENSORSTORE_GCS_HTTP_URL":
+      os.environ.setdefault(name, value)
+    else:
+      os.environ[name] = value
+  import fsspec  # pylint: disable=import-outside-toplevel
+  for protocol in ("gs", "gcs"):
+    fsspec.config.conf.setdefault(protocol, {}).setdefault("token", "anon")
+  if previous is not None:
+    fsspec.filesystem("gs").clear_instance_cache()  # clients bound to the old address
+
+
+def path(value: str | os.PathLike[str]) -> AnyPath:
+  """`pathlib.Path` for local paths, `etils.epath.Path` for `gs://` URLs."""
+  if isinstance(value, pathlib.Path):
+    return value
+  if is_remote(value):
+    configure_emulator()
+    from etils import epath  # pylint: disable=import-outside-toplevel
+    return epath.Path(str(value))
+  return pathlib.Path(value)
+
+
+def _fs_and_key(remote: Any) -> tuple[Any, str]:
+  """(gcsfs filesystem, "bucket/key") of a gs:// path."""
+  configure_emulator()
+  import fsspec  # pylint: disable=import-outside-toplevel
+  text = str(remote)
+  return fsspec.filesystem("gs"), text[len("gs://"):]
+
+
+def atomic_write(target: AnyPath, data: bytes | str) -> None:
+  """Replaces `target`'s content with `data` so readers never see a torn file."""
+  if isinstance(data, str):
+    data = data.encode("utf-8")
+  target = path(target)
+  if is_remote(target):
+    target.write_bytes(data)  # one object upload: atomic on GCS
+    return
+  tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+  with open(tmp, "wb") as handle:
+    handle.write(data)
+    handle.flush()
+    os.fsync(handle.fileno())
+  os.replace(tmp, target)
+
+
+def append_remote(target: AnyPath, data: bytes) -> None:
+  """Appends `data` to a gs:// object (creating it) with GCS compose; see the module docstring."""
+  if not data:
+    return
+  fs, key = _fs_and_key(target)
+  if not fs.exists(key):
+    fs.pipe_file(key, data)
+    return
+  piece = f"{key}.append-{uuid.uuid4().hex}"
+  fs.pipe_file(piece, data)
+  try:
+    fs.merge(key, [key, piece])
+  finally:
+    fs.rm_file(piece)
+  fs.invalidate_cache(key)
+
+
+def move(source: AnyPath, target: AnyPath) -> None:
+  """Renames a file or directory (a copy then delete on GCS, which has no rename)."""
+  source, target = path(source), path(target)
+  if is_remote(source):
+    fs, key = _fs_and_key(source)
+    _, target_key = _fs_and_key(target)
+    fs.mv(key, target_key, recursive=True)
+    fs.invalidate_cache()
+  else:
+    os.rename(source, target)
+
+
+def list_files(directory: AnyPath) -> list[AnyPath]:
+  """Every file below `directory`, sorted."""
+  directory = path(directory)
+  if is_remote(directory):
+    fs, key = _fs_and_key(directory)
+    fs.invalidate_cache(key)
+    return [path("gs://" + name) for name in sorted(fs.find(key))]
+  return sorted(p for p in directory.rglob("*") if p.is_file())
+
+
+def copy_tree(local_dir: pathlib.Path, target_dir: AnyPath) -> None:
+  """Copies every file below a local directory to `target_dir` (local or remote), each atomically."""
+  target_dir = path(target_dir)
+  for file in sorted(p for p in pathlib.Path(local_dir).rglob("*") if p.is_file()):
+    target = target_dir / str(file.relative_to(local_dir))
+    if not is_remote(target):
+      target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(target, file.read_bytes())
+
+
+def size(file: AnyPath) -> int:
+  """Bytes in a file (epath's stat has no st_size)."""
+  file = path(file)
+  return file.stat().length if is_remote(file) else file.stat().st_size
+
+
+def relative_name(file: AnyPath, directory: AnyPath) -> str:
+  return str(file)[len(str(directory).rstrip("/")) + 1:]
+
+
+def _size_and_sha256(file: AnyPath) -> tuple[int, str]:
+  digest, total = hashlib.sha256(), 0
+  try:
+    with file.open("rb") as handle:
+      for block in iter(lambda: handle.read(1 << 22), b""):
+        digest.update(block)
+        total += len(block)
+  except FileNotFoundError:
+    raise FileNotFoundError(str(file)) from None
+  return total, digest.hexdigest()
+
+
+def file_digests(directory: AnyPath, names: list[str] | None = None) -> dict[str, tuple[int, str]]:
+  """{relative name: (bytes, "sha256:<hex>")} of the files below `directory` (or `names` only).
+
+  Every byte is read (a few files at a time in threads; hashlib and the HTTP reads release the
+  GIL). The store's own CRC32C is not used: not every GCS implementation keeps it for every kind
+  of upload (the emulator does not for tensorstore's), and one digest for both kinds of path
+  keeps a checkpoint's manifest meaningful after it is copied between them. A missing file
+  raises FileNotFoundError naming it.
+  """
+  directory = path(directory)
+  if names is None:
+    names = [relative_name(f, directory) for f in list_files(directory)]
+  if is_remote(directory):
+    fs, key = _fs_and_key(directory)
+    fs.invalidate_cache(key)  # listings cached by gcsfs may predate a rewrite
+  with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+    found = list(pool.map(_size_and_sha256, [directory / name for name in names]))
+  return {name: (size, f"sha256:{digest}") for name, (size, digest) in zip(names, found)}
+
+
+# ------------------------------------------------------------------------------ staging
+
+
+class _Stage:
+  """The local staging directory of one remote workdir, and how far each file was copied."""
+
+  def __init__(self, remote_dir: str):
+    self.remote_dir = remote_dir.rstrip("/")
+    self.local_dir = pathlib.Path(tempfile.mkdtemp(prefix="reasoning_rl-stage-"))
+    self.copied: dict[str, int] = {}  # relative name -> bytes of the local file already remote
+    self.last_sync = 0.0
+
+  def sync(self) -> None:
+    for file in sorted(p for p in self.local_dir.rglob("*") if p.is_file()):
+      name = str(file.relative_to(self.local_dir))
+      size = file.stat().st_size
+      done = self.copied.get(name, 0)
+      if size == done:
+        continue
+      with open(file, "rb") as handle:
+        if size < done:  # rewritten shorter locally: replace the object
+          path(f"{self.remote_dir}/{name}").write_bytes(handle.read())
+        else:
+          handle.seek(done)
+          append_remote(f"{self.remote_dir}/{name}", handle.read(size - done))
+      self.copied[name] = size
+    self.last_sync = time.monotonic()
+    _register_exit_hook()
+
+
+_stages: dict[str, _Stage] = {}
+
+
+def staged(workdir: AnyPath, name: str, *, download: bool = False) -> pathlib.Path:
+  """The local file to append to for `workdir/name`.
+
+  Local workdirs: the file itself. Remote ones: a file in the workdir's staging directory whose
+  new bytes `sync_staged` appends to the object; with `download=True` it starts as a copy of the
+  object (for files that are read back and rewritten, like metrics.jsonl on resume), otherwise
+  empty (what is written is appended after what the object holds).
+  """
+  if not is_remote(workdir):
+    return pathlib.Path(workdir) / name
+  with _lock:
+    stage = _stages.get(str(workdir))
+    if stage is None:
+      stage = _stages[str(workdir)] = _Stage(str(workdir))
+    local = stage.local_dir / name
+    local.parent.mkdir(parents=True, exist_ok=True)
+    if download and name not in stage.copied:
+      remote = path(f"{stage.remote_dir}/{name}")
+      data = remote.read_bytes() if remote.exists() else b""
+      local.write_bytes(data)
+      stage.copied[name] = len(data)
+    return local
+
+
+def replace_staged(workdir: AnyPath, name: str, data: bytes) -> None:
+  """Replaces the whole content of `workdir/name` (local file and, for remote workdirs, object)."""
+  local = staged(workdir, name)
+  atomic_write(local, data)
+  if is_remote(workdir):
+    atomic_write(f"{str(workdir).rstrip('/')}/{name}", data)
+    with _lock:
+      _stages[str(workdir)].copied[name] = len(data)
+
+
+def sync_staged(*, force: bool = False) -> None:
+  """Copies what was appended to staged files to their remote objects.
+
+  Without `force`, a workdir synced less than `SYNC_INTERVAL_S` ago is skipped (GCS's per-object
+  update rate).
+  """
+  with _lock:
+    for stage in _stages.values():
+      if force or time.monotonic() - stage.last_sync >= SYNC_INTERVAL_S:
+        stage.sync()
+
+
+def _sync_at_exit() -> None:
+  try:
+    sync_staged(force=True)
+  except Exception as error:  # pylint: disable=broad-except
+    log.error("could not copy the last metrics / logs to the workdir: %r", error)
+
+
+_exit_hook_registered = False
+
+
+def _register_exit_hook() -> None:
+  """Registers the final sync after gcsfs is in use: exit hooks run last-registered first, so
+  ours runs while gcsfs's HTTP session is still open."""
+  global _exit_hook_registered
+  if not _exit_hook_registered:
+    _exit_hook_registered = True
+    atexit.register(_sync_at_exit)
+
+
+# ------------------------------------------------------------------------------ local copies
+
+
+def _cache_root() -> pathlib.Path:
+  root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache",
+                                                   "reasoning_rl")
+  return pathlib.Path(root) / "gcs"
+
+
+def local_copy(value: str | os.PathLike[str]) -> pathlib.Path:
+  """A local path with the content of `value` (itself if local; a cached download if remote)."""
+  if not is_remote(value):
+    return pathlib.Path(value)
+  fs, key = _fs_and_key(value)
+  key = key.rstrip("/")
+  target = _cache_root() / key
+  names = ([""] if fs.isfile(key)
+           else [relative_name(f, "gs://" + key) for f in list_files("gs://" + key)])
+  if not names:
+    raise FileNotFoundError(f"{value}: no such file or directory")
+  for name in names:
+    source = f"{key}/{name}" if name else key
+    local = target / name if name else target
+    info = fs.info(source)
+    marker = _cache_root() / ".crc32c" / (f"{key}/{name}" if name else key)
+    if (local.is_file() and local.stat().st_size == int(info["size"]) and marker.is_file()
+        and marker.read_text() == str(info.get("crc32c"))):
+      continue
+    local.parent.mkdir(parents=True, exist_ok=True)
+    partial = local.with_name(local.name + f".partial{os.getpid()}")
+    fs.get_file(source, str(partial))
+    os.replace(partial, local)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(str(info.get("crc32c")))
+  return target
+

