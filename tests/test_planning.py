@@ -208,3 +208,59 @@ def test_bad_targets_raise():
 def test_cpu_target_splits_the_machine_over_its_devices():
   chip, n = planning._chip({"tpu": "cpu", "num_devices": 8})
   assert n == 8 and chip.hbm_bytes == 3 * GIB and math.isclose(chip.peak_flops, 50e9)
+
+
+# ------------------------------------------------------------------------------ against XLA
+
+
+def _shard_bytes(tree) -> int:
+  import jax
+  return sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_planned_train_state_equals_what_xla_holds_per_device(beta):
+  """Parameters, AdamW moments and the reference: the planner's per-device bytes against the
+  arguments of the compiled step (XLA's memory_analysis) and the shards actually placed.
+
+  (This caught AdamW's moments being created on one device and then replicated on every device
+  of the mesh: two full copies of the model per device, where the plan counts two shards.)
+  """
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from reasoning_rl import sharding
+  from reasoning_rl.build import step_config
+  from reasoning_rl.models.transformer import create_model
+  from reasoning_rl.rl.step import TrainStep
+
+  model_config = ModelConfig(model_type="qwen2", vocab_size=512, hidden_size=64,
+                             intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
+                             head_dim=16, attention_bias=True, tie_word_embeddings=True)
+  c = base_config()
+  c.rollout.num_prompts, c.rollout.num_samples = 2, 4
+  c.rollout.max_prefill_length, c.rollout.max_new_tokens = 8, 8
+  c.algo.num_micro_batches, c.beta = 2, beta
+  c.mesh.num_trainer_devices, c.mesh.trainer, c.mesh.sampler = 4, (1, 4, 1), (1, 1, -1)
+  items = dict(planning.plan(c, model_config, target={"tpu": "cpu", "num_devices": 8})
+               .slice("trainer").items)
+  planned = (items["params"] + items["optimizer (AdamW m, v)"]
+             + items.get("reference params", 0))
+
+  mesh = sharding.make_mesh((1, 4, 1), jax.devices()[:4], field="mesh.trainer")
+  graphdef, params = nnx.split(create_model(model_config, seed=0))
+  reference = jax.tree.map(jnp.copy, params) if beta > 0 else None
+  step = TrainStep(graphdef, step_config(c), mesh)
+  state = step.init_state(params, ref_params=reference)
+  assert _shard_bytes(state.opt_state) == pytest.approx(2 * _shard_bytes(state.params), abs=64)
+  rows, length = 8, 16
+  batch = dict(tokens=jnp.zeros((rows, length), jnp.int32),
+               attention_mask=jnp.ones((rows, length), jnp.int32),
+               completion_mask=jnp.ones((rows, 8), jnp.int32),
+               advantages=jnp.ones((rows,), jnp.float32))
+  analysis = step.compile(state, batch).lower(state, batch).compile().memory_analysis()
+  batch_bytes = sum(x.nbytes for x in jax.tree.leaves(batch)) // 4  # batch rows are sharded 4 ways
+  held = analysis.argument_size_in_bytes - batch_bytes
+  assert held == pytest.approx(planned, rel=0.01)
+  assert analysis.alias_size_in_bytes == pytest.approx(held, rel=0.01)  # the state is donated

@@ -286,7 +286,7 @@ class TrainStep:
       width = params["final_norm"]["scale"].shape[0]
       value_head = {"kernel": jnp.zeros((width,), jnp.float32), "bias": jnp.zeros((), jnp.float32)}
       trainable["value_head"] = value_head
-    opt_state = jax.jit(self.optimizer.init)(trainable)
+    opt_state = self._init_optimizer(trainable)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
                        skipped_updates=jnp.zeros((), jnp.int32), value_head=value_head,
                        ref_params=ref_params if c.beta > 0 else None)
@@ -296,6 +296,25 @@ class TrainStep:
     replicated = NamedSharding(self.mesh, PartitionSpec())
     on_mesh = lambda x: isinstance(x.sharding, NamedSharding) and x.sharding.mesh == self.mesh  # noqa
     return jax.tree.map(lambda x: x if on_mesh(x) else jax.device_put(x, replicated), state)
+
+  def _init_optimizer(self, trainable):
+    """AdamW's state, each moment sharded like the parameter it belongs to.
+
+    A plain `jit(optimizer.init)` puts the zeros it creates (they depend on no input's values)
+    on one device, and the state would then be replicated on every device of the mesh: two full
+    copies of the model per device instead of two shards of it.
+    """
+    if self.mesh is None:
+      return jax.jit(self.optimizer.init)(trainable)
+    replicated = NamedSharding(self.mesh, PartitionSpec())
+    shardings = jax.tree.map(
+        lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
+        and x.sharding.mesh == self.mesh else replicated, trainable)
+    abstract = jax.eval_shape(self.optimizer.init, trainable)
+    out_shardings = optax.tree_utils.tree_map_params(
+        self.optimizer, lambda _, sharding: sharding, abstract, shardings,
+        transform_non_params=lambda _: replicated)
+    return jax.jit(self.optimizer.init, out_shardings=out_shardings)(trainable)
 
   def state_shardings(self, state: TrainState):
     return jax.tree.map(lambda x: x.sharding, state)
