@@ -73,16 +73,29 @@ class Assumptions:
   """The stated guesses behind the estimate; override any of them through `plan(assumptions=)`.
 
   headroom: fraction of HBM kept free for XLA temporaries, fragmentation and the runtime.
-  activation_values_per_hidden: hidden-sized values each layer keeps per token for the backward pass
-    without rematerialisation (with `algo.remat` only one hidden-sized block input per layer is
-    kept, plus one layer's full activations while it is recomputed). Korthikanti et al. 2022
-    ("Reducing Activation Recomputation in Large Transformer Models", §4.1) count 34·s·b·h bytes
-    per layer at 2 bytes per value, i.e. 17 values, of which one is a dropout mask this model does
-    not have; 16 remain. The attention scores
-    (float32) and probabilities (compute dtype), which this implementation materialises, are added
-    on top.
+  Activations, per token and layer, kept for the backward pass of one micro-batch:
+  activation_values_per_hidden: hidden-width values (compute dtype): norm inputs and outputs, the
+    query / key / value / attention outputs, residuals.
+  activation_values_per_intermediate: MLP-width values (compute dtype; the MLP width as split by
+    the `tensor` axis): gate, up and their gated product.
+  attention_values_per_score: float32 values per (head, query, key): scores, probabilities and
+    their gradients.
   logprob_buffers: float32 [rows, chunk, vocab] buffers alive at once in a chunk's backward
     (recomputed logits and their gradient).
+  gathered_layers: with the `fsdp` axis > 1, layers' worth of all-gathered (unsharded on fsdp)
+    weights alive at once (the layer in use, the next one prefetched, their gradients before the
+    reduce-scatter).
+  The activation figures were measured, not derived: XLA's own memory analysis of the compiled
+  step on CPU for 14 configurations (rows, sequence, widths, vocabulary, layers, β, fsdp / tensor /
+  data meshes) fits 8 · hidden + 4 · intermediate values per token and layer, 3.6 float32 values
+  per attention score, 2.3 log-prob buffers and 4.7 gathered layers within 7 % (rounded up here;
+  tests/test_planning.py holds the planner to 25 % of XLA's figure). Korthikanti et al. 2022
+  ("Reducing Activation Recomputation in Large Transformer Models", §4.1) derive 16 hidden-width
+  values for a GPT block with a 4·hidden GELU MLP, about what 8 · hidden + 4 · intermediate gives
+  for this SwiGLU block at intermediate = 2–3 · hidden. XLA:TPU fuses more than XLA:CPU, so on TPU
+  these are upper-side estimates. With `algo.remat` each layer keeps only its hidden-width input
+  and one layer's activations are rebuilt at a time: the analytic figure (XLA:CPU's memory
+  analysis shows only ~8 % saved by remat, so that case is not held to it).
   train_mfu: FLOP utilisation of the training step, applied to every FLOP it executes
     (recomputation included).
   prefill_mfu: of the sampler's prefill (compute-bound, like training).
@@ -92,8 +105,11 @@ class Assumptions:
   """
 
   headroom: float = 0.10
-  activation_values_per_hidden: int = 16
-  logprob_buffers: int = 2
+  activation_values_per_hidden: float = 8
+  activation_values_per_intermediate: float = 4
+  attention_values_per_score: float = 4
+  logprob_buffers: float = 2.5
+  gathered_layers: float = 5
   train_mfu: float = 0.40
   prefill_mfu: float = 0.40
   decode_mfu: float = 0.20
@@ -273,15 +289,27 @@ def _split(mesh: AbstractMesh, axis: str, size: int) -> int:
   return size // shard_size((axis,), (size,), mesh)
 
 
+def _layer_weight_bytes(shapes: Sequence[tuple[tuple, tuple, int]], mesh: AbstractMesh,
+                        num_layers: int) -> int:
+  """Bytes of one layer's weights with the `fsdp` axis gathered (tensor sharding kept)."""
+  gathered = AbstractMesh(tuple(1 if name == "fsdp" else size for name, size in
+                                zip(mesh.axis_names, mesh.axis_sizes)), mesh.axis_names)
+  layer_shapes = [s for s in shapes if "vocab" not in s[0]]  # all but embedding / LM head
+  return param_bytes_per_device(layer_shapes, gathered) // max(1, num_layers)
+
+
 def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, params: int, a: Assumptions,
-                  num_micro_batches: int) -> list[tuple[str, int]]:
-  """Per-device bytes of the training step (see the module docstring)."""
+                  num_micro_batches: int, shapes=None) -> list[tuple[str, int]]:
+  """Per-device bytes of the training step (see the module docstring and `Assumptions`)."""
   r, b = config.rollout, np.dtype(config.model.dtype).itemsize
   seq = r.max_prefill_length + r.max_new_tokens
   rows = (r.num_prompts * r.num_samples) // num_micro_batches
   rows_per_device = -(-rows // _split(mesh, "batch", rows))
   heads = m.num_heads // _split(mesh, "kv_heads", m.num_kv_heads)
-  per_layer = seq * (a.activation_values_per_hidden * m.hidden_size * b + heads * seq * (4 + b))
+  intermediate = m.intermediate_size // _split(mesh, "mlp", m.intermediate_size)
+  per_layer = seq * ((a.activation_values_per_hidden * m.hidden_size
+                      + a.activation_values_per_intermediate * intermediate) * b
+                     + a.attention_values_per_score * heads * seq * 4)
   if config.algo.get("remat", False):
     # Only each block's input is kept; one block's activations are rebuilt at a time.
     per_row = m.num_layers * seq * m.hidden_size * b + per_layer
@@ -294,8 +322,12 @@ def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, params: int, a: As
             params * (2 if num_micro_batches > 1 else 1))]
   if config.beta > 0:
     items.append(("reference params", params))
-  items += [("activations (1 micro-batch)", rows_per_device * per_row),
-            ("log-prob chunk buffers", a.logprob_buffers * rows_per_device * chunk * vocab * 4)]
+  if mesh.shape["fsdp"] > 1 and shapes is not None:
+    items.append(("gathered layer weights (fsdp)",
+                  int(a.gathered_layers * _layer_weight_bytes(shapes, mesh, m.num_layers))))
+  items += [("activations (1 micro-batch)", int(rows_per_device * per_row)),
+            ("log-prob chunk buffers",
+             int(a.logprob_buffers * rows_per_device * chunk * vocab * 4))]
   return items
 
 
@@ -375,7 +407,7 @@ def _trainer_fix(config, m, chip, a, trainer, shapes, budget_taken) -> str | Non
     mesh = trainer if t == trainer.shape["tensor"] else AbstractMesh((1, n // t, t), MESH_AXES)
     params = param_bytes_per_device(shapes, mesh)
     for k in [k for k in range(current, batch + 1) if batch % k == 0]:
-      if _fits(trainer_items(config, m, mesh, params, a, k), chip, a, budget_taken):
+      if _fits(trainer_items(config, m, mesh, params, a, k, shapes), chip, a, budget_taken):
         change = [] if mesh is trainer else [f"mesh.trainer=(1, {n // t}, {t})"]
         change += [] if k == current else [f"algo.num_micro_batches={k}"]
         return " with ".join(change)
@@ -385,7 +417,8 @@ def _trainer_fix(config, m, chip, a, trainer, shapes, budget_taken) -> str | Non
 def _advice(config, m, chip, a, trainer, sampler, shared, shapes, train_params, sample_params):
   """Concrete changes that would make the over-full slice(s) fit."""
   r = config.rollout
-  train_now = trainer_items(config, m, trainer, train_params, a, config.algo.num_micro_batches)
+  train_now = trainer_items(config, m, trainer, train_params, a, config.algo.num_micro_batches,
+                            shapes)
   sample_now = sampler_items(config, m, sampler, sample_params, r.max_concurrent_decodes)
   # Sharing devices, each role's budget is what the other one leaves.
   sampler_taken = sum(b for _, b in sample_now) if shared else 0
@@ -432,7 +465,7 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
   train_params = param_bytes_per_device(shapes, trainer)
   sample_params = param_bytes_per_device(shapes, sampler)
   train = trainer_items(config, model_config, trainer, train_params, a,
-                        config.algo.num_micro_batches)
+                        config.algo.num_micro_batches, shapes)
   sample = sampler_items(config, model_config, sampler, sample_params,
                          config.rollout.max_concurrent_decodes)
   make = lambda name, mesh, items: SliceMemory(name, mesh, tuple(items), chip.hbm_bytes,  # noqa

@@ -282,12 +282,25 @@ def sync_staged(*, force: bool = False) -> None:
   """Copies what was appended to staged files to their remote objects.
 
   Without `force`, a workdir synced less than `SYNC_INTERVAL_S` ago is skipped (GCS's per-object
-  update rate).
+  update rate) and a failure is a warning (the bytes go with the next sync); with `force` (before
+  a checkpoint, at the end) a failure raises CheckpointError, the run's storage-failure exit.
   """
   with _lock:
     for stage in _stages.values():
-      if force or time.monotonic() - stage.last_sync >= SYNC_INTERVAL_S:
+      if not force and time.monotonic() - stage.last_sync < SYNC_INTERVAL_S:
+        continue
+      try:
         stage.sync()
+      except Exception as error:  # pylint: disable=broad-except  # gcsfs raises many kinds
+        if force:
+          from reasoning_rl.errors import CheckpointError  # pylint: disable=import-outside-toplevel
+          raise CheckpointError(f"could not copy metrics / logs to {stage.remote_dir} "
+                                f"({type(error).__name__}: {error}); check the bucket and "
+                                "rerun to resume from the last checkpoint") from error
+        # a routine sync: what was not copied stays staged and goes with the next one
+        log.warning("copying metrics / logs to %s failed (%r); retrying with the next sync",
+                    stage.remote_dir, error)
+        stage.last_sync = time.monotonic()
 
 
 def _sync_at_exit() -> None:

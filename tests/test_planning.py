@@ -61,11 +61,15 @@ def test_trainer_items_by_hand():
   assert items["gradients + accumulator"] == 2 * params  # 2 micro-batches
   assert "reference params" not in items  # beta = 0
   # Micro-batch of 16 / 2 = 8 rows over data x fsdp = 4 -> 2 rows per device; the single KV head
-  # does not split over tensor, so all 3 heads stay. Per row: L x S x (16 x D x 4 + H x S x (4 + 4))
-  # = 2 x 48 x (1024 + 1152) = 208896 bytes.
-  assert items["activations (1 micro-batch)"] == 2 * 208896
-  # 2 buffers x 2 rows x chunk 8 x (vocab 96 / tensor 2) x 4 bytes.
-  assert items["log-prob chunk buffers"] == 2 * 2 * 8 * 48 * 4
+  # does not split over tensor, so all 3 heads stay, nor does the MLP width 21. Per row:
+  # L x S x ((8 x D + 4 x I) x 4 + 4 x H x S x 4) = 2 x 48 x ((128 + 84) x 4 + 2304) = 302592 bytes.
+  assert items["activations (1 micro-batch)"] == 2 * 302592
+  # 2.5 buffers x 2 rows x chunk 8 x (vocab 96 / tensor 2) x 4 bytes.
+  assert items["log-prob chunk buffers"] == int(2.5 * 2 * 8 * 48 * 4)
+  # fsdp = 4: 5 layers of weights gathered. A layer: q, o 192 each, k, v 64 each, biases 12 + 4 + 4,
+  # MLP 3 x 16 x 21 = 1008, 2 norms of 16 = 1572 values; the non-vocabulary parameters (2 layers +
+  # the final norm's 16) per layer: 3160 / 2 = 1580 values; nothing splits over tensor = 2.
+  assert items["gathered layer weights (fsdp)"] == 5 * 1580 * 4
   c = _config()
   c.beta = 0.04
   with_reference = planning.plan(c, TINY, target=V5P_16).slice("trainer")
@@ -130,7 +134,7 @@ def _too_long_for_cpu():
   c.mesh.num_trainer_devices = 0  # one shared slice
   c.mesh.trainer = c.mesh.sampler = (1, 1, 1)
   c.algo.num_micro_batches = 1
-  c.rollout.max_new_tokens = 16384 - 32  # S = 16384: 12.03 GiB of activations per row
+  c.rollout.max_new_tokens = 8192 - 32  # S = 8192: 6.01 GiB of activations per row
   return c
 
 
@@ -138,17 +142,17 @@ def test_a_config_that_cannot_fit_says_so_and_how_to_fix_it():
   c = _too_long_for_cpu()
   p = planning.plan(c, TINY, target={"tpu": "cpu", "num_devices": 1})
   shared = p.slice("shared")
-  per_row = 2 * 16384 * (16 * 16 * 4 + 3 * 16384 * 8)
+  per_row = 2 * 8192 * ((8 * 16 + 4 * 21) * 4 + 4 * 3 * 8192 * 4)
   assert shared.item("activations (1 micro-batch)") == 16 * per_row
   assert not p.fits and not shared.fits
   over = shared.total - 0.9 * 24 * GIB
   assert shared.over_bytes == pytest.approx(over)
   verdict = p.verdict()
   assert verdict.startswith(f"does NOT fit: {over / GIB:.2f} GiB over on the shared slice — try ")
-  # 8 micro-batches leave 2 rows (24.1 GiB) per device, over 21.6 GiB usable; 16 leave one row.
-  assert "algo.num_micro_batches=16" in verdict
+  # 4 micro-batches leave 4 rows (24.0 GiB) per device, over 21.6 GiB usable; 8 leave two.
+  assert "algo.num_micro_batches=8" in verdict
   assert "does NOT fit" in p.table() and "OVER by" in p.table()
-  c.algo.num_micro_batches = 16
+  c.algo.num_micro_batches = 8
   fixed = planning.plan(c, TINY, target={"tpu": "cpu", "num_devices": 1})
   assert fixed.fits and fixed.verdict() == "fits"
   assert fixed.table().endswith("Verdict: fits")
@@ -218,13 +222,25 @@ def _shard_bytes(tree) -> int:
   return sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(tree))
 
 
-@pytest.mark.parametrize("beta", [0.0, 0.04])
-def test_planned_train_state_equals_what_xla_holds_per_device(beta):
-  """Parameters, AdamW moments and the reference: the planner's per-device bytes against the
-  arguments of the compiled step (XLA's memory_analysis) and the shards actually placed.
+CASES = {  # mesh (data, fsdp, tensor), micro-batches, beta, vocabulary, prompts
+    "1 device, 2 micro-batches": ((1, 1, 1), 2, 0.0, 4096, 2),
+    "fsdp 4, reference": ((1, 4, 1), 1, 0.04, 4096, 4),
+    "fsdp 2 x tensor 2, vocab 16k": ((1, 2, 2), 1, 0.0, 16384, 2),
+    "data 2 x fsdp 2, 2 micro-batches": ((2, 2, 1), 2, 0.0, 4096, 2),
+}
 
-  (This caught AdamW's moments being created on one device and then replicated on every device
-  of the mesh: two full copies of the model per device, where the plan counts two shards.)
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_planned_memory_is_what_xla_holds_per_device(case):
+  """The planner's per-device figure for the trainer against XLA's own memory analysis of the
+  compiled step (arguments + temporaries + outputs not aliased to donated arguments).
+
+  The train state (params, AdamW moments, reference) must match XLA's arguments to 1 %: this caught
+  the moments being created on one device and replicated on every device of the mesh (two full
+  model copies per device where the plan counts two shards). The whole figure must be within 25 %
+  (Assumptions documents how its activation coefficients were measured). `algo.remat` is not
+  among the cases: XLA:CPU's analysis shows remat saving ~8 %, the planner counts the analytic
+  saving.
   """
   import jax
   import jax.numpy as jnp
@@ -235,32 +251,35 @@ def test_planned_train_state_equals_what_xla_holds_per_device(beta):
   from reasoning_rl.models.transformer import create_model
   from reasoning_rl.rl.step import TrainStep
 
-  model_config = ModelConfig(model_type="qwen2", vocab_size=512, hidden_size=64,
-                             intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
-                             head_dim=16, attention_bias=True, tie_word_embeddings=True)
+  mesh_shape, micro, beta, vocab, prompts = CASES[case]
+  model_config = ModelConfig(model_type="qwen2", vocab_size=vocab, hidden_size=256,
+                             intermediate_size=1024, num_layers=2, num_heads=8, num_kv_heads=4,
+                             head_dim=32, attention_bias=True, tie_word_embeddings=True)
   c = base_config()
-  c.rollout.num_prompts, c.rollout.num_samples = 2, 4
-  c.rollout.max_prefill_length, c.rollout.max_new_tokens = 8, 8
-  c.algo.num_micro_batches, c.beta = 2, beta
-  c.mesh.num_trainer_devices, c.mesh.trainer, c.mesh.sampler = 4, (1, 4, 1), (1, 1, -1)
-  items = dict(planning.plan(c, model_config, target={"tpu": "cpu", "num_devices": 8})
-               .slice("trainer").items)
-  planned = (items["params"] + items["optimizer (AdamW m, v)"]
-             + items.get("reference params", 0))
+  c.rollout.num_prompts, c.rollout.num_samples = prompts, 8
+  c.rollout.max_prefill_length, c.rollout.max_new_tokens = 64, 64
+  c.algo.num_micro_batches, c.beta, c.algo.logprob_chunk = micro, beta, 64
+  devices = mesh_shape[0] * mesh_shape[1] * mesh_shape[2]
+  c.mesh.num_trainer_devices, c.mesh.trainer, c.mesh.sampler = devices, mesh_shape, (1, 1, -1)
+  trainer = planning.plan(c, model_config, target={"tpu": "cpu", "num_devices": 8}).slice("trainer")
+  items = dict(trainer.items)
+  planned_state = (items["params"] + items["optimizer (AdamW m, v)"]
+                   + items.get("reference params", 0))
 
-  mesh = sharding.make_mesh((1, 4, 1), jax.devices()[:4], field="mesh.trainer")
+  mesh = sharding.make_mesh(mesh_shape, jax.devices()[:devices], field="mesh.trainer")
   graphdef, params = nnx.split(create_model(model_config, seed=0))
   reference = jax.tree.map(jnp.copy, params) if beta > 0 else None
   step = TrainStep(graphdef, step_config(c), mesh)
   state = step.init_state(params, ref_params=reference)
   assert _shard_bytes(state.opt_state) == pytest.approx(2 * _shard_bytes(state.params), abs=64)
-  rows, length = 8, 16
-  batch = dict(tokens=jnp.zeros((rows, length), jnp.int32),
-               attention_mask=jnp.ones((rows, length), jnp.int32),
-               completion_mask=jnp.ones((rows, 8), jnp.int32),
+  rows, new = prompts * 8, 64
+  batch = dict(tokens=jnp.zeros((rows, 128), jnp.int32),
+               attention_mask=jnp.ones((rows, 128), jnp.int32),
+               completion_mask=jnp.ones((rows, new), jnp.int32),
                advantages=jnp.ones((rows,), jnp.float32))
   analysis = step.compile(state, batch).lower(state, batch).compile().memory_analysis()
-  batch_bytes = sum(x.nbytes for x in jax.tree.leaves(batch)) // 4  # batch rows are sharded 4 ways
-  held = analysis.argument_size_in_bytes - batch_bytes
-  assert held == pytest.approx(planned, rel=0.01)
-  assert analysis.alias_size_in_bytes == pytest.approx(held, rel=0.01)  # the state is donated
+  batch_bytes = sum(x.nbytes for x in jax.tree.leaves(batch)) // (mesh_shape[0] * mesh_shape[1])
+  assert analysis.argument_size_in_bytes - batch_bytes == pytest.approx(planned_state, rel=0.01)
+  held = (analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
+          + analysis.output_size_in_bytes - analysis.alias_size_in_bytes)
+  assert trainer.total == pytest.approx(held, rel=0.25), (trainer.total / 2**20, held / 2**20)

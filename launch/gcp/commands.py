@@ -1,7 +1,7 @@
 """The commands that run a config on Google Cloud TPUs, generated from the config and a few flags.
 
   python launch/gcp/commands.py --config=configs/r1zero_tpu.py --mode=tpu_vm \
-      --project=P --zone=us-east5-a --workdir=/mnt/shared/run --source=https://github.com/U/reasoning_rl.git --dry_run
+      --project=P --zone=us-east5-a --workdir=gs://BUCKET/run --source=https://github.com/U/reasoning_rl.git --dry_run
   python launch/gcp/commands.py --config=configs/r1zero_tpu.py --mode=xpk --cluster=C ... --dry_run
   python launch/gcp/commands.py --config=configs/r1zero_tpu.py --mode=jobset --image=IMAGE ... > jobset.yaml
 
@@ -134,7 +134,8 @@ def define_flags() -> None:
   _PROJECT = flags.DEFINE_string("project", "PROJECT", "Google Cloud project.")
   _ZONE = flags.DEFINE_string("zone", "ZONE", "Zone of the TPU slice.")
   _NAME = flags.DEFINE_string("name", "reasoning-rl", "Queued resource / TPU / workload name.")
-  _WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir, the same path on every host.")
+  _WORKDIR = flags.DEFINE_string(
+      "workdir", None, "The run's workdir: gs://BUCKET/run, or a path mounted on every host.")
   _SOURCE = flags.DEFINE_string("source", None, "git URL (or pip-installable archive URL) of the "
                                 "project, installed on every worker (tpu_vm mode).")
   _SPOT = flags.DEFINE_bool("spot", False, "Spot capacity (preemptible; the run resumes).")
@@ -160,7 +161,11 @@ def main(argv) -> int:
   if config.target.num_devices and s.chips != config.target.num_devices:
     print(f"warning: {_CONFIG.value} plans for {config.target.num_devices} chips; "
           f"{s.accelerator_type} has {s.chips}", file=sys.stderr)
-  workdir = _WORKDIR.value or config.workdir or "/mnt/shared/run"
+  workdir = _WORKDIR.value or config.workdir
+  if not workdir:
+    print("error: --workdir: give the run's workdir, gs://BUCKET/run (docs/storage.md) or a "
+          "directory mounted on every host", file=sys.stderr)
+    return 2
   train = train_command(_CONFIG.value, workdir, _EXTRA.value)
   if _MODE.value == "jobset":
     print(yaml.safe_dump(jobset_manifest(s, name=_NAME.value, image=_IMAGE.value, train=train),

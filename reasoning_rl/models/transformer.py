@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from reasoning_rl.models.config import ModelConfig
+from reasoning_rl.sharding import constrain
 
 _MASKED_SCORE = -1e30  # finite, so a query with nothing to attend to gives uniform (unused) weights
 
@@ -235,8 +236,8 @@ class MLP(nnx.Module):
 
   def __call__(self, x):
     dtype = x.dtype
-    gate = x @ self.gate_proj[...].astype(dtype)
-    up = x @ self.up_proj[...].astype(dtype)
+    gate = constrain(x @ self.gate_proj[...].astype(dtype), ("batch", "length", "mlp"))
+    up = constrain(x @ self.up_proj[...].astype(dtype), ("batch", "length", "mlp"))
     if self.activation == "silu":
       hidden = jax.nn.silu(gate) * up
     else:
@@ -345,9 +346,10 @@ class Transformer(nnx.Module):
 
     if remat:
       run_block = nnx.remat(run_block)
-    x = self.embed_tokens(token_ids)
+    residual_axes = ("batch", "length", None)  # batch-sharded, full width (FSDP-style)
+    x = constrain(self.embed_tokens(token_ids), residual_axes)
     for block in self.layers:
-      x = run_block(block, x)
+      x = constrain(run_block(block, x), residual_axes)
     return self.final_norm(x)
 
   def __call__(self, token_ids, attention_mask=None, *, positions=None):
