@@ -34,7 +34,7 @@ CASES = {
     "MLP 512": dict(inter=512), "vocab 16k": dict(vocab=16384), "4 layers": dict(layers=4),
     "hidden 512": dict(hidden=512), "beta": dict(beta=0.04), "remat": dict(remat=True),
     "fsdp 4": dict(mesh=(1, 4, 1)), "fsdp 2 x tensor 2": dict(mesh=(1, 2, 2)),
-    "data 2 x fsdp 2": dict(mesh=(2, 2, 1)), "fsdp 4, 32 rows": dict(mesh=(1, 4, 1), micro=1, P=4),
+    "data 2 x fsdp 2": dict(mesh=(2, 2, 1)), "fsdp 4 / 32 rows": dict(mesh=(1, 4, 1), micro=1, P=4),
 }
 
 
