@@ -6,7 +6,8 @@ Usage:
       [--no_chat_template] [--ignore_eos] [--truncate_prompts] [--batch_prompts B]
       --output OUT.jsonl
 
-PATH is a Hugging Face directory or a .gguf file (see `reasoning_rl.models.load`). Each input row holds
+PATH is a Hugging Face directory, a .gguf file or a run workdir, local or gs:// (see
+`reasoning_rl.models.load`); FILE and OUT may be gs:// too. Each input row holds
 "prompt" (text; wrapped in the model's chat template as a user turn unless --no_chat_template) or
 "prompt_ids" (token ids, used as they are). Each output row is one completion: prompt, completion,
 completion_ids, logprobs (log-softmax of the model's unscaled logits at each generated token), and
@@ -25,6 +26,11 @@ most `max_position_embeddings` tokens each, plus one prefill of up to 8 prompts 
 prompt's length; host memory holds one batch's completions. --output's directory is checked before
 the model is loaded. Exit codes: 0 done, 2 bad input (one line naming it), 4 the output could not be
 written.
+
+Several processes (hosts) split each batch's prompts: run the same command on each, with
+--coordinator_address=HOST:PORT --num_processes=N --process_id=I where JAX does not detect the
+cluster itself. Each generates for every N-th prompt on its own devices; process 0 writes the rows,
+identical to a single process's (a sample's randomness depends on (seed, prompt, sample) only).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import math
 import os
 import pathlib
 import sys
+import tempfile
 from collections.abc import Iterator
 
 from reasoning_rl.errors import ReasoningRLError, SamplingError
@@ -75,12 +82,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "max_new_tokens, instead of refusing them")
   parser.add_argument("--batch_prompts", type=int, default=DEFAULT_BATCH_PROMPTS,
                       help="prompts per batch; each batch is written before the next starts")
+  from reasoning_rl.multihost.runtime import add_argparse_flags
+
+  add_argparse_flags(parser)  # several processes split each batch (docs/multihost.md)
   return parser.parse_args(argv)
 
 
 def read_prompt_rows(path: str | pathlib.Path) -> list[dict]:
   """The rows of a JSONL prompts file; each must hold 'prompt' (str) or 'prompt_ids' (ints)."""
-  path = pathlib.Path(path)
+  from reasoning_rl import storage
+
+  path = storage.path(path)
   if not path.is_file():
     raise SamplingError(f"--prompts_file {path}: no such file")
   try:
@@ -143,8 +155,13 @@ def generate_batches(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
                      chat_template: bool = True, ignore_eos: bool = False,
                      max_concurrent_decodes: int = 16, steps_per_call: int = 16,
                      truncate_prompts: bool = False,
-                     batch_prompts: int = DEFAULT_BATCH_PROMPTS) -> Iterator[list[dict]]:
+                     batch_prompts: int = DEFAULT_BATCH_PROMPTS, mesh=None,
+                     share=None) -> Iterator[list[dict]]:
   """Samples `num_samples` completions per row, yielding the output rows batch by batch.
+
+  `mesh` places the engine (default: the default device). With `share` (a
+  `multihost.data_parallel.Share`), this process generates for its share of each batch's prompts
+  and every process yields the whole batch's rows, merged through the run's exchange.
 
   Every prompt is encoded and checked before the first batch decodes, so bad input fails before
   any output. Sample g of prompt p is keyed by (seed, p, g) whatever the batch size.
@@ -162,7 +179,7 @@ def generate_batches(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
                                       max_new_tokens, truncate=truncate_prompts)
   limit = model.config.max_position_embeddings - max_new_tokens
   engine = Engine(
-      model, max_concurrent_decodes=max(1, min(max_concurrent_decodes,
+      model, mesh=mesh, max_concurrent_decodes=max(1, min(max_concurrent_decodes,
                                                min(batch_prompts, len(prompts)) * num_samples)),
       max_prefill_length=prefill_bucket(max(len(p) for p in prompts), max_prefill_length=limit),
       max_decode_length=max_new_tokens, steps_per_call=min(steps_per_call, max_new_tokens))
@@ -173,12 +190,20 @@ def generate_batches(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
       raise SamplingError(f"prompt_id {index}: {error}") from None
   for start in range(0, len(prompts), batch_prompts):
     prompt_ids = list(range(start, min(start + batch_prompts, len(prompts))))
+    if share is not None:
+      prompt_ids = share.mine(prompt_ids)
     completions = generate_groups(
         engine, [prompts[i] for i in prompt_ids], prompt_ids=prompt_ids, num_samples=num_samples,
         sampling=sampling, max_new_tokens=max_new_tokens,
         stop_ids=() if ignore_eos else tokenizer.eos_ids, stop_strings=stop, tokenizer=tokenizer,
         seed=seed)
-    yield [_output_row(rows, truncated, completion, tokenizer) for completion in completions]
+    batch = [_output_row(rows, truncated, completion, tokenizer) for completion in completions]
+    if share is not None and share.count > 1:
+      by_prompt: dict[int, list[dict]] = {}
+      for row in batch:
+        by_prompt.setdefault(row["prompt_id"], []).append(_finite_or_null(row))
+      batch = [row for part in share.merge(f"generate/{start}", by_prompt).values() for row in part]
+    yield batch
 
 
 def _output_row(rows: list[dict], truncated: list[bool], completion, tokenizer) -> dict:
@@ -225,18 +250,27 @@ def json_line(record: dict) -> str:
 
 def main(argv=None) -> int:
   args = parse_args(argv)
-  partial = pathlib.Path(args.output + ".partial")
+  from reasoning_rl import storage
+  from reasoning_rl.multihost import data_parallel, runtime
+
+  remote = storage.is_remote(args.output)
+  # a gs:// output is written locally first and uploaded in one piece at the end
+  partial = (pathlib.Path(tempfile.mkdtemp(prefix="generate-")) / "out.jsonl.partial" if remote
+             else pathlib.Path(args.output + ".partial"))
   written = 0
   try:
     from reasoning_rl.workdir import check_output_file_writable
 
-    output = check_output_file_writable(args.output)
+    runtime.initialize(runtime.process_flags(args))
+    share = data_parallel.current_share()
+    output = args.output if remote else check_output_file_writable(args.output)
     if args.batch_prompts < 1:
       raise SamplingError(f"--batch_prompts={args.batch_prompts}: must be >= 1")
     rows = read_prompt_rows(args.prompts_file)
     from reasoning_rl.models import load
 
-    model, tokenizer = load(args.checkpoint, dtype=args.dtype)
+    mesh = data_parallel.local_mesh()
+    model, tokenizer = load(args.checkpoint, dtype=args.dtype, mesh=mesh)
     if tokenizer is None:
       raise SamplingError(f"--checkpoint {args.checkpoint}: has no tokenizer files")
     batches = generate_batches(
@@ -245,13 +279,23 @@ def main(argv=None) -> int:
         num_samples=args.num_samples, seed=args.seed, stop=tuple(args.stop),
         chat_template=not args.no_chat_template, ignore_eos=args.ignore_eos,
         max_concurrent_decodes=args.max_concurrent_decodes, steps_per_call=args.steps_per_call,
-        truncate_prompts=args.truncate_prompts, batch_prompts=args.batch_prompts)
+        truncate_prompts=args.truncate_prompts, batch_prompts=args.batch_prompts, mesh=mesh,
+        share=share)
+    if not share.is_primary:  # process 0 writes what every process generated
+      for batch in batches:
+        written += len(batch)
+      runtime.finish()
+      return 0
     with open(partial, "w", encoding="utf-8") as f:
       for batch in batches:
         f.writelines(json_line(record) for record in batch)
         f.flush()
         written += len(batch)
-    os.replace(partial, output)
+    if remote:
+      storage.atomic_write(output, partial.read_bytes())
+    else:
+      os.replace(partial, output)
+    runtime.finish()
   except ReasoningRLError as error:
     if not written:
       partial.unlink(missing_ok=True)

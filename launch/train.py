@@ -37,15 +37,11 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file
                                           lock_config=True)
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Also print library logs (INFO and up) on the "
                              "terminal; they always go to WORKDIR/logs/train.log.")
-# A run over several processes (hosts). On Cloud TPU / GKE JAX finds its peers by itself and these
-# stay unset; elsewhere (several local processes, plain VMs) give all three on every process.
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
-                                   "HOST:PORT of process 0's coordination service.")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0..N-1.")
-_TRANSFER_ADDRESS = flags.DEFINE_string(
-    "transfer_address", None, "HOST:PORT this process listens on for cross-host weight "
-    "transfers (default: the coordinator's host, port + 1 + process id).")
+# A run over several processes (hosts): --coordinator_address, --num_processes, --process_id,
+# --transfer_address (docs/multihost.md).
+from reasoning_rl.multihost.runtime import define_absl_flags  # noqa: E402
+
+_PROCESS_FLAGS = define_absl_flags()
 
 
 def precheck(argv) -> None:
@@ -87,9 +83,7 @@ def main(argv):
       return 0
     from reasoning_rl.multihost import runtime
 
-    runtime.initialize(runtime.ProcessFlags(
-        coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
-        process_id=_PROCESS_ID.value, transfer_address=_TRANSFER_ADDRESS.value))
+    runtime.initialize(_PROCESS_FLAGS())
     exit_code = train(config)
     runtime.finish()  # every process ended normally: none of them is "lost" when it exits
     return exit_code

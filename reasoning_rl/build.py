@@ -285,14 +285,16 @@ class Evaluation:
   max_new_tokens: int
 
 
-def build_evaluation(config: ml_collections.ConfigDict, checkpoint: str) -> Evaluation:
+def build_evaluation(config: ml_collections.ConfigDict, checkpoint: str, *,
+                     mesh=None) -> Evaluation:
   """The policy at `checkpoint` (run workdir, checkpoint step, HF dir or GGUF) + the config's
-  held-out data, template, rewards and sampling limits. No red team: nothing is trained."""
+  held-out data, template, rewards and sampling limits. No red team: nothing is trained.
+  `mesh` places the weights and the engine (default: the default device)."""
   from reasoning_rl.models import load
 
-  model, tokenizer = load(checkpoint, dtype=config.model.dtype)
+  model, tokenizer = load(checkpoint, dtype=config.model.dtype, mesh=mesh)
   max_new_tokens = eval_max_new_tokens(config)
-  engine = build_engine(config, model, max_decode_length=max_new_tokens)
+  engine = build_engine(config, model, mesh=mesh, max_decode_length=max_new_tokens)
   reward_fn = build_reward_fn(config, redteam=False)
   return Evaluation(engine=engine, tokenizer=tokenizer, template=build_template(config, tokenizer),
                     examples=build_eval_examples(config), scorer=build_scorer(config, reward_fn),

@@ -347,7 +347,7 @@ class CanaryPrompt:
 def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer, *, num_samples: int = 1, temperature: float = 0.0,
                    top_p: float = 1.0, max_new_tokens: int, stop_strings: Sequence[str] = (),
                    seed: int = 0, ks: Sequence[int] | None = None,
-                   canaries: Sequence[Any] = ()) -> EvalResult:
+                   canaries: Sequence[Any] = (), share=None) -> EvalResult | None:
   """Generates `num_samples` completions per example (and per canary) and evaluates them.
 
   Args:
@@ -362,6 +362,10 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer,
       only on (seed, its position, the weights).
     ks: pass@k / maj@k sizes (default `default_ks(num_samples)`).
     canaries: examples or plain strings whose completions are returned verbatim in `canaries`.
+    share: a `multihost.data_parallel.Share` when the processes of a run split the work: this
+      process generates for its share of the prompts, the completions meet on every process, and
+      process 0 scores them and returns the result (the others return None). The result equals
+      a single process's.
   """
   # Imported here so that scoring-only users (replay, report) do not load JAX.
   from reasoning_rl.sampler import rollout  # pylint: disable=import-outside-toplevel
@@ -370,17 +374,24 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer,
   canaries = [CanaryPrompt(prompt=c, uid=f"canary-{i}") if isinstance(c, str) else c
               for i, c in enumerate(canaries)]
   everything = list(examples) + canaries
-  prompts = [list(template.encode(example)) for example in everything]
+  mine = list(range(len(everything))) if share is None else share.mine(range(len(everything)))
   completions = rollout.generate_groups(
-      engine, prompts, num_samples=num_samples,
-      sampling=SamplingParams(temperature=temperature, top_p=top_p),
+      engine, [list(template.encode(everything[i])) for i in mine], prompt_ids=mine,
+      num_samples=num_samples, sampling=SamplingParams(temperature=temperature, top_p=top_p),
       max_new_tokens=max_new_tokens, stop_ids=tuple(tokenizer.eos_ids),
       stop_strings=tuple(stop_strings), tokenizer=tokenizer, seed=seed)
-  generated: list[list[GeneratedText]] = [[] for _ in everything]
+  by_prompt: dict[int, list[GeneratedText]] = {i: [] for i in mine}
   for completion in completions:  # ordered by (prompt_id, sample_index)
-    generated[completion.prompt_id].append(GeneratedText(
+    by_prompt[completion.prompt_id].append(GeneratedText(
         text=tokenizer.decode(completion.completion_ids, skip_special_tokens=True),
         num_tokens=len(completion.completion_ids), truncated=bool(completion.truncated)))
+  if share is not None and share.count > 1:
+    merged = share.merge("evaluation", {i: [dataclasses.asdict(g) for g in texts]
+                                        for i, texts in by_prompt.items()})
+    if not share.is_primary:
+      return None
+    by_prompt = {i: [GeneratedText(**g) for g in texts] for i, texts in merged.items()}
+  generated = [by_prompt[i] for i in range(len(everything))]
   return evaluate_completions(
       examples, generated[:len(examples)], scorer, max_new_tokens=max_new_tokens,
       temperature=temperature, ks=ks, canaries=canaries,

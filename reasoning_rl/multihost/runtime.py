@@ -86,6 +86,41 @@ class ProcessFlags:
     return f"{host}:{int(port) + 1 + self.process_id}"
 
 
+def define_absl_flags():
+  """Defines `--coordinator_address --num_processes --process_id --transfer_address` for an absl
+  launcher; returns a function that reads them into `ProcessFlags` (after flag parsing)."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+
+  # On Cloud TPU / GKE JAX finds its peers by itself and these stay unset; elsewhere (several
+  # local processes, plain VMs) give the first three on every process.
+  coordinator = flags.DEFINE_string("coordinator_address", None,
+                                    "HOST:PORT of process 0's coordination service.")
+  num_processes = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
+  process_id = flags.DEFINE_integer("process_id", None, "This process's index, 0..N-1.")
+  transfer = flags.DEFINE_string(
+      "transfer_address", None, "HOST:PORT this process listens on for cross-host weight "
+      "transfers (default: the coordinator's host, port + 1 + process id).")
+  return lambda: ProcessFlags(coordinator_address=coordinator.value,
+                              num_processes=num_processes.value, process_id=process_id.value,
+                              transfer_address=transfer.value)
+
+
+def add_argparse_flags(parser) -> None:
+  """The same four flags for an argparse launcher (`process_flags(args)` reads them back)."""
+  parser.add_argument("--coordinator_address", default=None,
+                      help="HOST:PORT of process 0's coordination service (multi-process runs).")
+  parser.add_argument("--num_processes", type=int, default=None, help="Processes in the run.")
+  parser.add_argument("--process_id", type=int, default=None, help="This process's index.")
+  parser.add_argument("--transfer_address", default=None, help="HOST:PORT for cross-host "
+                      "transfers (default: coordinator host, port + 1 + process id).")
+
+
+def process_flags(args) -> ProcessFlags:
+  return ProcessFlags(coordinator_address=args.coordinator_address,
+                      num_processes=args.num_processes, process_id=args.process_id,
+                      transfer_address=args.transfer_address)
+
+
 def cluster_detected() -> bool:
   """Whether JAX's own cluster detection finds a multi-host environment (TPU VM slice, GKE, ...)."""
   from jax._src import clusters  # pylint: disable=import-outside-toplevel
