@@ -151,6 +151,33 @@ def test_exchange_broadcast_and_gather_give_every_process_the_same_values(monkey
   assert all(int(key.split("/")[1]) >= 3 for key in store.values), sorted(store.values)
 
 
+
+class ServiceGone(FakeStore):
+  def blocking_key_value_get_bytes(self, key, timeout_ms):
+    raise RuntimeError(self.error)
+
+
+@pytest.mark.parametrize("error, ends_run", [
+    ("UNAVAILABLE: Socket closed\nAdditional GRPC error information", True),
+    ("INVALID_ARGUMENT: key too long", False)])
+def test_a_vanished_coordination_service_ends_the_run_like_a_lost_peer(monkeypatch, error,
+                                                                         ends_run):
+  """Process 0 going away under a wait must exit with the lost-process line, not abort."""
+  stops = []
+
+  def stop(reason, keep_service_s=0.0):
+    stops.append(reason)
+    raise SystemExit(runtime.LOST_PROCESS_EXIT_CODE)
+
+  monkeypatch.setattr(runtime, "stop_lost_run", stop)
+  store = ServiceGone()
+  store.error = error
+  exchange = Exchange(store, process_index=1, num_processes=2)
+  with pytest.raises(SystemExit if ends_run else RuntimeError):
+    exchange.gather("part", 1)
+  assert stops == (["the coordination service (process 0) is unreachable: "
+                    "UNAVAILABLE: Socket closed"] if ends_run else [])
+
 # -------------------------------------------------------------------- real multi-process runs
 
 STEPS = ["--config.total_steps=2", "--config.eval.num_examples=4"]

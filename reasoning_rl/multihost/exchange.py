@@ -9,18 +9,35 @@ owner) and `gather` (each process contributes its part, everyone gets the list i
 Values are JSON, zlib-compressed, split into chunks under the store's message limits. Keys carry a
 call counter that advances identically on every process (they make the same calls in the same
 order). A process deletes its own keys once a `gather` completes: every process has published
-its part of that gather, so every process has read everything before it. A lost peer is handled by the runtime's watcher
-(`runtime.watch_peers`), so the waits here need no timeout of their own beyond a generous bound.
+its part of that gather, so every process has read everything before it. A lost peer is handled by
+the runtime's watcher (`runtime.watch_peers`), so the waits here need no timeout of their own beyond
+a generous bound; should the coordination service itself vanish under a wait, the process ends the
+same way the watcher would end it (`runtime.stop_lost_run`), not with an abort at exit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import zlib
 from typing import Any
 
+from reasoning_rl.multihost import runtime
+
 _CHUNK_BYTES = 8 << 20
 _WAIT_MS = 24 * 3600 * 1000  # a lost peer ends the process long before this (runtime.py)
+
+
+@contextlib.contextmanager
+def _service_calls():
+  """A coordination-service call that finds the service gone ends the run like a lost peer."""
+  try:
+    yield
+  except Exception as error:  # pylint: disable=broad-except
+    if not str(error).startswith("UNAVAILABLE"):
+      raise
+    runtime.stop_lost_run("the coordination service (process 0) is unreachable: "
+                          f"{str(error).splitlines()[0]}")
 
 
 def _builtin(value):
@@ -94,16 +111,18 @@ class Exchange(LocalExchange):
     """`source`'s value on every process (the others' `value` is ignored)."""
     self._calls += 1
     key = self._key(self._calls, name, source)
-    if self.process_index == source:
-      self._publish(self._calls, key, value)
-    return self._read(key)
+    with _service_calls():
+      if self.process_index == source:
+        self._publish(self._calls, key, value)
+      return self._read(key)
 
   def gather(self, name: str, value: Any) -> list:
     """Every process's value, in process order, on every process."""
     self._calls += 1
-    self._publish(self._calls, self._key(self._calls, name, self.process_index), value)
-    values = [self._read(self._key(self._calls, name, p)) for p in range(self.num_processes)]
-    self._delete_before(self._calls)
+    with _service_calls():
+      self._publish(self._calls, self._key(self._calls, name, self.process_index), value)
+      values = [self._read(self._key(self._calls, name, p)) for p in range(self.num_processes)]
+      self._delete_before(self._calls)
     return values
 
   def any(self, name: str, flag: bool) -> bool:

@@ -175,23 +175,32 @@ def watch_peers(period_s: float = _WATCH_PERIOD_S) -> threading.Thread:
       try:
         live = set(client.get_live_nodes(everyone))
       except Exception as error:  # pylint: disable=broad-except
-        lost_line(f"the coordination service (process 0) is unreachable: "
-                  f"{str(error).splitlines()[0]}")
+        stop_lost_run(f"the coordination service (process 0) is unreachable: "
+                      f"{str(error).splitlines()[0]}")
       lost = sorted(set(everyone) - live)
       if lost and not _finished.is_set():
-        lost_line(f"process{'es' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of "
-                  f"{len(everyone)} stopped sending heartbeats (killed, crashed or unreachable)")
+        stop_lost_run(f"process{'es' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of "
+                      f"{len(everyone)} stopped sending heartbeats (killed, crashed or "
+                      "unreachable)", keep_service_s=_LEAVE_GRACE_S if me == 0 else 0.0)
       time.sleep(period_s)
-
-  def lost_line(reason: str):
-    print(f"error: process {me}: {reason}; stopping this process too. Rerun every process with "
-          "the same flags on the same workdir to resume from the last checkpoint.",
-          file=sys.stderr, flush=True)
-    os._exit(LOST_PROCESS_EXIT_CODE)  # pylint: disable=protected-access
 
   thread = threading.Thread(target=watch, name="reasoning_rl-peer-watch", daemon=True)
   thread.start()
   return thread
+
+
+def stop_lost_run(reason: str, keep_service_s: float = 0.0) -> None:
+  """Ends this process because the run lost a process: one line naming `reason`, exit code
+  `LOST_PROCESS_EXIT_CODE`. Process 0 passes `keep_service_s` so the coordination service it hosts
+  outlives the other watchers' next poll: they then name the lost process themselves instead of
+  finding the service gone mid-call (which JAX turns into an abort at interpreter exit)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  print(f"error: process {jax.process_index()}: {reason}; stopping this process too. Rerun every "
+        "process with the same flags on the same workdir to resume from the last checkpoint.",
+        file=sys.stderr, flush=True)
+  time.sleep(keep_service_s)
+  os._exit(LOST_PROCESS_EXIT_CODE)  # pylint: disable=protected-access
 
 
 def finish(timeout_s: float = 3600.0) -> None:
