@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from reasoning_rl.errors import ConfigError
+from reasoning_rl.verifiers import final_answer
 from reasoning_rl.verifiers import math as math_lib
 from reasoning_rl.verifiers.math import boxed_contents, check, extract_candidates, is_correct
 
@@ -286,7 +287,7 @@ def test_final_answer_mode_prefers_answer_tags_then_boxes():
     ("No numbers here.", (), None),
 ])
 def test_read_final_answer(text, candidates, refusal):
-  assert math_lib.read_final_answer(text) == math_lib.FinalAnswer(candidates, refusal)
+  assert final_answer.read_final_answer(text) == final_answer.FinalAnswer(candidates, refusal)
 
 
 @pytest.mark.parametrize("answer,truth,status", [

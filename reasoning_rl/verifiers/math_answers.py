@@ -2,8 +2,8 @@
 
 The answer is read from the `<answer>…</answer>` span(s), the `\\boxed{…}` command(s), or the free
 text of a response (`extract`). A span or free text written as prose states its answer in words
-("So the total cost is 3*4 = 12 dollars."): `read_final_answer` finds it. Equivalence (fractions vs
-decimals, LaTeX forms, percentages, sets and intervals, units, thousands separators) is decided by
+("So the total cost is 3*4 = 12 dollars."): `final_answer.read_final_answer` finds it.
+Equivalence (fractions vs decimals, LaTeX forms, percentages, sets and intervals, units, thousands separators) is decided by
 Hugging Face's math-verify (Kydlíček et al., https://github.com/huggingface/Math-Verify).
 
 Hedging earns nothing: a response that commits to several *different* candidates (two answer spans
@@ -36,6 +36,8 @@ import sympy
 
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.workers import deadline
+from reasoning_rl.verifiers.final_answer import (  # noqa: F401  (published here too)
+    MAX_ANSWER_CHARS, FinalAnswer, boxed_contents, read_final_answer)
 from reasoning_rl.verifiers.format import tag_contents
 
 MATH_VERIFIER_VERSION = "math-2+math_verify-" + importlib.metadata.version("math-verify")
@@ -44,7 +46,8 @@ EXTRACT_MODES = ("answer_or_boxed", "answer", "boxed", "last_number", "final_ans
 # A signed integer or decimal, with optional thousands separators: the final number of free-form
 # text ("… so 6 - 2 = 4."). For chat models that write no answer tags, on numeric tasks.
 _NUMBER = re.compile(r"(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")
-MAX_ANSWER_CHARS = 1000  # longer "answers" are spam, and slow to parse
+# free text is read after the last closing tag
+_CLOSING_TAG = re.compile(r"</[A-Za-z_][\w-]*>")
 MAX_CANDIDATES = 8  # more distinct candidates than this is spam; refuse without parsing
 MAX_NUMBER_DIGITS = 10_000  # bound on the decimal digits of any number an answer may denote
 
@@ -74,32 +77,6 @@ class MathResult:
 
 
 # ----------------------------------------------------------------------------------------- extraction
-
-
-def boxed_contents(text: str) -> list[str]:
-  """Contents of every complete `\\boxed{…}` / `\\fbox{…}` in `text`, nested braces respected.
-
-  Escaped braces (`\\{`, `\\}`) do not count towards nesting. An unclosed box (a truncated response)
-  is ignored. One linear pass, so spam of unclosed boxes cannot make it quadratic; contents longer
-  than MAX_ANSWER_CHARS are cut just past that bound (they are refused as too large anyway).
-  """
-  box_braces = {m.end() - 1 for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)}
-  if not box_braces:
-    return []
-  found, open_braces, i = [], [], 0
-  while i < len(text):
-    ch = text[i]
-    if ch == "\\":
-      i += 2
-      continue
-    if ch == "{":
-      open_braces.append(i)
-    elif ch == "}" and open_braces:
-      start = open_braces.pop()
-      if start in box_braces:
-        found.append((start, text[start + 1:min(i, start + 2 + MAX_ANSWER_CHARS)]))
-    i += 1
-  return [content for _, content in sorted(found)]
 
 
 def extract_candidates(response: str, extract: str = "answer_or_boxed",
@@ -167,157 +144,6 @@ _NUMERIC_LITERAL = re.compile(r"\d+(?:[.,]\d+)*")
 def _normalise(candidate: str) -> str:
   candidate = _UPRIGHT_LETTER.sub(r"\1", _THOUSANDS_SPACE.sub("", candidate))
   return _THOUSANDS_PLAIN_SPACE.sub(lambda m: m.group().replace(" ", ""), candidate)
-
-
-# ------------------------------------------------------------------------------ free-text answers
-#
-# How a text states its final answer, read without a model so that no phrasing can hedge:
-#   1. its `\boxed{}`s, when it has any (all of them: disagreeing boxes are a hedge);
-#   2. the whole text, when it is plain math (no words outside LaTeX commands);
-#   3. else its statements (sentences and lines; math between `$…$`, `\(…\)`, `\[…\]` is never cut).
-#      Within a statement the answer is the math after the last verb ("is", "equals", "gives",
-#      ":", …) that math follows, else all of its math: "The sum of 17 and 25 is 42." states 42,
-#      not 17. Words split math apart, so "41 or 42" is two candidates (a hedge), and
-#      "3*4 = 12 dollars" the chain 3*4 = 12. The text's answer is stated by the first statement
-#      that names it before its verb ("the answer is …", "Result: …") together with every later
-#      statement holding math (so a different number after it is a second answer); without one,
-#      by the last statement holding math. Questions state nothing. Hedging words ("maybe",
-#      "perhaps", …) anywhere in the statement, or a negation after its verb ("is not 42"),
-#      refuse the answer.
-
-_CLOSING_TAG = re.compile(r"</[A-Za-z_][\w-]*>")
-# A longer text is read from its tail (which also keeps its math segments fewer than the
-# placeholder characters).
-MAX_READ_CHARS = 100_000
-_PLACEHOLDER = 0xF0000  # math segment i is masked as chr(_PLACEHOLDER + i): one char, no digit
-_PLACEHOLDERS = re.compile("[\U000F0000-\U000FFFFD]")
-_MATH_DELIMITER = re.compile(r"\$\$|\\\[|\\\]|\\\(|\\\)|\\\$|\$|\n")
-_CLOSER = {"$$": "$$", "\\[": "\\]", "\\(": "\\)", "$": "$"}
-_TEXT_COMMAND = re.compile(
-    r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname|begin|end)\s*\{[^{}]*\}")
-_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]+(?:['\u2019][A-Za-z]+)*")
-_STATEMENT_END = re.compile(r"(?<=[.!?])\s+|\s*\n\s*")
-_RUN_BREAK = re.compile(r":(?=\s)")  # "Step 2: 17 + 25 = 42" holds two runs; "7:32" one
-_PIECE_STRIP = " \t\r\n.,;:!?\"'`*$\u20ac\u00a3\u00a5"
-_MARKERS = frozenset({
-    "is", "are", "was", "were", "be", "equals", "equal", "gives", "give", "get", "gets", "got",
-    "makes", "make", "yields", "becomes", "has", "have", "had", "so", "thus", "therefore", "hence",
-    "it's", "that's", "here's", "there's", "what's", "answer's"})
-_HEDGES = frozenset({"maybe", "perhaps", "possibly", "probably", "might",
-                     "guess", "unsure", "either"})
-_NEGATIONS = frozenset({"not", "never", "neither", "nor", "cannot"})
-_ANSWER_WORDS = frozenset({"answer", "answers", "result"})
-
-
-@dataclasses.dataclass(frozen=True)
-class FinalAnswer:
-  """What a text states as its final answer: candidates (several = a hedge unless they agree), and
-  `refusal` ("hedged") when the statement hedges or negates its answer."""
-
-  candidates: tuple[str, ...]
-  refusal: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Statement:
-  pieces: tuple[str, ...]
-  refusal: str | None
-  names_answer: bool
-
-
-def read_final_answer(text: str) -> FinalAnswer:
-  """The final answer `text` states (see the comment above for the reading rules)."""
-  boxes = boxed_contents(text)
-  if boxes:
-    return FinalAnswer(tuple(boxes))
-  masked, segments = _mask_math(text[-MAX_READ_CHARS:])
-  if not any(_is_prose_word(w.group()) for w in _WORD.finditer(masked)):
-    return FinalAnswer((_unmask(masked, segments).strip(),) if masked.strip() else ())
-  statements = [_read_statement(s, segments) for s in _STATEMENT_END.split(masked)]
-  statements = [s for s in statements if s.pieces or s.refusal]
-  if not statements:
-    return FinalAnswer(())
-  named = [i for i, s in enumerate(statements) if s.names_answer]
-  stated = statements[named[0]:] if named else statements[-1:]
-  return FinalAnswer(tuple(p for s in stated for p in s.pieces),
-                     next((s.refusal for s in stated if s.refusal), None))
-
-
-def _mask_math(text: str) -> tuple[str, list[str]]:
-  """`text` with each math segment and each `\\text{…}`-like command replaced by one placeholder
-  character, and the replaced texts (segment contents without their delimiters)."""
-  segments: list[str] = []
-
-  def keep(content: str) -> str:
-    segments.append(content)
-    return chr(_PLACEHOLDER + len(segments) - 1)
-
-  parts, position = [], 0
-  for start, end, content_start, content_end in _math_segments(text):
-    parts += [text[position:start], keep(text[content_start:content_end])]
-    position = end
-  masked = "".join(parts) + text[position:]
-  return _TEXT_COMMAND.sub(lambda m: keep(m.group()), masked), segments
-
-
-def _math_segments(text: str) -> list[tuple[int, int, int, int]]:
-  """(start, end, content start, content end) of each `$…$`, `$$…$$`, `\\(…\\)`, `\\[…\\]` in one
-  linear pass (no rescanning from unclosed openers); `\\$` is a dollar sign, and a `$…$` that
-  meets the end of its line was a dollar sign too."""
-  found, opener = [], None
-  for token in _MATH_DELIMITER.finditer(text):
-    if token.group() == "\\$":
-      continue
-    if opener is None:
-      opener = token if token.group() in _CLOSER else None
-    elif token.group() == _CLOSER[opener.group()]:
-      found.append((opener.start(), token.end(), opener.end(), token.start()))
-      opener = None
-    elif token.group() == "\n" and opener.group() == "$":
-      opener = None
-  return found
-
-
-def _unmask(masked: str, segments: list[str]) -> str:
-  return _PLACEHOLDERS.sub(lambda m: segments[ord(m.group()) - _PLACEHOLDER], masked)
-
-
-def _is_prose_word(word: str) -> bool:
-  return len(word) > 1  # single letters are variables ("x = 5"), not prose
-
-
-def _read_statement(masked: str, segments: list[str]) -> _Statement:
-  if masked.rstrip().endswith("?"):
-    return _Statement((), None, False)
-  words = [w for w in _WORD.finditer(masked) if _is_prose_word(w.group())]
-  lowered = [w.group().lower() for w in words]
-  breaks = [(w.start(), w.end()) for w in words] + \
-      [(m.start(), m.end()) for m in _RUN_BREAK.finditer(masked)]
-  pieces = []  # (start, text) of each run of math between words
-  position = 0
-  for start, end in sorted(breaks) + [(len(masked), len(masked))]:
-    piece = _piece(masked[position:start], segments)
-    if piece:
-      pieces.append((position, piece))
-    position = max(position, end)
-  verbs = [w.end() for w, low in zip(words, lowered) if low in _MARKERS]
-  verbs += [m.end() for m in _RUN_BREAK.finditer(masked)]
-  last_piece = pieces[-1][0] if pieces else -1
-  clause = max((v for v in verbs if v <= last_piece), default=0)
-  clause_words = {low for w, low in zip(words, lowered) if w.start() >= clause}
-  hedged = bool(_HEDGES & set(lowered)) or bool(_NEGATIONS & clause_words) or \
-      any(low.endswith("n't") or low.endswith("n\u2019t") for low in clause_words)
-  names_answer = any(low in _ANSWER_WORDS for w, low in zip(words, lowered) if w.end() <= clause)
-  return _Statement(tuple(text for start, text in pieces if start >= clause),
-                    "hedged" if hedged and pieces else None, names_answer)
-
-
-def _piece(run: str, segments: list[str]) -> str | None:
-  """The math of one run between words, or None when it holds none ("^2" of "cm^2" is a unit)."""
-  text = run.replace("**", "").strip(_PIECE_STRIP).lstrip("=)]}").rstrip("=([{").strip()
-  if not text or text[0] in "^_" or not (_PLACEHOLDERS.search(text) or re.search(r"[\d\\]", text)):
-    return None
-  return _unmask(text, segments).strip()
 
 
 # -------------------------------------------------------------------------------------------- parsing
