@@ -166,8 +166,8 @@ def generate_batches(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
   Every prompt is encoded and checked before the first batch decodes, so bad input fails before
   any output. Sample g of prompt p is keyed by (seed, p, g) whatever the batch size.
   """
-  from reasoning_rl.sampler import Engine, SamplingParams, generate_groups
-  from reasoning_rl.sampler.engine import prefill_bucket
+  from reasoning_rl.build import build_sized_engine
+  from reasoning_rl.sampler import SamplingParams, generate_groups
 
   if max_new_tokens < 1:
     raise SamplingError(f"--max_new_tokens={max_new_tokens}: must be >= 1")
@@ -177,12 +177,10 @@ def generate_batches(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
   encoded = [encode_prompt(row, tokenizer, chat_template=chat_template) for row in rows]
   prompts, truncated = fit_to_context(encoded, model.config.max_position_embeddings,
                                       max_new_tokens, truncate=truncate_prompts)
-  limit = model.config.max_position_embeddings - max_new_tokens
-  engine = Engine(
-      model, mesh=mesh, max_concurrent_decodes=max(1, min(max_concurrent_decodes,
-                                               min(batch_prompts, len(prompts)) * num_samples)),
-      max_prefill_length=prefill_bucket(max(len(p) for p in prompts), max_prefill_length=limit),
-      max_decode_length=max_new_tokens, steps_per_call=min(steps_per_call, max_new_tokens))
+  engine = build_sized_engine(
+      model, longest_prompt=max(len(p) for p in prompts), max_new_tokens=max_new_tokens,
+      num_sequences=min(batch_prompts, len(prompts)) * num_samples,
+      max_concurrent_decodes=max_concurrent_decodes, steps_per_call=steps_per_call, mesh=mesh)
   for index, prompt in enumerate(prompts):
     try:
       engine.prepare_prompt(prompt)  # empty prompts, ids outside the vocabulary
@@ -267,12 +265,10 @@ def main(argv=None) -> int:
     if args.batch_prompts < 1:
       raise SamplingError(f"--batch_prompts={args.batch_prompts}: must be >= 1")
     rows = read_prompt_rows(args.prompts_file)
-    from reasoning_rl.models import load
+    from reasoning_rl.build import load_checkpoint
 
     mesh = data_parallel.local_mesh()
-    model, tokenizer = load(args.checkpoint, dtype=args.dtype, mesh=mesh)
-    if tokenizer is None:
-      raise SamplingError(f"--checkpoint {args.checkpoint}: has no tokenizer files")
+    model, tokenizer = load_checkpoint(args.checkpoint, dtype=args.dtype, mesh=mesh)
     batches = generate_batches(
         model, tokenizer, rows, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

@@ -96,6 +96,11 @@ def main(argv):
   except KeyboardInterrupt:  # a second Ctrl-C: abort at once, nothing saved
     print("interrupted twice: stopped without saving", file=sys.stderr)
     return 130
+  except Exception:
+    from reasoning_rl.multihost import runtime
+
+    runtime.stop_if_a_peer_was_lost()  # a lost process caused it: say so, exit 5
+    raise
 
 
 def train(config) -> int:

@@ -167,6 +167,35 @@ def build_engine(config: ml_collections.ConfigDict, model, *, mesh=None,
                 steps_per_call=r.steps_per_call, seed=config.seed)
 
 
+def load_checkpoint(checkpoint: str, *, dtype: str, mesh=None):
+  """(model, tokenizer) of `checkpoint` (run workdir, checkpoint step, HF dir or GGUF; local or
+  gs://) for launchers driven by a path rather than a config; a checkpoint without tokenizer files
+  is refused, since prompts and completions are text."""
+  from reasoning_rl.errors import SamplingError
+  from reasoning_rl.models import load
+
+  model, tokenizer = load(checkpoint, dtype=dtype, mesh=mesh)
+  if tokenizer is None:
+    raise SamplingError(f"--checkpoint {checkpoint}: has no tokenizer files")
+  return model, tokenizer
+
+
+def build_sized_engine(model, *, longest_prompt: int, max_new_tokens: int, num_sequences: int,
+                       max_concurrent_decodes: int, steps_per_call: int, mesh=None):
+  """An engine sized for a known set of prompts (launch/generate.py): no more decode slots than
+  `num_sequences` (prompts of one batch x samples), a prefill bucket for the longest prompt, and
+  decode room for exactly `max_new_tokens`."""
+  from reasoning_rl.sampler import Engine
+  from reasoning_rl.sampler.engine import prefill_bucket
+
+  limit = model.config.max_position_embeddings - max_new_tokens
+  return Engine(model, mesh=mesh,
+                max_concurrent_decodes=max(1, min(max_concurrent_decodes, num_sequences)),
+                max_prefill_length=prefill_bucket(longest_prompt, max_prefill_length=limit),
+                max_decode_length=max_new_tokens,
+                steps_per_call=min(steps_per_call, max_new_tokens))
+
+
 def sampling_params(config: ml_collections.ConfigDict):
   from reasoning_rl.sampler import SamplingParams
 
@@ -290,9 +319,7 @@ def build_evaluation(config: ml_collections.ConfigDict, checkpoint: str, *,
   """The policy at `checkpoint` (run workdir, checkpoint step, HF dir or GGUF) + the config's
   held-out data, template, rewards and sampling limits. No red team: nothing is trained.
   `mesh` places the weights and the engine (default: the default device)."""
-  from reasoning_rl.models import load
-
-  model, tokenizer = load(checkpoint, dtype=config.model.dtype, mesh=mesh)
+  model, tokenizer = load_checkpoint(checkpoint, dtype=config.model.dtype, mesh=mesh)
   max_new_tokens = eval_max_new_tokens(config)
   engine = build_engine(config, model, mesh=mesh, max_decode_length=max_new_tokens)
   reward_fn = build_reward_fn(config, redteam=False)

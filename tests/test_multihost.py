@@ -165,7 +165,7 @@ def test_a_vanished_coordination_service_ends_the_run_like_a_lost_peer(monkeypat
   """Process 0 going away under a wait must exit with the lost-process line, not abort."""
   stops = []
 
-  def stop(reason, keep_service_s=0.0):
+  def stop(reason):
     stops.append(reason)
     raise SystemExit(runtime.LOST_PROCESS_EXIT_CODE)
 
@@ -177,6 +177,66 @@ def test_a_vanished_coordination_service_ends_the_run_like_a_lost_peer(monkeypat
     exchange.gather("part", 1)
   assert stops == (["the coordination service (process 0) is unreachable: "
                     "UNAVAILABLE: Socket closed"] if ends_run else [])
+
+
+class FakeService:
+  """The coordination service as a process of a 4-process run sees it."""
+
+  def __init__(self, live):
+    self.live, self.set_keys, self.waited = live, [], []
+
+  def get_live_nodes(self, everyone):
+    assert everyone == [0, 1, 2, 3]
+    return self.live
+
+  def key_value_set(self, key, value):
+    self.set_keys.append(key)
+
+  def blocking_key_value_get(self, key, timeout_ms):
+    assert 0 < timeout_ms <= runtime._STOP_WAIT_S * 1000
+    self.waited.append(key)
+    return "1"
+
+
+@pytest.fixture
+def process_of_four(monkeypatch):
+  """Runs runtime's stop logic as process `index` of 4 against a FakeService; os._exit raises."""
+  import jax
+
+  def setup(index, live):
+    service = FakeService(live)
+    monkeypatch.setattr(runtime, "_client", lambda: service)
+    monkeypatch.setattr(runtime, "_stopping", threading.Lock())
+    monkeypatch.setattr(jax, "process_count", lambda: 4)
+    monkeypatch.setattr(jax, "process_index", lambda: index)
+    monkeypatch.setattr(runtime.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    return service
+
+  return setup
+
+
+def test_an_error_a_lost_peer_caused_names_the_peer_and_exits_5(process_of_four, capsys):
+  service = process_of_four(1, live=[0, 1, 2])
+  with pytest.raises(SystemExit) as stopped:
+    runtime.stop_if_a_peer_was_lost()
+  assert stopped.value.code == runtime.LOST_PROCESS_EXIT_CODE
+  assert "error: process 1: process 3 of 4 stopped sending heartbeats" in capsys.readouterr().err
+  assert service.set_keys == ["reasoning_rl/stopping/1"]  # announced, so process 0 may leave
+  assert service.waited == []
+
+
+def test_an_error_with_every_peer_alive_is_left_to_the_caller(process_of_four):
+  service = process_of_four(1, live=[0, 1, 2, 3])
+  runtime.stop_if_a_peer_was_lost()  # returns: the caller re-raises the error itself
+  assert service.set_keys == [] and service.waited == []
+
+
+def test_process_0_keeps_the_service_until_the_live_processes_stopped(process_of_four):
+  service = process_of_four(0, live=[0, 2, 3])
+  with pytest.raises(SystemExit):
+    runtime.stop_lost_run("process 1 of 4 stopped sending heartbeats")
+  assert service.waited == ["reasoning_rl/stopping/2", "reasoning_rl/stopping/3"]
+  assert service.set_keys == []
 
 # -------------------------------------------------------------------- real multi-process runs
 

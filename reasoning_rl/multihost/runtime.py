@@ -14,7 +14,9 @@ Around the initialize call:
   collective or a queue: the runtime runs in JAX's recoverable mode (a peer's death does not abort
   the others from inside C++), with a short heartbeat timeout, and a watcher thread polls which
   processes are alive and ends this process with one line naming the lost one and exit code
-  `LOST_PROCESS_EXIT_CODE`. If the lost process is process 0, which hosts the coordination service,
+  `LOST_PROCESS_EXIT_CODE`. Process 0 hosts the coordination service, so it leaves last: it waits
+  (bounded) until the others announce that they are stopping. An error that a lost peer caused in
+  the main thread (a wait or collective that lost its partner) ends the same way. If the lost process is process 0, which hosts the coordination service,
   JAX itself terminates the others at once with a message naming the coordination service.
 """
 
@@ -37,6 +39,8 @@ LOST_PROCESS_EXIT_CODE = 5
 HEARTBEAT_TIMEOUT_S = 30
 _WATCH_PERIOD_S = 1.0
 _LEAVE_GRACE_S = 3.0
+_STOP_WAIT_S = 10.0  # how long process 0 keeps the service up for the others to stop
+_stopping = threading.Lock()  # held by the one thread that ends a process for a lost peer
 _finished = threading.Event()  # set once every process reached the end: peers may then leave
 
 
@@ -167,21 +171,12 @@ def watch_peers(period_s: float = _WATCH_PERIOD_S) -> threading.Thread:
   import jax  # pylint: disable=import-outside-toplevel
 
   everyone = list(range(jax.process_count()))
-  me = jax.process_index()
 
   def watch():
-    client = _client()
     while not _finished.is_set():
-      try:
-        live = set(client.get_live_nodes(everyone))
-      except Exception as error:  # pylint: disable=broad-except
-        stop_lost_run(f"the coordination service (process 0) is unreachable: "
-                      f"{str(error).splitlines()[0]}")
-      lost = sorted(set(everyone) - live)
-      if lost and not _finished.is_set():
-        stop_lost_run(f"process{'es' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of "
-                      f"{len(everyone)} stopped sending heartbeats (killed, crashed or "
-                      "unreachable)", keep_service_s=_LEAVE_GRACE_S if me == 0 else 0.0)
+      lost_reason = _lost_peers_reason(everyone)
+      if lost_reason and not _finished.is_set():
+        stop_lost_run(lost_reason)
       time.sleep(period_s)
 
   thread = threading.Thread(target=watch, name="reasoning_rl-peer-watch", daemon=True)
@@ -189,17 +184,60 @@ def watch_peers(period_s: float = _WATCH_PERIOD_S) -> threading.Thread:
   return thread
 
 
-def stop_lost_run(reason: str, keep_service_s: float = 0.0) -> None:
-  """Ends this process because the run lost a process: one line naming `reason`, exit code
-  `LOST_PROCESS_EXIT_CODE`. Process 0 passes `keep_service_s` so the coordination service it hosts
-  outlives the other watchers' next poll: they then name the lost process themselves instead of
-  finding the service gone mid-call (which JAX turns into an abort at interpreter exit)."""
+def _lost_peers_reason(everyone: list[int]) -> str | None:
+  """Why the run has lost a process (the lost processes, or an unreachable service), or None."""
+  try:
+    live = set(_client().get_live_nodes(everyone))
+  except Exception as error:  # pylint: disable=broad-except
+    return f"the coordination service (process 0) is unreachable: {str(error).splitlines()[0]}"
+  lost = sorted(set(everyone) - live)
+  if not lost:
+    return None
+  return (f"process{'es' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of "
+          f"{len(everyone)} stopped sending heartbeats (killed, crashed or unreachable)")
+
+
+def stop_if_a_peer_was_lost() -> None:
+  """Called with an exception in flight in a multi-process run: when a lost process caused it (a
+  collective or a wait that lost its peer), end the way the watcher would, naming the lost
+  process, instead of with a traceback about the symptom. Otherwise returns (the caller re-raises)."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  print(f"error: process {jax.process_index()}: {reason}; stopping this process too. Rerun every "
+  if _client() is None or jax.process_count() == 1 or _finished.is_set():
+    return
+  reason = _lost_peers_reason(list(range(jax.process_count())))
+  if reason:
+    stop_lost_run(reason)
+
+
+def stop_lost_run(reason: str) -> None:
+  """Ends this process because the run lost a process: one line naming `reason`, exit code
+  `LOST_PROCESS_EXIT_CODE`. Every process but 0 announces that it is stopping; process 0 (which
+  hosts the coordination service) waits up to `_STOP_WAIT_S` for the announcements of the
+  processes still live, so that each of them names the lost process itself instead of finding the
+  service gone mid-call (which JAX turns into an abort at interpreter exit)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  if not _stopping.acquire(blocking=False):
+    while True:  # another thread of this process is already ending it
+      time.sleep(60)
+  me, everyone = jax.process_index(), list(range(jax.process_count()))
+  print(f"error: process {me}: {reason}; stopping this process too. Rerun every "
         "process with the same flags on the same workdir to resume from the last checkpoint.",
         file=sys.stderr, flush=True)
-  time.sleep(keep_service_s)
+  try:
+    client = _client()
+    if me != 0:
+      client.key_value_set(f"reasoning_rl/stopping/{me}", "1")
+    else:
+      deadline = time.monotonic() + _STOP_WAIT_S
+      for index in [p for p in client.get_live_nodes(everyone) if p != 0]:
+        remaining_ms = int((deadline - time.monotonic()) * 1000)
+        if remaining_ms <= 0:
+          break
+        client.blocking_key_value_get(f"reasoning_rl/stopping/{index}", remaining_ms)
+  except Exception:  # pylint: disable=broad-except
+    pass  # the service or a peer is gone too: nothing left to wait for
   os._exit(LOST_PROCESS_EXIT_CODE)  # pylint: disable=protected-access
 
 
