@@ -85,5 +85,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from reasoning_rl.config import precheck_or_exit
+
+  precheck_or_exit(sys.argv)
   flags.mark_flags_as_required(["config"])
   app.run(lambda argv: sys.exit(main(argv)))

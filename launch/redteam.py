@@ -39,4 +39,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+  from reasoning_rl.config import precheck_or_exit
+
+  precheck_or_exit(sys.argv)
   app.run(main)

@@ -19,7 +19,6 @@ Several processes (hosts): on Cloud TPU / GKE nothing extra; elsewhere give ever
 `--coordinator_address=HOST:PORT --num_processes=N --process_id=I` (docs/multihost.md).
 """
 
-import importlib.util
 import pathlib
 import sys
 
@@ -44,33 +43,12 @@ from reasoning_rl.multihost.runtime import define_absl_flags  # noqa: E402
 _PROCESS_FLAGS = define_absl_flags()
 
 
-def precheck(argv) -> None:
-  """One ConfigError for a missing config file, an unknown field or an unparsable value."""
-  from reasoning_rl.config import check_overrides
-  from reasoning_rl.errors import ConfigError
-
-  path, overrides = None, {}
-  for arg in argv[1:]:
-    if arg.startswith("--config="):
-      path = arg.split("=", 1)[1]
-    elif arg.startswith("--config.") and "=" in arg:
-      key, value = arg[len("--config."):].split("=", 1)
-      overrides[key] = value
-  if path is None:
-    raise ConfigError("--config: missing; pass --config=configs/NAME.py")
-  if not pathlib.Path(path).is_file():
-    raise ConfigError(f"--config={path}: no such config file")
-  spec = importlib.util.spec_from_file_location("_config_file", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  if not hasattr(module, "get_config"):
-    raise ConfigError(f"--config={path}: the file defines no get_config()")
-  check_overrides(module.get_config(), overrides)
-
-
 def main(argv):
   del argv
   config = _CONFIG.value
+  from reasoning_rl.console import quiet_until_logs_have_a_file
+
+  quiet_until_logs_have_a_file(verbose=_VERBOSE.value)
   if config.keep_freed_host_memory:
     # Before anything starts JAX's backend threads: they keep the malloc arena they first use.
     from reasoning_rl.host_memory import keep_freed_memory
@@ -117,7 +95,7 @@ def train(config) -> int:
 
   import jax
 
-  config_lib.validate(config)
+  config_lib.validate(config, num_devices=jax.device_count())  # before the workdir is touched
   # process 0 owns the workdir's files (lock, logs, fingerprint); every process trains
   primary = jax.process_index() == 0
   if primary:
@@ -137,9 +115,7 @@ def train(config) -> int:
 
 
 if __name__ == "__main__":
-  try:
-    precheck(sys.argv)
-  except ReasoningRLError as error:
-    print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
-    sys.exit(2)
+  from reasoning_rl.config import precheck_or_exit
+
+  precheck_or_exit(sys.argv)
   app.run(lambda argv: sys.exit(main(argv)))

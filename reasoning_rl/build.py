@@ -74,9 +74,7 @@ def build_cluster(config: ml_collections.ConfigDict, topology, params):
 
 def build_policy(config: ml_collections.ConfigDict):
   """(model, tokenizer): loaded from `model.path`, or random from `model.random` + a named vocab."""
-  from reasoning_rl.data.debug_vocab import load_named_tokenizer
   from reasoning_rl.models import load
-  from reasoning_rl.models.config import ModelConfig
   from reasoning_rl.models.transformer import create_model
 
   c = config.model
@@ -85,12 +83,20 @@ def build_policy(config: ml_collections.ConfigDict):
       raise ConfigError("config.model.tokenizer: leave empty when model.path is set (the "
                         "tokenizer comes with the model)")
     return load(c.path, dtype=c.dtype)
-  tokenizer = load_named_tokenizer(c.tokenizer)
-  model_config = ModelConfig(vocab_size=tokenizer.vocab_size, bos_token_id=tokenizer.bos_id,
-                             eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id,
-                             **dict(c.random))
+  model_config, tokenizer = random_model_config(config)
   model = create_model(model_config, seed=config.seed, dtype=c.dtype, param_dtype=c.dtype)
   return model, tokenizer
+
+
+def random_model_config(config: ml_collections.ConfigDict):
+  """(ModelConfig, tokenizer) of the random model that `model.random` + `model.tokenizer` name."""
+  from reasoning_rl.data.debug_vocab import load_named_tokenizer
+  from reasoning_rl.models.config import ModelConfig
+
+  tokenizer = load_named_tokenizer(config.model.tokenizer)
+  return ModelConfig(vocab_size=tokenizer.vocab_size, bos_token_id=tokenizer.bos_id,
+                     eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id,
+                     **dict(config.model.random)), tokenizer
 
 
 def build_template(config: ml_collections.ConfigDict, tokenizer, *, instruction: str | None = None):

@@ -7,6 +7,7 @@ the first bad field before anything is loaded or compiled.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import ml_collections
@@ -203,6 +204,134 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """The values a numeric field accepts: an integer or a real number between optional bounds
+  (`low` / `high`, inclusive unless `*_open`). Reals must be finite unless `infinite_ok` (an
+  unbounded setting, e.g. a guard that is off); `none_ok` accepts None (a feature that is off)."""
+
+  kind: type = float
+  low: float | None = None
+  high: float | None = None
+  low_open: bool = False
+  high_open: bool = False
+  infinite_ok: bool = False
+  none_ok: bool = False
+  meaning: str = ""  # what a special value means, appended to the error ("0 = off")
+
+  def problem(self, value) -> str | None:
+    """Why `value` is refused, or None."""
+    if value is None and self.none_ok:
+      return None
+    kinds = (int,) if self.kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or (
+        isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and
+                                                            not self.infinite_ok))):
+      return f"must be {self.describe()}"
+    if ((self.low is not None and (value <= self.low if self.low_open else value < self.low)) or
+        (self.high is not None and (value >= self.high if self.high_open else value > self.high))):
+      return f"must be {self.describe()}"
+    return None
+
+  def describe(self) -> str:
+    noun = "an integer" if self.kind is int else "a number"
+    if self.low is not None and self.high is not None:
+      bounds = (f" in {'(' if self.low_open else '['}{self.low:g}, "
+                f"{self.high:g}{')' if self.high_open else ']'}")
+    elif self.low is not None:
+      bounds = f" {'>' if self.low_open else '>='} {self.low:g}"
+    elif self.high is not None:
+      bounds = f" {'<' if self.high_open else '<='} {self.high:g}"
+    else:
+      bounds = ""
+    extras = [text for text in ("inf allowed" if self.infinite_ok else "",
+                                "or None" if self.none_ok else "", self.meaning) if text]
+    return noun + bounds + (f" ({'; '.join(extras)})" if extras else "")
+
+
+def _int(low=None, high=None, meaning=""):
+  return Range(int, low, high, meaning=meaning)
+
+
+_POSITIVE = Range(float, 0, low_open=True)
+_NON_NEGATIVE = Range(float, 0)
+_FRACTION = Range(float, 0, 1)
+
+# The range of every numeric field of `base_config()`, section by section in its order; `validate`
+# checks them all, and a test fails if a numeric field is added without an entry here. Task
+# settings (data.*) and reward parts (rewards.*) are checked where they are built.
+FIELD_RANGES: dict[str, Range] = {
+    "seed": _int(0),
+    "total_steps": _int(1),
+    **{f"model.random.{name}": _int(1) for name in (
+        "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+        "head_dim")},
+    **{f"rollout.{name}": _int(1) for name in (
+        "num_prompts", "num_samples", "max_new_tokens", "max_prefill_length",
+        "max_concurrent_decodes", "steps_per_call")},
+    "rollout.temperature": Range(float, 0, meaning="0 = greedy"),
+    "rollout.top_p": Range(float, 0, 1, low_open=True),
+    "rollout.top_k": _int(0, meaning="0 = off"),
+    "verifier.num_workers": _int(0, meaning="0 = score in this process"),
+    "verifier.item_timeout_s": _POSITIVE,
+    "algo.epsilon_low": _FRACTION,  # the ratio's floor 1 - epsilon_low stays >= 0
+    "algo.epsilon_high": _NON_NEGATIVE,
+    "algo.dual_clip": Range(float, 1, low_open=True, none_ok=True, meaning="None = off"),
+    "algo.entropy_coef": Range(float),
+    "algo.num_iterations": _int(1),
+    "algo.num_mini_batches": _int(1),
+    "algo.num_micro_batches": _int(1),
+    "algo.logprob_chunk": _int(1),
+    "algo.is_threshold": _POSITIVE,
+    "algo.vf_coef": _NON_NEGATIVE,
+    "algo.value_clip": _POSITIVE,
+    "algo.gamma": _FRACTION,
+    "algo.gae_lambda": _FRACTION,
+    "beta": Range(float, 0, meaning="0 = no KL term"),
+    "optim.learning_rate": _NON_NEGATIVE,
+    "optim.warmup_steps": _int(0),
+    "optim.final_lr_fraction": _FRACTION,
+    "optim.weight_decay": _NON_NEGATIVE,
+    "optim.max_grad_norm": Range(float, 0, low_open=True, infinite_ok=True),
+    "optim.b1": Range(float, 0, 1, high_open=True),
+    "optim.b2": Range(float, 0, 1, high_open=True),
+    "optim.eps": _POSITIVE,
+    "dynamic_sampling.max_rounds": _int(1),
+    "sft.batch_size": _int(1),
+    "rejection.num_prompts": _int(1),
+    "rejection.num_samples": _int(1),
+    "rejection.temperature": Range(float, 0, meaning="0 = greedy"),
+    "async_rollouts.max_staleness": _int(0),
+    "mesh.num_trainer_devices": _int(0, meaning="0 = every device does both"),
+    "target.num_devices": _int(0, meaning="0 = this machine's"),
+    "checkpoint.every_steps": _int(1),
+    "checkpoint.keep": _int(1),
+    "eval.every_steps": _int(0, meaning="0 = only before and after training"),
+    "eval.num_examples": _int(1),
+    "eval.max_new_tokens": _int(0, meaning="0 = rollout.max_new_tokens"),
+    "eval.num_samples": _int(1),
+    "eval.temperature": Range(float, 0, meaning="0 = greedy"),
+    "logging.rollouts_every_steps": _int(0, meaning="0 = never"),
+    "logging.peak_flops_per_device": _POSITIVE,
+    "guards.max_kl": Range(float, 0, low_open=True, infinite_ok=True, meaning="inf = off"),
+    "guards.min_entropy": Range(float, 0, meaning="0 = off"),
+    "guards.max_verifier_timeout_rate": Range(float, 0, 1, meaning="1 = off"),
+    "guards.max_verifier_error_rate": Range(float, 0, 1, meaning="1 = off"),
+    "guards.max_skipped_updates": _int(0, meaning="0 = off"),
+    "guards.heldout_drop_evals": _int(0, meaning="0 = off"),
+    "guards.max_length_growth": Range(float, 0, low_open=True, infinite_ok=True,
+                                      meaning="inf = off"),
+    "guards.length_growth_evals": _int(1),
+}
+
+
+def check_range(dotted: str, value) -> None:
+  """ConfigError naming `config.<dotted>` when `value` is outside FIELD_RANGES[dotted]."""
+  problem = FIELD_RANGES[dotted].problem(value)
+  if problem:
+    raise ConfigError(f"config.{dotted}={value!r}: {problem}")
+
+
 def _field(config, dotted: str):
   node = config
   for part in dotted.split("."):
@@ -219,11 +348,10 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
 
   require(bool(config.workdir), "workdir", "set --config.workdir=DIR (metrics, checkpoints, "
           "rollouts go there)")
-  require(isinstance(config.seed, int), "seed", "must be an integer")
   require(isinstance(config.keep_freed_host_memory, bool), "keep_freed_host_memory",
           "must be True or False")
-  require(isinstance(config.total_steps, int) and config.total_steps >= 1, "total_steps",
-          "must be an integer >= 1")
+  for dotted in FIELD_RANGES:
+    check_range(dotted, _field(config, dotted))
   require(config.stage in ("rl", "sft", "rejection_sft"), "stage",
           "must be rl, sft or rejection_sft")
   if config.stage == "sft":
@@ -246,9 +374,6 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
   require(config.data.template in ("plain", "chat", "r1zero"), "data.template",
           "must be plain, chat or r1zero")
   r = config.rollout
-  for name in ("num_prompts", "num_samples", "max_new_tokens", "max_prefill_length",
-               "max_concurrent_decodes", "steps_per_call"):
-    require(isinstance(r[name], int) and r[name] >= 1, f"rollout.{name}", "must be an integer >= 1")
   require(config.algo.name in ("grpo", "ppo"), "algo.name", "must be grpo or ppo")
   require(config.algo.estimator in ESTIMATORS, "algo.estimator", f"must be one of {ESTIMATORS}")
   from reasoning_rl.rl.losses import (  # pylint: disable=import-outside-toplevel
@@ -261,31 +386,19 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           f"must be one of {KL_ESTIMATORS}")
   require(config.algo.is_correction in IS_CORRECTIONS, "algo.is_correction",
           f"must be one of {IS_CORRECTIONS}")
-  require(config.algo.is_threshold > 0, "algo.is_threshold", "must be > 0")
   if config.algo.name == "grpo" and config.stage == "rl":
     require(r.num_samples >= 2, "rollout.num_samples",
             f"group estimator {config.algo.estimator!r} compares samples of one prompt: "
             "needs at least 2")
   batch = r.num_prompts * r.num_samples
-  for name in ("num_iterations", "num_mini_batches", "num_micro_batches"):
-    require(isinstance(config.algo[name], int) and config.algo[name] >= 1, f"algo.{name}",
-            "must be an integer >= 1")
   mini, micro = config.algo.num_mini_batches, config.algo.num_micro_batches
   require(config.stage != "rl" or batch % (mini * micro) == 0,
           "algo.num_micro_batches" if mini == 1 else "algo.num_mini_batches",
           f"num_mini_batches x num_micro_batches = {mini} x {micro} must divide the batch of "
           f"num_prompts x num_samples = {batch} completions")
-  require(r.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)")
-  require(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
-  require(config.beta >= 0, "beta", "must be >= 0")
-  require(config.dynamic_sampling.max_rounds >= 1, "dynamic_sampling.max_rounds", "must be >= 1")
-  require(config.async_rollouts.max_staleness >= 0, "async_rollouts.max_staleness",
-          "must be >= 0")
-  require(config.checkpoint.every_steps >= 1, "checkpoint.every_steps", "must be >= 1")
   require(config.beta > 0 or math.isinf(config.guards.max_kl), "guards.max_kl",
           "the KL guard measures KL to the reference, which exists only with beta > 0; set "
           "--config.beta or leave max_kl at inf")
-  require(config.eval.num_samples >= 1, "eval.num_samples", "must be >= 1")
   for variant in config.eval.instruction_variants:
     require(isinstance(variant, str) and "{prompt}" in variant, "eval.instruction_variants",
             "every variant is an instruction text containing {prompt}")
@@ -298,8 +411,23 @@ def _validate_mesh(config, num_devices: int) -> None:
 
   counts = sharding.slice_device_counts(config.mesh.num_trainer_devices, num_devices,
                                         field="config.mesh.num_trainer_devices")
-  for name, count in zip(("trainer", "sampler"), counts):
-    sharding.resolve_mesh_shape(tuple(config.mesh[name]), count, field=f"config.mesh.{name}")
+  data, fsdp, _ = sharding.resolve_mesh_shape(tuple(config.mesh.trainer), counts[0],
+                                              field="config.mesh.trainer")
+  sharding.resolve_mesh_shape(tuple(config.mesh.sampler), counts[1], field="config.mesh.sampler")
+  # The step's batch is split row-wise over the trainer mesh's data x fsdp devices
+  # (sharding.batch_sharding): a row count they do not divide fails in JAX only once the first
+  # batch is placed, after the model load and the step-0 evaluation.
+  if config.stage == "rl":
+    field, rows = "rollout.num_prompts", config.rollout.num_prompts * config.rollout.num_samples
+    what = f"num_prompts x num_samples = {rows} completions"
+  else:
+    field, rows = "sft.batch_size", config.sft.batch_size
+    what = f"{rows} examples"
+  if rows % (data * fsdp):
+    raise ConfigError(
+        f"config.{field}={_field(config, field)!r}: the batch of {what} is split over the "
+        f"trainer mesh's data x fsdp = {data} x {fsdp} devices, which must divide it; change "
+        f"the batch or config.mesh.trainer")
 
 
 def check_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> None:
@@ -326,3 +454,59 @@ def check_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]
         expected(text)
     except ValueError:
       raise ConfigError(f"config.{dotted}={text!r}: expected {expected.__name__}") from None
+
+
+def config_args(argv: list[str]) -> tuple[str | None, dict[str, str]]:
+  """(config file, {field: value}) from a launcher's command line, in either flag form:
+  `--config=FILE --config.a.b=v` or `--config FILE --config.a.b v` (absl accepts both)."""
+  path, overrides, args = None, {}, list(argv[1:])
+  for index, arg in enumerate(args):
+    if arg == "--":
+      break
+    if not (arg == "--config" or arg.startswith(("--config=", "--config."))):
+      continue
+    name, has_value, value = arg[2:].partition("=")
+    if not has_value:
+      following = args[index + 1] if index + 1 < len(args) else None
+      if following is None or following.startswith("--"):
+        if name == "config":
+          raise ConfigError("--config: missing its file; pass --config=configs/NAME.py")
+        value = "true"  # absl's bare boolean form, `--config.dry_run`
+      else:
+        value = following
+    if name == "config":
+      path = value
+    else:
+      overrides[name[len("config."):]] = value
+  return path, overrides
+
+
+def precheck_command_line(argv: list[str]) -> None:
+  """One ConfigError for a missing config file, an unknown field or an unparsable value, before
+  absl parses the flags (whose errors are tracebacks or multi-line)."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  import pathlib  # pylint: disable=import-outside-toplevel
+
+  path, overrides = config_args(argv)
+  if path is None:
+    raise ConfigError("--config: missing; pass --config=configs/NAME.py")
+  if not pathlib.Path(path).is_file():
+    raise ConfigError(f"--config={path}: no such config file")
+  spec = importlib.util.spec_from_file_location("_config_file", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ConfigError(f"--config={path}: the file defines no get_config()")
+  check_overrides(module.get_config(), overrides)
+
+
+def precheck_or_exit(argv: list[str]) -> None:
+  """`precheck_command_line` for a launcher's `__main__`: a bad command line prints one line and
+  exits 2 (the bad-config exit code)."""
+  import sys  # pylint: disable=import-outside-toplevel
+
+  try:
+    precheck_command_line(argv)
+  except ConfigError as error:
+    print(f"error: ConfigError: {error}", file=sys.stderr)
+    sys.exit(2)

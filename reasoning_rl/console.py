@@ -31,6 +31,19 @@ class _AboveProgressLine(logging.Handler):
       self.handleError(record)
 
 
+def quiet_until_logs_have_a_file(*, verbose: bool = False) -> None:
+  """Before the workdir's log file exists (start-up, JAX's backend probing, config checks), the
+  terminal shows WARNING and up only, or everything with `verbose`; `send_logs_to_workdir`
+  then routes INFO lines to the file."""
+  logging.getLogger().setLevel(logging.INFO if verbose else logging.WARNING)
+  try:
+    from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+
+    absl_logging.set_verbosity(absl_logging.INFO if verbose else absl_logging.WARNING)
+  except ImportError:
+    pass
+
+
 def send_logs_to_workdir(workdir: str | os.PathLike[str], *, verbose: bool = False) -> pathlib.Path:
   """Routes every Python logger (absl's included) to WORKDIR/logs/train.log at INFO; the terminal
   gets WARNING and up, or everything with `verbose`. Returns the log file's path."""

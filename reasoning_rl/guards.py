@@ -81,19 +81,10 @@ class GuardConfig:
   length_growth_evals: int = 2
 
   def __post_init__(self):
-    for name in ("max_kl", "min_entropy", "max_verifier_timeout_rate", "max_verifier_error_rate",
-                 "max_length_growth"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ConfigError(f"config.guards.{name}={value!r} must be a number")
-    for name in ("max_skipped_updates", "heldout_drop_evals"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"config.guards.{name}={value!r} must be an integer >= 0 (0 = off)")
-    if (isinstance(self.length_growth_evals, bool) or not isinstance(self.length_growth_evals, int)
-        or self.length_growth_evals < 1):
-      raise ConfigError(f"config.guards.length_growth_evals={self.length_growth_evals!r} must be "
-                        "an integer >= 1")
+    from reasoning_rl.config import check_range  # pylint: disable=import-outside-toplevel
+
+    for field in dataclasses.fields(self):
+      check_range(f"guards.{field.name}", getattr(self, field.name))
 
   @classmethod
   def from_config(cls, guards: Any) -> "GuardConfig":

@@ -490,10 +490,16 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
 
 def dry_run_model_config(config) -> ModelConfig:
   """The architecture to plan with: model.path's config.json (or GGUF metadata) when readable on
-  this machine, else `model.hf_config_for_planning` (a config.json dict in the config file)."""
+  this machine, else `model.hf_config_for_planning` (a config.json dict in the config file); a
+  random model (no model.path) is planned from `model.random`."""
   import json
 
   from reasoning_rl import storage
+
+  if not config.model.path:
+    from reasoning_rl.build import random_model_config
+
+    return random_model_config(config)[0]
 
   path = storage.path(config.model.path) if config.model.path else None
   if path is not None and (path / "config.json").exists():

@@ -5,24 +5,31 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import random
 import socket
 import subprocess
 import sys
 import time
+
+from reasoning_rl.multihost import runtime
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DEVICES_PER_PROCESS = 2
 
 
 def free_port_block(size: int = 8) -> int:
-  """A base port such that base .. base + size look free (coordinator + transfer sockets)."""
-  for _ in range(50):
-    with socket.socket() as s:
-      s.bind(("127.0.0.1", 0))
-      base = s.getsockname()[1]
-    if base + size < 65535 and all(_free(base + i) for i in range(1, size)):
+  """A base port such that base .. base + size - 1 are free and lie below the kernel's ephemeral
+  range. Ports inside that range (where `bind(0)` and every outgoing connection draw theirs) can
+  be taken between this check and the processes' own binds: by gloo's listeners or by a
+  connection's source port. CI once saw a weight transfer's socket fail that way
+  ("recv() failed errno: 107") on a rerun."""
+  low, _ = runtime.ephemeral_port_range()
+  rng = random.Random()
+  for _ in range(200):
+    base = rng.randrange(10_000, max(10_001, low - size))
+    if all(_free(base + i) for i in range(size)):
       return base
-  raise RuntimeError("no free port block")
+  raise RuntimeError("no free port block below the ephemeral range")
 
 
 def _free(port: int) -> bool:

@@ -90,6 +90,28 @@ class ProcessFlags:
     return f"{host}:{int(port) + 1 + self.process_id}"
 
 
+def ephemeral_port_range() -> tuple[int, int]:
+  """The kernel's range for ports it assigns by itself (Linux; IANA's 49152-65535 elsewhere)."""
+  try:
+    low, high = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()  # noqa: SIM115
+    return int(low), int(high)
+  except (OSError, ValueError):
+    return 49152, 65535
+
+
+def warn_if_ephemeral(address: str) -> None:
+  """A warning when a listening port lies in the ephemeral range: any outgoing connection or
+  gloo listener on this machine may take it first, and the weight transfers then fail with
+  errors that do not name the port (seen: "recv() failed errno: 107")."""
+  port = int(address.rpartition(":")[2])
+  low, high = ephemeral_port_range()
+  if low <= port <= high:
+    log.warning("cross-host transfer port %d lies in this machine's ephemeral port range "
+                    "%d-%d, where the OS may hand it to another socket first; choose "
+                    "--coordinator_address with a port below %d (or --transfer_address)",
+                    port, low, high, low)
+
+
 def define_absl_flags():
   """Defines `--coordinator_address --num_processes --process_id --transfer_address` for an absl
   launcher; returns a function that reads them into `ProcessFlags` (after flag parsing)."""
@@ -149,7 +171,9 @@ def initialize(flags: ProcessFlags = ProcessFlags()) -> bool:
   if flags.given:
     if flags.num_processes == 1:
       return False
-    jax.config.update("jax_cross_host_transfer_socket_address", flags.derived_transfer_address())
+    transfer_address = flags.derived_transfer_address()
+    warn_if_ephemeral(transfer_address)
+    jax.config.update("jax_cross_host_transfer_socket_address", transfer_address)
     jax.distributed.initialize(coordinator_address=flags.coordinator_address,
                                num_processes=flags.num_processes, process_id=flags.process_id,
                                heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
