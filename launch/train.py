@@ -68,6 +68,11 @@ def main(argv):
   except CheckpointError as error:
     print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
     return STORAGE_EXIT_CODE
+  except OSError as error:  # metrics, rollouts, logs or reports could not be written
+    from reasoning_rl.workdir import storage_failure_line
+
+    print(f"error: StorageError: {storage_failure_line(error, config.workdir)}", file=sys.stderr)
+    return STORAGE_EXIT_CODE
   except ReasoningRLError as error:
     print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
     return 2

@@ -34,6 +34,7 @@ SIGINT. A second Ctrl-C aborts at once with KeyboardInterrupt.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -204,6 +205,18 @@ def _check_meta(meta: Mapping[str, Any]) -> None:
         "replace NaN/inf before saving") from error
 
 
+def last_complete_checkpoint(directory: str | os.PathLike[str]) -> str:
+  """'step N (PATH)' for the newest committed step directory under `directory`, or 'none yet'.
+  Read from the directory names alone (Orbax commits a step by renaming its temporary
+  directory to the bare step number), so it works when nothing else can be read or written."""
+  try:
+    directory = storage.path(directory)
+    steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit()]
+  except Exception:  # pylint: disable=broad-except  # a vanished mount, a bucket gone: say so
+    return f"unknown ({directory} cannot be listed)"
+  return f"step {max(steps)} ({directory / str(max(steps))})" if steps else "none yet"
+
+
 class Checkpointer:
   """Saves and restores (`state`, `meta`) per training step under one directory.
 
@@ -252,6 +265,7 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
     self._checksum_thread: threading.Thread | None = None
     self._checksum_error: tuple[int, BaseException] | None = None
+    self._saving: int | None = None  # the newest step a save was started for
 
   def save(self, step: int, state: Any, meta: Mapping[str, Any], *, force: bool = False) -> bool:
     """Starts saving `state` and `meta` as checkpoint `step`.
@@ -278,10 +292,17 @@ class Checkpointer:
     try:
       started = bool(self._manager.save(step, args=args, force=True))
     except (OSError, ValueError) as error:
-      raise CheckpointError(f"saving step {step} under {self.directory} failed: {error}") from error
+      raise self._save_failed(step, error) from error
     if started:
+      self._saving = step
       self._start_checksums(step)
     return started
+
+  def _save_failed(self, step: int, error: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {self.directory / str(step)} could not be written ({error}); last complete "
+        f"checkpoint: {last_complete_checkpoint(self.directory)}; free space or fix the path, "
+        "then rerun on the same workdir to resume from it")
 
   def _start_checksums(self, step: int) -> None:
     """Hashes step `step` in the background once Orbax has committed it (training goes on)."""
@@ -306,9 +327,7 @@ class Checkpointer:
     if self._checksum_error is not None:
       step, error = self._checksum_error
       self._checksum_error = None
-      raise CheckpointError(
-          f"checkpoint {self.directory / str(step)} was not saved completely ({error}); check the "
-          "disk (space, permissions) before training on") from error
+      raise self._save_failed(step, error) from error
 
   def latest_step(self) -> int | None:
     """The highest step among complete checkpoints, or None if there is none.
@@ -447,16 +466,28 @@ class Checkpointer:
             "checkpoint was written with")
 
   def wait(self) -> None:
-    """Blocks until every started save is complete on disk, its checksums included."""
-    self._manager.wait_until_finished()
+    """Blocks until every started save is complete on disk, its checksums included; a save
+    that failed in the background (a full disk, say) raises CheckpointError here."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception as error:  # pylint: disable=broad-except  # Orbax re-raises its thread's
+      if self._checksum_thread is not None:  # it saw the same failure: one report is enough
+        self._checksum_thread.join()
+        self._checksum_thread = None
+      self._checksum_error = None
+      raise self._save_failed(self._saving, error) from error
     self._finish_checksums()
 
   def close(self) -> None:
-    """Finishes pending saves and releases Orbax's threads."""
+    """Finishes pending saves and releases Orbax's threads. After a failed save the save's
+    CheckpointError is what is raised (closing Orbax then may fail on the same cause)."""
     try:
       self.wait()
-    finally:
-      self._manager.close()
+    except BaseException:
+      with contextlib.suppress(Exception):
+        self._manager.close()
+      raise
+    self._manager.close()
 
   def __enter__(self) -> "Checkpointer":
     return self

@@ -20,15 +20,44 @@ _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class _AboveProgressLine(logging.Handler):
-  """Writes records with `tqdm.write`, which clears and redraws a live progress line."""
+  """Writes records with `tqdm.write`, which clears and redraws a live progress line.
+
+  A library's record loses its traceback here (the log file keeps it): Orbax, for one, logs each
+  failed background thread of a save with its stack, while the failure itself reaches the run as
+  one exception that the launcher reports in one line."""
 
   def emit(self, record: logging.LogRecord) -> None:
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
+    if (record.exc_info or record.exc_text) and not record.name.startswith("reasoning_rl"):
+      record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None,
+                                      "stack_info": None})
     try:
       tqdm.write(self.format(record))
     except Exception:  # pylint: disable=broad-except
       self.handleError(record)
+
+
+class _LogFile(logging.FileHandler):
+  """The workdir's log file. When a write fails (a full disk, a vanished mount) it says so once
+  on the terminal and drops later records, instead of printing a traceback for each of them
+  (Python's default `handleError`): the run's own error, if the failure matters, is one line."""
+
+  failed = False
+
+  def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+    if self.failed:
+      return
+    self.failed = True
+    import sys  # pylint: disable=import-outside-toplevel
+
+    error = sys.exc_info()[1]
+    logging.getLogger("reasoning_rl").warning(
+        "writing %s failed (%s): further log lines are dropped", self.baseFilename, error)
+
+  def emit(self, record: logging.LogRecord) -> None:
+    if not self.failed:
+      super().emit(record)
 
 
 def quiet_until_logs_have_a_file(*, verbose: bool = False) -> None:
@@ -54,7 +83,7 @@ def send_logs_to_workdir(workdir: str | os.PathLike[str], *, verbose: bool = Fal
   root = logging.getLogger()
   for handler in list(root.handlers):  # absl's stderr handler, installed by app.run
     root.removeHandler(handler)
-  to_file = logging.FileHandler(path, encoding="utf-8")
+  to_file = _LogFile(path, encoding="utf-8")
   to_file.setFormatter(logging.Formatter(_FORMAT))
   to_terminal = _AboveProgressLine(level=logging.INFO if verbose else logging.WARNING)
   to_terminal.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))

@@ -22,3 +22,10 @@ class VerifierError(ReasoningRLError):
 
 class SamplingError(ReasoningRLError, ValueError):
   """A sampling request is invalid (empty or over-long prompt, bad temperature / top_p …)."""
+
+
+class PhaseInterrupted(Exception):
+  """A stop request (SIGTERM / SIGINT) ended a long phase — sampling a step's rollouts or an
+  evaluation — between two decode calls, so the run can checkpoint within seconds instead of at
+  the end of the step. Not a ReasoningRLError: nothing is wrong; the loop saves the last
+  completed step and exits with 143 / 130."""

@@ -347,7 +347,8 @@ class CanaryPrompt:
 def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer, *, num_samples: int = 1, temperature: float = 0.0,
                    top_p: float = 1.0, max_new_tokens: int, stop_strings: Sequence[str] = (),
                    seed: int = 0, ks: Sequence[int] | None = None,
-                   canaries: Sequence[Any] = (), share=None) -> EvalResult | None:
+                   canaries: Sequence[Any] = (), share=None,
+                   should_stop=None) -> EvalResult | None:
   """Generates `num_samples` completions per example (and per canary) and evaluates them.
 
   Args:
@@ -366,6 +367,8 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer,
       process generates for its share of the prompts, the completions meet on every process, and
       process 0 scores them and returns the result (the others return None). The result equals
       a single process's.
+    should_stop: asked between decode calls; True raises `errors.PhaseInterrupted` (a run's
+      preemption during an evaluation).
   """
   # Imported here so that scoring-only users (replay, report) do not load JAX.
   from reasoning_rl.sampler import rollout  # pylint: disable=import-outside-toplevel
@@ -379,7 +382,7 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer,
       engine, [list(template.encode(everything[i])) for i in mine], prompt_ids=mine,
       num_samples=num_samples, sampling=SamplingParams(temperature=temperature, top_p=top_p),
       max_new_tokens=max_new_tokens, stop_ids=tuple(tokenizer.eos_ids),
-      stop_strings=tuple(stop_strings), tokenizer=tokenizer, seed=seed)
+      stop_strings=tuple(stop_strings), tokenizer=tokenizer, seed=seed, should_stop=should_stop)
   by_prompt: dict[int, list[GeneratedText]] = {i: [] for i in mine}
   for completion in completions:  # ordered by (prompt_id, sample_index)
     by_prompt[completion.prompt_id].append(GeneratedText(

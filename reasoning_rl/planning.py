@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -102,6 +103,10 @@ class Assumptions:
   decode_mfu: compute ceiling of a decode step.
   decode_bandwidth_utilisation: fraction of HBM bandwidth a decode step achieves (decode is bound by
     reading every weight and the whole KV cache once per step).
+  checkpoint_bytes_per_s_per_device: how fast a trainer host writes its devices' checkpoint shards
+    to the workdir's storage, per device (0.5 GiB/s = 2 GiB/s for a host of 4 chips to GCS).
+  preemption_notice_s: the grace a preempted host gets between SIGTERM and SIGKILL (Cloud TPU
+    spot / preemptible VMs and GKE's default termination grace period: 30 s).
   """
 
   headroom: float = 0.10
@@ -114,6 +119,8 @@ class Assumptions:
   prefill_mfu: float = 0.40
   decode_mfu: float = 0.20
   decode_bandwidth_utilisation: float = 0.50
+  checkpoint_bytes_per_s_per_device: float = 0.5 * GIB
+  preemption_notice_s: float = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +176,23 @@ class Throughput:
 
 
 @dataclasses.dataclass(frozen=True)
+class Preemption:
+  """How long a run takes to stop on SIGTERM / SIGINT. The loop acts on a stop request between
+  decode calls (`rollout.steps_per_call` decode steps each) and after the train step (one
+  compiled program, micro-batches included), then saves the train state; the grace needed is the
+  longer of the two waits plus the save."""
+
+  decode_call_s: float
+  train_s: float
+  checkpoint_bytes_per_device: int  # params + AdamW moments (the reference is not saved)
+  save_s: float
+
+  @property
+  def grace_s(self) -> float:
+    return max(self.decode_call_s, self.train_s) + self.save_s
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
   chip: ChipSpec
   num_devices: int
@@ -177,6 +201,7 @@ class Plan:
   throughput: Throughput
   assumptions: Assumptions
   advice: tuple[str, ...]  # one hint per slice that does not fit
+  preemption: Preemption
 
   @property
   def fits(self) -> bool:
@@ -220,8 +245,26 @@ class Plan:
       lines.append(f"  step (async, slices overlap) {t.step_s_async:.1f} s -> "
                    f"{3600 / t.step_s_async:.1f} steps/hour")
     lines += ["  (completions assumed to reach max_new_tokens; verification and weight sync not "
-              "counted)", "", f"Verdict: {self.verdict()}"]
+              "counted)", ""] + self._preemption_lines() + ["", f"Verdict: {self.verdict()}"]
     return "\n".join(lines)
+
+  def _preemption_lines(self) -> list[str]:
+    p, a = self.preemption, self.assumptions
+    lines = ["Preemption (SIGTERM / SIGINT: acted on between decode calls and after the train step):",
+             f"  longest decode call      {p.decode_call_s:8.2f} s",
+             f"  train step               {p.train_s:8.2f} s   (one compiled program: not "
+             "interrupted)",
+             f"  checkpoint save          {p.save_s:8.2f} s   "
+             f"({p.checkpoint_bytes_per_device / GIB:.2f} GiB per trainer device at an assumed "
+             f"{a.checkpoint_bytes_per_s_per_device / GIB:.2f} GiB/s)",
+             f"  grace needed           ~ {p.grace_s:8.2f} s"]
+    if p.grace_s > a.preemption_notice_s:
+      lines += textwrap.wrap(
+          f"more than the {a.preemption_notice_s:.0f} s a spot / preemptible TPU VM (or a GKE "
+          "pod, by default) gets: a notice that lands mid-step is cut off before the save, and "
+          "the rerun resumes from the last scheduled checkpoint (keep checkpoint.every_steps "
+          "small, or shorten the step)", width=98, initial_indent="  ", subsequent_indent="  ")
+    return lines
 
 
 # --------------------------------------------------------------------------- meshes
@@ -484,8 +527,13 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
              f"{r.max_prefill_length} + completion {r.max_new_tokens} tokens")
   advice = () if all(s.fits for s in slices) else _advice(
       config, model_config, chip, a, trainer, sampler, shared, shapes, train_params, sample_params)
+  saved = train_params * 3  # params + AdamW m, v, as the trainer slice holds them
+  preemption = Preemption(
+      decode_call_s=min(r.steps_per_call, r.max_new_tokens) * speed.decode_step_s,
+      train_s=speed.train_s, checkpoint_bytes_per_device=saved,
+      save_s=saved / a.checkpoint_bytes_per_s_per_device)
   return Plan(chip=chip, num_devices=num_devices, model_summary=summary, slices=slices,
-              throughput=speed, assumptions=a, advice=advice)
+              throughput=speed, assumptions=a, advice=advice, preemption=preemption)
 
 
 def dry_run_model_config(config) -> ModelConfig:

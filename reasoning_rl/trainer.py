@@ -15,6 +15,7 @@ or 143 preempted (SIGTERM), both after saving a checkpoint (see reasoning_rl.che
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import pathlib
@@ -30,6 +31,7 @@ from reasoning_rl import guards as guards_lib
 from reasoning_rl import metrics as metrics_lib
 from reasoning_rl import storage
 from reasoning_rl.build import Run, build, build_template, eval_max_new_tokens
+from reasoning_rl.errors import PhaseInterrupted
 from reasoning_rl.loop.rl_stage import RLStage
 from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
 from reasoning_rl.loop.sft_stage import SFTStage
@@ -137,14 +139,28 @@ class Trainer:
       if checkpointer is not None:
         checkpointer.save(step, self._checkpoint_tree(), self.loop.to_meta(), force=True)
 
+    completed = start_step  # the newest step whose train state and loop state are current
+
+    def stop_on_signal(why: str) -> int:
+      if completed > 0:
+        save(completed)
+      code = checkpointing.interrupt_exit_code()
+      saved = f"checkpoint of step {completed} saved" if completed else "nothing trained yet"
+      progress.write(f"{_ENDINGS[code]} {why}: {saved}; rerun on the same workdir to resume")
+      return code
+
     try:
       if start_step == 0 and primary:
         (self.workdir / guards_lib.STOPPED_FILE).unlink(missing_ok=True)
       if start_step == 0:
         progress.set_accuracy(self.evaluate(0)["accuracy"])
+      trip = self._pending_evaluation(progress)  # one a stop interrupted before the restart
       self.stage.start(self.loop)
-      for step in range(start_step + 1, c.total_steps + 1):
+      step = start_step
+      while trip is None and step < c.total_steps:
+        step += 1
         self.state, row = self.stage.step(step, self.state, self.loop)
+        completed = step
         if primary:
           writer.write(step, row)
         if (primary and c.logging.rollouts_every_steps
@@ -154,44 +170,47 @@ class Trainer:
             writer.write_rollouts(step, records)
         progress.update(step, row)
         trip = self.loop.guards.check_step(step, row)
-        if (trip is None and c.eval.every_steps and step % c.eval.every_steps == 0
-            and step != c.total_steps):
-          result = self.evaluate(step)
-          progress.set_accuracy(result["accuracy"])
-          trip = self.loop.guards.check_eval(step, result)
+        if trip is None and (step == c.total_steps or (
+            c.eval.every_steps and step % c.eval.every_steps == 0)):
+          self.loop.pending_eval = step  # evaluated before the step's checkpoint is written
+          trip = self._pending_evaluation(progress)
         if trip is not None:
-          save(step)
-          if primary:
-            guards_lib.write_stopped_md(self.workdir, trip)
-          log.error("guard %s stopped the run at step %d: %s", trip.guard, step, trip.message)
-          progress.write(f"stopped by guard {trip.guard} at step {step}: {trip.message} "
-                         f"(see {self.workdir / guards_lib.STOPPED_FILE})")
-          exit_code = guards_lib.GUARD_EXIT_CODE
           break
         if step % c.checkpoint.every_steps == 0 or step == c.total_steps:
           save(step)
         # a signal may reach the processes at different steps: they stop at the same one
         if cluster.exchange.any("preempted", checkpointing.preemption_requested()):
-          save(step)
-          exit_code = checkpointing.interrupt_exit_code()
-          progress.write(f"{_ENDINGS[exit_code]}: checkpoint of step {step} saved; rerun on the "
-                         "same workdir to resume")
+          exit_code = stop_on_signal("after the step")
           break
-      else:
-        if start_step < c.total_steps:
-          progress.set_accuracy(self.evaluate(c.total_steps)["accuracy"])
+      if trip is not None:
+        save(completed)
+        if primary:
+          guards_lib.write_stopped_md(self.workdir, trip)
+        log.error("guard %s stopped the run at step %d: %s", trip.guard, completed, trip.message)
+        progress.write(f"stopped by guard {trip.guard} at step {completed}: {trip.message} "
+                       f"(see {self.workdir / guards_lib.STOPPED_FILE})")
+        exit_code = guards_lib.GUARD_EXIT_CODE
+    except PhaseInterrupted as interrupted:
+      # every process raised it together (the collector and the evaluation agree through the
+      # exchange); the interrupted step or evaluation is redone by the rerun
+      log.info("stop request inside a long phase: %s", interrupted)
+      exit_code = stop_on_signal("while sampling" if self.loop.pending_eval is None
+                                 else f"during the evaluation of step {self.loop.pending_eval}")
     finally:
-      if checkpointer is not None:
-        checkpointer.wait()
-        checkpointer.close()
-      if writer is not None:
-        writer.close()
-      progress.close()
-      self.run_parts.scorer.close()
-      if exit_code not in (guards_lib.PREEMPTED_EXIT_CODE, 130):
-        # after a stop on a signal (here or on another process), keep ours: a late SIGTERM (this
-        # host's own preemption notice) must not kill the orderly exit with 130 / 143
-        restore_signal_handlers()
+      # each resource is released even when one before it fails (a save that failed in the
+      # background raises CheckpointError from close(): the run's one error line, exit 4, and
+      # no success summary)
+      with contextlib.ExitStack() as releases:
+        if exit_code not in (guards_lib.PREEMPTED_EXIT_CODE, 130):
+          # after a stop on a signal (here or on another process), keep ours: a late SIGTERM
+          # (this host's own preemption notice) must not kill the orderly exit with 130 / 143
+          releases.callback(restore_signal_handlers)
+        releases.callback(self.run_parts.scorer.close)
+        releases.callback(progress.close)
+        if writer is not None:
+          releases.callback(writer.close)
+        if checkpointer is not None:
+          releases.callback(checkpointer.close)
     if primary:
       self._finish(exit_code)
     return exit_code
@@ -205,6 +224,17 @@ class Trainer:
 
   # ---------------------------------------------------------------------------- evaluation
 
+  def _pending_evaluation(self, progress):
+    """Runs the evaluation `loop.pending_eval` names, if any; returns a guard's trip or None.
+    The final step's evaluation is reported, not guarded (the run ends there anyway)."""
+    step = self.loop.pending_eval
+    if step is None:
+      return None
+    result = self.evaluate(step)
+    self.loop.pending_eval = None
+    progress.set_accuracy(result["accuracy"])
+    return None if step == self.config.total_steps else self.loop.guards.check_eval(step, result)
+
   def evaluate(self, step: int) -> dict[str, Any]:
     """Greedy pass@1 on the held-out examples (+ canaries); eval/step_XXXXXXXX.json."""
     c, run = self.config, self.run_parts
@@ -215,7 +245,7 @@ class Trainer:
           run.engine, run.tokenizer, template, run.data.eval_examples, run.scorer,
           num_samples=c.eval.num_samples, temperature=c.eval.temperature,
           max_new_tokens=eval_max_new_tokens(c), stop_strings=tuple(c.rollout.stop_strings),
-          seed=c.seed, canaries=canaries)
+          seed=c.seed, canaries=canaries, should_stop=checkpointing.preemption_requested)
 
     def evaluate_all():
       result = evaluate_with(run.template, tuple(c.eval.canaries))

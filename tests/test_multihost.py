@@ -152,6 +152,43 @@ def test_exchange_broadcast_and_gather_give_every_process_the_same_values(monkey
 
 
 
+def test_a_stop_inside_one_replicas_sampling_interrupts_every_process(monkeypatch):
+  """Split 4 processes: replica 1 (process 3) is interrupted while sampling; the trainer-only
+  processes and the other replica learn it from the rollouts exchange and raise too, so all
+  four abandon the step together. The evaluation broadcast does the same."""
+  from reasoning_rl.errors import PhaseInterrupted
+  from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
+  from reasoning_rl.multihost.cluster import Cluster
+
+  def collect(self, share, **kwargs):
+    if self.cluster.topology.process_index == 3:
+      raise PhaseInterrupted("sampling stopped on request after 2 decode calls")
+    return [], 0.1, 0.0
+
+  monkeypatch.setattr(RolloutCollector, "collect", collect)
+
+  def body(exchange):
+    me = exchange.process_index
+    cluster = Cluster(make_topology(4, devices(4, 2), process_index=me, num_processes=4),
+                      exchange)
+    collector = ShardedCollector(None, None, None, None, num_samples=2, max_new_tokens=4,
+                                 stop_strings=(), sampling=None, seed=0, cluster=cluster)
+    seen = []
+    for attempt in (lambda: collector.collect([(0, "a"), (1, "b")]),
+                    lambda: cluster.evaluate(lambda: (_ for _ in ()).throw(
+                        PhaseInterrupted("sampling stopped on request after 1 decode calls")))):
+      try:
+        attempt()
+        seen.append(None)
+      except PhaseInterrupted as error:
+        seen.append(str(error))
+    return seen
+
+  results = run_processes(FakeStore(), 4, body)
+  assert results == [["process 3: sampling stopped on request after 2 decode calls",
+                      "sampling stopped on request after 1 decode calls"]] * 4
+
+
 class ServiceGone(FakeStore):
   def blocking_key_value_get_bytes(self, key, timeout_ms):
     raise RuntimeError(self.error)

@@ -129,6 +129,28 @@ def test_flops_and_times_by_hand():
   assert t.steps_per_hour == pytest.approx(3600 / t.step_s_sync)
 
 
+def test_preemption_grace_by_hand():
+  """Stops are acted on between decode calls and after the train step, then the state is saved:
+  grace = max(one decode call, the train step) + params and AdamW moments / write rate."""
+  c = _config()
+  c.rollout.steps_per_call = 4
+  result = planning.plan(c, TINY, target=V5P_16)
+  p, t = result.preemption, result.throughput
+  assert p.decode_call_s == pytest.approx(4 * t.decode_step_s)
+  assert p.train_s == t.train_s
+  params = result.slice("trainer").item("params")
+  assert p.checkpoint_bytes_per_device == 3 * params
+  assert p.save_s == pytest.approx(3 * params / (0.5 * GIB))
+  assert p.grace_s == pytest.approx(max(4 * t.decode_step_s, t.train_s) + p.save_s)
+  assert "grace needed" in result.table() and "more than the 30 s" not in result.table()
+  c.rollout.steps_per_call = 64  # a call never decodes past max_new_tokens (16)
+  assert planning.plan(c, TINY, target=V5P_16).preemption.decode_call_s == pytest.approx(
+      16 * t.decode_step_s)
+  slow = planning.plan(c, TINY, target=V5P_16, assumptions=planning.Assumptions(
+      checkpoint_bytes_per_s_per_device=3 * params / 40))  # a 40 s save
+  assert slow.preemption.grace_s > 40 and "more than the 30 s" in slow.table()
+
+
 def _too_long_for_cpu():
   c = _config()
   c.mesh.num_trainer_devices = 0  # one shared slice

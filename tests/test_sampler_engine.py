@@ -214,3 +214,23 @@ def test_update_params_moves_trainer_weights_onto_the_sampler_slice(model):
   for c, prompt in zip(out, PROMPTS):
     assert c.completion_ids == full_forward_greedy(model, prompt, 8)
     assert c.policy_version == 1
+
+
+def test_a_stop_request_abandons_the_call_before_the_next_decode_call(single_slot_engine):
+  """`should_stop` is asked before every decode call: with one slot and 3 prompts there are
+  several calls; a request after the first ends the call there, with nothing yielded after."""
+  from reasoning_rl.errors import PhaseInterrupted
+
+  asked = []
+
+  def should_stop():
+    asked.append(True)
+    return len(asked) > 1
+
+  with pytest.raises(PhaseInterrupted, match="after 1 decode calls"):
+    generate_groups(single_slot_engine, PROMPTS[:3], sampling=GREEDY, max_new_tokens=4,
+                    should_stop=should_stop)
+  assert len(asked) == 2
+  # asked before every call but never stopping: the call runs to the end
+  assert len(generate_groups(single_slot_engine, PROMPTS[:3], sampling=GREEDY, max_new_tokens=4,
+                             should_stop=lambda: False)) == 3

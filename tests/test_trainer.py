@@ -216,3 +216,54 @@ def test_two_iterations_clip_and_sampler_correction_is_logged(tmp_path):
   assert any(r["clip_frac"] > 0 for r in rows)  # the ratio moves after the first update
   for row in rows:  # mismatch between the sampler's and the trainer's log-probs
     assert row["train/tis/abs_log_diff"] >= 0 and "train/tis/capped_token_frac" in row
+
+
+@pytest.fixture
+def own_signal_handlers():
+  """Puts SIGTERM / SIGINT handling and the stop flag back after an in-process preempted run
+  (which keeps the trainer's handlers installed, as a process about to exit does)."""
+  from reasoning_rl import checkpointing
+
+  before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+  yield
+  signal.signal(signal.SIGTERM, before[0])
+  signal.signal(signal.SIGINT, before[1])
+  checkpointing.clear_preemption_request()
+
+
+def test_sigterm_while_sampling_stops_at_the_next_decode_call_and_resumes_exactly(
+    baseline, tmp_path, own_signal_handlers):
+  """SIGTERM during step 3's first decode call (of 6: steps_per_call=2 for 12 tokens): the run
+  abandons step 3 before its second decode call, saves step 2 and exits 143; the rerun redoes
+  step 3 and the metrics equal the uninterrupted run's (decode chunking does not change
+  completions)."""
+  sys.path.insert(0, str(REPO))
+  from configs import debug_cpu
+
+  from reasoning_rl.build import build
+  from reasoning_rl.trainer import Trainer
+
+  chunking = "--config.rollout.steps_per_call=2"
+  config = debug_cpu.get_config()
+  config.workdir = str(tmp_path)
+  config.logging.progress_bar = False
+  config.rollout.steps_per_call = 2
+  run = build(config)
+  generate, calls = run.engine.generate, []
+
+  def generate_then_sigterm(*args, **kwargs):
+    if run.engine.policy_version == 2:  # sampling step 3
+      calls.append(1)
+      if len(calls) == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return generate(*args, **kwargs)
+
+  run.engine.generate = generate_then_sigterm
+  assert Trainer(run).run() == 143
+  assert len(calls) == 1  # the second decode call of step 3 never ran
+  assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+  assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
+                if p.name.isdigit()) == [2]
+  train(tmp_path, chunking)
+  assert stable(read_metrics(tmp_path / "metrics.jsonl")) == stable(
+      read_metrics(baseline / "metrics.jsonl"))

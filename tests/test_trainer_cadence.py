@@ -3,6 +3,7 @@ training, so the test sees only when the trainer logs, checkpoints, evaluates, s
 
 import types
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from reasoning_rl import checkpointing
 from reasoning_rl import guards as guards_lib
 from reasoning_rl.config import base_config
+from reasoning_rl.errors import PhaseInterrupted
 from reasoning_rl.metrics import read_metrics
 from reasoning_rl.multihost.cluster import local_cluster
 from reasoning_rl.rl.step import TrainState
@@ -127,3 +129,85 @@ def test_preemption_saves_then_a_rerun_resumes_the_loop_state(tmp_path):
   assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")] == list(range(1, 11))
   assert evaluations == [0, 5, 10]  # step 0 is not evaluated again on resume
   assert stage.started == 1
+
+
+class InterruptedStage(ScriptedStage):
+  """Step `interrupt_at` is cut short while sampling, as `RLStage` is by a stop request: the loop
+  state is left as after the previous step and PhaseInterrupted is raised."""
+
+  def __init__(self, interrupt_at):
+    super().__init__()
+    self.interrupt_at = interrupt_at
+
+  def step(self, step, state, loop):
+    if step == self.interrupt_at:
+      checkpointing._preemption_event.set()
+      raise PhaseInterrupted("sampling stopped on request after 2 decode calls")
+    return super().step(step, state, loop)
+
+
+def _uninterrupted(tmp_path):
+  run, _, _ = _fake_run(tmp_path / "reference")
+  evaluations = []
+  trainer = _trainer(run, ScriptedStage(), evaluations)
+  assert trainer.run() == guards_lib.DONE_EXIT_CODE
+  return read_metrics(tmp_path / "reference" / "metrics.jsonl"), evaluations
+
+
+@pytest.mark.parametrize("interrupt_at", [3, 4, 1])
+def test_a_stop_while_sampling_saves_the_previous_step_and_the_rerun_redoes_the_step(
+    tmp_path, interrupt_at):
+  """Step 4 follows a scheduled checkpoint; step 3 does not (its save is the stop's own);
+  step 1 has nothing to save."""
+  reference, reference_evaluations = _uninterrupted(tmp_path)
+  run, _, _ = _fake_run(tmp_path / "run")
+  evaluations = []
+  assert _trainer(run, InterruptedStage(interrupt_at), evaluations).run() == \
+      guards_lib.PREEMPTED_EXIT_CODE
+  steps = checkpointing.Checkpointer(tmp_path / "run" / "checkpoints").all_steps()
+  assert steps == ([interrupt_at - 1] if interrupt_at > 1 else [])
+  assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == \
+      list(range(1, interrupt_at))
+  checkpointing.clear_preemption_request()
+  run, _, _ = _fake_run(tmp_path / "run")
+  trainer = _trainer(run, ScriptedStage(), evaluations)
+  assert trainer.run() == guards_lib.DONE_EXIT_CODE
+  def untimed(rows):
+    return [{k: v for k, v in row.items() if k != "time/unix"} for row in rows]
+
+  assert untimed(read_metrics(tmp_path / "run" / "metrics.jsonl")) == untimed(reference)
+  # with nothing trained there is no checkpoint: the rerun starts afresh, step-0 evaluation too
+  assert evaluations == ([0] if interrupt_at == 1 else []) + reference_evaluations
+  np.testing.assert_array_equal(trainer.state.params["w"], [10.0, 10.0])
+
+
+@pytest.mark.parametrize("interrupted_eval", [5, 10])
+def test_a_stop_during_an_evaluation_saves_the_step_and_the_rerun_evaluates_first(
+    tmp_path, interrupted_eval):
+  """The evaluation of step 5 (every 5 steps) or of the final step 10: the step's checkpoint
+  records the evaluation as pending, and the rerun does it before anything else."""
+  run, _, _ = _fake_run(tmp_path)
+  evaluations = []
+  trainer = _trainer(run, ScriptedStage(), evaluations)
+  evaluate = trainer.evaluate
+
+  def interrupted(step):
+    if step == interrupted_eval:
+      checkpointing._preemption_event.set()
+      raise PhaseInterrupted("sampling stopped on request after 1 decode calls")
+    return evaluate(step)
+
+  trainer.evaluate = interrupted
+  assert trainer.run() == guards_lib.PREEMPTED_EXIT_CODE
+  checkpointer = checkpointing.Checkpointer(tmp_path / "checkpoints")
+  assert checkpointer.latest_step() == interrupted_eval
+  checkpointing.clear_preemption_request()
+  run, _, _ = _fake_run(tmp_path)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), run.state)
+  assert checkpointer.restore(interrupted_eval, abstract)[1]["pending_eval"] == interrupted_eval
+  stage = ScriptedStage()
+  trainer = _trainer(run, stage, evaluations)
+  assert trainer.run() == guards_lib.DONE_EXIT_CODE
+  assert evaluations == [0, 5, 10]
+  assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")] == list(range(1, 11))
+  assert trainer.loop.pending_eval is None

@@ -16,9 +16,11 @@ import time
 
 import jax
 
+from reasoning_rl import checkpointing
 from reasoning_rl import flops as flops_lib
 from reasoning_rl.build import Run, rollout_staleness, sampler_correction
 from reasoning_rl.data import tasks
+from reasoning_rl.errors import PhaseInterrupted
 from reasoning_rl.loop import telemetry
 from reasoning_rl.loop.rollouts import RolloutCollector
 from reasoning_rl.loop.state import LoopState, SampledBatch
@@ -46,12 +48,19 @@ class RLStage:
     self.with_sampler_logprobs = sampler_correction(run.config) != "none"
     self._last = None  # (batch, advantages) of the latest step, for its rollout records
 
-  def sample_batch(self, loop: LoopState) -> SampledBatch:
+  def sample_batch(self, loop: LoopState, *, should_stop=None) -> SampledBatch:
+    """The next batch from the training stream. A stop request (`should_stop`, asked between
+    decode calls) raises PhaseInterrupted with the loop's data position left where it was."""
     c = self.run.config
-    return self.collector.sample_batch(
-        lambda count: take_examples(self.run, loop, count), num_prompts=c.rollout.num_prompts,
-        dynamic_sampling=c.dynamic_sampling.enabled, max_rounds=c.dynamic_sampling.max_rounds,
-        policy_version=loop.policy_version)
+    position = loop.data_position
+    try:
+      return self.collector.sample_batch(
+          lambda count: take_examples(self.run, loop, count), num_prompts=c.rollout.num_prompts,
+          dynamic_sampling=c.dynamic_sampling.enabled, max_rounds=c.dynamic_sampling.max_rounds,
+          policy_version=loop.policy_version, should_stop=should_stop)
+    except PhaseInterrupted:
+      loop.data_position = position
+      raise
 
   def start(self, loop: LoopState) -> None:
     """Fills the queue with batches 1..k, all sampled by version 0 (nothing to do when k = 0)."""
@@ -59,10 +68,16 @@ class RLStage:
       loop.queue.append(self.sample_batch(loop))
 
   def step(self, step: int, state, loop: LoopState):
-    """(new train state, metrics row) of RL step `step`."""
+    """(new train state, metrics row) of RL step `step`.
+
+    A stop request while this step samples its batch raises PhaseInterrupted before anything
+    changed (the loop state is as after step − 1). Batches sampled ahead (asynchronous rollouts)
+    are not interrupted: they are sampled while the step trains, and a resume must find them in
+    the queue to continue exactly."""
     c, run = self.run.config, self.run
     start = time.perf_counter()
-    sampled = loop.queue.popleft() if loop.queue else self.sample_batch(loop)
+    sampled = loop.queue.popleft() if loop.queue else self.sample_batch(
+        loop, should_stop=checkpointing.preemption_requested)
     batch, advantages = batching.build_batch(
         [g.group for g in sampled.groups], num_groups=c.rollout.num_prompts,
         group_size=c.rollout.num_samples, prompt_length=c.rollout.max_prefill_length,

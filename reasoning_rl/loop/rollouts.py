@@ -13,6 +13,7 @@ import collections
 import time
 from typing import Callable, Sequence
 
+from reasoning_rl.errors import PhaseInterrupted
 from reasoning_rl.evaluation import completion_record
 from reasoning_rl.loop.state import SCORING_STATUSES, GroupRollout, SampledBatch
 from reasoning_rl.rl import batching
@@ -42,8 +43,10 @@ class RolloutCollector:
     self.seed = seed
 
   def collect(self, examples: Sequence[tuple[int, object]], *, num_samples: int | None = None,
-              sampling=None) -> tuple[list[GroupRollout], float, float]:
-    """(groups in the order of `examples`, decode seconds, seconds waiting for the scorer after)."""
+              sampling=None, should_stop=None) -> tuple[list[GroupRollout], float, float]:
+    """(groups in the order of `examples`, decode seconds, seconds waiting for the scorer after).
+    `should_stop` is asked between decode calls; True raises `errors.PhaseInterrupted` (groups
+    already handed to the scorer are abandoned with it: the run exits next)."""
     from reasoning_rl.sampler import stream_groups  # pylint: disable=import-outside-toplevel
 
     g = num_samples or self.num_samples
@@ -55,7 +58,8 @@ class RolloutCollector:
         self.engine, [self.template.encode(example) for _, example in examples], num_samples=g,
         sampling=sampling or self.sampling, max_new_tokens=self.max_new_tokens,
         stop_ids=self.tokenizer.eos_ids, stop_strings=self.stop_strings,
-        tokenizer=self.tokenizer, seed=self.seed, prompt_ids=[index for index, _ in examples]):
+        tokenizer=self.tokenizer, seed=self.seed, prompt_ids=[index for index, _ in examples],
+        should_stop=should_stop):
       group = finished[completion.prompt_id]
       group.append(completion)
       if len(group) < g:
@@ -92,17 +96,20 @@ class RolloutCollector:
     return out, sample_s, verify_s
 
   def sample_batch(self, take_examples: Callable[[int], list], *, num_prompts: int,
-                   dynamic_sampling: bool, max_rounds: int, policy_version: int) -> SampledBatch:
+                   dynamic_sampling: bool, max_rounds: int, policy_version: int,
+                   should_stop=None) -> SampledBatch:
     """One step's groups. DAPO dynamic sampling (Yu et al. 2025, arXiv:2503.14476, §3.2) drops
     groups whose rewards are all equal (no group-relative signal) and samples more prompts, for at
     most `max_rounds` rounds; then the step trains on what it has.
 
     `take_examples(n)` returns the next n (data position, example) pairs of the training stream.
+    `should_stop`: as in `collect`.
     """
     kept, sampled = [], []
     sample_s = verify_s = 0.0
     for _ in range(max_rounds if dynamic_sampling else 1):
-      groups, s, v = self.collect(take_examples(num_prompts - len(kept)))
+      groups, s, v = self.collect(take_examples(num_prompts - len(kept)),
+                                  should_stop=should_stop)
       sample_s, verify_s = sample_s + s, verify_s + v
       sampled.extend(groups)
       kept.extend(g for g in groups if g.group.has_signal or not dynamic_sampling)
@@ -121,23 +128,33 @@ class ShardedCollector(RolloutCollector):
   receives every group, in prompt order, through the exchange. A completion's random stream
   depends only on (seed, data position, sample index), so which replica samples a prompt does not
   change its completions. Trainer-only processes sample nothing; they receive the groups.
-  Decode / scoring seconds are the slowest replica's."""
+  Decode / scoring seconds are the slowest replica's. A replica whose sampling a stop request
+  interrupted says so in the same exchange, and every process then raises PhaseInterrupted: all
+  of them abandon the step together."""
 
   def __init__(self, *args, cluster, **kwargs):
     super().__init__(*args, **kwargs)
     self.cluster = cluster
 
   def collect(self, examples: Sequence[tuple[int, object]], *, num_samples: int | None = None,
-              sampling=None) -> tuple[list[GroupRollout], float, float]:
+              sampling=None, should_stop=None) -> tuple[list[GroupRollout], float, float]:
     topology = self.cluster.topology
     replica, replicas = topology.replica_index, len(topology.replicas)
     share = list(examples)[replica::replicas] if replica is not None else []
-    groups, sample_s, verify_s = ([], 0.0, 0.0) if not share else super().collect(
-        share, num_samples=num_samples, sampling=sampling)
+    groups, sample_s, verify_s, interrupted = [], 0.0, 0.0, None
+    try:
+      if share:
+        groups, sample_s, verify_s = super().collect(
+            share, num_samples=num_samples, sampling=sampling, should_stop=should_stop)
+    except PhaseInterrupted as error:
+      interrupted = f"process {topology.process_index}: {error}"
     parts = self.cluster.exchange.gather(
-        "rollouts", [[g.to_json() for g in groups], sample_s, verify_s])
+        "rollouts", [[g.to_json() for g in groups], sample_s, verify_s, interrupted])
+    reasons = [part[3] for part in parts if part[3]]
+    if reasons:
+      raise PhaseInterrupted("; ".join(reasons))
     by_position = {}
-    for items, _, _ in parts:
+    for items, _, _, _ in parts:
       for item in items:
         group = GroupRollout.from_json(item)
         by_position[group.data_position] = group

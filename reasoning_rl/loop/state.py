@@ -87,19 +87,24 @@ class LoopState:
   policy_version: optimizer updates applied so far; the sampler holds this version.
   guards: the stop conditions and their history.
   queue: batches sampled ahead of their step (asynchronous rollouts), oldest first.
+  pending_eval: the step whose held-out evaluation is due and not yet done (a stop request
+    interrupted it, or the checkpoint was written first); a resumed run does it before training.
   """
 
   guards: guards_lib.Guards
   data_position: int = 0
   policy_version: int = 0
   queue: collections.deque = dataclasses.field(default_factory=collections.deque)
+  pending_eval: int | None = None
 
   def to_meta(self) -> dict[str, Any]:
     return {"data_position": self.data_position, "policy_version": self.policy_version,
-            "guards": self.guards.state_dict(), "queue": [b.to_json() for b in self.queue]}
+            "guards": self.guards.state_dict(), "queue": [b.to_json() for b in self.queue],
+            "pending_eval": self.pending_eval}
 
   def load_meta(self, meta: dict[str, Any]) -> None:
     self.data_position = int(meta["data_position"])
     self.policy_version = int(meta["policy_version"])
     self.guards.load_state_dict(meta["guards"])
     self.queue = collections.deque(SampledBatch.from_json(b) for b in meta["queue"])
+    self.pending_eval = meta.get("pending_eval")  # absent in checkpoints before it existed

@@ -8,8 +8,12 @@ from typing import Any
 
 import numpy as np
 
+from reasoning_rl.errors import PhaseInterrupted
 from reasoning_rl.multihost.exchange import Exchange, LocalExchange
 from reasoning_rl.multihost.topology import Topology
+
+
+_INTERRUPTED = "interrupted"  # an evaluation result's key when a stop request cut it short
 
 
 @dataclasses.dataclass
@@ -59,10 +63,18 @@ class Cluster:
       jax.block_until_ready(engine.update_params(local, version=version))
 
   def evaluate(self, run_evaluation) -> dict:
-    """`run_evaluation()` on the evaluator process; every process gets its result."""
-    mine = self.topology.process_index == self.evaluator_process
-    return self.exchange.broadcast("eval", run_evaluation() if mine else None,
-                                   source=self.evaluator_process)
+    """`run_evaluation()` on the evaluator process; every process gets its result, or every
+    process raises PhaseInterrupted when a stop request interrupted it."""
+    result = None
+    if self.topology.process_index == self.evaluator_process:
+      try:
+        result = run_evaluation()
+      except PhaseInterrupted as error:
+        result = {_INTERRUPTED: str(error)}
+    result = self.exchange.broadcast("eval", result, source=self.evaluator_process)
+    if _INTERRUPTED in result:
+      raise PhaseInterrupted(result[_INTERRUPTED])
+    return result
 
   def summed_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
     """Per-process counters (e.g. the verifier pool's) summed over processes."""

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
-from reasoning_rl.errors import SamplingError
+from reasoning_rl.errors import PhaseInterrupted, SamplingError
 from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.sampling import SamplingParams, sample_key
 
@@ -95,8 +95,8 @@ def find_stop_string(tokenizer, tokens: Sequence[int], stop_strings: Sequence[st
 def stream_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_samples: int = 1,
                   sampling: SamplingParams = SamplingParams(), max_new_tokens: int,
                   stop_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
-                  tokenizer=None, seed: int = 0,
-                  prompt_ids: Sequence[int] | None = None) -> Iterator[Completion]:
+                  tokenizer=None, seed: int = 0, prompt_ids: Sequence[int] | None = None,
+                  should_stop: Callable[[], bool] | None = None) -> Iterator[Completion]:
   """Yields completions as they finish (G per prompt), continuously batching on `engine`.
 
   Args:
@@ -110,9 +110,13 @@ def stream_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_sampl
     tokenizer: decodes completions for stop strings.
     seed: root of every sample's PRNG key (see the module docstring).
     prompt_ids: ids to report and to derive keys from (default 0..P-1); must be distinct.
+    should_stop: asked before every `generate` call; True abandons the whole call (raises
+      PhaseInterrupted): a preemption notice then waits for one decode chunk, not for the rest
+      of the batch.
 
   Raises:
     SamplingError: bad arguments or prompts — raised before any decoding starts.
+    PhaseInterrupted: `should_stop()` said so.
   """
   if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
     raise SamplingError(f"num_samples={num_samples!r}: must be an integer >= 1")
@@ -136,11 +140,12 @@ def stream_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_sampl
                         max_new_tokens=max_new_tokens, stop_ids=stop_ids)
   return _run_groups(engine, prepared, prompt_ids, num_samples=num_samples, sampling=sampling,
                      max_new_tokens=max_new_tokens, stop_ids=stop_ids,
-                     stop_strings=stop_strings, tokenizer=tokenizer, seed=seed)
+                     stop_strings=stop_strings, tokenizer=tokenizer, seed=seed,
+                     should_stop=should_stop)
 
 
 def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, max_new_tokens,
-                stop_ids, stop_strings, tokenizer, seed) -> Iterator[Completion]:
+                stop_ids, stop_strings, tokenizer, seed, should_stop) -> Iterator[Completion]:
   """The decoding loop of `stream_groups` (arguments already validated)."""
 
   def request(prompt_index: int, sample_index: int):
@@ -163,7 +168,11 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
         finish_reason=reason, truncated=reason == "length",
         policy_version=run.policy_version)
 
+  calls = 0
   while waiting or any(run is not None for run in running):
+    if should_stop is not None and should_stop():
+      raise PhaseInterrupted(f"sampling stopped on request after {calls} decode calls")
+    calls += 1
     free_slots = [slot for slot, run in enumerate(running) if run is None]
     assigned = [(slot, waiting.popleft()) for slot in free_slots[:len(waiting)]]
     to_prefill = list(dict.fromkeys(p for _, (p, _) in assigned if p not in prefixes))
