@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import sys
 
 from reasoning_rl import storage
 
@@ -22,13 +23,19 @@ _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 class _AboveProgressLine(logging.Handler):
   """Writes records with `tqdm.write`, which clears and redraws a live progress line.
 
-  A library's record loses its traceback here (the log file keeps it): Orbax, for one, logs each
-  failed background thread of a save with its stack, while the failure itself reaches the run as
-  one exception that the launcher reports in one line."""
+  A library's record loses its traceback here, and Orbax's records stay off the terminal (the
+  log file keeps both): Orbax logs each failed background thread of a save, with its stack, while
+  the failure itself reaches the run as one exception that the launcher reports in one line."""
+
+  def __init__(self, level: int, *, verbose: bool):
+    super().__init__(level)
+    self.verbose = verbose
 
   def emit(self, record: logging.LogRecord) -> None:
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
+    if not self.verbose and f"{os.sep}orbax{os.sep}" in record.pathname:
+      return
     if (record.exc_info or record.exc_text) and not record.name.startswith("reasoning_rl"):
       record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None,
                                       "stack_info": None})
@@ -49,8 +56,6 @@ class _LogFile(logging.FileHandler):
     if self.failed:
       return
     self.failed = True
-    import sys  # pylint: disable=import-outside-toplevel
-
     error = sys.exc_info()[1]
     logging.getLogger("reasoning_rl").warning(
         "writing %s failed (%s): further log lines are dropped", self.baseFilename, error)
@@ -73,6 +78,16 @@ def quiet_until_logs_have_a_file(*, verbose: bool = False) -> None:
     pass
 
 
+def _log_unraisable(unraisable) -> None:
+  """`sys.unraisablehook`: an exception Python had to ignore goes to the log file, not the
+  terminal. After a failed asynchronous checkpoint save, for one, tensorstore's pending writes
+  complete into Orbax's closed event loop and Python would print a traceback for each (hundreds
+  of lines under the run's one error line)."""
+  logging.getLogger("reasoning_rl").info(
+      "exception ignored in %r: %s", unraisable.object, unraisable.exc_value,
+      exc_info=(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback))
+
+
 def send_logs_to_workdir(workdir: str | os.PathLike[str], *, verbose: bool = False) -> pathlib.Path:
   """Routes every Python logger (absl's included) to WORKDIR/logs/train.log at INFO; the terminal
   gets WARNING and up, or everything with `verbose`. Returns the log file's path."""
@@ -85,12 +100,13 @@ def send_logs_to_workdir(workdir: str | os.PathLike[str], *, verbose: bool = Fal
     root.removeHandler(handler)
   to_file = _LogFile(path, encoding="utf-8")
   to_file.setFormatter(logging.Formatter(_FORMAT))
-  to_terminal = _AboveProgressLine(level=logging.INFO if verbose else logging.WARNING)
+  to_terminal = _AboveProgressLine(logging.INFO if verbose else logging.WARNING, verbose=verbose)
   to_terminal.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
   root.addHandler(to_file)
   root.addHandler(to_terminal)
   root.setLevel(logging.INFO)
   logging.getLogger("reasoning_rl").setLevel(logging.INFO)
+  sys.unraisablehook = _log_unraisable
   try:  # absl routes its own records through the root logger; keep its level from filtering INFO
     from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
 

@@ -102,6 +102,66 @@ def test_damaged_newest_step_is_moved_aside_and_the_previous_restored(tmp_path, 
   assert "corrupt-2" in caplog.text and damaged.name in caplog.text
 
 
+def test_a_save_that_fails_in_the_background_is_one_checkpoint_error(tmp_path, monkeypatch):
+  """Orbax writes asynchronously: its failure surfaces in wait() / close(), named with the step
+  and the newest complete checkpoint (a rerun resumes from there)."""
+  import orbax.checkpoint as ocp
+
+  directory = _saved(tmp_path, [1])
+  ckpt = Checkpointer(directory, keep=5)
+  ckpt.save(2, _state(2.0), {"step": 2}, force=True)
+  ckpt.wait()
+  real_wait = ocp.CheckpointManager.wait_until_finished
+
+  def disk_full(self):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(ocp.CheckpointManager, "wait_until_finished", disk_full)
+  ckpt._saving = 3  # as after save(3): the failed write is the newest one started
+  with pytest.raises(CheckpointError) as error:
+    ckpt.close()
+  assert str(error.value) == (
+      f"checkpoint {directory.absolute()}/3 could not be written ([Errno 28] No space left on "
+      f"device); last complete checkpoint: step 2 ({directory.absolute()}/2); free space or fix "
+      "the path, then rerun on the same workdir to resume from it")
+  monkeypatch.setattr(ocp.CheckpointManager, "wait_until_finished", real_wait)
+
+
+def _train_with_file_size_limit(workdir, limit_kib, *overrides):
+  """launch/train.py with every file it writes capped at `limit_kib` KiB (the shell's
+  `ulimit -f`, RLIMIT_FSIZE: writes past it fail with EFBIG, as writes to a full disk fail with
+  ENOSPC; Python ignores the SIGXFSZ that comes with it)."""
+  command = [sys.executable, str(REPO_ROOT / "launch" / "train.py"),
+             "--config=configs/debug_cpu.py", f"--config.workdir={workdir}",
+             "--config.logging.progress_bar=False", *overrides]
+  if limit_kib:
+    command = ["sh", "-c", f'ulimit -f {limit_kib} && exec "$@"', "sh", *command]
+  return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("limit_kib, overrides, first_line", [
+    # the first checkpoint's data files exceed 290 KiB: Orbax's background save fails
+    (290, ["--config.total_steps=12"], "error: CheckpointError: checkpoint "),
+    # no checkpoint before the last step; a file of rollouts / metrics reaches 8 KiB first
+    (8, ["--config.total_steps=12", "--config.checkpoint.every_steps=100"],
+     "error: StorageError: "),
+])
+def test_a_write_failure_ends_the_run_in_one_line_with_exit_4_and_the_rerun_completes(
+    tmp_path, limit_kib, overrides, first_line):
+  failed = _train_with_file_size_limit(tmp_path, limit_kib, *overrides)
+  lines = [line for line in failed.stderr.splitlines() if line.strip()]
+  assert failed.returncode == 4, failed.stderr[-3000:]
+  assert len(lines) == 1 and lines[0].startswith(first_line), lines
+  assert "File too large" in lines[0] and lines[0].endswith(
+      "; last complete checkpoint: none yet; free space or fix the path, then rerun on the same "
+      "workdir to resume from it")
+  assert "run finished" not in failed.stdout  # no success summary after a failure
+  rerun = _train_with_file_size_limit(tmp_path, 0, *overrides)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [row["step"] for row in rows] == list(range(1, 13))
+
+
 def test_direct_restore_of_a_damaged_step_names_the_file(tmp_path):
   directory = _saved(tmp_path, [3])
   damaged = _largest_data_file(directory / "3")
