@@ -487,17 +487,20 @@ def precheck_command_line(argv: list[str]) -> None:
   import importlib.util  # pylint: disable=import-outside-toplevel
   import pathlib  # pylint: disable=import-outside-toplevel
 
-  path, overrides = config_args(argv)
-  if path is None:
+  argument, overrides = config_args(argv)
+  if argument is None:
     raise ConfigError("--config: missing; pass --config=configs/NAME.py")
+  # FILE:VARIANT passes VARIANT to get_config (ml_collections' convention; recipes use it for
+  # their debug-sized variant)
+  path, *variant = argument.split(":", 1)
   if not pathlib.Path(path).is_file():
-    raise ConfigError(f"--config={path}: no such config file")
+    raise ConfigError(f"--config={argument}: no such config file")
   spec = importlib.util.spec_from_file_location("_config_file", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
-    raise ConfigError(f"--config={path}: the file defines no get_config()")
-  check_overrides(module.get_config(), overrides)
+    raise ConfigError(f"--config={argument}: the file defines no get_config()")
+  check_overrides(module.get_config(*variant), overrides)
 
 
 def precheck_or_exit(argv: list[str]) -> None:
