@@ -283,10 +283,10 @@ def build(config: ml_collections.ConfigDict) -> Run:
                       "stage only; run SFT stages in one process (their checkpoint then starts "
                       "the multi-process RL run through model.path)")
   trainer_mesh, sampler_mesh = build_meshes(config, topology)
+  data = build_data(config)  # before the model: a bad task file fails in seconds
+  reward_fn = build_reward_fn(config)
   model, tokenizer = build_policy(config)
   template = build_template(config, tokenizer)
-  data = build_data(config)
-  reward_fn = build_reward_fn(config)
   graphdef, params = nnx.split(model)
   step_fn = TrainStep(graphdef, step_config(config), trainer_mesh)
   cluster = build_cluster(config, topology, params)

@@ -14,9 +14,6 @@ import ml_collections
 
 from reasoning_rl.errors import ConfigError
 
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
-GROUP_ESTIMATORS = ESTIMATORS  # all of them compare samples within a group
-
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -375,17 +372,22 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "must be plain, chat or r1zero")
   r = config.rollout
   require(config.algo.name in ("grpo", "ppo"), "algo.name", "must be grpo or ppo")
-  require(config.algo.estimator in ESTIMATORS, "algo.estimator", f"must be one of {ESTIMATORS}")
-  from reasoning_rl.rl.losses import (  # pylint: disable=import-outside-toplevel
-      IS_CORRECTIONS, KL_ESTIMATORS, LOSS_AGGREGATIONS, LOSS_TYPES)
+  from reasoning_rl import registry  # pylint: disable=import-outside-toplevel
 
-  require(config.algo.loss_type in LOSS_TYPES, "algo.loss_type", f"must be one of {LOSS_TYPES}")
-  require(config.algo.loss_agg in LOSS_AGGREGATIONS, "algo.loss_agg",
-          f"must be one of {LOSS_AGGREGATIONS}")
-  require(config.algo.kl_estimator in KL_ESTIMATORS, "algo.kl_estimator",
-          f"must be one of {KL_ESTIMATORS}")
-  require(config.algo.is_correction in IS_CORRECTIONS, "algo.is_correction",
-          f"must be one of {IS_CORRECTIONS}")
+  registry.load_builtin_choices()
+  for choices, name in ((registry.ADVANTAGE_ESTIMATORS, config.algo.estimator),
+                        (registry.LOSS_TYPES, config.algo.loss_type),
+                        (registry.LOSS_AGGREGATIONS, config.algo.loss_agg),
+                        (registry.KL_ESTIMATORS, config.algo.kl_estimator),
+                        (registry.IS_CORRECTIONS, config.algo.is_correction)):
+    choices.get(name)  # ConfigError: config.<field>=...: unknown ...; use one of [...]
+  for split in ("train", "eval"):
+    source = config.data[split]
+    registry.TASK_SOURCES.get(source.get("kind") if hasattr(source, "get") else None,
+                              field=f"data.{split}.kind")
+  from reasoning_rl.verifiers.rewards import build_parts  # pylint: disable=import-outside-toplevel
+
+  build_parts(config.rewards)  # every part's kind and settings
   if config.algo.name == "grpo" and config.stage == "rl":
     require(r.num_samples >= 2, "rollout.num_samples",
             f"group estimator {config.algo.estimator!r} compares samples of one prompt: "

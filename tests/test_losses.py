@@ -444,16 +444,20 @@ def test_token_entropy():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(kl_estimator="k4"), "kl_estimator='k4'"),
-    (dict(loss_agg="mean"), "loss_agg='mean'"),
+    (dict(kl_estimator="k4"), r"config\.algo\.kl_estimator='k4': unknown KL estimator; use one "
+     r"of \['k1', 'k2', 'k3'\]"),
+    (dict(loss_agg="mean"), r"config\.algo\.loss_agg='mean': unknown loss aggregation; use one "
+     r"of \['seq-mean-token-mean', 'token-mean', 'seq-mean-token-sum-norm'\]"),
     (dict(beta=0.1), "beta=0.1 needs ref_logprobs"),
     (dict(entropy_coef=0.1), "entropy_coef=0.1 needs entropy"),
     (dict(dual_clip=0.9), "dual_clip=0.9 must be > 1"),
     (dict(epsilon_low=1.0), "epsilon_low=1.0"),
     (dict(epsilon_high=-0.1), "epsilon_high=-0.1"),
     (dict(is_threshold=0.0), "is_threshold=0.0"),
-    (dict(loss_type="grpo"), "loss_type='grpo' is unknown"),
-    (dict(is_correction="sequence"), "is_correction='sequence' is unknown"),
+    (dict(loss_type="grpo"), r"config\.algo\.loss_type='grpo': unknown policy loss; use one of "
+     r"\['ppo', 'gspo', 'gspo-token', 'cispo'\]"),
+    (dict(is_correction="sequence"), r"config\.algo\.is_correction='sequence': unknown sampler "
+     r"importance correction; use one of \['none', 'token-truncate'"),
     (dict(is_correction="token-mask"), "is_correction='token-mask' needs behavior_logprobs"),
     (dict(loss_type="cispo", dual_clip=3.0), "dual_clip=3.0 does not apply to loss_type='cispo'"),
     (dict(loss_type="cispo", epsilon_low=1.5), r"epsilon_low=1.5 must be in \[0, 1\] for cispo"),

@@ -62,8 +62,9 @@ def test_sequence_mask_drops_a_far_off_sampler_and_needs_its_logprobs():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(loss_type="grpo"), r"config.algo.loss_type='grpo' is unknown; use one of \('ppo'"),
-    (dict(is_correction="seq-mask"), r"config.algo.is_correction='seq-mask' is unknown"),
+    (dict(loss_type="grpo"), r"config.algo.loss_type='grpo': unknown policy loss; use one of "
+     r"\['ppo'"),
+    (dict(is_correction="seq-mask"), r"config.algo.is_correction='seq-mask': unknown"),
     (dict(is_threshold=0.0), r"config.algo.is_threshold=0.0 must be > 0"),
     (dict(algorithm="ppo", loss_type="gspo"), r"use 'gspo-token'"),
     (dict(loss_type="cispo", dual_clip=3.0), r"config.algo.dual_clip=3.0 does not apply"),

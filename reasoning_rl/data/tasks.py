@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from reasoning_rl import registry
 from reasoning_rl import storage
 from reasoning_rl.errors import ConfigError
 
@@ -337,14 +338,6 @@ def _plain(value: Any) -> Any:
   return value
 
 
-_SETTINGS = {
-    "synthetic_arithmetic": ("seed", "max_operand", "ops"),
-    "reasoning_gym": ("name", "seed", "size", "params"),
-    "jsonl": ("path", "shuffle", "seed"),
-    "mixture": ("sources", "weights"),
-}
-
-
 def build_source(source_config: Any, *, field: str = "data") -> TaskSource:
   """The source a config describes: `kind` plus that kind's settings (module docstring).
 
@@ -361,12 +354,11 @@ def build_source(source_config: Any, *, field: str = "data") -> TaskSource:
   if not isinstance(settings, dict):
     raise ConfigError(f"config.{field}={settings!r}: must be a dict with 'kind' and its settings")
   kind = settings.pop("kind", None)
-  if kind not in _SETTINGS:
-    raise ConfigError(f"config.{field}.kind={kind!r}: must be one of {sorted(_SETTINGS)}")
-  unknown = sorted(set(settings) - set(_SETTINGS[kind]))
+  choice = registry.TASK_SOURCES.get(kind, field=f"{field}.kind")
+  unknown = sorted(set(settings) - set(choice.options))
   if unknown:
     raise ConfigError(f"config.{field}.{unknown[0]}: not a setting of kind {kind!r}; its settings "
-                      f"are {list(_SETTINGS[kind])}")
+                      f"are {list(choice.options)}")
 
   def get(name, types, default=dataclasses.MISSING, *, check=lambda v: True, hint=""):
     if name not in settings:
@@ -379,27 +371,55 @@ def build_source(source_config: Any, *, field: str = "data") -> TaskSource:
       raise ConfigError(f"config.{field}.{name}={value!r}: {hint}")
     return value
 
-  non_negative = dict(check=lambda v: v >= 0, hint="must be an integer >= 0")
-  if kind == "synthetic_arithmetic":
-    ops = get("ops", (str, list, tuple), "+",
-              hint=f"a string or list of operators from {SYNTHETIC_OPS}, e.g. '+-'")
-    ops = tuple(ops)
-    if not ops or any(op not in SYNTHETIC_OPS for op in ops):
-      raise ConfigError(f"config.{field}.ops={settings['ops']!r}: operators must come from "
-                        f"{SYNTHETIC_OPS}, e.g. '+' or ('+', '-')")
-    return SyntheticArithmeticSource(seed=get("seed", (int,), 0, **non_negative),
-                                     max_operand=get("max_operand", (int,), 9, **non_negative),
-                                     ops=tuple(dict.fromkeys(ops)))
-  if kind == "reasoning_gym":
-    return ReasoningGymSource(
-        get("name", (str,), hint="a reasoning-gym dataset name, e.g. 'basic_arithmetic'"),
-        seed=get("seed", (int,), 0, **non_negative),
-        size=get("size", (int,), 1000, check=lambda v: v >= 1, hint="must be an integer >= 1"),
-        params=get("params", (dict,), {}, hint="a dict of the dataset's options"), field=field)
-  if kind == "jsonl":
-    return JsonlSource(get("path", (str,), hint="the path of a JSONL file"),
-                       shuffle=get("shuffle", (bool,), False, hint="must be True or False"),
-                       seed=get("seed", (int,), 0, **non_negative), field=field)
+  return choice.impl(get, settings, field)
+
+
+# Each kind: (get, settings, field) -> TaskSource, where get(name, types, default, *, check,
+# hint) reads one setting and raises ConfigError naming config.<field>.<name>.
+_NON_NEGATIVE = dict(check=lambda v: v >= 0, hint="must be an integer >= 0")
+
+
+@registry.TASK_SOURCES.register(
+    "synthetic_arithmetic", summary="a op b with single operands up to max_operand, generated "
+    "(no dependency; the debug task)", options=("seed", "max_operand", "ops"))
+def _synthetic_arithmetic(get, settings, field) -> TaskSource:
+  ops = get("ops", (str, list, tuple), "+",
+            hint=f"a string or list of operators from {SYNTHETIC_OPS}, e.g. '+-'")
+  ops = tuple(ops)
+  if not ops or any(op not in SYNTHETIC_OPS for op in ops):
+    raise ConfigError(f"config.{field}.ops={settings['ops']!r}: operators must come from "
+                      f"{SYNTHETIC_OPS}, e.g. '+' or ('+', '-')")
+  return SyntheticArithmeticSource(seed=get("seed", (int,), 0, **_NON_NEGATIVE),
+                                   max_operand=get("max_operand", (int,), 9, **_NON_NEGATIVE),
+                                   ops=tuple(dict.fromkeys(ops)))
+
+
+@registry.TASK_SOURCES.register(
+    "reasoning_gym", summary="any reasoning-gym dataset by name, with its own checker",
+    options=("name", "seed", "size", "params"))
+def _reasoning_gym(get, settings, field) -> TaskSource:
+  del settings
+  return ReasoningGymSource(
+      get("name", (str,), hint="a reasoning-gym dataset name, e.g. 'basic_arithmetic'"),
+      seed=get("seed", (int,), 0, **_NON_NEGATIVE),
+      size=get("size", (int,), 1000, check=lambda v: v >= 1, hint="must be an integer >= 1"),
+      params=get("params", (dict,), {}, hint="a dict of the dataset's options"), field=field)
+
+
+@registry.TASK_SOURCES.register(
+    "jsonl", summary="rows of {prompt|question, answer, tests, task} from a JSONL file",
+    options=("path", "shuffle", "seed"))
+def _jsonl(get, settings, field) -> TaskSource:
+  del settings
+  return JsonlSource(get("path", (str,), hint="the path of a JSONL file"),
+                     shuffle=get("shuffle", (bool,), False, hint="must be True or False"),
+                     seed=get("seed", (int,), 0, **_NON_NEGATIVE), field=field)
+
+
+@registry.TASK_SOURCES.register(
+    "mixture", summary="several sources interleaved by weight", options=("sources", "weights"))
+def _mixture(get, settings, field) -> TaskSource:
+  del settings
   sources = get("sources", (list, tuple), check=lambda v: len(v) > 0,
                 hint="a non-empty list of source configs")
   built = [build_source(s, field=f"{field}.sources[{i}]") for i, s in enumerate(sources)]

@@ -45,15 +45,51 @@ from typing import Any
 import jax
 import numpy as np
 
+from reasoning_rl import registry
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl.stats import array_namespace, float_dtype
-
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
-
 
 def _sample_std(centered: Any, axis: Any, count: int, xp: Any) -> Any:
   """Bessel-corrected std of values whose mean is already subtracted (divisor max(n-1, 1))."""
   return xp.sqrt(xp.sum(centered * centered, axis=axis, keepdims=True) / max(count - 1, 1))
+
+
+# Each estimator: (rewards [P, G] as floats, eps, xp) -> advantages [P, G] (formulas above).
+
+
+@registry.ADVANTAGE_ESTIMATORS.register(
+    "grpo", summary="(r − group mean) / (group std + eps) (Shao et al. 2024, DeepSeekMath)")
+def _grpo(rewards: Any, eps: float, xp: Any) -> Any:
+  centered = rewards - xp.mean(rewards, axis=1, keepdims=True)
+  return centered / (_sample_std(centered, 1, rewards.shape[1], xp) + eps)
+
+
+@registry.ADVANTAGE_ESTIMATORS.register(
+    "dr_grpo", summary="r − group mean, no std division (Liu et al. 2025, Dr. GRPO)")
+def _dr_grpo(rewards: Any, eps: float, xp: Any) -> Any:
+  del eps
+  return rewards - xp.mean(rewards, axis=1, keepdims=True)
+
+
+@registry.ADVANTAGE_ESTIMATORS.register(
+    "rloo", summary="r − mean of the other G − 1 rewards (Ahmadian et al. 2024, RLOO); G >= 2")
+def _rloo(rewards: Any, eps: float, xp: Any) -> Any:
+  del eps
+  group_size = rewards.shape[1]
+  others_mean = (xp.sum(rewards, axis=1, keepdims=True) - rewards) / (group_size - 1)
+  return rewards - others_mean
+
+
+@registry.ADVANTAGE_ESTIMATORS.register(
+    "reinforce_pp",
+    summary="r − group mean, then batch-normalised (Hu 2025, REINFORCE++-baseline)")
+def _reinforce_pp(rewards: Any, eps: float, xp: Any) -> Any:
+  centered = rewards - xp.mean(rewards, axis=1, keepdims=True)
+  batch_centered = centered - xp.mean(centered)
+  return batch_centered / (_sample_std(batch_centered, None, rewards.size, xp) + eps)
+
+
+ESTIMATORS = registry.ADVANTAGE_ESTIMATORS.names()  # the built-in ones
 
 
 def group_advantages(rewards: Any, *, estimator: str = "grpo", eps: float = 1e-6) -> Any:
@@ -74,9 +110,7 @@ def group_advantages(rewards: Any, *, estimator: str = "grpo", eps: float = 1e-6
     ConfigError: unknown ``estimator``, negative ``eps``, or ``rloo`` with G = 1.
     ValueError: ``rewards`` is not 2-D, or (when concrete) holds a non-finite value.
   """
-  if estimator not in ESTIMATORS:
-    raise ConfigError(
-        f"estimator={estimator!r} is not an advantage estimator; use one of {ESTIMATORS}")
+  compute = registry.ADVANTAGE_ESTIMATORS.get(estimator).impl
   if not eps >= 0:
     raise ConfigError(f"eps={eps!r} must be >= 0 (it is added to a standard deviation)")
   xp = array_namespace(rewards)
@@ -91,26 +125,13 @@ def group_advantages(rewards: Any, *, estimator: str = "grpo", eps: float = 1e-6
     raise ValueError(
         f"rewards[{bad[0]}, {bad[1]}] is not finite; every verifier must return a finite reward "
         "(give failed or timed-out completions an explicit value such as 0)")
-  num_prompts, group_size = rewards.shape
+  group_size = rewards.shape[1]
   if estimator == "rloo" and group_size < 2:
     raise ConfigError(
         f"estimator='rloo' needs at least 2 completions per prompt (rewards.shape[1] = G = "
         f"{group_size}); sample G >= 2 completions per prompt or use estimator='dr_grpo'")
 
-  group_mean = xp.mean(rewards, axis=1, keepdims=True)
-  centered = rewards - group_mean
-  if estimator == "grpo":
-    advantages = centered / (_sample_std(centered, 1, group_size, xp) + eps)
-  elif estimator == "dr_grpo":
-    advantages = centered
-  elif estimator == "rloo":
-    others_mean = (xp.sum(rewards, axis=1, keepdims=True) - rewards) / (group_size - 1)
-    advantages = rewards - others_mean
-  else:  # reinforce_pp
-    batch_centered = centered - xp.mean(centered)
-    batch_std = _sample_std(batch_centered, None, num_prompts * group_size, xp)
-    advantages = batch_centered / (batch_std + eps)
-
+  advantages = compute(rewards, eps, xp)
   # Exact zeros for constant groups: the formulas give 0 only up to rounding of the mean.
   constant_group = xp.max(rewards, axis=1, keepdims=True) == xp.min(rewards, axis=1, keepdims=True)
   return xp.where(constant_group, xp.zeros_like(advantages), advantages)

@@ -92,20 +92,17 @@ least float32 before any arithmetic.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 
+from reasoning_rl import registry
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl.stats import array_namespace, float_dtype
-
-KL_ESTIMATORS = ("k1", "k2", "k3")
-LOSS_AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
-LOSS_TYPES = ("ppo", "gspo", "gspo-token", "cispo")
-IS_CORRECTIONS = ("none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
 
 
 def _is_zero(x: Any) -> bool:
@@ -135,15 +132,29 @@ def kl_penalty(logprobs: Any, ref_logprobs: Any, estimator: str = "k3") -> Any:
   ``k2 = x²/2`` (biased, low variance), ``k3 = exp(x) - x - 1`` (unbiased, non-negative).
   ``k3`` is computed as ``expm1(x) - x`` to avoid cancellation when ``x`` is small.
   """
-  if estimator not in KL_ESTIMATORS:
-    raise ConfigError(f"kl_estimator={estimator!r} is unknown; use one of {KL_ESTIMATORS}")
-  xp = array_namespace(logprobs, ref_logprobs)
-  x = ref_logprobs - logprobs
-  if estimator == "k1":
-    return -x
-  if estimator == "k2":
-    return 0.5 * x * x
-  return xp.expm1(x) - x
+  estimate = registry.KL_ESTIMATORS.get(estimator).impl
+  return estimate(ref_logprobs - logprobs, array_namespace(logprobs, ref_logprobs))
+
+
+# Each KL estimator: (x = logp_ref - logp, xp) -> per-token estimate.
+
+
+@registry.KL_ESTIMATORS.register("k1", summary="−x: unbiased, can be negative (Schulman 2020)")
+def _kl_k1(x: Any, xp: Any) -> Any:
+  del xp
+  return -x
+
+
+@registry.KL_ESTIMATORS.register("k2", summary="x²/2: biased, low variance (Schulman 2020)")
+def _kl_k2(x: Any, xp: Any) -> Any:
+  del xp
+  return 0.5 * x * x
+
+
+@registry.KL_ESTIMATORS.register(
+    "k3", summary="exp(x) − x − 1: unbiased, >= 0 (Schulman 2020; GRPO's choice)")
+def _kl_k3(x: Any, xp: Any) -> Any:
+  return xp.expm1(x) - x  # expm1: no cancellation when x is small
 
 
 def loss_normalizers(mask: Any) -> dict[str, Any]:
@@ -176,8 +187,7 @@ def aggregate_loss(per_token: Any, mask: Any, loss_agg: str = "seq-mean-token-me
     max_completion_length: L of ``seq-mean-token-sum-norm``; default ``T``.
   Denominators are clamped to ≥ 1, so an all-masked batch gives 0.
   """
-  if loss_agg not in LOSS_AGGREGATIONS:
-    raise ConfigError(f"loss_agg={loss_agg!r} is unknown; use one of {LOSS_AGGREGATIONS}")
+  aggregate = registry.LOSS_AGGREGATIONS.get(loss_agg).impl
   if max_completion_length is not None and not max_completion_length > 0:
     raise ConfigError(
         f"max_completion_length={max_completion_length!r} must be a positive token count "
@@ -186,17 +196,41 @@ def aggregate_loss(per_token: Any, mask: Any, loss_agg: str = "seq-mean-token-me
   valid = xp.asarray(mask) > 0
   masked = xp.where(valid, per_token, 0)
   defaults = loss_normalizers(valid)
-  if loss_agg == "token-mean":
-    count = defaults["num_tokens"] if num_tokens is None else num_tokens
-    return xp.sum(masked) / xp.maximum(count, 1).astype(masked.dtype)
-  if loss_agg == "seq-mean-token-mean":
-    tokens_per_row = xp.sum(valid, axis=-1).astype(masked.dtype)
-    per_row = xp.sum(masked, axis=-1) / xp.maximum(tokens_per_row, 1)
-  else:  # seq-mean-token-sum-norm
-    length = valid.shape[-1] if max_completion_length is None else max_completion_length
-    per_row = xp.sum(masked, axis=-1) / length
-  count = defaults["num_sequences"] if num_sequences is None else num_sequences
-  return xp.sum(per_row) / xp.maximum(count, 1).astype(masked.dtype)
+  return aggregate(
+      masked, valid, xp,
+      num_tokens=defaults["num_tokens"] if num_tokens is None else num_tokens,
+      num_sequences=defaults["num_sequences"] if num_sequences is None else num_sequences,
+      length=valid.shape[-1] if max_completion_length is None else max_completion_length)
+
+
+# Each aggregation: (masked per-token loss [B, T], valid [B, T], xp, *, num_tokens,
+# num_sequences, length) -> scalar; the counts are whole-batch (micro-batching above).
+
+
+@registry.LOSS_AGGREGATIONS.register(
+    "seq-mean-token-mean", summary="mean over sequences of each one's token mean (GRPO)")
+def _seq_mean_token_mean(masked, valid, xp, *, num_tokens, num_sequences, length):
+  del num_tokens, length
+  tokens_per_row = xp.sum(valid, axis=-1).astype(masked.dtype)
+  per_row = xp.sum(masked, axis=-1) / xp.maximum(tokens_per_row, 1)
+  return xp.sum(per_row) / xp.maximum(num_sequences, 1).astype(masked.dtype)
+
+
+@registry.LOSS_AGGREGATIONS.register(
+    "token-mean", summary="every valid token of the batch weighs the same (DAPO)")
+def _token_mean(masked, valid, xp, *, num_tokens, num_sequences, length):
+  del valid, num_sequences, length
+  return xp.sum(masked) / xp.maximum(num_tokens, 1).astype(masked.dtype)
+
+
+@registry.LOSS_AGGREGATIONS.register(
+    "seq-mean-token-sum-norm",
+    summary="token sums / a constant length L, mean over sequences (Dr. GRPO, Liu et al. 2025)",
+    options=("rollout.max_new_tokens",))
+def _seq_mean_token_sum_norm(masked, valid, xp, *, num_tokens, num_sequences, length):
+  del valid, num_tokens
+  per_row = xp.sum(masked, axis=-1) / length
+  return xp.sum(per_row) / xp.maximum(num_sequences, 1).astype(masked.dtype)
 
 def _stop_gradient(xp: Any, x: Any) -> Any:
   return jax.lax.stop_gradient(x) if xp is jnp else x
@@ -205,14 +239,10 @@ def _stop_gradient(xp: Any, x: Any) -> Any:
 def _check_options(loss_type, beta, ref_logprobs, kl_estimator, epsilon_low, epsilon_high,
                    dual_clip, loss_agg, is_correction, is_threshold, behavior_logprobs,
                    entropy_coef, entropy) -> None:
-  if loss_type not in LOSS_TYPES:
-    raise ConfigError(f"loss_type={loss_type!r} is unknown; use one of {LOSS_TYPES}")
-  if kl_estimator not in KL_ESTIMATORS:
-    raise ConfigError(f"kl_estimator={kl_estimator!r} is unknown; use one of {KL_ESTIMATORS}")
-  if loss_agg not in LOSS_AGGREGATIONS:
-    raise ConfigError(f"loss_agg={loss_agg!r} is unknown; use one of {LOSS_AGGREGATIONS}")
-  if is_correction not in IS_CORRECTIONS:
-    raise ConfigError(f"is_correction={is_correction!r} is unknown; use one of {IS_CORRECTIONS}")
+  for choices, name in ((registry.LOSS_TYPES, loss_type), (registry.KL_ESTIMATORS, kl_estimator),
+                        (registry.LOSS_AGGREGATIONS, loss_agg),
+                        (registry.IS_CORRECTIONS, is_correction)):
+    choices.get(name)
   if loss_type == "cispo":
     if not 0 <= epsilon_low <= 1:
       raise ConfigError(f"epsilon_low={epsilon_low!r} must be in [0, 1] for cispo (weight floor "
@@ -243,6 +273,34 @@ def _check_options(loss_type, beta, ref_logprobs, kl_estimator, epsilon_low, eps
         "pass it or set entropy_coef=0")
 
 
+@dataclasses.dataclass(frozen=True)
+class ImportanceMode:
+  """How a sampler importance weight is bounded: per token or per sequence (the product of its
+  token weights), truncated to C or masked to 0 above C."""
+
+  per_sequence: bool
+  mask: bool
+
+
+registry.IS_CORRECTIONS.add("none", None, summary="weight 1; the sampler mismatch is still "
+                            "reported when the sampler's log-probs are there")
+registry.IS_CORRECTIONS.add(
+    "token-truncate", ImportanceMode(per_sequence=False, mask=False),
+    summary="min(w_t, C) (IMPALA, Espeholt et al. 2018; TIS, Yao et al. 2025)",
+    options=("algo.is_threshold",))
+registry.IS_CORRECTIONS.add(
+    "token-mask", ImportanceMode(per_sequence=False, mask=True),
+    summary="w_t where w_t <= C, else 0 (Liu, Li et al. 2025)", options=("algo.is_threshold",))
+registry.IS_CORRECTIONS.add(
+    "sequence-truncate", ImportanceMode(per_sequence=True, mask=False),
+    summary="min(W_i, C), W_i = Π_t w_t, on every token (Liu, Li et al. 2025)",
+    options=("algo.is_threshold",))
+registry.IS_CORRECTIONS.add(
+    "sequence-mask", ImportanceMode(per_sequence=True, mask=True),
+    summary="W_i where W_i <= C, else 0, on every token (Liu, Li et al. 2025)",
+    options=("algo.is_threshold",))
+
+
 def importance_weights(old_logprobs: Any, behavior_logprobs: Any, mask: Any,
                        is_correction: str = "token-truncate",
                        is_threshold: float = 2.0) -> tuple[Any, stats_lib.Stats]:
@@ -256,8 +314,7 @@ def importance_weights(old_logprobs: Any, behavior_logprobs: Any, mask: Any,
   exceeded C, i.e. was truncated or masked; for sequence modes every token of such a sequence)
   and ``tis/capped_seq_frac`` (non-empty sequences with at least one such token).
   """
-  if is_correction not in IS_CORRECTIONS:
-    raise ConfigError(f"is_correction={is_correction!r} is unknown; use one of {IS_CORRECTIONS}")
+  mode = registry.IS_CORRECTIONS.get(is_correction).impl
   xp = array_namespace(old_logprobs, behavior_logprobs, mask)
   valid = xp.asarray(mask) > 0
   dtype = float_dtype(xp, xp.asarray(old_logprobs).dtype, xp.asarray(behavior_logprobs).dtype)
@@ -268,15 +325,15 @@ def importance_weights(old_logprobs: Any, behavior_logprobs: Any, mask: Any,
       "tis/abs_log_diff": stats_lib.mean_stat(xp.abs(log_weight), valid),
       "tis/abs_log_diff/max": stats_lib.max_stat(xp.abs(log_weight), valid),
   }
-  if is_correction == "none":
+  if mode is None:
     return xp.where(valid, 1.0, 0.0).astype(dtype), stats
-  if is_correction.startswith("sequence"):
+  if mode.per_sequence:
     log_weight = xp.sum(log_weight, axis=-1, keepdims=True) + xp.zeros_like(log_weight)
   log_cap = math.log(is_threshold)
   capped = valid & (log_weight > log_cap)
   # exp of min(log w, log C): no overflow however far the sampler drifted.
   weight = xp.exp(xp.minimum(log_weight, log_cap))
-  if is_correction.endswith("mask"):
+  if mode.mask:
     weight = xp.where(capped, 0.0, weight)
   weight = xp.where(valid, weight, 0.0)
   stats.update({
@@ -299,6 +356,77 @@ def _clipped_surrogate(ratio: Any, adv: Any, epsilon_low: float, epsilon_high: f
     flags["clip_frac/dual"] = (adv < 0) & (pg > dual_bound)
     pg = xp.where(flags["clip_frac/dual"], dual_bound, pg)
   return pg, flags
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyTerm:
+  """A loss type's per-token policy-gradient term ``pg`` [B, T] and where its bounds bind
+  (``flags``: ``clip_frac/low``, ``clip_frac/high``, optionally ``clip_frac/dual``, [B, T]
+  booleans). ``per_sequence``: the flags are a sequence's (one ratio per sequence), and clip
+  fractions count sequences. ``metrics``: the type's own stats."""
+
+  pg: Any
+  flags: dict
+  per_sequence: bool = False
+  metrics: dict = dataclasses.field(default_factory=dict)
+
+
+# Each loss type: (logp, logp_old, adv [B, T], valid, *, epsilon_low, epsilon_high, dual_clip,
+# xp) -> PolicyTerm, on inputs already zeroed at masked positions (module docstring: formulas).
+_CLIP_OPTIONS = ("algo.epsilon_low", "algo.epsilon_high", "algo.dual_clip")
+
+
+@registry.LOSS_TYPES.register(
+    "ppo", summary="clipped token ratio, max(−A·r, −A·clip(r)) (Schulman et al. 2017; "
+    "clip-higher: Yu et al. 2025)", options=_CLIP_OPTIONS)
+def _ppo(logp, logp_old, adv, valid, *, epsilon_low, epsilon_high, dual_clip, xp) -> PolicyTerm:
+  del valid
+  pg, flags = _clipped_surrogate(xp.exp(logp - logp_old), adv, epsilon_low, epsilon_high,
+                                 dual_clip, xp)
+  return PolicyTerm(pg, flags)
+
+
+def _gspo(logp, logp_old, adv, valid, *, epsilon_low, epsilon_high, dual_clip, xp,
+          token_level: bool) -> PolicyTerm:
+  tokens_per_row = xp.sum(valid, axis=-1, keepdims=True).astype(logp.dtype)
+  seq_ratio = xp.exp(xp.sum(logp - logp_old, axis=-1, keepdims=True)
+                     / xp.maximum(tokens_per_row, 1))
+  if token_level:  # value s_i, gradient s_i·∇logp_t
+    surrogate_ratio = _stop_gradient(xp, seq_ratio) * xp.exp(logp - _stop_gradient(xp, logp))
+  else:
+    surrogate_ratio = seq_ratio + xp.zeros_like(logp)
+  pg, flags = _clipped_surrogate(surrogate_ratio, adv, epsilon_low, epsilon_high, dual_clip, xp)
+  row_valid = xp.any(valid, axis=-1)
+  metrics = {"seq_ratio/mean": stats_lib.mean_stat(seq_ratio[:, 0], row_valid),
+             "seq_ratio/min": stats_lib.min_stat(seq_ratio[:, 0], row_valid),
+             "seq_ratio/max": stats_lib.max_stat(seq_ratio[:, 0], row_valid)}
+  return PolicyTerm(pg, flags, per_sequence=not token_level, metrics=metrics)
+
+
+@registry.LOSS_TYPES.register(
+    "gspo", summary="length-normalised sequence ratio, clipped per sequence (Zheng et al. 2025, "
+    "GSPO); advantages [B]", options=_CLIP_OPTIONS)
+def _gspo_sequence(logp, logp_old, adv, valid, **options) -> PolicyTerm:
+  return _gspo(logp, logp_old, adv, valid, token_level=False, **options)
+
+
+@registry.LOSS_TYPES.register(
+    "gspo-token", summary="GSPO's value with a per-token gradient path s_i·∇logp_t (Zheng et "
+    "al. 2025)", options=_CLIP_OPTIONS)
+def _gspo_token(logp, logp_old, adv, valid, **options) -> PolicyTerm:
+  return _gspo(logp, logp_old, adv, valid, token_level=True, **options)
+
+
+@registry.LOSS_TYPES.register(
+    "cispo", summary="REINFORCE with a clipped stop-gradient IS weight, −sg(clip(r))·A·logp "
+    "(MiniMax 2025, CISPO)", options=("algo.epsilon_low", "algo.epsilon_high"))
+def _cispo(logp, logp_old, adv, valid, *, epsilon_low, epsilon_high, dual_clip,
+           xp) -> PolicyTerm:
+  del valid, dual_clip  # refused with cispo by the option checks
+  ratio = xp.exp(logp - logp_old)
+  pg = -_stop_gradient(xp, xp.clip(ratio, 1 - epsilon_low, 1 + epsilon_high)) * adv * logp
+  return PolicyTerm(pg, {"clip_frac/low": ratio < 1 - epsilon_low,
+                         "clip_frac/high": ratio > 1 + epsilon_high})
 
 
 def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
@@ -394,29 +522,14 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
 
   log_ratio = logp - logp_old
   ratio = xp.exp(log_ratio)
-  metrics: stats_lib.Stats = {}
-  if loss_type == "cispo":
-    clipped_ratio = xp.clip(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    pg = -_stop_gradient(xp, clipped_ratio) * adv * logp
-    flags = {"clip_frac/low": ratio < 1 - epsilon_low, "clip_frac/high": ratio > 1 + epsilon_high}
-  elif loss_type == "ppo":
-    pg, flags = _clipped_surrogate(ratio, adv, epsilon_low, epsilon_high, dual_clip, xp)
-  else:
-    tokens_per_row = xp.sum(valid, axis=-1, keepdims=True).astype(dtype)
-    seq_ratio = xp.exp(xp.sum(log_ratio, axis=-1, keepdims=True) / xp.maximum(tokens_per_row, 1))
-    if loss_type == "gspo":
-      surrogate_ratio = seq_ratio + xp.zeros_like(logp)
-    else:  # gspo-token: value s_i, gradient s_i·∇logp_t
-      surrogate_ratio = (_stop_gradient(xp, seq_ratio)
-                         * xp.exp(logp - _stop_gradient(xp, logp)))
-    pg, flags = _clipped_surrogate(surrogate_ratio, adv, epsilon_low, epsilon_high, dual_clip,
-                                   xp)
-    metrics.update({"seq_ratio/mean": stats_lib.mean_stat(seq_ratio[:, 0], row_valid),
-                    "seq_ratio/min": stats_lib.min_stat(seq_ratio[:, 0], row_valid),
-                    "seq_ratio/max": stats_lib.max_stat(seq_ratio[:, 0], row_valid)})
+  term = registry.LOSS_TYPES.get(loss_type).impl(
+      logp, logp_old, adv, valid, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
+      dual_clip=dual_clip, xp=xp)
+  pg, flags = term.pg, dict(term.flags)
+  metrics: stats_lib.Stats = dict(term.metrics)
   flags["clip_frac"] = flags["clip_frac/low"] | flags["clip_frac/high"]
   for name, flag in flags.items():
-    if loss_type == "gspo":  # every token of a sequence shares s_i: count sequences
+    if term.per_sequence:  # one ratio per sequence: count sequences
       metrics[name] = stats_lib.mean_stat(xp.any(flag & valid, axis=-1), row_valid)
     else:
       metrics[name] = stats_lib.mean_stat(flag, valid)
@@ -452,3 +565,10 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
   if xp is jnp:
     metrics = jax.lax.stop_gradient(metrics)
   return loss, metrics
+
+
+# The built-in names (every registered name is accepted; these are the ones defined here).
+KL_ESTIMATORS = registry.KL_ESTIMATORS.names()
+LOSS_AGGREGATIONS = registry.LOSS_AGGREGATIONS.names()
+LOSS_TYPES = registry.LOSS_TYPES.names()
+IS_CORRECTIONS = registry.IS_CORRECTIONS.names()

@@ -69,6 +69,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from reasoning_rl import registry
 from reasoning_rl import sharding as sharding_lib
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import losses
@@ -140,19 +141,14 @@ class StepConfig:
                  "total_steps"):
       if getattr(self, name) < 1:
         raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
-    if self.loss_agg not in losses.LOSS_AGGREGATIONS:
-      raise ConfigError(f"loss_agg={self.loss_agg!r}: use one of {losses.LOSS_AGGREGATIONS}")
-    if self.kl_estimator not in losses.KL_ESTIMATORS:
-      raise ConfigError(f"kl_estimator={self.kl_estimator!r}: use one of {losses.KL_ESTIMATORS}")
+    for choices, name in ((registry.LOSS_AGGREGATIONS, self.loss_agg),
+                          (registry.KL_ESTIMATORS, self.kl_estimator),
+                          (registry.LOSS_TYPES, self.loss_type),
+                          (registry.IS_CORRECTIONS, self.is_correction)):
+      choices.get(name)
     self._check_loss_type_and_correction()
 
   def _check_loss_type_and_correction(self):
-    if self.loss_type not in losses.LOSS_TYPES:
-      raise ConfigError(f"config.algo.loss_type={self.loss_type!r} is unknown; use one of "
-                        f"{losses.LOSS_TYPES}")
-    if self.is_correction not in losses.IS_CORRECTIONS:
-      raise ConfigError(f"config.algo.is_correction={self.is_correction!r} is unknown; use one "
-                        f"of {losses.IS_CORRECTIONS}")
     if not self.is_threshold > 0:
       raise ConfigError(f"config.algo.is_threshold={self.is_threshold!r} must be > 0 (the bound "
                         "C of the sampler importance weight)")

@@ -33,9 +33,10 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from reasoning_rl import registry
 from reasoning_rl.errors import ConfigError, VerifierError
 from reasoning_rl.verifiers import format as format_lib
 from reasoning_rl.verifiers import length as length_lib
@@ -123,25 +124,42 @@ class Part:
   settings: Mapping[str, Any]
 
   @property
+  def behaviour(self) -> "PartKind":
+    return registry.REWARD_PARTS.get(self.kind).impl
+
+  @property
   def group_level(self) -> bool:
-    return self.kind == "length" and self.settings["method"] == "kimi"
+    return self.behaviour.group_level(self.settings)
 
   @property
   def needs_correctness(self) -> bool:
-    return self.kind == "length" and self.settings["method"] in ("kimi", "lcpo_max")
+    return self.behaviour.needs_correctness(self.settings)
 
   @property
   def version(self) -> str:
-    if self.kind == "correct":
-      verifier = self.settings["verifier"]
-      table = {"math": math_lib.MATH_VERIFIER_VERSION,
-               "countdown": logic_lib.COUNTDOWN_VERIFIER_VERSION,
-               "reasoning_gym": logic_lib.REASONING_GYM_VERIFIER_VERSION,
-               "code": CODE_VERIFIER_VERSION}
-      return "+".join(table.values()) if verifier == "auto" else table[verifier]
-    return {"format": format_lib.FORMAT_VERIFIER_VERSION,
-            "language": format_lib.LANGUAGE_VERIFIER_VERSION,
-            "length": length_lib.LENGTH_VERIFIER_VERSION}[self.kind]
+    return self.behaviour.version(self.settings)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartKind:
+  """What a kind of reward part does, as registered in `registry.REWARD_PARTS`.
+
+  defaults: every setting the kind accepts, with its default (a config names only `weight` and
+    what differs).
+  validate(field, settings): raises ConfigError naming `config.<field>.<setting>`.
+  score(records, settings, correct) -> one value per record of a group; `correct` holds the
+    group's `correct` part values (None without one), for parts that depend on correctness.
+  version(settings) -> the verifier version string that goes into `verifier_version`.
+  group_level(settings): the part needs the whole group at once (scored per group).
+  needs_correctness(settings): the part reads `correct`, so a `correct` part must exist.
+  """
+
+  defaults: Mapping[str, Any]
+  validate: Callable[[str, dict[str, Any]], None]
+  score: Callable[..., list[float]]
+  version: Callable[[Mapping[str, Any]], str]
+  group_level: Callable[[Mapping[str, Any]], bool] = lambda settings: False
+  needs_correctness: Callable[[Mapping[str, Any]], bool] = lambda settings: False
 
 
 def _plain(config: Any) -> Any:
@@ -170,20 +188,22 @@ def build_parts(rewards_config: Any) -> list[Part]:
       raise ConfigError(f"{field} must be a mapping such as {{'weight': 1.0}}, got {part_spec!r}")
     part_spec = dict(part_spec)
     kind = part_spec.pop("kind", name)
-    if kind not in PART_DEFAULTS:
-      raise ConfigError(f"{field}.kind={kind!r} is not a known reward part; choose one of "
-                        f"{sorted(PART_DEFAULTS)} (or set 'kind' for a custom part name)")
+    if kind not in registry.REWARD_PARTS:
+      raise ConfigError(f"config.{field}.kind={kind!r}: unknown reward part; use one of "
+                        f"{list(registry.REWARD_PARTS.names())} (or set 'kind' for a part named "
+                        "otherwise)")
+    behaviour = registry.REWARD_PARTS.get(kind).impl
     if "weight" not in part_spec:
       raise ConfigError(f"{field}.weight is missing; give the part a float weight (e.g. 1.0)")
     weight = part_spec.pop("weight")
     if isinstance(weight, bool) or not isinstance(weight, (int, float)):
       raise ConfigError(f"{field}.weight={weight!r} must be a number")
-    unknown = sorted(set(part_spec) - set(PART_DEFAULTS[kind]))
+    unknown = sorted(set(part_spec) - set(behaviour.defaults))
     if unknown:
       raise ConfigError(f"{field}.{unknown[0]} is not a setting of a {kind!r} part; known: "
-                        f"{sorted(PART_DEFAULTS[kind])}")
-    settings = {**PART_DEFAULTS[kind], **part_spec}
-    _validate(field, kind, settings)
+                        f"{sorted(behaviour.defaults)}")
+    settings = {**behaviour.defaults, **part_spec}
+    behaviour.validate(field, settings)
     parts.append(Part(name, kind, float(weight), settings))
   if sum(p.kind == "correct" for p in parts) > 1:
     raise ConfigError("rewards: at most one part of kind 'correct' is allowed")
@@ -192,36 +212,42 @@ def build_parts(rewards_config: Any) -> list[Part]:
   return parts
 
 
-def _validate(field: str, kind: str, s: dict[str, Any]) -> None:
-  if kind == "correct":
-    if s["verifier"] not in VERIFIERS:
-      raise ConfigError(f"{field}.verifier={s['verifier']!r} is unknown; choose one of {VERIFIERS}")
-    if s["extract"] not in math_lib.EXTRACT_MODES + ("none",):
-      raise ConfigError(f"{field}.extract={s['extract']!r} is unknown; choose one of "
-                        f"{math_lib.EXTRACT_MODES + ('none',)}")
-    if s["verifier"] == "math" and s["extract"] == "none":
-      raise ConfigError(f"{field}.extract='none' only applies to countdown/reasoning_gym; math "
-                        f"reads {math_lib.EXTRACT_MODES}")
-    if s["use_each"] not in logic_lib.USE_EACH_MODES:
-      raise ConfigError(f"{field}.use_each={s['use_each']!r}; choose one of "
-                        f"{logic_lib.USE_EACH_MODES}")
-    if s["code_isolation"] not in ("namespaces", "rlimits_only"):
-      raise ConfigError(f"{field}.code_isolation={s['code_isolation']!r}; choose 'namespaces' or "
-                        "'rlimits_only'")
-    if not isinstance(s["timeout_s"], (int, float)) or s["timeout_s"] <= 0:
-      raise ConfigError(f"{field}.timeout_s={s['timeout_s']!r} must be a positive number")
-  elif kind == "format":
-    format_lib.FormatSpec(**_format_kwargs(s))  # raises ConfigError on bad tags / regex
-  elif kind == "language":
-    if s["script"] not in format_lib.SCRIPT_NAME_PREFIXES:
-      raise ConfigError(f"{field}.script={s['script']!r} is unknown; choose one of "
-                        f"{sorted(format_lib.SCRIPT_NAME_PREFIXES)}")
-  elif kind == "length":
-    if s["method"] not in LENGTH_METHODS:
-      raise ConfigError(f"{field}.method={s['method']!r} is unknown; choose one of {LENGTH_METHODS}")
-    if s["method"] == "dapo" and (not isinstance(s["cache_len"], int) or s["cache_len"] <= 0):
-      raise ConfigError(f"{field}.cache_len={s['cache_len']!r}: DAPO needs a positive L_cache in "
-                        "tokens (e.g. 256)")
+def _validate_correct(field: str, s: dict[str, Any]) -> None:
+  if s["verifier"] not in VERIFIERS:
+    raise ConfigError(f"{field}.verifier={s['verifier']!r} is unknown; choose one of {VERIFIERS}")
+  if s["extract"] not in math_lib.EXTRACT_MODES + ("none",):
+    raise ConfigError(f"{field}.extract={s['extract']!r} is unknown; choose one of "
+                      f"{math_lib.EXTRACT_MODES + ('none',)}")
+  if s["verifier"] == "math" and s["extract"] == "none":
+    raise ConfigError(f"{field}.extract='none' only applies to countdown/reasoning_gym; math "
+                      f"reads {math_lib.EXTRACT_MODES}")
+  if s["use_each"] not in logic_lib.USE_EACH_MODES:
+    raise ConfigError(f"{field}.use_each={s['use_each']!r}; choose one of "
+                      f"{logic_lib.USE_EACH_MODES}")
+  if s["code_isolation"] not in ("namespaces", "rlimits_only"):
+    raise ConfigError(f"{field}.code_isolation={s['code_isolation']!r}; choose 'namespaces' or "
+                      "'rlimits_only'")
+  if not isinstance(s["timeout_s"], (int, float)) or s["timeout_s"] <= 0:
+    raise ConfigError(f"{field}.timeout_s={s['timeout_s']!r} must be a positive number")
+
+
+def _validate_format(field: str, s: dict[str, Any]) -> None:
+  del field
+  format_lib.FormatSpec(**_format_kwargs(s))  # raises ConfigError on bad tags / regex
+
+
+def _validate_language(field: str, s: dict[str, Any]) -> None:
+  if s["script"] not in format_lib.SCRIPT_NAME_PREFIXES:
+    raise ConfigError(f"{field}.script={s['script']!r} is unknown; choose one of "
+                      f"{sorted(format_lib.SCRIPT_NAME_PREFIXES)}")
+
+
+def _validate_length(field: str, s: dict[str, Any]) -> None:
+  if s["method"] not in LENGTH_METHODS:
+    raise ConfigError(f"{field}.method={s['method']!r} is unknown; choose one of {LENGTH_METHODS}")
+  if s["method"] == "dapo" and (not isinstance(s["cache_len"], int) or s["cache_len"] <= 0):
+    raise ConfigError(f"{field}.cache_len={s['cache_len']!r}: DAPO needs a positive L_cache in "
+                      "tokens (e.g. 256)")
 
 
 def _format_kwargs(s: Mapping[str, Any]) -> dict[str, Any]:
@@ -326,6 +352,48 @@ def score_length(record: CompletionRecord, s: Mapping[str, Any], correct: float 
                                     int(target), alpha=s["alpha"], delta=s["delta"])
 
 
+def _correct_version(s: Mapping[str, Any]) -> str:
+  table = {"math": math_lib.MATH_VERIFIER_VERSION,
+           "countdown": logic_lib.COUNTDOWN_VERIFIER_VERSION,
+           "reasoning_gym": logic_lib.REASONING_GYM_VERIFIER_VERSION,
+           "code": CODE_VERIFIER_VERSION}
+  return "+".join(table.values()) if s["verifier"] == "auto" else table[s["verifier"]]
+
+
+def _score_length_group(records, s, correct) -> list[float]:
+  if s["method"] == "kimi":  # relative to the group's shortest and longest
+    return length_lib.kimi_length_rewards([r.num_tokens for r in records],
+                                          [c >= 1.0 for c in correct])
+  return [score_length(r, s, c) for r, c in zip(records, correct)]
+
+
+registry.REWARD_PARTS.add(
+    "correct", PartKind(PART_DEFAULTS["correct"], _validate_correct,
+                        lambda records, s, correct: [score_correct(r, s) for r in records],
+                        _correct_version),
+    summary="1 if the answer is right (math-verify / countdown / reasoning-gym / code tests), "
+    "else 0", options=tuple(PART_DEFAULTS["correct"]))
+registry.REWARD_PARTS.add(
+    "format", PartKind(PART_DEFAULTS["format"], _validate_format,
+                       lambda records, s, correct: [score_format(r, s) for r in records],
+                       lambda s: format_lib.FORMAT_VERIFIER_VERSION),
+    summary="1 if the completion has the <think>…</think><answer>…</answer> shape "
+    "(DeepSeek-R1 2025)", options=tuple(PART_DEFAULTS["format"]))
+registry.REWARD_PARTS.add(
+    "language", PartKind(PART_DEFAULTS["language"], _validate_language,
+                         lambda records, s, correct: [score_language(r, s) for r in records],
+                         lambda s: format_lib.LANGUAGE_VERIFIER_VERSION),
+    summary="share of the reasoning written in one script (DeepSeek-R1 2025, language "
+    "consistency)", options=tuple(PART_DEFAULTS["language"]))
+registry.REWARD_PARTS.add(
+    "length", PartKind(PART_DEFAULTS["length"], _validate_length, _score_length_group,
+                       lambda s: length_lib.LENGTH_VERIFIER_VERSION,
+                       group_level=lambda s: s["method"] == "kimi",
+                       needs_correctness=lambda s: s["method"] in ("kimi", "lcpo_max")),
+    summary="length shaping: dapo (overlong penalty), kimi, lcpo, lcpo_max (module docstring)",
+    options=tuple(PART_DEFAULTS["length"]))
+
+
 class RewardFunction:
   """Computes `Reward`s for completion records according to a `rewards` config.
 
@@ -355,17 +423,10 @@ class RewardFunction:
     correct = [score_correct(r, correct_part.settings) if correct_part else None for r in records]
     values: dict[str, list[float]] = {}
     for part in self.parts:
-      if part.kind == "correct":
+      if part.kind == "correct":  # scored once above: other parts may depend on it
         values[part.name] = [float(c) for c in correct]
-      elif part.group_level:
-        values[part.name] = length_lib.kimi_length_rewards(
-            [r.num_tokens for r in records], [c >= 1.0 for c in correct])
-      elif part.kind == "format":
-        values[part.name] = [score_format(r, part.settings) for r in records]
-      elif part.kind == "language":
-        values[part.name] = [score_language(r, part.settings) for r in records]
       else:
-        values[part.name] = [score_length(r, part.settings, c) for r, c in zip(records, correct)]
+        values[part.name] = part.behaviour.score(records, part.settings, correct)
     rewards = []
     for i in range(len(records)):
       parts = {p.name: float(values[p.name][i]) for p in self.parts}
