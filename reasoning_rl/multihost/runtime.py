@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
 from reasoning_rl.errors import ConfigError
 
@@ -198,9 +199,9 @@ def watch_peers(period_s: float = _WATCH_PERIOD_S) -> threading.Thread:
 
   def watch():
     while not _finished.is_set():
-      lost_reason = _lost_peers_reason(everyone)
+      lost_reason, live = _lost_peers(everyone)
       if lost_reason and not _finished.is_set():
-        stop_lost_run(lost_reason)
+        stop_lost_run(lost_reason, live)
       time.sleep(period_s)
 
   thread = threading.Thread(target=watch, name="reasoning_rl-peer-watch", daemon=True)
@@ -208,17 +209,22 @@ def watch_peers(period_s: float = _WATCH_PERIOD_S) -> threading.Thread:
   return thread
 
 
-def _lost_peers_reason(everyone: list[int]) -> str | None:
-  """Why the run has lost a process (the lost processes, or an unreachable service), or None."""
+def _lost_peers(everyone: list[int]) -> tuple[str | None, list[int]]:
+  """(why the run has lost a process — the lost processes, or an unreachable service — or None;
+  the processes still live). `get_live_nodes` is a collective of the coordination service: it
+  returns once every live process has called it, so it is asked once per poll, never again on
+  the way out (the others may have exited by then, and the call would wait for the service to
+  declare them dead too, a heartbeat timeout later)."""
   try:
-    live = set(_client().get_live_nodes(everyone))
+    live = sorted(_client().get_live_nodes(everyone))
   except Exception as error:  # pylint: disable=broad-except
-    return f"the coordination service (process 0) is unreachable: {str(error).splitlines()[0]}"
-  lost = sorted(set(everyone) - live)
+    return (f"the coordination service (process 0) is unreachable: "
+            f"{str(error).splitlines()[0]}", [])
+  lost = sorted(set(everyone) - set(live))
   if not lost:
-    return None
+    return None, live
   return (f"process{'es' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of "
-          f"{len(everyone)} stopped sending heartbeats (killed, crashed or unreachable)")
+          f"{len(everyone)} stopped sending heartbeats (killed, crashed or unreachable)", live)
 
 
 def stop_if_a_peer_was_lost() -> None:
@@ -229,17 +235,18 @@ def stop_if_a_peer_was_lost() -> None:
 
   if _client() is None or jax.process_count() == 1 or _finished.is_set():
     return
-  reason = _lost_peers_reason(list(range(jax.process_count())))
+  reason, live = _lost_peers(list(range(jax.process_count())))
   if reason:
-    stop_lost_run(reason)
+    stop_lost_run(reason, live)
 
 
-def stop_lost_run(reason: str) -> None:
+def stop_lost_run(reason: str, live: Sequence[int] = ()) -> None:
   """Ends this process because the run lost a process: one line naming `reason`, exit code
   `LOST_PROCESS_EXIT_CODE`. Every process but 0 announces that it is stopping; process 0 (which
   hosts the coordination service) waits up to `_STOP_WAIT_S` for the announcements of the
-  processes still live, so that each of them names the lost process itself instead of finding the
-  service gone mid-call (which JAX turns into an abort at interpreter exit)."""
+  processes in `live` (as the detection saw them), so that each of them names the lost process
+  itself instead of finding the service gone mid-call (which JAX turns into an abort at
+  interpreter exit)."""
   import jax  # pylint: disable=import-outside-toplevel
 
   if not _stopping.acquire(blocking=False):
@@ -255,7 +262,7 @@ def stop_lost_run(reason: str) -> None:
       client.key_value_set(f"reasoning_rl/stopping/{me}", "1")
     else:
       deadline = time.monotonic() + _STOP_WAIT_S
-      for index in [p for p in client.get_live_nodes(everyone) if p != 0]:
+      for index in [p for p in live if p != 0]:
         remaining_ms = int((deadline - time.monotonic()) * 1000)
         if remaining_ms <= 0:
           break
