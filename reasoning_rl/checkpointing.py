@@ -217,6 +217,12 @@ def last_complete_checkpoint(directory: str | os.PathLike[str]) -> str:
   return f"step {max(steps)} ({directory / str(max(steps))})" if steps else "none yet"
 
 
+def resume_hint(directory: str | os.PathLike[str]) -> str:
+  """The end of every storage-failure line: where a rerun resumes from, and what to do first."""
+  return (f"last complete checkpoint: {last_complete_checkpoint(directory)}; free space or fix "
+          "the path, then rerun on the same workdir to resume from it")
+
+
 class Checkpointer:
   """Saves and restores (`state`, `meta`) per training step under one directory.
 
@@ -299,10 +305,8 @@ class Checkpointer:
     return started
 
   def _save_failed(self, step: int, error: BaseException) -> CheckpointError:
-    return CheckpointError(
-        f"checkpoint {self.directory / str(step)} could not be written ({error}); last complete "
-        f"checkpoint: {last_complete_checkpoint(self.directory)}; free space or fix the path, "
-        "then rerun on the same workdir to resume from it")
+    return CheckpointError(f"checkpoint {self.directory / str(step)} could not be written "
+                           f"({error}); {resume_hint(self.directory)}")
 
   def _start_checksums(self, step: int) -> None:
     """Hashes step `step` in the background once Orbax has committed it (training goes on)."""

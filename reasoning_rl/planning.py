@@ -549,12 +549,11 @@ def dry_run_model_config(config) -> ModelConfig:
 
     return random_model_config(config)[0]
 
-  path = storage.path(config.model.path) if config.model.path else None
-  if path is not None and (path / "config.json").exists():
+  path = storage.path(config.model.path)
+  if (path / "config.json").exists():
     return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()),
                                       source=str(path / "config.json"))
-  if (path is not None and path.suffix == ".gguf" and not storage.is_remote(path)
-      and path.exists()):
+  if path.suffix == ".gguf" and not storage.is_remote(path) and path.exists():
     from reasoning_rl.models.gguf_io import gguf_model_config, open_gguf
 
     return gguf_model_config(open_gguf(path), path)

@@ -84,14 +84,12 @@ def check_workdir_writable(path: str | os.PathLike[str], *, field: str = "workdi
 def storage_failure_line(error: OSError, workdir: str | os.PathLike[str]) -> str:
   """One line for a run that could not write its files: the path, the errno, and the newest
   checkpoint a rerun resumes from."""
-  from reasoning_rl.checkpointing import last_complete_checkpoint  # imports JAX; only here
+  from reasoning_rl.checkpointing import resume_hint  # imports JAX; only here
 
   code = errno.errorcode.get(error.errno, "") if error.errno else ""
   what = f"{error.strerror or error} ({code})" if code else str(error)
   where = error.filename or storage.path(workdir)
-  return (f"{where}: {what}; last complete checkpoint: "
-          f"{last_complete_checkpoint(storage.path(workdir) / 'checkpoints')}; free space or "
-          "fix the path, then rerun on the same workdir to resume from it")
+  return f"{where}: {what}; {resume_hint(storage.path(workdir) / 'checkpoints')}"
 
 
 def check_output_file_writable(path: str | os.PathLike[str], *, flag: str = "--output"

@@ -252,7 +252,7 @@ def stop_lost_run(reason: str, live: Sequence[int] = ()) -> None:
   if not _stopping.acquire(blocking=False):
     while True:  # another thread of this process is already ending it
       time.sleep(60)
-  me, everyone = jax.process_index(), list(range(jax.process_count()))
+  me = jax.process_index()
   print(f"error: process {me}: {reason}; stopping this process too. Rerun every "
         "process with the same flags on the same workdir to resume from the last checkpoint.",
         file=sys.stderr, flush=True)
