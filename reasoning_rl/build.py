@@ -225,8 +225,11 @@ def step_config(config: ml_collections.ConfigDict):
   """The training step's static configuration (`reasoning_rl.rl.step.StepConfig`)."""
   from reasoning_rl.rl.step import StepConfig
 
+  from reasoning_rl.lora import LoraSettings
+
   a, o = config.algo, config.optim
-  return StepConfig(
+  lora_settings = LoraSettings.from_config(config)
+  return StepConfig(lora=lora_settings if lora_settings.enabled else None,
       loss_type=a.loss_type, is_correction=sampler_correction(config),
       is_threshold=a.is_threshold,
       algorithm="sft" if config.stage != "rl" else ("ppo" if a.name == "ppo" else "grpo"),
@@ -244,6 +247,22 @@ def step_config(config: ml_collections.ConfigDict):
 
 
 # ------------------------------------------------------------------------------- a whole run
+
+
+def sampler_weights_of(step_fn, model):
+  """The tree the trainer sends to the samplers after each step (`TrainStep.sampler_weights`),
+  from the freshly built model: all weights, or with LoRA the adapters / the merged weights."""
+  from flax import nnx
+
+  from reasoning_rl import lora
+
+  state = nnx.state(model)
+  settings = step_fn.config.lora
+  if not step_fn.config.trains_adapters:
+    return state
+  adapters, base = lora.split_adapters(state)
+  # merged weights have the base's tree, shapes and dtypes
+  return adapters if settings.sampler_weights == "adapters" else base
 
 
 @dataclasses.dataclass
@@ -274,6 +293,8 @@ def build(config: ml_collections.ConfigDict) -> Run:
   from flax import nnx
 
   from reasoning_rl import config as config_lib
+  from reasoning_rl import lora
+  from reasoning_rl.lora import LoraSettings
   from reasoning_rl.rl.step import TrainStep
 
   config_lib.validate(config, num_devices=jax.device_count())
@@ -286,18 +307,28 @@ def build(config: ml_collections.ConfigDict) -> Run:
   data = build_data(config)  # before the model: a bad task file fails in seconds
   reward_fn = build_reward_fn(config)
   model, tokenizer = build_policy(config)
+  lora_settings = LoraSettings.from_config(config)
+  if lora_settings.enabled:
+    model = lora.apply_lora(model, lora_settings, seed=config.seed)
   template = build_template(config, tokenizer)
   graphdef, params = nnx.split(model)
   step_fn = TrainStep(graphdef, step_config(config), trainer_mesh)
-  cluster = build_cluster(config, topology, params)
+  cluster = build_cluster(config, topology, sampler_weights_of(step_fn, model))
   state = engine = None
   if topology.is_trainer:
-    reference = jax.tree.map(jnp.copy, params) if config.beta > 0 else None
+    reference = (jax.tree.map(jnp.copy, params)
+                 if config.beta > 0 and not lora_settings.enabled else None)
     state = step_fn.init_state(params, ref_params=reference)
   if topology.is_sampler:
     # one process: from the trainer's copy; several: every process loaded the same policy
-    initial = state.params if state is not None and not topology.multi_process else params
-    engine = build_engine(config, nnx.merge(graphdef, initial), mesh=sampler_mesh)
+    if state is not None and not topology.multi_process:
+      initial = step_fn.full_params(state)
+    else:
+      initial = params
+    sampler_model = nnx.merge(graphdef, initial)
+    if lora_settings.enabled and lora_settings.sampler_weights == "merged":
+      sampler_model = lora.merged_model(sampler_model, lora_settings)
+    engine = build_engine(config, sampler_model, mesh=sampler_mesh)
   del params
   # last: nothing after it can fail and leak workers; a process that only trains scores nothing
   scorer = build_scorer(config, reward_fn, inline=not topology.is_sampler)

@@ -41,6 +41,20 @@ def base_config() -> ml_collections.ConfigDict:
       model_type="qwen2", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
       num_kv_heads=2, head_dim=16, tie_word_embeddings=True, attention_bias=True))
 
+  # LoRA / QLoRA (reasoning_rl/lora.py): rank 0 = full fine-tuning. The adapters scale by
+  # alpha / rank; target_modules is a regex (full match) over module paths layers/<i>/attn and
+  # layers/<i>/mlp; base_quantization "" | int8 | nf4 quantizes the frozen base (QLoRA), NF4 in
+  # blocks of quantization_tile along the contracting axis (0 = per channel); the sampler gets
+  # the adapters after each step, or ("merged") the weights with the adapters folded in.
+  c.lora = ml_collections.ConfigDict()
+  c.lora.rank = 0
+  c.lora.alpha = 16.0
+  c.lora.dropout = 0.0
+  c.lora.target_modules = r"layers/\d+/(attn|mlp)"
+  c.lora.base_quantization = ""
+  c.lora.quantization_tile = 64
+  c.lora.sampler_weights = "adapters"
+
   # Prompts. Each source: kind = synthetic_arithmetic | reasoning_gym | jsonl (+ its settings).
   c.data = ml_collections.ConfigDict()
   c.data.train = ml_collections.ConfigDict(dict(kind="synthetic_arithmetic", seed=0))
@@ -263,6 +277,10 @@ FIELD_RANGES: dict[str, Range] = {
     **{f"model.random.{name}": _int(1) for name in (
         "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
         "head_dim")},
+    "lora.rank": _int(0, meaning="0 = full fine-tuning"),
+    "lora.alpha": _POSITIVE,
+    "lora.dropout": Range(float, 0, 1, high_open=True),
+    "lora.quantization_tile": _int(0, meaning="0 = one scale per channel"),
     **{f"rollout.{name}": _int(1) for name in (
         "num_prompts", "num_samples", "max_new_tokens", "max_prefill_length",
         "max_concurrent_decodes", "steps_per_call")},
@@ -370,6 +388,9 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "must be float32 or bfloat16")
   require(config.data.template in ("plain", "chat", "r1zero"), "data.template",
           "must be plain, chat or r1zero")
+  from reasoning_rl.lora import LoraSettings  # pylint: disable=import-outside-toplevel
+
+  LoraSettings.from_config(config).validate()
   r = config.rollout
   require(config.algo.name in ("grpo", "ppo"), "algo.name", "must be grpo or ppo")
   from reasoning_rl import registry  # pylint: disable=import-outside-toplevel

@@ -28,10 +28,11 @@ import jax
 from reasoning_rl import checkpointing
 from reasoning_rl import evaluation
 from reasoning_rl import guards as guards_lib
+from reasoning_rl import lora
 from reasoning_rl import metrics as metrics_lib
 from reasoning_rl import storage
 from reasoning_rl.build import Run, build, build_template, eval_max_new_tokens
-from reasoning_rl.errors import PhaseInterrupted
+from reasoning_rl.errors import CheckpointError, PhaseInterrupted
 from reasoning_rl.loop.rl_stage import RLStage
 from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
 from reasoning_rl.loop.sft_stage import SFTStage
@@ -40,14 +41,17 @@ from reasoning_rl.loop.state import LoopState
 log = logging.getLogger("reasoning_rl")
 
 
-def write_model_files(workdir, model_config, tokenizer) -> None:
-  """workdir/model/: config.json + tokenizer files, so checkpoints load without the run's config.
+def write_model_files(workdir, model_config, tokenizer, *, lora_record=None) -> None:
+  """workdir/model/: config.json + tokenizer files (+ lora.json for a LoRA run: settings, base,
+  base fingerprint), so checkpoints load without the run's config.
 
   Written to a local directory first (tokenizer libraries write local files only), then copied.
   """
   with tempfile.TemporaryDirectory(prefix="reasoning_rl-model-") as staging:
     local = pathlib.Path(staging)
     (local / "config.json").write_text(json.dumps(model_config.to_hf_config(), indent=2))
+    if lora_record is not None:
+      (local / "lora.json").write_text(json.dumps(lora_record, indent=2))
     tokenizer.save(local)
     storage.copy_tree(local, storage.path(workdir) / "model")
 
@@ -62,6 +66,9 @@ class Trainer:
     self.workdir = storage.path(run.config.workdir)
     self.state = run.state
     run.state = None  # the trainer owns the (donated) train state from here on
+    # LoRA: checkpoints hold adapters, and the fingerprint of the base they belong to
+    frozen = getattr(self.state, "frozen_params", None)
+    self.lora_base = lora.base_fingerprint(frozen) if frozen is not None else None
     self.loop = LoopState(guards=guards_lib.Guards(run.config.guards))
     self.cluster = run.cluster
     r = run.config.rollout
@@ -88,13 +95,30 @@ class Trainer:
   # ---------------------------------------------------------------------------- checkpoints
 
   def _checkpoint_tree(self):
-    """The train state without the frozen reference (rebuilt identically at start-up)."""
-    return self.state.replace(ref_params=None)
+    """The train state without the frozen reference and (LoRA) the frozen base: both are
+    rebuilt identically at start-up."""
+    return self.state.replace(ref_params=None, frozen_params=None)
+
+  def _lora_record(self) -> dict | None:
+    """model/lora.json of a LoRA run: what loading its adapters without the config needs."""
+    settings = lora.LoraSettings.from_config(self.config)
+    if not settings.enabled:
+      return None
+    m = self.config.model
+    return {"lora": lora.describe(settings), "fingerprint": self.lora_base,
+            "base": {"path": m.path, "dtype": m.dtype,
+                     "random_seed": None if m.path else self.config.seed}}
+
+  def _checkpoint_meta(self) -> dict:
+    meta = self.loop.to_meta()
+    if self.lora_base is not None:
+      meta["lora_base"] = self.lora_base
+    return meta
 
   def _restore(self, checkpointer) -> int:
     """Trainer processes restore the newest checkpoint; every process gets its step and loop
     state from process 0, and the sampler replicas the restored policy."""
-    step, meta = 0, None
+    step, meta, problem = 0, None, None
     if self.cluster.is_trainer:
       abstract = jax.tree.map(
           lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
@@ -102,13 +126,20 @@ class Trainer:
       restored = checkpointer.restore_latest(abstract)
       if restored is not None:
         step, tree, meta = restored
-        self.state = tree.replace(ref_params=self.state.ref_params)
-    step, meta = self.cluster.exchange.broadcast("restored", [step, meta], source=0)
+        self.state = tree.replace(ref_params=self.state.ref_params,
+                                  frozen_params=self.state.frozen_params)
+        problem = lora.base_mismatch(meta.get("lora_base"), self.lora_base,
+                                     checkpoint=checkpointer.directory / str(step))
+    step, meta, problem = self.cluster.exchange.broadcast("restored", [step, meta, problem],
+                                                          source=0)
+    if problem:  # every process stops with the same line
+      raise CheckpointError(problem)
     if step == 0:
       return 0
     self.loop.load_meta(meta)
     self.cluster.sync_params(self.run_parts.engine,
-                             self.state.params if self.cluster.is_trainer else None,
+                             self.run_parts.step_fn.sampler_weights(self.state)
+                             if self.cluster.is_trainer else None,
                              version=self.loop.policy_version)
     return step
 
@@ -119,7 +150,8 @@ class Trainer:
     primary = cluster.is_primary  # the one process that writes the run's files
     if primary:
       self.workdir.mkdir(parents=True, exist_ok=True)
-      write_model_files(self.workdir, self.run_parts.model_config, self.run_parts.tokenizer)
+      write_model_files(self.workdir, self.run_parts.model_config, self.run_parts.tokenizer,
+                        lora_record=self._lora_record())
     checkpointer = checkpointing.Checkpointer(
         self.workdir / "checkpoints", keep=c.checkpoint.keep, async_save=c.checkpoint.async_save,
         active_processes=set(cluster.topology.trainer_processes) if cluster.multi_process
@@ -137,7 +169,7 @@ class Trainer:
       if writer is not None:
         writer.flush()  # a checkpoint never holds steps whose metrics are not in the workdir
       if checkpointer is not None:
-        checkpointer.save(step, self._checkpoint_tree(), self.loop.to_meta(), force=True)
+        checkpointer.save(step, self._checkpoint_tree(), self._checkpoint_meta(), force=True)
 
     completed = start_step  # the newest step whose train state and loop state are current
 

@@ -18,6 +18,7 @@ import jax
 
 from reasoning_rl import checkpointing
 from reasoning_rl import flops as flops_lib
+from reasoning_rl import lora
 from reasoning_rl.build import Run, rollout_staleness, sampler_correction
 from reasoning_rl.data import tasks
 from reasoning_rl.errors import PhaseInterrupted
@@ -100,8 +101,8 @@ class RLStage:
     train_s = time.perf_counter() - train_start - ahead_s
     sync_start = time.perf_counter()
     loop.policy_version += 1
-    cluster.sync_params(run.engine, state.params if cluster.is_trainer else None,
-                        version=loop.policy_version)
+    weights = run.step_fn.sampler_weights(state) if cluster.is_trainer else None
+    cluster.sync_params(run.engine, weights, version=loop.policy_version)
     sync_s = time.perf_counter() - sync_start
     self._last = (step, sampled, advantages)
     pool_metrics = cluster.summed_metrics(run.scorer.metrics())
@@ -112,6 +113,7 @@ class RLStage:
                                  policy_version=loop.policy_version,
                                  data_position=loop.data_position)
       row.update(telemetry.rl_timing(sampled, times, asynchronous=self.staleness > 0))
+      row["sync/bytes"] = float(lora.num_bytes(weights))  # per sampler replica
       row.update(telemetry.rl_throughput(
           sampled, times, trained_tokens=int(batch["attention_mask"].sum()),
           step_flops=self._step_flops, peak_flops=c.logging.peak_flops_per_device

@@ -130,7 +130,7 @@ class SFTStage:
     state, stats = run.step_fn(state, batch)
     stats = stats_lib.finalize(jax.device_get(stats))
     loop.policy_version += 1
-    run.engine.update_params(state.params, version=loop.policy_version)
+    run.engine.update_params(run.step_fn.sampler_weights(state), version=loop.policy_version)
     truncated = np.mean([len(q) > c.rollout.max_new_tokens for _, q in chosen])
     return state, {
         "loss": stats["loss"], "nll": stats["nll"], "entropy": stats["entropy"],

@@ -187,18 +187,29 @@ def load_hf_weights(directory: str | os.PathLike, *, dtype="float32", mesh=None
   return model, hf
 
 
-def save_hf(model: Transformer, tokenizer, directory: str | os.PathLike) -> pathlib.Path:
+def save_hf(model: Transformer, tokenizer, directory: str | os.PathLike, *,
+            merged: bool = False) -> pathlib.Path:
   """Writes model.safetensors, config.json, generation_config.json and the tokenizer files.
 
   transformers' `AutoModelForCausalLM.from_pretrained(directory)` loads the result with the same
   logits, so a trained policy can be served by HF / vLLM. Written to a temporary sibling directory
-  and renamed, so a crash never leaves a half-written model.
+  and renamed, so a crash never leaves a half-written model. A model with LoRA adapters is written
+  with `merged=True`: the weights W + α/r · A B (`reasoning_rl.lora.save_peft` writes the adapters
+  alone instead).
   """
   import shutil
   import tempfile
 
   from safetensors.numpy import save_file
 
+  from reasoning_rl import lora
+
+  if lora.is_adapted(model):
+    if not merged:
+      raise CheckpointError(
+          f"{directory}: this model carries LoRA adapters; save_hf(..., merged=True) writes the "
+          "weights with the adapters folded in, reasoning_rl.lora.save_peft the adapters alone")
+    model = lora.merged_model(model)
   directory = pathlib.Path(directory)
   config = model.config
   if config.model_type == "qwen2" and not config.attention_bias:

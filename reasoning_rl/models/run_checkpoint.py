@@ -3,6 +3,8 @@
 A run writes `WORKDIR/model/` (config.json + tokenizer files) at start-up and Orbax checkpoints of
 its whole train state under `WORKDIR/checkpoints/<step>/`. Loading reads only the policy
 parameters out of a checkpoint (Orbax partial restore), placed straight on their shardings.
+A LoRA run also writes `WORKDIR/model/lora.json` (its settings, where its base came from and the
+base's fingerprint): its checkpoints hold adapters, which are loaded onto that base.
 """
 
 from __future__ import annotations
@@ -39,9 +41,7 @@ def find_run_checkpoint(path) -> tuple[pathlib.Path, pathlib.Path] | None:
 def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype="float32",
                         mesh=None):
   """(model, tokenizer) from a run: architecture and tokenizer from model/, weights from step."""
-  import orbax.checkpoint as ocp
-
-  from reasoning_rl.checkpointing import CheckpointCorruptError, nonfinite_leaves, verify_checksums
+  from reasoning_rl.checkpointing import CheckpointCorruptError, verify_checksums
   from reasoning_rl.models.tokenizers import Tokenizer
 
   try:
@@ -52,11 +52,29 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
 
   config = ModelConfig.from_hf_config(json.loads((workdir / "model" / "config.json").read_text()),
                                       source=str(workdir / "model" / "config.json"))
-  graphdef, abstract = abstract_model(config, dtype=dtype, param_dtype=dtype)
   if mesh is None:
     mesh = sharding_lib.make_mesh((1, 1, 1), devices=[jax.devices()[0]])
-  shardings = dict(nnx.to_flat_state(sharding_lib.param_shardings(abstract, mesh)))
-  flat = list(nnx.to_flat_state(abstract))
+  lora_file = workdir / "model" / "lora.json"
+  if lora_file.exists():  # the checkpoint holds adapters; the base comes from where the run had it
+    model = _load_lora_run(json.loads(lora_file.read_text()), config, workdir, step_dir,
+                           dtype=dtype, mesh=mesh)
+  else:
+    graphdef, abstract = abstract_model(config, dtype=dtype, param_dtype=dtype)
+    _restore_params(abstract, workdir, step_dir, mesh)
+    model = nnx.merge(graphdef, abstract)
+  # tokenizer libraries read local files: a remote workdir's model/ is fetched (and cached) first
+  return model, Tokenizer.from_hf_dir(storage.local_copy(str(workdir / "model")))
+
+
+def _restore_params(state, workdir, step_dir, mesh) -> None:
+  """Fills every Variable of `state` (abstract or not) with the checkpoint's `params` leaf of the
+  same path, placed on its partition-rule sharding (Orbax partial restore)."""
+  import orbax.checkpoint as ocp
+
+  from reasoning_rl.checkpointing import nonfinite_leaves
+
+  shardings = dict(nnx.to_flat_state(sharding_lib.param_shardings(state, mesh)))
+  flat = list(nnx.to_flat_state(state))
   target: dict = {}
   for path, var in flat:
     node = target
@@ -86,9 +104,31 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
   if bad:
     raise CheckpointError(f"{step_dir}: parameter {bad[0]} holds NaN or inf values; load an "
                           "earlier checkpoints/<step> of the run")
-  # tokenizer libraries read local files: a remote workdir's model/ is fetched (and cached) first
-  return nnx.merge(graphdef, abstract), Tokenizer.from_hf_dir(
-      storage.local_copy(str(workdir / "model")))
+
+
+def _load_lora_run(record, config, workdir, step_dir, *, dtype, mesh):
+  """A LoRA run's policy: its base (model.path, or the random model of its seed), the adapters
+  of `step_dir` on it, checked against the base fingerprint the run recorded. Returned merged
+  (a plain model: W + α/r · A B) unless the base is quantized (QLoRA), then adapted."""
+  from reasoning_rl import lora
+  from reasoning_rl.models import load
+  from reasoning_rl.models.transformer import create_model
+
+  settings = lora.LoraSettings(**record["lora"])
+  base = record["base"]
+  if base.get("path"):
+    model, _ = load(base["path"], dtype=dtype, mesh=mesh)
+  else:
+    model = create_model(config, seed=int(base["random_seed"]), dtype=dtype, param_dtype=dtype)
+  adapted = lora.apply_lora(model, settings)
+  adapters, frozen = lora.split_adapters(nnx.state(adapted))
+  problem = lora.base_mismatch(record.get("fingerprint"), lora.base_fingerprint(frozen),
+                               checkpoint=step_dir)
+  if problem:
+    raise CheckpointError(problem)
+  _restore_params(adapters, workdir, step_dir, mesh)
+  nnx.update(adapted, adapters)
+  return adapted if settings.base_quantization else lora.merged_model(adapted, settings)
 
 
 def load_from_run(path: str | os.PathLike, *, dtype="float32", mesh=None):

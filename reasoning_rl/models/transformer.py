@@ -21,11 +21,18 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx.nn import dtypes
 
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.sharding import constrain
 
 _MASKED_SCORE = -1e30  # finite, so a query with nothing to attend to gives uniform (unused) weights
+
+
+def _weight(param, dtype):
+  """A projection's kernel in the compute dtype. Through flax's promote_dtype because qwix
+  intercepts it: a quantized base (QLoRA) is passed on as is, for qwix's matmul to consume."""
+  return dtypes.promote_dtype((param[...],), dtype=dtype)[0]
 
 
 def _param(rngs: nnx.Rngs | None, shape, dtype, axes, init: str = "normal", std: float = 0.02):
@@ -190,9 +197,9 @@ class Attention(nnx.Module):
 
   def project_qkv(self, x, positions, inv_freq):
     dtype = x.dtype
-    q = jnp.einsum("btd,dhk->bthk", x, self.q_proj[...].astype(dtype))
-    k = jnp.einsum("btd,dhk->bthk", x, self.k_proj[...].astype(dtype))
-    v = jnp.einsum("btd,dhk->bthk", x, self.v_proj[...].astype(dtype))
+    q = jnp.einsum("btd,dhk->bthk", x, _weight(self.q_proj, dtype))
+    k = jnp.einsum("btd,dhk->bthk", x, _weight(self.k_proj, dtype))
+    v = jnp.einsum("btd,dhk->bthk", x, _weight(self.v_proj, dtype))
     if self.config.attention_bias:
       q = q + self.q_bias[...].astype(dtype)
       k = k + self.k_bias[...].astype(dtype)
@@ -202,7 +209,7 @@ class Attention(nnx.Module):
     return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
   def output(self, attended):
-    return jnp.einsum("bthk,hkd->btd", attended, self.o_proj[...].astype(attended.dtype))
+    return jnp.einsum("bthk,hkd->btd", attended, _weight(self.o_proj, attended.dtype))
 
   def __call__(self, x, positions, key_positions, inv_freq, cache_kv=None, write_index=None):
     """Self-attention of x [B, T, D]; with `cache_kv` the new k/v are written into it first."""
@@ -236,13 +243,15 @@ class MLP(nnx.Module):
 
   def __call__(self, x):
     dtype = x.dtype
-    gate = constrain(x @ self.gate_proj[...].astype(dtype), ("batch", "length", "mlp"))
-    up = constrain(x @ self.up_proj[...].astype(dtype), ("batch", "length", "mlp"))
+    gate = constrain(jnp.einsum("btd,df->btf", x, _weight(self.gate_proj, dtype)),
+                     ("batch", "length", "mlp"))
+    up = constrain(jnp.einsum("btd,df->btf", x, _weight(self.up_proj, dtype)),
+                   ("batch", "length", "mlp"))
     if self.activation == "silu":
       hidden = jax.nn.silu(gate) * up
     else:
       hidden = jax.nn.gelu(gate, approximate=True) * up
-    return hidden @ self.down_proj[...].astype(dtype)
+    return jnp.einsum("btf,fd->btd", hidden, _weight(self.down_proj, dtype))
 
 
 class Block(nnx.Module):
@@ -324,6 +333,36 @@ class Transformer(nnx.Module):
       logits = jnp.tanh(logits / cap) * cap
     return logits
 
+  # ------------------------------------------------------------------------------- the block stack
+
+  def run_blocks(self, x, positions, key_positions, *, cache: "KVCache | None" = None,
+                 write_index=None, remat: bool = False):
+    """The stack of blocks over embedded x [B, T, D]: (x after the last block, (keys, values) of
+    every layer written into `cache`, or None without one).
+
+    Both entry points run their blocks here, so this one method holds every projection the model
+    makes; `reasoning_rl.lora` intercepts it (qwix) to add adapters to the full forward and to
+    decoding alike.
+    """
+    inv_freq = rope_inverse_frequencies(self.config)
+
+    def run_block(block, x, cache_kv):
+      return block(x, positions, key_positions, inv_freq, cache_kv, write_index)
+
+    if remat:
+      run_block = nnx.remat(run_block)
+    residual_axes = ("batch", "length", None)  # batch-sharded, full width (FSDP-style)
+    x = constrain(x, residual_axes)
+    new_k, new_v = [], []
+    for layer, block in enumerate(self.layers):
+      cache_kv = None if cache is None else (cache.k[layer], cache.v[layer])
+      x, written = run_block(block, x, cache_kv)
+      x = constrain(x, residual_axes)
+      if written is not None:
+        new_k.append(written[0])
+        new_v.append(written[1])
+    return x, (None if cache is None else (tuple(new_k), tuple(new_v)))
+
   # ------------------------------------------------------------------------------- entry points
 
   def hidden_states(self, token_ids, attention_mask=None, *, positions=None, remat=False):
@@ -339,17 +378,7 @@ class Transformer(nnx.Module):
     if positions is None:
       positions = positions_from_mask(attention_mask)
     key_positions = jnp.where(attention_mask > 0, positions, -1)
-    inv_freq = rope_inverse_frequencies(self.config)
-
-    def run_block(block, x):
-      return block(x, positions, key_positions, inv_freq)[0]
-
-    if remat:
-      run_block = nnx.remat(run_block)
-    residual_axes = ("batch", "length", None)  # batch-sharded, full width (FSDP-style)
-    x = constrain(self.embed_tokens(token_ids), residual_axes)
-    for block in self.layers:
-      x = constrain(run_block(block, x), residual_axes)
+    x, _ = self.run_blocks(self.embed_tokens(token_ids), positions, key_positions, remat=remat)
     return self.final_norm(x)
 
   def __call__(self, token_ids, attention_mask=None, *, positions=None):
@@ -375,16 +404,10 @@ class Transformer(nnx.Module):
     slots = write_index[:, None] + jnp.arange(token_ids.shape[1])[None, :]
     cache_pos = _scatter_rows(cache.pos, slots, positions.astype(jnp.int32))
     key_positions = cache_pos if key_length is None else cache_pos[:, :key_length]
-    inv_freq = rope_inverse_frequencies(self.config)
-    x = self.embed_tokens(token_ids)
-    new_k, new_v = [], []
-    for layer, block in enumerate(self.layers):
-      x, (k, v) = block(x, positions, key_positions, inv_freq,
-                        (cache.k[layer], cache.v[layer]), write_index)
-      new_k.append(k)
-      new_v.append(v)
+    x, (new_k, new_v) = self.run_blocks(self.embed_tokens(token_ids), positions, key_positions,
+                                        cache=cache, write_index=write_index)
     hidden = self.final_norm(x)
-    new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), pos=cache_pos)
+    new_cache = KVCache(k=new_k, v=new_v, pos=cache_pos)
     if return_hidden:
       return hidden, new_cache
     return self.logits_from_hidden(hidden), new_cache

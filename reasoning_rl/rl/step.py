@@ -53,6 +53,12 @@ as `clip_frac` or `ratio/max` cover every token of every update, and `skipped_up
 fraction of updates skipped. So with μ·M > 1, `clip_frac` mixes the first update (ratio 1, no
 clipping) with later ones.
 
+LoRA / QLoRA (`reasoning_rl.lora`, with `lora` set): `state.params` holds the adapters only, the
+frozen base sits in `state.frozen_params`; gradients, AdamW moments and weight decay cover the
+adapters alone, and with β > 0 the reference is the same model with zero adapters (the base
+itself: no copy of the weights). Micro-batching, mini-batches, sharding and donation are as for
+full fine-tuning.
+
 A non-finite loss or gradient norm skips the update (parameters and optimizer state unchanged) and
 counts it in `state.skipped_updates` and the `skipped_update` stat; it is never applied.
 """
@@ -133,6 +139,7 @@ class StepConfig:
   value_clip: float = 0.2
   gamma: float = 1.0
   gae_lambda: float = 0.95
+  lora: Any = None  # reasoning_rl.lora.LoraSettings when training adapters; None = all weights
 
   def __post_init__(self):
     if self.algorithm not in ("grpo", "ppo", "sft"):
@@ -172,6 +179,10 @@ class StepConfig:
     return "none", self.is_threshold
 
   @property
+  def trains_adapters(self) -> bool:
+    return self.lora is not None and self.lora.enabled
+
+  @property
   def updates_per_step(self) -> int:
     """Optimizer updates per rollout batch: μ epochs × M mini-batches."""
     return self.num_inner_updates * self.num_mini_batches
@@ -194,7 +205,8 @@ class TrainState(flax.struct.PyTreeNode):
   opt_state: Any
   skipped_updates: jax.Array
   value_head: Any = None  # {"kernel": [D], "bias": []} for ppo
-  ref_params: Any = None  # frozen reference, only when beta > 0
+  ref_params: Any = None  # frozen reference, only when beta > 0 (never with LoRA)
+  frozen_params: Any = None  # LoRA: the frozen base (`params` then holds the adapters)
 
 
 def learning_rate_schedule(config: StepConfig) -> optax.Schedule:
@@ -260,6 +272,7 @@ class TrainStep:
     self.mesh = mesh
     self.optimizer = make_optimizer(config)
     self._compiled = None
+    self._merge = None
 
   # ------------------------------------------------------------------------ state
 
@@ -268,24 +281,32 @@ class TrainStep:
     reference to these buffers (copy first if the caller needs the initial weights, e.g. as the
     reference). With a mesh, parameters are placed on their partition-rule shardings."""
     c = self.config
-    if c.beta > 0 and ref_params is None:
+    frozen = None
+    if c.trains_adapters:
+      from reasoning_rl import lora  # pylint: disable=import-outside-toplevel
+
+      params, frozen = lora.split_adapters(params)
+      ref_params = None  # the reference is the base: zero adapters on the frozen weights
+    elif c.beta > 0 and ref_params is None:
       raise ConfigError("beta > 0 needs the frozen reference: pass ref_params (a copy of the "
                         "initial policy parameters)")
     if self.mesh is not None:
       params = sharding_lib.reshard(params, sharding_lib.param_shardings(params, self.mesh))
+      if frozen is not None:
+        frozen = sharding_lib.reshard(frozen, sharding_lib.param_shardings(frozen, self.mesh))
       if ref_params is not None:
         ref_params = sharding_lib.reshard(
             ref_params, sharding_lib.param_shardings(ref_params, self.mesh))
     value_head = None
     trainable = {"policy": params}
     if c.algorithm == "ppo":
-      width = params["final_norm"]["scale"].shape[0]
+      width = (frozen if frozen is not None else params)["final_norm"]["scale"].shape[0]
       value_head = {"kernel": jnp.zeros((width,), jnp.float32), "bias": jnp.zeros((), jnp.float32)}
       trainable["value_head"] = value_head
     opt_state = self._init_optimizer(trainable)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
                        skipped_updates=jnp.zeros((), jnp.int32), value_head=value_head,
-                       ref_params=ref_params if c.beta > 0 else None)
+                       ref_params=ref_params if c.beta > 0 else None, frozen_params=frozen)
     if self.mesh is None:
       return state
     # Scalars (step counters, optimizer counts) and the value head: replicated on the mesh.
@@ -317,8 +338,36 @@ class TrainStep:
 
   # ------------------------------------------------------------------------ the step
 
-  def _policy_outputs(self, params, value_head, batch):
-    model = nnx.merge(self.graphdef, params)
+  def model(self, params, frozen_params=None):
+    """The policy as a module: the full state, or (LoRA) the adapters on the frozen base."""
+    if frozen_params is None:
+      return nnx.merge(self.graphdef, params)
+    return nnx.merge(self.graphdef, frozen_params, params)
+
+  def full_params(self, state: TrainState):
+    """The whole policy state (base + adapters with LoRA)."""
+    if state.frozen_params is None:
+      return state.params
+    from reasoning_rl import lora  # pylint: disable=import-outside-toplevel
+
+    return lora.join(state.params, state.frozen_params)
+
+  def sampler_weights(self, state: TrainState):
+    """What the sampler receives after a step: all parameters; with LoRA the adapters alone
+    (`lora.sampler_weights='adapters'`, the sampler keeps its copy of the base) or the plain
+    model's weights with the adapters folded in ('merged')."""
+    lora_settings = self.config.lora
+    if not self.config.trains_adapters or lora_settings.sampler_weights == "adapters":
+      return state.params
+    if self._merge is None:
+      from reasoning_rl import lora  # pylint: disable=import-outside-toplevel
+
+      self._merge = jax.jit(lambda adapters, base: lora.merge_into_base(
+          adapters, base, lora_settings))
+    return self._merge(state.params, state.frozen_params)
+
+  def _policy_outputs(self, params, value_head, batch, frozen_params=None):
+    model = self.model(params, frozen_params)
     length = batch["completion_mask"].shape[1]
     if value_head is None:
       logprobs, entropy = completion_logprobs(
@@ -331,12 +380,12 @@ class TrainStep:
     values = hidden.astype(jnp.float32) @ value_head["kernel"] + value_head["bias"]
     return logprobs, entropy, values
 
-  def _micro_loss(self, trainable, micro, normalizers):
+  def _micro_loss(self, trainable, micro, normalizers, frozen_params=None):
     """Loss of one micro-batch. Without `old_logprobs` in the batch (μ = 1, GRPO), π_old is the
     current policy, so its log-probs are this forward's own, held constant (module docstring)."""
     c = self.config
     logprobs, entropy, values = self._policy_outputs(
-        trainable["policy"], trainable.get("value_head"), micro)
+        trainable["policy"], trainable.get("value_head"), micro, frozen_params)
     if c.algorithm == "sft":
       mask = micro["completion_mask"]
       loss = losses.aggregate_loss(-logprobs, mask, c.loss_agg,
@@ -377,12 +426,18 @@ class TrainStep:
     def forward(micro):
       out = {}
       if needs_old:
-        logprobs, _, values = self._policy_outputs(state.params, state.value_head, micro)
+        logprobs, _, values = self._policy_outputs(state.params, state.value_head, micro,
+                                                   state.frozen_params)
         out["old_logprobs"] = logprobs
         if values is not None:
           out["old_values"] = values
       if c.beta > 0:
-        ref_model = nnx.merge(self.graphdef, state.ref_params)
+        if state.frozen_params is not None:  # LoRA: the base, i.e. zero adapters
+          from reasoning_rl import lora  # pylint: disable=import-outside-toplevel
+
+          ref_model = self.model(lora.zero_adapters(state.params), state.frozen_params)
+        else:
+          ref_model = nnx.merge(self.graphdef, state.ref_params)
         out["ref_logprobs"], _ = completion_logprobs(
             ref_model, micro["tokens"], micro["attention_mask"],
             micro["completion_mask"].shape[1], chunk_size=c.logprob_chunk)
@@ -422,7 +477,7 @@ class TrainStep:
     grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
 
     def micro_grads(micro):
-      return grad_fn(trainable, micro, normalizers)
+      return grad_fn(trainable, micro, normalizers, state.frozen_params)
 
     m = c.num_micro_batches
     if m == 1:

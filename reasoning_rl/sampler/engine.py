@@ -263,7 +263,8 @@ class Engine:
     return self._params
 
   def update_params(self, params, *, version: int | None = None) -> nnx.State:
-    """Copies new parameters (an nnx.State or a Transformer, on any mesh) onto the sampler mesh.
+    """Copies new parameters (an nnx.State or a Transformer, on any mesh) onto the sampler mesh;
+    for a LoRA model the adapters alone are enough (the base it holds is kept).
 
     The copy is device to device (`jax.device_put` with the sampler's shardings), never through host
     memory. `version` is the policy version the caller assigns to these parameters (the training
@@ -272,9 +273,25 @@ class Engine:
     """
     if isinstance(params, nnx.Module):
       params = nnx.state(params)
-    self._params = sharding_lib.reshard(params, self._param_shardings)
+    if self._is_adapter_update(params):
+      # LoRA: only the adapters changed; the base this engine holds stays where it is.
+      from reasoning_rl import lora  # pylint: disable=import-outside-toplevel
+
+      _, base = lora.split_adapters(self._params)
+      adapters = sharding_lib.reshard(params, sharding_lib.param_shardings(params, self._mesh))
+      self._params = lora.join(adapters, base)
+    else:
+      self._params = sharding_lib.reshard(params, self._param_shardings)
     self.policy_version = self.policy_version + 1 if version is None else int(version)
     return self._params
+
+  def _is_adapter_update(self, params) -> bool:
+    """Whether `params` holds LoRA adapters alone (the engine's model has adapters and `params`
+    has fewer leaves than the engine's state)."""
+    from reasoning_rl import lora  # pylint: disable=import-outside-toplevel
+
+    return (lora.is_adapted(self._params) and lora.is_adapted(params)
+            and len(jax.tree.leaves(params)) < len(jax.tree.leaves(self._params)))
 
   def get_prefix_destination_sharding(self):
     """Prefixes are small (one row) and live replicated on the sampler mesh."""
@@ -521,7 +538,7 @@ class Engine:
     def release(state: DecodeState, slot):
       return state.replace(done=state.done.at[slot].set(True))
 
-    def decode_steps(model, state: DecodeState, return_on_finish, key_length: int):
+    def decode_steps(params, state: DecodeState, return_on_finish, key_length: int):
       """Up to `steps` decode steps for the rows of `state` (all slots, or a gathered subset),
       attending over the first key_length cache slots."""
       rows = state.done.shape[0]
@@ -541,6 +558,9 @@ class Engine:
         hit_stop = jnp.any(tokens[:, None] == state.stop_ids, axis=-1)
         finished = live & (hit_stop | (generated >= state.max_new_tokens)
                            | (state.position >= cache_length))
+        # merged inside the loop body: a LoRA model (qwix) records on its modules while it runs,
+        # which a module from outside the loop's trace refuses
+        model = nnx.merge(graphdef, params)
         logits, cache = model.decode(
             tokens[:, None], state.position[:, None], state.cache, state.position,
             key_length=key_length if key_length < state.cache.max_len else None)
@@ -565,7 +585,7 @@ class Engine:
       return state, result
 
     def generate(params, state: DecodeState, return_on_finish, *, key_length: int):
-      return decode_steps(nnx.merge(graphdef, params), state, return_on_finish, key_length)
+      return decode_steps(params, state, return_on_finish, key_length)
 
     def generate_rows(params, state: DecodeState, rows, return_on_finish, *, key_length: int):
       """`generate` for the slots `rows` only: their state and first key_length cache slots are
@@ -575,8 +595,7 @@ class Engine:
           k=tuple(k[rows, :, :key_length] for k in state.cache.k),
           v=tuple(v[rows, :, :key_length] for v in state.cache.v),
           pos=state.cache.pos[rows, :key_length]))
-      part, result = decode_steps(nnx.merge(graphdef, params), part, return_on_finish,
-                                  key_length)
+      part, result = decode_steps(params, part, return_on_finish, key_length)
       cache = KVCache(
           k=tuple(a.at[rows, :, :key_length].set(b) for a, b in zip(state.cache.k, part.cache.k)),
           v=tuple(a.at[rows, :, :key_length].set(b) for a, b in zip(state.cache.v, part.cache.v)),

@@ -1,0 +1,352 @@
+"""LoRA and QLoRA on the policy, through qwix.
+
+LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", arXiv:2106.09685)
+trains, for a frozen projection W, two small matrices A (fan-in × r) and B (r × fan-out) and uses
+W + (α / r) · A B. B starts at zero, so the adapted model computes exactly what the base computes
+until the first update. QLoRA (Dettmers et al. 2023, arXiv:2305.14314) stores the frozen base
+quantized (here int8 or NF4, weight-only) and trains the same adapters on top.
+
+qwix adds the adapters by intercepting the matmuls (`jnp.einsum`) that one method of the model
+makes. `Transformer.run_blocks` is that method: both the full forward (training, scoring) and
+the sampler's cached decode run their blocks through it, so both see the adapters. qwix creates
+each adapter as an `nnx.LoRAParam` next to the weight it adapts (`q_proj_lora_a`,
+`q_proj_lora_b`, …), which gives the split this module is about:
+
+- adapters: every `LoRAParam` — what the optimizer updates, what checkpoints hold and what the
+  sampler receives after each step;
+- base: everything else — frozen; with β > 0 also the KL reference (the same model with zero
+  adapters), so no second copy of the weights exists.
+
+Targets are modules, matched by `target_modules` (a regex, full match) against module paths such
+as `layers/3/attn` (q, k, v, o projections) and `layers/3/mlp` (gate, up, down): qwix adapts every
+projection of a matched module. Adapters are replicated over the mesh (rank-r matrices are small
+next to the weights they adapt).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from reasoning_rl.errors import ConfigError
+
+QUANTIZATIONS = ("", "int8", "nf4")
+SAMPLER_WEIGHTS = ("adapters", "merged")
+# Module names of our blocks -> the Hugging Face module that holds their projections.
+_HF_MODULES = {"attn": "self_attn", "mlp": "mlp"}
+_PROJECTIONS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+                "mlp": ("gate_proj", "up_proj", "down_proj")}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSettings:
+  """`config.lora`: rank 0 = off (full fine-tuning).
+
+  alpha: the adapters' scale is alpha / rank (as PEFT's `lora_alpha`).
+  dropout: dropout on the adapters' input while training (0 = none, the default).
+  target_modules: regex over module paths (`layers/<i>/attn`, `layers/<i>/mlp`).
+  base_quantization: "" (base in model.dtype), "int8" or "nf4" (QLoRA, weight-only).
+  quantization_tile: block size along the contracting axis for NF4 scales (0 = one scale per
+    output channel; int8 always uses per-channel scales).
+  sampler_weights: what the sampler receives after a step — "adapters" (it decodes with base +
+    adapters) or "merged" (W + α/r · A B, a plain model).
+  """
+
+  rank: int = 0
+  alpha: float = 16.0
+  dropout: float = 0.0
+  target_modules: str = r"layers/\d+/(attn|mlp)"
+  base_quantization: str = ""
+  quantization_tile: int = 64
+  sampler_weights: str = "adapters"
+
+  @classmethod
+  def from_config(cls, config) -> "LoraSettings":
+    section = config.get("lora") if hasattr(config, "get") else None
+    if section is None:
+      return cls()
+    return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls) if f.name in section})
+
+  @property
+  def enabled(self) -> bool:
+    return self.rank > 0
+
+  @property
+  def scale(self) -> float:
+    return self.alpha / self.rank
+
+  def validate(self) -> None:
+    """ConfigError naming the first bad `config.lora` field."""
+    if self.base_quantization not in QUANTIZATIONS:
+      raise ConfigError(f"config.lora.base_quantization={self.base_quantization!r}: use '' "
+                        "(no quantization), 'int8' or 'nf4'")
+    if self.sampler_weights not in SAMPLER_WEIGHTS:
+      raise ConfigError(f"config.lora.sampler_weights={self.sampler_weights!r}: use 'adapters' "
+                        "or 'merged'")
+    try:
+      re.compile(self.target_modules)
+    except re.error as error:
+      raise ConfigError(f"config.lora.target_modules={self.target_modules!r}: not a regex "
+                        f"({error})") from None
+    if not self.enabled and self.base_quantization:
+      raise ConfigError(f"config.lora.base_quantization={self.base_quantization!r} quantizes "
+                        "the frozen base of LoRA training: set config.lora.rank > 0 as well")
+    if self.base_quantization and self.sampler_weights == "merged":
+      raise ConfigError("config.lora.sampler_weights='merged' with a quantized base would "
+                        "dequantize the whole model for the sampler every step: use 'adapters'")
+
+
+def _provider(settings: LoraSettings):
+  import qwix  # pylint: disable=import-outside-toplevel
+
+  quantization = {}
+  if settings.base_quantization:
+    quantization["weight_qtype"] = settings.base_quantization
+    if settings.base_quantization == "nf4" and settings.quantization_tile:
+      quantization["tile_size"] = settings.quantization_tile
+  return qwix.LoraProvider(module_path=settings.target_modules, rank=settings.rank,
+                           alpha=settings.alpha, dropout=settings.dropout, **quantization)
+
+
+def apply_lora(model, settings: LoraSettings, *, seed: int = 0):
+  """The model with adapters (and, for QLoRA, a quantized base); `model` itself is unchanged.
+
+  A is initialised by qwix (He-uniform), B at zero. Raises ConfigError when `target_modules`
+  matches no module.
+  """
+  settings.validate()
+  config = model.config
+  if settings.base_quantization == "nf4" and settings.quantization_tile:
+    _check_tiles(config, settings.quantization_tile)
+  example = jnp.zeros((1, 1, config.hidden_size), model.dtype)
+  positions = jnp.zeros((1, 1), jnp.int32)
+  adapted = _apply_qwix(model, settings, example, positions, seed)
+  adapters = nnx.state(adapted, nnx.LoRAParam)
+  if not jax.tree.leaves(adapters):
+    paths = sorted({f"layers/{i}/{m}" for i in range(config.num_layers) for m in _PROJECTIONS})
+    raise ConfigError(f"config.lora.target_modules={settings.target_modules!r} matches no "
+                      f"module; module paths look like {paths[:2]}")
+  # Adapters are replicated: the base's axis names (which qwix copies onto them) do not fit
+  # their shapes, and a rank-r matrix is small.
+  for _, node in nnx.iter_graph(adapted):
+    if isinstance(node, nnx.LoRAParam):
+      node.set_metadata("logical_axes", (None,) * node.ndim)
+  adapted.lora_settings = settings  # static: merging and export read the scale from it
+  return adapted
+
+
+def _apply_qwix(model, settings, example, positions, seed):
+  import qwix  # pylint: disable=import-outside-toplevel
+
+  return qwix.apply_lora_to_model(model, _provider(settings), example, positions, positions,
+                                  methods=("run_blocks",), rngs=nnx.Rngs(seed))
+
+
+def _check_tiles(config, tile: int) -> None:
+  """NF4 scales are per block of `tile` along each projection's last contracting axis."""
+  contracting = {"hidden_size": config.hidden_size, "head_dim": config.head_dim,
+                 "intermediate_size": config.intermediate_size}
+  for name, size in contracting.items():
+    if size % tile:
+      raise ConfigError(f"config.lora.quantization_tile={tile} must divide every contracting "
+                        f"axis of the model; {name}={size} is not a multiple (try a divisor of "
+                        f"{np.gcd.reduce(list(contracting.values()))}, or 0 = per channel)")
+
+
+# ------------------------------------------------------------------------------- state split
+
+
+def is_adapted(state) -> bool:
+  """Whether an nnx state (or model) holds LoRA adapters."""
+  if isinstance(state, nnx.Module):
+    state = nnx.state(state)
+  return any(isinstance(v, nnx.LoRAParam)
+             for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+
+
+def split_adapters(state):
+  """(adapters, base) of a full nnx state."""
+  return nnx.split_state(state, nnx.LoRAParam, ...)
+
+
+def join(adapters, base):
+  """The full state from its two parts (inverse of `split_adapters`)."""
+  return nnx.merge_state(base, adapters)
+
+
+def zero_adapters(adapters):
+  """Adapters that change nothing: the base model, for the KL reference."""
+  return jax.tree.map(jnp.zeros_like, adapters)
+
+
+def num_bytes(tree) -> int:
+  """Bytes of every array in a tree (what a weight sync moves)."""
+  return int(sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree)))
+
+
+# ------------------------------------------------------------------------------- merging
+
+
+def _adapted_projections(state):
+  """{(path of the module, projection name): (A, B)} of every adapter pair in a state."""
+  pairs = {}
+  for path, value in nnx.to_flat_state(state):
+    name = str(path[-1])
+    if name.endswith("_lora_a"):
+      module, projection = tuple(path[:-1]), name[:-len("_lora_a")]
+      pairs[(module, projection)] = (
+          _value(state, (*module, projection + "_lora_a")),
+          _value(state, (*module, projection + "_lora_b")))
+  return pairs
+
+
+def _value(state, path):
+  node = state
+  for key in path:
+    node = node[key]
+  return node[...] if isinstance(node, nnx.Variable) else node
+
+
+def merged_delta(lora_a, lora_b, scale: float, shape) -> jax.Array:
+  """α/r · A B in the layout of the weight it adapts.
+
+  Our projections list their contracting axes first (q/k/v [D, H, K], o [H, K, D], MLP [D, F] /
+  [F, D]), which is also how qwix orders A's axes, so A B is a tensordot over the rank axis."""
+  delta = jnp.tensordot(lora_a.astype(jnp.float32), lora_b.astype(jnp.float32), axes=1)
+  if delta.shape != tuple(shape):
+    raise ValueError(f"adapter product {delta.shape} does not match the weight {tuple(shape)}")
+  return delta * scale
+
+
+def merge_into_base(adapters, base, settings: LoraSettings):
+  """The plain model's state W + α/r · A B for every adapted W (same tree as a model without
+  LoRA); jit-able. The base must not be quantized."""
+  if settings.base_quantization:
+    raise ConfigError("merging adapters into a quantized base is not supported: export the "
+                      "adapters (PEFT format) and apply them to the unquantized base")
+  merged = jax.tree.map(lambda x: x, base)  # a new tree; the arrays are replaced below
+  for (module, projection), (a, b) in _adapted_projections(adapters).items():
+    node = merged
+    for key in module:
+      node = node[key]
+    weight = node[projection]
+    new = weight[...] + merged_delta(a, b, settings.scale, weight.shape).astype(weight.dtype)
+    node[projection] = weight.replace(new)
+  return merged
+
+
+def plain_graphdef(model_config, *, dtype, param_dtype):
+  """The graph of the model without adapters (what merged weights run on)."""
+  from reasoning_rl.models.transformer import abstract_model  # pylint: disable=import-outside-toplevel
+
+  graphdef, _ = abstract_model(model_config, dtype=dtype, param_dtype=param_dtype)
+  return graphdef
+
+
+def merged_model(model, settings: LoraSettings | None = None):
+  """A plain `Transformer` whose weights are the adapted model's W + α/r · A B."""
+  settings = settings or model.lora_settings
+  adapters, base = split_adapters(nnx.state(model))
+  state = merge_into_base(adapters, base, settings)
+  graphdef = plain_graphdef(model.config, dtype=model.dtype, param_dtype=model.param_dtype)
+  return nnx.merge(graphdef, state)
+
+
+# ------------------------------------------------------------------------------- base identity
+
+
+def base_fingerprint(base) -> str:
+  """A short hash identifying the frozen base a set of adapters belongs to.
+
+  Built from every leaf's path, shape, dtype and two sums (of the values and of their absolute
+  values, in float32 on device), so it costs one pass over the weights and no host copy of them.
+  """
+  leaves = jax.tree_util.tree_leaves_with_path(base)
+
+  @jax.jit
+  def sums(values):
+    return [(jnp.sum(v.astype(jnp.float32)), jnp.sum(jnp.abs(v.astype(jnp.float32))))
+            for v in values]
+
+  totals = jax.device_get(sums([leaf for _, leaf in leaves]))
+  digest = hashlib.sha256()
+  for (path, leaf), (total, magnitude) in zip(leaves, totals):
+    digest.update(f"{jax.tree_util.keystr(path)}|{leaf.shape}|{leaf.dtype}|"
+                  f"{float(total):.6e}|{float(magnitude):.6e};".encode())
+  return digest.hexdigest()[:16]
+
+
+def base_mismatch(expected: str | None, actual: str | None, *, checkpoint) -> str | None:
+  """The error line when a checkpoint's adapters were trained on another base (None if not)."""
+  if expected == actual:
+    return None
+  if expected is None or actual is None:
+    trained = "full fine-tuning" if expected is None else "LoRA adapters"
+    now = "LoRA (config.lora.rank > 0)" if expected is None else "full fine-tuning"
+    return (f"{checkpoint}: holds a {trained} checkpoint, but this run is configured for {now}: "
+            "use the run's own config.lora, or start a new workdir")
+  return (f"{checkpoint}: its LoRA adapters were trained on a base model with fingerprint "
+          f"{expected}, but this run's base (config.model.path, config.lora.base_quantization) "
+          f"has fingerprint {actual}: resume with the base it was trained on, or start a new "
+          "workdir")
+
+
+# ------------------------------------------------------------------------------- PEFT export
+
+
+def _hf_module_name(module: tuple, projection: str) -> str:
+  layer, kind = module[1], module[2]
+  return f"base_model.model.model.layers.{layer}.{_HF_MODULES[kind]}.{projection}"
+
+
+def save_peft(model, directory: str | os.PathLike, *,
+              base_model_name_or_path: str = "") -> pathlib.Path:
+  """Writes the adapters as a PEFT LoRA adapter: adapter_model.safetensors + adapter_config.json.
+
+  `peft.PeftModel.from_pretrained(base, directory)` on the transformers model of the same base
+  computes our logits. PEFT's lora_A.weight is [r, fan-in] and lora_B.weight [fan-out, r], with
+  fan-in / fan-out flattened as the HF weight flattens them (heads, then head_dim), which is the
+  order of our axes; its scale is lora_alpha / r, as ours.
+  """
+  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+
+  settings = model.lora_settings
+  adapters, _ = split_adapters(nnx.state(model))
+  tensors, targets = {}, []
+  rank = settings.rank
+  for (module, projection), (a, b) in _adapted_projections(adapters).items():
+    name = _hf_module_name(module, projection)
+    a = np.asarray(jax.device_get(a), np.float32)
+    b = np.asarray(jax.device_get(b), np.float32)
+    tensors[name + ".lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, rank).T)
+    tensors[name + ".lora_B.weight"] = np.ascontiguousarray(b.reshape(rank, -1).T)
+    targets.append(name[len("base_model.model."):])
+  # A regex matching exactly the adapted modules (PEFT full-matches it against module names):
+  # target_modules may select some layers' attention and others' MLP, which a name list can't say.
+  adapter_config = {
+      "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": settings.alpha,
+      "lora_dropout": settings.dropout, "bias": "none",
+      "target_modules": "|".join(re.escape(t) for t in sorted(targets)),
+      "fan_in_fan_out": False, "init_lora_weights": True, "use_rslora": False,
+      "base_model_name_or_path": base_model_name_or_path, "inference_mode": True,
+  }
+  directory = pathlib.Path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+  (directory / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
+  return directory
+
+
+def describe(settings: LoraSettings) -> dict[str, Any]:
+  """The settings as the run records them (metrics, checkpoints' meta)."""
+  return dataclasses.asdict(settings)

@@ -1,0 +1,213 @@
+"""LoRA / QLoRA (reasoning_rl.lora): the adapted model, the adapters-only step, sampler sync and
+exports to transformers / PEFT.
+
+The gradient check uses fixed π_old log-probs: with μ = 1 the step's own π_old is the current
+policy held constant, whose loss has the same gradient at the current parameters but a value that
+does not move (ratio 1 everywhere), so only a fixed π_old gives finite differences something to
+measure.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from reasoning_rl import lora
+from reasoning_rl.errors import ConfigError
+from reasoning_rl.models.config import ModelConfig
+from reasoning_rl.models.transformer import KVCache, create_model, positions_from_mask
+from reasoning_rl.rl import losses
+from reasoning_rl.rl.logprobs import completion_logprobs
+from reasoning_rl.rl.stats import finalize
+from reasoning_rl.rl.step import StepConfig, TrainStep
+
+CONFIG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
+                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
+SETTINGS = lora.LoraSettings(rank=4, alpha=8.0)
+B, P, T = 8, 5, 6
+
+
+def make_batch(seed=0):
+  rng = np.random.RandomState(seed)
+  tokens = rng.randint(0, CONFIG.vocab_size, (B, P + T))
+  attention = np.ones((B, P + T), np.int32)
+  attention[:2, :2] = 0  # left-padded prompts
+  completion = np.ones((B, T), np.int32)
+  completion[3, 4:] = 0  # a short completion
+  attention[3, P + 4:] = 0
+  return dict(tokens=jnp.asarray(tokens), attention_mask=jnp.asarray(attention),
+              completion_mask=jnp.asarray(completion),
+              advantages=jnp.asarray(rng.randn(B).astype(np.float32)))
+
+
+def adapted_model(settings=SETTINGS, *, seed=0, random_b=False, config=CONFIG, dtype=jnp.float32):
+  model = lora.apply_lora(create_model(config, seed=seed, dtype=dtype, param_dtype=dtype),
+                          settings, seed=seed)
+  if random_b:  # B is zero at initialisation; a trained adapter is not
+    adapters = nnx.state(model, nnx.LoRAParam)
+    keys = iter(jax.random.split(jax.random.key(seed + 1), len(jax.tree.leaves(adapters))))
+    adapters = jax.tree.map(lambda a: 0.05 * jax.random.normal(next(keys), a.shape, a.dtype),
+                            adapters)
+    nnx.update(model, adapters)
+  return model
+
+
+def test_zero_b_computes_exactly_the_base_in_forward_and_decode():
+  base = create_model(CONFIG, seed=0)
+  model = adapted_model()
+  adapters = jax.tree.leaves(nnx.state(model, nnx.LoRAParam))
+  assert len(adapters) == 2 * 7 * CONFIG.num_layers  # A and B of q k v o gate up down per layer
+  tokens = make_batch()["tokens"]
+  np.testing.assert_array_equal(np.asarray(model(tokens)), np.asarray(base(tokens)))
+  positions = positions_from_mask(jnp.ones_like(tokens))
+  start = jnp.zeros(B, jnp.int32)
+  base_logits, _ = base.decode(tokens, positions, KVCache.init(CONFIG, B, 16), start)
+  lora_logits, _ = model.decode(tokens, positions, KVCache.init(CONFIG, B, 16), start)
+  np.testing.assert_array_equal(np.asarray(lora_logits), np.asarray(base_logits))
+
+
+def test_target_modules_select_modules_and_an_empty_match_is_refused():
+  attention_only = adapted_model(dataclasses.replace(SETTINGS, target_modules=r"layers/1/attn"))
+  names = {str(p[-1]) for p, _ in nnx.to_flat_state(nnx.state(attention_only, nnx.LoRAParam))}
+  paths = {tuple(map(str, p[:3])) for p, _ in nnx.to_flat_state(
+      nnx.state(attention_only, nnx.LoRAParam))}
+  assert paths == {("layers", "1", "attn")}
+  assert names == {f"{w}_proj_lora_{ab}" for w in "qkvo" for ab in "ab"}
+  with pytest.raises(ConfigError, match="config.lora.target_modules='layers/9/mlp'"):
+    adapted_model(dataclasses.replace(SETTINGS, target_modules=r"layers/9/mlp"))
+  with pytest.raises(ConfigError, match="config.lora.base_quantization='int4'"):
+    dataclasses.replace(SETTINGS, base_quantization="int4").validate()
+
+
+def lora_step(settings=SETTINGS, *, beta=0.0, optimizer=None, **step_kwargs):
+  graphdef, params = nnx.split(adapted_model(settings, random_b=True))
+  step = TrainStep(graphdef, StepConfig(lora=settings, beta=beta, learning_rate=1e-2,
+                                        **step_kwargs))
+  if optimizer is not None:
+    step.optimizer = optimizer
+  return step, step.init_state(params)
+
+
+def test_a_step_changes_only_the_adapters_and_the_optimizer_holds_only_them():
+  step, state = lora_step(beta=0.04)
+  base_before = [np.asarray(x).copy() for x in jax.tree.leaves(state.frozen_params)]
+  adapters_before = [np.asarray(x).copy() for x in jax.tree.leaves(state.params)]
+  assert state.ref_params is None  # the reference is the base itself: no copy of the weights
+  adapter_elements = sum(x.size for x in adapters_before)
+  moment_elements = sum(x.size for x in jax.tree.leaves(state.opt_state) if x.ndim > 0)
+  assert moment_elements == 2 * adapter_elements  # Adam's two moments, adapters only
+  state, stats = step(state, make_batch())
+  for before, after in zip(base_before, jax.tree.leaves(state.frozen_params), strict=True):
+    np.testing.assert_array_equal(before, np.asarray(after))
+  changed = [not np.array_equal(b, np.asarray(a))
+             for b, a in zip(adapters_before, jax.tree.leaves(state.params), strict=True)]
+  assert all(changed)
+  # β > 0: the KL term compares with the base, from which the (non-zero) adapters move it
+  assert finalize(jax.device_get(stats))["kl"] > 0
+
+
+def test_reference_of_a_lora_step_is_the_base_model():
+  """With β > 0 the step's reference log-probs are the base's (adapters zeroed)."""
+  step, state = lora_step(beta=0.04)
+  batch = make_batch()
+  base = create_model(CONFIG, seed=0)
+  expected, _ = completion_logprobs(base, batch["tokens"], batch["attention_mask"], T)
+  prepared = jax.jit(step._prepare)(state, batch)  # the step's own π_old / reference pass
+  np.testing.assert_allclose(np.asarray(prepared["ref_logprobs"]), np.asarray(expected),
+                             rtol=0, atol=1e-6)
+
+
+PROBE_LR = 1e3
+
+
+def test_lora_gradient_matches_finite_differences():
+  """The step's adapter gradient g (read off an SGD update) against central differences of the
+  loss along three directions v: (L(θ + t·v) − L(θ − t·v)) / 2t ≈ g·v, for g itself and two
+  random directions (float32 loss, so the step t moves the adapters by 1e-2 in norm)."""
+  model = adapted_model(random_b=True)
+  graphdef, params = nnx.split(model)
+  adapters, base = lora.split_adapters(params)
+  batch = make_batch()
+  old = completion_logprobs(model, batch["tokens"], batch["attention_mask"], T)[0]
+
+  @jax.jit
+  def loss(adapters_):
+    logprobs = completion_logprobs(nnx.merge(graphdef, base, adapters_), batch["tokens"],
+                                   batch["attention_mask"], T)[0]
+    return losses.policy_loss(logprobs, old, batch["advantages"], batch["completion_mask"],
+                              loss_agg="seq-mean-token-mean")[0]
+
+  step = TrainStep(graphdef, StepConfig(lora=SETTINGS, max_grad_norm=float("inf")))
+  step.optimizer = optax.sgd(lambda count: PROBE_LR)
+  before = jax.tree.map(lambda x: np.asarray(x, np.float64), adapters)
+  state = step.init_state(jax.tree.map(jnp.copy, params))
+  state, _ = step(state, batch)
+  gradient = jax.tree.map(lambda b, a: (b - np.asarray(a, np.float64)) / PROBE_LR, before,
+                          state.params)
+  keys = iter(jax.random.split(jax.random.key(7), 2 * len(jax.tree.leaves(adapters))))
+  directions = [gradient] + [jax.tree.map(lambda a: np.asarray(jax.random.normal(
+      next(keys), a.shape), np.float64), adapters) for _ in range(2)]
+  dot = lambda x, y: sum(float(np.sum(a * b)) for a, b in zip(  # noqa: E731
+      jax.tree.leaves(x), jax.tree.leaves(y), strict=True))
+  for direction in directions:
+    t = 1e-2 / np.sqrt(dot(direction, direction))
+    moved = lambda sign, direction=direction, t=t: loss(jax.tree.map(  # noqa: E731
+        lambda a, v: (a + sign * t * v).astype(a.dtype), adapters, direction))
+    numeric = (float(moved(1)) - float(moved(-1))) / (2 * t)
+    assert numeric == pytest.approx(dot(gradient, direction), rel=2e-2)
+
+
+@pytest.mark.parametrize("quantization,tolerance", [("int8", 0.02), ("nf4", 0.2)])
+def test_qlora_logits_stay_near_the_unquantized_model(quantization, tolerance):
+  """Weight-only quantization of the frozen base: logits within `tolerance` × the largest
+  logit (documented in docs/lora.md), and still zero-B exact against the quantized base."""
+  config = dataclasses.replace(CONFIG, hidden_size=64, intermediate_size=128, head_dim=16)
+  settings = dataclasses.replace(SETTINGS, base_quantization=quantization, quantization_tile=16)
+  base = create_model(config, seed=0)
+  quantized = adapted_model(settings, config=config)
+  tokens = make_batch()["tokens"]
+  expected = np.asarray(base(tokens))
+  actual = np.asarray(quantized(tokens))
+  error = np.abs(actual - expected).max() / np.abs(expected).max()
+  assert 0 < error < tolerance
+  kinds = {str(p[-2]) for p, _ in nnx.to_flat_state(nnx.state(quantized))
+           if "qvalue" in map(str, p)}
+  assert kinds == {"array"}  # the projections hold quantized values
+  # a LoRA step on the quantized base trains the adapters
+  graphdef, params = nnx.split(quantized)
+  step = TrainStep(graphdef, StepConfig(lora=settings, learning_rate=1e-2))
+  state = step.init_state(params)
+  before = [np.asarray(x).copy() for x in jax.tree.leaves(state.frozen_params)]
+  state, stats = step(state, make_batch())
+  assert np.isfinite(float(stats["loss"][0]))
+  for b, a in zip(before, jax.tree.leaves(state.frozen_params), strict=True):
+    np.testing.assert_array_equal(b, np.asarray(a))
+
+
+def test_merge_into_base_equals_the_adapted_model():
+  model = adapted_model(random_b=True)
+  merged = lora.merged_model(model)
+  assert not lora.is_adapted(merged)
+  tokens = make_batch()["tokens"]
+  np.testing.assert_allclose(np.asarray(merged(tokens)), np.asarray(model(tokens)),
+                             rtol=0, atol=2e-5)
+
+
+def test_engine_takes_adapters_alone_and_keeps_its_base():
+  from reasoning_rl.sampler import Engine
+
+  model = adapted_model(random_b=True)
+  engine = Engine(model, max_concurrent_decodes=2, max_prefill_length=8, max_decode_length=4)
+  base_before = [np.asarray(x) for x in jax.tree.leaves(lora.split_adapters(engine.params)[1])]
+  new_adapters = jax.tree.map(lambda a: a + 1.0, nnx.state(model, nnx.LoRAParam))
+  engine.update_params(new_adapters, version=3)
+  adapters_now, base_now = lora.split_adapters(engine.params)
+  for b, a in zip(base_before, jax.tree.leaves(base_now), strict=True):
+    np.testing.assert_array_equal(b, np.asarray(a))
+  for want, got in zip(jax.tree.leaves(new_adapters), jax.tree.leaves(adapters_now), strict=True):
+    np.testing.assert_array_equal(np.asarray(want), np.asarray(got))
+  assert engine.policy_version == 3
