@@ -71,7 +71,7 @@ class LoraSettings:
   sampler_weights: str = "adapters"
 
   @classmethod
-  def from_config(cls, config) -> "LoraSettings":
+  def from_config(cls, config) -> LoraSettings:
     section = config.get("lora") if hasattr(config, "get") else None
     if section is None:
       return cls()
@@ -265,24 +265,37 @@ def merged_model(model, settings: LoraSettings | None = None):
 # ------------------------------------------------------------------------------- base identity
 
 
+def _bits(value: jax.Array) -> jax.Array:
+  """The value's bit pattern as uint32 (floats bitcast at their own width, integers converted)."""
+  if jnp.issubdtype(value.dtype, jnp.floating):
+    width = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[value.dtype.itemsize]
+    value = jax.lax.bitcast_convert_type(value, width)
+  return value.astype(jnp.uint32)
+
+
 def base_fingerprint(base) -> str:
   """A short hash identifying the frozen base a set of adapters belongs to.
 
-  Built from every leaf's path, shape, dtype and two sums (of the values and of their absolute
-  values, in float32 on device), so it costs one pass over the weights and no host copy of them.
+  Built from every leaf's path, shape, dtype and two sums of its bit patterns (plain, and weighted
+  by position) in wrapping uint32 arithmetic: exact, so the same weights give the same hash on any
+  mesh and in any summation order, at the cost of one pass over the weights on device.
   """
   leaves = jax.tree_util.tree_leaves_with_path(base)
 
   @jax.jit
   def sums(values):
-    return [(jnp.sum(v.astype(jnp.float32)), jnp.sum(jnp.abs(v.astype(jnp.float32))))
-            for v in values]
+    out = []
+    for value in values:
+      bits = _bits(value).reshape(-1)
+      weights = jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(2654435761) + 1
+      out.append((jnp.sum(bits, dtype=jnp.uint32), jnp.sum(bits * weights, dtype=jnp.uint32)))
+    return out
 
   totals = jax.device_get(sums([leaf for _, leaf in leaves]))
   digest = hashlib.sha256()
-  for (path, leaf), (total, magnitude) in zip(leaves, totals):
+  for (path, leaf), (plain, weighted) in zip(leaves, totals):
     digest.update(f"{jax.tree_util.keystr(path)}|{leaf.shape}|{leaf.dtype}|"
-                  f"{float(total):.6e}|{float(magnitude):.6e};".encode())
+                  f"{int(plain)}|{int(weighted)};".encode())
   return digest.hexdigest()[:16]
 
 

@@ -151,11 +151,11 @@ def test_lora_gradient_matches_finite_differences():
   keys = iter(jax.random.split(jax.random.key(7), 2 * len(jax.tree.leaves(adapters))))
   directions = [gradient] + [jax.tree.map(lambda a: np.asarray(jax.random.normal(
       next(keys), a.shape), np.float64), adapters) for _ in range(2)]
-  dot = lambda x, y: sum(float(np.sum(a * b)) for a, b in zip(  # noqa: E731
+  dot = lambda x, y: sum(float(np.sum(a * b)) for a, b in zip(
       jax.tree.leaves(x), jax.tree.leaves(y), strict=True))
   for direction in directions:
     t = 1e-2 / np.sqrt(dot(direction, direction))
-    moved = lambda sign, direction=direction, t=t: loss(jax.tree.map(  # noqa: E731
+    moved = lambda sign, direction=direction, t=t: loss(jax.tree.map(
         lambda a, v: (a + sign * t * v).astype(a.dtype), adapters, direction))
     numeric = (float(moved(1)) - float(moved(-1))) / (2 * t)
     assert numeric == pytest.approx(dot(gradient, direction), rel=2e-2)
@@ -211,3 +211,63 @@ def test_engine_takes_adapters_alone_and_keeps_its_base():
   for want, got in zip(jax.tree.leaves(new_adapters), jax.tree.leaves(adapters_now), strict=True):
     np.testing.assert_array_equal(np.asarray(want), np.asarray(got))
   assert engine.policy_version == 3
+
+
+# ------------------------------------------------------------------------------ exports
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_merged_and_peft_exports_load_in_transformers_and_peft(family, tmp_path):
+  """save_hf(merged=True) loads in transformers, the PEFT adapter in peft on the base: both with
+  our adapted model's logits (≤ 1e-4 in float32)."""
+  peft = pytest.importorskip("peft")
+  import transformers
+
+  from reasoning_rl.errors import CheckpointError
+  from reasoning_rl.models import save_hf
+  from reasoning_rl.models.checkpoints import load_hf_weights
+  from tests.hf_reference import reference_logits, write_tiny_model
+
+  write_tiny_model(family, tmp_path / "base")
+  base, _ = load_hf_weights(tmp_path / "base")
+  settings = dataclasses.replace(SETTINGS, target_modules=r"layers/0/attn|layers/1/mlp")
+  model = lora.apply_lora(base, settings, seed=0)
+  adapters = nnx.state(model, nnx.LoRAParam)
+  keys = iter(jax.random.split(jax.random.key(3), len(jax.tree.leaves(adapters))))
+  nnx.update(model, jax.tree.map(
+      lambda a: 0.2 * jax.random.normal(next(keys), a.shape, a.dtype), adapters))
+  ids = np.random.RandomState(1).randint(0, 97, size=(2, 9))
+  mask = np.ones_like(ids)
+  mask[1, :3] = 0
+  ours = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
+  assert np.abs(ours - np.asarray(base(jnp.asarray(ids), jnp.asarray(mask)))).max() > 1e-2
+
+  with pytest.raises(CheckpointError, match="merged=True"):
+    save_hf(model, None, tmp_path / "refused")
+  save_hf(model, None, tmp_path / "merged", merged=True)
+  merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+  for row, ref in enumerate(reference_logits(merged, ids, mask)):
+    np.testing.assert_allclose(ours[row][mask[row] > 0], ref, atol=1e-4, rtol=0)
+
+  lora.save_peft(model, tmp_path / "adapter", base_model_name_or_path=str(tmp_path / "base"))
+  hf_base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval()
+  with_adapter = peft.PeftModel.from_pretrained(hf_base, tmp_path / "adapter").eval()
+  adapted_names = {n for n, _ in with_adapter.named_modules() if n.endswith("lora_A")}
+  assert len(adapted_names) == 4 + 3  # layer 0's q k v o, layer 1's gate up down
+  for row, ref in enumerate(reference_logits(with_adapter, ids, mask)):
+    np.testing.assert_allclose(ours[row][mask[row] > 0], ref, atol=1e-4, rtol=0)
+
+
+def test_base_fingerprint_is_the_same_on_any_mesh_and_tells_bases_apart():
+  from reasoning_rl import sharding
+
+  state = nnx.state(create_model(CONFIG, seed=0))
+  mesh = sharding.make_mesh((2, 2, 2), jax.devices()[:8])
+  on_mesh = sharding.reshard(state, sharding.param_shardings(state, mesh))
+  assert lora.base_fingerprint(on_mesh) == lora.base_fingerprint(state)
+  assert lora.base_fingerprint(nnx.state(create_model(CONFIG, seed=1))) != \
+      lora.base_fingerprint(state)
+  swapped = jax.tree.map(lambda x: x, state)
+  kernel = swapped["layers"][0]["mlp"]["up_proj"]
+  kernel.set_value(kernel[...][::-1])  # the same numbers in another order
+  assert lora.base_fingerprint(swapped) != lora.base_fingerprint(state)

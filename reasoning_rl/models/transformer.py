@@ -335,7 +335,7 @@ class Transformer(nnx.Module):
 
   # ------------------------------------------------------------------------------- the block stack
 
-  def run_blocks(self, x, positions, key_positions, *, cache: "KVCache | None" = None,
+  def run_blocks(self, x, positions, key_positions, *, cache: KVCache | None = None,
                  write_index=None, remat: bool = False):
     """The stack of blocks over embedded x [B, T, D]: (x after the last block, (keys, values) of
     every layer written into `cache`, or None without one).
