@@ -11,6 +11,12 @@ rules (`reasoning_rl.sharding.logical_to_spec`), and adds up what each device of
            (no rematerialisation), and the chunked log-prob buffers;
   sampler: a params copy, the KV cache, and the decode step's temporaries.
 
+With LoRA (`config.lora.rank > 0`) the adapters are the trainable parameters: AdamW moments and
+gradients cover them alone, there is no reference copy (the base is the reference), the base's
+adapted projections count at their quantized size under QLoRA (int8: 1 byte, NF4: half a byte +
+a float32 scale per quantization_tile elements), the sampler holds the base plus the adapters (or
+the merged weights), and a checkpoint holds adapters + moments.
+
 With `mesh.num_trainer_devices = 0` both roles share every device, so one "shared" slice holds the
 sum. A slice fits when its total stays under (1 − headroom) of the chip's HBM.
 
@@ -308,20 +314,70 @@ def shard_size(axes: Sequence[str | None], shape: Sequence[int], mesh: AbstractM
   return size
 
 
-def parameter_shapes(model_config: ModelConfig, dtype) -> list[tuple[tuple, tuple, int]]:
-  """(logical axes, shape, bytes per element) of every parameter, from the abstract model."""
+def parameter_shapes(model_config: ModelConfig, dtype, lora=None) -> list[tuple[tuple, tuple,
+                                                                                float]]:
+  """(logical axes, shape, bytes per element) of every parameter, from the abstract model; with
+  QLoRA settings (`lora.base_quantization`) the adapted projections at their quantized size."""
   from flax import nnx  # local: the planner's other parts need no flax
 
   from reasoning_rl.models.transformer import abstract_model
   _, state = abstract_model(model_config, dtype=dtype, param_dtype=dtype)
-  variables = jax.tree.leaves(state, is_leaf=lambda v: isinstance(v, nnx.Variable))
-  return [(tuple(v.get_metadata()["logical_axes"]), tuple(v.shape), np.dtype(v.dtype).itemsize)
-          for v in variables]
+  quantized = _quantized_itemsize(lora)
+  shapes = []
+  for path, v in nnx.to_flat_state(state):
+    itemsize = np.dtype(v.dtype).itemsize
+    if quantized and _is_adapted_projection(path, lora):
+      itemsize = quantized
+    shapes.append((tuple(v.get_metadata()["logical_axes"]), tuple(v.shape), itemsize))
+  return shapes
 
 
-def param_bytes_per_device(shapes: Sequence[tuple[tuple, tuple, int]], mesh: AbstractMesh) -> int:
+def _quantized_itemsize(lora) -> float | None:
+  if lora is None or not lora.enabled or not lora.base_quantization:
+    return None
+  if lora.base_quantization == "int8":
+    return 1.0  # + one float32 scale per output channel, negligible
+  return 0.5 + (4 / lora.quantization_tile if lora.quantization_tile else 0.0)
+
+
+_PROJECTIONS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+                "mlp": ("gate_proj", "up_proj", "down_proj")}
+
+
+def _is_adapted_projection(path, lora) -> bool:
+  import re  # pylint: disable=import-outside-toplevel
+
+  path = tuple(map(str, path))
+  return (len(path) == 4 and path[0] == "layers" and path[3] in _PROJECTIONS.get(path[2], ())
+          and re.fullmatch(lora.target_modules, "/".join(path[:3])) is not None)
+
+
+def adapter_shapes(model_config: ModelConfig, lora, dtype) -> list[tuple[tuple, tuple, float]]:
+  """(axes, shape, bytes per element) of every LoRA adapter (replicated, so axes are None):
+  A [fan-in, r] and B [r, fan-out] per adapted projection (`reasoning_rl.lora`)."""
+  if lora is None or not lora.enabled:
+    return []
+  import re  # pylint: disable=import-outside-toplevel
+
+  m, r, itemsize = model_config, lora.rank, np.dtype(dtype).itemsize
+  d, f, k = m.hidden_size, m.intermediate_size, m.head_dim
+  fans = {"q_proj": (d, m.num_heads * k), "k_proj": (d, m.num_kv_heads * k),
+          "v_proj": (d, m.num_kv_heads * k), "o_proj": (m.num_heads * k, d),
+          "gate_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d)}
+  shapes = []
+  for layer in range(m.num_layers):
+    for module, projections in _PROJECTIONS.items():
+      if re.fullmatch(lora.target_modules, f"layers/{layer}/{module}"):
+        for name in projections:
+          fan_in, fan_out = fans[name]
+          shapes += [((None, None), (fan_in, r), itemsize), ((None, None), (r, fan_out), itemsize)]
+  return shapes
+
+
+def param_bytes_per_device(shapes: Sequence[tuple[tuple, tuple, float]],
+                           mesh: AbstractMesh) -> int:
   """Bytes of one device's shard of every parameter, as the partition rules place it."""
-  return sum(shard_size(axes, shape, mesh) * itemsize for axes, shape, itemsize in shapes)
+  return int(sum(shard_size(axes, shape, mesh) * itemsize for axes, shape, itemsize in shapes))
 
 
 # --------------------------------------------------------------------------- memory
@@ -342,8 +398,9 @@ def _layer_weight_bytes(shapes: Sequence[tuple[tuple, tuple, int]], mesh: Abstra
 
 
 def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, params: int, a: Assumptions,
-                  num_micro_batches: int, shapes=None) -> list[tuple[str, int]]:
-  """Per-device bytes of the training step (see the module docstring and `Assumptions`)."""
+                  num_micro_batches: int, shapes=None, adapters=()) -> list[tuple[str, int]]:
+  """Per-device bytes of the training step (see the module docstring and `Assumptions`);
+  `params` counts the base and the adapters, `adapters` (LoRA) are the trainable ones."""
   r, b = config.rollout, np.dtype(config.model.dtype).itemsize
   seq = r.max_prefill_length + r.max_new_tokens
   rows = (r.num_prompts * r.num_samples) // num_micro_batches
@@ -360,10 +417,12 @@ def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, params: int, a: As
     per_row = m.num_layers * per_layer
   chunk = min(config.algo.logprob_chunk, r.max_new_tokens)
   vocab = m.vocab_size // _split(mesh, "vocab", m.vocab_size)
-  items = [("params", params), ("optimizer (AdamW m, v)", 2 * params),
+  trainable = param_bytes_per_device(adapters, mesh) if adapters else params
+  items = [("params" + (" (frozen base + adapters)" if adapters else ""), params),
+           ("optimizer (AdamW m, v)", 2 * trainable),
            ("gradients" + (" + accumulator" if num_micro_batches > 1 else ""),
-            params * (2 if num_micro_batches > 1 else 1))]
-  if config.beta > 0:
+            trainable * (2 if num_micro_batches > 1 else 1))]
+  if config.beta > 0 and not adapters:  # with LoRA the base is the reference
     items.append(("reference params", params))
   if mesh.shape["fsdp"] > 1 and shapes is not None:
     items.append(("gathered layer weights (fsdp)",
@@ -439,7 +498,7 @@ def _fits(items, chip: ChipSpec, a: Assumptions, extra: int = 0) -> bool:
   return sum(b for _, b in items) + extra <= chip.hbm_bytes * (1 - a.headroom)
 
 
-def _trainer_fix(config, m, chip, a, trainer, shapes, budget_taken) -> str | None:
+def _trainer_fix(config, m, chip, a, trainer, shapes, budget_taken, adapters=()) -> str | None:
   """The first (mesh, micro-batches) that fits: more micro-batches on the configured mesh, then a
   tensor axis (it splits attention heads, the MLP and the vocabulary) with as many as needed."""
   batch = config.rollout.num_prompts * config.rollout.num_samples
@@ -448,34 +507,36 @@ def _trainer_fix(config, m, chip, a, trainer, shapes, budget_taken) -> str | Non
   tensor_sizes = [t for t in range(1, n + 1) if n % t == 0 and t >= trainer.shape["tensor"]]
   for t in tensor_sizes:
     mesh = trainer if t == trainer.shape["tensor"] else AbstractMesh((1, n // t, t), MESH_AXES)
-    params = param_bytes_per_device(shapes, mesh)
+    params = param_bytes_per_device(shapes, mesh) + param_bytes_per_device(adapters, mesh)
     for k in [k for k in range(current, batch + 1) if batch % k == 0]:
-      if _fits(trainer_items(config, m, mesh, params, a, k, shapes), chip, a, budget_taken):
+      if _fits(trainer_items(config, m, mesh, params, a, k, shapes, adapters), chip, a,
+               budget_taken):
         change = [] if mesh is trainer else [f"mesh.trainer=(1, {n // t}, {t})"]
         change += [] if k == current else [f"algo.num_micro_batches={k}"]
         return " with ".join(change)
   return None
 
 
-def _advice(config, m, chip, a, trainer, sampler, shared, shapes, train_params, sample_params):
+def _advice(config, m, chip, a, trainer, sampler, shared, shapes, train_params, sample_params,
+            adapters=()):
   """Concrete changes that would make the over-full slice(s) fit."""
   r = config.rollout
   train_now = trainer_items(config, m, trainer, train_params, a, config.algo.num_micro_batches,
-                            shapes)
+                            shapes, adapters)
   sample_now = sampler_items(config, m, sampler, sample_params, r.max_concurrent_decodes)
   # Sharing devices, each role's budget is what the other one leaves.
   sampler_taken = sum(b for _, b in sample_now) if shared else 0
   trainer_taken = sum(b for _, b in train_now) if shared else 0
   hints = []
   if not _fits(train_now, chip, a, sampler_taken):
-    fix = _trainer_fix(config, m, chip, a, trainer, shapes, sampler_taken)
+    fix = _trainer_fix(config, m, chip, a, trainer, shapes, sampler_taken, adapters)
     if fix:
       hints.append(fix)
     else:
       hints.append("more trainer devices, shorter rows (rollout.max_new_tokens, "
                    "rollout.max_prefill_length) or a chip with more HBM: the step keeps every "
                    "layer's activations and attention scores (no rematerialisation)")
-      if config.beta > 0:
+      if config.beta > 0 and not adapters:
         hints.append(f"beta=0 drops the reference ({train_params / GIB:.2f} GiB per device)")
   if not _fits(sample_now, chip, a, trainer_taken):
     fitting = [s for s in range(r.max_concurrent_decodes - 1, 0, -1) if _fits(
@@ -504,11 +565,17 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
   a = assumptions or Assumptions()
   chip, num_devices = _chip(target)
   trainer, sampler, shared = slice_meshes(config, num_devices)
-  shapes = parameter_shapes(model_config, np.dtype(config.model.dtype))
-  train_params = param_bytes_per_device(shapes, trainer)
+  from reasoning_rl.lora import LoraSettings  # pylint: disable=import-outside-toplevel
+
+  lora = LoraSettings.from_config(config)
+  shapes = parameter_shapes(model_config, np.dtype(config.model.dtype), lora)
+  adapters = adapter_shapes(model_config, lora, config.model.dtype)
+  train_params = param_bytes_per_device(shapes, trainer) + param_bytes_per_device(adapters, trainer)
   sample_params = param_bytes_per_device(shapes, sampler)
+  if lora.enabled and lora.sampler_weights == "adapters":
+    sample_params += param_bytes_per_device(adapters, sampler)
   train = trainer_items(config, model_config, trainer, train_params, a,
-                        config.algo.num_micro_batches, shapes)
+                        config.algo.num_micro_batches, shapes, adapters)
   sample = sampler_items(config, model_config, sampler, sample_params,
                          config.rollout.max_concurrent_decodes)
   make = lambda name, mesh, items: SliceMemory(name, mesh, tuple(items), chip.hbm_bytes,  # noqa
@@ -526,8 +593,10 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
              f"{config.model.dtype}; P={r.num_prompts} x G={r.num_samples}, prompt "
              f"{r.max_prefill_length} + completion {r.max_new_tokens} tokens")
   advice = () if all(s.fits for s in slices) else _advice(
-      config, model_config, chip, a, trainer, sampler, shared, shapes, train_params, sample_params)
-  saved = train_params * 3  # params + AdamW m, v, as the trainer slice holds them
+      config, model_config, chip, a, trainer, sampler, shared, shapes, train_params, sample_params,
+      adapters)
+  # params + AdamW m, v, as the trainer slice holds them (LoRA: the adapters only)
+  saved = 3 * (param_bytes_per_device(adapters, trainer) if adapters else train_params)
   preemption = Preemption(
       decode_call_s=min(r.steps_per_call, r.max_new_tokens) * speed.decode_step_s,
       train_s=speed.train_s, checkpoint_bytes_per_device=saved,

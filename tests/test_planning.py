@@ -305,3 +305,24 @@ def test_planned_memory_is_what_xla_holds_per_device(case):
   held = (analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
           + analysis.output_size_in_bytes - analysis.alias_size_in_bytes)
   assert trainer.total == pytest.approx(held, rel=0.25), (trainer.total / 2**20, held / 2**20)
+
+
+def test_lora_plans_adapters_as_the_trainable_parameters():
+  """LoRA rank 2 on layer 1's attention (q, k, v, o): adapters A [fan-in, 2] + B [2, fan-out] are
+  q 16x2 + 2x12, k, v 16x2 + 2x4 each, o 12x2 + 2x16 = 56 + 40 + 40 + 56 = 192 values, replicated;
+  the optimizer and gradients cover them alone, and β > 0 adds no reference."""
+  c = _config()
+  c.beta = 0.04
+  c.lora.rank = 2
+  c.lora.target_modules = r"layers/1/attn"
+  items = dict(planning.plan(c, TINY, target=V5P_16).slice("trainer").items)
+  adapters = 192 * 4
+  assert items["params (frozen base + adapters)"] == 1264 * 4 + adapters
+  assert items["optimizer (AdamW m, v)"] == 2 * adapters
+  assert items["gradients + accumulator"] == 2 * adapters
+  assert "reference params" not in items
+  # NF4 base: layer 1's q, k, v, o (on this mesh 48 + 16 + 16 + 48 = 128 values per device) at
+  # half a byte + 4 bytes per tile of 4 values = 1.5 bytes instead of 4.
+  c.lora.base_quantization, c.lora.quantization_tile = "nf4", 4
+  quantized = dict(planning.plan(c, TINY, target=V5P_16).slice("trainer").items)
+  assert quantized["params (frozen base + adapters)"] == (1264 - 128) * 4 + 128 * 1.5 + adapters
