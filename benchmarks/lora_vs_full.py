@@ -2,7 +2,7 @@
 training and weight sync, bytes per sync, peak host memory, and held-out accuracy before → after.
 
 Each side is `launch/train.py` as a user runs it, one after the other on the same machine:
-configs/smollm2_arithmetic.py (full) and configs/smollm2_arithmetic_lora.py (rank-16 LoRA, the
+configs/smollm2_arithmetic.py (full) and configs/smollm2_arithmetic_lora.py (rank-16 LoRA on attention, the
 same task, batch, evaluation and seed). Per-step times are the metrics rows' `time/*` means over
 the steps after the first (which compiles); peak host memory is the process's maximum resident
 set (`wait4`'s ru_maxrss), model load and evaluations included.
@@ -22,7 +22,7 @@ import time
 from reasoning_rl.metrics import read_metrics
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-SIDES = {"full": "configs/smollm2_arithmetic.py", "lora": "configs/smollm2_arithmetic_lora.py"}
+SIDES = {"lora": "configs/smollm2_arithmetic_lora.py", "full": "configs/smollm2_arithmetic.py"}
 
 
 def run_side(config: str, workdir: pathlib.Path, steps: int) -> dict:
