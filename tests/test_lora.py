@@ -271,3 +271,24 @@ def test_base_fingerprint_is_the_same_on_any_mesh_and_tells_bases_apart():
   kernel = swapped["layers"][0]["mlp"]["up_proj"]
   kernel.set_value(kernel[...][::-1])  # the same numbers in another order
   assert lora.base_fingerprint(swapped) != lora.base_fingerprint(state)
+
+
+@pytest.mark.parametrize("quantization,tile,max_error,max_kl", [("int8", 0, 0.05, 0.01),
+                                                                ("nf4", 64, 0.4, 0.3)])
+def test_qlora_on_smollm2_stays_within_the_documented_tolerance(smollm2, quantization, tile,
+                                                                max_error, max_kl):
+  """SmolLM2-135M with a quantized base (docs/lora.md): measured 0.033 / 0.0025 nats (int8) and
+  0.29 / 0.16 nats (NF4) for the largest logit error relative to the largest logit / the mean
+  KL(unquantized ‖ quantized) over a chat prompt's positions."""
+  model, tokenizer = smollm2
+  text = ("<|im_start|>user\nWhat is 12 times 7? Explain step by step.<|im_end|>\n"
+          "<|im_start|>assistant\nTo find 12 times 7, we")
+  ids = jnp.asarray([tokenizer.encode(text, add_special_tokens=False)])
+  expected = np.asarray(model(ids))[0]
+  settings = lora.LoraSettings(rank=16, alpha=32.0, base_quantization=quantization,
+                               quantization_tile=tile)
+  actual = np.asarray(lora.apply_lora(model, settings)(ids))[0]
+  error = np.abs(actual - expected).max() / np.abs(expected).max()
+  log_p, log_q = jax.nn.log_softmax(expected), jax.nn.log_softmax(actual)
+  kl = float(jnp.mean(jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)))
+  assert 0 < error < max_error and 0 < kl < max_kl

@@ -93,3 +93,19 @@ def test_merged_sampler_weights_move_the_whole_model(tmp_path):
   d, f, v, q, kv = 64, 128, 23, 4 * 16, 2 * 16
   layer = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d + (q + 2 * kv)  # + norms, qkv biases
   assert {row["sync/bytes"] for row in rows} == {4.0 * (v * d + d + 2 * layer)}
+
+
+def test_the_lora_demo_config_validates_with_its_adapters():
+  import importlib
+
+  from reasoning_rl import config as config_lib
+  from reasoning_rl.lora import LoraSettings
+
+  demo = importlib.import_module("configs.smollm2_arithmetic_lora").get_config()
+  demo.workdir = "/tmp/unused"
+  config_lib.validate(demo)
+  settings = LoraSettings.from_config(demo)
+  assert (settings.rank, settings.target_modules) == (16, r"layers/\d+/attn")
+  full = importlib.import_module("configs.smollm2_arithmetic").get_config()
+  assert demo.optim.learning_rate == 10 * full.optim.learning_rate  # LoRA's usual 10x
+  assert demo.rollout == full.rollout and demo.data.train == full.data.train
