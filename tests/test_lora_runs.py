@@ -109,3 +109,33 @@ def test_the_lora_demo_config_validates_with_its_adapters():
   full = importlib.import_module("configs.smollm2_arithmetic").get_config()
   assert demo.optim.learning_rate == 10 * full.optim.learning_rate  # LoRA's usual 10x
   assert demo.rollout == full.rollout and demo.data.train == full.data.train
+
+
+def test_generate_cli_reads_a_lora_run_checkpoint(lora_baseline, tmp_path):
+  prompts = tmp_path / "prompts.jsonl"
+  prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("3+4=", "9+9=")))
+  output = tmp_path / "out.jsonl"
+  result = subprocess.run(
+      [sys.executable, str(REPO / "launch" / "generate.py"), "--checkpoint", str(lora_baseline),
+       "--prompts_file", str(prompts), "--max_new_tokens", "8", "--temperature", "0",
+       "--no_chat_template", "--output", str(output)],
+      cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = [json.loads(line) for line in output.read_text().splitlines()]
+  assert len(rows) == 2 and all(1 <= len(r["completion_ids"]) <= 8 for r in rows)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "nf4"])
+def test_qlora_run_trains_samples_and_resumes(quantization, tmp_path):
+  """A quantized base in the trainer and in the sampler; its fingerprint is the quantized one,
+  and a rerun past the end resumes from it."""
+  settings = (*LORA[:-2], f"--config.lora.base_quantization={quantization}",
+              "--config.lora.quantization_tile=16", "--config.total_steps=2")
+  train(tmp_path, *settings)
+  rows = read_metrics(tmp_path / "metrics.jsonl")
+  assert [r["step"] for r in rows] == [1, 2] and all(r["kl"] >= 0 for r in rows)
+  record = json.loads((tmp_path / "model" / "lora.json").read_text())
+  assert record["lora"]["base_quantization"] == quantization
+  train(tmp_path, *settings[:-1], "--config.total_steps=3",
+        "--config.resume.allow_changes=('total_steps',)")
+  assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
