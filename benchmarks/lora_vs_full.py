@@ -46,7 +46,7 @@ def run_side(config: str, workdir: pathlib.Path, steps: int) -> dict:
 
 def summarize(workdir: pathlib.Path, run: dict) -> dict:
   rows = read_metrics(workdir / "metrics.jsonl")[1:]  # step 1 compiles
-  mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
+  mean = lambda key: sum(r[key] for r in rows) / len(rows)
   evals = sorted((workdir / "eval").glob("step_*.json"))
   first, last = (json.loads(p.read_text()) for p in (evals[0], evals[-1]))
   return {**run, "sample_s": mean("time/sample_s"), "verify_s": mean("time/verify_s"),

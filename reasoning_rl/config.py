@@ -49,7 +49,6 @@ def base_config() -> ml_collections.ConfigDict:
   c.lora = ml_collections.ConfigDict()
   c.lora.rank = 0
   c.lora.alpha = 16.0
-  c.lora.dropout = 0.0
   c.lora.target_modules = r"layers/\d+/(attn|mlp)"
   c.lora.base_quantization = ""
   c.lora.quantization_tile = 64
@@ -279,7 +278,6 @@ FIELD_RANGES: dict[str, Range] = {
         "head_dim")},
     "lora.rank": _int(0, meaning="0 = full fine-tuning"),
     "lora.alpha": _POSITIVE,
-    "lora.dropout": Range(float, 0, 1, high_open=True),
     "lora.quantization_tile": _int(0, meaning="0 = one scale per channel"),
     **{f"rollout.{name}": _int(1) for name in (
         "num_prompts", "num_samples", "max_new_tokens", "max_prefill_length",

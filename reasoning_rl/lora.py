@@ -44,7 +44,7 @@ QUANTIZATIONS = ("", "int8", "nf4")
 SAMPLER_WEIGHTS = ("adapters", "merged")
 # Module names of our blocks -> the Hugging Face module that holds their projections.
 _HF_MODULES = {"attn": "self_attn", "mlp": "mlp"}
-_PROJECTIONS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+PROJECTIONS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
                 "mlp": ("gate_proj", "up_proj", "down_proj")}
 
 
@@ -53,7 +53,6 @@ class LoraSettings:
   """`config.lora`: rank 0 = off (full fine-tuning).
 
   alpha: the adapters' scale is alpha / rank (as PEFT's `lora_alpha`).
-  dropout: dropout on the adapters' input while training (0 = none, the default).
   target_modules: regex over module paths (`layers/<i>/attn`, `layers/<i>/mlp`).
   base_quantization: "" (base in model.dtype), "int8" or "nf4" (QLoRA, weight-only).
   quantization_tile: block size along the contracting axis for NF4 scales (0 = one scale per
@@ -64,7 +63,6 @@ class LoraSettings:
 
   rank: int = 0
   alpha: float = 16.0
-  dropout: float = 0.0
   target_modules: str = r"layers/\d+/(attn|mlp)"
   base_quantization: str = ""
   quantization_tile: int = 64
@@ -115,7 +113,7 @@ def _provider(settings: LoraSettings):
     if settings.base_quantization == "nf4" and settings.quantization_tile:
       quantization["tile_size"] = settings.quantization_tile
   return qwix.LoraProvider(module_path=settings.target_modules, rank=settings.rank,
-                           alpha=settings.alpha, dropout=settings.dropout, **quantization)
+                           alpha=settings.alpha, **quantization)
 
 
 def apply_lora(model, settings: LoraSettings, *, seed: int = 0):
@@ -130,10 +128,13 @@ def apply_lora(model, settings: LoraSettings, *, seed: int = 0):
     _check_tiles(config, settings.quantization_tile)
   example = jnp.zeros((1, 1, config.hidden_size), model.dtype)
   positions = jnp.zeros((1, 1), jnp.int32)
-  adapted = _apply_qwix(model, settings, example, positions, seed)
+  import qwix  # pylint: disable=import-outside-toplevel
+
+  adapted = qwix.apply_lora_to_model(model, _provider(settings), example, positions, positions,
+                                     methods=("run_blocks",), rngs=nnx.Rngs(seed))
   adapters = nnx.state(adapted, nnx.LoRAParam)
   if not jax.tree.leaves(adapters):
-    paths = sorted({f"layers/{i}/{m}" for i in range(config.num_layers) for m in _PROJECTIONS})
+    paths = sorted({f"layers/{i}/{m}" for i in range(config.num_layers) for m in PROJECTIONS})
     raise ConfigError(f"config.lora.target_modules={settings.target_modules!r} matches no "
                       f"module; module paths look like {paths[:2]}")
   # Adapters are replicated: the base's axis names (which qwix copies onto them) do not fit
@@ -143,13 +144,6 @@ def apply_lora(model, settings: LoraSettings, *, seed: int = 0):
       node.set_metadata("logical_axes", (None,) * node.ndim)
   adapted.lora_settings = settings  # static: merging and export read the scale from it
   return adapted
-
-
-def _apply_qwix(model, settings, example, positions, seed):
-  import qwix  # pylint: disable=import-outside-toplevel
-
-  return qwix.apply_lora_to_model(model, _provider(settings), example, positions, positions,
-                                  methods=("run_blocks",), rngs=nnx.Rngs(seed))
 
 
 def _check_tiles(config, tile: int) -> None:
@@ -200,7 +194,7 @@ def num_bytes(tree) -> int:
 def _adapted_projections(state):
   """{(path of the module, projection name): (A, B)} of every adapter pair in a state."""
   pairs = {}
-  for path, value in nnx.to_flat_state(state):
+  for path, _ in nnx.to_flat_state(state):
     name = str(path[-1])
     if name.endswith("_lora_a"):
       module, projection = tuple(path[:-1]), name[:-len("_lora_a")]
@@ -348,7 +342,7 @@ def save_peft(model, directory: str | os.PathLike, *,
   # target_modules may select some layers' attention and others' MLP, which a name list can't say.
   adapter_config = {
       "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": settings.alpha,
-      "lora_dropout": settings.dropout, "bias": "none",
+      "lora_dropout": 0.0, "bias": "none",
       "target_modules": "|".join(re.escape(t) for t in sorted(targets)),
       "fan_in_fan_out": False, "init_lora_weights": True, "use_rslora": False,
       "base_model_name_or_path": base_model_name_or_path, "inference_mode": True,

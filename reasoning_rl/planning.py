@@ -340,15 +340,13 @@ def _quantized_itemsize(lora) -> float | None:
   return 0.5 + (4 / lora.quantization_tile if lora.quantization_tile else 0.0)
 
 
-_PROJECTIONS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
-                "mlp": ("gate_proj", "up_proj", "down_proj")}
-
-
 def _is_adapted_projection(path, lora) -> bool:
   import re  # pylint: disable=import-outside-toplevel
 
+  from reasoning_rl.lora import PROJECTIONS  # pylint: disable=import-outside-toplevel
+
   path = tuple(map(str, path))
-  return (len(path) == 4 and path[0] == "layers" and path[3] in _PROJECTIONS.get(path[2], ())
+  return (len(path) == 4 and path[0] == "layers" and path[3] in PROJECTIONS.get(path[2], ())
           and re.fullmatch(lora.target_modules, "/".join(path[:3])) is not None)
 
 
@@ -359,6 +357,8 @@ def adapter_shapes(model_config: ModelConfig, lora, dtype) -> list[tuple[tuple, 
     return []
   import re  # pylint: disable=import-outside-toplevel
 
+  from reasoning_rl.lora import PROJECTIONS  # pylint: disable=import-outside-toplevel
+
   m, r, itemsize = model_config, lora.rank, np.dtype(dtype).itemsize
   d, f, k = m.hidden_size, m.intermediate_size, m.head_dim
   fans = {"q_proj": (d, m.num_heads * k), "k_proj": (d, m.num_kv_heads * k),
@@ -366,7 +366,7 @@ def adapter_shapes(model_config: ModelConfig, lora, dtype) -> list[tuple[tuple, 
           "gate_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d)}
   shapes = []
   for layer in range(m.num_layers):
-    for module, projections in _PROJECTIONS.items():
+    for module, projections in PROJECTIONS.items():
       if re.fullmatch(lora.target_modules, f"layers/{layer}/{module}"):
         for name in projections:
           fan_in, fan_out = fans[name]

@@ -65,9 +65,11 @@ def _fake_run(workdir, **overrides):
   scorer = types.SimpleNamespace(close=lambda: closed.append(True))
   state = TrainState(step=jnp.zeros((), jnp.int32), params={"w": jnp.zeros((2,))}, opt_state={},
                      skipped_updates=jnp.zeros((), jnp.int32))
+  step_fn = types.SimpleNamespace(sampler_weights=lambda state: state.params)
   run = types.SimpleNamespace(
       config=config, state=state, engine=engine, tokenizer=tokenizer, template=None,
-      scorer=scorer, sampling=None, model_config=model_config, cluster=local_cluster())
+      scorer=scorer, sampling=None, model_config=model_config, cluster=local_cluster(),
+      step_fn=step_fn)
   return run, versions, closed
 
 
