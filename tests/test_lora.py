@@ -292,3 +292,29 @@ def test_qlora_on_smollm2_stays_within_the_documented_tolerance(smollm2, quantiz
   log_p, log_q = jax.nn.log_softmax(expected), jax.nn.log_softmax(actual)
   kl = float(jnp.mean(jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)))
   assert 0 < error < max_error and 0 < kl < max_kl
+
+
+def test_sharded_lora_step_with_micro_batches_equals_single_device():
+  """The same fused step on a data x fsdp x tensor mesh with 2 micro-batches: the base keeps the
+  partition rules' placement, the adapters are replicated, and the update equals one device's."""
+  from reasoning_rl import sharding
+
+  batch = make_batch()
+
+  def one_step(mesh, micro_batches):
+    graphdef, params = nnx.split(adapted_model(random_b=True))
+    step = TrainStep(graphdef, StepConfig(lora=SETTINGS, beta=0.04, learning_rate=1e-2,
+                                          num_micro_batches=micro_batches), mesh)
+    state, stats = step(step.init_state(params), batch)
+    return state, finalize(jax.device_get(stats))
+
+  single, single_stats = one_step(None, 1)
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  sharded, sharded_stats = one_step(mesh, 2)
+  for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(sharded.params), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)
+  assert single_stats["loss"] == pytest.approx(sharded_stats["loss"], abs=1e-5)
+  q_proj = sharded.frozen_params["layers"][0]["attn"]["q_proj"][...]
+  assert q_proj.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
+  adapter = sharded.params["layers"][0]["attn"]["q_proj_lora_a"][...]
+  assert adapter.sharding.is_fully_replicated
