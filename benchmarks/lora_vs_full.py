@@ -3,8 +3,8 @@ training and weight sync, bytes per sync, peak host memory, and held-out accurac
 
 Each side is `launch/train.py` as a user runs it, one after the other on the same machine:
 configs/smollm2_arithmetic.py (full) and configs/smollm2_arithmetic_lora.py (rank-16 LoRA on attention, the
-same task, batch, evaluation and seed). Per-step times are the metrics rows' `time/*` means over
-the steps after the first (which compiles); peak host memory is the process's maximum resident
+same task, batch, evaluation and seed). Per-step times are the medians of the metrics rows' `time/*`
+over the steps after the first (which compiles); peak host memory is the process's maximum resident
 set (`wait4`'s ru_maxrss), model load and evaluations included.
 
   python -m benchmarks.lora_vs_full [--steps 40] [--workdir /tmp/lora_vs_full] [--only lora]
@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -46,12 +47,13 @@ def run_side(config: str, workdir: pathlib.Path, steps: int) -> dict:
 
 def summarize(workdir: pathlib.Path, run: dict) -> dict:
   rows = read_metrics(workdir / "metrics.jsonl")[1:]  # step 1 compiles
-  mean = lambda key: sum(r[key] for r in rows) / len(rows)
+  # medians: a step slowed by another process on the machine moves a mean, not a median
+  median = lambda key: statistics.median(r[key] for r in rows)
   evals = sorted((workdir / "eval").glob("step_*.json"))
   first, last = (json.loads(p.read_text()) for p in (evals[0], evals[-1]))
-  return {**run, "sample_s": mean("time/sample_s"), "verify_s": mean("time/verify_s"),
-          "train_s": mean("time/train_s"), "sync_s": mean("time/sync_s"),
-          "step_s": mean("time/step_s"), "sync_mib": mean("sync/bytes") / 2**20,
+  return {**run, "sample_s": median("time/sample_s"), "verify_s": median("time/verify_s"),
+          "train_s": median("time/train_s"), "sync_s": median("time/sync_s"),
+          "step_s": median("time/step_s"), "sync_mib": median("sync/bytes") / 2**20,
           "heldout_before": first["accuracy"], "heldout_after": last["accuracy"],
           "steps": last["step"]}
 
@@ -70,7 +72,7 @@ def main():
     print(f"running {side}: {config} ...", flush=True)
     results[side] = summarize(workdir, run_side(config, workdir, args.steps))
   print(f"\n| | {' | '.join(results)} |\n|---|{'---|' * len(results)}")
-  rows = [("seconds per step (steps 2..N)", "step_s", "{:.1f}"),
+  rows = [("seconds per step (median of steps 2..N)", "step_s", "{:.1f}"),
           ("  sampling", "sample_s", "{:.1f}"), ("  scoring", "verify_s", "{:.2f}"),
           ("  training", "train_s", "{:.1f}"), ("  weight sync", "sync_s", "{:.3f}"),
           ("MiB sent per sync", "sync_mib", "{:.1f}"),

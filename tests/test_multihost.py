@@ -316,6 +316,21 @@ def test_four_processes_train_like_one(tmp_path, single_process_reference, train
   assert_same_training(runs.metrics_rows(workdir), single_process_reference)
 
 
+def test_a_lora_run_split_over_four_processes_trains_like_one(tmp_path):
+  """LoRA with the trainer on processes 0-1 and samplers on 2-3: only the adapters cross to the
+  sampler processes (each built its own base), and steps 1-2 equal the one-process LoRA run."""
+  lora = STEPS + ["--config.lora.rank=4", "--config.lora.alpha=8", "--config.beta=0.04"]
+  reference = tmp_path / "single"
+  result = runs.run_single(reference, lora, devices=8)
+  assert result.returncode == 0, result.stderr[-3000:]
+  workdir = tmp_path / "run"
+  processes = runs.start_processes(workdir, lora + ["--config.mesh.num_trainer_devices=4"])
+  assert runs.wait_all(processes) == [0, 0, 0, 0], _logs(tmp_path)
+  rows = runs.metrics_rows(workdir)
+  assert_same_training(rows, runs.metrics_rows(reference))
+  assert [r["sync/bytes"] for r in rows] == [r["sync/bytes"] for r in runs.metrics_rows(reference)]
+
+
 def test_a_killed_process_stops_the_others_and_a_rerun_resumes(tmp_path):
   workdir = tmp_path / "run"
   overrides = ["--config.total_steps=5", "--config.checkpoint.every_steps=2",
