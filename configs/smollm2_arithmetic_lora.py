@@ -3,9 +3,9 @@ rank-16 adapters on the attention projections (q, k, v, o) of every layer of Smo
 the base frozen.
 
 Why attention only: on a CPU the rank-16 products are memory-bound, and adapters on every
-projection made the training step slower than full fine-tuning (17.0 s against 13.4 s for the
-demo's 32 rows, benchmarks/RESULTS.md); attention-only adapters leave the MLP, three quarters of
-the weights, without weight gradients or adapter products (8.3 s). RL needs little adapter
+projection made the training step slower than full fine-tuning (16.1 s against 12.5 s for the
+demo's 32 rows, `python -m benchmarks.lora_step`); attention-only adapters leave the MLP, three
+quarters of the weights, without weight gradients or adapter products (7.9 s). RL needs little adapter
 capacity (Schulman et al. 2025, "LoRA Without Regret", find low ranks enough for policy gradient).
 
 The optimizer state covers the adapters only, the sampler receives the adapters after each step
