@@ -11,6 +11,7 @@ time), and the same P prompts × G samples, max new tokens, temperature, β (k3 
 steps (compilation, first-call allocations) and then the measured steps; the table gives the
 measured steps' means.
 
+Needs TRL: pip install -e '.[test,bench]' (pinned; torch stays the CPU wheel).
 Usage: python -m benchmarks.rl_step [--steps 5] [--warmup_steps 1] [--beta 0,0.04]
          [--prompts 4] [--samples 8] [--max_new_tokens 128] [--micro_batches 4]
          [--learning_rate 2e-5]
