@@ -249,14 +249,12 @@ def step_config(config: ml_collections.ConfigDict):
 # ------------------------------------------------------------------------------- a whole run
 
 
-def sampler_weights_of(step_fn, model):
+def sampler_weights_of(step_fn, state):
   """The tree the trainer sends to the samplers after each step (`TrainStep.sampler_weights`),
-  from the freshly built model: all weights, or with LoRA the adapters / the merged weights."""
-  from flax import nnx
-
+  from the freshly built model's state: all weights, or with LoRA the adapters / the merged
+  weights."""
   from reasoning_rl import lora
 
-  state = nnx.state(model)
   settings = step_fn.config.lora
   if not step_fn.config.trains_adapters:
     return state
@@ -313,7 +311,7 @@ def build(config: ml_collections.ConfigDict) -> Run:
   template = build_template(config, tokenizer)
   graphdef, params = nnx.split(model)
   step_fn = TrainStep(graphdef, step_config(config), trainer_mesh)
-  cluster = build_cluster(config, topology, sampler_weights_of(step_fn, model))
+  cluster = build_cluster(config, topology, sampler_weights_of(step_fn, params))
   state = engine = None
   if topology.is_trainer:
     reference = (jax.tree.map(jnp.copy, params)

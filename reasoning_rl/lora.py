@@ -31,7 +31,6 @@ import json
 import os
 import pathlib
 import re
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,8 +41,6 @@ from reasoning_rl.errors import ConfigError
 
 QUANTIZATIONS = ("", "int8", "nf4")
 SAMPLER_WEIGHTS = ("adapters", "merged")
-# Module names of our blocks -> the Hugging Face module that holds their projections.
-_HF_MODULES = {"attn": "self_attn", "mlp": "mlp"}
 PROJECTIONS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
                 "mlp": ("gate_proj", "up_proj", "down_proj")}
 
@@ -311,11 +308,6 @@ def base_mismatch(expected: str | None, actual: str | None, *, checkpoint) -> st
 # ------------------------------------------------------------------------------- PEFT export
 
 
-def _hf_module_name(module: tuple, projection: str) -> str:
-  layer, kind = module[1], module[2]
-  return f"base_model.model.model.layers.{layer}.{_HF_MODULES[kind]}.{projection}"
-
-
 def save_peft(model, directory: str | os.PathLike, *,
               base_model_name_or_path: str = "") -> pathlib.Path:
   """Writes the adapters as a PEFT LoRA adapter: adapter_model.safetensors + adapter_config.json.
@@ -327,12 +319,16 @@ def save_peft(model, directory: str | os.PathLike, *,
   """
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
 
+  from reasoning_rl.models.checkpoints import hf_tensor_name  # pylint: disable=import-outside-toplevel
+
   settings = model.lora_settings
   adapters, _ = split_adapters(nnx.state(model))
   tensors, targets = {}, []
   rank = settings.rank
   for (module, projection), (a, b) in _adapted_projections(adapters).items():
-    name = _hf_module_name(module, projection)
+    # the HF module of the adapted weight (its tensor name without ".weight"), under PEFT's prefix
+    name = "base_model.model." + hf_tensor_name(
+        (*module, projection), model.config)[0].removesuffix(".weight")
     a = np.asarray(jax.device_get(a), np.float32)
     b = np.asarray(jax.device_get(b), np.float32)
     tensors[name + ".lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, rank).T)
@@ -352,8 +348,3 @@ def save_peft(model, directory: str | os.PathLike, *,
   save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
   (directory / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
   return directory
-
-
-def describe(settings: LoraSettings) -> dict[str, Any]:
-  """The settings as the run records them (metrics, checkpoints' meta)."""
-  return dataclasses.asdict(settings)

@@ -16,6 +16,7 @@ or 143 preempted (SIGTERM), both after saving a checkpoint (see reasoning_rl.che
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import pathlib
@@ -105,7 +106,7 @@ class Trainer:
     if not settings.enabled:
       return None
     m = self.config.model
-    return {"lora": lora.describe(settings), "fingerprint": self.lora_base,
+    return {"lora": dataclasses.asdict(settings), "fingerprint": self.lora_base,
             "base": {"path": m.path, "dtype": m.dtype,
                      "random_seed": None if m.path else self.config.seed}}
 

@@ -24,26 +24,11 @@ from reasoning_rl.rl import losses
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.stats import finalize
 from reasoning_rl.rl.step import StepConfig, TrainStep
+from tests.test_train_step import B, T, make_batch  # the same vocabulary (64) as CONFIG
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
 SETTINGS = lora.LoraSettings(rank=4, alpha=8.0)
-B, P, T = 8, 5, 6
-
-
-def make_batch(seed=0):
-  rng = np.random.RandomState(seed)
-  tokens = rng.randint(0, CONFIG.vocab_size, (B, P + T))
-  attention = np.ones((B, P + T), np.int32)
-  attention[:2, :2] = 0  # left-padded prompts
-  completion = np.ones((B, T), np.int32)
-  completion[3, 4:] = 0  # a short completion
-  attention[3, P + 4:] = 0
-  return dict(tokens=jnp.asarray(tokens), attention_mask=jnp.asarray(attention),
-              completion_mask=jnp.asarray(completion),
-              advantages=jnp.asarray(rng.randn(B).astype(np.float32)))
-
-
 def adapted_model(settings=SETTINGS, *, seed=0, random_b=False, config=CONFIG, dtype=jnp.float32):
   model = lora.apply_lora(create_model(config, seed=seed, dtype=dtype, param_dtype=dtype),
                           settings, seed=seed)

@@ -13,7 +13,7 @@ import pytest
 
 from reasoning_rl.metrics import read_metrics
 from tests.conftest import REPO
-from tests.test_trainer import stable, train
+from tests.test_trainer import assert_evaluate_cli_reproduces, stable, train
 
 LORA = ("--config.lora.rank=4", "--config.lora.alpha=8", "--config.beta=0.04",
         "--config.total_steps=6", "--config.checkpoint.every_steps=2")
@@ -75,16 +75,7 @@ def test_resuming_on_another_base_is_refused(lora_baseline, tmp_path):
 
 
 def test_evaluate_cli_loads_the_adapters_onto_their_base(lora_baseline, tmp_path):
-  output = tmp_path / "eval.json"
-  result = subprocess.run(
-      [sys.executable, str(REPO / "launch" / "evaluate.py"), f"--checkpoint={lora_baseline}",
-       "--config=configs/debug_cpu.py", f"--output={output}"],
-      cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert result.returncode == 0, result.stderr[-2000:]
-  standalone = json.loads(output.read_text())
-  in_training = json.loads((lora_baseline / "eval" / "step_00000006.json").read_text())
-  assert standalone["examples"] == in_training["examples"]
-  assert standalone["accuracy"] == in_training["accuracy"]
+  assert_evaluate_cli_reproduces(lora_baseline, tmp_path / "eval.json", step=6)
 
 
 def test_merged_sampler_weights_move_the_whole_model(tmp_path):

@@ -144,17 +144,22 @@ def test_kl_guard_stops_with_exit_code_3(tmp_path):
   assert (tmp_path / "checkpoints" / str(rows[-1]["step"])).exists()
 
 
-def test_evaluate_cli_reproduces_the_final_in_training_evaluation(baseline, tmp_path):
-  output = tmp_path / "eval.json"
+def assert_evaluate_cli_reproduces(workdir, output, step: int):
+  """launch/evaluate.py on the run's newest checkpoint gives its in-training evaluation of
+  `step`: the same examples and accuracy."""
   result = subprocess.run(
-      [sys.executable, str(REPO / "launch" / "evaluate.py"), f"--checkpoint={baseline}",
+      [sys.executable, str(REPO / "launch" / "evaluate.py"), f"--checkpoint={workdir}",
        "--config=configs/debug_cpu.py", f"--output={output}"],
       cwd=REPO, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   standalone = json.loads(output.read_text())
-  in_training = json.loads((baseline / "eval" / "step_00000010.json").read_text())
+  in_training = json.loads((workdir / "eval" / f"step_{step:08d}.json").read_text())
   assert standalone["examples"] == in_training["examples"]
   assert standalone["accuracy"] == in_training["accuracy"]
+
+
+def test_evaluate_cli_reproduces_the_final_in_training_evaluation(baseline, tmp_path):
+  assert_evaluate_cli_reproduces(baseline, tmp_path / "eval.json", step=10)
 
 
 def test_report_has_the_six_plots(baseline):
