@@ -14,7 +14,7 @@ measured steps' means.
 Needs TRL: pip install -e '.[test,bench]' (pinned; torch stays the CPU wheel).
 Usage: python -m benchmarks.rl_step [--steps 5] [--warmup_steps 1] [--beta 0,0.04]
          [--prompts 4] [--samples 8] [--max_new_tokens 128] [--micro_batches 4]
-         [--learning_rate 2e-5]
+         [--learning_rate 2e-5] [--layouts padded,packed] [--skip_trl]
 
 How each step is split:
 - ours: the real loop (`reasoning_rl.build.build` + `reasoning_rl.trainer.Trainer`, held-out
@@ -105,8 +105,8 @@ class ForeignLoad:
     return max(0.0, (after[1] - before[1]) / max(after[0] - before[0], 1e-9))
 
 
-def demo_config(args, beta: float, workdir: str):
-  """configs/smollm2_arithmetic.py with the benchmark's settings."""
+def demo_config(args, beta: float, workdir: str, packing: bool = False):
+  """configs/smollm2_arithmetic.py with the benchmark's settings (`packing`: padding-free rows)."""
   spec = importlib.util.spec_from_file_location("smollm2_arithmetic", DEMO_CONFIG)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -124,6 +124,7 @@ def demo_config(args, beta: float, workdir: str):
   c.optim.warmup_steps = 0
   c.optim.final_lr_fraction = 1.0  # a constant rate, as TRL's lr_scheduler_type="constant"
   c.algo.num_micro_batches = args.micro_batches
+  c.algo.packing = packing
   c.verifier.redteam = False  # a start-up check, not part of a step
   c.checkpoint.every_steps = c.total_steps  # the loop's final save only, after the last step
   c.logging.tensorboard = False
@@ -160,7 +161,7 @@ class ScoringTimer:
       self.seconds.append(time.perf_counter() - start)
 
 
-def run_ours(args, beta: float, examples: list, load: ForeignLoad
+def run_ours(args, beta: float, examples: list, load: ForeignLoad, packing: bool
              ) -> tuple[list[StepSplit], list[list[int]]]:
   """(split of every step, the prompt ids of `examples` as our template encodes them)."""
   import jax
@@ -175,7 +176,7 @@ def run_ours(args, beta: float, examples: list, load: ForeignLoad
       return {"accuracy": float("nan")}
 
   with tempfile.TemporaryDirectory(prefix="rl_step_ours-") as workdir:
-    config = demo_config(args, beta, workdir)
+    config = demo_config(args, beta, workdir, packing)
     run = build(config)
     prompt_ids = [list(run.template.encode(example)) for _, example in examples]
     timer = ScoringTimer(run.scorer.reward_fn)
@@ -390,20 +391,25 @@ RATIO_KEYS = {"step_s", "sample_s", "score_s", "train_s", "sync_s", "other_s", "
               "tok_per_sample_s", "tok_per_step_s"}
 
 
-def print_table(results: list[tuple[float, dict, dict]], trl_name: str) -> None:
+def print_table(results: list[tuple[float, dict[str, dict], dict]], trl_name: str) -> None:
+  """`results`: (β, our means by training layout, TRL's means) per β."""
   print("| β | implementation | " + " | ".join(title for _, title, _ in COLUMNS) + " |")
   print("|---|---|" + "---|" * len(COLUMNS))
-  for beta, ours, theirs in results:
-    for name, means in (("reasoning_rl", ours), (trl_name, theirs)):
+  for beta, ours_by_layout, theirs in results:
+    rows = [(f"reasoning_rl ({layout} rows)", ours) for layout, ours in ours_by_layout.items()]
+    for name, means in (*rows, (trl_name, theirs)):
       print(f"| {beta:g} | {name} | " + " | ".join(
           fmt.format(means[key]) for key, _, fmt in COLUMNS) + " |")
-    ratios = [f"{ours[key] / theirs[key]:.2f}" if key in RATIO_KEYS and theirs[key] else "—"
-              for key, _, _ in COLUMNS]
-    print(f"| {beta:g} | ours / TRL | " + " | ".join(ratios) + " |")
-  for beta, ours, theirs in results:
-    print(f"β={beta:g}: ours is {theirs['step_s'] / ours['step_s']:.2f}x as fast per step "
-          f"(TRL s/step / ours s/step); sampling {theirs['sample_s'] / ours['sample_s']:.2f}x, "
-          f"training {theirs['train_s'] / ours['train_s']:.2f}x")
+    for layout, ours in ours_by_layout.items():
+      ratios = [f"{ours[key] / theirs[key]:.2f}" if key in RATIO_KEYS and theirs[key] else "—"
+                for key, _, _ in COLUMNS]
+      print(f"| {beta:g} | ours ({layout}) / TRL | " + " | ".join(ratios) + " |")
+  for beta, ours_by_layout, theirs in results:
+    for layout, ours in ours_by_layout.items():
+      print(f"β={beta:g}, {layout} rows: ours is {theirs['step_s'] / ours['step_s']:.2f}x as fast "
+            f"per step (TRL s/step / ours s/step); sampling "
+            f"{theirs['sample_s'] / ours['sample_s']:.2f}x, training "
+            f"{theirs['train_s'] / ours['train_s']:.2f}x")
 
 
 def print_steps(label: str, splits: list[StepSplit], seconds: float) -> None:
@@ -424,6 +430,11 @@ def main():
   # 8 rows per micro-batch: 32 rows of ~170 tokens in one would hold >10 GiB of activations
   parser.add_argument("--micro_batches", type=int, default=4)
   parser.add_argument("--learning_rate", type=float, default=2e-5)
+  parser.add_argument("--layouts", default="padded,packed",
+                      help="our training rows, comma-separated: padded and/or packed "
+                           "(algo.packing, padding-free)")
+  parser.add_argument("--skip_trl", action="store_true",
+                      help="our side only (the TRL columns are then left out)")
   args = parser.parse_args()
   betas = [float(b) for b in args.beta.split(",")]
 
@@ -448,15 +459,27 @@ def main():
         f"{transformers.__version__}, trl {trl.__version__}", flush=True)
   load = ForeignLoad()
   results = []
+  layouts = args.layouts.split(",")
   for beta in betas:
-    start = time.perf_counter()
-    ours, prompt_ids = run_ours(args, beta, examples, load)
-    print_steps(f"β={beta:g} ours", ours, time.perf_counter() - start)
+    ours_by_layout = {}
+    for layout in layouts:
+      if layout not in ("padded", "packed"):
+        raise SystemExit(f"--layouts: {layout!r} is neither 'padded' nor 'packed'")
+      start = time.perf_counter()
+      ours, prompt_ids = run_ours(args, beta, examples, load, packing=layout == "packed")
+      print_steps(f"β={beta:g} ours, {layout} rows", ours, time.perf_counter() - start)
+      ours_by_layout[layout] = steady_state(ours, args.warmup_steps)
+    if args.skip_trl:
+      for layout, means in ours_by_layout.items():
+        print(f"β={beta:g} {layout}: " + ", ".join(
+            f"{title} " + fmt.format(means[key]) for key, title, fmt in COLUMNS), flush=True)
+      continue
     start = time.perf_counter()
     theirs = run_trl(args, beta, examples, prompt_ids, load)
     print_steps(f"β={beta:g} TRL", theirs, time.perf_counter() - start)
-    results.append((beta, steady_state(ours, args.warmup_steps),
-                    steady_state(theirs, args.warmup_steps)))
+    results.append((beta, ours_by_layout, steady_state(theirs, args.warmup_steps)))
+  if args.skip_trl:
+    return
   print(f"\nmeans of steps {args.warmup_steps + 1}-{total_steps} (warm-up left out)")
   print_table(results, trl_name)
 

@@ -107,6 +107,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.algo.num_micro_batches = 1  # gradient accumulation inside each update (memory, not maths)
   c.algo.logprob_chunk = 128
   c.algo.remat = False  # recompute block activations in the backward pass (long sequences)
+  # Padding-free training (rl/packing.py): sequences packed into rows of prompt + completion
+  # length with segment ids, micro-batches balanced by tokens, the vocabulary head only at
+  # completion tokens. Same loss and gradients as the padded rows; a few step shapes (buckets).
+  c.algo.packing = False
   # ppo: PPO's clipped token ratio (Schulman et al. 2017) | gspo / gspo-token: GSPO's
   # length-normalised sequence ratio (Zheng et al. 2025, arXiv:2507.18071) | cispo: clipped,
   # stop-gradient IS weight on a REINFORCE term (MiniMax-M1, arXiv:2506.13585). See rl/losses.py.

@@ -107,6 +107,19 @@ def test_async_with_zero_staleness_equals_sync(baseline, tmp_path):
       read_metrics(baseline / "metrics.jsonl"))
 
 
+def test_packed_training_matches_the_padded_run(baseline, tmp_path):
+  """algo.packing through the real loop: the first step trains the same batch (sampled by the
+  same initial weights) to the same loss, entropy and gradient norm as the padded baseline."""
+  train(tmp_path, "--config.algo.packing=True", "--config.total_steps=2")
+  packed, padded = read_metrics(tmp_path / "metrics.jsonl"), read_metrics(
+      baseline / "metrics.jsonl")
+  assert packed[0]["reward/mean"] == padded[0]["reward/mean"]
+  assert packed[0]["response_length/mean"] == padded[0]["response_length/mean"]
+  for key in ("entropy", "train/grad_norm"):
+    assert packed[0][key] == pytest.approx(padded[0][key], rel=1e-4), key
+  assert packed[0]["loss"] == pytest.approx(padded[0]["loss"], abs=1e-6)
+
+
 def test_async_with_staleness_applies_importance_correction(tmp_path):
   train(tmp_path, "--config.async_rollouts.enabled=True",
         "--config.async_rollouts.max_staleness=1", "--config.total_steps=6",

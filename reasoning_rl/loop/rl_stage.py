@@ -88,7 +88,9 @@ class RLStage:
     cluster = run.cluster
     train_start = time.perf_counter()
     if cluster.is_trainer:
-      device_batch = global_batch(batch, run.trainer_mesh) if cluster.multi_process else batch
+      device_batch = run.step_fn.host_batch(batch, pad_id=run.tokenizer.pad_id)
+      if cluster.multi_process:
+        device_batch = global_batch(device_batch, run.trainer_mesh)
       state, stats = run.step_fn(state, device_batch)  # dispatched; runs while we sample ahead
     ahead_s = 0.0
     if self.staleness > 0:  # batch step + k, sampled by version step − 1

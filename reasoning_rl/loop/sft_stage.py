@@ -127,7 +127,7 @@ class SFTStage:
         prompt_length=c.rollout.max_prefill_length, completion_length=c.rollout.max_new_tokens,
         pad_id=run.tokenizer.pad_id)
     batch = {"tokens": tokens, "attention_mask": attention, "completion_mask": completion_mask}
-    state, stats = run.step_fn(state, batch)
+    state, stats = run.step_fn(state, run.step_fn.host_batch(batch, pad_id=run.tokenizer.pad_id))
     stats = stats_lib.finalize(jax.device_get(stats))
     loop.policy_version += 1
     run.engine.update_params(run.step_fn.sampler_weights(state), version=loop.policy_version)

@@ -105,13 +105,15 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 
 
 def attend(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, window: int | None,
-           kv_heads_first: bool = False):
+           kv_heads_first: bool = False, segment_ids=None):
   """Grouped-query attention with a position-based causal mask.
 
   q [B, T, N, D]; k, v [B, S, K, D] (or [B, K, S, D] with `kv_heads_first`, the KV-cache layout)
   with N a multiple of K; q_pos [B, T]; k_pos [B, S] where a negative position marks an empty or
   padding key. Query t attends key s iff 0 <= k_pos[s] <= q_pos[t] (and q_pos[t] − k_pos[s] < window
-  for sliding layers). Scores and softmax are float32 whatever the compute dtype.
+  for sliding layers), and — with `segment_ids` [B, T] (a packed row, queries and keys being the
+  same tokens) — iff both tokens belong to the same segment, so packed sequences never see each
+  other. Scores and softmax are float32 whatever the compute dtype.
   """
   batch, steps, num_heads, head_dim = q.shape
   num_kv = k.shape[1] if kv_heads_first else k.shape[2]
@@ -124,6 +126,8 @@ def attend(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, window
   mask = (k_pos[:, None, :] >= 0) & (delta >= 0)
   if window:
     mask &= delta < window
+  if segment_ids is not None:
+    mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
   scores = jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum(f"bkgts,{key_spec}->btkgd", probs, v)
@@ -211,7 +215,8 @@ class Attention(nnx.Module):
   def output(self, attended):
     return jnp.einsum("bthk,hkd->btd", attended, _weight(self.o_proj, attended.dtype))
 
-  def __call__(self, x, positions, key_positions, inv_freq, cache_kv=None, write_index=None):
+  def __call__(self, x, positions, key_positions, inv_freq, cache_kv=None, write_index=None,
+               segment_ids=None):
     """Self-attention of x [B, T, D]; with `cache_kv` the new k/v are written into it first."""
     q, k, v = self.project_qkv(x, positions, inv_freq)
     if cache_kv is not None:
@@ -227,7 +232,7 @@ class Attention(nnx.Module):
     c = self.config
     attended = attend(q, k, v, positions, key_positions, scale=c.attention_scale,
                       softcap=c.attn_logit_softcap, window=self.window,
-                      kv_heads_first=cache_kv is not None)
+                      kv_heads_first=cache_kv is not None, segment_ids=segment_ids)
     return self.output(attended), new_cache_kv
 
 
@@ -271,9 +276,10 @@ class Block(nnx.Module):
       self.attn_post_norm = norm()
       self.mlp_post_norm = norm()
 
-  def __call__(self, x, positions, key_positions, inv_freq, cache_kv=None, write_index=None):
+  def __call__(self, x, positions, key_positions, inv_freq, cache_kv=None, write_index=None,
+               segment_ids=None):
     attn_out, new_cache_kv = self.attn(self.attn_norm(x), positions, key_positions, inv_freq,
-                                       cache_kv, write_index)
+                                       cache_kv, write_index, segment_ids)
     if self.sandwich:
       attn_out = self.attn_post_norm(attn_out)
     x = x + attn_out
@@ -336,7 +342,7 @@ class Transformer(nnx.Module):
   # ------------------------------------------------------------------------------- the block stack
 
   def run_blocks(self, x, positions, key_positions, *, cache: KVCache | None = None,
-                 write_index=None, remat: bool = False):
+                 write_index=None, remat: bool = False, segment_ids=None):
     """The stack of blocks over embedded x [B, T, D]: (x after the last block, (keys, values) of
     every layer written into `cache`, or None without one).
 
@@ -347,7 +353,7 @@ class Transformer(nnx.Module):
     inv_freq = rope_inverse_frequencies(self.config)
 
     def run_block(block, x, cache_kv):
-      return block(x, positions, key_positions, inv_freq, cache_kv, write_index)
+      return block(x, positions, key_positions, inv_freq, cache_kv, write_index, segment_ids)
 
     if remat:
       run_block = nnx.remat(run_block)
@@ -365,20 +371,30 @@ class Transformer(nnx.Module):
 
   # ------------------------------------------------------------------------------- entry points
 
-  def hidden_states(self, token_ids, attention_mask=None, *, positions=None, remat=False):
+  def hidden_states(self, token_ids, attention_mask=None, *, positions=None, remat=False,
+                    segment_ids=None):
     """Final-normed hidden states [B, T, D] of a full forward (no cache).
+
+    `segment_ids` [B, T] (0 = padding, 1, 2, … = the sequences of a packed row, each with its own
+    `positions` from 0) confines attention to each sequence: a packed row computes for each of
+    its sequences exactly what that sequence computes alone.
 
     With `remat`, each block is rematerialised in the backward pass (Chen et al. 2016, "Training
     Deep Nets with Sublinear Memory Cost"): only block inputs are kept, and one block's
     activations (attention scores included) are recomputed at a time — about one extra forward
     for a memory cost of one layer instead of all of them.
     """
-    if attention_mask is None:
+    if segment_ids is not None:
+      if positions is None:
+        raise ValueError("packed rows (segment_ids) need their per-sequence positions")
+      attention_mask = (segment_ids > 0).astype(jnp.int32)
+    elif attention_mask is None:
       attention_mask = jnp.ones(token_ids.shape, jnp.int32)
     if positions is None:
       positions = positions_from_mask(attention_mask)
     key_positions = jnp.where(attention_mask > 0, positions, -1)
-    x, _ = self.run_blocks(self.embed_tokens(token_ids), positions, key_positions, remat=remat)
+    x, _ = self.run_blocks(self.embed_tokens(token_ids), positions, key_positions, remat=remat,
+                           segment_ids=segment_ids)
     return self.final_norm(x)
 
   def __call__(self, token_ids, attention_mask=None, *, positions=None):

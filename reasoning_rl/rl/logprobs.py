@@ -7,6 +7,9 @@ hidden state to a 49k-entry vocabulary at once would hold B·T·V float32 values
 and each chunk's logits are computed, reduced to (log-prob, entropy) and dropped. `jax.checkpoint`
 makes the backward pass recompute a chunk's logits instead of storing them, so peak memory is
 O(B · chunk · V).
+
+Packed rows (padding-free training, `reasoning_rl.rl.packing`): several sequences share a row,
+kept apart by segment ids, and the head runs only where a completion token is predicted.
 """
 
 from __future__ import annotations
@@ -53,20 +56,73 @@ def completion_logprobs(model: Transformer, tokens: jax.Array, attention_mask: j
                      f"{completion_length} completion tokens")
   hidden = model.hidden_states(tokens, attention_mask, remat=remat)
   hidden = hidden[:, prompt_length - 1: prompt_length - 1 + completion_length]
-  targets = tokens[:, prompt_length:]
+  logprobs, entropy = head_logprobs(model, hidden, tokens[:, prompt_length:], chunk_size)
+  if return_hidden:
+    return logprobs, entropy, hidden
+  return logprobs, entropy
+
+
+def head_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array, chunk_size: int,
+                  *, skip_empty: bool = False):
+  """(log p(target), entropy) [B, L] float32 of hidden states [B, L, D], the vocabulary
+  projection made `chunk_size` positions at a time (module docstring).
+
+  With `skip_empty`, targets < 0 mark positions without a target, and a chunk with none for any
+  row is not projected at all (`lax.cond`): its outputs are 0.
+  """
   batch, length, width = hidden.shape
   chunk = min(chunk_size, length)
   num_chunks = -(-length // chunk)
   pad = num_chunks * chunk - length
   padded_hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-  padded_targets = jnp.pad(targets, ((0, 0), (0, pad)))
+  padded_targets = jnp.pad(targets, ((0, 0), (0, pad)), constant_values=-1 if skip_empty else 0)
   # [num_chunks, B, chunk, ...] so lax.map walks the chunks one after another.
   hidden_chunks = padded_hidden.reshape(batch, num_chunks, chunk, width).swapaxes(0, 1)
   target_chunks = padded_targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
-  one_chunk = jax.checkpoint(lambda args: _chunk_logprobs(model, *args))
+  project = jax.checkpoint(lambda args: _chunk_logprobs(model, *args))
+  if skip_empty:
+    def one_chunk(args):
+      empty = jnp.zeros(args[1].shape, jnp.float32)
+      return jax.lax.cond(jnp.any(args[1] >= 0), project, lambda _: (empty, empty),
+                          (args[0], jnp.maximum(args[1], 0)))
+  else:
+    one_chunk = project
   logprobs, entropy = jax.lax.map(one_chunk, (hidden_chunks, target_chunks))
   logprobs = logprobs.swapaxes(0, 1).reshape(batch, -1)[:, :length]
   entropy = entropy.swapaxes(0, 1).reshape(batch, -1)[:, :length]
-  if return_hidden:
-    return logprobs, entropy, hidden
   return logprobs, entropy
+
+
+def packed_completion_logprobs(model: Transformer, packed, *, chunk_size: int = 128,
+                               return_hidden: bool = False, remat: bool = False):
+  """`completion_logprobs` of one packed micro-batch (`reasoning_rl.rl.packing`).
+
+  The transformer runs on the packed rows [R, W] (segment ids keep sequences apart). The
+  vocabulary head runs only at the positions that predict a completion token: `head_index`
+  [G, H] lists them per group of rows (one group per data device, so the gather stays on the
+  device), chunks without any are skipped. The results are then laid out per sequence, [N, T]
+  (`token_index`), where the losses read them.
+
+  Returns (logprobs [N, T], entropy [N, T]) float32 (+ the hidden states at those positions,
+  [N, T, D], when asked); padding positions hold 0.
+  """
+  hidden = model.hidden_states(packed["tokens"], positions=packed["positions"],
+                               segment_ids=packed["segment_ids"], remat=remat)
+  rows, width, dim = hidden.shape
+  groups = packed["head_index"].shape[0]
+  hidden = hidden.reshape(groups, rows // groups * width, dim)
+  hidden = jnp.take_along_axis(hidden, packed["head_index"][..., None], axis=1)  # [G, H, D]
+  logprobs, entropy = head_logprobs(model, hidden, packed["head_targets"], chunk_size,
+                                    skip_empty=True)
+  per_sequence = lambda x: unpack_tokens(x, packed["token_index"])
+  if return_hidden:
+    return per_sequence(logprobs), per_sequence(entropy), per_sequence(hidden)
+  return per_sequence(logprobs), per_sequence(entropy)
+
+
+def unpack_tokens(values: jax.Array, token_index: jax.Array) -> jax.Array:
+  """[G, H, ...] values at packed head positions → [N, T, ...] per sequence; `token_index` [N, T]
+  holds flat indices into G·H, and G·H (one past the end) at padding, which reads 0."""
+  flat = values.reshape(-1, *values.shape[2:])
+  flat = jnp.concatenate([flat, jnp.zeros((1, *flat.shape[1:]), flat.dtype)])
+  return flat[token_index]

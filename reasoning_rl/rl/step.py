@@ -21,6 +21,10 @@ Batch layout (all leading dimension B, sharded over the mesh's data × fsdp axes
   completion_mask [B, T]; advantages [B] (grpo) or rewards [B] (ppo);
   behavior_logprobs [B, T] — the sampler's log-probs; required when `is_correction` != "none"
   (optional otherwise: then only the sampler/trainer mismatch is reported).
+Or the packed layout of `reasoning_rl.rl.packing.pack_batch` (padding-free: sequences packed into
+rows with segment ids, micro-batches of a fixed token budget, those past a mini-batch's packed rows
+skipped, the vocabulary head only at completion tokens): the same mini-batches, so the same loss
+and gradients as the padded batch it came from, with the padded batch's activation memory.
 
 π_old is always the trainer's own recomputation with the parameters the batch arrives with: with
 more than one update per batch (μ > 1 or num_mini_batches > 1) or ppo, `_prepare` computes it once
@@ -79,9 +83,10 @@ from reasoning_rl import registry
 from reasoning_rl import sharding as sharding_lib
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import losses
+from reasoning_rl.rl import packing
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl import value as value_lib
-from reasoning_rl.rl.logprobs import completion_logprobs
+from reasoning_rl.rl.logprobs import completion_logprobs, packed_completion_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +108,8 @@ class StepConfig:
   logprob_chunk: time steps projected to the vocabulary at once (memory / speed trade-off).
   remat: recompute each block's activations in the backward pass (memory of one layer instead of
     all layers, for about one extra forward).
+  packing: `TrainStep.host_batch` packs padded batches (`reasoning_rl.rl.packing`); the step
+    itself takes either layout.
   learning_rate, warmup_steps, total_steps, weight_decay, b1, b2, adam_eps, max_grad_norm:
     AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to
     `final_lr_fraction`·lr, after clipping the global gradient norm.
@@ -126,6 +133,7 @@ class StepConfig:
   num_mini_batches: int = 1
   logprob_chunk: int = 128
   remat: bool = False
+  packing: bool = False
   learning_rate: float = 1e-6
   warmup_steps: int = 0
   total_steps: int = 1000
@@ -187,6 +195,14 @@ class StepConfig:
     """Optimizer updates per rollout batch: μ epochs × M mini-batches."""
     return self.num_inner_updates * self.num_mini_batches
 
+  def check_packed_slices(self, num_slices: int):
+    """A packed batch comes in M·m slices (`reasoning_rl.rl.packing.pack_batch`)."""
+    expected = self.num_mini_batches * self.num_micro_batches
+    if num_slices != expected:
+      raise ConfigError(
+          f"the packed batch has {num_slices} slices but the step makes config.algo."
+          f"num_mini_batches × num_micro_batches = {expected}: pack it with the step's M and m")
+
   def check_batch_size(self, batch_size: int):
     """The batch must split into M mini-batches of m micro-batches of whole rows."""
     slices = self.num_mini_batches * self.num_micro_batches
@@ -242,6 +258,23 @@ def split_rows(tree, num_slices: int):
       tree)
 
 
+def has_tokens(micro) -> jax.Array:
+  """Whether a (packed) micro-batch holds any completion token."""
+  return jnp.any(micro["completion_mask"] > 0)
+
+
+def skipping_empty(forward, example):
+  """`forward` of a packed micro-batch, or zeros (no compute, `lax.cond`) when it is empty."""
+  shapes = jax.eval_shape(forward, example)
+  nothing = lambda _: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)  # noqa: E731
+  return lambda micro: jax.lax.cond(has_tokens(micro), forward, nothing, micro)
+
+
+def slice_major(tree):
+  """A packed batch's [rows, S, ...] leaves → [S, rows, ...] (one slice per leading index)."""
+  return jax.tree.map(lambda x: x.swapaxes(0, 1), tree)
+
+
 def merge_rows(tree):
   """Inverse of `split_rows`: [n, B / n, ...] → [B, ...] in the original row order."""
   return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), tree)
@@ -273,6 +306,7 @@ class TrainStep:
     self.optimizer = make_optimizer(config)
     self._compiled = None
     self._merge = None
+    self._packed = False  # set while tracing: the layout of the batch being traced
 
   # ------------------------------------------------------------------------ state
 
@@ -333,6 +367,20 @@ class TrainStep:
         transform_non_params=lambda _: replicated)
     return jax.jit(self.optimizer.init, out_shardings=out_shardings)(trainable)
 
+  def host_batch(self, batch: dict, pad_id: int = 0) -> dict:
+    """The host arrays this step is fed: the padded batch as is, or (`packing`) packed for this
+    step's M and m, with row counts that divide over the mesh's data × fsdp devices."""
+    if not self.config.packing:
+      return batch
+    devices = 1
+    if self.mesh is not None:
+      devices = self.mesh.shape.get("data", 1) * self.mesh.shape.get("fsdp", 1)
+    packed, _ = packing.pack_batch(batch, num_mini_batches=self.config.num_mini_batches,
+                                   num_micro_batches=self.config.num_micro_batches,
+                                   row_groups=devices, head_chunk=self.config.logprob_chunk,
+                                   pad_id=pad_id)
+    return packed
+
   def state_shardings(self, state: TrainState):
     return jax.tree.map(lambda x: x.sharding, state)
 
@@ -366,17 +414,23 @@ class TrainStep:
           adapters, base, lora_settings))
     return self._merge(state.params, state.frozen_params)
 
+  def _logprobs(self, model, micro, *, return_hidden=False, remat=False):
+    """Completion log-probs and entropies [N, T] of a padded or a packed micro-batch."""
+    chunk = self.config.logprob_chunk
+    if packing.is_packed(micro):
+      return packed_completion_logprobs(model, micro, chunk_size=chunk,
+                                        return_hidden=return_hidden, remat=remat)
+    return completion_logprobs(model, micro["tokens"], micro["attention_mask"],
+                               micro["completion_mask"].shape[1], chunk_size=chunk,
+                               return_hidden=return_hidden, remat=remat)
+
   def _policy_outputs(self, params, value_head, batch, frozen_params=None):
     model = self.model(params, frozen_params)
-    length = batch["completion_mask"].shape[1]
     if value_head is None:
-      logprobs, entropy = completion_logprobs(
-          model, batch["tokens"], batch["attention_mask"], length,
-          chunk_size=self.config.logprob_chunk, remat=self.config.remat)
+      logprobs, entropy = self._logprobs(model, batch, remat=self.config.remat)
       return logprobs, entropy, None
-    logprobs, entropy, hidden = completion_logprobs(
-        model, batch["tokens"], batch["attention_mask"], length,
-        chunk_size=self.config.logprob_chunk, return_hidden=True, remat=self.config.remat)
+    logprobs, entropy, hidden = self._logprobs(model, batch, return_hidden=True,
+                                               remat=self.config.remat)
     values = hidden.astype(jnp.float32) @ value_head["kernel"] + value_head["bias"]
     return logprobs, entropy, values
 
@@ -421,7 +475,9 @@ class TrainStep:
     one micro-batch (the rows of one update's micro-batch) at a time."""
     c = self.config
     needs_old = self._needs_old_logprobs()
-    inputs = {k: batch[k] for k in ("tokens", "attention_mask", "completion_mask")}
+    model_inputs = (("tokens", "positions", "segment_ids", "head_index", "head_targets",
+                     "token_index") if packing.is_packed(batch) else ("tokens", "attention_mask"))
+    inputs = {k: batch[k] for k in (*model_inputs, "completion_mask")}
 
     def forward(micro):
       out = {}
@@ -438,15 +494,17 @@ class TrainStep:
           ref_model = self.model(lora.zero_adapters(state.params), state.frozen_params)
         else:
           ref_model = nnx.merge(self.graphdef, state.ref_params)
-        out["ref_logprobs"], _ = completion_logprobs(
-            ref_model, micro["tokens"], micro["attention_mask"],
-            micro["completion_mask"].shape[1], chunk_size=c.logprob_chunk)
+        out["ref_logprobs"], _ = self._logprobs(ref_model, micro)
       return out
 
     if not (needs_old or c.beta > 0):
       return {}
     num_slices = c.num_mini_batches * c.num_micro_batches
-    if num_slices == 1:
+    if packing.is_packed(batch):  # already in slices: [rows, S, ...] → [S, rows, ...]
+      slices = slice_major(inputs)
+      out = jax.lax.map(skipping_empty(forward, jax.tree.map(lambda x: x[0], slices)), slices)
+      out = jax.tree.map(lambda x: x.swapaxes(0, 1), out)
+    elif num_slices == 1:
       out = forward(inputs)
     else:  # lax.map runs the slices one after another: one slice's activations live at a time
       out = merge_rows(jax.lax.map(forward, split_rows(inputs, num_slices)))
@@ -457,15 +515,22 @@ class TrainStep:
     c = self.config
     if c.algorithm != "sft":  # fails at trace time, before any compute, if the batch lacks them
       c.sampler_correction("behavior_logprobs" in batch)
-    c.check_batch_size(batch["completion_mask"].shape[0])
+    if packing.is_packed(batch):
+      c.check_packed_slices(batch["tokens"].shape[1])
+    else:
+      c.check_batch_size(batch["completion_mask"].shape[0])
     batch = dict(batch, **self._frozen_forwards(state, batch))
     if c.algorithm == "ppo":
-      mask = batch["completion_mask"]
-      token_rewards = value_lib.sequence_rewards_to_tokens(batch["rewards"], mask)
+      # GAE per sequence and whitening over every sequence: on [B, T], whatever the layout.
+      shape = batch["completion_mask"].shape
+      flat = lambda x: x.reshape(-1, *x.shape[len(shape) - 1:])  # noqa: E731
+      mask = flat(batch["completion_mask"])
+      token_rewards = value_lib.sequence_rewards_to_tokens(
+          batch["rewards"].reshape(-1), mask)
       advantages, returns = value_lib.gae_advantages(
-          token_rewards, batch["old_values"], mask, gamma=c.gamma, lam=c.gae_lambda)
-      batch["advantages"] = value_lib.masked_whiten(advantages, mask)  # over the whole batch
-      batch["returns"] = returns
+          token_rewards, flat(batch["old_values"]), mask, gamma=c.gamma, lam=c.gae_lambda)
+      batch["advantages"] = value_lib.masked_whiten(advantages, mask).reshape(shape)
+      batch["returns"] = returns.reshape(shape)
     return batch
 
   def _update(self, state: TrainState, batch, normalizers):
@@ -481,13 +546,16 @@ class TrainStep:
 
     m = c.num_micro_batches
     if m == 1:
-      (loss, stats), grads = micro_grads(batch)
+      (loss, stats), grads = micro_grads(
+          jax.tree.map(lambda x: x[0], batch) if self._packed else batch)
     else:
-      micro_batches = split_rows(batch, m)  # every device keeps a share of each micro-batch
+      # Packed: the m micro-batches are the leading axis already. Padded: strided rows, so every
+      # device keeps a share of each micro-batch.
+      micro_batches = batch if self._packed else split_rows(batch, m)
 
       def accumulate(carry, micro):
         loss_sum, grads_sum, stats_sum = carry
-        (loss, stats), grads = micro_grads(micro)
+        (loss, stats), grads = micro_grads_or_skip(micro)
         return (loss_sum + loss, jax.tree.map(jnp.add, grads_sum, grads),
                 stats_lib.merge(stats_sum, stats)), None
 
@@ -500,6 +568,12 @@ class TrainStep:
       start = (jnp.zeros(loss_shape.shape, loss_shape.dtype),
                jax.tree.map(lambda g: jnp.zeros(g.shape, g.dtype), grads_shape),
                _no_stats(stats_shape))
+      if self._packed:  # a micro-batch past the mini-batch's packed rows adds nothing: skip it
+        nothing = ((start[0], start[2]), start[1])
+        micro_grads_or_skip = lambda micro: jax.lax.cond(  # noqa: E731
+            has_tokens(micro), micro_grads, lambda _: nothing, micro)
+      else:
+        micro_grads_or_skip = micro_grads
       (loss, grads, stats), _ = jax.lax.scan(accumulate, start, micro_batches)
 
     grad_norm = optax.global_norm(grads)
@@ -529,11 +603,18 @@ class TrainStep:
 
   def _step(self, state: TrainState, batch):
     c = self.config
+    self._packed = packing.is_packed(batch)
     batch = self._prepare(state, batch)
+    if self._packed:  # [S, ...] slices → [M, m, ...]: mini-batch k's micro-batches
+      batch = jax.tree.map(
+          lambda x: x.reshape(c.num_mini_batches, c.num_micro_batches, *x.shape[1:]),
+          slice_major(batch))
+      if c.updates_per_step == 1:
+        batch = jax.tree.map(lambda x: x[0], batch)
     if c.updates_per_step == 1:
       state, stats = self._update_on(state, batch)
       return state.replace(step=state.step + 1), stats
-    mini_batches = split_rows(batch, c.num_mini_batches)
+    mini_batches = batch if self._packed else split_rows(batch, c.num_mini_batches)
 
     def update(carry, index):
       state, stats = carry

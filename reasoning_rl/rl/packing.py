@@ -1,0 +1,173 @@
+"""Padding-free training batches: sequences packed into rows, micro-batches of a token budget.
+
+The padded layout (`batching.build_batch`) gives every sequence a row of W = P + T positions: the
+prompt left-padded to P, the completion right-padded to T. RL completions vary widely in length,
+so much of each row is padding the transformer still computes. `pack_batch` turns a padded batch
+into the packed layout the training step also accepts, with the SAME array shapes for every batch
+of a run (the step compiles once) and work that follows the real token count:
+
+- Mini-batches are the padded step's own (mini-batch k holds rows k, k + M, k + 2M, …), so every
+  update's loss normalizers, and therefore its loss and gradient, are unchanged.
+- A mini-batch's sequences are packed first-fit-decreasing into rows of W positions (one sequence
+  always fits). Each token carries its sequence's segment id (1, 2, … within its row; 0 =
+  padding) and its position within its sequence, so attention never crosses sequences and a
+  packed sequence computes what it computes alone.
+- Micro-batches are token budgets, not row counts of sequences: micro-batch j of a mini-batch
+  takes its packed rows j·R … j·R + R − 1, R = B / (M·m) rows of W positions, the size of a padded
+  micro-batch (same activation memory). A mini-batch needs ⌈rows / R⌉ ≤ m of them; the step skips
+  the empty ones (`lax.cond`), so a batch of short completions trains in fewer micro-batches.
+- The vocabulary head runs only at the positions that predict a completion token: `head_index`
+  lists them, `head_targets` holds the tokens (−1 past the end; the step skips chunks of the head
+  that hold none). `token_index` [N, T] then lays the results out per sequence for the losses,
+  which keep their [N, T] form (N sequence slots per micro-batch).
+
+Leaves are [rows | groups | slots, S, …] with S = M·m slices (mini-batch k's micro-batch j is slice
+k·m + j): the leading axis is the one sharded over the trainer's data devices (G of them). Each
+device's rows form one group, and a group's head positions index that group's rows only, so the
+head's gather never crosses devices. Only N, the sequence slots, depends on the data: the largest
+micro-batch's sequence count, rounded up to a power of two (at least 2·R, at most B / M).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+SEQUENCE_FIELDS = ("completion_mask", "advantages", "rewards", "behavior_logprobs")
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedLayout:
+  """Where each sequence of the padded batch went: `row_of_slot` [S, N] is the padded row held by
+  sequence slot (slice, n), −1 for an empty slot; `micro_batches_used` [M] how many of the m
+  micro-batches each mini-batch fills."""
+
+  row_of_slot: np.ndarray
+  micro_batches_used: np.ndarray
+  tokens: int  # real tokens packed (prompts + completions)
+  rows: int  # packed rows holding them (over every mini-batch)
+
+
+def _first_fit_decreasing(indices, lengths, width):
+  rows, free = [], []
+  for i in sorted(indices, key=lambda i: (-lengths[i], i)):
+    for r, space in enumerate(free):
+      if lengths[i] <= space:
+        rows[r].append(i)
+        free[r] -= lengths[i]
+        break
+    else:
+      rows.append([i])
+      free.append(width - lengths[i])
+  return rows
+
+
+def slot_count(max_sequences: int, rows_per_micro_batch: int, mini_batch: int,
+               multiple: int) -> int:
+  """N: a power of two ≥ the largest micro-batch's sequences and ≥ 2·R, at most the mini-batch
+  (a multiple of `multiple`, the data devices)."""
+  slots = 2 * rows_per_micro_batch
+  while slots < max_sequences:
+    slots *= 2
+  slots = min(slots, mini_batch)
+  return -(-slots // multiple) * multiple
+
+
+def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int = 1,
+               row_groups: int = 1, head_chunk: int = 128, pad_id: int = 0
+               ) -> tuple[dict, PackedLayout]:
+  """The packed form of a padded batch (module docstring).
+
+  Args:
+    batch: `batching.build_batch`'s arrays: tokens, attention_mask [B, P + T], completion_mask
+      [B, T], advantages [B] and optionally rewards [B], behavior_logprobs [B, T].
+    num_mini_batches, num_micro_batches: M and m of the step; B must be divisible by M·m.
+    row_groups: G, the trainer mesh's data × fsdp devices; R must be divisible by it.
+    head_chunk: the step's `logprob_chunk`: a group's head positions are a whole number of chunks.
+    pad_id: token at padding positions.
+
+  Returns:
+    (packed arrays for `TrainStep`, the layout that maps sequence slots back to padded rows).
+  """
+  tokens, attention = np.asarray(batch["tokens"]), np.asarray(batch["attention_mask"])
+  completion_mask = np.asarray(batch["completion_mask"])
+  num_rows, completion_length = completion_mask.shape
+  width = tokens.shape[1]
+  prompt_length = width - completion_length
+  num_slices = num_mini_batches * num_micro_batches
+  if num_rows % num_slices:
+    raise ValueError(f"{num_rows} rows do not split into {num_mini_batches} mini-batches of "
+                     f"{num_micro_batches} micro-batches")
+  rows_per_micro = num_rows // num_slices
+  if rows_per_micro % row_groups:
+    raise ValueError(f"micro-batches of {rows_per_micro} rows do not split over {row_groups} "
+                     "data devices")
+  prompt_lens = attention[:, :prompt_length].sum(1)
+  completion_lens = completion_mask.sum(1)
+  if ((completion_lens > 0) & (prompt_lens == 0)).any():
+    raise ValueError("a completion without a prompt token has no position predicting its first "
+                     "token")
+  lengths = [int(p + c) if c else 0 for p, c in zip(prompt_lens, completion_lens)]
+  # Mini-batch k holds rows k, k + M, … (the padded step's `split_rows`); empty rows are dropped.
+  slices, used = [], []
+  for k in range(num_mini_batches):
+    members = [i for i in range(k, num_rows, num_mini_batches) if lengths[i]]
+    rows = _first_fit_decreasing(members, lengths, width)
+    used.append(-(-len(rows) // rows_per_micro))
+    slices += [rows[j * rows_per_micro:(j + 1) * rows_per_micro]
+               for j in range(num_micro_batches)]
+  num_slots = slot_count(max(sum(map(len, rows)) for rows in slices), rows_per_micro,
+                         num_rows // num_mini_batches, row_groups)
+  rows_per_group = rows_per_micro // row_groups
+  group_width = -(-rows_per_group * width // head_chunk) * head_chunk
+
+  out = {
+      "tokens": np.full((rows_per_micro, num_slices, width), pad_id, np.int32),
+      "positions": np.full((rows_per_micro, num_slices, width), -1, np.int32),
+      "segment_ids": np.zeros((rows_per_micro, num_slices, width), np.int32),
+      "head_index": np.zeros((row_groups, num_slices, group_width), np.int32),
+      "head_targets": np.full((row_groups, num_slices, group_width), -1, np.int32),
+      "token_index": np.full((num_slots, num_slices, completion_length),
+                             row_groups * group_width, np.int32),
+  }
+  for name in SEQUENCE_FIELDS:
+    if name in batch:
+      value = np.asarray(batch[name])
+      out[name] = np.zeros((num_slots, num_slices, *value.shape[1:]), value.dtype)
+  row_of_slot = np.full((num_slices, num_slots), -1, np.int64)
+  for s, rows in enumerate(slices):
+    slot = 0
+    heads = [0] * row_groups  # head positions filled per group
+    for r, row in enumerate(rows):
+      group, row_in_group = divmod(r, rows_per_group)
+      start = 0
+      for segment, i in enumerate(row, start=1):
+        prompt = tokens[i, :prompt_length][attention[i, :prompt_length] > 0]
+        n_prompt, n_completion = len(prompt), int(completion_lens[i])
+        sequence = np.concatenate([prompt, tokens[i, prompt_length:prompt_length + n_completion]])
+        span = slice(start, start + len(sequence))
+        out["tokens"][r, s, span] = sequence
+        out["positions"][r, s, span] = np.arange(len(sequence))
+        out["segment_ids"][r, s, span] = segment
+        # Completion token t is predicted by the hidden state of the token before it.
+        head = slice(heads[group], heads[group] + n_completion)
+        out["head_index"][group, s, head] = (
+            row_in_group * width + start + n_prompt - 1 + np.arange(n_completion))
+        out["head_targets"][group, s, head] = sequence[n_prompt:]
+        out["token_index"][slot, s, :n_completion] = group * group_width + np.arange(
+            head.start, head.stop)
+        for name in SEQUENCE_FIELDS:
+          if name in out:
+            out[name][slot, s] = batch[name][i]
+        row_of_slot[s, slot] = i
+        start += len(sequence)
+        heads[group] += n_completion
+        slot += 1
+  layout = PackedLayout(row_of_slot=row_of_slot, micro_batches_used=np.array(used),
+                        tokens=int(sum(lengths)), rows=sum(len(rows) for rows in slices))
+  return out, layout
+
+
+def is_packed(batch) -> bool:
+  return "segment_ids" in batch
