@@ -303,3 +303,25 @@ def test_sharded_lora_step_with_micro_batches_equals_single_device():
   assert q_proj.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
   adapter = sharded.params["layers"][0]["attn"]["q_proj_lora_a"][...]
   assert adapter.sharding.is_fully_replicated
+
+
+def test_a_packed_lora_step_applies_the_padded_steps_update():
+  """Packed rows go through qwix's intercepted `run_blocks` with their segment ids: adapters and
+  the base-as-reference see each sequence alone, as in the padded step."""
+  from reasoning_rl.rl import packing
+  from tests.test_packing import ragged_batch
+
+  batch = ragged_batch()
+  packed, _ = packing.pack_batch(batch, num_micro_batches=2, head_chunk=8)
+  assert packed["segment_ids"].max() > 1
+  sgd = optax.sgd(lambda count: 1.0)
+  updates = []
+  for layout in (batch, packed):
+    step, state = lora_step(beta=0.04, optimizer=sgd, num_micro_batches=2, logprob_chunk=8)
+    before = [np.asarray(x, np.float64) for x in jax.tree.leaves(state.params)]
+    state, _ = step(state, layout)
+    updates.append([np.asarray(x, np.float64) - b
+                    for x, b in zip(jax.tree.leaves(state.params), before, strict=True)])
+  scale = max(np.abs(u).max() for u in updates[0])
+  for packed_update, padded_update in zip(*updates[::-1], strict=True):
+    np.testing.assert_allclose(packed_update, padded_update, rtol=0, atol=1e-4 * scale)
