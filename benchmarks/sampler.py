@@ -1,7 +1,8 @@
 """Decode throughput of the sampler engine beside transformers' `generate`, in the same run.
 
-Usage: python benchmarks/sampler.py [--models tiny_qwen2,smollm2] [--batches 1,16,64]
+Usage: python -m benchmarks.sampler [--models tiny_qwen2,smollm2] [--batches 1,16,64]
            [--prompt_length 64] [--new_tokens 128] [--steps_per_call 32] [--no_transformers]
+           [--before_rev REV]
 
 For each model and batch size B: B prompts of `prompt_length` random tokens, greedy, exactly
 `new_tokens` new tokens each (no EOS stop), float32.
@@ -9,6 +10,8 @@ For each model and batch size B: B prompts of `prompt_length` random tokens, gre
   excluded); "end-to-end tok/s" includes the B prefills and inserts. Compiled before timing.
 - transformers: `model.generate(B × prompt_length, max_new_tokens=min_new_tokens=new_tokens)`,
   end to end (its prefill is one batched forward, a small share of the time).
+- with --before_rev: the engine as of that git revision (`benchmarks.rollouts.load_before`) on the
+  same prompts, in the same run, for a before / after table.
 Achieved rates use the FLOPs per decoded token of `reasoning_rl.flops` (matmul weights, output
 projection, attention over the average context) and bytes per decode step (all weights once,
 plus the KV cache the step reads), against this machine's ~400 GFLOP/s f32 matmul peak and ~60 GB/s
@@ -71,10 +74,12 @@ def bytes_per_step(config, batch: int, cache_length: int) -> float:
   return weights + kv_cache
 
 
-def run_ours(model, prompts: np.ndarray, new_tokens: int, steps_per_call: int):
-  """(decode seconds, end-to-end seconds) of one greedy run; tokens checked for count."""
+def run_ours(model, prompts: np.ndarray, new_tokens: int, steps_per_call: int, engine_class=None):
+  """(decode seconds, end-to-end seconds) of one greedy run; tokens checked for count.
+  `engine_class`: another revision's Engine (default: this tree's)."""
   from reasoning_rl.sampler import Engine, SamplingParams, sample_key
 
+  Engine = engine_class or Engine
   batch, prompt_length = prompts.shape
   engine = Engine(model, max_concurrent_decodes=batch, max_prefill_length=prompt_length,
                   max_decode_length=new_tokens, steps_per_call=steps_per_call)
@@ -128,7 +133,14 @@ def main():
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--steps_per_call", type=int, default=32)
   parser.add_argument("--no_transformers", action="store_true")
+  parser.add_argument("--before_rev", default=None,
+                      help="also time the engine of this git revision (before / after)")
   args = parser.parse_args()
+  before_engine = None
+  if args.before_rev:
+    from benchmarks.rollouts import load_before
+
+    before_engine, _ = load_before(args.before_rev)
 
   import torch
   import transformers
@@ -136,17 +148,23 @@ def main():
   print(f"torch {torch.__version__} threads={torch.get_num_threads()}, "
         f"transformers {transformers.__version__}; prompts {args.prompt_length} tokens, "
         f"{args.new_tokens} new tokens, greedy, float32")
-  print("| model | batch | ours decode tok/s | ours end-to-end tok/s | transformers tok/s | "
-        "speed-up (e2e) | ours GFLOP/s (% peak) | ours GB/s (% bw) |")
-  print("|---|---|---|---|---|---|---|---|")
+  before = f"decode tok/s at {args.before_rev[:7]} | " if before_engine else ""
+  print(f"| model | batch | {before}ours decode tok/s | ours end-to-end tok/s | "
+        "transformers tok/s | speed-up (e2e) | ours GFLOP/s (% peak) | ours GB/s (% bw) |")
+  print("|---|---|---|---|---|---|---|---|" + ("---|" if before_engine else ""))
   for name in args.models.split(","):
     ours, theirs = load_models(name)
     config = ours.config
     for batch in (int(b) for b in args.batches.split(",")):
       prompts = np.random.RandomState(batch).randint(
           0, config.vocab_size, (batch, args.prompt_length)).astype(np.int32)
-      decode_s, total_s = run_ours(ours, prompts, args.new_tokens, args.steps_per_call)
       tokens = batch * args.new_tokens
+      before = ""
+      if before_engine:
+        before_s, _ = run_ours(ours, prompts, args.new_tokens, args.steps_per_call,
+                               before_engine)
+        before = f"{tokens / before_s:,.0f} | "
+      decode_s, total_s = run_ours(ours, prompts, args.new_tokens, args.steps_per_call)
       decode_rate = tokens / decode_s
       context = args.prompt_length + args.new_tokens / 2
       flops = forward_flops(config, 1, context) * decode_rate
@@ -157,7 +175,7 @@ def main():
       else:
         theirs_rate = tokens / run_transformers(theirs, prompts, args.new_tokens)
         speedup = (tokens / total_s) / theirs_rate
-      print(f"| {name} | {batch} | {decode_rate:,.0f} | {tokens / total_s:,.0f} | "
+      print(f"| {name} | {batch} | {before}{decode_rate:,.0f} | {tokens / total_s:,.0f} | "
             f"{theirs_rate:,.0f} | {speedup:.1f}x | {flops / 1e9:.0f} "
             f"({100 * flops / PEAK_FLOPS:.0f} %) | {bandwidth / 1e9:.1f} "
             f"({100 * bandwidth / PEAK_BYTES:.0f} %) |", flush=True)
