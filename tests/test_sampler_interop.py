@@ -18,6 +18,8 @@ import asyncio
 import logging
 import math
 import sys
+import threading
+import traceback
 
 import jax
 import numpy as np
@@ -153,9 +155,24 @@ async def _run_requests(driver):
   return outputs
 
 
+THREAD_ERRORS = []  # tracebacks of Driver threads that raised
+
+
+def _run_and_record(thread):
+  """JetThread.run without its `os.kill(os.getpid(), SIGKILL)` on an error: the error is kept
+  and fails the test that started the thread, instead of killing the whole test session."""
+  try:
+    threading.Thread.run(thread)
+  except Exception:  # pylint: disable=broad-exception-caught
+    THREAD_ERRORS.append(f"{thread.name}: {traceback.format_exc()}")
+
+
 def serve_through_driver(model, tokenizer, monkeypatch):
   """Each request's (token ids, text) from JetStream's Driver on our engine; and the engine."""
   monkeypatch.setattr(orchestrator, "delete_pytree", _delete_pytree)
+  # Not undone after the test: a Driver thread must never SIGKILL the session, even late.
+  orchestrator.JetThread.run = _run_and_record
+  THREAD_ERRORS.clear()
   engine = Engine(model, max_concurrent_decodes=2, max_prefill_length=16, max_decode_length=16,
                   steps_per_call=STEPS_PER_CALL)
   adapter = jetstream_engine(engine, tokenizer, bos_id=BOS)
@@ -163,10 +180,18 @@ def serve_through_driver(model, tokenizer, monkeypatch):
   driver = orchestrator.Driver(prefill_engines=[adapter], generate_engines=[adapter],
                                prefill_params=[params], generate_params=[params],
                                interleaved_mode=True)
-  try:
-    outputs = asyncio.run(asyncio.wait_for(_run_requests(driver), timeout=300))
-  finally:
-    driver.stop()
+
+  async def serve():
+    try:
+      return await asyncio.wait_for(_run_requests(driver), timeout=300)
+    finally:
+      # Stopped while the event loop still runs: the detokenize thread may still post to a
+      # request's return channel after the last one closed, and a closed loop makes that raise
+      # ("Event loop is closed"; seen under load).
+      await asyncio.to_thread(driver.stop)
+
+  outputs = asyncio.run(serve())
+  assert not THREAD_ERRORS, "a JetStream Driver thread raised:\n" + "\n".join(THREAD_ERRORS)
   return outputs, engine
 
 
