@@ -14,7 +14,8 @@ measured steps' means.
 Needs TRL: pip install -e '.[test,bench]' (pinned; torch stays the CPU wheel).
 Usage: python -m benchmarks.rl_step [--steps 5] [--warmup_steps 1] [--beta 0,0.04]
          [--prompts 4] [--samples 8] [--max_new_tokens 128] [--micro_batches 4]
-         [--learning_rate 2e-5] [--layouts padded,packed] [--skip_trl]
+         [--learning_rate 2e-5] [--layouts padded,packed] [--packed_micro_batches M]
+         [--skip_trl]
 
 How each step is split:
 - ours: the real loop (`reasoning_rl.build.build` + `reasoning_rl.trainer.Trainer`, held-out
@@ -123,7 +124,7 @@ def demo_config(args, beta: float, workdir: str, packing: bool = False):
   c.optim.learning_rate = args.learning_rate
   c.optim.warmup_steps = 0
   c.optim.final_lr_fraction = 1.0  # a constant rate, as TRL's lr_scheduler_type="constant"
-  c.algo.num_micro_batches = args.micro_batches
+  c.algo.num_micro_batches = args.packed_micro_batches if packing else args.micro_batches
   c.algo.packing = packing
   c.verifier.redteam = False  # a start-up check, not part of a step
   c.checkpoint.every_steps = c.total_steps  # the loop's final save only, after the last step
@@ -433,9 +434,15 @@ def main():
   parser.add_argument("--layouts", default="padded,packed",
                       help="our training rows, comma-separated: padded and/or packed "
                            "(algo.packing, padding-free)")
+  parser.add_argument("--packed_micro_batches", type=int, default=None,
+                      help="micro-batches of the packed layout (default: --micro_batches); "
+                           "packed micro-batches hold as many positions as padded ones, and "
+                           "smaller ones let a batch of short completions skip more")
   parser.add_argument("--skip_trl", action="store_true",
                       help="our side only (the TRL columns are then left out)")
   args = parser.parse_args()
+  if args.packed_micro_batches is None:
+    args.packed_micro_batches = args.micro_batches
   betas = [float(b) for b in args.beta.split(",")]
 
   from reasoning_rl.host_memory import keep_freed_memory
@@ -453,7 +460,8 @@ def main():
   trl_name = f"TRL {trl.__version__} GRPOTrainer"
   print(f"SmolLM2-135M-Instruct (GGUF Q4_1 -> f32), {args.prompts} prompts x {args.samples} "
         f"samples, {args.max_new_tokens} new tokens, T=1, lr {args.learning_rate:g} (constant), "
-        f"{args.micro_batches} micro-batches; {args.warmup_steps} warm-up + {args.steps} "
+        f"{args.micro_batches} micro-batches ({args.packed_micro_batches} packed); "
+        f"{args.warmup_steps} warm-up + {args.steps} "
         f"measured steps per side; jax {jax.__version__} ({jax.default_backend()}), "
         f"torch {torch.__version__} ({torch.get_num_threads()} threads), transformers "
         f"{transformers.__version__}, trl {trl.__version__}", flush=True)

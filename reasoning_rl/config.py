@@ -107,10 +107,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.algo.num_micro_batches = 1  # gradient accumulation inside each update (memory, not maths)
   c.algo.logprob_chunk = 128
   c.algo.remat = False  # recompute block activations in the backward pass (long sequences)
-  # Padding-free training (rl/packing.py): sequences packed into rows of prompt + completion
-  # length with segment ids, micro-batches balanced by tokens, the vocabulary head only at
-  # completion tokens. Same loss and gradients as the padded rows; a few step shapes (buckets).
+  # Padding-free training (rl/packing.py): sequences packed into rows with segment ids; a
+  # micro-batch is a padded micro-batch's positions and those a batch's tokens do not reach are
+  # skipped; the vocabulary head runs only at completion tokens. Same loss and gradients.
   c.algo.packing = False
+  # k: packed rows are k × (max_prefill_length + max_new_tokens) long (R / k per micro-batch):
+  # long sequences waste less of a row, attention costs k times more per token.
+  c.algo.packed_row_factor = 1
   # ppo: PPO's clipped token ratio (Schulman et al. 2017) | gspo / gspo-token: GSPO's
   # length-normalised sequence ratio (Zheng et al. 2025, arXiv:2507.18071) | cispo: clipped,
   # stop-gradient IS weight on a REINFORCE term (MiniMax-M1, arXiv:2506.13585). See rl/losses.py.
@@ -298,6 +301,7 @@ FIELD_RANGES: dict[str, Range] = {
     "algo.num_iterations": _int(1),
     "algo.num_mini_batches": _int(1),
     "algo.num_micro_batches": _int(1),
+    "algo.packed_row_factor": _int(1),
     "algo.logprob_chunk": _int(1),
     "algo.is_threshold": _POSITIVE,
     "algo.vf_coef": _NON_NEGATIVE,
@@ -421,6 +425,10 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "algo.num_micro_batches" if mini == 1 else "algo.num_mini_batches",
           f"num_mini_batches x num_micro_batches = {mini} x {micro} must divide the batch of "
           f"num_prompts x num_samples = {batch} completions")
+  require(not config.algo.packing or config.stage != "rl"
+          or (batch // (mini * micro)) % config.algo.packed_row_factor == 0,
+          "algo.packed_row_factor", f"packed rows {config.algo.packed_row_factor} times as long "
+          f"must evenly share the {batch // max(mini * micro, 1)} rows of a micro-batch")
   require(config.beta > 0 or math.isinf(config.guards.max_kl), "guards.max_kl",
           "the KL guard measures KL to the reference, which exists only with beta > 0; set "
           "--config.beta or leave max_kl at inf")

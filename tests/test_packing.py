@@ -56,7 +56,9 @@ def test_every_sequence_is_packed_once_in_its_own_mini_batch(mini, micro, groups
   assert packed["head_index"].shape[0] == groups
   assert packed["token_index"].shape[0] % groups == 0
   assert sorted(layout.row_of_slot[layout.row_of_slot >= 0].tolist()) == list(range(B - 1))
-  group_width = packed["head_index"].shape[2]
+  head_index = packed["head_index"].reshape(groups, slices, -1)
+  head_targets = packed["head_targets"].reshape(groups, slices, -1)
+  group_width = head_index.shape[2]
   rows_per_group = rows_per_micro // groups
   for s in range(slices):
     for slot, row in enumerate(layout.row_of_slot[s]):
@@ -68,9 +70,9 @@ def test_every_sequence_is_packed_once_in_its_own_mini_batch(mini, micro, groups
       group, entry = np.divmod(packed["token_index"][slot, s, :n], group_width)
       assert (group == group[0]).all()
       completion = batch["tokens"][row, P:P + n]
-      np.testing.assert_array_equal(packed["head_targets"][group, s, entry], completion)
+      np.testing.assert_array_equal(head_targets[group, s, entry], completion)
       # The head reads the position before each completion token, in the group's own rows.
-      packed_row, column = np.divmod(packed["head_index"][group, s, entry], P + T)
+      packed_row, column = np.divmod(head_index[group, s, entry], P + T)
       packed_row += group[0] * rows_per_group
       np.testing.assert_array_equal(packed["tokens"][packed_row, s, column + 1], completion)
       segments = packed["segment_ids"][packed_row, s, column + 1]

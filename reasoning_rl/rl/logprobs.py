@@ -99,8 +99,8 @@ def packed_completion_logprobs(model: Transformer, packed, *, chunk_size: int = 
 
   The transformer runs on the packed rows [R, W] (segment ids keep sequences apart). The
   vocabulary head runs only at the positions that predict a completion token: `head_index`
-  [G, H] lists them per group of rows (one group per data device, so the gather stays on the
-  device), chunks without any are skipped. The results are then laid out per sequence, [N, T]
+  [G, chunks, chunk] lists them per group of rows (one group per data device, so the gather stays
+  on the device), a chunk at a time, and chunks without any are skipped. The results are then laid out per sequence, [N, T]
   (`token_index`), where the losses read them.
 
   Returns (logprobs [N, T], entropy [N, T]) float32 (+ the hidden states at those positions,
@@ -108,12 +108,14 @@ def packed_completion_logprobs(model: Transformer, packed, *, chunk_size: int = 
   """
   hidden = model.hidden_states(packed["tokens"], positions=packed["positions"],
                                segment_ids=packed["segment_ids"], remat=remat)
+  del chunk_size  # the packed layout fixes its own: head_index is [G, chunks, chunk]
   rows, width, dim = hidden.shape
-  groups = packed["head_index"].shape[0]
+  groups, _, chunk = packed["head_index"].shape
   hidden = hidden.reshape(groups, rows // groups * width, dim)
-  hidden = jnp.take_along_axis(hidden, packed["head_index"][..., None], axis=1)  # [G, H, D]
-  logprobs, entropy = head_logprobs(model, hidden, packed["head_targets"], chunk_size,
-                                    skip_empty=True)
+  head_index = packed["head_index"].reshape(groups, -1)
+  hidden = jnp.take_along_axis(hidden, head_index[..., None], axis=1)  # [G, H, D]
+  logprobs, entropy = head_logprobs(model, hidden, packed["head_targets"].reshape(groups, -1),
+                                    chunk, skip_empty=True)
   per_sequence = lambda x: unpack_tokens(x, packed["token_index"])
   if return_hidden:
     return per_sequence(logprobs), per_sequence(entropy), per_sequence(hidden)

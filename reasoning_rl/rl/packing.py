@@ -75,7 +75,7 @@ def slot_count(max_sequences: int, rows_per_micro_batch: int, mini_batch: int,
 
 
 def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int = 1,
-               row_groups: int = 1, head_chunk: int = 128, pad_id: int = 0
+               row_factor: int = 1, row_groups: int = 1, head_chunk: int = 128, pad_id: int = 0
                ) -> tuple[dict, PackedLayout]:
   """The packed form of a padded batch (module docstring).
 
@@ -83,8 +83,12 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
     batch: `batching.build_batch`'s arrays: tokens, attention_mask [B, P + T], completion_mask
       [B, T], advantages [B] and optionally rewards [B], behavior_logprobs [B, T].
     num_mini_batches, num_micro_batches: M and m of the step; B must be divisible by M·m.
+    row_factor: k, packed rows hold k padded rows' positions (k·W), R / k of them per
+      micro-batch: the same positions per micro-batch, and long sequences leave less unusable
+      space at the end of a row (two sequences longer than W / 2 never share a W-row).
     row_groups: G, the trainer mesh's data × fsdp devices; R must be divisible by it.
-    head_chunk: the step's `logprob_chunk`: a group's head positions are a whole number of chunks.
+    head_chunk: positions the vocabulary head projects at once, per group: `head_index` and
+      `head_targets` are [G, S, chunks, head_chunk] (the step reads the chunk size off them).
     pad_id: token at padding positions.
 
   Returns:
@@ -93,16 +97,17 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
   tokens, attention = np.asarray(batch["tokens"]), np.asarray(batch["attention_mask"])
   completion_mask = np.asarray(batch["completion_mask"])
   num_rows, completion_length = completion_mask.shape
-  width = tokens.shape[1]
-  prompt_length = width - completion_length
+  prompt_length = tokens.shape[1] - completion_length
+  width = tokens.shape[1] * row_factor
   num_slices = num_mini_batches * num_micro_batches
   if num_rows % num_slices:
     raise ValueError(f"{num_rows} rows do not split into {num_mini_batches} mini-batches of "
                      f"{num_micro_batches} micro-batches")
-  rows_per_micro = num_rows // num_slices
-  if rows_per_micro % row_groups:
-    raise ValueError(f"micro-batches of {rows_per_micro} rows do not split over {row_groups} "
-                     "data devices")
+  if (num_rows // num_slices) % (row_factor * row_groups):
+    raise ValueError(f"micro-batches of {num_rows // num_slices} rows do not make "
+                     f"{row_groups} data devices' equal shares of rows {row_factor} times as long: "
+                     "lower algo.packed_row_factor")
+  rows_per_micro = num_rows // num_slices // row_factor
   prompt_lens = attention[:, :prompt_length].sum(1)
   completion_lens = completion_mask.sum(1)
   if ((completion_lens > 0) & (prompt_lens == 0)).any():
@@ -113,12 +118,14 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
   slices, used = [], []
   for k in range(num_mini_batches):
     members = [i for i in range(k, num_rows, num_mini_batches) if lengths[i]]
+    # Every row but the last holds >= k sequences (each is <= W long, so a row of k·W with fewer
+    # has room for the next), so the rows fit the m micro-batches of R / k rows.
     rows = _first_fit_decreasing(members, lengths, width)
     used.append(-(-len(rows) // rows_per_micro))
     slices += [rows[j * rows_per_micro:(j + 1) * rows_per_micro]
                for j in range(num_micro_batches)]
-  num_slots = slot_count(max(sum(map(len, rows)) for rows in slices), rows_per_micro,
-                         num_rows // num_mini_batches, row_groups)
+  num_slots = slot_count(max(sum(map(len, rows)) for rows in slices),
+                         rows_per_micro * row_factor, num_rows // num_mini_batches, row_groups)
   rows_per_group = rows_per_micro // row_groups
   group_width = -(-rows_per_group * width // head_chunk) * head_chunk
 
@@ -127,7 +134,7 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
       "positions": np.full((rows_per_micro, num_slices, width), -1, np.int32),
       "segment_ids": np.zeros((rows_per_micro, num_slices, width), np.int32),
       "head_index": np.zeros((row_groups, num_slices, group_width), np.int32),
-      "head_targets": np.full((row_groups, num_slices, group_width), -1, np.int32),
+      "head_targets": np.full((row_groups, num_slices, group_width), -1, np.int32),  # reshaped below
       "token_index": np.full((num_slots, num_slices, completion_length),
                              row_groups * group_width, np.int32),
   }
@@ -164,6 +171,8 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
         start += len(sequence)
         heads[group] += n_completion
         slot += 1
+  for name in ("head_index", "head_targets"):
+    out[name] = out[name].reshape(row_groups, num_slices, -1, head_chunk)
   layout = PackedLayout(row_of_slot=row_of_slot, micro_batches_used=np.array(used),
                         tokens=int(sum(lengths)), rows=sum(len(rows) for rows in slices))
   return out, layout

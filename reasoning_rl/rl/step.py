@@ -109,7 +109,7 @@ class StepConfig:
   remat: recompute each block's activations in the backward pass (memory of one layer instead of
     all layers, for about one extra forward).
   packing: `TrainStep.host_batch` packs padded batches (`reasoning_rl.rl.packing`); the step
-    itself takes either layout.
+    itself takes either layout. packed_row_factor: k, packed rows k padded rows long.
   learning_rate, warmup_steps, total_steps, weight_decay, b1, b2, adam_eps, max_grad_norm:
     AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to
     `final_lr_fraction`·lr, after clipping the global gradient norm.
@@ -134,6 +134,7 @@ class StepConfig:
   logprob_chunk: int = 128
   remat: bool = False
   packing: bool = False
+  packed_row_factor: int = 1
   learning_rate: float = 1e-6
   warmup_steps: int = 0
   total_steps: int = 1000
@@ -153,6 +154,7 @@ class StepConfig:
     if self.algorithm not in ("grpo", "ppo", "sft"):
       raise ConfigError(f"algorithm={self.algorithm!r}: use 'grpo', 'ppo' or 'sft'")
     for name in ("num_micro_batches", "num_inner_updates", "num_mini_batches", "logprob_chunk",
+                 "packed_row_factor",
                  "total_steps"):
       if getattr(self, name) < 1:
         raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
@@ -375,9 +377,14 @@ class TrainStep:
     devices = 1
     if self.mesh is not None:
       devices = self.mesh.shape.get("data", 1) * self.mesh.shape.get("fsdp", 1)
-    packed, _ = packing.pack_batch(batch, num_mini_batches=self.config.num_mini_batches,
-                                   num_micro_batches=self.config.num_micro_batches,
-                                   row_groups=devices, head_chunk=self.config.logprob_chunk,
+    c = self.config
+    # The head projects as many positions at once as a padded micro-batch's chunk holds
+    # (rows × logprob_chunk): the same logits memory, and matmuls as large.
+    padded_rows = batch["completion_mask"].shape[0] // (c.num_mini_batches * c.num_micro_batches)
+    packed, _ = packing.pack_batch(batch, num_mini_batches=c.num_mini_batches,
+                                   num_micro_batches=c.num_micro_batches,
+                                   row_factor=c.packed_row_factor, row_groups=devices,
+                                   head_chunk=c.logprob_chunk * max(1, padded_rows // devices),
                                    pad_id=pad_id)
     return packed
 
@@ -555,7 +562,7 @@ class TrainStep:
 
       def accumulate(carry, micro):
         loss_sum, grads_sum, stats_sum = carry
-        (loss, stats), grads = micro_grads_or_skip(micro)
+        (loss, stats), grads = micro_grads(micro)
         return (loss_sum + loss, jax.tree.map(jnp.add, grads_sum, grads),
                 stats_lib.merge(stats_sum, stats)), None
 
@@ -568,13 +575,21 @@ class TrainStep:
       start = (jnp.zeros(loss_shape.shape, loss_shape.dtype),
                jax.tree.map(lambda g: jnp.zeros(g.shape, g.dtype), grads_shape),
                _no_stats(stats_shape))
-      if self._packed:  # a micro-batch past the mini-batch's packed rows adds nothing: skip it
-        nothing = ((start[0], start[2]), start[1])
-        micro_grads_or_skip = lambda micro: jax.lax.cond(  # noqa: E731
-            has_tokens(micro), micro_grads, lambda _: nothing, micro)
+      if self._packed:
+        # Packed micro-batches fill from the first; those past the mini-batch's packed rows hold
+        # nothing and are not run at all: a loop of as many trips as micro-batches with tokens.
+        # (Not a lax.cond per micro-batch: its branches hand back a fresh gradient-sized buffer
+        # to add to the carry, where the loop body accumulates in place.)
+        used = jnp.sum(jnp.any(micro_batches["completion_mask"] > 0, axis=(1, 2)))
+
+        def body(index, carry):
+          micro = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, index, keepdims=False),
+                               micro_batches)
+          return accumulate(carry, micro)[0]
+
+        loss, grads, stats = jax.lax.fori_loop(0, used, body, start)
       else:
-        micro_grads_or_skip = micro_grads
-      (loss, grads, stats), _ = jax.lax.scan(accumulate, start, micro_batches)
+        (loss, grads, stats), _ = jax.lax.scan(accumulate, start, micro_batches)
 
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)

@@ -1,0 +1,115 @@
+"""The training step on padded vs packed rows (algo.packing), SmolLM2-135M, in one run.
+
+Usage: python -m benchmarks.packing [--repeats 3] [--rows 32] [--prompt_length 64]
+         [--completion_length 128] [--micro_batches 4] [--betas 0,0.04] [--seed 0]
+
+The batch is an RL batch of the CPU demo's shape: `rows` completions of a `completion_length`
+budget after prompts left-padded to `prompt_length`; prompt lengths 30–45 tokens (the demo's chat
+prompts are ~39) and completion lengths drawn from the demo's spread (a quarter at the budget, the
+rest uniform in 8 … budget), random token ids. Each layout runs the same batch through
+`TrainStep` (AdamW; the packed one through `TrainStep.host_batch`), compiled first, then timed
+`repeats` times, interleaved padded / packed so load on the machine hits both alike; the table
+gives medians, the positions each layout computes (rows × width of the micro-batches it runs),
+the positions the vocabulary head projects (whole chunks when packed), and the loss of
+both (equal to float tolerance: the same update).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from benchmarks.forward import smollm2_path
+
+
+def ragged_batch(args, vocab_size: int):
+  rng = np.random.RandomState(args.seed)
+  rows, p, t = args.rows, args.prompt_length, args.completion_length
+  tokens = np.zeros((rows, p + t), np.int32)
+  attention = np.zeros((rows, p + t), np.int32)
+  completion = np.zeros((rows, t), np.int32)
+  prompt_lens = rng.randint(30, 46, rows)
+  completion_lens = np.where(rng.rand(rows) < 0.25, t, rng.randint(8, t + 1, rows))
+  for row in range(rows):
+    n_p, n_c = prompt_lens[row], completion_lens[row]
+    tokens[row, p - n_p:p + n_c] = rng.randint(1, vocab_size, n_p + n_c)
+    attention[row, p - n_p:p + n_c] = 1
+    completion[row, :n_c] = 1
+  return {"tokens": tokens, "attention_mask": attention, "completion_mask": completion,
+          "advantages": rng.randn(rows).astype(np.float32)}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--rows", type=int, default=32)
+  parser.add_argument("--prompt_length", type=int, default=64)
+  parser.add_argument("--completion_length", type=int, default=128)
+  parser.add_argument("--micro_batches", default="4", help="comma-separated m values to run")
+  parser.add_argument("--betas", default="0,0.04")
+  parser.add_argument("--row_factors", default="1,2", help="packed_row_factor values to run")
+  parser.add_argument("--seed", type=int, default=0)
+  args = parser.parse_args()
+
+  from reasoning_rl.host_memory import keep_freed_memory
+
+  keep_freed_memory()
+  from reasoning_rl.models import load
+  from reasoning_rl.rl.stats import finalize
+  from reasoning_rl.rl.step import StepConfig, TrainStep
+
+  model, _ = load(smollm2_path())
+  graphdef, params = nnx.split(model)
+  batch = ragged_batch(args, model.config.vocab_size)
+  real = int(batch["attention_mask"].sum())
+  print(f"SmolLM2-135M, {args.rows} rows of {args.prompt_length} + {args.completion_length}, "
+        f"{real:,} real tokens ({batch['completion_mask'].sum():,} completion tokens), "
+        f"jax {jax.__version__}, {args.repeats} timed runs per layout (medians)")
+  print("| β | m | layout | s / step | micro-batches run | positions computed | head positions "
+        "| loss |")
+  print("|---|---|---|---|---|---|---|---|")
+  factors = [int(k) for k in args.row_factors.split(",")]
+  layouts = [("padded", 0)] + [(f"packed, k={k}", k) for k in factors]
+  width = args.prompt_length + args.completion_length
+  for beta in (float(b) for b in args.betas.split(",")):
+    for micro in (int(m) for m in args.micro_batches.split(",")):
+      steps, runs = {}, {}
+      for name, factor in layouts:
+        config = StepConfig(beta=beta, learning_rate=1e-6, num_micro_batches=micro,
+                            packing=factor > 0, packed_row_factor=max(factor, 1))
+        step = TrainStep(graphdef, config)
+        copy = lambda: jax.tree.map(lambda x: x.copy(), params)
+        state = step.init_state(copy(), ref_params=copy() if beta > 0 else None)
+        host = step.host_batch(batch)
+        state, stats = step(state, host)  # compile
+        jax.block_until_ready(state)
+        steps[name] = [step, state, host, finalize(jax.device_get(stats))["loss"]]
+        runs[name] = []
+      for _ in range(args.repeats):
+        for name, _ in layouts:
+          step, state, host, _ = steps[name]
+          start = time.perf_counter()
+          state, _ = step(state, host)
+          jax.block_until_ready(state)
+          runs[name].append(time.perf_counter() - start)
+          steps[name][1] = state
+      for name, factor in layouts:
+        _, _, host, loss = steps[name]
+        if factor == 0:
+          run, positions, heads = micro, args.rows * width, args.rows * args.completion_length
+        else:
+          run = int(np.any(host["completion_mask"] > 0, axis=(0, 2)).sum())
+          positions = run * host["tokens"].shape[0] * host["tokens"].shape[2]
+          targets = host["head_targets"]  # [groups, slices, chunks, chunk]; skipped when empty
+          heads = int(np.any(targets >= 0, axis=(0, 3)).sum()) * targets.shape[3]
+        print(f"| {beta:g} | {micro} | {name} | {statistics.median(runs[name]):.2f} | "
+              f"{run} of {micro} | {positions:,} | {heads:,} | {loss:.6f} |", flush=True)
+
+
+if __name__ == "__main__":
+  main()
