@@ -191,3 +191,15 @@ def test_a_batch_packed_for_other_slices_is_refused():
   config = StepConfig(num_micro_batches=4)
   with pytest.raises(Exception, match="num_micro_batches"):
     run_step(config, packed_batch)
+
+
+def test_packed_shapes_do_not_depend_on_the_lengths():
+  """One compiled step for a run: batches of other lengths pack to the same shapes."""
+  shapes = []
+  for seed, budget in ((0, T), (1, 2), (2, T)):
+    batch = ragged_batch(seed)
+    batch["completion_mask"][:, budget:] = 0
+    batch["attention_mask"][:, P + budget:] = 0
+    packed, _ = packing.pack_batch(batch, num_micro_batches=2, row_groups=2, head_chunk=8)
+    shapes.append({name: value.shape for name, value in packed.items()})
+  assert shapes[0] == shapes[1] == shapes[2]

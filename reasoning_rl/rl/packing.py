@@ -24,8 +24,11 @@ of a run (the step compiles once) and work that follows the real token count:
 Leaves are [rows | groups | slots, S, …] with S = M·m slices (mini-batch k's micro-batch j is slice
 k·m + j): the leading axis is the one sharded over the trainer's data devices (G of them). Each
 device's rows form one group, and a group's head positions index that group's rows only, so the
-head's gather never crosses devices. Only N, the sequence slots, depends on the data: the largest
-micro-batch's sequence count, rounded up to a power of two (at least 2·R, at most B / M).
+head's gather never crosses devices. N, the sequence slots of a micro-batch, is the mini-batch's
+row count B / M (all of its sequences may be short enough to share one micro-batch), rounded up
+to a multiple of G: no shape depends on the data, so the step compiles once. (Sizing N to the
+batch at hand cost a recompilation, ~20 s for SmolLM2 on 2 cores, whenever it changed; the
+[N, T] per-sequence arrays are scalars, small beside a micro-batch's activations.)
 """
 
 from __future__ import annotations
@@ -61,17 +64,6 @@ def _first_fit_decreasing(indices, lengths, width):
       rows.append([i])
       free.append(width - lengths[i])
   return rows
-
-
-def slot_count(max_sequences: int, rows_per_micro_batch: int, mini_batch: int,
-               multiple: int) -> int:
-  """N: a power of two ≥ the largest micro-batch's sequences and ≥ 2·R, at most the mini-batch
-  (a multiple of `multiple`, the data devices)."""
-  slots = 2 * rows_per_micro_batch
-  while slots < max_sequences:
-    slots *= 2
-  slots = min(slots, mini_batch)
-  return -(-slots // multiple) * multiple
 
 
 def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int = 1,
@@ -124,8 +116,7 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
     used.append(-(-len(rows) // rows_per_micro))
     slices += [rows[j * rows_per_micro:(j + 1) * rows_per_micro]
                for j in range(num_micro_batches)]
-  num_slots = slot_count(max(sum(map(len, rows)) for rows in slices),
-                         rows_per_micro * row_factor, num_rows // num_mini_batches, row_groups)
+  num_slots = -(-(num_rows // num_mini_batches) // row_groups) * row_groups
   rows_per_group = rows_per_micro // row_groups
   group_width = -(-rows_per_group * width // head_chunk) * head_chunk
 
