@@ -110,7 +110,7 @@ def test_packed_sequences_compute_what_they_compute_alone():
   packed, layout = packing.pack_batch(batch, head_chunk=8)
   assert packed["segment_ids"].max() > 1  # rows really hold several sequences
   one_slice = {k: jnp.asarray(v[:, 0]) for k, v in packed.items()}
-  logprobs, entropy = packed_completion_logprobs(model, one_slice, chunk_size=4)
+  logprobs, entropy = packed_completion_logprobs(model, one_slice)
   for slot, row in enumerate(layout.row_of_slot[0]):
     if row < 0:
       continue

@@ -93,14 +93,14 @@ def head_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array, chu
   return logprobs, entropy
 
 
-def packed_completion_logprobs(model: Transformer, packed, *, chunk_size: int = 128,
-                               return_hidden: bool = False, remat: bool = False):
+def packed_completion_logprobs(model: Transformer, packed, *, return_hidden: bool = False,
+                               remat: bool = False):
   """`completion_logprobs` of one packed micro-batch (`reasoning_rl.rl.packing`).
 
   The transformer runs on the packed rows [R, W] (segment ids keep sequences apart). The
   vocabulary head runs only at the positions that predict a completion token: `head_index`
   [G, chunks, chunk] lists them per group of rows (one group per data device, so the gather stays
-  on the device), a chunk at a time, and chunks without any are skipped. The results are then laid out per sequence, [N, T]
+  on the device) and sets the chunk size; chunks without any are skipped. The results are then laid out per sequence, [N, T]
   (`token_index`), where the losses read them.
 
   Returns (logprobs [N, T], entropy [N, T]) float32 (+ the hidden states at those positions,
@@ -108,7 +108,6 @@ def packed_completion_logprobs(model: Transformer, packed, *, chunk_size: int = 
   """
   hidden = model.hidden_states(packed["tokens"], positions=packed["positions"],
                                segment_ids=packed["segment_ids"], remat=remat)
-  del chunk_size  # the packed layout fixes its own: head_index is [G, chunks, chunk]
   rows, width, dim = hidden.shape
   groups, _, chunk = packed["head_index"].shape
   hidden = hidden.reshape(groups, rows // groups * width, dim)

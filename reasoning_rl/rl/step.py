@@ -82,8 +82,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from reasoning_rl import registry
 from reasoning_rl import sharding as sharding_lib
 from reasoning_rl.errors import ConfigError
-from reasoning_rl.rl import losses
-from reasoning_rl.rl import packing
+from reasoning_rl.rl import losses, packing
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl import value as value_lib
 from reasoning_rl.rl.logprobs import completion_logprobs, packed_completion_logprobs
@@ -268,7 +267,7 @@ def has_tokens(micro) -> jax.Array:
 def skipping_empty(forward, example):
   """`forward` of a packed micro-batch, or zeros (no compute, `lax.cond`) when it is empty."""
   shapes = jax.eval_shape(forward, example)
-  nothing = lambda _: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)  # noqa: E731
+  nothing = lambda _: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
   return lambda micro: jax.lax.cond(has_tokens(micro), forward, nothing, micro)
 
 
@@ -423,12 +422,11 @@ class TrainStep:
 
   def _logprobs(self, model, micro, *, return_hidden=False, remat=False):
     """Completion log-probs and entropies [N, T] of a padded or a packed micro-batch."""
-    chunk = self.config.logprob_chunk
-    if packing.is_packed(micro):
-      return packed_completion_logprobs(model, micro, chunk_size=chunk,
-                                        return_hidden=return_hidden, remat=remat)
+    if packing.is_packed(micro):  # its head chunks come with it (`TrainStep.host_batch`)
+      return packed_completion_logprobs(model, micro, return_hidden=return_hidden, remat=remat)
     return completion_logprobs(model, micro["tokens"], micro["attention_mask"],
-                               micro["completion_mask"].shape[1], chunk_size=chunk,
+                               micro["completion_mask"].shape[1],
+                               chunk_size=self.config.logprob_chunk,
                                return_hidden=return_hidden, remat=remat)
 
   def _policy_outputs(self, params, value_head, batch, frozen_params=None):
@@ -530,7 +528,7 @@ class TrainStep:
     if c.algorithm == "ppo":
       # GAE per sequence and whitening over every sequence: on [B, T], whatever the layout.
       shape = batch["completion_mask"].shape
-      flat = lambda x: x.reshape(-1, *x.shape[len(shape) - 1:])  # noqa: E731
+      flat = lambda x: x.reshape(-1, *x.shape[len(shape) - 1:])
       mask = flat(batch["completion_mask"])
       token_rewards = value_lib.sequence_rewards_to_tokens(
           batch["rewards"].reshape(-1), mask)
