@@ -272,7 +272,8 @@ def skipping_empty(forward, example):
 
 
 def slice_major(tree):
-  """A packed batch's [rows, S, ...] leaves → [S, rows, ...] (one slice per leading index)."""
+  """A packed batch's [rows, S, ...] leaves → [S, rows, ...] (one slice per leading index), and
+  back."""
   return jax.tree.map(lambda x: x.swapaxes(0, 1), tree)
 
 
@@ -307,7 +308,6 @@ class TrainStep:
     self.optimizer = make_optimizer(config)
     self._compiled = None
     self._merge = None
-    self._packed = False  # set while tracing: the layout of the batch being traced
 
   # ------------------------------------------------------------------------ state
 
@@ -508,7 +508,7 @@ class TrainStep:
     if packing.is_packed(batch):  # already in slices: [rows, S, ...] → [S, rows, ...]
       slices = slice_major(inputs)
       out = jax.lax.map(skipping_empty(forward, jax.tree.map(lambda x: x[0], slices)), slices)
-      out = jax.tree.map(lambda x: x.swapaxes(0, 1), out)
+      out = slice_major(out)  # back to [rows, S, ...]
     elif num_slices == 1:
       out = forward(inputs)
     else:  # lax.map runs the slices one after another: one slice's activations live at a time
@@ -550,13 +550,14 @@ class TrainStep:
       return grad_fn(trainable, micro, normalizers, state.frozen_params)
 
     m = c.num_micro_batches
+    packed = packing.is_packed(batch)
     if m == 1:
       (loss, stats), grads = micro_grads(
-          jax.tree.map(lambda x: x[0], batch) if self._packed else batch)
+          jax.tree.map(lambda x: x[0], batch) if packed else batch)
     else:
       # Packed: the m micro-batches are the leading axis already. Padded: strided rows, so every
       # device keeps a share of each micro-batch.
-      micro_batches = batch if self._packed else split_rows(batch, m)
+      micro_batches = batch if packed else split_rows(batch, m)
 
       def accumulate(carry, micro):
         loss_sum, grads_sum, stats_sum = carry
@@ -573,7 +574,7 @@ class TrainStep:
       start = (jnp.zeros(loss_shape.shape, loss_shape.dtype),
                jax.tree.map(lambda g: jnp.zeros(g.shape, g.dtype), grads_shape),
                _no_stats(stats_shape))
-      if self._packed:
+      if packed:
         # Packed micro-batches fill from the first; those past the mini-batch's packed rows hold
         # nothing and are not run at all: a loop of as many trips as micro-batches with tokens.
         # (Not a lax.cond per micro-batch: its branches hand back a fresh gradient-sized buffer
@@ -616,9 +617,9 @@ class TrainStep:
 
   def _step(self, state: TrainState, batch):
     c = self.config
-    self._packed = packing.is_packed(batch)
+    packed = packing.is_packed(batch)
     batch = self._prepare(state, batch)
-    if self._packed:  # [S, ...] slices → [M, m, ...]: mini-batch k's micro-batches
+    if packed:  # [S, ...] slices → [M, m, ...]: mini-batch k's micro-batches
       batch = jax.tree.map(
           lambda x: x.reshape(c.num_mini_batches, c.num_micro_batches, *x.shape[1:]),
           slice_major(batch))
@@ -627,7 +628,7 @@ class TrainStep:
     if c.updates_per_step == 1:
       state, stats = self._update_on(state, batch)
       return state.replace(step=state.step + 1), stats
-    mini_batches = batch if self._packed else split_rows(batch, c.num_mini_batches)
+    mini_batches = batch if packed else split_rows(batch, c.num_mini_batches)
 
     def update(carry, index):
       state, stats = carry
