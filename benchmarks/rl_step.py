@@ -417,6 +417,8 @@ def print_steps(label: str, splits: list[StepSplit], seconds: float) -> None:
   steps = ", ".join(f"{s.step_s:.1f} ({s.foreign_cores:.1f})" for s in splits)
   print(f"{label}: s per step (other processes' cores): {steps}; {seconds:.0f} s with set-up",
         flush=True)
+  phases = ", ".join(f"{s.sample_s:.1f}/{s.train_s:.1f}/{s.generated_tokens}" for s in splits)
+  print(f"  sampling s / training s / generated tokens per step: {phases}", flush=True)
 
 
 def main():

@@ -11,8 +11,8 @@ Workloads (G samples per prompt at temperature 1, so the completions of a group 
 - smollm2: SmolLM2-135M-Instruct (GGUF, float32) on short chat questions; its own EOS ids stop a
   completion, so lengths are the model's.
 
-Before = `reasoning_rl/sampler/engine.py` and `rollout.py` as of --before_rev (default: the last
-commit before the change), read with `git show` into temporary modules; after = the working tree.
+Before = `reasoning_rl/sampler/sampling.py`, `engine.py` and `rollout.py` as of --before_rev
+(default: the last commit before the change), read with `git show` into temporary modules; after = the working tree.
 Both run the same model, prompts, seeds and engine sizes. Each variant is run once to compile, then
 the timed runs interleave (before, after, before, after, ...) and the table gives medians, so load
 from other processes on the machine hits both alike. tokens/s = completion tokens of all groups /
@@ -45,14 +45,18 @@ QUESTIONS = ["What is {a} + {b}?", "What is {a} times {b}?", "Is {a} a prime num
 
 
 def load_before(rev: str):
-  """(Engine class, generate_groups) of engine.py and rollout.py at git revision `rev`."""
+  """(Engine class, generate_groups) of sampling.py, engine.py and rollout.py at git revision
+  `rev` (each importing the others of that revision; the model is the working tree's)."""
   modules = {}
-  for name in ("engine", "rollout"):
+  for name in ("sampling", "engine", "rollout"):
     path = f"reasoning_rl/sampler/{name}.py"
     source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], check=True,
                             capture_output=True, text=True).stdout
-    source = source.replace("from reasoning_rl.sampler.engine import",
-                            "from before_sampler_engine import")
+    for sibling in ("sampling", "engine"):
+      source = source.replace(f"from reasoning_rl.sampler import {sibling} as",
+                              f"import before_sampler_{sibling} as")
+      source = source.replace(f"from reasoning_rl.sampler.{sibling} import",
+                              f"from before_sampler_{sibling} import")
     module = types.ModuleType(f"before_sampler_{name}")
     module.__file__ = f"{rev}:{path}"
     sys.modules[module.__name__] = module  # dataclasses look their module up while decorating

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from reasoning_rl.errors import SamplingError
-from reasoning_rl.sampler.sampling import SamplingParams, sample_key, sample_tokens
+from reasoning_rl.sampler.sampling import (SamplingParams, first_argmax, gumbel_max, sample_key,
+                                           sample_tokens)
 
 LOGITS = np.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0], np.float32)
 DRAWS = 20_000
@@ -103,3 +104,29 @@ def test_sample_keys_depend_on_seed_prompt_and_sample_only():
 def test_bad_sampling_parameters_name_the_field(kwargs, field):
   with pytest.raises(SamplingError, match=field):
     SamplingParams(**kwargs)
+
+
+def test_first_argmax_is_jnp_argmax_with_ties_infinities_and_nans():
+  rng = np.random.RandomState(0)
+  rows = rng.randint(-3, 4, (64, 50)).astype(np.float32)  # many ties
+  rows[1] = -np.inf
+  rows[2, 7] = np.inf
+  rows[3, [5, 9]] = np.nan
+  rows[4, :] = np.nan
+  rows[5, 40] = np.nan
+  got = np.asarray(first_argmax(jnp.asarray(rows)))
+  assert got.dtype == np.int32
+  np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(rows), axis=-1)))
+  assert got[3] == 5 and got[4] == 0 and got[5] == 40 and got[2] == 7
+
+
+def test_gumbel_max_draws_the_tokens_of_jax_random_categorical():
+  # the sampler's speed-up must not change a sampled token (runs stay reproducible across it)
+  rng = np.random.RandomState(1)
+  logits = jnp.asarray(rng.randn(32, 3000).astype(np.float32) * 4)
+  logits = logits.at[0, 100:].set(-jnp.inf)  # a filtered row (top-k / top-p leave -inf)
+  for seed in range(5):
+    keys = jax.random.split(jax.random.key(seed), 32)
+    expected = jax.vmap(jax.random.categorical)(keys, logits)
+    np.testing.assert_array_equal(np.asarray(gumbel_max(keys, logits)), np.asarray(expected))
+  assert int(gumbel_max(keys, logits)[0]) < 100

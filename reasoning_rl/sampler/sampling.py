@@ -67,6 +67,32 @@ def validate_sampling(temperature: float, top_p: float, top_k: int) -> None:
     raise SamplingError(f"top_k={top_k!r}: must be an integer >= 0 (0 disables top-k)")
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+  """`jnp.argmax(x, axis=-1)` (the first index among ties; a row with a NaN gives its first NaN), as
+  int32, computed as a max and a min over indices.
+
+  Why not jnp.argmax: XLA:CPU lowers argmax to a reduction over (value, index) pairs that it does not
+  vectorize; on a [16, 49152] row block it took 1.8 ms against 0.35 ms for this form, and a sampled
+  decode step of SmolLM2 ran three of them.
+  """
+  largest = jnp.max(x, axis=-1, keepdims=True)  # NaN when the row holds one
+  hits = (x == largest) | jnp.isnan(x)
+  index = jnp.arange(x.shape[-1], dtype=jnp.int32)
+  return jnp.min(jnp.where(hits, index, x.shape[-1]), axis=-1)
+
+
+def gumbel_max(keys: jax.Array, logits: jax.Array) -> jax.Array:
+  """One draw per row from softmax(logits) by the Gumbel-max trick (Gumbel 1954; Maddison, Tarlow
+  & Minka 2014, "A* Sampling"): argmax(logits + g), g ~ Gumbel(0, 1) from the row's key.
+
+  The same tokens as `jax.vmap(jax.random.categorical)(keys, logits)` (the same noise, added the
+  same way), with `first_argmax` instead of jnp.argmax: about 3x faster on a CPU.
+  """
+  vocab = logits.shape[-1]
+  noise = jax.vmap(lambda key: jax.random.gumbel(key, (vocab,), logits.dtype))(keys)
+  return first_argmax(noise + logits)
+
+
 def _filter_top_k_top_p(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array) -> jax.Array:
   """Sets logits outside each row's top-k, then outside its nucleus, to -inf."""
   vocab = scaled.shape[-1]
@@ -95,7 +121,7 @@ def sampling_logits(logits: jax.Array, temperature: jax.Array, top_p: jax.Array,
   scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
   needs_filter = jnp.any((top_p < 1.0) | (top_k > 0))
   scaled = jax.lax.cond(needs_filter, _filter_top_k_top_p, lambda s, p, k: s, scaled, top_p, top_k)
-  argmax = jnp.argmax(logits, axis=-1)
+  argmax = first_argmax(logits)
   point_mass = jnp.where(jnp.arange(logits.shape[-1])[None, :] == argmax[:, None], 0.0, -jnp.inf)
   return jnp.where(greedy[:, None], point_mass, scaled)
 
@@ -115,12 +141,12 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
   """
   logits = logits.astype(jnp.float32)
   filtered = sampling_logits(logits, temperature, top_p, top_k)
-  greedy_tokens = jnp.argmax(logits, axis=-1)
+  greedy_tokens = first_argmax(logits)
   # Drawing Gumbel noise for [B, V] costs as much as a small model's step on a CPU: skip it when
   # every row is greedy.
   drawn = jax.lax.cond(jnp.all(temperature <= 0), lambda: greedy_tokens,
-                       lambda: jax.vmap(jax.random.categorical)(keys, filtered))
-  tokens = jnp.where(temperature <= 0, greedy_tokens, drawn).astype(jnp.int32)
+                       lambda: gumbel_max(keys, filtered))
+  tokens = jnp.where(temperature <= 0, greedy_tokens, drawn)
   model_logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None],
                                        axis=-1)[:, 0]
   sampling_logprobs = jnp.take_along_axis(jax.nn.log_softmax(filtered, axis=-1), tokens[:, None],
