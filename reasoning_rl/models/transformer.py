@@ -119,7 +119,18 @@ def attend(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, window
   num_kv = k.shape[1] if kv_heads_first else k.shape[2]
   q = q.reshape(batch, steps, num_kv, num_heads // num_kv, head_dim)
   key_spec = "bksd" if kv_heads_first else "bskd"
-  scores = jnp.einsum(f"btkgd,{key_spec}->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  # One query per row (a decode step) on a CPU: the einsums below become batches of [G, D] × [D, S]
+  # matmuls that XLA:CPU runs slowly, while broadcast products and sums fuse into vectorized loops
+  # (SmolLM2's 30 layers at 16 rows × 192 keys: 9.4 ms → 3.8 ms; the same sums in another order).
+  per_element = steps == 1 and jax.default_backend() == "cpu"
+  if per_element:
+    k = k if kv_heads_first else k.swapaxes(1, 2)  # [B, K, S, D]
+    v = v if kv_heads_first else v.swapaxes(1, 2)
+    products = q[:, 0, :, :, None, :].astype(jnp.float32) * k[:, :, None].astype(jnp.float32)
+    scores = jnp.sum(products, axis=-1)[:, :, :, None, :] * scale  # [B, K, G, 1, S]
+  else:
+    scores = jnp.einsum(f"btkgd,{key_spec}->bkgts", q, k,
+                        preferred_element_type=jnp.float32) * scale
   if softcap:
     scores = jnp.tanh(scores / softcap) * softcap
   delta = q_pos[:, :, None] - k_pos[:, None, :]  # [B, T, S]
@@ -129,8 +140,11 @@ def attend(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, window
   if segment_ids is not None:
     mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
   scores = jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum(f"bkgts,{key_spec}->btkgd", probs, v)
+  probs = jax.nn.softmax(scores, axis=-1)
+  if per_element:
+    out = jnp.sum(probs[:, :, :, 0, :, None] * v[:, :, None].astype(jnp.float32), axis=-2)
+    return out.astype(v.dtype).reshape(batch, steps, num_heads, head_dim)  # from [B, K, G, D]
+  out = jnp.einsum(f"bkgts,{key_spec}->btkgd", probs.astype(v.dtype), v)
   return out.reshape(batch, steps, num_heads, head_dim)
 
 
