@@ -12,10 +12,11 @@ Workloads (G samples per prompt at temperature 1, so the completions of a group 
   completion, so lengths are the model's.
 
 Before = `reasoning_rl/sampler/sampling.py`, `engine.py` and `rollout.py` as of --before_rev
-(default: the last commit before the change), read with `git show` into temporary modules; after = the working tree.
-Both run the same model, prompts, seeds and engine sizes. Each variant is run once to compile, then
-the timed runs interleave (before, after, before, after, ...) and the table gives medians, so load
-from other processes on the machine hits both alike. tokens/s = completion tokens of all groups /
+(default: the last commit before the change), read with `git show` into temporary modules (the
+model code is the working tree's); after = the working tree. Both run the same model, prompts,
+seeds and engine sizes. Each variant is run once to compile, then the timed runs interleave
+(before, after, before, after, ...) and the table gives medians, so load from other processes on
+the machine hits both alike. tokens/s = completion tokens of all groups /
 wall seconds of `generate_groups` (prefills, inserts, decoding and host work included); "first
 run" is the untimed compiling run. "same tokens" counts completions whose ids equal the before
 run's (the change must not alter them).

@@ -96,7 +96,7 @@ def test_one_query_attention_equals_the_matmul_path(kv_heads_first, softcap, win
   v = jnp.asarray(rng.randn(*kv_shape), jnp.float32)
   k_pos = jnp.asarray(np.where(np.arange(keys) < [[9], [12], [3]], np.arange(keys), -1), jnp.int32)
   q_pos = jnp.asarray([[8], [11], [2]], jnp.int32)
-  options = dict(scale=0.25, softcap=softcap, window=window, kv_heads_first=kv_heads_first)
+  options = {"scale": 0.25, "softcap": softcap, "window": window, "kv_heads_first": kv_heads_first}
   one = attend(q, k, v, q_pos, k_pos, **options)
   two = attend(jnp.concatenate([q, q], 1), k, v, jnp.concatenate([q_pos, q_pos], 1), k_pos,
                **options)

@@ -15,8 +15,13 @@ import numpy as np
 import pytest
 
 from reasoning_rl.errors import SamplingError
-from reasoning_rl.sampler.sampling import (SamplingParams, first_argmax, gumbel_max, sample_key,
-                                           sample_tokens)
+from reasoning_rl.sampler.sampling import (
+  SamplingParams,
+  first_argmax,
+  gumbel_max,
+  sample_key,
+  sample_tokens,
+)
 
 LOGITS = np.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0], np.float32)
 DRAWS = 20_000
