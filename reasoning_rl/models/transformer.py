@@ -35,6 +35,21 @@ def _weight(param, dtype):
   return dtypes.promote_dtype((param[...],), dtype=dtype)[0]
 
 
+def _project(spec: str, x, kernel):
+  """x [B, T, …] through a projection kernel: one `jnp.einsum(spec, …)` over the B·T rows
+  flattened into one axis (`spec` names that axis t), the result reshaped back to [B, T, …].
+
+  Why flat rows: with B and T as two axes, the kernel's gradient contracts two axes of the
+  activations, and XLA:CPU lays the [B, T, F] operand out transposed for it, a strided copy of the
+  MLP's widest activation per projection. With one row axis the contraction is a plain matmul:
+  SmolLM2's MLP forward + backward on 4 × 192 tokens, 45.8 → 26.0 ms (2 AMD EPYC cores), same
+  values. It stays a `jnp.einsum` with the kernel as its second operand, the call qwix intercepts
+  to add LoRA adapters."""
+  batch, length = x.shape[:2]
+  out = jnp.einsum(spec, x.reshape(batch * length, *x.shape[2:]), kernel)
+  return out.reshape(batch, length, *out.shape[1:])
+
+
 def _param(rngs: nnx.Rngs | None, shape, dtype, axes, init: str = "normal", std: float = 0.02):
   if init == "zeros":
     value = jnp.zeros(shape, dtype)
@@ -215,9 +230,9 @@ class Attention(nnx.Module):
 
   def project_qkv(self, x, positions, inv_freq):
     dtype = x.dtype
-    q = jnp.einsum("btd,dhk->bthk", x, _weight(self.q_proj, dtype))
-    k = jnp.einsum("btd,dhk->bthk", x, _weight(self.k_proj, dtype))
-    v = jnp.einsum("btd,dhk->bthk", x, _weight(self.v_proj, dtype))
+    q = _project("td,dhk->thk", x, _weight(self.q_proj, dtype))
+    k = _project("td,dhk->thk", x, _weight(self.k_proj, dtype))
+    v = _project("td,dhk->thk", x, _weight(self.v_proj, dtype))
     if self.config.attention_bias:
       q = q + self.q_bias[...].astype(dtype)
       k = k + self.k_bias[...].astype(dtype)
@@ -227,7 +242,7 @@ class Attention(nnx.Module):
     return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
   def output(self, attended):
-    return jnp.einsum("bthk,hkd->btd", attended, _weight(self.o_proj, attended.dtype))
+    return _project("thk,hkd->td", attended, _weight(self.o_proj, attended.dtype))
 
   def __call__(self, x, positions, key_positions, inv_freq, cache_kv=None, write_index=None,
                segment_ids=None):
@@ -262,15 +277,15 @@ class MLP(nnx.Module):
 
   def __call__(self, x):
     dtype = x.dtype
-    gate = constrain(jnp.einsum("btd,df->btf", x, _weight(self.gate_proj, dtype)),
+    gate = constrain(_project("td,df->tf", x, _weight(self.gate_proj, dtype)),
                      ("batch", "length", "mlp"))
-    up = constrain(jnp.einsum("btd,df->btf", x, _weight(self.up_proj, dtype)),
+    up = constrain(_project("td,df->tf", x, _weight(self.up_proj, dtype)),
                    ("batch", "length", "mlp"))
     if self.activation == "silu":
       hidden = jax.nn.silu(gate) * up
     else:
       hidden = jax.nn.gelu(gate, approximate=True) * up
-    return jnp.einsum("btf,fd->btd", hidden, _weight(self.down_proj, dtype))
+    return _project("tf,fd->td", hidden, _weight(self.down_proj, dtype))
 
 
 class Block(nnx.Module):
@@ -346,8 +361,9 @@ class Transformer(nnx.Module):
 
   def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
     """Final-normed hidden [..., D] → logits [..., V] in float32 (soft-capped for Gemma 2)."""
-    logits = jnp.dot(hidden, self.output_kernel().astype(hidden.dtype),
-                     preferred_element_type=jnp.float32)
+    # Rows flattened into one axis, as in `_project`: a plain matmul for the kernel's gradient.
+    logits = jnp.dot(hidden.reshape(-1, hidden.shape[-1]), self.output_kernel().astype(hidden.dtype),
+                     preferred_element_type=jnp.float32).reshape(*hidden.shape[:-1], -1)
     cap = self.config.final_logit_softcap
     if cap:
       logits = jnp.tanh(logits / cap) * cap
