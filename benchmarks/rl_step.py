@@ -21,7 +21,10 @@ How each step is split:
 - ours: the real loop (`reasoning_rl.build.build` + `reasoning_rl.trainer.Trainer`, held-out
   evaluations and the red team off), timings from the step's metrics row: `time/step_s`,
   `time/sample_s` (decoding), `time/verify_s`, `time/train_s` (the fused step, reference forward
-  included), `time/sync_s` (new weights to the sampler), `time/idle_s` (batching, metrics). With
+  included), `time/sync_s` (new weights to the sampler), `time/idle_s` (batching, metrics), and
+  `time/compile_s`, the part of the step (inside the phases above) spent compiling programs met
+  for the first time: the sampler compiles a `generate` variant per (attended length, decoded
+  rows) pair it meets, and later steps still meet new ones, which a long run stops doing. With
   `verifier.num_workers=0` (the demo's setting) each group is scored inline as soon as it finishes
   decoding, inside `time/sample_s`; the script times those calls and moves them to scoring.
 - TRL: a callback times each optimizer step (on_step_begin → on_step_end); `_generate`
@@ -75,6 +78,7 @@ class StepSplit:
   at_budget: int  # completions that ran to max_new_tokens
   longest: int  # the longest completion, in tokens
   foreign_cores: float  # cores' worth of CPU other processes used during the step
+  compile_s: float = 0.0  # of step_s, compiling new programs (ours; torch runs eagerly)
 
 
 class ForeignLoad:
@@ -204,7 +208,7 @@ def run_ours(args, beta: float, examples: list, load: ForeignLoad, packing: bool
         sync_s=row["time/sync_s"], other_s=row["time/idle_s"],
         generated_tokens=round(row["response_length/mean"] * completions),
         at_budget=round(row["response_length/truncated_frac"] * completions),
-        longest=row["response_length/max"],
+        longest=row["response_length/max"], compile_s=row["time/compile_s"],
         # the writer stamps each row right after its step
         foreign_cores=load.cores(row["time/unix"] - row["time/step_s"], row["time/unix"])))
   return splits, prompt_ids
@@ -373,11 +377,13 @@ def steady_state(splits: list[StepSplit], warmup_steps: int) -> dict[str, float]
   means = {field.name: statistics.fmean(getattr(s, field.name) for s in measured)
            for field in dataclasses.fields(StepSplit)}
   means["tok_per_sample_s"] = means["generated_tokens"] / means["sample_s"]
+  means["step_s_without_compile"] = means["step_s"] - means["compile_s"]
   means["tok_per_step_s"] = means["generated_tokens"] / means["step_s"]
   return means
 
 
-COLUMNS = (("step_s", "s/step", "{:.1f}"), ("sample_s", "sampling s", "{:.1f}"),
+COLUMNS = (("step_s", "s/step", "{:.1f}"), ("compile_s", "of which compiling s", "{:.1f}"),
+           ("sample_s", "sampling s", "{:.1f}"),
            ("score_s", "scoring s", "{:.2f}"), ("train_s", "training s", "{:.1f}"),
            ("sync_s", "sync s", "{:.2f}"), ("other_s", "other s", "{:.2f}"),
            ("generated_tokens", "generated tokens/step", "{:,.0f}"),
@@ -388,7 +394,7 @@ COLUMNS = (("step_s", "s/step", "{:.1f}"), ("sample_s", "sampling s", "{:.1f}"),
 
 
 # Columns whose ours / TRL ratio means something: times, work done and rates.
-RATIO_KEYS = {"step_s", "sample_s", "score_s", "train_s", "sync_s", "other_s", "generated_tokens",
+RATIO_KEYS = {"step_s", "step_s_without_compile", "sample_s", "score_s", "train_s", "sync_s", "other_s", "generated_tokens",
               "tok_per_sample_s", "tok_per_step_s"}
 
 
@@ -410,13 +416,16 @@ def print_table(results: list[tuple[float, dict[str, dict], dict]], trl_name: st
       print(f"β={beta:g}, {layout} rows: ours is {theirs['step_s'] / ours['step_s']:.2f}x as fast "
             f"per step (TRL s/step / ours s/step); sampling "
             f"{theirs['sample_s'] / ours['sample_s']:.2f}x, training "
-            f"{theirs['train_s'] / ours['train_s']:.2f}x")
+            f"{theirs['train_s'] / ours['train_s']:.2f}x; leaving out our "
+            f"{ours['compile_s']:.1f} s per step of compiling programs met after the warm-up: "
+            f"{theirs['step_s'] / ours['step_s_without_compile']:.2f}x")
 
 
 def print_steps(label: str, splits: list[StepSplit], seconds: float) -> None:
   steps = ", ".join(f"{s.step_s:.1f} ({s.foreign_cores:.1f})" for s in splits)
   print(f"{label}: s per step (other processes' cores): {steps}; {seconds:.0f} s with set-up",
         flush=True)
+  print("  compiling s per step: " + ", ".join(f"{s.compile_s:.1f}" for s in splits), flush=True)
   phases = ", ".join(f"{s.sample_s:.1f}/{s.train_s:.1f}/{s.generated_tokens}" for s in splits)
   print(f"  sampling s / training s / generated tokens per step: {phases}", flush=True)
 

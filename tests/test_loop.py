@@ -4,12 +4,14 @@ and the rollout collector on a tiny random policy with an inline scorer."""
 import collections
 import json
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from reasoning_rl import guards as guards_lib
 from reasoning_rl.config import base_config
-from reasoning_rl.loop import telemetry
+from reasoning_rl.loop import compile_clock, telemetry
 from reasoning_rl.loop.state import GroupRollout, LoopState, SampledBatch
 from reasoning_rl.rl.batching import ScoredGroup
 
@@ -78,8 +80,10 @@ def test_rl_metrics_are_computed_from_the_batch_and_the_step_statistics():
 
 
 def test_timing_and_throughput():
-  times = telemetry.StepTimes(train_s=4.0, sync_s=0.5, sample_ahead_s=0.0, step_s=8.0)
+  times = telemetry.StepTimes(train_s=4.0, sync_s=0.5, sample_ahead_s=0.0, step_s=8.0,
+                              compile_s=1.5)
   sync = telemetry.rl_timing(_batch(), times, asynchronous=False)
+  assert sync["time/compile_s"] == 1.5  # a share of the phases, not a phase of its own
   assert sync["time/idle_s"] == pytest.approx(8.0 - 2.5 - 4.0 - 0.5)
   assert telemetry.rl_timing(_batch(), times, asynchronous=True)["time/idle_s"] == \
       pytest.approx(8.0 - 4.0 - 0.5)
@@ -239,3 +243,15 @@ def test_telemetry_flops_equal_the_dry_run_plan_at_the_padded_shapes(debug_run_p
       generated_tokens=rows * r.max_new_tokens,
       trained_tokens=rows * (r.max_prefill_length + r.max_new_tokens))
   assert measured == pytest.approx(planning.step_flops(config, model_config).total, rel=1e-12)
+
+
+def test_compile_clock_counts_a_compilation_once():
+  before = compile_clock.seconds()
+  program = jax.jit(lambda x: jnp.cos(x) * 3.0 + jnp.arange(x.shape[0]))
+  program(jnp.ones(11))
+  compiled = compile_clock.seconds()
+  assert compiled > before
+  program(jnp.ones(11))  # the same signature: no compilation
+  assert compile_clock.seconds() == compiled
+  program(jnp.ones(12))  # a new shape compiles again
+  assert compile_clock.seconds() > compiled

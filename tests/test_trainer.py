@@ -52,6 +52,8 @@ def test_debug_run_writes_the_workdir_contract(baseline):
   for row in rows:
     assert all(key in row for key in required), set(required) - set(row)
     assert row["entropy"] > 0 and row["response_length/mean"] > 0
+    assert 0 <= row["time/compile_s"] <= row["time/step_s"]
+  assert rows[0]["time/compile_s"] > 0  # the step and the sampler's programs compile in step 1
   records = rollouts(baseline)
   assert len(records) == 10 * 4 * 4
   for key in ("step", "prompt_id", "group_id", "sample_index", "prompt", "completion", "reward",

@@ -22,7 +22,7 @@ from reasoning_rl import lora
 from reasoning_rl.build import Run, rollout_staleness, sampler_correction
 from reasoning_rl.data import tasks
 from reasoning_rl.errors import PhaseInterrupted
-from reasoning_rl.loop import telemetry
+from reasoning_rl.loop import compile_clock, telemetry
 from reasoning_rl.loop.rollouts import RolloutCollector
 from reasoning_rl.loop.state import LoopState, SampledBatch
 from reasoning_rl.multihost.cluster import global_batch
@@ -76,7 +76,7 @@ class RLStage:
     are not interrupted: they are sampled while the step trains, and a resume must find them in
     the queue to continue exactly."""
     c, run = self.run.config, self.run
-    start = time.perf_counter()
+    start, compiled_before = time.perf_counter(), compile_clock.seconds()
     sampled = loop.queue.popleft() if loop.queue else self.sample_batch(
         loop, should_stop=checkpointing.preemption_requested)
     batch, advantages = batching.build_batch(
@@ -110,7 +110,8 @@ class RLStage:
     pool_metrics = cluster.summed_metrics(run.scorer.metrics())
     if cluster.is_primary:
       times = telemetry.StepTimes(train_s=train_s, sync_s=sync_s, sample_ahead_s=ahead_s,
-                                  step_s=time.perf_counter() - start)
+                                  step_s=time.perf_counter() - start,
+                                  compile_s=compile_clock.seconds() - compiled_before)
       row = telemetry.rl_metrics(sampled, stats, reward_parts=[p.name for p in run.reward_fn.parts],
                                  policy_version=loop.policy_version,
                                  data_position=loop.data_position)

@@ -25,6 +25,7 @@ class StepTimes:
   sync_s: float
   sample_ahead_s: float
   step_s: float
+  compile_s: float = 0.0  # of step_s, lowering and compiling programs met for the first time
 
 
 def rl_metrics(batch: SampledBatch, stats: Mapping[str, float], *, reward_parts: Sequence[str],
@@ -66,6 +67,7 @@ def rl_timing(batch: SampledBatch, times: StepTimes, *, asynchronous: bool) -> d
       "time/sample_s": batch.sample_s, "time/verify_s": batch.verify_s,
       "time/train_s": times.train_s, "time/sync_s": times.sync_s,
       "time/sample_ahead_s": times.sample_ahead_s, "time/step_s": times.step_s,
+      "time/compile_s": times.compile_s,
       # host time attributed to nothing above (batching, metrics): neither slice works
       "time/idle_s": max(0.0, times.step_s - sampled_now - times.train_s - times.sync_s
                          - times.sample_ahead_s),
