@@ -2,7 +2,7 @@
 
 Usage: python -m benchmarks.rollouts [--models tiny,smollm2] [--repeats 3] [--slots 16]
            [--num_prompts 16] [--num_samples 4] [--max_new_tokens 128] [--steps_per_call 16]
-           [--before_rev REV] [--ablate]
+           [--before_rev REV] [--ablate] [--whole_tree]
 
 Workloads (G samples per prompt at temperature 1, so the completions of a group differ):
 - tiny: a random Qwen2-shaped model (4 layers, d=256, vocab 512) on random prompts of 8–64 tokens;
@@ -22,15 +22,23 @@ run" is the untimed compiling run. "same tokens" counts completions whose ids eq
 run's (the change must not alter them).
 --ablate adds the new engine with one change turned off: "full-length attention"
 (live_length_attention=False) and "all slots decoded" (compact_live_slots=False).
+--whole_tree compares whole packages instead: before = all of `reasoning_rl/` at --before_rev
+(the model code of that revision too, so the model-side decode changes count), after = the
+working tree, each in its own child process (`git archive` of the package into a temporary
+directory first on the child's path) that builds the same workload, runs once to compile and
+then `repeats` timed runs; the children run one after the other (before, then after).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import pathlib
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import types
 
@@ -107,6 +115,83 @@ def run_once(engine, generate_groups, prompts, args, stop_ids):
   return time.perf_counter() - start, completions
 
 
+WORKLOADS = {"tiny": tiny_workload, "smollm2": smollm2_workload}
+
+
+def engine_sizes(args, prompts, prefill_bucket) -> dict:
+  return {"max_concurrent_decodes": args.slots, "max_decode_length": args.max_new_tokens,
+          "max_prefill_length": prefill_bucket(max(map(len, prompts)), 1 << 30),
+          "steps_per_call": args.steps_per_call}
+
+
+def child_main(args) -> None:
+  """--whole_tree's child: the workload on whichever `reasoning_rl` is first on the path."""
+  import reasoning_rl
+  from reasoning_rl.sampler import Engine, generate_groups
+  from reasoning_rl.sampler.engine import prefill_bucket
+
+  model, prompts, stop_ids = WORKLOADS[args.child](args.num_prompts)
+  engine = Engine(model, **engine_sizes(args, prompts, prefill_bucket))
+  first_run, outputs = run_once(engine, generate_groups, prompts, args, stop_ids)
+  seconds = [run_once(engine, generate_groups, prompts, args, stop_ids)[0]
+             for _ in range(args.repeats)]
+  print("RESULT " + json.dumps({
+      "package": str(pathlib.Path(reasoning_rl.__file__).parent), "first_run": first_run,
+      "seconds": seconds, "completions": [c.completion_ids for c in outputs]}), flush=True)
+
+
+def run_child(args, name: str, package_root: pathlib.Path) -> dict:
+  """Runs `child_main` with `package_root/reasoning_rl` as the package it imports."""
+  forwarded = [f"--{key}={getattr(args, key)}" for key in
+               ("repeats", "slots", "num_prompts", "num_samples", "max_new_tokens",
+                "steps_per_call")]
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(package_root), str(ROOT)]))
+  # cwd = package_root: `python -m` puts the working directory first on sys.path
+  done = subprocess.run([sys.executable, "-m", "benchmarks.rollouts", f"--child={name}",
+                         *forwarded], cwd=package_root, env=env, capture_output=True, text=True,
+                        check=False)
+  results = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+  if done.returncode or not results:
+    raise SystemExit(f"the {name} child in {package_root} failed:\n{done.stderr[-3000:]}")
+  result = json.loads(results[-1][len("RESULT "):])
+  expected = package_root / "reasoning_rl"
+  if pathlib.Path(result["package"]).resolve() != expected.resolve():
+    raise SystemExit(f"the child imported {result['package']}, not {expected}")
+  return result
+
+
+def whole_tree_main(args) -> None:
+  print(f"before = reasoning_rl/ at {args.before_rev} (model code included), after = working "
+        f"tree, each in a child process; {args.num_prompts} prompts x {args.num_samples} samples, "
+        f"T=1, max_new_tokens={args.max_new_tokens}, {args.slots} slots, "
+        f"steps_per_call={args.steps_per_call}; medians of {args.repeats}")
+  print("| model | variant | tokens | tok/s (median) | runs (s) | first run (s) | speed-up | "
+        "same tokens |")
+  print("|---|---|---|---|---|---|---|---|")
+  with tempfile.TemporaryDirectory(prefix="rollouts-before-") as before_root:
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.before_rev, "reasoning_rl"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", before_root], input=archive, check=True)
+    for name in args.models.split(","):
+      if name not in WORKLOADS:
+        raise SystemExit(f"--models: unknown model {name!r}; use tiny or smollm2")
+      results = {"before": run_child(args, name, pathlib.Path(before_root)),
+                 "after": run_child(args, name, ROOT)}
+      reference = results["before"]["completions"]
+      tokens = sum(map(len, reference))
+      base_rate = tokens / statistics.median(results["before"]["seconds"])
+      for variant, result in results.items():
+        rate = tokens / statistics.median(result["seconds"])
+        same = sum(a == b for a, b in zip(reference, result["completions"]))
+        runs = ", ".join(f"{s:.2f}" for s in result["seconds"])
+        print(f"| {name} | {variant} | {tokens} | {rate:,.0f} | {runs} | "
+              f"{result['first_run']:.1f} | {rate / base_rate:.2f}x | {same}/{len(reference)} |",
+              flush=True)
+      after_tokens = sum(map(len, results["after"]["completions"]))
+      if after_tokens != tokens:
+        print(f"  {name}: after generated {after_tokens} tokens (rates above use before's count)")
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", default="tiny,smollm2")
@@ -119,7 +204,14 @@ def main():
   parser.add_argument("--before_rev", default=BEFORE_REV)
   parser.add_argument("--ablate", action="store_true",
                       help="also run the new engine with full-length attention")
+  parser.add_argument("--whole_tree", action="store_true",
+                      help="before = the whole package at --before_rev, in child processes")
+  parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
+  if args.child:
+    return child_main(args)
+  if args.whole_tree:
+    return whole_tree_main(args)
 
   from reasoning_rl.sampler import Engine, generate_groups
   from reasoning_rl.sampler.engine import prefill_bucket
@@ -131,14 +223,11 @@ def main():
   print("| model | variant | tokens | tok/s (median) | runs (s) | first run (s) | generate calls | "
         "speed-up | same tokens |")
   print("|---|---|---|---|---|---|---|---|---|")
-  workloads = {"tiny": tiny_workload, "smollm2": smollm2_workload}
   for name in args.models.split(","):
-    if name not in workloads:
+    if name not in WORKLOADS:
       raise SystemExit(f"--models: unknown model {name!r}; use tiny or smollm2")
-    model, prompts, stop_ids = workloads[name](args.num_prompts)
-    sizes = dict(max_concurrent_decodes=args.slots, max_decode_length=args.max_new_tokens,
-                 max_prefill_length=prefill_bucket(max(map(len, prompts)), 1 << 30),
-                 steps_per_call=args.steps_per_call)
+    model, prompts, stop_ids = WORKLOADS[name](args.num_prompts)
+    sizes = engine_sizes(args, prompts, prefill_bucket)
     variants = {"before": (before_engine_class(model, **sizes), before_generate_groups),
                 "after": (Engine(model, **sizes), generate_groups)}
     if args.ablate:

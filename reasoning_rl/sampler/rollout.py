@@ -3,7 +3,8 @@
 `stream_groups` drives an `Engine`:
 - Each prompt is prefilled once; its `Prefix` is inserted into one slot per sample (G inserts, one
   prefill). The prefix is kept only until its last sample has a slot. The prompts that the free
-  slots need are prefilled together (`Engine.prefill_many`).
+  slots need are prefilled together (`Engine.prefill_many`), joined by the next waiting prompts up
+  to `max_prefill_batch`, so later refills find their prefixes ready.
 - Continuous batching: after every `generate` call, slots whose completion finished are refilled from
   the queue of waiting samples (prompt-major order) while the other slots keep decoding. While
   samples are waiting, `generate` returns as soon as any slot finishes, so no slot idles until the
@@ -177,6 +178,14 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
     assigned = [(slot, waiting.popleft()) for slot in free_slots[:len(waiting)]]
     to_prefill = list(dict.fromkeys(p for _, (p, _) in assigned if p not in prefixes))
     if to_prefill:
+      # Prompts about to be needed join the call, up to max_prefill_batch: one call of several
+      # prompts costs less per prompt than one call each (SmolLM2, 48-token bucket: 47 ms for one,
+      # 229 ms for eight), and slots refilled later find their prefix ready.
+      for p, _ in waiting:
+        if len(to_prefill) >= engine.max_prefill_batch:
+          break
+        if p not in prefixes and p not in to_prefill:
+          to_prefill.append(p)
       new_prefixes = engine.prefill_many(
           params=engine.params, padded_tokens=[prepared[p][0] for p in to_prefill],
           true_lengths=[prepared[p][1] for p in to_prefill],

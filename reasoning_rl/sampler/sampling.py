@@ -147,10 +147,15 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
   drawn = jax.lax.cond(jnp.all(temperature <= 0), lambda: greedy_tokens,
                        lambda: gumbel_max(keys, filtered))
   tokens = jnp.where(temperature <= 0, greedy_tokens, drawn)
-  model_logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None],
-                                       axis=-1)[:, 0]
-  sampling_logprobs = jnp.take_along_axis(jax.nn.log_softmax(filtered, axis=-1), tokens[:, None],
-                                          axis=-1)[:, 0]
+
+  def token_logprobs(x):  # log_softmax(x) at the tokens, without materialising it for all [B, V]
+    return jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(x, axis=-1)
+
+  model_logprobs = token_logprobs(logits)
+  # At temperature 1 without filters the two distributions are the same one.
+  unchanged = jnp.all((temperature == 1.0) & (top_p >= 1.0) & (top_k <= 0))
+  sampling_logprobs = jax.lax.cond(unchanged, lambda: model_logprobs,
+                                   lambda: token_logprobs(filtered))
   return tokens, model_logprobs, sampling_logprobs
 
 
