@@ -394,7 +394,7 @@ COLUMNS = (("step_s", "s/step", "{:.1f}"), ("compile_s", "of which compiling s",
 
 
 # Columns whose ours / TRL ratio means something: times, work done and rates.
-RATIO_KEYS = {"step_s", "step_s_without_compile", "sample_s", "score_s", "train_s", "sync_s", "other_s", "generated_tokens",
+RATIO_KEYS = {"step_s", "sample_s", "score_s", "train_s", "sync_s", "other_s", "generated_tokens",
               "tok_per_sample_s", "tok_per_step_s"}
 
 

@@ -362,7 +362,8 @@ class Transformer(nnx.Module):
   def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
     """Final-normed hidden [..., D] → logits [..., V] in float32 (soft-capped for Gemma 2)."""
     # Rows flattened into one axis, as in `_project`: a plain matmul for the kernel's gradient.
-    logits = jnp.dot(hidden.reshape(-1, hidden.shape[-1]), self.output_kernel().astype(hidden.dtype),
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    logits = jnp.dot(rows, self.output_kernel().astype(hidden.dtype),
                      preferred_element_type=jnp.float32).reshape(*hidden.shape[:-1], -1)
     cap = self.config.final_logit_softcap
     if cap:
