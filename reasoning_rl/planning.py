@@ -1,30 +1,48 @@
 """The `--config.dry_run=True` planner: per-device memory and RL-step throughput of a target slice.
 
-`plan(config, model_config, target={"tpu": "v5p", "num_devices": 64})` builds the trainer and
-sampler meshes as `jax.sharding.AbstractMesh`es (no devices needed, so it runs on any laptop),
-shards every real parameter shape of `abstract_model(model_config)` with the project's partition
-rules (`reasoning_rl.sharding.logical_to_spec`), and adds up what each device of each slice holds:
+`plan(config, model_config, target={"tpu": "v5p", "num_devices": 32})` lays the run out as it
+will run (`reasoning_rl.multihost.topology`): the trainer mesh over the first
+`mesh.num_trainer_devices` devices, and the sampler as replicas, each the devices of one sampler
+process (one host of the slice; one replica of every sampler device when the slice is one host)
+with its own `mesh.sampler` mesh and an engine that holds all `rollout.max_concurrent_decodes`
+slots. Meshes are `jax.sharding.AbstractMesh`es (no devices needed, so it runs on any laptop);
+every real parameter shape of `abstract_model(model_config)` is sharded with the project's
+partition rules (`reasoning_rl.sharding.logical_to_spec`), and each device's bytes are added up:
 
-  trainer: params, AdamW moments (2 × params, in the parameter dtype as `optax.adamw` keeps them),
-           gradients (2 × with micro-batch accumulation: accumulator + current micro-batch),
-           the frozen reference (β > 0), activations of one micro-batch kept for the backward pass
-           (no rematerialisation), and the chunked log-prob buffers;
-  sampler: a params copy, the KV cache, and the decode step's temporaries.
+  trainer: master weights in `model.weight_dtype`, AdamW moments (2 × the trainable weights, in
+           their dtype, as `optax.adamw` keeps them), the micro-batch's gradients (weight dtype)
+           and, with micro-batches, their float32 accumulator, the frozen reference (β > 0; in
+           the compute dtype, reasoning_rl/precision.py),
+           activations of one micro-batch kept for the backward pass, the chunked log-prob
+           buffers, and for the weight sync the copy cast to the compute dtype `model.dtype`
+           (several processes: laid out as a replica wants it, the "send mesh" of
+           `multihost.param_sync`; one process: in the trainer's layout, if the dtypes differ);
+  sampler (one device of one replica): its weights in the compute dtype, the KV cache of every
+           slot its engine holds, the next-token logits of the decode state, one decode step's
+           temporaries, and the new weights received during a sync (held beside the old ones
+           until the engine swaps them).
 
-With LoRA (`config.lora.rank > 0`) the adapters are the trainable parameters: AdamW moments and
-gradients cover them alone, there is no reference copy (the base is the reference), the base's
-adapted projections count at their quantized size under QLoRA (int8: 1 byte, NF4: half a byte +
-a float32 scale per quantization_tile elements), the sampler holds the base plus the adapters (or
-the merged weights), and a checkpoint holds adapters + moments.
+Items belong to a phase: "held" for the whole run, or "train step", "decode", "weight sync",
+which never overlap in time on a device; a slice's peak is what is held plus its largest phase.
+With `mesh.num_trainer_devices = 0` both roles share every device, so one "shared" slice holds
+the sum (the sampler's weight copy among it: `sharding.reshard` never aliases the trainer's
+donated buffers). A slice fits when its peak stays under (1 − headroom) of the chip's HBM.
 
-With `mesh.num_trainer_devices = 0` both roles share every device, so one "shared" slice holds the
-sum. A slice fits when its total stays under (1 − headroom) of the chip's HBM.
+With LoRA (`config.lora.rank > 0`) the adapters (float32) are the trainable parameters: AdamW
+moments and gradients cover them alone, the frozen base is held in the compute dtype, there is no
+reference copy (the base is the reference),
+the base's adapted projections count at their quantized size under QLoRA (int8: 1 byte, NF4:
+half a byte + a float32 scale per quantization_tile elements), the sampler holds the base plus
+the adapters (or the merged weights) and receives the adapters (or the merged weights), and a
+checkpoint holds adapters + moments.
 
 Throughput is a roofline estimate with stated efficiencies (`Assumptions`): FLOPs come from the
 project's one FLOP model, `reasoning_rl.flops` (the same count as the trainer's
 `throughput/rl_mfu`), with completions assumed to reach max_new_tokens; training time counts the
-recomputation the step executes as well; a decode step is bound by max(HBM bytes read /
-bandwidth, FLOPs / peak). Host-side verification and weight sync are not counted.
+recomputation the step executes as well; each replica prefills and decodes its share of the
+prompts (every R-th, `loop.rollouts`), a decode step bound by max(HBM bytes read / bandwidth,
+FLOPs / peak) on the replica's devices. Host-side verification and the weight sync's transfer
+time are not counted.
 """
 
 from __future__ import annotations
@@ -49,30 +67,43 @@ GIB = 2**30
 
 @dataclasses.dataclass(frozen=True)
 class ChipSpec:
-  """Per-device facts: HBM capacity (bytes), peak dense bf16 FLOP/s, HBM bandwidth (bytes/s)."""
+  """Per-device facts: HBM capacity (bytes), peak dense bf16 FLOP/s, HBM bandwidth (bytes/s), and
+  how many devices one host (one JAX process) drives; 0: one host drives every device."""
 
   name: str
   hbm_bytes: float
   peak_flops: float
   hbm_bandwidth: float
+  devices_per_host: int = 0
 
 
-# Public Cloud TPU documentation, chip specification tables (read 2025):
-#   v4:  docs.cloud.google.com/tpu/docs/v4   — 275 TFLOP/s bf16, HBM2 32 GiB, 1200 GB/s
-#   v5e: docs.cloud.google.com/tpu/docs/v5e  — 197 TFLOP/s bf16, HBM2 16 GB, 819 GB/s
-#   v5p: docs.cloud.google.com/tpu/docs/v5p  — 459 TFLOP/s bf16, HBM2e 95 GB, 2765 GB/s
-#   v6e: docs.cloud.google.com/tpu/docs/v6e  — 918 TFLOP/s bf16, 32 GB, 1638 GB/s
+# Public Cloud TPU documentation, chip specification tables (read 2025-2026):
+#   v4:  docs.cloud.google.com/tpu/docs/v4   — 275 TFLOP/s bf16, HBM2 32 GiB, 1200 GB/s; 4 chips
+#        per TPU VM (a v4-32 lists process indices 0-3 of 4 devices each)
+#   v5e: docs.cloud.google.com/tpu/docs/v5e  — 197 TFLOP/s bf16, HBM2 16 GB, 819 GB/s; 8 chips per
+#        host ("Chips per host"; the 16x16 slice of 256 chips has 32 hosts)
+#   v5p: docs.cloud.google.com/tpu/docs/v5p  — 459 TFLOP/s bf16, HBM2e 95 GB, 2765 GB/s; 4 chips
+#        per VM (the 2x4x4 slice, v5p-64, is 32 chips on 8 hosts)
+#   v6e: docs.cloud.google.com/tpu/docs/v6e  — 918 TFLOP/s bf16, 32 GB, 1638 GB/s; 8 chips per host
 # The pages write HBM sizes as "GB"; the runtime reports them in binary units (a v5e shows ~16 GiB),
 # so capacities are taken as GiB. One JAX device per chip (v4 / v5p run their two cores as one).
 TPU_CHIPS: dict[str, ChipSpec] = {
-    "v4": ChipSpec("TPU v4", 32 * GIB, 275e12, 1200e9),
-    "v5e": ChipSpec("TPU v5e", 16 * GIB, 197e12, 819e9),
-    "v5p": ChipSpec("TPU v5p", 95 * GIB, 459e12, 2765e9),
-    "v6e": ChipSpec("TPU v6e", 32 * GIB, 918e12, 1638e9),
+    "v4": ChipSpec("TPU v4", 32 * GIB, 275e12, 1200e9, devices_per_host=4),
+    "v5e": ChipSpec("TPU v5e", 16 * GIB, 197e12, 819e9, devices_per_host=8),
+    "v5p": ChipSpec("TPU v5p", 95 * GIB, 459e12, 2765e9, devices_per_host=4),
+    "v6e": ChipSpec("TPU v6e", 32 * GIB, 918e12, 1638e9, devices_per_host=8),
 }
 # "cpu": the development machine (24 GiB RAM, ~400 GFLOP/s f32 matmul, ~60 GB/s),
-# shared evenly by `num_devices` simulated devices.
+# shared evenly by `num_devices` simulated devices, one process unless the target says otherwise.
 CPU_MACHINE = ChipSpec("CPU (2 cores)", 24 * GIB, 400e9, 60e9)
+
+
+def slice_name(tpu: str, num_devices: int) -> str:
+  """Cloud TPU's accelerator type of a slice: v4 / v5p count TensorCores (2 per chip), v5e / v6e
+  count chips (v5p-64 = 32 chips, v5e-256 = 256 chips)."""
+  if tpu in ("v4", "v5p"):
+    return f"{tpu}-{2 * num_devices}"
+  return f"{tpu}-{num_devices}" if tpu in TPU_CHIPS else ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,23 +160,56 @@ class Assumptions:
   preemption_notice_s: float = 30.0
 
 
+PHASES = ("train step", "decode", "weight sync")  # transient phases; never at once on a device
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+  """One thing a device holds: bytes per device, and "held" or the transient phase it lives in."""
+
+  name: str
+  bytes: int
+  phase: str = "held"
+
+
+def _base_name(name: str) -> str:
+  """An item's name without its role prefix ("trainer: ") and its detail in parentheses."""
+  name = name.split(": ", 1)[1] if name.startswith(("trainer: ", "sampler: ")) else name
+  return name.split(" (", 1)[0]
+
+
 @dataclasses.dataclass(frozen=True)
 class SliceMemory:
-  """What one device of a slice holds, item by item (bytes)."""
+  """What one device of a slice holds, item by item (bytes). For the sampler: one device of one
+  replica (every replica holds the same)."""
 
   name: str  # "trainer", "sampler" or "shared"
-  mesh: AbstractMesh
-  items: tuple[tuple[str, int], ...]
+  mesh: AbstractMesh  # the trainer mesh, or one sampler replica's mesh
+  items: tuple[Item, ...]
   capacity: float
   headroom: float
+  num_replicas: int = 1
 
   @property
   def num_devices(self) -> int:
-    return self.mesh.size
+    return self.mesh.size * (self.num_replicas if self.name == "sampler" else 1)
+
+  @property
+  def held(self) -> int:
+    return sum(i.bytes for i in self.items if i.phase == "held")
+
+  def phase_bytes(self, phase: str) -> int:
+    return sum(i.bytes for i in self.items if i.phase == phase)
+
+  @property
+  def peak_phase(self) -> str | None:
+    phases = [p for p in PHASES if any(i.phase == p for i in self.items)]
+    return max(phases, key=self.phase_bytes) if phases else None
 
   @property
   def total(self) -> int:
-    return sum(b for _, b in self.items)
+    """The peak: what is held all along plus the largest transient phase."""
+    return self.held + (self.phase_bytes(self.peak_phase) if self.peak_phase else 0)
 
   @property
   def usable(self) -> float:
@@ -160,16 +224,29 @@ class SliceMemory:
     return max(0.0, self.total - self.usable)
 
   def item(self, name: str) -> int:
-    return sum(b for n, b in self.items if n == name or n.endswith(": " + name))
+    """Bytes of the items called `name`, with or without the role prefix and the detail in
+    parentheses ("KV cache" finds "sampler: KV cache (512 slots)")."""
+    def names(full):
+      bare = full.split(": ", 1)[1] if full.startswith(("trainer: ", "sampler: ")) else full
+      return (full, bare, _base_name(full))
+
+    return sum(i.bytes for i in self.items if name in names(i.name))
+
+  def by_name(self) -> dict[str, int]:
+    return {i.name: i.bytes for i in self.items}
 
 
 @dataclasses.dataclass(frozen=True)
 class Throughput:
-  """FLOPs and estimated seconds of one RL step (sampling P·G completions + the training step)."""
+  """FLOPs and estimated seconds of one RL step (sampling P·G completions + the training step).
+  Sampling seconds are one replica's: replicas decode their shares of the prompts in parallel."""
 
   flops: flops_lib.StepFlops
+  num_replicas: int
+  rows_per_replica: int  # completions one replica decodes per step
+  live_slots: int  # slots a replica's decode step runs (its slots, or fewer rows)
   prefill_s: float
-  decode_steps: int
+  decode_steps: int  # per replica
   decode_step_s: float
   sample_s: float
   train_s: float
@@ -190,7 +267,7 @@ class Preemption:
 
   decode_call_s: float
   train_s: float
-  checkpoint_bytes_per_device: int  # params + AdamW moments (the reference is not saved)
+  checkpoint_bytes_per_device: int  # trainable weights + AdamW moments (the reference is not saved)
   save_s: float
 
   @property
@@ -208,6 +285,8 @@ class Plan:
   assumptions: Assumptions
   advice: tuple[str, ...]  # one hint per slice that does not fit
   preemption: Preemption
+  target_name: str = ""
+  num_processes: int = 1
 
   @property
   def fits(self) -> bool:
@@ -223,40 +302,72 @@ class Plan:
     return (f"does NOT fit: {worst.over_bytes / GIB:.2f} GiB over on the {worst.name} slice — try "
             + "; ".join(self.advice))
 
+  def binding(self) -> str:
+    """Which limit binds: a slice's HBM when one does not fit (the most over), else time, with
+    the role that sets the step's length and each slice's share of its usable memory."""
+    if not self.fits:
+      worst = max(self.slices, key=lambda s: s.over_bytes / s.usable)
+      return f"{worst.name} HBM ({worst.total / worst.usable:.0%} of usable)"
+    t = self.throughput
+    shares = ", ".join(f"{s.name} {s.total / s.usable:.0%}" for s in self.slices)
+    side = "sampling" if t.sample_s >= t.train_s else "training"
+    idle = abs(t.sample_s - t.train_s)
+    waits = "the trainer" if side == "sampling" else "the sampler"
+    overlap = ("" if t.step_s_async is None else
+               f"; overlapped, {waits} waits {idle:.1f} s a step")
+    return (f"time: {side} sets the step ({max(t.sample_s, t.train_s):.1f} s{overlap}); "
+            f"memory in use: {shares} of usable")
+
   def table(self) -> str:
     c, a, t = self.chip, self.assumptions, self.throughput
+    hosts = (f" on {self.num_processes} hosts of {self.num_devices // self.num_processes}"
+             if self.num_processes > 1 else "")
+    name = f" = {self.target_name}" if self.target_name else ""
     lines = [f"Dry-run plan: {self.model_summary}",
-             f"Target: {self.num_devices} x {c.name} ({c.hbm_bytes / GIB:.1f} GiB HBM, "
-             f"{c.peak_flops / 1e12:.1f} TFLOP/s, {c.hbm_bandwidth / 1e9:.0f} GB/s per device)"]
+             f"Target: {self.num_devices} x {c.name}{name}{hosts} ({c.hbm_bytes / GIB:.1f} GiB "
+             f"HBM, {c.peak_flops / 1e12:.1f} TFLOP/s, {c.hbm_bandwidth / 1e9:.0f} GB/s per "
+             "device)"]
     for s in self.slices:
       shape = " ".join(f"{k}={v}" for k, v in s.mesh.shape.items())
       plural = "s" if s.num_devices > 1 else ""
-      lines += ["", f"{s.name} slice: {s.num_devices} device{plural}, mesh {shape}",
-                f"  {'per device':<40}{'GiB':>10}"]
-      lines += [f"  {name:<40}{b / GIB:>10.3f}" for name, b in s.items]
-      lines.append(f"  {'total':<40}{s.total / GIB:>10.3f}   of {s.usable / GIB:.2f} usable "
-                   f"({a.headroom:.0%} headroom) -> "
+      if s.name == "sampler":
+        heading = (f"sampler slice: {s.num_devices} device{plural} = {s.num_replicas} "
+                   f"replica(s) of {s.mesh.size}, each its own engine with every slot; a "
+                   f"replica's mesh {shape}")
+      else:
+        heading = f"{s.name} slice: {s.num_devices} device{plural}, mesh {shape}"
+      lines += ["", heading, f"  {'per device':<46}{'phase':<13}{'GiB':>9}"]
+      lines += [f"  {i.name:<46}{i.phase:<13}{i.bytes / GIB:>9.3f}" for i in s.items]
+      peak = f"held + {s.peak_phase}" if s.peak_phase else "held"
+      lines.append(f"  {'peak (' + peak + ')':<59}{s.total / GIB:>9.3f}   of {s.usable / GIB:.2f}"
+                   f" usable ({a.headroom:.0%} headroom) -> "
                    + ("fits" if s.fits else f"OVER by {s.over_bytes / GIB:.2f} GiB"))
     bandwidth = a.decode_bandwidth_utilisation
     lines += ["", f"Throughput per RL step (train MFU {a.train_mfu:.0%}, prefill MFU "
               f"{a.prefill_mfu:.0%}, decode bound by max(bytes / ({bandwidth:.0%} of HBM "
               f"bandwidth), FLOPs / {a.decode_mfu:.0%} of peak)):",
-              f"  sampling   {t.flops.generation / 1e12:12.1f} TFLOP   prefill {t.prefill_s:.2f} s"
-              f" + {t.decode_steps} decode steps x {t.decode_step_s * 1e3:.2f} ms = "
-              f"{t.sample_s:.1f} s",
+              f"  sampling   {t.flops.generation / 1e12:12.1f} TFLOP   per replica "
+              f"({t.num_replicas} in parallel): {t.rows_per_replica} completions, "
+              f"{t.live_slots} slots live; prefill {t.prefill_s:.2f} s + {t.decode_steps} decode "
+              f"steps x {t.decode_step_s * 1e3:.2f} ms = {t.sample_s:.1f} s",
               f"  training   {t.flops.training / 1e12:12.1f} TFLOP   {t.train_s:.1f} s (+ "
               f"{t.flops.recomputation / 1e12:.1f} TFLOP recomputed)",
-              f"  step (sync) {t.step_s_sync:.1f} s -> {t.steps_per_hour:.1f} steps/hour"]
+              f"  step (sync: sample, then train) {t.step_s_sync:.1f} s -> "
+              f"{t.steps_per_hour:.1f} steps/hour"]
     if t.step_s_async is not None:
-      lines.append(f"  step (async, slices overlap) {t.step_s_async:.1f} s -> "
-                   f"{3600 / t.step_s_async:.1f} steps/hour")
-    lines += ["  (completions assumed to reach max_new_tokens; verification and weight sync not "
-              "counted)", ""] + self._preemption_lines() + ["", f"Verdict: {self.verdict()}"]
+      lines.append(f"  step (overlapped: async rollouts, slices work at once) "
+                   f"{t.step_s_async:.1f} s -> {3600 / t.step_s_async:.1f} steps/hour")
+    else:
+      lines.append("  step (overlapped): none, both roles share the devices")
+    lines += ["  (completions assumed to reach max_new_tokens; verification and weight sync time "
+              "not counted)", ""] + self._preemption_lines() + [
+                  "", f"Binding limit: {self.binding()}", f"Verdict: {self.verdict()}"]
     return "\n".join(lines)
 
   def _preemption_lines(self) -> list[str]:
     p, a = self.preemption, self.assumptions
-    lines = ["Preemption (SIGTERM / SIGINT: acted on between decode calls and after the train step):",
+    lines = ["Preemption (SIGTERM / SIGINT: acted on between decode calls and after the train "
+             "step):",
              f"  longest decode call      {p.decode_call_s:8.2f} s",
              f"  train step               {p.train_s:8.2f} s   (one compiled program: not "
              "interrupted)",
@@ -277,16 +388,23 @@ class Plan:
 
 
 def _chip(target) -> tuple[ChipSpec, int]:
+  """The chip and device count of `target`; `target["devices_per_host"]`, when given, overrides
+  the chip's devices per host (e.g. a CPU target laid out as several processes)."""
   tpu, num_devices = target["tpu"], target["num_devices"]
   if not isinstance(num_devices, int) or num_devices < 1:
     raise ConfigError(f"target.num_devices={num_devices!r}: must be an integer >= 1")
   if tpu == "cpu":
     m = CPU_MACHINE
-    return ChipSpec(m.name, m.hbm_bytes / num_devices, m.peak_flops / num_devices,
-                    m.hbm_bandwidth / num_devices), num_devices
-  if tpu not in TPU_CHIPS:
+    chip = ChipSpec(m.name, m.hbm_bytes / num_devices, m.peak_flops / num_devices,
+                    m.hbm_bandwidth / num_devices)
+  elif tpu in TPU_CHIPS:
+    chip = TPU_CHIPS[tpu]
+  else:
     raise ConfigError(f"target.tpu={tpu!r}: use one of {sorted(TPU_CHIPS) + ['cpu']}")
-  return TPU_CHIPS[tpu], num_devices
+  per_host = target.get("devices_per_host", 0) or chip.devices_per_host
+  if not isinstance(per_host, int) or per_host < 0:
+    raise ConfigError(f"target.devices_per_host={per_host!r}: must be an integer >= 1")
+  return dataclasses.replace(chip, devices_per_host=per_host), num_devices
 
 
 def abstract_mesh(shape: Sequence[int], num_devices: int, *, field: str) -> AbstractMesh:
@@ -294,13 +412,55 @@ def abstract_mesh(shape: Sequence[int], num_devices: int, *, field: str) -> Abst
   return AbstractMesh(resolve_mesh_shape(shape, num_devices, field=field), MESH_AXES)
 
 
-def slice_meshes(config, num_devices: int) -> tuple[AbstractMesh, AbstractMesh, bool]:
-  """(trainer mesh, sampler mesh, shared) for the config's split of `num_devices`."""
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """How a run uses the target's devices (as `multihost.topology` assigns them): the trainer
+  mesh, and `num_replicas` sampler replicas, each on its own `replica` mesh."""
+
+  trainer: AbstractMesh
+  replica: AbstractMesh
+  num_replicas: int
+  num_processes: int
+  shared: bool  # mesh.num_trainer_devices = 0: every device trains and samples
+
+  @property
+  def multi_process(self) -> bool:
+    return self.num_processes > 1
+
+
+def plan_layout(config, num_devices: int, devices_per_host: int = 0) -> Layout:
+  """The layout of `num_devices` on hosts of `devices_per_host` (0: one host). One process: one
+  replica over every sampler device. Several: one replica per sampler process, on its devices;
+  a split must fall between hosts and leave the trainer at least two (the rules
+  `multihost.topology.make_topology` enforces)."""
+  field = "config.mesh.num_trainer_devices"
   n = config.mesh.num_trainer_devices
-  trainer_count, sampler_count = slice_device_counts(
-      n, num_devices, field="config.mesh.num_trainer_devices")
-  return (abstract_mesh(config.mesh.trainer, trainer_count, field="config.mesh.trainer"),
-          abstract_mesh(config.mesh.sampler, sampler_count, field="config.mesh.sampler"), n == 0)
+  trainer_count, sampler_count = slice_device_counts(n, num_devices, field=field)
+  per_host = devices_per_host or num_devices
+  if num_devices % per_host:
+    raise ConfigError(f"target.num_devices={num_devices}: not a whole number of hosts of "
+                      f"{per_host} devices")
+  processes = num_devices // per_host
+  if processes == 1:
+    replicas, replica_size = 1, sampler_count
+  elif n == 0:
+    replicas, replica_size = processes, per_host
+  else:
+    if n % per_host:
+      raise ConfigError(
+          f"{field}={n}: splits the devices of a host between the trainer and the sampler; with "
+          f"several processes the split must fall between hosts: use a multiple of the "
+          f"{per_host} devices per host (or 0 to colocate)")
+    if n // per_host < 2:
+      raise ConfigError(
+          f"{field}={n}: the trainer slice lies on one host of {processes}; its checkpoints need "
+          f"it to span at least two (use {2 * per_host} or more) or colocate (0)")
+    replicas, replica_size = sampler_count // per_host, per_host
+  return Layout(trainer=abstract_mesh(config.mesh.trainer, trainer_count,
+                                      field="config.mesh.trainer"),
+                replica=abstract_mesh(config.mesh.sampler, replica_size,
+                                      field="config.mesh.sampler"),
+                num_replicas=replicas, num_processes=processes, shared=n == 0)
 
 
 def shard_size(axes: Sequence[str | None], shape: Sequence[int], mesh: AbstractMesh) -> int:
@@ -317,7 +477,18 @@ def shard_size(axes: Sequence[str | None], shape: Sequence[int], mesh: AbstractM
 def parameter_shapes(model_config: ModelConfig, dtype, lora=None) -> list[tuple[tuple, tuple,
                                                                                 float]]:
   """(logical axes, shape, bytes per element) of every parameter, from the abstract model; with
-  QLoRA settings (`lora.base_quantization`) the adapted projections at their quantized size."""
+  QLoRA settings (`lora.base_quantization`) the adapted projections at their quantized size.
+  Remembered per (architecture, dtype, LoRA settings): tracing a 7B model takes seconds."""
+  key = (repr(model_config), str(np.dtype(dtype)), repr(lora))
+  if key not in _SHAPES:
+    _SHAPES[key] = _parameter_shapes(model_config, dtype, lora)
+  return list(_SHAPES[key])
+
+
+_SHAPES: dict[tuple, list] = {}
+
+
+def _parameter_shapes(model_config: ModelConfig, dtype, lora) -> list[tuple[tuple, tuple, float]]:
   from flax import nnx  # local: the planner's other parts need no flax
 
   from reasoning_rl.models.transformer import abstract_model
@@ -397,11 +568,69 @@ def _layer_weight_bytes(shapes: Sequence[tuple[tuple, tuple, int]], mesh: Abstra
   return param_bytes_per_device(layer_shapes, gathered) // max(1, num_layers)
 
 
-def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, params: int, a: Assumptions,
-                  num_micro_batches: int, shapes=None, adapters=()) -> list[tuple[str, int]]:
-  """Per-device bytes of the training step (see the module docstring and `Assumptions`);
-  `params` counts the base and the adapters, `adapters` (LoRA) are the trainable ones."""
-  r, b = config.rollout, np.dtype(config.model.dtype).itemsize
+@dataclasses.dataclass(frozen=True)
+class Precision:
+  """The dtypes of a run: `compute` (model.dtype: activations, the KV cache, the sampler's
+  weights and what the trainer sends them) and `weights` (model.weight_dtype: the trainer's
+  master weights and AdamW moments). Gradients are accumulated in float32; LoRA adapters are
+  float32."""
+
+  compute: np.dtype
+  weights: np.dtype
+
+  @classmethod
+  def of(cls, config) -> "Precision":
+    return cls(np.dtype(config.model.dtype),
+               np.dtype(config.model.get("weight_dtype", "float32")))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShapes:
+  """(logical axes, shape, bytes per element) of what each role holds."""
+
+  master: list  # every base parameter in the weight dtype (QLoRA: adapted projections quantized)
+  compute: list  # the same in the compute dtype: the sampler's copy and what it is sent
+  adapters: list  # LoRA adapters (float32); [] without LoRA
+  sends_adapters: bool  # LoRA with lora.sampler_weights = "adapters": the sync sends them alone
+
+  @classmethod
+  def of(cls, config, model_config: ModelConfig) -> "ModelShapes":
+    from reasoning_rl.lora import LoraSettings  # pylint: disable=import-outside-toplevel
+
+    lora = LoraSettings.from_config(config)
+    precision = Precision.of(config)
+    master = parameter_shapes(model_config, precision.weights, lora)
+    # the same tensors in the compute dtype (quantized ones keep their size)
+    compute = [(axes, shape, precision.compute.itemsize
+                if itemsize == precision.weights.itemsize else itemsize)
+               for axes, shape, itemsize in master]
+    return cls(master=master, compute=compute,
+               adapters=adapter_shapes(model_config, lora, "float32"),
+               sends_adapters=lora.enabled and lora.sampler_weights == "adapters")
+
+  def sampler_weights(self, mesh: AbstractMesh) -> int:
+    """Bytes per device of the sampler's weights on `mesh`: base + adapters, or merged."""
+    extra = param_bytes_per_device(self.adapters, mesh) if self.sends_adapters else 0
+    return param_bytes_per_device(self.compute, mesh) + extra
+
+  def sent(self, mesh: AbstractMesh) -> int:
+    """Bytes per device, laid out as `mesh` wants them, of what a weight sync sends."""
+    if self.sends_adapters:
+      return param_bytes_per_device(self.adapters, mesh)
+    return param_bytes_per_device(self.compute, mesh)
+
+
+def _with_itemsize(shapes, itemsize: float) -> list:
+  return [(axes, shape, itemsize) for axes, shape, _ in shapes]
+
+
+def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, a: Assumptions,
+                  num_micro_batches: int, shapes: ModelShapes, sync_bytes: int = 0,
+                  sync_name: str = "") -> list[Item]:
+  """Per-device bytes of the trainer (see the module docstring and `Assumptions`): held weights
+  and moments, the train step's transients, and the weight sync's copy (`sync_bytes`)."""
+  r, b = config.rollout, Precision.of(config).compute.itemsize
+  weights = Precision.of(config).weights
   seq = r.max_prefill_length + r.max_new_tokens
   rows = (r.num_prompts * r.num_samples) // num_micro_batches
   rows_per_device = -(-rows // _split(mesh, "batch", rows))
@@ -417,36 +646,79 @@ def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, params: int, a: As
     per_row = m.num_layers * per_layer
   chunk = min(config.algo.logprob_chunk, r.max_new_tokens)
   vocab = m.vocab_size // _split(mesh, "vocab", m.vocab_size)
-  trainable = param_bytes_per_device(adapters, mesh) if adapters else params
-  items = [("params" + (" (frozen base + adapters)" if adapters else ""), params),
-           ("optimizer (AdamW m, v)", 2 * trainable),
-           ("gradients" + (" + accumulator" if num_micro_batches > 1 else ""),
-            trainable * (2 if num_micro_batches > 1 else 1))]
+  compute = Precision.of(config).compute.name
+  adapters = shapes.adapters
+  trainable_shapes = adapters or shapes.master
+  trainable = param_bytes_per_device(trainable_shapes, mesh)
+  if adapters:  # the frozen base is never updated: held in the compute dtype
+    items = [Item(f"frozen base ({compute}) + adapters (float32)",
+                  param_bytes_per_device(shapes.compute, mesh) + trainable)]
+  else:
+    items = [Item(f"master weights ({weights.name})", trainable)]
+  dtype = "float32" if adapters else weights.name
+  items.append(Item(f"AdamW moments (m, v; {dtype})", 2 * trainable))
   if config.beta > 0 and not adapters:  # with LoRA the base is the reference
-    items.append(("reference params", params))
-  if mesh.shape["fsdp"] > 1 and shapes is not None:
-    items.append(("gathered layer weights (fsdp)",
-                  int(a.gathered_layers * _layer_weight_bytes(shapes, mesh, m.num_layers))))
-  items += [("activations (1 micro-batch)", int(rows_per_device * per_row)),
-            ("log-prob chunk buffers",
-             int(a.logprob_buffers * rows_per_device * chunk * vocab * 4))]
+    # frozen, it only feeds forward passes: held in the compute dtype
+    items.append(Item(f"reference weights ({compute})",
+                      param_bytes_per_device(shapes.compute, mesh)))
+  items.append(Item(f"gradients ({dtype}, one micro-batch)", trainable, "train step"))
+  if num_micro_batches > 1:
+    accumulator = param_bytes_per_device(_with_itemsize(trainable_shapes, 4), mesh)
+    items.append(Item("gradient accumulator (float32)", accumulator, "train step"))
+  if mesh.shape["fsdp"] > 1:
+    items.append(Item("gathered layer weights (fsdp)", int(
+        a.gathered_layers * _layer_weight_bytes(shapes.master, mesh, m.num_layers)),
+        "train step"))
+  items += [Item("activations (1 micro-batch)", int(rows_per_device * per_row), "train step"),
+            Item("log-prob chunk buffers",
+                 int(a.logprob_buffers * rows_per_device * chunk * vocab * 4), "train step")]
+  if sync_bytes:
+    items.append(Item(sync_name or "weight transfer copy", sync_bytes, "weight sync"))
   return items
 
 
-def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, params: int,
-                  slots: int) -> list[tuple[str, int]]:
-  """Per-device bytes of the sampler: params copy, KV cache [slots, K, S, Dh] × 2 × layers (+ its
-  int32 positions), and one decode step's logits and attention scores."""
-  r, b = config.rollout, np.dtype(config.model.dtype).itemsize
-  length = r.max_prefill_length + r.max_new_tokens
+def cache_length(config) -> int:
+  """Tokens per decode slot: the engine's max_prefill_length + max_decode_length (the longer of
+  the rollouts' and the held-out evaluation's budgets, `build.build_engine`)."""
+  r = config.rollout
+  evaluation = config.get("eval", {}).get("max_new_tokens", 0) or 0
+  return r.max_prefill_length + max(r.max_new_tokens, evaluation)
+
+
+def kv_cache_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int) -> int:
+  """Per device: K and V [slots, kv_heads, length, head_dim] per layer in the compute dtype,
+  sharded as the engine shards them, + the int32 positions [slots, length]."""
+  length, b = cache_length(config), Precision.of(config).compute.itemsize
   kv = shard_size(("batch", "kv_heads", "length", "head_dim"),
                   (slots, m.num_kv_heads, length, m.head_dim), mesh)
   positions = shard_size(("batch", "length"), (slots, length), mesh)
+  return 2 * m.num_layers * kv * b + 4 * positions
+
+
+def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, weights: int, slots: int,
+                  receive_bytes: int = 0, engine_copy_bytes: int = 0) -> list[Item]:
+  """Per-device bytes of one sampler replica on `mesh`: its weights (compute dtype), the KV cache
+  of all `slots` and the decode state's next-token logits [slots, vocab] (float32), one decode
+  step's temporaries (new logits, attention scores and probabilities over the cache), and the
+  weights received during a sync: with several processes the weight sync's unpacked arrays and
+  then `Engine.update_params`' own copy of them (`sharding.reshard` never aliases), both beside
+  the weights in use until the swap."""
+  b = Precision.of(config).compute
+  length = cache_length(config)
   slots_per_device = slots // _split(mesh, "batch", slots)
   heads = m.num_heads // _split(mesh, "kv_heads", m.num_kv_heads)
-  temporaries = slots_per_device * (2 * m.vocab_size * 4 + heads * length * (4 + b))
-  return [("params copy", params), ("KV cache", 2 * m.num_layers * kv * b + 4 * positions),
-          ("decode temporaries", temporaries)]
+  items = [Item(f"weights ({b.name})", weights),
+           Item(f"KV cache ({slots} slots x {length} tokens)", kv_cache_bytes(config, m, mesh,
+                                                                               slots)),
+           Item("next-token logits (float32)", slots_per_device * m.vocab_size * 4),
+           Item("decode temporaries", slots_per_device * (m.vocab_size * 4
+                                                          + heads * length * (4 + b.itemsize)),
+                "decode")]
+  if receive_bytes:
+    items.append(Item(f"weights received ({b.name})", receive_bytes, "weight sync"))
+  if engine_copy_bytes:
+    items.append(Item(f"engine's copy of them ({b.name})", engine_copy_bytes, "weight sync"))
+  return items
 
 
 # --------------------------------------------------------------------------- throughput
@@ -469,85 +741,119 @@ def step_flops(config, m: ModelConfig) -> flops_lib.StepFlops:
       passes=flops_lib.TrainingPasses.of_step(step_config(config)))
 
 
-def throughput(config, m: ModelConfig, chip: ChipSpec, trainer: AbstractMesh,
-               sampler: AbstractMesh, sampler_bytes: int, shared: bool,
+def throughput(config, m: ModelConfig, chip: ChipSpec, layout: Layout, sampler_weights: int,
                a: Assumptions) -> Throughput:
-  """Roofline times: compute at the stated MFU; each decode step reads the sampler's params and KV
-  cache from HBM once (memory-bound) unless its FLOPs take longer."""
+  """Roofline times. Each of the R replicas prefills and decodes its share of the prompts
+  (ceil(P / R) prompts, every R-th) on its own devices; a decode step reads the replica's weights
+  and the live slots' KV cache from HBM once (memory-bound) unless its FLOPs take longer."""
   r = config.rollout
   step = step_flops(config, m)
   per_token = flops_lib.forward_flops(m, 1, r.max_prefill_length + r.max_new_tokens)
+  trainer, replica, replicas = layout.trainer, layout.replica, layout.num_replicas
   train_s = (step.training + step.recomputation) / (trainer.size * chip.peak_flops * a.train_mfu)
-  prefill_s = step.prefill / (sampler.size * chip.peak_flops * a.prefill_mfu)
+  prompts = -(-r.num_prompts // replicas)
+  rows = prompts * r.num_samples
   slots = r.max_concurrent_decodes
-  decode_steps = -(-(r.num_prompts * r.num_samples) // slots) * r.max_new_tokens
-  memory_s = sampler_bytes / (chip.hbm_bandwidth * a.decode_bandwidth_utilisation)
-  compute_s = slots * per_token / (sampler.size * chip.peak_flops * a.decode_mfu)
+  live = min(slots, rows)
+  prefill_s = (step.prefill * prompts / r.num_prompts
+               / (replica.size * chip.peak_flops * a.prefill_mfu))
+  decode_steps = -(-rows // slots) * r.max_new_tokens
+  read = sampler_weights + kv_cache_bytes(config, m, replica, live)
+  memory_s = read / (chip.hbm_bandwidth * a.decode_bandwidth_utilisation)
+  compute_s = live * per_token / (replica.size * chip.peak_flops * a.decode_mfu)
   decode_step_s = max(memory_s, compute_s)
   sample_s = prefill_s + decode_steps * decode_step_s
-  return Throughput(flops=step, prefill_s=prefill_s,
-                    decode_steps=decode_steps, decode_step_s=decode_step_s, sample_s=sample_s,
-                    train_s=train_s, step_s_sync=sample_s + train_s,
-                    step_s_async=None if shared else max(sample_s, train_s))
+  return Throughput(flops=step, num_replicas=replicas, rows_per_replica=rows, live_slots=live,
+                    prefill_s=prefill_s, decode_steps=decode_steps, decode_step_s=decode_step_s,
+                    sample_s=sample_s, train_s=train_s, step_s_sync=sample_s + train_s,
+                    step_s_async=None if layout.shared else max(sample_s, train_s))
 
 
 # --------------------------------------------------------------------------- the plan
 
 
-def _fits(items, chip: ChipSpec, a: Assumptions, extra: int = 0) -> bool:
-  return sum(b for _, b in items) + extra <= chip.hbm_bytes * (1 - a.headroom)
+def _total(items: Sequence[Item]) -> int:
+  return SliceMemory("", AbstractMesh((1, 1, 1), MESH_AXES), tuple(items), 0, 0).total
 
 
-def _trainer_fix(config, m, chip, a, trainer, shapes, budget_taken, adapters=()) -> str | None:
+def _fits(items, chip: ChipSpec, a: Assumptions) -> bool:
+  return _total(items) <= chip.hbm_bytes * (1 - a.headroom)
+
+
+def _shared_items(train: Sequence[Item], sample: Sequence[Item]) -> list[Item]:
+  """Both roles on the same devices: every item, prefixed with its role."""
+  return ([Item(f"trainer: {i.name}", i.bytes, i.phase) for i in train]
+          + [Item(f"sampler: {i.name}", i.bytes, i.phase) for i in sample])
+
+
+def _trainer_fix(config, m, chip, a, trainer, shapes, sync_bytes, sample) -> str | None:
   """The first (mesh, micro-batches) that fits: more micro-batches on the configured mesh, then a
-  tensor axis (it splits attention heads, the MLP and the vocabulary) with as many as needed."""
+  tensor axis (it splits attention heads, the MLP and the vocabulary) with as many as needed.
+  `sample`: the sampler's items when it shares the devices (else empty)."""
   batch = config.rollout.num_prompts * config.rollout.num_samples
   current = config.algo.num_micro_batches
   n = trainer.size
   tensor_sizes = [t for t in range(1, n + 1) if n % t == 0 and t >= trainer.shape["tensor"]]
   for t in tensor_sizes:
     mesh = trainer if t == trainer.shape["tensor"] else AbstractMesh((1, n // t, t), MESH_AXES)
-    params = param_bytes_per_device(shapes, mesh) + param_bytes_per_device(adapters, mesh)
     for k in [k for k in range(current, batch + 1) if batch % k == 0]:
-      if _fits(trainer_items(config, m, mesh, params, a, k, shapes, adapters), chip, a,
-               budget_taken):
+      items = trainer_items(config, m, mesh, a, k, shapes, sync_bytes)
+      if _fits(_shared_items(items, sample) if sample else items, chip, a):
         change = [] if mesh is trainer else [f"mesh.trainer=(1, {n // t}, {t})"]
         change += [] if k == current else [f"algo.num_micro_batches={k}"]
         return " with ".join(change)
   return None
 
 
-def _advice(config, m, chip, a, trainer, sampler, shared, shapes, train_params, sample_params,
-            adapters=()):
+def _advice(config, m, chip, a, layout: Layout, shapes: ModelShapes, train_now, sample_now,
+            sampler_kwargs) -> tuple[str, ...]:
   """Concrete changes that would make the over-full slice(s) fit."""
   r = config.rollout
-  train_now = trainer_items(config, m, trainer, train_params, a, config.algo.num_micro_batches,
-                            shapes, adapters)
-  sample_now = sampler_items(config, m, sampler, sample_params, r.max_concurrent_decodes)
-  # Sharing devices, each role's budget is what the other one leaves.
-  sampler_taken = sum(b for _, b in sample_now) if shared else 0
-  trainer_taken = sum(b for _, b in train_now) if shared else 0
+  shared = layout.shared
   hints = []
-  if not _fits(train_now, chip, a, sampler_taken):
-    fix = _trainer_fix(config, m, chip, a, trainer, shapes, sampler_taken, adapters)
+  train_fits = _fits(_shared_items(train_now, sample_now) if shared else train_now, chip, a)
+  sync_bytes = next((i.bytes for i in train_now if i.phase == "weight sync"), 0)
+  if not train_fits:
+    fix = _trainer_fix(config, m, chip, a, layout.trainer, shapes, sync_bytes,
+                       sample_now if shared else ())
     if fix:
       hints.append(fix)
     else:
       hints.append("more trainer devices, shorter rows (rollout.max_new_tokens, "
                    "rollout.max_prefill_length) or a chip with more HBM: the step keeps every "
-                   "layer's activations and attention scores (no rematerialisation)")
-      if config.beta > 0 and not adapters:
-        hints.append(f"beta=0 drops the reference ({train_params / GIB:.2f} GiB per device)")
-  if not _fits(sample_now, chip, a, trainer_taken):
-    fitting = [s for s in range(r.max_concurrent_decodes - 1, 0, -1) if _fits(
-        sampler_items(config, m, sampler, sample_params, s), chip, a, trainer_taken)]
+                   "layer's activations and attention scores unless algo.remat")
+      if config.beta > 0 and not shapes.adapters:
+        reference = param_bytes_per_device(shapes.master, layout.trainer)
+        hints.append(f"beta=0 drops the reference ({reference / GIB:.2f} GiB per device)")
+  sample_fits = _fits(_shared_items(train_now, sample_now) if shared else sample_now, chip, a)
+  if not sample_fits and (not shared or train_fits):
+    def fits_with(slots):
+      items = sampler_items(config, m, layout.replica, slots=slots, **sampler_kwargs)
+      return _fits(_shared_items(train_now, items) if shared else items, chip, a)
+
+    fitting = [s for s in range(r.max_concurrent_decodes - 1, 0, -1) if fits_with(s)]
     if fitting:
       hints.append(f"rollout.max_concurrent_decodes={fitting[0]} (or a shorter "
-                   "rollout.max_new_tokens): the KV cache shrinks with both")
+                   "rollout.max_new_tokens): each replica's KV cache holds every slot")
     else:
-      hints.append("more sampler devices (a larger tensor or fsdp axis in mesh.sampler) or a chip "
-                   "with more HBM")
+      hints.append("more devices per sampler replica (a larger tensor or fsdp axis in "
+                   "mesh.sampler, on hosts with more chips) or a chip with more HBM")
   return tuple(hints)
+
+
+def _sync_copy(layout: Layout, shapes: ModelShapes, precision: Precision) -> tuple[int, str]:
+  """(bytes per trainer device, name) of the copy the trainer makes for a weight sync: several
+  processes lay the weights out on the send mesh in the compute dtype (one shard of a replica
+  device per trainer device, `multihost.param_sync`); one process hands its own arrays over and
+  only casts them when the sampler's dtype differs."""
+  what = "adapters" if shapes.sends_adapters else "weights"
+  if layout.multi_process:
+    return (shapes.sent(layout.replica),
+            f"{what} to send ({precision.compute.name}, replica layout)")
+  if shapes.sends_adapters or precision.compute == precision.weights:
+    return 0, ""
+  return (param_bytes_per_device(shapes.compute, layout.trainer),
+          f"{what} cast for the sampler ({precision.compute.name})")
 
 
 def plan(config, model_config: ModelConfig, *, target: Mapping,
@@ -557,52 +863,55 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
   Args:
     config: the training ConfigDict (reasoning_rl.config.base_config fields).
     model_config: the policy's architecture.
-    target: {"tpu": "v4"|"v5e"|"v5p"|"v6e"|"cpu", "num_devices": int}.
+    target: {"tpu": "v4"|"v5e"|"v5p"|"v6e"|"cpu", "num_devices": int (chips)}, optionally
+      "devices_per_host" (default: the chip's; a CPU target is one process unless given).
     assumptions: efficiencies and headroom; `Assumptions()` by default.
 
-  Raises ConfigError for an unknown chip, or a mesh that does not match the device count.
+  Raises ConfigError for an unknown chip, a mesh that does not match the device count, or a split
+  that does not fall between hosts.
   """
   a = assumptions or Assumptions()
   chip, num_devices = _chip(target)
-  trainer, sampler, shared = slice_meshes(config, num_devices)
-  from reasoning_rl.lora import LoraSettings  # pylint: disable=import-outside-toplevel
-
-  lora = LoraSettings.from_config(config)
-  shapes = parameter_shapes(model_config, np.dtype(config.model.dtype), lora)
-  adapters = adapter_shapes(model_config, lora, config.model.dtype)
-  train_params = param_bytes_per_device(shapes, trainer) + param_bytes_per_device(adapters, trainer)
-  sample_params = param_bytes_per_device(shapes, sampler)
-  if lora.enabled and lora.sampler_weights == "adapters":
-    sample_params += param_bytes_per_device(adapters, sampler)
-  train = trainer_items(config, model_config, trainer, train_params, a,
-                        config.algo.num_micro_batches, shapes, adapters)
-  sample = sampler_items(config, model_config, sampler, sample_params,
-                         config.rollout.max_concurrent_decodes)
-  make = lambda name, mesh, items: SliceMemory(name, mesh, tuple(items), chip.hbm_bytes,  # noqa
-                                               a.headroom)
-  if shared:
-    slices = (make("shared", trainer, [(f"trainer: {n}", b) for n, b in train]
-                   + [(f"sampler: {n}", b) for n, b in sample]),)
-  else:
-    slices = (make("trainer", trainer, train), make("sampler", sampler, sample))
-  sampler_read = sample_params + dict(sample)["KV cache"]
-  speed = throughput(config, model_config, chip, trainer, sampler, sampler_read, shared, a)
+  layout = plan_layout(config, num_devices, chip.devices_per_host)
+  precision = Precision.of(config)
+  shapes = ModelShapes.of(config, model_config)
   r = config.rollout
+  sync_bytes, sync_name = _sync_copy(layout, shapes, precision)
+  train = trainer_items(config, model_config, layout.trainer, a, config.algo.num_micro_batches,
+                        shapes, sync_bytes, sync_name)
+  sampler_weights = shapes.sampler_weights(layout.replica)
+  received = shapes.sent(layout.replica)
+  sampler_kwargs = dict(weights=sampler_weights, receive_bytes=received,
+                        engine_copy_bytes=received if layout.multi_process else 0)
+  sample = sampler_items(config, model_config, layout.replica, slots=r.max_concurrent_decodes,
+                         **sampler_kwargs)
+  make = lambda name, mesh, items, replicas=1: SliceMemory(  # noqa: E731
+      name, mesh, tuple(items), chip.hbm_bytes, a.headroom, replicas)
+  if layout.shared:
+    slices = (make("shared", layout.trainer, _shared_items(train, sample)),)
+  else:
+    slices = (make("trainer", layout.trainer, train),
+              make("sampler", layout.replica, sample, layout.num_replicas))
+  speed = throughput(config, model_config, chip, layout, sampler_weights, a)
+  weight_name = precision.weights.name
   summary = (f"{model_config.model_type}, {model_config.num_params() / 1e9:.3f} B params, "
              f"{model_config.num_layers} layers x hidden {model_config.hidden_size}, "
-             f"{config.model.dtype}; P={r.num_prompts} x G={r.num_samples}, prompt "
-             f"{r.max_prefill_length} + completion {r.max_new_tokens} tokens")
+             f"compute {precision.compute.name}, master weights {weight_name}; "
+             f"P={r.num_prompts} x G={r.num_samples}, prompt {r.max_prefill_length} + completion "
+             f"{r.max_new_tokens} tokens, {r.max_concurrent_decodes} decode slots per replica")
   advice = () if all(s.fits for s in slices) else _advice(
-      config, model_config, chip, a, trainer, sampler, shared, shapes, train_params, sample_params,
-      adapters)
-  # params + AdamW m, v, as the trainer slice holds them (LoRA: the adapters only)
-  saved = 3 * (param_bytes_per_device(adapters, trainer) if adapters else train_params)
+      config, model_config, chip, a, layout, shapes, train, sample, sampler_kwargs)
+  # trainable weights + AdamW m, v, as the trainer slice holds them (LoRA: the adapters only)
+  trainable = param_bytes_per_device(shapes.adapters or shapes.master, layout.trainer)
+  saved = 3 * trainable
   preemption = Preemption(
       decode_call_s=min(r.steps_per_call, r.max_new_tokens) * speed.decode_step_s,
       train_s=speed.train_s, checkpoint_bytes_per_device=saved,
       save_s=saved / a.checkpoint_bytes_per_s_per_device)
   return Plan(chip=chip, num_devices=num_devices, model_summary=summary, slices=slices,
-              throughput=speed, assumptions=a, advice=advice, preemption=preemption)
+              throughput=speed, assumptions=a, advice=advice, preemption=preemption,
+              target_name=slice_name(str(target["tpu"]), num_devices),
+              num_processes=layout.num_processes)
 
 
 def dry_run_model_config(config) -> ModelConfig:
@@ -638,7 +947,8 @@ def print_dry_run(config) -> Plan:
   """`launch/train.py --config.dry_run=True`: prints the plan of `config.target` and returns it."""
   target = dict(config.target)
   if target.get("num_devices", 0) == 0:
-    target = {"tpu": target.get("tpu", "cpu"), "num_devices": jax.device_count()}
+    target = {"tpu": target.get("tpu", "cpu"), "num_devices": jax.device_count(),
+              "devices_per_host": jax.local_device_count()}
   result = plan(config, dry_run_model_config(config), target=target)
   print(result.table())
   return result

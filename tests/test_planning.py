@@ -1,6 +1,7 @@
 """The dry-run planner against hand-computed memory, KV-cache and FLOP figures."""
 
 import math
+import pathlib
 
 import pytest
 from jax.sharding import AbstractMesh
@@ -28,11 +29,13 @@ def _config():
   c.algo.logprob_chunk = 8
   c.mesh.num_trainer_devices = 8
   c.mesh.trainer = (1, 4, 2)
-  c.mesh.sampler = (2, 2, 2)
+  c.mesh.sampler = (1, 2, 2)  # one replica: the 4 chips of one v5p host
   return c
 
 
-V5P_16 = {"tpu": "v5p", "num_devices": 16}
+V5P_16 = {"tpu": "v5p", "num_devices": 16}  # 4 hosts of 4 chips: 2 train, 2 sampler replicas
+MASTER = 1264  # TINY's elements per trainer device on (1, 4, 2), see the first test
+REPLICA = 2408  # TINY's elements per sampler device on (1, 2, 2)
 
 
 def test_param_bytes_per_device_match_a_manual_sum_of_shards():
@@ -43,23 +46,54 @@ def test_param_bytes_per_device_match_a_manual_sum_of_shards():
   #   biases q 12, k 4, v 4; gate, up [16,21] 4x21 = 84 each; down [21,16] 84  -> 432
   #   total 192 + 192 + 16 + 2 x 432 = 1264 elements x 4 bytes.
   p = planning.plan(_config(), TINY, target=V5P_16)
-  assert p.slice("trainer").item("params") == 1264 * 4
-  # Sampler mesh data=2, fsdp=2, tensor=2: embed/lm_head 48x8 = 384 each, final_norm 16; per layer
-  # 32 + 96 + 32 + 32 + 96 + 12 + 4 + 4 + 3 x 168 = 812  -> 384 + 384 + 16 + 1624 = 2408 elements.
-  assert p.slice("sampler").item("params copy") == 2408 * 4
+  assert p.slice("trainer").item("master weights") == MASTER * 4
+  # A replica's mesh data=1, fsdp=2, tensor=2: embed/lm_head 48x8 = 384 each, final_norm 16; per
+  # layer 32 + 96 + 32 + 32 + 96 + 12 + 4 + 4 + 3 x 168 = 812  -> 384 + 384 + 16 + 1624 = 2408.
+  assert p.slice("sampler").item("weights") == REPLICA * 4
   # On a 1-device mesh the shards are the whole parameters: num_params() x 4 bytes.
   shapes = planning.parameter_shapes(TINY, "float32")
   single = AbstractMesh((1, 1, 1), ("data", "fsdp", "tensor"))
   assert planning.param_bytes_per_device(shapes, single) == TINY.num_params() * 4
 
 
+def test_the_layout_is_the_runs_hosts_and_replicas():
+  """v5p-16 = 4 hosts of 4 chips: 8 trainer chips on hosts 0-1, and one replica per sampler host,
+  each on its own (1, 2, 2) mesh; a CPU target is one process, so one replica of every sampler
+  device."""
+  layout = planning.plan_layout(_config(), 16, 4)
+  assert (layout.num_processes, layout.num_replicas, layout.replica.size) == (4, 2, 4)
+  assert dict(layout.trainer.shape) == {"data": 1, "fsdp": 4, "tensor": 2} and not layout.shared
+  c = _config()
+  c.mesh.sampler = (2, 2, 2)
+  layout = planning.plan_layout(c, 16)
+  assert (layout.num_processes, layout.num_replicas, layout.replica.size) == (1, 1, 8)
+  c.mesh.num_trainer_devices, c.mesh.trainer, c.mesh.sampler = 0, (1, -1, 1), (1, 1, -1)
+  layout = planning.plan_layout(c, 16, 4)  # colocated: every host samples on its own chips
+  assert (layout.num_replicas, layout.replica.size, layout.trainer.size) == (4, 4, 16)
+  assert layout.shared and layout.replica.shape["tensor"] == 4
+
+
+@pytest.mark.parametrize("trainer_devices, message", [
+    (6, "splits the devices of a host"), (4, "lies on one host")])
+def test_a_split_inside_a_host_or_a_one_host_trainer_raises(trainer_devices, message):
+  c = _config()
+  c.mesh.num_trainer_devices, c.mesh.trainer = trainer_devices, (1, -1, 1)
+  with pytest.raises(ConfigError, match=r"config\.mesh\.num_trainer_devices=.*" + message):
+    planning.plan(c, TINY, target=V5P_16)
+
+
 def test_trainer_items_by_hand():
+  """float32 master weights and compute: weights, moments, gradients and their accumulator, the
+  reference (β > 0, compute dtype), and the weights the sync sends (compute dtype, the replica's
+  layout: 2408 elements per trainer device)."""
   p = planning.plan(_config(), TINY, target=V5P_16)
-  items = dict(p.slice("trainer").items)
-  params = 1264 * 4
-  assert items["optimizer (AdamW m, v)"] == 2 * params
-  assert items["gradients + accumulator"] == 2 * params  # 2 micro-batches
-  assert "reference params" not in items  # beta = 0
+  trainer = p.slice("trainer")
+  items = trainer.by_name()
+  params = MASTER * 4
+  assert items["AdamW moments (m, v; float32)"] == 2 * params
+  assert items["gradients (float32, one micro-batch)"] == params
+  assert items["gradient accumulator (float32)"] == params  # 2 micro-batches
+  assert trainer.item("reference weights") == 0  # beta = 0
   # Micro-batch of 16 / 2 = 8 rows over data x fsdp = 4 -> 2 rows per device; the single KV head
   # does not split over tensor, so all 3 heads stay, nor does the MLP width 21. Per row:
   # L x S x ((8 x D + 4 x I) x 4 + 4 x H x S x 4) = 2 x 48 x ((128 + 84) x 4 + 2304) = 302592 bytes.
@@ -70,11 +104,56 @@ def test_trainer_items_by_hand():
   # MLP 3 x 16 x 21 = 1008, 2 norms of 16 = 1572 values; the non-vocabulary parameters (2 layers +
   # the final norm's 16) per layer: 3160 / 2 = 1580 values; nothing splits over tensor = 2.
   assert items["gathered layer weights (fsdp)"] == 5 * 1580 * 4
+  assert items["weights to send (float32, replica layout)"] == REPLICA * 4
+  step = 2 * params + 2 * 302592 + int(2.5 * 2 * 8 * 48 * 4) + 5 * 1580 * 4
+  assert trainer.peak_phase == "train step" and trainer.total == 3 * params + step
   c = _config()
   c.beta = 0.04
   with_reference = planning.plan(c, TINY, target=V5P_16).slice("trainer")
-  assert with_reference.item("reference params") == params
-  assert with_reference.total == p.slice("trainer").total + params
+  assert with_reference.item("reference weights") == params
+  assert with_reference.total == trainer.total + params
+
+
+def test_mixed_precision_by_hand():
+  """bfloat16 compute with float32 master weights: the trainer's weights, moments, gradients and
+  accumulator stay float32, the reference and everything the sampler holds or is sent are
+  bfloat16; with bfloat16 master weights only the accumulator stays float32."""
+  c = _config()
+  c.model.dtype, c.beta = "bfloat16", 0.04
+  p = planning.plan(c, TINY, target=V5P_16)
+  trainer, sampler = p.slice("trainer"), p.slice("sampler")
+  assert trainer.item("master weights") == MASTER * 4
+  assert trainer.item("AdamW moments") == 2 * MASTER * 4
+  assert trainer.item("gradients") == trainer.item("gradient accumulator") == MASTER * 4
+  assert trainer.item("reference weights") == MASTER * 2
+  assert trainer.item("weights to send") == REPLICA * 2
+  assert sampler.item("weights") == sampler.item("weights received") == REPLICA * 2
+  assert sampler.item("engine's copy of them") == REPLICA * 2  # several processes
+  # KV cache: 4 of the 8 slots per device (batch over data x fsdp = 2), bfloat16, + positions
+  assert sampler.item("KV cache") == 2 * 2 * 4 * 1 * 48 * 4 * 2 + 4 * 48 * 4
+  c.model.weight_dtype = "bfloat16"
+  p = planning.plan(c, TINY, target=V5P_16)
+  trainer = p.slice("trainer")
+  assert trainer.item("master weights") == trainer.item("gradients") == MASTER * 2
+  assert trainer.item("AdamW moments") == 2 * MASTER * 2
+  assert trainer.item("gradient accumulator") == MASTER * 4
+  assert "master weights bfloat16" in p.table()
+
+
+def test_one_process_casts_on_the_trainer_and_receives_once():
+  """A CPU target is one process: the trainer hands its arrays to the engine (a cast copy in its
+  own layout only when the dtypes differ) and the engine copies them once."""
+  c = _config()
+  c.mesh.sampler = (2, 2, 2)
+  cpu = {"tpu": "cpu", "num_devices": 16}
+  p = planning.plan(c, TINY, target=cpu)
+  assert p.slice("trainer").item("weights to send") == 0
+  assert p.slice("trainer").item("weights cast for the sampler") == 0
+  assert p.slice("sampler").item("weights received") == REPLICA * 4
+  assert p.slice("sampler").item("engine's copy of them") == 0
+  c.model.dtype = "bfloat16"
+  p = planning.plan(c, TINY, target=cpu)
+  assert p.slice("trainer").item("weights cast for the sampler") == MASTER * 2
 
 
 def test_kv_cache_formula():
@@ -84,17 +163,78 @@ def test_kv_cache_formula():
                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4)
   mesh = AbstractMesh((2, 1, 2), ("data", "fsdp", "tensor"))
   c = _config()
-  kv = dict(planning.sampler_items(c, gqa, mesh, params=0, slots=6))["KV cache"]
+  kv = planning.kv_cache_bytes(c, gqa, mesh, 6)
   assert kv == 3 * 48 * 2 * 2 * 1 * 4 * 4 + 3 * 48 * 4  # 3 slots and 1 KV head per device
-  kv = dict(planning.sampler_items(c, gqa, mesh, params=0, slots=5))["KV cache"]
+  kv = planning.kv_cache_bytes(c, gqa, mesh, 5)
   assert kv == 5 * 48 * 2 * 2 * 1 * 4 * 4 + 5 * 48 * 4  # 5 slots do not split over data = 2
   c.model.dtype = "bfloat16"
-  kv = dict(planning.sampler_items(c, gqa, mesh, params=0, slots=6))["KV cache"]
-  assert kv == 3 * 48 * 2 * 2 * 1 * 4 * 2 + 3 * 48 * 4
-  # In a plan: 8 slots over data x fsdp = 4 on the (2, 2, 2) sampler mesh, TINY's one KV head whole.
-  p = planning.plan(_config(), TINY, target=V5P_16)
-  assert p.slice("sampler").item("KV cache") == 2 * 48 * 2 * 2 * 1 * 4 * 4 + 2 * 48 * 4
-  assert p.slice("sampler").item("decode temporaries") == 2 * (2 * 96 * 4 + 3 * 48 * 8)
+  assert planning.kv_cache_bytes(c, gqa, mesh, 6) == 3 * 48 * 2 * 2 * 1 * 4 * 2 + 3 * 48 * 4
+  c.eval.max_new_tokens = 64  # the engine's cache also fits the held-out evaluation's budget
+  assert planning.kv_cache_bytes(c, gqa, mesh, 6) == 3 * 96 * 2 * 2 * 1 * 4 * 2 + 3 * 96 * 4
+  # In a plan: each replica holds all 8 slots, 4 per device over its data x fsdp = 2.
+  sampler = planning.plan(_config(), TINY, target=V5P_16).slice("sampler")
+  assert sampler.item("KV cache") == 2 * 2 * 4 * 1 * 48 * 4 * 4 + 4 * 48 * 4
+  assert sampler.item("next-token logits") == 4 * 96 * 4
+  assert sampler.item("decode temporaries") == 4 * (96 * 4 + 3 * 48 * 8)
+  held = REPLICA * 4 + sampler.item("KV cache") + 4 * 96 * 4
+  assert sampler.peak_phase == "weight sync" and sampler.total == held + 2 * REPLICA * 4
+
+
+def _r1zero(tpu: str, num_devices: int):
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+      "r1zero_tpu", pathlib.Path(__file__).resolve().parent.parent / "configs" / "r1zero_tpu.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config()
+  c.target.tpu, c.target.num_devices = tpu, num_devices
+  return c
+
+
+QWEN_NORMS = 28 * 2 * 3584 + 3584  # the only replicated parameters on a (., 1, 4) replica
+
+
+@pytest.mark.parametrize("tpu, chips, replicas, replica_mesh, prompts", [
+    ("v5p", 32, 4, (1, 1, 4), 16),  # v5p-64: 8 hosts of 4; hosts 4-7 sample
+    ("v5e", 256, 30, (2, 1, 4), 3),  # v5e-256: 32 hosts of 8; 30 sample
+    ("v6e", 64, 6, (2, 1, 4), 11),  # v6e-64: 8 hosts of 8; 6 sample
+])
+def test_r1zero_dry_run_on_its_target_slices(tpu, chips, replicas, replica_mesh, prompts):
+  """configs/r1zero_tpu.py (Qwen2.5-7B, 512 slots, 512 + 4096 tokens, bf16 compute) on each
+  slice: every sampler host is a replica whose engine holds all 512 slots (its mesh (-1, 1, 4)
+  on its own chips); figures by hand."""
+  c = _r1zero(tpu, chips)
+  p = planning.plan(c, planning.dry_run_model_config(c), target=dict(c.target))
+  sampler, trainer = p.slice("sampler"), p.slice("trainer")
+  assert (sampler.num_replicas, tuple(sampler.mesh.shape.values())) == (replicas, replica_mesh)
+  slots = 512 // replica_mesh[0]  # per device: the replica's data axis splits the slots
+  kv = slots * 4608 * 28 * 2 * 1 * 128 * 2 + slots * 4608 * 4  # 1 of 4 KV heads per device
+  assert sampler.item("KV cache") == kv
+  if tpu == "v5p":
+    assert kv / GIB == pytest.approx(31.51, abs=0.01)  # the issue's ≈ 31.5 GiB
+  # bf16 weights on tensor = 4: all but the norms split 4 ways (28 / 7 heads, 4 KV heads, the
+  # MLP 18944 and the vocabulary 152064 all divide by 4).
+  qwen = planning.dry_run_model_config(c)
+  weights = 2 * ((qwen.num_params() - QWEN_NORMS) // 4 + QWEN_NORMS)
+  assert sampler.item("weights") == weights == trainer.item("weights to send")
+  assert trainer.item("weights to send") / GIB == pytest.approx(3.55, abs=0.01)  # the issue's 3.5
+  # float32 master weights on fsdp 4 x tensor 4: the biases [heads, head_dim] split over tensor
+  # only, the norms not at all, every other weight 16 ways.
+  biases = 28 * (3584 + 2 * 512)
+  assert trainer.item("master weights") == 4 * (
+      (qwen.num_params() - QWEN_NORMS - biases) // 16 + biases // 4 + QWEN_NORMS)
+  t = p.throughput
+  # every replica-th prompt: ceil(64 / replicas) prompts x 16 samples, one wave of the slots
+  assert (t.num_replicas, t.rows_per_replica, t.decode_steps) == (replicas, 16 * prompts, 4096)
+  text = p.table()
+  assert f"sampler slice: {sampler.num_devices} devices = {replicas} replica(s)" in text
+  assert "step (sync: sample, then train)" in text and "step (overlapped" in text
+  assert "Binding limit: " in text
+  if tpu == "v5p":
+    assert p.fits and "Binding limit: time" in text
+  else:
+    assert "Binding limit: trainer HBM" in text  # 16 trainer chips of 16 / 32 GiB are too few
 
 
 def test_flops_and_times_by_hand():
@@ -120,25 +260,33 @@ def test_flops_and_times_by_hand():
   t = planning.plan(_config(), TINY, target=V5P_16).throughput
   peak = 459e12
   assert t.train_s == pytest.approx((16 * 3 * 562_176 + 16 * 3072 * 16) / (8 * peak * 0.4))
-  assert t.prefill_s == pytest.approx(1_183_744 / (8 * peak * 0.4))
-  assert t.decode_steps == 2 * 16  # 16 completions through 8 slots, 16 tokens each
-  # Memory-bound: params copy + KV cache read once per step at half of 2765 GB/s.
-  assert t.decode_step_s == pytest.approx((2408 * 4 + 6528) / (2765e9 * 0.5))
-  assert t.step_s_sync == pytest.approx(t.prefill_s + 32 * t.decode_step_s + t.train_s)
+  # 2 replicas of 4 chips, each prefills 2 of the 4 prompts
+  assert t.prefill_s == pytest.approx(1_183_744 / 2 / (4 * peak * 0.4))
+  assert (t.num_replicas, t.rows_per_replica, t.live_slots) == (2, 8, 8)
+  assert t.decode_steps == 16  # 8 completions per replica through 8 slots, 16 tokens each
+  # Memory-bound: the replica's weights + the 8 live slots' KV cache read once per step at half
+  # of 2765 GB/s.
+  kv = 2 * 2 * 4 * 48 * 4 * 4 + 4 * 48 * 4
+  assert t.decode_step_s == pytest.approx((REPLICA * 4 + kv) / (2765e9 * 0.5))
+  assert t.step_s_sync == pytest.approx(t.prefill_s + 16 * t.decode_step_s + t.train_s)
   assert t.step_s_async == pytest.approx(max(t.sample_s, t.train_s))
   assert t.steps_per_hour == pytest.approx(3600 / t.step_s_sync)
+  c = _config()
+  c.rollout.max_concurrent_decodes = 2  # 8 completions per replica through 2 slots: 4 waves
+  t = planning.plan(c, TINY, target=V5P_16).throughput
+  assert (t.decode_steps, t.live_slots) == (4 * 16, 2)
 
 
 def test_preemption_grace_by_hand():
   """Stops are acted on between decode calls and after the train step, then the state is saved:
-  grace = max(one decode call, the train step) + params and AdamW moments / write rate."""
+  grace = max(one decode call, the train step) + master weights and AdamW moments / write rate."""
   c = _config()
   c.rollout.steps_per_call = 4
   result = planning.plan(c, TINY, target=V5P_16)
   p, t = result.preemption, result.throughput
   assert p.decode_call_s == pytest.approx(4 * t.decode_step_s)
   assert p.train_s == t.train_s
-  params = result.slice("trainer").item("params")
+  params = result.slice("trainer").item("master weights")
   assert p.checkpoint_bytes_per_device == 3 * params
   assert p.save_s == pytest.approx(3 * params / (0.5 * GIB))
   assert p.grace_s == pytest.approx(max(4 * t.decode_step_s, t.train_s) + p.save_s)
@@ -166,6 +314,8 @@ def test_a_config_that_cannot_fit_says_so_and_how_to_fix_it():
   shared = p.slice("shared")
   per_row = 2 * 8192 * ((8 * 16 + 4 * 21) * 4 + 4 * 3 * 8192 * 4)
   assert shared.item("activations (1 micro-batch)") == 16 * per_row
+  # both roles on one device: the sampler's own copy of the weights and its cache are held too
+  assert shared.item("sampler: weights (float32)") == TINY.num_params() * 4
   assert not p.fits and not shared.fits
   over = shared.total - 0.9 * 24 * GIB
   assert shared.over_bytes == pytest.approx(over)
@@ -174,6 +324,7 @@ def test_a_config_that_cannot_fit_says_so_and_how_to_fix_it():
   # 4 micro-batches leave 4 rows (24.0 GiB) per device, over 21.6 GiB usable; 8 leave two.
   assert "algo.num_micro_batches=8" in verdict
   assert "does NOT fit" in p.table() and "OVER by" in p.table()
+  assert "Binding limit: shared HBM" in p.table()
   c.algo.num_micro_batches = 8
   fixed = planning.plan(c, TINY, target={"tpu": "cpu", "num_devices": 1})
   assert fixed.fits and fixed.verdict() == "fits"
@@ -182,37 +333,39 @@ def test_a_config_that_cannot_fit_says_so_and_how_to_fix_it():
 
 def test_sampler_advice_lowers_the_decode_slots():
   c = _config()
-  c.rollout.max_new_tokens = 4096 - 32
+  c.rollout.max_new_tokens = 8192 - 32
   c.rollout.max_concurrent_decodes = 64
   c.mesh.sampler = (1, 1, 8)  # no batch split: every device holds all 64 slots' cache
   big = ModelConfig(model_type="llama", vocab_size=96, hidden_size=16, intermediate_size=32,
-                    num_layers=64, num_heads=64, num_kv_heads=64, head_dim=256)
-  p = planning.plan(c, big, target={"tpu": "v5e", "num_devices": 16})
+                    num_layers=16, num_heads=64, num_kv_heads=64, head_dim=256)
+  # one host of 16 chips, so one replica of the 8 sampler chips
+  p = planning.plan(c, big, target={"tpu": "v5e", "num_devices": 16, "devices_per_host": 16})
   sampler = p.slice("sampler")
-  # 64 slots x 4096 x 64 layers x 2 x (64 / 8) x 256 x 4 bytes = 32 GiB + positions.
-  assert sampler.item("KV cache") == 64 * 4096 * 64 * 2 * 8 * 256 * 4 + 64 * 4096 * 4
+  # 64 slots x 8192 x 16 layers x 2 x (64 / 8) x 256 x 4 bytes = 16 GiB + positions.
+  assert sampler.item("KV cache") == 64 * 8192 * 16 * 2 * 8 * 256 * 4 + 64 * 8192 * 4
   assert not sampler.fits
   hint = next(h for h in p.advice if "max_concurrent_decodes" in h)
   slots = int(hint.split("=")[1].split()[0])
-  items = planning.sampler_items(c, big, sampler.mesh, sampler.item("params copy"), slots)
-  more = planning.sampler_items(c, big, sampler.mesh, sampler.item("params copy"), slots + 1)
-  usable = 0.9 * 16 * GIB
-  assert sum(b for _, b in items) <= usable < sum(b for _, b in more)
+  weights = sampler.item("weights")
+
+  def peak(s):
+    return planning._total(planning.sampler_items(c, big, sampler.mesh, weights, s,
+                                                  receive_bytes=weights))
+
+  assert peak(slots) <= 0.9 * 16 * GIB < peak(slots + 1)
 
 
 def test_meshes_are_abstract_and_match_the_device_count():
-  trainer, sampler, shared = planning.slice_meshes(_config(), 16)
-  assert dict(trainer.shape) == {"data": 1, "fsdp": 4, "tensor": 2} and not shared
-  assert dict(sampler.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
   c = _config()
   c.mesh.num_trainer_devices, c.mesh.trainer, c.mesh.sampler = 0, (1, -1, 1), (1, 1, -1)
-  trainer, sampler, shared = planning.slice_meshes(c, 256)  # far more than this machine has
-  assert trainer.shape["fsdp"] == 256 and sampler.shape["tensor"] == 256 and shared
+  layout = planning.plan_layout(c, 256)  # far more than this machine has
+  assert layout.trainer.shape["fsdp"] == 256 and layout.replica.shape["tensor"] == 256
+  assert layout.shared
 
 
 @pytest.mark.parametrize("change, field", [
     (dict(trainer=(1, 3, 1)), "config.mesh.trainer"),
-    (dict(sampler=(2, 2, 4)), "config.mesh.sampler"),
+    (dict(sampler=(2, 2, 2)), "config.mesh.sampler"),  # a replica has 4 chips
     (dict(num_trainer_devices=16), "config.mesh.num_trainer_devices"),
     (dict(trainer=(1, -1, -1)), "config.mesh.trainer"),
 ])
@@ -229,11 +382,15 @@ def test_bad_targets_raise():
     planning.plan(_config(), TINY, target={"tpu": "v3", "num_devices": 16})
   with pytest.raises(ConfigError, match="target.num_devices"):
     planning.plan(_config(), TINY, target={"tpu": "v5e", "num_devices": 0})
+  with pytest.raises(ConfigError, match="target.num_devices=18: not a whole number of hosts"):
+    planning.plan(_config(), TINY, target={"tpu": "v5p", "num_devices": 18})
 
 
 def test_cpu_target_splits_the_machine_over_its_devices():
   chip, n = planning._chip({"tpu": "cpu", "num_devices": 8})
   assert n == 8 and chip.hbm_bytes == 3 * GIB and math.isclose(chip.peak_flops, 50e9)
+  assert chip.devices_per_host == 0  # one process
+  assert planning.slice_name("v5p", 32) == "v5p-64" and planning.slice_name("v6e", 64) == "v6e-64"
 
 
 # ------------------------------------------------------------------------------ against XLA
@@ -284,9 +441,8 @@ def test_planned_memory_is_what_xla_holds_per_device(case):
   devices = mesh_shape[0] * mesh_shape[1] * mesh_shape[2]
   c.mesh.num_trainer_devices, c.mesh.trainer, c.mesh.sampler = devices, mesh_shape, (1, 1, -1)
   trainer = planning.plan(c, model_config, target={"tpu": "cpu", "num_devices": 8}).slice("trainer")
-  items = dict(trainer.items)
-  planned_state = (items["params"] + items["optimizer (AdamW m, v)"]
-                   + items.get("reference params", 0))
+  planned_state = (trainer.item("master weights") + trainer.item("AdamW moments")
+                   + trainer.item("reference weights"))
 
   mesh = sharding.make_mesh(mesh_shape, jax.devices()[:devices], field="mesh.trainer")
   graphdef, params = nnx.split(create_model(model_config, seed=0))
@@ -315,14 +471,16 @@ def test_lora_plans_adapters_as_the_trainable_parameters():
   c.beta = 0.04
   c.lora.rank = 2
   c.lora.target_modules = r"layers/1/attn"
-  items = dict(planning.plan(c, TINY, target=V5P_16).slice("trainer").items)
+  trainer = planning.plan(c, TINY, target=V5P_16).slice("trainer")
   adapters = 192 * 4
-  assert items["params (frozen base + adapters)"] == 1264 * 4 + adapters
-  assert items["optimizer (AdamW m, v)"] == 2 * adapters
-  assert items["gradients + accumulator"] == 2 * adapters
-  assert "reference params" not in items
+  assert trainer.item("frozen base") == MASTER * 4 + adapters
+  assert trainer.item("AdamW moments") == 2 * adapters
+  assert trainer.item("gradients") == trainer.item("gradient accumulator") == adapters
+  assert trainer.item("reference weights") == 0
+  # the sync sends the adapters alone (float32), laid out as a replica wants them (replicated)
+  assert trainer.item("adapters to send") == adapters
   # NF4 base: layer 1's q, k, v, o (on this mesh 48 + 16 + 16 + 48 = 128 values per device) at
   # half a byte + 4 bytes per tile of 4 values = 1.5 bytes instead of 4.
   c.lora.base_quantization, c.lora.quantization_tile = "nf4", 4
-  quantized = dict(planning.plan(c, TINY, target=V5P_16).slice("trainer").items)
-  assert quantized["params (frozen base + adapters)"] == (1264 - 128) * 4 + 128 * 1.5 + adapters
+  quantized = planning.plan(c, TINY, target=V5P_16).slice("trainer")
+  assert quantized.item("frozen base") == (MASTER - 128) * 4 + 128 * 1.5 + adapters
