@@ -27,6 +27,7 @@ class Cluster:
   topology: Topology
   exchange: LocalExchange | Exchange
   param_sync: Any = None  # multihost.param_sync.ParamSync; None in single-process runs
+  syncs: int = 0  # weight syncs so far (the same count on every process)
 
   @property
   def multi_process(self) -> bool:
@@ -52,15 +53,35 @@ class Cluster:
 
   def sync_params(self, engine, params, *, version: int) -> None:
     """Publishes the trainer's `params` as policy `version` to every sampler replica; returns when
-    this process's replica holds them (so `time/sync_s` is the copy, not its dispatch)."""
+    this process's replica holds them (so `time/sync_s` is the copy, not its dispatch) and every
+    other process finished its part. Multi-process: the processes start the sync together (a
+    sampler arrives while the trainers still train), then it runs under a deadline
+    (`param_sync.ParamSync.deadline_s`); past it every process stops with exit code 5 naming the
+    sync and the process(es) it waited for (`sync_watch.py`)."""
     import jax  # pylint: disable=import-outside-toplevel
 
     if self.param_sync is None:
       jax.block_until_ready(engine.update_params(params, version=version))
       return
-    local = self.param_sync.send(params if self.is_trainer else None)
-    if engine is not None:
-      jax.block_until_ready(engine.update_params(local, version=version))
+    from reasoning_rl.multihost import runtime  # pylint: disable=import-outside-toplevel
+    from reasoning_rl.multihost.sync_watch import SyncWatch  # pylint: disable=C0415
+
+    self.syncs += 1
+    self.exchange.gather("sync_start", None)
+    sync, me = self.param_sync, self.topology.process_index
+    watch = SyncWatch(client=runtime.coordination_client(), number=self.syncs, version=version,
+                      deadline_s=sync.deadline_s, deadline_text=sync.describe_deadline(),
+                      process_index=me, num_processes=self.topology.num_processes,
+                      peers=sync.peers(me))
+    try:
+      watch.stall_if_asked()
+      local = sync.send(params if self.is_trainer else None)
+      if engine is not None:
+        jax.block_until_ready(engine.update_params(local, version=version))
+    except BaseException:
+      watch.cancel()
+      raise
+    watch.confirm()
 
   def evaluate(self, run_evaluation) -> dict:
     """`run_evaluation()` on the evaluator process; every process gets its result, or every

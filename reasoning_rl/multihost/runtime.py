@@ -191,6 +191,12 @@ def _client():
   return distributed.global_state.client
 
 
+def coordination_client():
+  """The coordination service's client (key-value store, barriers); None outside a
+  multi-process run."""
+  return _client()
+
+
 def watch_peers(period_s: float = _WATCH_PERIOD_S) -> threading.Thread:
   """Starts the daemon thread that ends this process when another process of the run is lost."""
   import jax  # pylint: disable=import-outside-toplevel
