@@ -61,7 +61,13 @@ def main(argv):
       return 0
     from reasoning_rl.multihost import runtime
 
-    runtime.initialize(_PROCESS_FLAGS())
+    process_flags = _PROCESS_FLAGS()
+    if not process_flags.given and not runtime.cluster_detected():
+      # a TPU host's variables on a machine without TPUs (local stand-ins of a slice)
+      from reasoning_rl.multihost.tpu_env import flags_from_tpu_environment
+
+      process_flags = flags_from_tpu_environment()
+    runtime.initialize(process_flags)
     exit_code = train(config)
     runtime.finish()  # every process ended normally: none of them is "lost" when it exits
     return exit_code

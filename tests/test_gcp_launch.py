@@ -36,49 +36,113 @@ def test_unknown_accelerator_is_one_line():
     gcp.slice_for("v9-8")
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--accelerator_type=v9-8", "--workdir=gs://b/run"],
+     "error: --accelerator_type=v9-8: unknown; known types are v5p-8"),
+    (["--workdir=/mnt/run"], "error: --workdir=/mnt/run: a local path is not shared by the 8 "
+     "hosts of v5p-64; give gs://BUCKET/run, or add --workdir_is_shared"),
+    (["--workdir=gs://b/run", "--mode=tpu_vm"], "error: --source: give the project's git URL")])
+def test_bad_input_is_one_line_and_exit_2_before_any_command(flags, message):
+  result = run_tool("--config=configs/r1zero_tpu.py", "--mode=xpk", *flags)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
+  assert result.stdout == ""
+
+
 def test_tpu_vm_recipe_for_r1zero_targets_its_slice():
   result = run_tool("--config=configs/r1zero_tpu.py", "--mode=tpu_vm", "--project=p",
                     "--zone=us-east5-a", "--source=https://example.com/r.git",
-                    "--workdir=/mnt/shared/run dir", "--spot", "--dry_run")
+                    "--workdir=/mnt/shared/run dir", "--workdir_is_shared", "--spot", "--dry_run")
   assert result.returncode == 0, result.stderr
-  lines = result.stdout.splitlines()
-  assert lines[0] == "# v5p-64: 32 chips on 8 hosts (2x4x4)"
-  commands = [shlex.split(line) for line in lines[1:]]
-  create, _, install, start, tail, delete = commands
-  assert create[:5] == ["gcloud", "compute", "tpus", "queued-resources", "create"]
-  assert "--accelerator-type=v5p-64" in create and "--runtime-version=v2-alpha-tpuv5" in create
-  assert "--spot" in create and "--zone=us-east5-a" in create
-  assert "--worker=all" in install and "--worker=all" in start and "--worker=0" in tail
-  started = shlex.split(start[-1].split("=", 1)[1].replace(" > train.log 2>&1 &", ""))
-  assert started[started.index("nohup") + 1:] == [
-      "python3", "launch/train.py", "--config=configs/r1zero_tpu.py",
-      "--config.workdir=/mnt/shared/run dir"]  # the space survives the quoting
-  assert delete[3:5] == ["queued-resources", "delete"]
+  script = result.stdout
+  assert script.splitlines()[1].startswith("# v5p-64: 32 chips on 8 hosts (2x4x4)")
+  assert ("--accelerator-type=v5p-64 \\\n      --runtime-version=v2-alpha-tpuv5 "
+          "--project=p --zone=us-east5-a --spot") in script
+  assert "trap 'down' EXIT" in script and "MAX_RESTARTS=5" in script
+  assert "--command='bash install_worker.sh https://example.com/r.git'" in script
+  start = next(line for line in script.splitlines() if line.startswith("start()"))
+  inner = shlex.split(shlex.split(start)[-2].split("=", 1)[1])  # the worker's command
+  run = shlex.split(inner[inner.index("-c") + 1])
+  assert run[:4] == ["$HOME/reasoning_rl/venv/bin/python", "launch/train.py",
+                     "--config=configs/r1zero_tpu.py", "--config.workdir=/mnt/shared/run dir"]
+  subprocess.run(["bash", "-n"], input=script, text=True, check=True)
 
 
-def test_xpk_command_carries_the_slice_and_the_trainer():
+def test_down_deletes_the_queued_resource():
+  result = run_tool("--mode=down", "--project=p", "--zone=z", "--name=n", "--dry_run")
+  assert result.returncode == 0, result.stderr
+  assert shlex.split(result.stdout) == ["gcloud", "compute", "tpus", "queued-resources", "delete",
+                                        "n", "--project=p", "--zone=z", "--force", "--quiet"]
+
+
+def test_xpk_command_carries_the_slice_restarts_and_the_trainer():
   result = run_tool("--config=configs/r1zero_tpu.py", "--mode=xpk", "--cluster=c", "--image=img",
-                    "--workdir=/mnt/run", "--override=--config.total_steps=5", "--dry_run")
+                    "--workdir=gs://b/run", "--override=--config.total_steps=5", "--dry_run")
   assert result.returncode == 0, result.stderr
   command = shlex.split(result.stdout.splitlines()[1])
   assert command[:3] == ["xpk", "workload", "create"]
-  assert {"--tpu-type=v5p-64", "--cluster=c", "--docker-image=img", "--num-slices=1"} <= set(command)
-  trainer = shlex.split(next(a for a in command if a.startswith("--command=")).split("=", 1)[1])
-  assert trainer[-1] == "--config.total_steps=5"
+  assert {"--tpu-type=v5p-64", "--cluster=c", "--docker-image=img", "--num-slices=1",
+          "--max-restarts=5"} <= set(command)
+  # the planner's grace for r1zero (~132 s: the train step and the save) plus 30 s
+  grace = int(next(a for a in command if a.startswith("--termination-grace-period-seconds="))
+              .split("=")[1])
+  assert 150 <= grace <= 200, grace
+  script = shlex.split(next(a for a in command if a.startswith("--command=")).split("=", 1)[1])
+  assert script[:2] == ["bash", "-c"]
+  assert "--config.total_steps=5; code=$?;" in script[2]
+  assert "if [ $code = 5 ]" in script[2] and "exit 143" in script[2]
 
 
-def test_jobset_manifest_has_one_pod_per_host():
+def test_lost_peer_is_reported_to_xpk_as_preemption(tmp_path):
+  """xpk restarts only on 143 (without --restart-on-user-code-failure): the container command
+  turns 5 into 143 and keeps 2 / 3 / 4."""
+  for code, expected in ((5, 143), (2, 2), (3, 3), (0, 0), (143, 143)):
+    fake = tmp_path / "fake_python"
+    fake.write_text(f"#!/bin/sh\nexit {code}\n")
+    fake.chmod(0o755)
+    command = gcp.container_command([str(fake), "x"], lost_peer_as_preempted=True)
+    command[2] = command[2].replace(f"cd {gcp.IMAGE_ROOT}/src && ", "").replace(
+        f"{gcp.IMAGE_ROOT}/venv/bin/python", str(fake))
+    assert subprocess.run(command, capture_output=True).returncode == expected, code
+
+
+def test_jobset_manifest_restarts_on_preemption_not_on_config_errors():
   result = run_tool("--config=configs/r1zero_tpu.py", "--mode=jobset", "--image=img",
-                    "--workdir=/mnt/run")
+                    "--workdir=gs://b/run", "--service_account=trainer-ksa")
   assert result.returncode == 0, result.stderr
   manifest = yaml.safe_load(result.stdout)
   assert (manifest["apiVersion"], manifest["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
   job = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
   assert job["parallelism"] == job["completions"] == 8
+  assert job["backoffLimit"] == 0  # any pod failure fails the Job: the JobSet restarts all
+  assert job["podFailurePolicy"]["rules"] == [{"action": "FailJob", "onExitCodes": {
+      "containerName": "trainer", "operator": "In", "values": [2, 3, 4]}}]
+  assert manifest["spec"]["failurePolicy"] == {"maxRestarts": 5, "rules": [
+      {"name": "stopOnConfigGuardOrStorage", "action": "FailJobSet",
+       "onJobFailureReasons": ["PodFailurePolicy"]}]}
   pod = job["template"]["spec"]
   assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
                                  "cloud.google.com/gke-tpu-topology": "2x4x4"}
+  assert pod["serviceAccountName"] == "trainer-ksa"
+  assert 150 <= pod["terminationGracePeriodSeconds"] <= 200
   container = pod["containers"][0]
   assert container["resources"]["limits"]["google.com/tpu"] == 4
-  assert container["command"][:2] == ["python3", "launch/train.py"]
-  assert manifest["spec"]["failurePolicy"]["maxRestarts"] > 0
+  assert container["workingDir"] == "/opt/reasoning_rl/src"
+  run = shlex.split(container["command"][2].split(" && exec ")[1])
+  assert run[:3] == ["/opt/reasoning_rl/venv/bin/python", "launch/train.py",
+                     "--config=configs/r1zero_tpu.py"]
+
+
+def test_tpu_host_variables_map_onto_the_coordinator_flags():
+  from reasoning_rl.multihost.tpu_env import flags_from_tpu_environment
+
+  flags = flags_from_tpu_environment({"TPU_WORKER_HOSTNAMES": "h0,h1,h2",
+                                      "TPU_WORKER_ID": "2"})
+  assert (flags.coordinator_address, flags.num_processes, flags.process_id,
+          flags.transfer_address) == ("h0:8482", 3, 2, "h2:8485")
+  flags.check()
+  port = flags_from_tpu_environment({"TPU_WORKER_HOSTNAMES": "a,b", "TPU_WORKER_ID": "0",
+                                     "JAX_COORDINATOR_PORT": "9000"})
+  assert port.coordinator_address == "a:9000" and port.process_id == 0
+  assert not flags_from_tpu_environment({"TPU_WORKER_HOSTNAMES": "a", "TPU_WORKER_ID": "0"}).given
+  assert not flags_from_tpu_environment({}).given

@@ -1,27 +1,35 @@
 """The commands that run a config on Google Cloud TPUs, generated from the config and a few flags.
 
-  python launch/gcp/commands.py --config=configs/r1zero_tpu.py --mode=tpu_vm \
-      --project=P --zone=us-east5-a --workdir=gs://BUCKET/run --source=https://github.com/U/reasoning_rl.git --dry_run
+  python launch/gcp/commands.py --config=configs/r1zero_tpu.py --mode=tpu_vm --project=P \
+      --zone=us-east5-a --workdir=gs://BUCKET/run --source=https://github.com/U/reasoning_rl.git \
+      --spot --dry_run > run_r1zero.sh          # the recipe; without --dry_run it runs
+  python launch/gcp/commands.py --config=configs/r1zero_tpu.py --mode=down --project=P --zone=Z
   python launch/gcp/commands.py --config=configs/r1zero_tpu.py --mode=xpk --cluster=C ... --dry_run
-  python launch/gcp/commands.py --config=configs/r1zero_tpu.py --mode=jobset --image=IMAGE ... > jobset.yaml
+  python launch/gcp/commands.py --config=configs/r1zero_tpu.py --mode=jobset --image=IMAGE \
+      --service_account=KSA > jobset.yaml
 
 Modes:
-- tpu_vm: a queued resource for the slice (`gcloud compute tpus queued-resources create`), wait
-  until it is ACTIVE, install the project on every worker (`tpu-vm ssh --worker=all`), start the
-  trainer on every worker (nohup + a log per worker, so ssh returns), tail worker 0's log, delete.
-- xpk: one `xpk workload create` (GKE, for users of xpk).
-- jobset: a JobSet manifest (jobset.x-k8s.io/v1alpha2) for GKE without xpk: one pod per TPU host,
-  restarted as a whole on failure or preemption.
-On every host the same `launch/train.py` command runs; JAX finds the other hosts itself.
-Preemption: every host gets SIGTERM, the trainer saves one checkpoint and exits 143 everywhere;
-the queued resource (or the JobSet's restart) runs the same command again and it resumes from
-the workdir (docs/cloud_tpu.md). Without --dry_run the tpu_vm / xpk commands are executed.
+- tpu_vm: a bash recipe that drives a queued resource to the end of the run: create it, wait
+  until ACTIVE, copy launch/gcp/install_worker.sh to every worker and run it (idempotent: its own
+  Python >= 3.11 environment with uv, the pinned jax[tpu]), start the trainer on every worker,
+  follow worker 0's log until the trainers exit, then act on the exit code: 0 done; 2 / 3 / 4 / 130
+  stop (bad config, guard, storage, Ctrl-C: a rerun would fail the same way); anything else
+  (143 preempted, 5 lost peer, a worker gone) delete + recreate when the queued resource left
+  ACTIVE (Spot TPU VMs cannot be restarted, only recreated), reinstall and resume from the workdir,
+  at most --max_restarts times. The queued resource is deleted however the recipe ends (a trap);
+  `--mode=down` deletes it on its own.
+- xpk: one `xpk workload create` (GKE, for users of xpk) with --max-restarts and the grace period.
+- jobset: a JobSet manifest (jobset.x-k8s.io/v1alpha2) for GKE without xpk: one pod per TPU host;
+  the slice restarts as a whole on preemption, node disruption and lost peers, never on exit codes
+  2 / 3 / 4 (a podFailurePolicy fails the Job, a JobSet failurePolicy rule then fails the JobSet).
+On every host the same `launch/train.py` command runs; on TPU JAX finds the other hosts itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import pathlib
 import shlex
 import subprocess
@@ -29,6 +37,20 @@ import sys
 
 from absl import app
 from absl import flags
+
+HERE = pathlib.Path(__file__).resolve().parent
+INSTALL_SCRIPT = HERE / "install_worker.sh"
+JAX_TPU = "jax[tpu]==0.10.2"  # what install_worker.sh installs (its REASONING_RL_JAX default)
+# Where install_worker.sh puts the project and its environment: ~/reasoning_rl on a TPU VM worker,
+# /opt/reasoning_rl in the container image (Dockerfile).
+WORKER_ROOT = "$HOME/reasoning_rl"
+IMAGE_ROOT = "/opt/reasoning_rl"
+
+# Exit codes of launch/train.py after which a rerun cannot help (bad config or input, a guard
+# stopped the run, storage failure, Ctrl-C): the recipes stop instead of restarting.
+FINAL_EXIT_CODES = (2, 3, 4, 130)
+LOST_PEER_EXIT_CODE = 5
+PREEMPTED_EXIT_CODE = 143
 
 # accelerator type -> (chips, chips per host, slice topology); facts of Google's TPU docs
 ACCELERATORS = {
@@ -39,6 +61,7 @@ ACCELERATORS = {
 }
 RUNTIME_VERSION = {"v5p": "v2-alpha-tpuv5", "v4": "tpu-ubuntu2204-base"}
 GKE_ACCELERATOR = {"v5p": "tpu-v5p-slice", "v4": "tpu-v4-podslice"}
+
 
 @dataclasses.dataclass(frozen=True)
 class Slice:
@@ -65,70 +88,204 @@ def accelerator_from_config(config) -> str:
   return f"{config.target.tpu}-{2 * config.target.num_devices}"
 
 
-def train_command(config_path: str, workdir: str, overrides=()) -> list[str]:
-  return ["python3", "launch/train.py", f"--config={config_path}", f"--config.workdir={workdir}",
+def train_command(config_path: str, workdir: str, overrides=(), python: str = "python3"
+                  ) -> list[str]:
+  return [python, "launch/train.py", f"--config={config_path}", f"--config.workdir={workdir}",
           *overrides]
 
 
-def tpu_vm_commands(s: Slice, *, name, project, zone, source, train, spot=False) -> list[list[str]]:
-  """Create (queued), wait, install on every worker, start everywhere, tail, delete."""
-  where = [f"--project={project}", f"--zone={zone}"]
-  create = ["gcloud", "compute", "tpus", "queued-resources", "create", name, f"--node-id={name}",
-            f"--accelerator-type={s.accelerator_type}",
-            f"--runtime-version={RUNTIME_VERSION[s.generation]}", *where] + (["--spot"] if spot else [])
-  wait = ["bash", "-c", "until gcloud compute tpus queued-resources describe "
-          f"{shlex.quote(name)} {' '.join(where)} --format='value(state.state)' | grep -qx ACTIVE; "
-          "do sleep 30; done"]
-  install = (f"git clone --depth=1 {shlex.quote(source)} reasoning_rl && cd reasoning_rl && "
-             "python3 -m pip install -q -e . 'jax[tpu]'")
-  start = ("cd reasoning_rl && nohup " + " ".join(shlex.quote(a) for a in train) +
-           " > train.log 2>&1 &")
+def grace_seconds(config) -> int:
+  """SIGTERM-to-kill seconds a host needs: the planner's grace (the longer of one decode call and
+  the train step, plus the save; reasoning_rl/planning.py) and 30 s for start-up and exit; 60 s
+  when the config names no target slice to plan for."""
+  if not config.target.get("num_devices"):
+    return 60
+  from reasoning_rl import planning  # pylint: disable=import-outside-toplevel
 
-  def ssh(command, worker="all"):
-    return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", name, *where, f"--worker={worker}",
-            f"--command={command}"]
-
-  return [create, wait, ssh(install), ssh(start), ssh("tail -f reasoning_rl/train.log", "0"),
-          ["gcloud", "compute", "tpus", "queued-resources", "delete", name, *where, "--force",
-           "--quiet"]]
+  plan = planning.plan(config, planning.dry_run_model_config(config), target=dict(config.target))
+  return int(math.ceil(plan.preemption.grace_s)) + 30
 
 
-def xpk_command(s: Slice, *, name, project, zone, cluster, image, train) -> list[str]:
+# ---------------------------------------------------------------------------------------------
+# Cloud TPU VMs: a queued resource driven by a bash recipe
+
+
+def worker_start_command(train: list[str]) -> str:
+  """Starts the trainer in the background on one worker and returns once its pid is written, so
+  that ssh returns: ~/reasoning_rl/train.log, train.pid, and exit_code (written when it ends).
+  `train[0]` (the interpreter) stays unquoted: it names $HOME, expanded on the worker."""
+  root = WORKER_ROOT
+  run = (f"{train[0]} {' '.join(shlex.quote(a) for a in train[1:])} > {root}/train.log 2>&1 "
+         f"< /dev/null & echo $! > {root}/train.pid; wait $!; echo $? > {root}/exit_code")
+  return (f"cd {root}/src && rm -f {root}/exit_code {root}/train.pid && "
+          f"nohup bash -c {shlex.quote(run)} > /dev/null 2>&1 < /dev/null & "
+          f"until [ -s {root}/train.pid ]; do sleep 0.2; done")
+
+
+def tpu_vm_script(s: Slice, *, name, project, zone, source, train, spot=False, max_restarts=5,
+                  poll_s=30, settle_s=120) -> str:
+  """The tpu_vm recipe: a bash script (see the module docstring)."""
+  where = f"--project={shlex.quote(project)} --zone={shlex.quote(zone)}"
+  qr = "gcloud compute tpus queued-resources"
+  ssh = f'gcloud compute tpus tpu-vm ssh "$NAME" {where}'
+  train = [f"{WORKER_ROOT}/venv/bin/python", *train[1:]]
+  start = worker_start_command(train)
+  log, pid, code_file = (f"{WORKER_ROOT}/{f}" for f in ("train.log", "train.pid", "exit_code"))
+  follow = f'tail -n +1 --pid="$(cat {pid})" -f {log}'
+  read_code = (f"for i in $(seq 50); do [ -s {code_file} ] && break; sleep 0.2; done; "
+               f"cat {code_file}")
+  return f"""#!/usr/bin/env bash
+# {s.accelerator_type}: {s.chips} chips on {s.hosts} hosts ({s.topology}); generated by
+# launch/gcp/commands.py. Deletes the queued resource however it ends (Ctrl-C included).
+set -uo pipefail
+NAME={shlex.quote(name)}
+MAX_RESTARTS={max_restarts}
+POLL_S="${{POLL_S:-{poll_s}}}"
+SETTLE_S="${{SETTLE_S:-{settle_s}}}"
+
+create() {{
+  {qr} create "$NAME" --node-id="$NAME" --accelerator-type={s.accelerator_type} \\
+      --runtime-version={RUNTIME_VERSION[s.generation]} {where}{' --spot' if spot else ''}
+}}
+down() {{ {qr} delete "$NAME" {where} --force --quiet; }}
+state() {{
+  {qr} describe "$NAME" {where} --format='value(state.state)' 2> /dev/null || echo MISSING
+}}
+# 0 once ACTIVE; 1 when the queued resource failed or was suspended (preempted)
+wait_active() {{
+  while :; do
+    case "$(state)" in
+      ACTIVE) return 0 ;;
+      FAILED | SUSPENDED | SUSPENDING | MISSING) return 1 ;;
+      *) sleep "$POLL_S" ;;
+    esac
+  done
+}}
+recreate() {{ down || true; create && wait_active; }}
+install() {{
+  gcloud compute tpus tpu-vm scp {shlex.quote(str(INSTALL_SCRIPT))} "$NAME":install_worker.sh \\
+      {where} --worker=all &&
+  {ssh} --worker=all \\
+      --command={shlex.quote(f"bash install_worker.sh {shlex.quote(source)}")}
+}}
+start() {{ {ssh} --worker=all --command={shlex.quote(start)}; }}
+follow() {{ {ssh} --worker=0 --command={shlex.quote(follow)}; }}
+exit_code() {{ {ssh} --worker=0 --command={shlex.quote(read_code)} 2> /dev/null || echo none; }}
+
+trap 'down' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+case "$(state)" in MISSING) create || exit 1 ;; esac
+restarts=0
+while :; do
+  if wait_active && install && start; then
+    follow
+    code="$(exit_code | tail -n 1)"
+  else
+    code=none
+  fi
+  case "$code" in
+    0) echo "the run finished"; exit 0 ;;
+    {' | '.join(map(str, FINAL_EXIT_CODES))})
+      echo "the trainers stopped with exit code $code: not restarted (see train.log)"
+      exit "$code" ;;
+  esac
+  restarts=$((restarts + 1))
+  if [ "$restarts" -gt "$MAX_RESTARTS" ]; then
+    echo "error: the trainers ended (exit code $code) $restarts times; gave up (--max_restarts)"
+    exit 1
+  fi
+  # preempted hosts take a while to leave ACTIVE: recreate once they did, else restart in place
+  for i in $(seq "$SETTLE_S"); do [ "$(state)" = ACTIVE ] || break; sleep 1; done
+  echo "restart $restarts/$MAX_RESTARTS: trainers ended (exit code $code), queued resource $(state)"
+  if [ "$(state)" != ACTIVE ]; then recreate || true; fi
+done
+"""
+
+
+def down_command(*, name, project, zone) -> list[str]:
+  return ["gcloud", "compute", "tpus", "queued-resources", "delete", name, f"--project={project}",
+          f"--zone={zone}", "--force", "--quiet"]
+
+
+# ---------------------------------------------------------------------------------------------
+# GKE: xpk and JobSet
+
+
+def container_command(train: list[str], *, lost_peer_as_preempted: bool) -> list[str]:
+  """The trainer inside the image (IMAGE_ROOT, made by install_worker.sh in the Dockerfile).
+
+  xpk (google/xpk's workload container script, read at 59c555a) hands exit code 143 back to the
+  JobSet and turns every other code into a success unless --restart-on-user-code-failure is
+  given, which would restart on 2 / 3 / 4 too: `lost_peer_as_preempted` reports a lost peer
+  (5) as 143 so that it restarts the slice while 2 / 3 / 4 end the workload."""
+  run = " ".join(shlex.quote(a) for a in [f"{IMAGE_ROOT}/venv/bin/python", *train[1:]])
+  if not lost_peer_as_preempted:
+    return ["bash", "-c", f"cd {IMAGE_ROOT}/src && exec {run}"]
+  return ["bash", "-c", f"cd {IMAGE_ROOT}/src && {run}; code=$?; "
+          f"if [ $code = {LOST_PEER_EXIT_CODE} ]; then echo 'lost peer (exit 5): reported as "
+          f"{PREEMPTED_EXIT_CODE} so that the slice restarts'; exit {PREEMPTED_EXIT_CODE}; fi; "
+          "exit $code"]
+
+
+def xpk_command(s: Slice, *, name, project, zone, cluster, image, train, max_restarts=5,
+                grace_s=60) -> list[str]:
   return ["xpk", "workload", "create", f"--workload={name}", f"--cluster={cluster}",
           f"--project={project}", f"--zone={zone}", f"--tpu-type={s.accelerator_type}",
-          "--num-slices=1", f"--docker-image={image}",
-          f"--command={' '.join(shlex.quote(a) for a in train)}"]
+          "--num-slices=1", f"--docker-image={image}", f"--max-restarts={max_restarts}",
+          f"--termination-grace-period-seconds={grace_s}",
+          f"--command={shlex.join(container_command(train, lost_peer_as_preempted=True))}"]
 
 
-def jobset_manifest(s: Slice, *, name, image, train) -> dict:
-  """One Job of `hosts` pods (one per TPU VM), all restarted together on failure / preemption."""
+def jobset_manifest(s: Slice, *, name, image, train, max_restarts=5, grace_s=60,
+                    service_account=None) -> dict:
+  """One Job of `hosts` pods (one per TPU VM). Any pod failure fails the Job (backoffLimit 0) and
+  the JobSet recreates every Job (RestartJobSet, counted against maxRestarts): preemption (143),
+  node disruption, a lost peer (5). Exit codes 2 / 3 / 4 match the podFailurePolicy's FailJob
+  rule, whose Job failure reason `PodFailurePolicy` the JobSet's rule turns into FailJobSet."""
   container = {
-      "name": "trainer", "image": image, "command": train,
+      "name": "trainer", "image": image, "workingDir": f"{IMAGE_ROOT}/src",
+      "command": container_command(train, lost_peer_as_preempted=False),
       "resources": {"limits": {"google.com/tpu": s.chips // s.hosts}},
   }
+  pod = {
+      "restartPolicy": "Never", "hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet",
+      "terminationGracePeriodSeconds": grace_s,
+      "nodeSelector": {
+          "cloud.google.com/gke-tpu-accelerator": GKE_ACCELERATOR[s.generation],
+          "cloud.google.com/gke-tpu-topology": s.topology},
+      "containers": [container]}
+  if service_account:  # a Kubernetes service account bound to a Google one (Workload Identity)
+    pod["serviceAccountName"] = service_account
+  final = [c for c in FINAL_EXIT_CODES if c != 130]
   return {
       "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
       "metadata": {"name": name, "annotations": {
           "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}},
       "spec": {
-          "failurePolicy": {"maxRestarts": 10},  # each restart resumes from the workdir
+          "failurePolicy": {"maxRestarts": max_restarts, "rules": [
+              {"name": "stopOnConfigGuardOrStorage", "action": "FailJobSet",
+               "onJobFailureReasons": ["PodFailurePolicy"]}]},
           "replicatedJobs": [{"name": "slice", "replicas": 1, "template": {"spec": {
               "parallelism": s.hosts, "completions": s.hosts, "backoffLimit": 0,
-              "template": {"spec": {
-                  "restartPolicy": "Never", "hostNetwork": True,
-                  "dnsPolicy": "ClusterFirstWithHostNet",
-                  "nodeSelector": {
-                      "cloud.google.com/gke-tpu-accelerator": GKE_ACCELERATOR[s.generation],
-                      "cloud.google.com/gke-tpu-topology": s.topology},
-                  "containers": [container]}}}}}]}}
+              "completionMode": "Indexed",
+              "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
+                  "containerName": "trainer", "operator": "In", "values": final}}]},
+              "template": {"spec": pod}}}}]}}
+
+
+# ---------------------------------------------------------------------------------------------
+# The program
 
 
 def define_flags() -> None:
   """The command-line flags (defined when run as a program, not on import)."""
   global _CONFIG, _MODE, _ACCELERATOR, _PROJECT, _ZONE, _NAME, _WORKDIR, _SOURCE, _SPOT, \
-      _CLUSTER, _IMAGE, _EXTRA, _DRY_RUN  # pylint: disable=global-statement
+      _CLUSTER, _IMAGE, _EXTRA, _DRY_RUN, _MAX_RESTARTS, _GRACE, _SERVICE_ACCOUNT, \
+      _SHARED  # pylint: disable=global-statement
   _CONFIG = flags.DEFINE_string("config", None, "Training config file (its target slice is used).")
-  _MODE = flags.DEFINE_enum("mode", "tpu_vm", ["tpu_vm", "xpk", "jobset"], "What to generate.")
+  _MODE = flags.DEFINE_enum("mode", "tpu_vm", ["tpu_vm", "down", "xpk", "jobset"],
+                            "What to generate (down: delete the tpu_vm queued resource).")
   _ACCELERATOR = flags.DEFINE_string("accelerator_type", None,
                                      "e.g. v5p-64; default: from the config's target slice.")
   _PROJECT = flags.DEFINE_string("project", "PROJECT", "Google Cloud project.")
@@ -136,13 +293,23 @@ def define_flags() -> None:
   _NAME = flags.DEFINE_string("name", "reasoning-rl", "Queued resource / TPU / workload name.")
   _WORKDIR = flags.DEFINE_string(
       "workdir", None, "The run's workdir: gs://BUCKET/run, or a path mounted on every host.")
-  _SOURCE = flags.DEFINE_string("source", None, "git URL (or pip-installable archive URL) of the "
-                                "project, installed on every worker (tpu_vm mode).")
+  _SOURCE = flags.DEFINE_string("source", None, "git URL (or archive, or a directory the workers "
+                                "see) of the project, installed on every worker (tpu_vm mode).")
+  _SHARED = flags.DEFINE_bool("workdir_is_shared", False, "The local --workdir is mounted at "
+                               "the same path on every host (NFS, Filestore).")
   _SPOT = flags.DEFINE_bool("spot", False, "Spot capacity (preemptible; the run resumes).")
   _CLUSTER = flags.DEFINE_string("cluster", "CLUSTER", "GKE cluster (xpk mode).")
-  _IMAGE = flags.DEFINE_string("image", "IMAGE", "Container image with the project (xpk / jobset).")
+  _IMAGE = flags.DEFINE_string("image", "IMAGE", "Container image with the project (xpk / jobset;"
+                               " see Dockerfile).")
   _EXTRA = flags.DEFINE_multi_string("override", [], "Extra --config.a.b=v for the trainer.")
   _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the commands instead of running them.")
+  _MAX_RESTARTS = flags.DEFINE_integer("max_restarts", 5, "Restarts after preemption or a lost "
+                                       "peer before giving up (all modes).")
+  _GRACE = flags.DEFINE_integer("grace_s", None, "SIGTERM-to-kill seconds for GKE pods; default: "
+                                "the planner's grace for the config's target + 30 s.")
+  _SERVICE_ACCOUNT = flags.DEFINE_string(
+      "service_account", None, "Kubernetes service account of the pods (jobset), bound to a "
+      "Google service account with access to the workdir's bucket (Workload Identity).")
 
 
 def load_config(path: str):
@@ -152,43 +319,64 @@ def load_config(path: str):
   return module.get_config()
 
 
+def bad_input(message: str) -> int:
+  print(f"error: {message}", file=sys.stderr)
+  return 2
+
+
 def main(argv) -> int:
   del argv
   import yaml  # pylint: disable=import-outside-toplevel
 
+  if _MODE.value == "down":
+    command = down_command(name=_NAME.value, project=_PROJECT.value, zone=_ZONE.value)
+    print(shlex.join(command))
+    return 0 if _DRY_RUN.value else subprocess.run(command, check=False).returncode
+  if not _CONFIG.value:
+    return bad_input("--config: give the training config file, e.g. configs/r1zero_tpu.py")
   config = load_config(_CONFIG.value)
-  s = slice_for(_ACCELERATOR.value or accelerator_from_config(config))
+  accelerator = _ACCELERATOR.value or accelerator_from_config(config)
+  if accelerator not in ACCELERATORS:
+    return bad_input(f"--accelerator_type={accelerator}: unknown; known types are "
+                     f"{', '.join(ACCELERATORS)}")
+  s = slice_for(accelerator)
   if config.target.num_devices and s.chips != config.target.num_devices:
     print(f"warning: {_CONFIG.value} plans for {config.target.num_devices} chips; "
           f"{s.accelerator_type} has {s.chips}", file=sys.stderr)
   workdir = _WORKDIR.value or config.workdir
   if not workdir:
-    print("error: --workdir: give the run's workdir, gs://BUCKET/run (docs/storage.md) or a "
-          "directory mounted on every host", file=sys.stderr)
-    return 2
+    return bad_input("--workdir: give the run's workdir, gs://BUCKET/run (docs/storage.md) or a "
+                     "directory mounted on every host")
+  if s.hosts > 1 and "://" not in workdir and not _SHARED.value:
+    return bad_input(f"--workdir={workdir}: a local path is not shared by the {s.hosts} hosts of "
+                     f"{s.accelerator_type}; give gs://BUCKET/run, or add --workdir_is_shared if "
+                     "every host mounts it at this path (NFS, Filestore)")
   train = train_command(_CONFIG.value, workdir, _EXTRA.value)
+  grace = _GRACE.value or grace_seconds(config)
   if _MODE.value == "jobset":
-    print(yaml.safe_dump(jobset_manifest(s, name=_NAME.value, image=_IMAGE.value, train=train),
-                         sort_keys=False), end="")
+    print(yaml.safe_dump(jobset_manifest(
+        s, name=_NAME.value, image=_IMAGE.value, train=train, max_restarts=_MAX_RESTARTS.value,
+        grace_s=grace, service_account=_SERVICE_ACCOUNT.value), sort_keys=False), end="")
     return 0
   if _MODE.value == "xpk":
-    commands = [xpk_command(s, name=_NAME.value, project=_PROJECT.value, zone=_ZONE.value,
-                            cluster=_CLUSTER.value, image=_IMAGE.value, train=train)]
-  else:
-    if not _SOURCE.value:
-      raise SystemExit("error: --source: give the project's git URL (installed on every worker)")
-    commands = tpu_vm_commands(s, name=_NAME.value, project=_PROJECT.value, zone=_ZONE.value,
-                               source=_SOURCE.value, train=train, spot=_SPOT.value)
-  print(f"# {s.accelerator_type}: {s.chips} chips on {s.hosts} hosts ({s.topology})")
-  for command in commands:
+    command = xpk_command(s, name=_NAME.value, project=_PROJECT.value, zone=_ZONE.value,
+                          cluster=_CLUSTER.value, image=_IMAGE.value, train=train,
+                          max_restarts=_MAX_RESTARTS.value, grace_s=grace)
+    print(f"# {s.accelerator_type}: {s.chips} chips on {s.hosts} hosts ({s.topology})")
     print(shlex.join(command))
-    if not _DRY_RUN.value:
-      subprocess.run(command, check=True)
-  return 0
+    return 0 if _DRY_RUN.value else subprocess.run(command, check=False).returncode
+  if not _SOURCE.value:
+    return bad_input("--source: give the project's git URL (installed on every worker)")
+  script = tpu_vm_script(s, name=_NAME.value, project=_PROJECT.value, zone=_ZONE.value,
+                         source=_SOURCE.value, train=train, spot=_SPOT.value,
+                         max_restarts=_MAX_RESTARTS.value)
+  if _DRY_RUN.value:
+    print(script, end="")
+    return 0
+  return subprocess.run(["bash", "-c", script], check=False).returncode
 
 
 if __name__ == "__main__":
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
   define_flags()
-  flags.mark_flags_as_required(["config"])
   app.run(lambda argv: sys.exit(main(argv)))

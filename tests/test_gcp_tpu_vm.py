@@ -1,0 +1,116 @@
+"""The tpu_vm recipe of launch/gcp/commands.py, executed unchanged against a local `gcloud`
+(tests/fake_gcloud.py): 2 TPU hosts become 2 local CPU processes of one JAX run (the launcher maps
+the hosts' TPU_WORKER_* variables onto the coordinator flags, reasoning_rl/multihost/tpu_env.py);
+the install script runs on each host; a preemption (SIGTERM to every trainer, then the queued
+resource SUSPENDED) is followed by delete, recreate, reinstall and a resume with no step lost;
+the queued resource is deleted at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+from tests.multihost_runs import metrics_rows
+
+TOTAL_STEPS = 6
+
+
+def uv_cache_dir() -> str:
+  """The uv cache of the machine, shared by the fake hosts (their HOME is their own directory)."""
+  cache_home = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
+  return os.environ.get("UV_CACHE_DIR") or str(cache_home / "uv")
+
+
+def fake_cloud(tmp_path: pathlib.Path) -> dict:
+  """The environment of a shell whose `gcloud` is the local stand-in."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  shim = bin_dir / "gcloud"
+  shim.write_text(f"#!/bin/sh\nexec {sys.executable} {REPO / 'tests' / 'fake_gcloud.py'} \"$@\"\n")
+  shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+  worker_env = {"JAX_PLATFORMS": "cpu", "UV_CACHE_DIR": uv_cache_dir(),
+                "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  return {**os.environ, "PATH": f"{bin_dir}:{pathlib.Path(sys.executable).parent}:"
+          f"{os.environ['PATH']}", "FAKE_GCLOUD_STATE": str(tmp_path / "cloud"),
+          "FAKE_GCLOUD_HOSTS": "2", "FAKE_GCLOUD_WORKER_ENV": json.dumps(worker_env),
+          "POLL_S": "0.2", "SETTLE_S": "10"}
+
+
+def recipe(tmp_path: pathlib.Path, workdir: pathlib.Path) -> pathlib.Path:
+  result = subprocess.run(
+      [sys.executable, "launch/gcp/commands.py", "--config=configs/debug_cpu.py", "--mode=tpu_vm",
+       "--accelerator_type=v5p-16", "--project=p", "--zone=z", "--name=rl", f"--source={REPO}",
+       f"--workdir={workdir}", "--workdir_is_shared", "--max_restarts=2", "--spot",
+       f"--override=--config.total_steps={TOTAL_STEPS}",
+       "--override=--config.checkpoint.every_steps=100",  # the preemption's save is the only one
+       "--dry_run"], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr
+  path = tmp_path / "recipe.sh"
+  path.write_text(result.stdout)
+  return path
+
+
+def calls(tmp_path: pathlib.Path) -> list[list[str]]:
+  lines = (tmp_path / "cloud" / "calls.log").read_text().splitlines()
+  return [json.loads(line) for line in lines]
+
+
+def wait_for(condition, timeout_s: float, what: str, process) -> None:
+  deadline = time.monotonic() + timeout_s
+  while not condition():
+    if process.poll() is not None:
+      raise AssertionError(f"the recipe ended (exit {process.returncode}) before {what}")
+    if time.monotonic() > deadline:
+      raise AssertionError(f"timed out waiting for {what}")
+    time.sleep(0.5)
+
+
+def preempt(tmp_path: pathlib.Path) -> list[int]:
+  """SIGTERM to every host's trainer, then the queued resource reports SUSPENDED (the order of a
+  Spot preemption: the hosts get their notice, then the service takes them)."""
+  hosts = sorted((tmp_path / "cloud" / "rl" / "hosts" / "0").glob("worker*"))
+  pids = [int((h / "reasoning_rl" / "train.pid").read_text()) for h in hosts]
+  for pid in pids:
+    os.kill(pid, signal.SIGTERM)
+  (tmp_path / "cloud" / "rl" / "state").write_text("SUSPENDED")
+  return pids
+
+
+@pytest.mark.slow
+def test_recipe_recovers_a_preempted_slice_without_losing_a_step(tmp_path):
+  workdir = tmp_path / "run"
+  env = fake_cloud(tmp_path)
+  process = subprocess.Popen(["bash", str(recipe(tmp_path, workdir))], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  try:
+    wait_for(lambda: len(metrics_rows(workdir)) >= 2, 300, "step 2", process)
+    preempt(tmp_path)
+    output, _ = process.communicate(timeout=400)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  assert process.returncode == 0, output
+  first_hosts = sorted((tmp_path / "cloud" / "rl" / "hosts" / "0").glob("worker*"))
+  exit_codes = [(h / "reasoning_rl" / "exit_code").read_text().strip() for h in first_hosts]
+  assert exit_codes == ["143", "143"], output  # each saved its checkpoint on the notice
+  steps = [row["step"] for row in metrics_rows(workdir)]
+  assert steps == list(range(1, TOTAL_STEPS + 1)), steps  # no step lost, none repeated
+  assert "restart 1/2: trainers ended (exit code none), queued resource SUSPENDED" in output
+  verbs = [c[3] for c in calls(tmp_path) if c[:3] == ["compute", "tpus", "queued-resources"]
+           and c[3] != "describe"]
+  assert verbs == ["create", "delete", "create", "delete"], verbs  # recreated, then down
+  assert "--spot" in next(c for c in calls(tmp_path) if c[3:4] == ["create"])
+  # the second slice's hosts installed afresh and resumed: both ran to the end
+  second_hosts = sorted((tmp_path / "cloud" / "rl" / "hosts" / "1").glob("worker*"))
+  assert [(h / "reasoning_rl" / "exit_code").read_text().strip() for h in second_hosts] == [
+      "0", "0"]
+  assert output.count("installed: reasoning_rl") == 4, output  # 2 hosts, twice
