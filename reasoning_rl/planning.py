@@ -252,6 +252,7 @@ class Throughput:
   train_s: float
   step_s_sync: float
   step_s_async: float | None  # None when both roles share the devices
+  overlapped: bool = False  # the config samples ahead (async_rollouts): step_s_async applies
 
   @property
   def steps_per_hour(self) -> float:
@@ -311,12 +312,14 @@ class Plan:
     t = self.throughput
     shares = ", ".join(f"{s.name} {s.total / s.usable:.0%}" for s in self.slices)
     side = "sampling" if t.sample_s >= t.train_s else "training"
-    idle = abs(t.sample_s - t.train_s)
-    waits = "the trainer" if side == "sampling" else "the sampler"
-    overlap = ("" if t.step_s_async is None else
-               f"; overlapped, {waits} waits {idle:.1f} s a step")
-    return (f"time: {side} sets the step ({max(t.sample_s, t.train_s):.1f} s{overlap}); "
-            f"memory in use: {shares} of usable")
+    if t.overlapped:
+      waits = "the trainer" if side == "sampling" else "the sampler"
+      how = (f"{side} sets the overlapped step ({max(t.sample_s, t.train_s):.1f} s; {waits} "
+             f"waits {abs(t.sample_s - t.train_s):.1f} s a step)")
+    else:
+      how = (f"the synchronous step is sampling {t.sample_s:.1f} s + training {t.train_s:.1f} s "
+             f"({side} the larger)")
+    return f"time: {how}; memory in use: {shares} of usable"
 
   def table(self) -> str:
     c, a, t = self.chip, self.assumptions, self.throughput
@@ -336,10 +339,10 @@ class Plan:
                    f"replica's mesh {shape}")
       else:
         heading = f"{s.name} slice: {s.num_devices} device{plural}, mesh {shape}"
-      lines += ["", heading, f"  {'per device':<46}{'phase':<13}{'GiB':>9}"]
-      lines += [f"  {i.name:<46}{i.phase:<13}{i.bytes / GIB:>9.3f}" for i in s.items]
+      lines += ["", heading, f"  {'per device':<50}{'phase':<13}{'GiB':>9}"]
+      lines += [f"  {i.name:<50}{i.phase:<13}{i.bytes / GIB:>9.3f}" for i in s.items]
       peak = f"held + {s.peak_phase}" if s.peak_phase else "held"
-      lines.append(f"  {'peak (' + peak + ')':<59}{s.total / GIB:>9.3f}   of {s.usable / GIB:.2f}"
+      lines.append(f"  {'peak (' + peak + ')':<63}{s.total / GIB:>9.3f}   of {s.usable / GIB:.2f}"
                    f" usable ({a.headroom:.0%} headroom) -> "
                    + ("fits" if s.fits else f"OVER by {s.over_bytes / GIB:.2f} GiB"))
     bandwidth = a.decode_bandwidth_utilisation
@@ -353,10 +356,11 @@ class Plan:
               f"  training   {t.flops.training / 1e12:12.1f} TFLOP   {t.train_s:.1f} s (+ "
               f"{t.flops.recomputation / 1e12:.1f} TFLOP recomputed)",
               f"  step (sync: sample, then train) {t.step_s_sync:.1f} s -> "
-              f"{t.steps_per_hour:.1f} steps/hour"]
+              f"{t.steps_per_hour:.1f} steps/hour" + ("" if t.overlapped else "   <- this config")]
     if t.step_s_async is not None:
       lines.append(f"  step (overlapped: async rollouts, slices work at once) "
-                   f"{t.step_s_async:.1f} s -> {3600 / t.step_s_async:.1f} steps/hour")
+                   f"{t.step_s_async:.1f} s -> {3600 / t.step_s_async:.1f} steps/hour"
+                   + ("   <- this config" if t.overlapped else ""))
     else:
       lines.append("  step (overlapped): none, both roles share the devices")
     lines += ["  (completions assumed to reach max_new_tokens; verification and weight sync time "
@@ -625,10 +629,10 @@ def _with_itemsize(shapes, itemsize: float) -> list:
 
 
 def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, a: Assumptions,
-                  num_micro_batches: int, shapes: ModelShapes, sync_bytes: int = 0,
-                  sync_name: str = "") -> list[Item]:
+                  num_micro_batches: int, shapes: ModelShapes,
+                  sync: Sequence[Item] = ()) -> list[Item]:
   """Per-device bytes of the trainer (see the module docstring and `Assumptions`): held weights
-  and moments, the train step's transients, and the weight sync's copy (`sync_bytes`)."""
+  and moments, the train step's transients, and the weight sync's items (`sync_items`)."""
   r, b = config.rollout, Precision.of(config).compute.itemsize
   weights = Precision.of(config).weights
   seq = r.max_prefill_length + r.max_new_tokens
@@ -672,9 +676,7 @@ def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, a: Assumptions,
   items += [Item("activations (1 micro-batch)", int(rows_per_device * per_row), "train step"),
             Item("log-prob chunk buffers",
                  int(a.logprob_buffers * rows_per_device * chunk * vocab * 4), "train step")]
-  if sync_bytes:
-    items.append(Item(sync_name or "weight transfer copy", sync_bytes, "weight sync"))
-  return items
+  return items + list(sync)
 
 
 def cache_length(config) -> int:
@@ -766,7 +768,15 @@ def throughput(config, m: ModelConfig, chip: ChipSpec, layout: Layout, sampler_w
   return Throughput(flops=step, num_replicas=replicas, rows_per_replica=rows, live_slots=live,
                     prefill_s=prefill_s, decode_steps=decode_steps, decode_step_s=decode_step_s,
                     sample_s=sample_s, train_s=train_s, step_s_sync=sample_s + train_s,
-                    step_s_async=None if layout.shared else max(sample_s, train_s))
+                    step_s_async=None if layout.shared else max(sample_s, train_s),
+                    overlapped=samples_ahead(config) and not layout.shared)
+
+
+def samples_ahead(config) -> bool:
+  """Whether the run overlaps sampling with training (`async_rollouts.enabled`; unset: when the
+  trainer and the sampler have devices of their own)."""
+  enabled = config.async_rollouts.get("enabled")
+  return config.mesh.num_trainer_devices > 0 if enabled is None else bool(enabled)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -786,7 +796,7 @@ def _shared_items(train: Sequence[Item], sample: Sequence[Item]) -> list[Item]:
           + [Item(f"sampler: {i.name}", i.bytes, i.phase) for i in sample])
 
 
-def _trainer_fix(config, m, chip, a, trainer, shapes, sync_bytes, sample) -> str | None:
+def _trainer_fix(config, m, chip, a, trainer, shapes, sync, sample) -> str | None:
   """The first (mesh, micro-batches) that fits: more micro-batches on the configured mesh, then a
   tensor axis (it splits attention heads, the MLP and the vocabulary) with as many as needed.
   `sample`: the sampler's items when it shares the devices (else empty)."""
@@ -797,7 +807,7 @@ def _trainer_fix(config, m, chip, a, trainer, shapes, sync_bytes, sample) -> str
   for t in tensor_sizes:
     mesh = trainer if t == trainer.shape["tensor"] else AbstractMesh((1, n // t, t), MESH_AXES)
     for k in [k for k in range(current, batch + 1) if batch % k == 0]:
-      items = trainer_items(config, m, mesh, a, k, shapes, sync_bytes)
+      items = trainer_items(config, m, mesh, a, k, shapes, sync)
       if _fits(_shared_items(items, sample) if sample else items, chip, a):
         change = [] if mesh is trainer else [f"mesh.trainer=(1, {n // t}, {t})"]
         change += [] if k == current else [f"algo.num_micro_batches={k}"]
@@ -812,9 +822,9 @@ def _advice(config, m, chip, a, layout: Layout, shapes: ModelShapes, train_now, 
   shared = layout.shared
   hints = []
   train_fits = _fits(_shared_items(train_now, sample_now) if shared else train_now, chip, a)
-  sync_bytes = next((i.bytes for i in train_now if i.phase == "weight sync"), 0)
+  sync = [i for i in train_now if i.phase == "weight sync"]
   if not train_fits:
-    fix = _trainer_fix(config, m, chip, a, layout.trainer, shapes, sync_bytes,
+    fix = _trainer_fix(config, m, chip, a, layout.trainer, shapes, sync,
                        sample_now if shared else ())
     if fix:
       hints.append(fix)
@@ -841,19 +851,28 @@ def _advice(config, m, chip, a, layout: Layout, shapes: ModelShapes, train_now, 
   return tuple(hints)
 
 
-def _sync_copy(layout: Layout, shapes: ModelShapes, precision: Precision) -> tuple[int, str]:
-  """(bytes per trainer device, name) of the copy the trainer makes for a weight sync: several
-  processes lay the weights out on the send mesh in the compute dtype (one shard of a replica
-  device per trainer device, `multihost.param_sync`); one process hands its own arrays over and
-  only casts them when the sampler's dtype differs."""
+def sync_items(layout: Layout, shapes: ModelShapes, precision: Precision) -> list[Item]:
+  """What a weight sync adds on each trainer device. Several processes: the send program
+  (`multihost.param_sync`) casts to the compute dtype, lays the weights out as a replica wants
+  them and packs them into buckets, one replica device's shards per trainer device; the packing
+  holds the laid-out shards and the buckets at once. Not counted: the reshard's own temporaries.
+  Measured on XLA:CPU when one jit constrained the cast leaves to the send layout and packed them,
+  XLA's SPMD partitioner replicated each matrix first ("involuntary full rematerialization"):
+  temporaries of 0.97-1.0 x the whole model in float32 (0.5-2 x by layout), which at r1zero's size
+  would be 28 GiB per trainer device; param_sync reshards in a jit of its own to avoid that.
+  One process: the trainer hands its own arrays over, cast in its own layout when the sampler's
+  dtype differs. LoRA adapters are replicated: sent as they are."""
   what = "adapters" if shapes.sends_adapters else "weights"
   if layout.multi_process:
-    return (shapes.sent(layout.replica),
-            f"{what} to send ({precision.compute.name}, replica layout)")
+    items = [Item(f"{what} to send ({precision.compute.name}, replica layout)",
+                  shapes.sent(layout.replica), "weight sync")]
+    items.append(Item(f"{what} laid out to send, before packing", shapes.sent(layout.replica),
+                      "weight sync"))
+    return items
   if shapes.sends_adapters or precision.compute == precision.weights:
-    return 0, ""
-  return (param_bytes_per_device(shapes.compute, layout.trainer),
-          f"{what} cast for the sampler ({precision.compute.name})")
+    return []
+  return [Item(f"{what} cast for the sampler ({precision.compute.name})",
+               param_bytes_per_device(shapes.compute, layout.trainer), "weight sync")]
 
 
 def plan(config, model_config: ModelConfig, *, target: Mapping,
@@ -876,9 +895,9 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
   precision = Precision.of(config)
   shapes = ModelShapes.of(config, model_config)
   r = config.rollout
-  sync_bytes, sync_name = _sync_copy(layout, shapes, precision)
+  sync = sync_items(layout, shapes, precision)
   train = trainer_items(config, model_config, layout.trainer, a, config.algo.num_micro_batches,
-                        shapes, sync_bytes, sync_name)
+                        shapes, sync)
   sampler_weights = shapes.sampler_weights(layout.replica)
   received = shapes.sent(layout.replica)
   sampler_kwargs = dict(weights=sampler_weights, receive_bytes=received,

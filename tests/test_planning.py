@@ -105,6 +105,8 @@ def test_trainer_items_by_hand():
   # the final norm's 16) per layer: 3160 / 2 = 1580 values; nothing splits over tensor = 2.
   assert items["gathered layer weights (fsdp)"] == 5 * 1580 * 4
   assert items["weights to send (float32, replica layout)"] == REPLICA * 4
+  assert items["weights laid out to send, before packing"] == REPLICA * 4
+  assert trainer.phase_bytes("weight sync") == 2 * REPLICA * 4
   step = 2 * params + 2 * 302592 + int(2.5 * 2 * 8 * 48 * 4) + 5 * 1580 * 4
   assert trainer.peak_phase == "train step" and trainer.total == 3 * params + step
   c = _config()
@@ -454,7 +456,9 @@ def test_planned_memory_is_what_xla_holds_per_device(case):
   batch = dict(tokens=jnp.zeros((rows, 128), jnp.int32),
                attention_mask=jnp.ones((rows, 128), jnp.int32),
                completion_mask=jnp.ones((rows, new), jnp.int32),
-               advantages=jnp.ones((rows,), jnp.float32))
+               advantages=jnp.ones((rows,), jnp.float32),
+               # split runs sample ahead by default and correct against the sampler's log-probs
+               behavior_logprobs=jnp.zeros((rows, new), jnp.float32))
   analysis = step.compile(state, batch).lower(state, batch).compile().memory_analysis()
   batch_bytes = sum(x.nbytes for x in jax.tree.leaves(batch)) // (mesh_shape[0] * mesh_shape[1])
   assert analysis.argument_size_in_bytes - batch_bytes == pytest.approx(planned_state, rel=0.01)
