@@ -28,7 +28,8 @@ def get_config():
   c = base_config()
   c.total_steps = 1000
   c.model.path = "/mnt/models/Qwen2.5-7B"
-  c.model.dtype = "bfloat16"
+  c.model.dtype = "bfloat16"  # compute; the trainer keeps float32 master weights and moments
+  c.model.weight_dtype = "float32"  # (a 1e-6 AdamW step would be rounded away in bf16 weights)
   c.model.hf_config_for_planning = ml_collections.ConfigDict(QWEN25_7B)
   c.data.train = dict(kind="mixture", weights=(0.5, 0.5), sources=(
       dict(kind="reasoning_gym", name="countdown", seed=0, size=200_000),
@@ -68,6 +69,9 @@ def get_config():
   # 1024 rows per batch shard evenly over 4 FSDP groups (not over 6: 24 trainer chips would not
   # divide the batch); each replica's 4 chips divide the 16 trainer chips (the weight sync's rule)
   c.mesh.num_trainer_devices = 16  # hosts 0-3 train; hosts 4-7 sample
+  # split slices: batch s + 1 is sampled while step s trains (async_rollouts.enabled unset = on
+  # here), one policy version behind, corrected by truncated importance sampling
+  c.async_rollouts.max_staleness = 1
   c.mesh.trainer = (1, -1, 4)  # fsdp 4 × tensor 4
   c.mesh.sampler = (-1, 1, 4)  # per sampler host (1, 1, 4); the dry run sees all four: (4, 1, 4)
   c.target = ml_collections.ConfigDict(dict(tpu="v5p", num_devices=32))

@@ -52,14 +52,13 @@ def build_meshes(config: ml_collections.ConfigDict, topology=None):
 
 
 def build_cluster(config: ml_collections.ConfigDict, topology, params):
-  """The loop's view of the other processes (`multihost.cluster.Cluster`); `params` (the policy's
-  nnx.State) gives the weight sync its shapes and partition rules."""
+  """The loop's view of the other processes (`multihost.cluster.Cluster`); `params` (what the
+  samplers receive: `sampler_weights_of`) gives the weight sync its shapes, dtypes and partition
+  rules."""
   from reasoning_rl.multihost.cluster import Cluster, local_cluster
 
   if not topology.multi_process:
     return local_cluster(topology)
-  import jax
-
   from reasoning_rl import sharding
   from reasoning_rl.multihost.exchange import Exchange
   from reasoning_rl.multihost.param_sync import ParamSync
@@ -67,24 +66,27 @@ def build_cluster(config: ml_collections.ConfigDict, topology, params):
   replica_meshes = [sharding.make_mesh(tuple(config.mesh.sampler), devices,
                                        field="config.mesh.sampler")
                     for devices in topology.replicas]
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
   return Cluster(topology=topology, exchange=Exchange(),
-                 param_sync=ParamSync(abstract, topology, replica_meshes))
+                 param_sync=ParamSync(params, topology, replica_meshes))
 
 
 def build_policy(config: ml_collections.ConfigDict):
-  """(model, tokenizer): loaded from `model.path`, or random from `model.random` + a named vocab."""
+  """(model, tokenizer): loaded from `model.path`, or random from `model.random` + a named vocab.
+  The model computes in `model.dtype`; its parameters are the trainer's master weights, in
+  `model.weight_dtype`, except with LoRA, whose frozen base is never updated and so is held in
+  the compute dtype (the adapters are float32)."""
   from reasoning_rl.models import load
   from reasoning_rl.models.transformer import create_model
 
   c = config.model
+  weight_dtype = c.dtype if config.lora.rank > 0 else c.weight_dtype
   if c.path:
     if c.tokenizer:
       raise ConfigError("config.model.tokenizer: leave empty when model.path is set (the "
                         "tokenizer comes with the model)")
-    return load(c.path, dtype=c.dtype)
+    return load(c.path, dtype=c.dtype, weight_dtype=weight_dtype)
   model_config, tokenizer = random_model_config(config)
-  model = create_model(model_config, seed=config.seed, dtype=c.dtype, param_dtype=c.dtype)
+  model = create_model(model_config, seed=config.seed, dtype=c.dtype, param_dtype=weight_dtype)
   return model, tokenizer
 
 
@@ -211,7 +213,16 @@ def sampling_params(config: ml_collections.ConfigDict):
 
 def rollout_staleness(config: ml_collections.ConfigDict) -> int:
   """k: how many policy versions a trained batch may lag (0 = synchronous rollouts)."""
-  return config.async_rollouts.max_staleness if config.async_rollouts.enabled else 0
+  return config.async_rollouts.max_staleness if rollouts_ahead(config) else 0
+
+
+def rollouts_ahead(config: ml_collections.ConfigDict) -> bool:
+  """`async_rollouts.enabled`, or when unset (None), whether the run has a sampler slice of its
+  own: split slices overlap sampling with training by default, shared devices cannot."""
+  enabled = config.async_rollouts.enabled
+  if enabled is None:
+    return config.mesh.num_trainer_devices > 0
+  return bool(enabled)
 
 
 def sampler_correction(config: ml_collections.ConfigDict) -> str:
@@ -244,24 +255,29 @@ def step_config(config: ml_collections.ConfigDict):
       warmup_steps=o.warmup_steps, total_steps=config.total_steps,
       final_lr_fraction=o.final_lr_fraction, weight_decay=o.weight_decay,
       max_grad_norm=o.max_grad_norm, b1=o.b1, b2=o.b2, adam_eps=o.eps, vf_coef=a.vf_coef,
-      value_clip=a.value_clip, gamma=a.gamma, gae_lambda=a.gae_lambda)
+      value_clip=a.value_clip, gamma=a.gamma, gae_lambda=a.gae_lambda,
+      compute_dtype=config.model.dtype)
 
 
 # ------------------------------------------------------------------------------- a whole run
 
 
 def sampler_weights_of(step_fn, state):
-  """The tree the trainer sends to the samplers after each step (`TrainStep.sampler_weights`),
-  from the freshly built model's state: all weights, or with LoRA the adapters / the merged
-  weights."""
-  from reasoning_rl import lora
+  """The shapes and dtypes of what the trainer sends to the samplers after each step
+  (`TrainStep.sampler_weights`), from the freshly built model's state: all weights in the
+  sampler's (compute) dtype, or with LoRA the adapters / the merged weights in that dtype."""
+  import jax
 
+  from reasoning_rl import lora, precision
+
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
   settings = step_fn.config.lora
-  if not step_fn.config.trains_adapters:
-    return state
-  adapters, base = lora.split_adapters(state)
-  # merged weights have the base's tree, shapes and dtypes
-  return adapters if settings.sampler_weights == "adapters" else base
+  if step_fn.config.trains_adapters:
+    adapters, base = lora.split_adapters(abstract)
+    # merged weights have the base's tree and shapes
+    abstract = adapters if settings.sampler_weights == "adapters" else base
+  dtype = step_fn.config.compute_dtype
+  return abstract if dtype is None else precision.cast_floating(abstract, dtype)
 
 
 @dataclasses.dataclass
@@ -297,6 +313,12 @@ def build(config: ml_collections.ConfigDict) -> Run:
   from reasoning_rl.rl.step import TrainStep
 
   config_lib.validate(config, num_devices=jax.device_count())
+  from reasoning_rl import precision
+
+  warning = precision.pure_low_precision_warning(config.model.weight_dtype,
+                                                 config.optim.learning_rate)
+  if warning and config.lora.rank == 0:
+    log.warning(warning)
   topology = build_topology(config)
   if topology.multi_process and config.stage != "rl":
     raise ConfigError(f"config.stage={config.stage!r}: runs over several processes train the RL "
@@ -315,7 +337,9 @@ def build(config: ml_collections.ConfigDict) -> Run:
   cluster = build_cluster(config, topology, sampler_weights_of(step_fn, params))
   state = engine = None
   if topology.is_trainer:
-    reference = (jax.tree.map(jnp.copy, params)
+    # frozen: held in the compute dtype, the only dtype its forward passes use (precision.py)
+    reference = (jax.tree.map(lambda x: jnp.array(x, dtype=_compute_dtype(x, config), copy=True),
+                              params)
                  if config.beta > 0 and not lora_settings.enabled else None)
     state = step_fn.init_state(params, ref_params=reference)
   if topology.is_sampler:
@@ -324,6 +348,8 @@ def build(config: ml_collections.ConfigDict) -> Run:
       initial = step_fn.full_params(state)
     else:
       initial = params
+    # the sampler decodes with weights in the compute dtype (LoRA: the float32 adapters too)
+    initial = precision.cast_floating(initial, config.model.dtype)
     sampler_model = nnx.merge(graphdef, initial)
     if lora_settings.enabled and lora_settings.sampler_weights == "merged":
       sampler_model = lora.merged_model(sampler_model, lora_settings)
@@ -336,6 +362,13 @@ def build(config: ml_collections.ConfigDict) -> Run:
              step_fn=step_fn, state=state, engine=engine, template=template, data=data,
              reward_fn=reward_fn, scorer=scorer, sampling=sampling_params(config),
              cluster=cluster)
+
+
+def _compute_dtype(array, config: ml_collections.ConfigDict):
+  """The compute dtype for a floating-point array, its own dtype for any other."""
+  import jax.numpy as jnp
+
+  return config.model.dtype if jnp.issubdtype(array.dtype, jnp.floating) else array.dtype
 
 
 @dataclasses.dataclass

@@ -36,7 +36,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict()
   c.model.path = ""
   c.model.tokenizer = ""
-  c.model.dtype = "float32"  # parameters and compute: float32 | bfloat16
+  # dtype: the compute dtype (activations, matmuls; the sampler's weights and KV cache):
+  # float32 | bfloat16. weight_dtype: the trainer's master weights and AdamW moments (mixed
+  # precision, reasoning_rl/precision.py): float32 keeps every update; bfloat16 ("pure bf16")
+  # halves that memory but rounds small updates away (a warning says how many); it needs
+  # dtype=bfloat16 too. Gradients are summed over micro-batches in float32 either way. With LoRA
+  # the frozen base is held in dtype and the adapters in float32.
+  c.model.dtype = "float32"
+  c.model.weight_dtype = "float32"
   c.model.random = ml_collections.ConfigDict(dict(
       model_type="qwen2", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
       num_kv_heads=2, head_dim=16, tie_word_embeddings=True, attention_bias=True))
@@ -158,9 +165,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.rejection.temperature = 1.0
   c.rejection.keep = "shortest"  # shortest correct trace per prompt | all (distinct) correct ones
 
-  # Asynchronous rollouts: batch s is sampled with policy version s - max_staleness.
+  # Asynchronous rollouts: batch s is sampled with policy version s - max_staleness, while step
+  # s - 1 trains. enabled: None = automatic: on when trainer and sampler are different devices
+  # (mesh.num_trainer_devices > 0: otherwise one of them idles while the other works), off when
+  # they share them (nothing to overlap); True / False force it. Lagging batches are corrected by
+  # truncated importance sampling against the sampler's log-probs (algo.is_correction).
   c.async_rollouts = ml_collections.ConfigDict()
-  c.async_rollouts.enabled = False
+  c.async_rollouts.enabled = ml_collections.config_dict.placeholder(bool)
   c.async_rollouts.max_staleness = 1
 
   # Devices: one list split into trainer and sampler slices, each its own (data, fsdp, tensor) mesh.
@@ -392,6 +403,11 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "give a model path (HF dir or .gguf) or model.tokenizer for a random model")
   require(config.model.dtype in ("float32", "bfloat16"), "model.dtype",
           "must be float32 or bfloat16")
+  require(config.model.weight_dtype in ("float32", "bfloat16"), "model.weight_dtype",
+          "must be float32 (master weights, the default) or bfloat16")
+  require(config.model.weight_dtype == "float32" or config.model.dtype == "bfloat16",
+          "model.weight_dtype", "bfloat16 weights with float32 compute lose the updates and gain "
+          "no speed; use weight_dtype=float32, or dtype=bfloat16 as well")
   require(config.data.template in ("plain", "chat", "r1zero"), "data.template",
           "must be plain, chat or r1zero")
   from reasoning_rl.lora import LoraSettings  # pylint: disable=import-outside-toplevel

@@ -136,9 +136,13 @@ def apply_lora(model, settings: LoraSettings, *, seed: int = 0):
                       f"module; module paths look like {paths[:2]}")
   # Adapters are replicated: the base's axis names (which qwix copies onto them) do not fit
   # their shapes, and a rank-r matrix is small.
+  # Float32 whatever the base's dtype: adapters are the trained (master) weights, and bfloat16
+  # would round small updates away (reasoning_rl/precision.py); the train step and the sampler
+  # cast them to the compute dtype where they are used.
   for _, node in nnx.iter_graph(adapted):
     if isinstance(node, nnx.LoRAParam):
       node.set_metadata("logical_axes", (None,) * node.ndim)
+      node.set_value(node[...].astype(jnp.float32))
   adapted.lora_settings = settings  # static: merging and export read the scale from it
   return adapted
 

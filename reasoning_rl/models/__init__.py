@@ -16,7 +16,8 @@ from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import KVCache, Transformer, create_model
 
 
-def load(path: str | os.PathLike, *, dtype: str = "float32", mesh=None):
+def load(path: str | os.PathLike, *, dtype: str = "float32", weight_dtype: str | None = None,
+         mesh=None):
   """Loads `(model, tokenizer)` from a Hugging Face directory, a GGUF file or a training run.
 
   Args:
@@ -24,7 +25,9 @@ def load(path: str | os.PathLike, *, dtype: str = "float32", mesh=None):
       tokenizer.model; or a `.gguf` file (weights dequantised, vocabulary and chat template read
       from its metadata); or a training run's workdir (its newest complete checkpoint) or one of
       its `checkpoints/<step>` directories.
-    dtype: parameter and compute dtype, "float32" or "bfloat16".
+    dtype: compute dtype, "float32" or "bfloat16"; also the parameters' unless `weight_dtype`.
+    weight_dtype: the parameters' dtype when it differs from the compute dtype (a trainer's
+      float32 master weights under bfloat16 compute: reasoning_rl/precision.py).
     mesh: a `jax.sharding.Mesh` with axes (data, fsdp, tensor); each parameter is placed straight
       onto its sharding from `reasoning_rl.sharding`. None places everything on the default device.
 
@@ -33,10 +36,11 @@ def load(path: str | os.PathLike, *, dtype: str = "float32", mesh=None):
   """
   from reasoning_rl.models import tokenizers
 
+  dtypes = {"dtype": dtype, "weight_dtype": weight_dtype or dtype}
   if storage.is_remote(path):
     from reasoning_rl.models.run_checkpoint import load_from_run
 
-    loaded = load_from_run(path, dtype=dtype, mesh=mesh)  # Orbax reads gs:// itself
+    loaded = load_from_run(path, **dtypes, mesh=mesh)  # Orbax reads gs:// itself
     if loaded is not None:
       return loaded
     path = storage.local_copy(path)  # GGUF / safetensors readers memory-map local files
@@ -44,17 +48,17 @@ def load(path: str | os.PathLike, *, dtype: str = "float32", mesh=None):
   if path.suffix == ".gguf":
     from reasoning_rl.models.gguf_io import load_gguf_weights
 
-    model, reader = load_gguf_weights(path, dtype=dtype, mesh=mesh)
+    model, reader = load_gguf_weights(path, **dtypes, mesh=mesh)
     return model, tokenizers.Tokenizer.from_gguf(reader)
   if path.is_dir():
     from reasoning_rl.models.run_checkpoint import load_from_run
 
-    loaded = load_from_run(path, dtype=dtype, mesh=mesh)
+    loaded = load_from_run(path, **dtypes, mesh=mesh)
     if loaded is not None:
       return loaded
     # Tokenizer first: it is cheap and its errors should not wait for the weights.
     tokenizer = tokenizers.Tokenizer.from_hf_dir(path) if (path / "config.json").exists() else None
-    model, _ = load_hf_weights(path, dtype=dtype, mesh=mesh)
+    model, _ = load_hf_weights(path, **dtypes, mesh=mesh)
     return model, tokenizer
   if not path.exists():
     raise CheckpointError(f"{path}: no such file or directory")

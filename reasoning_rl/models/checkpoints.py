@@ -116,14 +116,17 @@ def _dtype(dtype) -> jnp.dtype:
 
 
 def build_model(config: ModelConfig, read_tensor: Callable[[tuple, tuple, Converter], np.ndarray],
-                *, dtype="float32", mesh=None) -> Transformer:
+                *, dtype="float32", weight_dtype=None, mesh=None) -> Transformer:
   """Assembles a model whose every parameter comes from `read_tensor(path, expected_shape, ...)`.
+
+  The model computes in `dtype`; its parameters are stored in `weight_dtype` (default: `dtype`).
 
   All tensors are read and validated before any is placed; placement uses the mesh's shardings (one
   shard per device) or the default device when `mesh` is None.
   """
-  dtype = _dtype(dtype)
-  graphdef, abstract_state = abstract_model(config, dtype=dtype, param_dtype=dtype)
+  compute_dtype = _dtype(dtype)
+  dtype = _dtype(weight_dtype or dtype)  # what each parameter is stored in
+  graphdef, abstract_state = abstract_model(config, dtype=compute_dtype, param_dtype=dtype)
   flat = _flat_params(abstract_state)
   host = {path: read_tensor(path, tuple(var.shape)) for path, var in flat}
   shardings = (dict(_flat_params(sharding_lib.param_shardings(abstract_state, mesh)))
@@ -161,8 +164,8 @@ def read_hf_config(directory: pathlib.Path) -> tuple[ModelConfig, dict[str, Any]
   return ModelConfig.from_hf_config(hf, source=str(config_path)), hf
 
 
-def load_hf_weights(directory: str | os.PathLike, *, dtype="float32", mesh=None
-                    ) -> tuple[Transformer, dict[str, Any]]:
+def load_hf_weights(directory: str | os.PathLike, *, dtype="float32", weight_dtype=None,
+                    mesh=None) -> tuple[Transformer, dict[str, Any]]:
   """Loads the weights of a Hugging Face directory; returns (model, raw config.json dict)."""
   directory = pathlib.Path(directory)
   config, hf = read_hf_config(directory)
@@ -183,7 +186,7 @@ def load_hf_weights(directory: str | os.PathLike, *, dtype="float32", mesh=None
     require_finite(tensor, tensor=name, source=files.path(name))
     return to_ours(tensor)
 
-  model = build_model(config, read, dtype=dtype, mesh=mesh)
+  model = build_model(config, read, dtype=dtype, weight_dtype=weight_dtype, mesh=mesh)
   return model, hf
 
 

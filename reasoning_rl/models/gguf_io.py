@@ -120,8 +120,10 @@ def gguf_model_config(reader, path) -> ModelConfig:
   return ModelConfig.from_hf_config(hf, source=str(path))
 
 
-def load_gguf_weights(path: str | os.PathLike, *, dtype="float32", mesh=None, reader=None):
-  """(model, reader) from a GGUF file; weights dequantised to `dtype`."""
+def load_gguf_weights(path: str | os.PathLike, *, dtype="float32", weight_dtype=None, mesh=None,
+                      reader=None):
+  """(model, reader) from a GGUF file; weights dequantised to `weight_dtype` (default: `dtype`,
+  the compute dtype)."""
   from gguf.quants import dequantize
 
   path = pathlib.Path(path)
@@ -154,4 +156,4 @@ def load_gguf_weights(path: str | os.PathLike, *, dtype="float32", mesh=None, re
                             f"{expected} from the file's metadata")
     return to_ours(weight)
 
-  return build_model(config, read, dtype=dtype, mesh=mesh), reader
+  return build_model(config, read, dtype=dtype, weight_dtype=weight_dtype, mesh=mesh), reader

@@ -16,6 +16,7 @@ import pathlib
 import jax
 from flax import nnx
 
+from reasoning_rl import precision
 from reasoning_rl import sharding as sharding_lib
 from reasoning_rl import storage
 from reasoning_rl.errors import CheckpointError
@@ -39,8 +40,10 @@ def find_run_checkpoint(path) -> tuple[pathlib.Path, pathlib.Path] | None:
 
 
 def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype="float32",
-                        mesh=None):
-  """(model, tokenizer) from a run: architecture and tokenizer from model/, weights from step."""
+                        weight_dtype=None, mesh=None):
+  """(model, tokenizer) from a run: architecture and tokenizer from model/, weights from step,
+  cast to `weight_dtype` (default: the compute dtype `dtype`) whatever dtype they were saved in
+  (a run's float32 master weights load as bfloat16 for a bfloat16 sampler)."""
   from reasoning_rl.checkpointing import CheckpointCorruptError, verify_checksums
   from reasoning_rl.models.tokenizers import Tokenizer
 
@@ -57,9 +60,9 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
   lora_file = workdir / "model" / "lora.json"
   if lora_file.exists():  # the checkpoint holds adapters; the base comes from where the run had it
     model = _load_lora_run(json.loads(lora_file.read_text()), config, workdir, step_dir,
-                           dtype=dtype, mesh=mesh)
+                           dtype=dtype, mesh=mesh)  # the base is frozen: no master copy
   else:
-    graphdef, abstract = abstract_model(config, dtype=dtype, param_dtype=dtype)
+    graphdef, abstract = abstract_model(config, dtype=dtype, param_dtype=weight_dtype or dtype)
     _restore_params(abstract, workdir, step_dir, mesh)
     model = nnx.merge(graphdef, abstract)
   # tokenizer libraries read local files: a remote workdir's model/ is fetched (and cached) first
@@ -83,7 +86,10 @@ def _restore_params(state, workdir, step_dir, mesh) -> None:
     node[str(path[-1])] = {"value": jax.ShapeDtypeStruct(var.shape, var.dtype,
                                                          sharding=shardings[path])}
   target = {"params": target}
-  restore_args = jax.tree.map(lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding), target)
+  # dtype: Orbax casts while reading, so a checkpoint of float32 master weights fills a bfloat16
+  # model (and the reverse) without a full-precision copy in memory
+  restore_args = jax.tree.map(lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, dtype=s.dtype),
+                              target)
   try:
     restored = ocp.PyTreeCheckpointer().restore(
         step_dir / "state", args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args,
@@ -127,13 +133,14 @@ def _load_lora_run(record, config, workdir, step_dir, *, dtype, mesh):
   if problem:
     raise CheckpointError(problem)
   _restore_params(adapters, workdir, step_dir, mesh)
-  nnx.update(adapted, adapters)
+  # float32 in the checkpoint; a QLoRA model returned adapted computes with them in `dtype`
+  nnx.update(adapted, precision.cast_floating(adapters, dtype))
   return adapted if settings.base_quantization else lora.merged_model(adapted, settings)
 
 
-def load_from_run(path: str | os.PathLike, *, dtype="float32", mesh=None):
+def load_from_run(path: str | os.PathLike, *, dtype="float32", weight_dtype=None, mesh=None):
   """load() for run workdirs; None when `path` is not one."""
   found = find_run_checkpoint(storage.path(path))
   if found is None:
     return None
-  return load_run_checkpoint(*found, dtype=dtype, mesh=mesh)
+  return load_run_checkpoint(*found, dtype=dtype, weight_dtype=weight_dtype, mesh=mesh)

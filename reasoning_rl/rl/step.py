@@ -63,6 +63,13 @@ adapters alone, and with β > 0 the reference is the same model with zero adapte
 itself: no copy of the weights). Micro-batching, mini-batches, sharding and donation are as for
 full fine-tuning.
 
+Mixed precision (`reasoning_rl.precision`): the parameters and AdamW moments stay in the dtype
+they arrive in (float32 master weights by default) while the model computes in its own dtype;
+gradients are summed over micro-batches in float32 and the optimizer state keeps its dtypes from
+update to update. `sampler_weights` hands the sampler the weights cast to `compute_dtype`. LoRA
+adapters are float32 masters too, cast to `compute_dtype` where the forward pass reads them (the
+model casts its own kernels; qwix's adapter product would otherwise promote the activations).
+
 A non-finite loss or gradient norm skips the update (parameters and optimizer state unchanged) and
 counts it in `state.skipped_updates` and the `skipped_update` stat; it is never applied.
 """
@@ -79,7 +86,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from reasoning_rl import registry
+from reasoning_rl import precision, registry
 from reasoning_rl import sharding as sharding_lib
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import losses, packing
@@ -113,6 +120,8 @@ class StepConfig:
     AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to
     `final_lr_fraction`·lr, after clipping the global gradient norm.
   vf_coef, value_clip, gamma, gae_lambda: PPO value loss weight, value clip ε_v, GAE γ and λ.
+  compute_dtype: the model's compute dtype: the sampler decodes with weights cast to it, and
+    LoRA adapters (float32 masters) are cast to it for the forward pass; None = no casts.
   """
 
   algorithm: str = "grpo"
@@ -148,6 +157,7 @@ class StepConfig:
   gamma: float = 1.0
   gae_lambda: float = 0.95
   lora: Any = None  # reasoning_rl.lora.LoraSettings when training adapters; None = all weights
+  compute_dtype: str | None = None
 
   def __post_init__(self):
     if self.algorithm not in ("grpo", "ppo", "sft"):
@@ -307,7 +317,7 @@ class TrainStep:
     self.mesh = mesh
     self.optimizer = make_optimizer(config)
     self._compiled = None
-    self._merge = None
+    self._to_sampler = None
 
   # ------------------------------------------------------------------------ state
 
@@ -396,6 +406,8 @@ class TrainStep:
     """The policy as a module: the full state, or (LoRA) the adapters on the frozen base."""
     if frozen_params is None:
       return nnx.merge(self.graphdef, params)
+    if self.config.compute_dtype is not None:
+      params = precision.cast_floating(params, self.config.compute_dtype)
     return nnx.merge(self.graphdef, frozen_params, params)
 
   def full_params(self, state: TrainState):
@@ -407,18 +419,28 @@ class TrainStep:
     return lora.join(state.params, state.frozen_params)
 
   def sampler_weights(self, state: TrainState):
-    """What the sampler receives after a step: all parameters; with LoRA the adapters alone
-    (`lora.sampler_weights='adapters'`, the sampler keeps its copy of the base) or the plain
-    model's weights with the adapters folded in ('merged')."""
-    lora_settings = self.config.lora
-    if not self.config.trains_adapters or lora_settings.sampler_weights == "adapters":
-      return state.params
-    if self._merge is None:
+    """What the sampler receives after a step: all parameters, cast to `compute_dtype` (a new
+    copy on the trainer's devices; the master weights stay as they are); with LoRA the adapters
+    alone (`lora.sampler_weights='adapters'`, the sampler keeps its copy of the base) or the plain
+    model's weights with the adapters folded in ('merged'), also in `compute_dtype`."""
+    c = self.config
+    merges = c.trains_adapters and c.lora.sampler_weights == "merged"
+    if not merges and (c.compute_dtype is None
+                       or not precision.needs_cast(state.params, c.compute_dtype)):
+      return state.params  # nothing to cast: the sampler copies the parameters themselves
+    if self._to_sampler is None:
+      self._to_sampler = jax.jit(self._sampler_copy)
+    return self._to_sampler(state.params, state.frozen_params)
+
+  def _sampler_copy(self, params, frozen_params):
+    """The sampler's weights from the trainer's (traced by `sampler_weights`' jit)."""
+    if self.config.trains_adapters and self.config.lora.sampler_weights == "merged":
       from reasoning_rl import lora  # pylint: disable=import-outside-toplevel
 
-      self._merge = jax.jit(lambda adapters, base: lora.merge_into_base(
-          adapters, base, lora_settings))
-    return self._merge(state.params, state.frozen_params)
+      params = lora.merge_into_base(params, frozen_params, self.config.lora)
+    if self.config.compute_dtype is None:
+      return params
+    return precision.cast_floating(params, self.config.compute_dtype)
 
   def _logprobs(self, model, micro, *, return_hidden=False, remat=False):
     """Completion log-probs and entropies [N, T] of a padded or a packed micro-batch."""
@@ -562,7 +584,10 @@ class TrainStep:
       def accumulate(carry, micro):
         loss_sum, grads_sum, stats_sum = carry
         (loss, stats), grads = micro_grads(micro)
-        return (loss_sum + loss, jax.tree.map(jnp.add, grads_sum, grads),
+        # float32 sums whatever the weights' dtype: m bfloat16 additions would round each
+        # micro-batch's share (precision.py)
+        return (loss_sum + loss,
+                jax.tree.map(lambda total, g: total + g.astype(total.dtype), grads_sum, grads),
                 stats_lib.merge(stats_sum, stats)), None
 
       # Every micro-batch inside one loop, from a zero carry (0 + g is exactly g): a micro-batch
@@ -572,7 +597,8 @@ class TrainStep:
       (loss_shape, stats_shape), grads_shape = jax.eval_shape(
           micro_grads, jax.tree.map(lambda x: x[0], micro_batches))
       start = (jnp.zeros(loss_shape.shape, loss_shape.dtype),
-               jax.tree.map(lambda g: jnp.zeros(g.shape, g.dtype), grads_shape),
+               jax.tree.map(lambda g: jnp.zeros(g.shape, jnp.promote_types(g.dtype, jnp.float32)),
+                            grads_shape),
                _no_stats(stats_shape))
       if packed:
         # Packed micro-batches fill from the first; those past the mini-batch's packed rows hold
@@ -594,7 +620,11 @@ class TrainStep:
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
     updates, new_opt_state = self.optimizer.update(safe_grads, state.opt_state, trainable)
-    new_trainable = optax.apply_updates(trainable, updates)
+    # float32 gradients meeting bfloat16 moments promote them: keep each leaf's dtype (the
+    # state's dtypes are fixed for the compiled, donated step)
+    new_opt_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_opt_state,
+                                 state.opt_state)
+    new_trainable = optax.apply_updates(trainable, updates)  # in each parameter's dtype
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa
     new_state = state.replace(
         params=keep(new_trainable["policy"], state.params),
