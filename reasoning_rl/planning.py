@@ -671,7 +671,8 @@ def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, a: Assumptions,
     items.append(Item("gradient accumulator (float32)", accumulator, "train step"))
   if mesh.shape["fsdp"] > 1:
     items.append(Item("gathered layer weights (fsdp)", int(
-        a.gathered_layers * _layer_weight_bytes(shapes.master, mesh, m.num_layers)),
+        a.gathered_layers * _layer_weight_bytes(shapes.compute if adapters else shapes.master,
+                                                mesh, m.num_layers)),
         "train step"))
   items += [Item("activations (1 micro-batch)", int(rows_per_device * per_row), "train step"),
             Item("log-prob chunk buffers",
@@ -864,7 +865,8 @@ def sync_items(layout: Layout, shapes: ModelShapes, precision: Precision) -> lis
   dtype differs. LoRA adapters are replicated: sent as they are."""
   what = "adapters" if shapes.sends_adapters else "weights"
   if layout.multi_process:
-    items = [Item(f"{what} to send ({precision.compute.name}, replica layout)",
+    dtype = "float32" if shapes.sends_adapters else precision.compute.name
+    items = [Item(f"{what} to send ({dtype}, replica layout)",
                   shapes.sent(layout.replica), "weight sync")]
     items.append(Item(f"{what} laid out to send, before packing", shapes.sent(layout.replica),
                       "weight sync"))

@@ -483,6 +483,13 @@ def test_lora_plans_adapters_as_the_trainable_parameters():
   assert trainer.item("reference weights") == 0
   # the sync sends the adapters alone (float32), laid out as a replica wants them (replicated)
   assert trainer.item("adapters to send") == adapters
+  c.model.dtype = "bfloat16"  # the frozen base (and its gathered layers) in the compute dtype
+  trainer = planning.plan(c, TINY, target=V5P_16).slice("trainer")
+  assert trainer.item("frozen base") == MASTER * 2 + adapters
+  assert trainer.item("gathered layer weights (fsdp)") == 5 * 1580 * 2
+  assert trainer.item("AdamW moments") == 2 * adapters and trainer.item("adapters to send") == (
+      adapters)
+  c.model.dtype = "float32"
   # NF4 base: layer 1's q, k, v, o (on this mesh 48 + 16 + 16 + 48 = 128 values per device) at
   # half a byte + 4 bytes per tile of 4 values = 1.5 bytes instead of 4.
   c.lora.base_quantization, c.lora.quantization_tile = "nf4", 4
