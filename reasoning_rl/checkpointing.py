@@ -14,10 +14,21 @@ Atomicity comes from Orbax: a step is written into `<s>.orbax-checkpoint-tmp…`
 only once every item is on disk, so a crash mid-save leaves a temporary directory that is never
 mistaken for a checkpoint (and is removed when the next `Checkpointer` opens the directory).
 
-Integrity: once Orbax has committed a step, a background thread writes `<s>/CHECKSUMS.json`, the
-size and SHA-256 of every file of the step, local or on Cloud Storage (Orbax itself keeps a CRC32C
-of its shard indices only, not of the array data). `restore` re-checks the files and refuses a step whose bytes changed, and refuses
-non-finite values in floating-point arrays, naming the leaf (`CheckpointCorruptError`).
+Integrity: once Orbax has committed a step, a background thread of process 0 writes
+`<s>/CHECKSUMS.json`, the size and checksums of every file of the step (Orbax itself keeps a
+CRC32C of its shard indices only, not of the array data). Where they come from depends on the
+storage (storage.py, "Checksums"):
+- gs://: Cloud Storage's own MD5 and CRC32C of each object, from one listing. Nothing is read
+  back: at r1zero scale the earlier manifest downloaded ~42 GiB per save to hash it, and a
+  restore downloaded it again before Orbax read it a third time.
+- local: each file is read once and its CRC32C computed (in the form GCS lists, so a step
+  copied to or from a bucket keeps a checkable manifest). A local filesystem keeps no checksums
+  to ask for, and a file just written is normally still in the page cache.
+`restore` compares the step with its manifest the same way (one listing on gs://, where GCS
+guarantees an object's bytes match its checksums; a read locally) and refuses a step whose files
+are missing, truncated or changed, and non-finite values in floating-point arrays, naming the
+file or the leaf (`CheckpointCorruptError`). Manifests of earlier versions (SHA-256) are still
+checked, by reading the files.
 `restore_latest` moves a newest step that fails either check to `corrupt-<s>` (never deleted),
 logs a warning naming it and goes on with the previous step; if every step fails it raises
 `CheckpointError` rather than silently starting from scratch (a rerun then starts from step 0, the
@@ -74,32 +85,50 @@ class CheckpointCorruptError(CheckpointError):
 
 
 def _step_files(step_dir) -> list[str]:
-  return [name for name in (storage.relative_name(f, step_dir) for f in storage.list_files(step_dir))
-          if name != CHECKSUMS_FILE and not name.startswith("." + CHECKSUMS_FILE)]
+  names = (storage.relative_name(f, step_dir) for f in storage.list_files(step_dir))
+  return [name for name in names if _in_manifest(name)]
 
 
 def write_checksums(step_dir: str | os.PathLike[str]) -> None:
-  """Writes `step_dir/CHECKSUMS.json`: size and SHA-256 of every file of a committed step."""
+  """Writes `step_dir/CHECKSUMS.json`: size and checksums of every file of a committed step.
+
+  On gs:// the figures are Cloud Storage's own (size, MD5, CRC32C per object) from one listing:
+  nothing is downloaded. Locally each file is read once and its CRC32C computed.
+  """
   step_dir = storage.path(step_dir)
-  entries = {name: {"bytes": size, "digest": digest}
-             for name, (size, digest) in storage.file_digests(step_dir,
-                                                              _step_files(step_dir)).items()}
+  stored = storage.stored_checksums(step_dir)
+  if stored is not None:
+    entries = {name: stored[name] for name in sorted(stored) if _in_manifest(name)}
+  else:
+    entries = storage.file_checksums(step_dir, _step_files(step_dir))
   storage.atomic_write(step_dir / CHECKSUMS_FILE,
-                       json.dumps({"version": 2, "files": entries}, indent=1))
+                       json.dumps({"version": 3, "files": entries}, indent=1))
 
 
-def _manifest_entry(entry: Mapping[str, Any]) -> tuple[int, str]:
-  if "digest" in entry:
-    return int(entry["bytes"]), str(entry["digest"])
-  return int(entry["bytes"]), "sha256:" + str(entry["sha256"])  # version 1 manifests
+def _in_manifest(name: str) -> bool:
+  return name != CHECKSUMS_FILE and not name.startswith("." + CHECKSUMS_FILE)
+
+
+def _manifest_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
+  """{"bytes": n, kind: digest, …} from any manifest version."""
+  if "digest" in entry:  # version 2: "sha256:<hex>"
+    kind, _, digest = str(entry["digest"]).partition(":")
+    return {"bytes": int(entry["bytes"]), kind: digest}
+  return {"bytes": int(entry["bytes"]),
+          **{kind: str(value) for kind, value in entry.items() if kind != "bytes"}}
 
 
 def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
   """Checks a step's files against its CHECKSUMS.json.
 
-  Returns True when every listed file has its recorded size and digest, False when the step has
-  no CHECKSUMS.json (written before checksums existed). Raises CheckpointCorruptError naming the
-  first file that is missing, truncated or changed.
+  Returns True when every listed file has its recorded size and checksums, False when the step
+  has no CHECKSUMS.json (written before checksums existed). Raises CheckpointCorruptError naming
+  the first file that is missing, truncated or changed.
+
+  On gs:// one listing gives every object's size, MD5 and CRC32C: a file whose recorded
+  checksums GCS also keeps is checked without reading it (GCS itself guarantees that an object's
+  bytes match them). Only files whose manifest has none of those (manifests written before
+  version 3 recorded SHA-256) are downloaded and hashed. Locally every file is read.
   """
   step_dir = storage.path(step_dir)
   manifest_path = step_dir / CHECKSUMS_FILE
@@ -110,19 +139,38 @@ def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
                for name, entry in json.loads(manifest_path.read_text())["files"].items()}
   except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
     raise CheckpointCorruptError(f"{manifest_path} is unreadable ({error!r})") from None
+  stored = storage.stored_checksums(step_dir)
+  to_read = {}
+  for name in sorted(entries):
+    kinds = tuple(kind for kind in entries[name] if kind != "bytes")
+    if stored is None:
+      to_read[name] = kinds
+      continue
+    if name not in stored:
+      raise CheckpointCorruptError(f"{step_dir / name} is missing")
+    _compare(step_dir, name, entries[name], stored[name], storage.CHECKSUM_KINDS)
+    if not any(kind in stored[name] for kind in kinds):
+      to_read[name] = kinds
   try:
-    found = storage.file_digests(step_dir, sorted(entries))
+    found = storage.file_checksums(step_dir, list(to_read), kinds=to_read)
   except FileNotFoundError as error:
     raise CheckpointCorruptError(f"{error} is missing") from None
-  for name, (size, digest) in found.items():
-    written, recorded = entries[name]
-    if size != written:
-      raise CheckpointCorruptError(f"{step_dir / name} has {size} bytes, {written} were written "
-                                   "(truncated or overwritten)")
-    if digest != recorded:
+  for name, figures in found.items():
+    _compare(step_dir, name, entries[name], figures, tuple(to_read[name]))
+  return True
+
+
+def _compare(step_dir, name: str, recorded: Mapping[str, Any], found: Mapping[str, Any],
+             kinds: tuple[str, ...]) -> None:
+  """Raises CheckpointCorruptError when `found` (a file's size and checksums now) differs from
+  `recorded` (its manifest entry) in size or in any checksum both hold."""
+  if found["bytes"] != recorded["bytes"]:
+    raise CheckpointCorruptError(f"{step_dir / name} has {found['bytes']} bytes, "
+                                 f"{recorded['bytes']} were written (truncated or overwritten)")
+  for kind in kinds:
+    if kind in recorded and kind in found and recorded[kind] != found[kind]:
       raise CheckpointCorruptError(f"{step_dir / name} does not match its digest in "
                                    f"{CHECKSUMS_FILE} (its bytes changed after the save)")
-  return True
 
 
 @jax.jit

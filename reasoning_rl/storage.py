@@ -17,11 +17,31 @@ have the pathlib methods the package uses (`/`, `exists`, `read_text`, `write_by
   whose metrics are still only on the local disk.
 - `list_files(directory)`: every file below a directory (GCS has no real directories and epath
   refuses recursive globs there).
-- `file_digests(directory)`: {relative path: (size, SHA-256)} of every file, for checkpoint
-  manifests.
+- `stored_checksums(directory)`: {relative path: size, CRC32C, MD5} of every object below a
+  `gs://` directory as Cloud Storage keeps them, from one listing: checkpoint manifests on GCS
+  read no object (see "Checksums" below). `file_checksums(directory)`: the same figures computed
+  from the bytes, for local directories.
 - `local_copy(path)`: a local file or directory with the same content, for readers that need a
   real file (memory-mapped GGUF / safetensors, sentencepiece); downloads go to a cache directory
   and are reused when their size and CRC32C still match.
+
+Checksums: Cloud Storage computes a CRC32C of every object it stores (and an MD5 of every object
+not built by compose), checks them at rest, and lists them with the object. Recording those
+figures after a save and comparing them at restore tells whether an object was replaced,
+truncated or rewritten since, without reading it: for a 42 GiB checkpoint that is one listing
+call (a page per 1000 objects) instead of a 42 GiB download per save and another per restore.
+Both are kept because the CRC32C of a file that ends with its own CRC32C (tensorstore's OCDBT
+files do) is the same constant for every such file; the MD5 still tells two of them apart. A
+local filesystem keeps no checksums, so local files are read and hashed (CRC32C, in the same
+form as GCS's, so a manifest stays checkable after `gcloud storage cp` of a step either way).
+
+Requests: every gcsfs client gets connect and read timeouts (`GCS_CONNECT_TIMEOUT_S`,
+`GCS_READ_TIMEOUT_S`: how long a connection may stay silent, not how long a transfer may take).
+gcsfs sets none by default, and aiohttp then waits forever for a server that stopped answering:
+a run against a stalled store (the emulator once its unread log pipe filled, a half-open
+connection to GCS) hung in `fsspec.asyn.sync` with every thread that touched storage, SIGTERM's
+save included. With them a dead request fails, gcsfs retries it (6 tries with backoff), and the
+run then stops with the storage-failure exit instead of hanging.
 
 Emulator: with `STORAGE_EMULATOR_HOST=http://HOST:PORT` set (the variable Google's own clients
 honour), `configure_emulator()` also points tensorstore (Orbax's array storage) at it and needs no
@@ -32,6 +52,7 @@ off (the emulator speaks JSON/HTTP only). `path()` calls it before the first rem
 from __future__ import annotations
 
 import atexit
+import base64
 import concurrent.futures
 import hashlib
 import logging
@@ -48,6 +69,9 @@ log = logging.getLogger("reasoning_rl")
 REMOTE_PREFIXES = ("gs://",)
 SYNC_INTERVAL_S = 5.0
 CACHE_ENV = "REASONING_RL_CACHE"
+GCS_CONNECT_TIMEOUT_S = 30.0  # opening a connection to the store
+GCS_READ_TIMEOUT_S = 60.0  # a connection that sends nothing for this long is given up (retried)
+CHECKSUM_KINDS = ("md5", "crc32c")  # what GCS lists per object, in the order they are compared
 
 AnyPath = Union[pathlib.Path, Any]  # pathlib.Path or etils.epath.Path
 _configured: str | None = None  # the emulator address clients were pointed at
@@ -61,8 +85,12 @@ def is_remote(value: Any) -> bool:
 
 def configure_emulator() -> None:
   """Points every storage client at `STORAGE_EMULATOR_HOST` when it is set (idempotent; an
-  emulator that moved to another address, as between tests, is picked up)."""
+  emulator that moved to another address, as between tests, is picked up), and gives gcsfs
+  clients their request timeouts (module docstring, "Requests")."""
   global _configured
+  import fsspec  # pylint: disable=import-outside-toplevel
+  for protocol in ("gs", "gcs"):  # epath asks fsspec for "gcs", this module for "gs"
+    fsspec.config.conf.setdefault(protocol, {}).setdefault("requests_timeout", _request_timeout())
   url = os.environ.get("STORAGE_EMULATOR_HOST") or None
   if url and not url.startswith(("http://", "https://")):
     url = "http://" + url
@@ -78,11 +106,23 @@ def configure_emulator() -> None:
       os.environ.setdefault(name, value)
     else:
       os.environ[name] = value
-  import fsspec  # pylint: disable=import-outside-toplevel
+  # gcsfs picks its client class when first imported: whoever imported it before this ran (a
+  # library, a test) got the gRPC-probing one, whose every first access to a bucket then
+  # waited out retries against the emulator. The plain JSON-API class is named explicitly.
+  import gcsfs.core  # pylint: disable=import-outside-toplevel
   for protocol in ("gs", "gcs"):
     fsspec.config.conf.setdefault(protocol, {}).setdefault("token", "anon")
+    fsspec.register_implementation(protocol, gcsfs.core.GCSFileSystem, clobber=True)
   if previous is not None:
     fsspec.filesystem("gs").clear_instance_cache()  # clients bound to the old address
+
+
+def _request_timeout() -> Any:
+  """aiohttp's per-request timeouts for gcsfs: no bound on a whole transfer (a large upload may
+  take minutes), a bound on connecting and on each wait for bytes from the server."""
+  import aiohttp  # pylint: disable=import-outside-toplevel
+  return aiohttp.ClientTimeout(total=None, sock_connect=GCS_CONNECT_TIMEOUT_S,
+                               sock_read=GCS_READ_TIMEOUT_S)
 
 
 def path(value: str | os.PathLike[str]) -> AnyPath:
@@ -179,26 +219,39 @@ def relative_name(file: AnyPath, directory: AnyPath) -> str:
   return str(file)[len(str(directory).rstrip("/")) + 1:]
 
 
-def _size_and_sha256(file: AnyPath) -> tuple[int, str]:
-  digest, total = hashlib.sha256(), 0
+def _gcs_form(digest: bytes) -> str:
+  return base64.b64encode(digest).decode("ascii")  # how GCS lists md5Hash and crc32c
+
+
+def _hash_file(file: AnyPath, kinds: tuple[str, ...]) -> dict[str, Any]:
+  """{"bytes": size, kind: digest} of one file, read once in 4 MiB blocks."""
+  import google_crc32c  # pylint: disable=import-outside-toplevel  # gcsfs depends on it
+
+  hashers = {kind: (google_crc32c.Checksum() if kind == "crc32c" else hashlib.new(kind))
+             for kind in kinds}
+  total = 0
   try:
     with file.open("rb") as handle:
       for block in iter(lambda: handle.read(1 << 22), b""):
-        digest.update(block)
+        for hasher in hashers.values():
+          hasher.update(block)
         total += len(block)
   except FileNotFoundError:
     raise FileNotFoundError(str(file)) from None
-  return total, digest.hexdigest()
+  found: dict[str, Any] = {"bytes": total}
+  for kind, hasher in hashers.items():
+    found[kind] = hasher.hexdigest() if kind == "sha256" else _gcs_form(hasher.digest())
+  return found
 
 
-def file_digests(directory: AnyPath, names: list[str] | None = None) -> dict[str, tuple[int, str]]:
-  """{relative name: (bytes, "sha256:<hex>")} of the files below `directory` (or `names` only).
-
-  Every byte is read (a few files at a time in threads; hashlib and the HTTP reads release the
-  GIL). The store's own CRC32C is not used: not every GCS implementation keeps it for every kind
-  of upload (the emulator does not for tensorstore's), and one digest for both kinds of path
-  keeps a checkpoint's manifest meaningful after it is copied between them. A missing file
-  raises FileNotFoundError naming it.
+def file_checksums(directory: AnyPath, names: list[str] | None = None,
+                   kinds: tuple[str, ...] | dict[str, tuple[str, ...]] = ("crc32c",)
+                   ) -> dict[str, dict[str, Any]]:
+  """{relative name: {"bytes": size, kind: digest}} of the files below `directory` (or `names`
+  only), computed from their bytes: a few files at a time in threads (the hashes and the reads
+  release the GIL). `kinds` are "crc32c" and "md5" (base64, as GCS lists them) or "sha256"
+  (hex, the manifests of earlier versions); a dict gives them per name. A missing file raises
+  FileNotFoundError naming it. Reads every byte: on gs:// use `stored_checksums` instead.
   """
   directory = path(directory)
   if names is None:
@@ -206,9 +259,31 @@ def file_digests(directory: AnyPath, names: list[str] | None = None) -> dict[str
   if is_remote(directory):
     fs, key = _fs_and_key(directory)
     fs.invalidate_cache(key)  # listings cached by gcsfs may predate a rewrite
+  per_name = kinds if isinstance(kinds, dict) else dict.fromkeys(names, tuple(kinds))
   with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
-    found = list(pool.map(_size_and_sha256, [directory / name for name in names]))
-  return {name: (size, f"sha256:{digest}") for name, (size, digest) in zip(names, found)}
+    found = list(pool.map(lambda name: _hash_file(directory / name, per_name[name]), names))
+  return dict(zip(names, found))
+
+
+def stored_checksums(directory: AnyPath) -> dict[str, dict[str, Any]] | None:
+  """{relative name: {"bytes": size, "crc32c": …, "md5": …}} of every object below a gs://
+  directory, as Cloud Storage keeps them, from one listing (a request per 1000 objects; no
+  object is read). "md5" is absent for composite objects (GCS keeps none for them). None for a
+  local directory: a filesystem keeps no checksums, hash its files with `file_checksums`."""
+  directory = path(directory)
+  if not is_remote(directory):
+    return None
+  fs, key = _fs_and_key(directory)
+  key = key.rstrip("/")
+  fs.invalidate_cache(key)  # a cached listing may predate a rewrite
+  found = {}
+  for name, info in fs.find(key, detail=True).items():
+    entry: dict[str, Any] = {"bytes": int(info["size"])}
+    for kind, field in (("md5", "md5Hash"), ("crc32c", "crc32c")):
+      if info.get(field):
+        entry[kind] = str(info[field])
+    found[name[len(key) + 1:]] = entry
+  return found
 
 
 # ------------------------------------------------------------------------------ staging

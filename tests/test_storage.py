@@ -76,15 +76,31 @@ def test_append_composes_without_rewriting(remote):
   assert [storage.relative_name(f, remote) for f in storage.list_files(remote)] == ["log.txt"]
 
 
-def test_digests_match_the_bytes_and_name_a_missing_file(remote):
-  import hashlib
-
+def test_stored_checksums_are_gcs_own_and_equal_the_bytes_hashed(remote, tmp_path):
+  """The listing's MD5 / CRC32C (no object read) are what hashing the bytes gives, on gs:// and
+  for the same file on a local disk: a manifest stays checkable after a copy either way."""
   data = os.urandom(3000)
   storage.atomic_write(f"{remote}/x.bin", data)
-  assert storage.file_digests(remote) == {
-      "x.bin": (3000, "sha256:" + hashlib.sha256(data).hexdigest())}
+  (tmp_path / "x.bin").write_bytes(data)
+  stored = storage.stored_checksums(remote)
+  both = ("md5", "crc32c")
+  assert stored == storage.file_checksums(remote, kinds=both) == storage.file_checksums(
+      tmp_path, kinds=both)
+  assert stored["x.bin"]["bytes"] == 3000 and set(stored["x.bin"]) == {"bytes", "md5", "crc32c"}
+  assert storage.stored_checksums(tmp_path) is None  # a filesystem keeps none
   with pytest.raises(FileNotFoundError, match="y.bin"):
-    storage.file_digests(remote, ["y.bin"])
+    storage.file_checksums(remote, ["y.bin"])
+
+
+def test_gcs_clients_give_up_on_a_silent_connection(emulator):
+  """gcsfs sets no request timeout of its own: a store that stops answering hung the run."""
+  import fsspec
+
+  storage.path(f"gs://{BUCKET}/x")
+  for client in (fsspec.filesystem("gs"), fsspec.filesystem("gcs", finalize_on_close=True)):
+    timeout = client.requests_timeout
+    assert (timeout.sock_read, timeout.sock_connect, timeout.total) == (
+        storage.GCS_READ_TIMEOUT_S, storage.GCS_CONNECT_TIMEOUT_S, None)
 
 
 def test_staged_files_append_on_sync_and_rewrite_when_replaced(remote, monkeypatch):
@@ -157,7 +173,7 @@ def test_checkpoints_on_gcs_restore_and_a_damaged_newest_is_moved_aside(remote):
     for step in (1, 2):
       ckpt.save(step, _tree(float(step)), {"step": step}, force=True)
   manifest = json.loads(storage.path(f"{directory}/2/{CHECKSUMS_FILE}").read_text())
-  assert all(e["digest"].startswith("sha256:") for e in manifest["files"].values())
+  assert all({"md5", "crc32c"} <= set(e) for e in manifest["files"].values())
   data_files = [f for f in storage.list_files(f"{directory}/2/state") if "/d/" in str(f)]
   damaged = max(data_files, key=storage.size)
   data = bytearray(damaged.read_bytes())
