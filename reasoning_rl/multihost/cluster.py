@@ -14,6 +14,8 @@ from reasoning_rl.multihost.topology import Topology
 
 
 _INTERRUPTED = "interrupted"  # an evaluation result's key when a stop request cut it short
+_EVAL_RECORDS = ("examples", "canaries")  # the bulk of an evaluation result
+_RECORDS_FILE = "records_file"  # the bulk file's descriptor in the broadcast result
 
 
 @dataclasses.dataclass
@@ -28,6 +30,7 @@ class Cluster:
   exchange: LocalExchange | Exchange
   param_sync: Any = None  # multihost.param_sync.ParamSync; None in single-process runs
   syncs: int = 0  # weight syncs so far (the same count on every process)
+  bulk: Any = None  # multihost.bulk.BulkChannel (multi-process; the trainer attaches it)
 
   @property
   def multi_process(self) -> bool:
@@ -54,10 +57,10 @@ class Cluster:
   def sync_params(self, engine, params, *, version: int) -> None:
     """Publishes the trainer's `params` as policy `version` to every sampler replica; returns when
     this process's replica holds them (so `time/sync_s` is the copy, not its dispatch) and every
-    other process finished its part. Multi-process: the processes start the sync together (a
-    sampler arrives while the trainers still train), then it runs under a deadline
-    (`param_sync.ParamSync.deadline_s`); past it every process stops with exit code 5 naming the
-    sync and the process(es) it waited for (`sync_watch.py`)."""
+    other process finished its part. Multi-process: the trainers pack the parameters, the
+    processes start the transfers together (a sampler arrives while the trainers still train),
+    and these run under a deadline (`param_sync.ParamSync.deadline_s`); past it every process
+    stops with exit code 5 naming the sync and the process(es) it waited for (`sync_watch.py`)."""
     import jax  # pylint: disable=import-outside-toplevel
 
     if self.param_sync is None:
@@ -66,16 +69,17 @@ class Cluster:
     from reasoning_rl.multihost import runtime  # pylint: disable=import-outside-toplevel
     from reasoning_rl.multihost.sync_watch import SyncWatch  # pylint: disable=C0415
 
+    sync, me = self.param_sync, self.topology.process_index
+    packed = sync.pack(params) if self.is_trainer else None  # trainer-side compute: no deadline
     self.syncs += 1
     self.exchange.gather("sync_start", None)
-    sync, me = self.param_sync, self.topology.process_index
     watch = SyncWatch(client=runtime.coordination_client(), number=self.syncs, version=version,
                       deadline_s=sync.deadline_s, deadline_text=sync.describe_deadline(),
                       process_index=me, num_processes=self.topology.num_processes,
                       peers=sync.peers(me))
     try:
       watch.stall_if_asked()
-      local = sync.send(params if self.is_trainer else None)
+      local = sync.send(packed=packed)
       if engine is not None:
         jax.block_until_ready(engine.update_params(local, version=version))
     except BaseException:
@@ -85,16 +89,28 @@ class Cluster:
 
   def evaluate(self, run_evaluation) -> dict:
     """`run_evaluation()` on the evaluator process; every process gets its result, or every
-    process raises PhaseInterrupted when a stop request interrupted it."""
-    result = None
-    if self.topology.process_index == self.evaluator_process:
+    process raises PhaseInterrupted when a stop request interrupted it.
+
+    Only process 0 (which writes the evaluation file) gets the per-example records and canary
+    completions (`_EVAL_RECORDS`): through a bulk file when another process evaluated. The
+    others get the rest, which is what guards and the progress bar read."""
+    result, me = None, self.topology.process_index
+    source = self.evaluator_process
+    if me == source:
       try:
         result = run_evaluation()
       except PhaseInterrupted as error:
         result = {_INTERRUPTED: str(error)}
-    result = self.exchange.broadcast("eval", result, source=self.evaluator_process)
+      if source != 0 and self.multi_process:
+        records = {k: result.pop(k) for k in _EVAL_RECORDS if k in result}
+        if records:
+          result[_RECORDS_FILE] = self.bulk.put("eval", records)
+    result = self.exchange.broadcast("eval", result, source=source)
     if _INTERRUPTED in result:
       raise PhaseInterrupted(result[_INTERRUPTED])
+    descriptor = result.pop(_RECORDS_FILE, None)
+    if descriptor is not None and self.is_primary:
+      result.update(self.bulk.get("eval", descriptor))
     return result
 
   def summed_metrics(self, metrics: dict[str, float]) -> dict[str, float]:

@@ -41,6 +41,7 @@ from reasoning_rl import sharding as sharding_lib
 log = logging.getLogger("reasoning_rl")
 
 BUCKET_BYTES = 256 << 20
+BUCKET_BYTES_ENV = "REASONING_RL_SYNC_BUCKET_BYTES"  # 0: one bucket per leaf (benchmarks)
 # The sync's deadline: floor + bytes moved / bandwidth floor (docs/multihost.md, "Weight sync").
 DEADLINE_FLOOR_S = 60.0
 DEADLINE_BYTES_PER_S = 100e6
@@ -120,13 +121,16 @@ class ParamSync:
       trainer's leaves are cast to them before they leave the trainer mesh.
     topology: the run's `multihost.topology.Topology`.
     replica_meshes: one mesh per replica (same shape for all), in `topology.replicas` order.
-    bucket_bytes: the largest buffer one transfer carries (a larger shard travels alone).
+    bucket_bytes: the largest buffer one transfer carries (a larger shard travels alone);
+      default: the environment variable BUCKET_BYTES_ENV, else 256 MiB.
     deadline_floor_s, deadline_bytes_per_s: the sync's deadline is floor + bytes / rate
       (defaults: the environment variables FLOOR_ENV and BYTES_PER_S_ENV, else 60 s and 100 MB/s).
   """
 
-  def __init__(self, abstract_params, topology, replica_meshes, *, bucket_bytes=BUCKET_BYTES,
+  def __init__(self, abstract_params, topology, replica_meshes, *, bucket_bytes=None,
                deadline_floor_s=None, deadline_bytes_per_s=None):
+    if bucket_bytes is None:
+      bucket_bytes = int(float(os.environ.get(BUCKET_BYTES_ENV, BUCKET_BYTES)))
     self.topology = topology
     self.replica_meshes = list(replica_meshes)
     self._treedef = jax.tree.structure(abstract_params)
@@ -145,25 +149,36 @@ class ParamSync:
     self.send_mesh = Mesh(trainer.reshape((self.num_copies,) + first.devices.shape),
                           ("copies",) + tuple(first.axis_names))
     self._copy_of_replica = [self._choose_copy(r, m) for r, m in enumerate(self.replica_meshes)]
-    self._routes = self._plan_routes()
+    every_route = self._plan_routes()
+    me = topology.process_index
+    # a copy inside another process: that process makes it alone
+    self._routes = {route: entries for route, entries in every_route.items()
+                    if route[0] != route[1] or route[0] == me}
     self._pack = self._packer(specs)
     replica = topology.replica_index
     self._unpack = None if replica is None else self._unpacker(self.replica_meshes[replica])
-    self.num_transfers = sum(len(e) for e in self._routes.values()) * len(self.buckets)
-    self.bytes_per_sync = (sum(len(e) for e in self._routes.values())
-                           * sum(b.nbytes for b in self.buckets))
+    bucket_set_bytes = sum(b.nbytes for b in self.buckets)
+    self.num_transfers = sum(len(e) for e in every_route.values()) * len(self.buckets)
+    self.total_bytes = sum(len(e) for e in every_route.values()) * bucket_set_bytes
+    moved: dict[int, int] = {}  # process -> bytes it sends and receives in one sync
+    for (source, target), entries in every_route.items():
+      for process in {source, target}:
+        moved[process] = moved.get(process, 0) + len(entries) * bucket_set_bytes
+    self.bytes_per_sync = max(moved.values())  # the busiest process's, the same everywhere
     self.deadline_floor_s = float(deadline_floor_s if deadline_floor_s is not None
                                   else os.environ.get(FLOOR_ENV, DEADLINE_FLOOR_S))
     self.deadline_bytes_per_s = float(deadline_bytes_per_s if deadline_bytes_per_s is not None
                                       else os.environ.get(BYTES_PER_S_ENV, DEADLINE_BYTES_PER_S))
     log.info("weight sync: %d leaves in %d bucket(s) per device pair, %d transfers and %.1f MB "
-             "per sync (%d without buckets), deadline %.0f s", len(self._avals),
-             len(self.buckets), self.num_transfers, self.bytes_per_sync / 1e6,
-             self.num_transfers // max(1, len(self.buckets)) * len(self._avals), self.deadline_s)
+             "per sync (%d without buckets), deadline %s", len(self._avals), len(self.buckets),
+             self.num_transfers, self.total_bytes / 1e6,
+             self.num_transfers // max(1, len(self.buckets)) * len(self._avals),
+             self.describe_deadline())
 
   @property
   def deadline_s(self) -> float:
-    """Seconds one sync may take before every process stops: floor + bytes / bandwidth floor."""
+    """Seconds one sync may take before every process stops: floor + bytes / bandwidth floor,
+    with the bytes the busiest process sends and receives (routes run side by side)."""
     return self.deadline_floor_s + self.bytes_per_sync / self.deadline_bytes_per_s
 
   def describe_deadline(self) -> str:
@@ -184,16 +199,13 @@ class ParamSync:
   def _plan_routes(self) -> dict[tuple[int, int], list]:
     """(source process, target process) -> [(replica, position, source device, target device)],
     the same on every process."""
-    me = self.topology.process_index
     routes: dict[tuple[int, int], list] = {}
     for replica, mesh in enumerate(self.replica_meshes):
       copy = self.send_mesh.devices[self._copy_of_replica[replica]]
       for position in np.ndindex(mesh.devices.shape):
         source, target = copy[position], mesh.devices[position]
-        route = (source.process_index, target.process_index)
-        if route[0] == route[1] and route[0] != me:
-          continue  # a copy inside another process: that process makes it alone
-        routes.setdefault(route, []).append((replica, position, source, target))
+        routes.setdefault((source.process_index, target.process_index), []).append(
+            (replica, position, source, target))
     return dict(sorted(routes.items()))
 
   def _packer(self, specs):
@@ -230,15 +242,23 @@ class ParamSync:
                              out_specs=[s.spec for s in shardings], check_vma=False)
     return jax.jit(unpacked, out_shardings=shardings)
 
-  def send(self, params=None):
-    """Every process calls this with the same cadence; trainer processes pass the parameters.
-    Returns this process's replica parameters (an nnx.State like `params`), or None."""
+  def pack(self, params):
+    """Trainer processes: the parameters cast, laid out and packed into this process's buckets
+    ({device: bucket} per bucket), computed; `send(packed=...)` moves them. Separate so that the
+    sync's deadline covers the transfers, not the trainer's own compilation and compute."""
+    packed = self._pack(*jax.tree.leaves(params))
+    jax.block_until_ready(packed)
+    return [{s.device: s.data for s in flat.addressable_shards} for flat in packed]
+
+  def send(self, params=None, *, packed=None):
+    """Every process calls this with the same cadence; trainer processes pass the parameters
+    (or what `pack` made of them). Returns this process's replica parameters (an nnx.State
+    like `params`), or None."""
     me = self.topology.process_index
     lead = (1,) * len(self.send_mesh.axis_names)
     local = [{} for _ in self.buckets]
     if self.topology.is_trainer:
-      local = [{s.device: s.data for s in flat.addressable_shards}
-               for flat in self._pack(*jax.tree.leaves(params))]
+      local = packed if packed is not None else self.pack(params)
     received: dict[tuple, list] = {}
     # One device_put per (source, target) process pair, made by every process in the same order:
     # JAX (0.10, CPU) matches the transfers of one call by their order on each side, so a call
