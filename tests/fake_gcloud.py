@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import random
 import shutil
 import signal
 import socket
@@ -54,10 +55,29 @@ def state_of(name: str) -> str | None:
   return path.read_text().strip() if path.exists() else None
 
 
-def free_port() -> int:
+def free_port(block: int = 8) -> int:
+  """A coordinator port with `block` free ports after it (the weight-transfer sockets take port
+  + 1 + process id), below the kernel's ephemeral range (docs/multihost.md says why)."""
+  low = 32768
+  try:
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])  # noqa: SIM115
+  except (OSError, ValueError):
+    pass
+  rng = random.Random()
+  for _ in range(200):
+    base = rng.randrange(10_000, low - block)
+    if all(_bindable(base + i) for i in range(block)):
+      return base
+  raise RuntimeError("no free port block below the ephemeral range")
+
+
+def _bindable(port: int) -> bool:
   with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+    try:
+      s.bind(("127.0.0.1", port))
+    except OSError:
+      return False
+  return True
 
 
 def homes(name: str) -> list[pathlib.Path]:

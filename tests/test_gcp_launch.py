@@ -91,6 +91,8 @@ def test_xpk_command_carries_the_slice_restarts_and_the_trainer():
   assert script[:2] == ["bash", "-c"]
   assert "--config.total_steps=5; code=$?;" in script[2]
   assert "if [ $code = 5 ]" in script[2] and "exit 143" in script[2]
+  assert result.stdout.splitlines()[2] == ("# the image, from the repository root: "
+                                           "docker build -t img . && docker push img")
 
 
 def test_lost_peer_is_reported_to_xpk_as_preemption(tmp_path):

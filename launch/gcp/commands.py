@@ -319,6 +319,12 @@ def load_config(path: str):
   return module.get_config()
 
 
+def image_build_line(image: str) -> str:
+  """How the image of the xpk / jobset modes is made: the Dockerfile at the repository root."""
+  return (f"# the image, from the repository root: docker build -t {image} . && "
+          f"docker push {image}")
+
+
 def bad_input(message: str) -> int:
   print(f"error: {message}", file=sys.stderr)
   return 2
@@ -354,6 +360,7 @@ def main(argv) -> int:
   train = train_command(_CONFIG.value, workdir, _EXTRA.value)
   grace = _GRACE.value or grace_seconds(config)
   if _MODE.value == "jobset":
+    print(image_build_line(_IMAGE.value))
     print(yaml.safe_dump(jobset_manifest(
         s, name=_NAME.value, image=_IMAGE.value, train=train, max_restarts=_MAX_RESTARTS.value,
         grace_s=grace, service_account=_SERVICE_ACCOUNT.value), sort_keys=False), end="")
@@ -364,6 +371,7 @@ def main(argv) -> int:
                           max_restarts=_MAX_RESTARTS.value, grace_s=grace)
     print(f"# {s.accelerator_type}: {s.chips} chips on {s.hosts} hosts ({s.topology})")
     print(shlex.join(command))
+    print(image_build_line(_IMAGE.value))
     return 0 if _DRY_RUN.value else subprocess.run(command, check=False).returncode
   if not _SOURCE.value:
     return bad_input("--source: give the project's git URL (installed on every worker)")

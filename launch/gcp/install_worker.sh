@@ -100,7 +100,10 @@ fi
 import importlib.metadata as metadata
 import sys
 
-import jax, math_verify, reasoning_gym, reasoning_rl  # noqa: F401,E401  what a run imports
+import importlib.util
+
+import jax, math_verify, reasoning_rl  # noqa: F401,E401  what every run imports
+assert importlib.util.find_spec("reasoning_gym"), "reasoning_gym"  # its import takes seconds
 try:
   libtpu = metadata.version("libtpu")
 except metadata.PackageNotFoundError:

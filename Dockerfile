@@ -1,0 +1,14 @@
+# The image of the xpk and JobSet modes (launch/gcp/commands.py, docs/cloud_tpu.md): the project
+# at /opt/reasoning_rl/src and its environment at /opt/reasoning_rl/venv, made by the same
+# install script as on TPU VM workers (own Python env with uv, jax[tpu]==0.10.2 with its libtpu).
+#   docker build -t us-docker.pkg.dev/PROJECT/REPO/reasoning_rl:TAG . && docker push ...
+FROM python:3.12-slim
+RUN apt-get update && apt-get install -y --no-install-recommends git \
+    && rm -rf /var/lib/apt/lists/*
+COPY . /opt/reasoning_rl/src
+RUN bash /opt/reasoning_rl/src/launch/gcp/install_worker.sh \
+        /opt/reasoning_rl/src /opt/reasoning_rl \
+    && rm -rf /root/.cache
+WORKDIR /opt/reasoning_rl/src
+ENV PATH=/opt/reasoning_rl/venv/bin:$PATH
+CMD ["python", "launch/train.py", "--helpfull"]
