@@ -73,7 +73,7 @@ def get_config():
   # here), one policy version behind, corrected by truncated importance sampling
   c.async_rollouts.max_staleness = 1
   c.mesh.trainer = (1, -1, 4)  # fsdp 4 × tensor 4
-  c.mesh.sampler = (-1, 1, 4)  # per sampler host (1, 1, 4); the dry run sees all four: (4, 1, 4)
+  c.mesh.sampler = (-1, 1, 4)  # per sampler host (1, 1, 4): the dry run plans each replica so
   c.target = ml_collections.ConfigDict(dict(tpu="v5p", num_devices=32))
   c.checkpoint.every_steps = 25
   c.checkpoint.keep = 3
