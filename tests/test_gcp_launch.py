@@ -41,7 +41,12 @@ def test_unknown_accelerator_is_one_line():
      "error: --accelerator_type=v9-8: unknown; known types are v5p-8"),
     (["--workdir=/mnt/run"], "error: --workdir=/mnt/run: a local path is not shared by the 8 "
      "hosts of v5p-64; give gs://BUCKET/run, or add --workdir_is_shared"),
-    (["--workdir=gs://b/run", "--mode=tpu_vm"], "error: --source: give the project's git URL")])
+    (["--workdir=gs://b/run", "--model_is_shared", "--mode=tpu_vm"],
+     "error: --source: give the project's git URL"),
+    (["--workdir=gs://b/run"], "error: --config.model.path=/mnt/models/Qwen2.5-7B: a local path "
+     "the 8 hosts of v5p-64 do not have; upload it (gcloud storage cp -r /mnt/models/Qwen2.5-7B "
+     "gs://BUCKET/models/Qwen2.5-7B) and add "
+     "--override=--config.model.path=gs://BUCKET/models/Qwen2.5-7B")])
 def test_bad_input_is_one_line_and_exit_2_before_any_command(flags, message):
   result = run_tool("--config=configs/r1zero_tpu.py", "--mode=xpk", *flags)
   assert result.returncode == 2, result.stderr
@@ -52,7 +57,8 @@ def test_bad_input_is_one_line_and_exit_2_before_any_command(flags, message):
 def test_tpu_vm_recipe_for_r1zero_targets_its_slice():
   result = run_tool("--config=configs/r1zero_tpu.py", "--mode=tpu_vm", "--project=p",
                     "--zone=us-east5-a", "--source=https://example.com/r.git",
-                    "--workdir=/mnt/shared/run dir", "--workdir_is_shared", "--spot", "--dry_run")
+                    "--workdir=/mnt/shared/run dir", "--workdir_is_shared", "--model_is_shared",
+                    "--spot", "--dry_run")
   assert result.returncode == 0, result.stderr
   script = result.stdout
   assert script.splitlines()[1].startswith("# v5p-64: 32 chips on 8 hosts (2x4x4)")
@@ -77,7 +83,8 @@ def test_down_deletes_the_queued_resource():
 
 def test_xpk_command_carries_the_slice_restarts_and_the_trainer():
   result = run_tool("--config=configs/r1zero_tpu.py", "--mode=xpk", "--cluster=c", "--image=img",
-                    "--workdir=gs://b/run", "--override=--config.total_steps=5", "--dry_run")
+                    "--workdir=gs://b/run", "--override=--config.model.path=gs://b/models/q",
+                    "--override=--config.total_steps=5", "--dry_run")
   assert result.returncode == 0, result.stderr
   command = shlex.split(result.stdout.splitlines()[1])
   assert command[:3] == ["xpk", "workload", "create"]
@@ -110,7 +117,7 @@ def test_lost_peer_is_reported_to_xpk_as_preemption(tmp_path):
 
 def test_jobset_manifest_restarts_on_preemption_not_on_config_errors():
   result = run_tool("--config=configs/r1zero_tpu.py", "--mode=jobset", "--image=img",
-                    "--workdir=gs://b/run", "--service_account=trainer-ksa")
+                    "--workdir=gs://b/run", "--service_account=trainer-ksa", "--model_is_shared")
   assert result.returncode == 0, result.stderr
   manifest = yaml.safe_load(result.stdout)
   assert (manifest["apiVersion"], manifest["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")

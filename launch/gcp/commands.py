@@ -282,7 +282,7 @@ def define_flags() -> None:
   """The command-line flags (defined when run as a program, not on import)."""
   global _CONFIG, _MODE, _ACCELERATOR, _PROJECT, _ZONE, _NAME, _WORKDIR, _SOURCE, _SPOT, \
       _CLUSTER, _IMAGE, _EXTRA, _DRY_RUN, _MAX_RESTARTS, _GRACE, _SERVICE_ACCOUNT, \
-      _SHARED  # pylint: disable=global-statement
+      _SHARED, _MODEL_SHARED  # pylint: disable=global-statement
   _CONFIG = flags.DEFINE_string("config", None, "Training config file (its target slice is used).")
   _MODE = flags.DEFINE_enum("mode", "tpu_vm", ["tpu_vm", "down", "xpk", "jobset"],
                             "What to generate (down: delete the tpu_vm queued resource).")
@@ -297,6 +297,8 @@ def define_flags() -> None:
                                 "see) of the project, installed on every worker (tpu_vm mode).")
   _SHARED = flags.DEFINE_bool("workdir_is_shared", False, "The local --workdir is mounted at "
                                "the same path on every host (NFS, Filestore).")
+  _MODEL_SHARED = flags.DEFINE_bool("model_is_shared", False, "The config's local model.path "
+                                    "exists on every host (a mount, or copied by you).")
   _SPOT = flags.DEFINE_bool("spot", False, "Spot capacity (preemptible; the run resumes).")
   _CLUSTER = flags.DEFINE_string("cluster", "CLUSTER", "GKE cluster (xpk mode).")
   _IMAGE = flags.DEFINE_string("image", "IMAGE", "Container image with the project (xpk / jobset;"
@@ -317,6 +319,12 @@ def load_config(path: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config()
+
+
+def model_path(config, overrides) -> str:
+  """The model.path the trainers will read: the last --override that sets it, else the config's."""
+  given = [o.split("=", 1)[1] for o in overrides if o.startswith("--config.model.path=")]
+  return given[-1] if given else config.model.get("path", "")
 
 
 def image_build_line(image: str) -> str:
@@ -357,6 +365,14 @@ def main(argv) -> int:
     return bad_input(f"--workdir={workdir}: a local path is not shared by the {s.hosts} hosts of "
                      f"{s.accelerator_type}; give gs://BUCKET/run, or add --workdir_is_shared if "
                      "every host mounts it at this path (NFS, Filestore)")
+  model = model_path(config, _EXTRA.value)
+  if s.hosts > 1 and model and "://" not in model and not _MODEL_SHARED.value:
+    name = pathlib.PurePath(model).name
+    return bad_input(
+        f"--config.model.path={model}: a local path the {s.hosts} hosts of {s.accelerator_type} do not "
+        f"have; upload it (gcloud storage cp -r {model} gs://BUCKET/models/{name}) and add "
+        f"--override=--config.model.path=gs://BUCKET/models/{name}, or --model_is_shared if "
+        "every host has it at this path")
   train = train_command(_CONFIG.value, workdir, _EXTRA.value)
   grace = _GRACE.value or grace_seconds(config)
   if _MODE.value == "jobset":
