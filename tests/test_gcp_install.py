@@ -101,3 +101,23 @@ def test_no_python_is_one_clear_line(tmp_path):
   assert result.stderr.count("\n") == 1, result.stderr
   assert result.stderr.startswith("error: install_worker.sh: no Python >= 3.11 on this host and "
                                   "uv could not download Python 3.12")
+
+
+def test_a_linked_checkout_is_never_reset_by_a_later_git_source(tmp_path):
+  """A directory source is linked in place; a later git source must clone beside it, not fetch
+  and reset the user's own checkout through the link."""
+  env = fake_uv(tmp_path, venv_ok=True)
+  checkout = tmp_path / "checkout"
+  subprocess.run(["git", "clone", "--quiet", "--depth=1", f"file://{REPO}", str(checkout)],
+                 check=True)
+  (checkout / "UNCOMMITTED").write_text("mine")
+  root = tmp_path / "r"
+  assert install(checkout, root, env).returncode == 0
+  assert (root / "src").is_symlink()
+  second = install(f"file://{REPO}", root, env)
+  assert second.returncode == 0, second.stderr
+  assert not (root / "src").is_symlink() and (root / "src" / ".git").is_dir()
+  assert (checkout / "UNCOMMITTED").read_text() == "mine"
+  remote = subprocess.run(["git", "-C", str(checkout), "remote", "get-url", "origin"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+  assert remote == f"file://{REPO}"

@@ -12,7 +12,8 @@ import yaml
 
 from tests.conftest import REPO
 
-spec = importlib.util.spec_from_file_location("gcp_commands", REPO / "launch" / "gcp" / "commands.py")
+spec = importlib.util.spec_from_file_location("gcp_commands",
+                                              REPO / "launch" / "gcp" / "commands.py")
 gcp = importlib.util.module_from_spec(spec)
 sys.modules["gcp_commands"] = gcp  # dataclasses look their module up there
 spec.loader.exec_module(gcp)

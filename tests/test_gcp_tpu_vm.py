@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import REPO
 from tests.multihost_runs import metrics_rows
 
-TOTAL_STEPS = 3
+TOTAL_STEPS = 12  # a step takes ~1 s after the first: the notice lands well before the end
 
 
 def uv_cache_dir() -> str:
@@ -85,7 +85,7 @@ def wait_for(condition, timeout_s: float, what: str, process) -> None:
       raise AssertionError(f"the recipe ended (exit {process.returncode}) before {what}")
     if time.monotonic() > deadline:
       raise AssertionError(f"timed out waiting for {what}")
-    time.sleep(0.5)
+    time.sleep(0.1)
 
 
 def preempt(tmp_path: pathlib.Path) -> list[int]:

@@ -369,8 +369,8 @@ def main(argv) -> int:
   if s.hosts > 1 and model and "://" not in model and not _MODEL_SHARED.value:
     name = pathlib.PurePath(model).name
     return bad_input(
-        f"--config.model.path={model}: a local path the {s.hosts} hosts of {s.accelerator_type} do not "
-        f"have; upload it (gcloud storage cp -r {model} gs://BUCKET/models/{name}) and add "
+        f"--config.model.path={model}: a local path the {s.hosts} hosts of {s.accelerator_type} "
+        f"do not have; upload it (gcloud storage cp -r {model} gs://BUCKET/models/{name}) and add "
         f"--override=--config.model.path=gs://BUCKET/models/{name}, or --model_is_shared if "
         "every host has it at this path")
   train = train_command(_CONFIG.value, workdir, _EXTRA.value)

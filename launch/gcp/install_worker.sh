@@ -80,7 +80,7 @@ elif [[ "$SOURCE" == *.tar.gz || "$SOURCE" == *.tgz || "$SOURCE" == *.zip ]]; th
   rm -rf "$unpacked"
 else
   command -v git > /dev/null 2>&1 || fail "git not found (needed to fetch $SOURCE)"
-  if [ -d "$SRC/.git" ]; then
+  if [ -d "$SRC/.git" ] && [ ! -L "$SRC" ]; then  # our own clone (never a linked checkout)
     git -C "$SRC" remote set-url origin "$SOURCE"
     git -C "$SRC" fetch --quiet --depth=1 origin "${REASONING_RL_REF:-HEAD}" \
       || fail "git fetch of $SOURCE ${REASONING_RL_REF:-HEAD} failed"
