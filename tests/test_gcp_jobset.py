@@ -29,8 +29,9 @@ def manifest(accelerator="v5p-64", workdir="gs://b/run", overrides=()) -> dict:
       service_account="trainer-ksa")
 
 
-def test_manifest_is_valid_against_the_jobset_crd():
-  jobset_runner.validate(manifest())
+@pytest.mark.parametrize("accelerator", ["v5p-64", "v6e-16", "v5litepod-8"])
+def test_manifest_is_valid_against_the_jobset_crd(accelerator):
+  jobset_runner.validate(manifest(accelerator))
 
 
 def test_validation_catches_a_wrong_value_and_a_misspelt_field():

@@ -26,10 +26,34 @@ def run_tool(*args) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("accelerator, chips, hosts, topology", [
     ("v5p-8", 4, 1, "2x2x1"), ("v5p-64", 32, 8, "2x4x4"), ("v5p-128", 64, 16, "4x4x4"),
-    ("v4-32", 16, 4, "2x2x4")])
+    ("v4-32", 16, 4, "2x2x4"), ("v6e-8", 8, 1, "2x4"), ("v6e-16", 16, 4, "4x4"),
+    ("v6e-256", 256, 64, "16x16"), ("v5litepod-4", 4, 1, "2x2"), ("v5litepod-32", 32, 8, "4x8")])
 def test_slices_count_chips_and_hosts(accelerator, chips, hosts, topology):
   s = gcp.slice_for(accelerator)
   assert (s.chips, s.hosts, s.topology) == (chips, hosts, topology)
+
+
+@pytest.mark.parametrize("tpu, devices, accelerator", [
+    ("v5p", 32, "v5p-64"), ("v4", 16, "v4-32"), ("v5e", 16, "v5litepod-16"), ("v6e", 64, "v6e-64")])
+def test_config_target_names_its_accelerator_type(tpu, devices, accelerator):
+  import ml_collections
+
+  config = ml_collections.ConfigDict({"target": {"tpu": tpu, "num_devices": devices}})
+  assert gcp.accelerator_from_config(config) == accelerator
+
+
+def test_v6e_recipe_and_manifest_use_its_image_and_node_label():
+  s = gcp.slice_for("v6e-32")
+  script = gcp.tpu_vm_script(s, name="n", project="p", zone="z", source="src",
+                             train=gcp.train_command("c.py", "gs://b/r"))
+  assert "--accelerator-type=v6e-32 \\\n      --runtime-version=v2-alpha-tpuv6e" in script
+  manifest = gcp.jobset_manifest(s, name="n", image="i", train=gcp.train_command("c.py", "gs://b"))
+  job = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
+  pod = job["template"]["spec"]
+  assert job["parallelism"] == 8 and pod["containers"][0]["resources"]["limits"] == {
+      "google.com/tpu": 4}
+  assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                                 "cloud.google.com/gke-tpu-topology": "4x8"}
 
 
 def test_unknown_accelerator_is_one_line():

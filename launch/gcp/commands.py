@@ -52,15 +52,32 @@ FINAL_EXIT_CODES = (2, 3, 4, 130)
 LOST_PEER_EXIT_CODE = 5
 PREEMPTED_EXIT_CODE = 143
 
-# accelerator type -> (chips, chips per host, slice topology); facts of Google's TPU docs
+# accelerator type (TPU API name) -> (chips, chips per host VM, slice topology). A host here is a
+# VM: one JAX process, one TPU VM worker, one GKE pod.
+# v5p / v4: the name counts TensorCores (2 per chip), 4 chips per VM; cloud.google.com/tpu/docs/v5p
+#   ("2x4x4 ... 64 cores, 32 chips, 8 machines") and /tpu/docs/v4.
+# v5e / v6e: the name counts chips; slices of up to 8 chips are one VM, larger ones VMs of 4 chips
+#   (cloud.google.com/tpu/docs/v6e, "Supported configurations": 4x4 = 16 chips on 4 VMs ...
+#   16x16 = 256 chips on 64 VMs; the same shapes for v5e in /tpu/docs/v5e and in google/xpk's
+#   system_characteristics.py, v5litepod-16: 4 VMs of ct5lp-hightpu-4t).
+_2D = ((1, "1x1"), (4, "2x2"), (8, "2x4"), (16, "4x4"), (32, "4x8"), (64, "8x8"), (128, "8x16"),
+       (256, "16x16"))
 ACCELERATORS = {
     **{f"v5p-{2 * chips}": (chips, 4, topology) for chips, topology in (
         (4, "2x2x1"), (8, "2x2x2"), (16, "2x2x4"), (32, "2x4x4"), (64, "4x4x4"), (128, "4x4x8"))},
     **{f"v4-{2 * chips}": (chips, 4, topology) for chips, topology in (
         (4, "2x2x1"), (8, "2x2x2"), (16, "2x2x4"), (32, "2x4x4"), (64, "4x4x4"))},
+    **{f"v5litepod-{chips}": (chips, chips if chips <= 8 else 4, topology)
+       for chips, topology in _2D},
+    **{f"v6e-{chips}": (chips, chips if chips <= 8 else 4, topology) for chips, topology in _2D},
 }
-RUNTIME_VERSION = {"v5p": "v2-alpha-tpuv5", "v4": "tpu-ubuntu2204-base"}
-GKE_ACCELERATOR = {"v5p": "tpu-v5p-slice", "v4": "tpu-v4-podslice"}
+# TPU VM software versions (cloud.google.com/tpu/docs/runtimes: the versions for JAX / PyTorch)
+RUNTIME_VERSION = {"v5p": "v2-alpha-tpuv5", "v4": "tpu-ubuntu2204-base",
+                   "v5litepod": "v2-alpha-tpuv5-lite", "v6e": "v2-alpha-tpuv6e"}
+# GKE node labels cloud.google.com/gke-tpu-accelerator (google/xpk system_characteristics.py;
+# cloud.google.com/kubernetes-engine/docs/concepts/tpus)
+GKE_ACCELERATOR = {"v5p": "tpu-v5p-slice", "v4": "tpu-v4-podslice",
+                   "v5litepod": "tpu-v5-lite-podslice", "v6e": "tpu-v6e-slice"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +101,12 @@ def slice_for(accelerator_type: str) -> Slice:
 
 
 def accelerator_from_config(config) -> str:
-  """The config's target slice as an accelerator type (v5p / v4 count TensorCores: 2 per chip)."""
-  return f"{config.target.tpu}-{2 * config.target.num_devices}"
+  """The config's target slice as an accelerator type: v5p / v4 count TensorCores (2 per chip),
+  v5e (TPU API name v5litepod) and v6e count chips."""
+  tpu, chips = config.target.tpu, config.target.num_devices
+  if tpu in ("v5p", "v4"):
+    return f"{tpu}-{2 * chips}"
+  return f"{'v5litepod' if tpu == 'v5e' else tpu}-{chips}"
 
 
 def train_command(config_path: str, workdir: str, overrides=(), python: str = "python3"
