@@ -25,7 +25,7 @@ storage (storage.py, "Checksums"):
   copied to or from a bucket keeps a checkable manifest). A local filesystem keeps no checksums
   to ask for, and a file just written is normally still in the page cache.
 `restore` compares the step with its manifest the same way (one listing on gs://, where GCS
-guarantees an object's bytes match its checksums; a read locally) and refuses a step whose files
+computes each object's checksums from its bytes; a read locally) and refuses a step whose files
 are missing, truncated or changed, and non-finite values in floating-point arrays, naming the
 file or the leaf (`CheckpointCorruptError`). Manifests of earlier versions (SHA-256) are still
 checked, by reading the files.
@@ -126,9 +126,10 @@ def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
   the first file that is missing, truncated or changed.
 
   On gs:// one listing gives every object's size, MD5 and CRC32C: a file whose recorded
-  checksums GCS also keeps is checked without reading it (GCS itself guarantees that an object's
-  bytes match them). Only files whose manifest has none of those (manifests written before
-  version 3 recorded SHA-256) are downloaded and hashed. Locally every file is read.
+  checksums GCS also keeps is checked without reading it (GCS computes them from the bytes it
+  stored: an object replaced, truncated or rewritten since lists other ones). Only files whose
+  manifest has none of those (manifests before version 3 recorded SHA-256) are downloaded and
+  hashed. Locally every file is read.
   """
   step_dir = storage.path(step_dir)
   manifest_path = step_dir / CHECKSUMS_FILE

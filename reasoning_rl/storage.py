@@ -25,8 +25,8 @@ have the pathlib methods the package uses (`/`, `exists`, `read_text`, `write_by
   real file (memory-mapped GGUF / safetensors, sentencepiece); downloads go to a cache directory
   and are reused when their size and CRC32C still match.
 
-Checksums: Cloud Storage computes a CRC32C of every object it stores (and an MD5 of every object
-not built by compose), checks them at rest, and lists them with the object. Recording those
+Checksums: Cloud Storage computes a CRC32C of every object from the bytes it stored (and an MD5
+of every object not built by compose) and lists them with the object. Recording those
 figures after a save and comparing them at restore tells whether an object was replaced,
 truncated or rewritten since, without reading it: for a 42 GiB checkpoint that is one listing
 call (a page per 1000 objects) instead of a 42 GiB download per save and another per restore.
@@ -297,6 +297,7 @@ class _Stage:
     self.local_dir = pathlib.Path(tempfile.mkdtemp(prefix="reasoning_rl-stage-"))
     self.copied: dict[str, int] = {}  # relative name -> bytes of the local file already remote
     self.last_sync = 0.0
+    self.failed_forced_sync = False  # a copy before a checkpoint / at the end raised
 
   def sync(self) -> None:
     for file in sorted(p for p in self.local_dir.rglob("*") if p.is_file()):
@@ -313,6 +314,7 @@ class _Stage:
           append_remote(f"{self.remote_dir}/{name}", handle.read(size - done))
       self.copied[name] = size
     self.last_sync = time.monotonic()
+    self.failed_forced_sync = False
     _register_exit_hook()
 
 
@@ -369,6 +371,7 @@ def sync_staged(*, force: bool = False) -> None:
       except Exception as error:  # pylint: disable=broad-except  # gcsfs raises many kinds
         if force:
           from reasoning_rl.errors import CheckpointError  # pylint: disable=import-outside-toplevel
+          stage.failed_forced_sync = True
           raise CheckpointError(f"could not copy metrics / logs to {stage.remote_dir} "
                                 f"({type(error).__name__}: {error}); check the bucket and "
                                 "rerun to resume from the last checkpoint") from error
@@ -379,6 +382,13 @@ def sync_staged(*, force: bool = False) -> None:
 
 
 def _sync_at_exit() -> None:
+  """The last copy of metrics / logs, unless a forced copy already failed: the run stops with
+  that error, and trying again against a store that does not answer would hold the exit for
+  another round of request timeouts and retries (minutes)."""
+  if any(stage.failed_forced_sync for stage in _stages.values()):
+    log.error("metrics / logs not copied to the workdir at exit (an earlier copy failed); they "
+              "are in %s", ", ".join(str(stage.local_dir) for stage in _stages.values()))
+    return
   try:
     sync_staged(force=True)
   except Exception as error:  # pylint: disable=broad-except

@@ -138,9 +138,44 @@ def test_an_old_sha256_manifest_on_gcs_is_still_checked_by_reading(remote):
     checkpointing.verify_checksums(step_dir)
 
 
+# ------------------------------------------------------------------------------ a silent store
+
+# A store that accepts connections and never answers (what the emulator became once its unread
+# log pipe filled): a write must fail after gcsfs's retries, not wait forever. Read timeout and
+# retry backoff are shortened so the test takes seconds; the timeouts themselves are the code's.
+_SILENT_STORE = textwrap.dedent("""
+    import os, socket, threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held = []
+    threading.Thread(target=lambda: [held.append(listener.accept()) for _ in range(64)],
+                     daemon=True).start()
+    os.environ["STORAGE_EMULATOR_HOST"] = "http://127.0.0.1:%d" % listener.getsockname()[1]
+    from reasoning_rl import storage
+    storage.GCS_READ_TIMEOUT_S = 0.5
+    storage.configure_emulator()
+    import asyncio, gcsfs.retry
+    fast = asyncio.sleep
+    gcsfs.retry.asyncio = type("NoBackoff", (), {"sleep": staticmethod(lambda _: fast(0))})
+    try:
+      storage.atomic_write("gs://bucket/run/metrics.jsonl", "{}")
+    except OSError as error:
+      print("failed:", type(error).__name__, "after", len(held), "connections")
+""")
+
+
+def test_a_store_that_stops_answering_fails_the_write_instead_of_hanging():
+  env = {**environment(devices=1), "PYTHONPATH": str(REPO)}
+  env.pop("STORAGE_EMULATOR_HOST", None)
+  child = subprocess.run([sys.executable, "-c", _SILENT_STORE], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+  assert "failed: FSTimeoutError after" in child.stdout, child.stdout + child.stderr[-3000:]
+
+
 # ------------------------------------------------------------------------------ whole runs
 
-# launch/train.py with the checksum listing of step 2's save made slow: the test's SIGTERM lands
+# launch/train.py with the checksum listing of step 1's save made slow: the test's SIGTERM lands
 # while that save is still in flight (the marker file says when it started)
 _SLOW_SAVE = textwrap.dedent("""
     import pathlib, runpy, sys, time
@@ -149,7 +184,7 @@ _SLOW_SAVE = textwrap.dedent("""
     real = storage.stored_checksums
 
     def slow(directory):
-      if str(directory).rstrip("/").endswith("/checkpoints/2"):
+      if str(directory).rstrip("/").endswith("/checkpoints/1"):
         marker.write_text("saving")
         time.sleep(delay)
       return real(directory)
@@ -163,24 +198,24 @@ _SLOW_SAVE = textwrap.dedent("""
 def _train_command(workdir, *prefix):
   return [sys.executable, *prefix, str(REPO / "launch" / "train.py"),
           "--config=configs/debug_cpu.py", f"--config.workdir={workdir}",
-          "--config.total_steps=8", "--config.checkpoint.every_steps=2",
+          "--config.total_steps=5", "--config.checkpoint.every_steps=1",
           "--config.checkpoint.keep=5", "--config.logging.progress_bar=False"]
 
 
 def test_sigterm_during_a_slow_gcs_save_then_a_rerun_with_three_checkpoints_finishes(
     emulator, remote, tmp_path):
   """The issue's run hung at its second checkpoint; here the first process is stopped by SIGTERM
-  while step 2's save is slow (exit 143, every checkpoint complete), and the rerun resumes and
-  writes three more checkpoints (4, 6, 8) in one process, each save after the previous one's."""
+  while step 1's save is slow (exit 143, every checkpoint complete), and the rerun resumes and
+  writes at least three more checkpoints (3, 4, 5) in one process, each after the previous one."""
   env = {**environment(devices=1), "STORAGE_EMULATOR_HOST": emulator.url,
          storage.CACHE_ENV: str(tmp_path / "cache")}
   marker = tmp_path / "slow_save_started"
-  first = subprocess.Popen(_train_command(remote, "-c", _SLOW_SAVE, str(marker), "8"), cwd=REPO,
+  first = subprocess.Popen(_train_command(remote, "-c", _SLOW_SAVE, str(marker), "6"), cwd=REPO,
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   deadline = time.monotonic() + 300
   while not marker.exists():
     assert first.poll() is None, first.stdout.read()
-    assert time.monotonic() < deadline, "step 2's save never started"
+    assert time.monotonic() < deadline, "step 1's save never started"
     time.sleep(0.1)
   first.send_signal(signal.SIGTERM)
   output, _ = first.communicate(timeout=300)
@@ -189,7 +224,7 @@ def test_sigterm_during_a_slow_gcs_save_then_a_rerun_with_three_checkpoints_fini
   directory = f"{remote}/checkpoints"
   with Checkpointer(directory) as ckpt:
     saved = ckpt.all_steps()
-  assert saved and saved[0] == 2, saved
+  assert saved and saved[0] == 1, saved
   for step in saved:  # the slow save was completed, checksums included, before the exit
     assert checkpointing.verify_checksums(f"{directory}/{step}"), step
 
@@ -197,9 +232,9 @@ def test_sigterm_during_a_slow_gcs_save_then_a_rerun_with_three_checkpoints_fini
                          text=True, timeout=600)
   assert rerun.returncode == 0, rerun.stdout + rerun.stderr
   with Checkpointer(directory) as ckpt:
-    assert ckpt.all_steps() == sorted(set(saved) | {4, 6, 8})
-  for step in (4, 6, 8):
+    assert ckpt.all_steps() == [1, 2, 3, 4, 5]
+  for step in (3, 4, 5):
     manifest = json.loads(storage.path(f"{directory}/{step}/{CHECKSUMS_FILE}").read_text())
     assert manifest["version"] == 3 and checkpointing.verify_checksums(f"{directory}/{step}")
   rows = metrics_lib.read_metrics(f"{remote}/metrics.jsonl")
-  assert [r["step"] for r in rows] == list(range(1, 9))  # resumed: none lost, none repeated
+  assert [r["step"] for r in rows] == list(range(1, 6))  # resumed: none lost, none repeated
