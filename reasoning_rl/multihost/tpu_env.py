@@ -4,9 +4,9 @@ On a Cloud TPU VM JAX reads the slice's workers from the VM's metadata, and in a
 `TPU_WORKER_HOSTNAMES` / `TPU_WORKER_ID` (which JobSet / GKE inject), but only once it found TPU
 chips on the machine (jax/_src/cloud_tpu_init.py sets `running_in_cloud_tpu_vm` only then; the
 cluster classes in jax/_src/clusters/cloud_tpu_cluster.py ask for it). The local stand-ins of a
-slice (tests/gcp_fakes.py: one CPU process per TPU host, with the variables a host gets) need the
-same variables read here: the coordinator is the first host, on `JAX_COORDINATOR_PORT` or JAX's
-TPU default 8482, as JAX itself would choose.
+slice (tests/fake_gcloud.py, tests/jobset_runner.py: one CPU process per TPU host, with the
+variables a host gets) need the same variables read here: the coordinator is the first host, on
+`JAX_COORDINATOR_PORT` or JAX's TPU default 8482, as JAX itself would choose.
 """
 
 from __future__ import annotations
