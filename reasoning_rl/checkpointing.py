@@ -72,6 +72,7 @@ INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
 
 CHECKSUMS_FILE = "CHECKSUMS.json"
 CORRUPT_PREFIX = "corrupt-"
+_KNOWN_KINDS = ("md5", "crc32c", "sha256")  # checksums a manifest holds (sha256: versions 1, 2)
 
 _preemption_event = threading.Event()
 _stop_signals: list[int] = []  # the signal that set the flag (first one only)
@@ -113,9 +114,12 @@ def _manifest_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
   """{"bytes": n, kind: digest, …} from any manifest version."""
   if "digest" in entry:  # version 2: "sha256:<hex>"
     kind, _, digest = str(entry["digest"]).partition(":")
-    return {"bytes": int(entry["bytes"]), kind: digest}
-  return {"bytes": int(entry["bytes"]),
-          **{kind: str(value) for kind, value in entry.items() if kind != "bytes"}}
+    entry = {"bytes": entry["bytes"], kind: digest}
+  figures = {kind: str(value) for kind, value in entry.items() if kind in _KNOWN_KINDS}
+  if len(figures) != len(entry) - 1:
+    raise ValueError(f"unknown checksum kinds in {sorted(entry)}")
+  return {"bytes": int(entry["bytes"]), **figures}
+
 
 
 def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
