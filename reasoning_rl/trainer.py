@@ -117,9 +117,20 @@ class Trainer:
     return meta
 
   def _restore(self, checkpointer) -> int:
-    """Trainer processes restore the newest checkpoint; every process gets its step and loop
-    state from process 0, and the sampler replicas the restored policy."""
+    """Trainer processes restore the newest checkpoint; every process gets its step from process
+    0, and the sampler replicas the restored policy. Each trainer process loads the loop state
+    it restored itself; sampler-only processes get process 0's, its queued batches (bulk data)
+    summarized (`LoopState.summary_meta`): the broadcast stays a small control message.
+
+    Multi-process: the bulk channel is attached here, and process 0 clears the files a previous
+    run left in it before the broadcast (no process writes any before it)."""
     step, meta, problem = 0, None, None
+    if self.cluster.multi_process:
+      from reasoning_rl.multihost.bulk import BulkChannel  # pylint: disable=C0415
+
+      self.cluster.bulk = BulkChannel(self.cluster.exchange, self.workdir)
+      if self.cluster.is_primary:
+        self.cluster.bulk.clear()
     if self.cluster.is_trainer:
       abstract = jax.tree.map(
           lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
@@ -131,12 +142,21 @@ class Trainer:
                                   frozen_params=self.state.frozen_params)
         problem = lora.base_mismatch(meta.get("lora_base"), self.lora_base,
                                      checkpoint=checkpointer.directory / str(step))
-    step, meta, problem = self.cluster.exchange.broadcast("restored", [step, meta, problem],
+    own_step, own_meta = step, meta
+    shared = meta  # what sampler-only processes load: queued batches as summaries
+    if meta is not None and self.cluster.multi_process:
+      shared = LoopState.summary_meta(meta)
+    step, meta, problem = self.cluster.exchange.broadcast("restored", [step, shared, problem],
                                                           source=0)
+    if not problem and self.cluster.is_trainer and own_step != step:
+      problem = (f"{checkpointer.directory}: this trainer process restored step {own_step}, "
+                 f"process 0 step {step}; the trainer processes must see the same checkpoints")
     if problem:  # every process stops with the same line
       raise CheckpointError(problem)
     if step == 0:
       return 0
+    if self.cluster.is_trainer:
+      meta = own_meta
     self.loop.load_meta(meta)
     self.cluster.sync_params(self.run_parts.engine,
                              self.run_parts.step_fn.sampler_weights(self.state)

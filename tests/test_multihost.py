@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 
 import pytest
 
 from reasoning_rl.errors import ConfigError
-from reasoning_rl.multihost import runtime
+from reasoning_rl.multihost import bulk, runtime
 from reasoning_rl.multihost.exchange import Exchange
 from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
 from tests import multihost_runs as runs
@@ -309,14 +310,44 @@ def assert_same_training(rows, reference):
 
 
 @pytest.mark.parametrize("trainer_devices", [4, 0], ids=["split", "colocated"])
-def test_four_processes_train_like_one(tmp_path, single_process_reference, trainer_devices):
-  """Split: processes 0-1 train, 2-3 sample (weights move across processes each step);
-  colocated: every process trains and samples. Step 1 and 2 equal the one-process run."""
+def test_four_processes_train_like_one(tmp_path, single_process_reference, trainer_devices,
+                                      monkeypatch):
+  """Split: processes 0-1 train, 2-3 sample (weights move across processes each step, rollouts
+  through files); colocated: every process trains and samples. Step 1 and 2 equal the
+  one-process run."""
   workdir = tmp_path / "run"
+  monkeypatch.setenv(bulk.TRACE_ENV, str(tmp_path / "trace"))
   processes = runs.start_processes(
       workdir, STEPS + [f"--config.mesh.num_trainer_devices={trainer_devices}"])
   assert runs.wait_all(processes) == [0, 0, 0, 0], _logs(tmp_path)
   assert_same_training(runs.metrics_rows(workdir), single_process_reference)
+  if trainer_devices:
+    assert_channels_split_by_role(tmp_path / "trace", workdir)
+
+
+def assert_channels_split_by_role(trace_dir, workdir):
+  """Rollouts reach the trainers (0-1) as files the replicas (2-3) wrote; sampler-only processes
+  read none, the evaluation records go to process 0 alone, the store carries small messages only
+  and the workdir keeps only the files of the latest exchange of each writer."""
+  trace = {p: [json.loads(line) for line in (trace_dir / f"p{p}.jsonl").open()] for p in range(4)}
+
+  def ops(process, channel, op):
+    return [r for r in trace[process] if r["channel"] == channel and r["op"] == op]
+
+  reads = [sorted({r["name"] for r in ops(p, "file", "read")}) for p in range(4)]
+  assert reads == [["eval", "rollouts"], ["rollouts"], [], []]
+  # each trainer reads both replicas' files of each of the 2 steps; process 2 also evaluates
+  evaluations = len(list((workdir / "eval").glob("step_*.json")))
+  assert [len(ops(p, "file", "read")) for p in range(4)] == [2 * 2 + evaluations, 2 * 2, 0, 0]
+  assert [len(ops(p, "file", "write")) for p in range(4)] == [0, 0, 2 + evaluations, 2]
+  # control messages only: the metrics row is the largest (debug_cpu's rollouts are tiny, yet a
+  # replica's summaries in the store are a fraction of its file)
+  assert max(r["bytes"] for p in range(4) for r in ops(p, "store", "write")) < 1024
+  for p in (2, 3):
+    in_store = sum(r["bytes"] for r in ops(p, "store", "write") if r["name"] == "rollouts")
+    in_files = sum(r["bytes"] for r in ops(p, "file", "write") if r["name"] == "rollouts")
+    assert in_store < in_files / 2, (p, in_store, in_files)
+  assert len(list((workdir / "exchange").rglob("*.json.z"))) <= 2
 
 
 def test_a_lora_run_split_over_four_processes_trains_like_one(tmp_path):

@@ -79,13 +79,15 @@ class RLStage:
     start, compiled_before = time.perf_counter(), compile_clock.seconds()
     sampled = loop.queue.popleft() if loop.queue else self.sample_batch(
         loop, should_stop=checkpointing.preemption_requested)
-    batch, advantages = batching.build_batch(
-        [g.group for g in sampled.groups], num_groups=c.rollout.num_prompts,
-        group_size=c.rollout.num_samples, prompt_length=c.rollout.max_prefill_length,
-        completion_length=c.rollout.max_new_tokens, pad_id=run.tokenizer.pad_id,
-        estimator=c.algo.estimator, with_rewards=c.algo.name == "ppo",
-        with_behavior_logprobs=self.with_sampler_logprobs)
     cluster = run.cluster
+    batch = advantages = None  # sampler-only processes hold group summaries: no batch to build
+    if cluster.is_trainer:
+      batch, advantages = batching.build_batch(
+          [g.group for g in sampled.groups], num_groups=c.rollout.num_prompts,
+          group_size=c.rollout.num_samples, prompt_length=c.rollout.max_prefill_length,
+          completion_length=c.rollout.max_new_tokens, pad_id=run.tokenizer.pad_id,
+          estimator=c.algo.estimator, with_rewards=c.algo.name == "ppo",
+          with_behavior_logprobs=self.with_sampler_logprobs)
     train_start = time.perf_counter()
     if cluster.is_trainer:
       device_batch = run.step_fn.host_batch(batch, pad_id=run.tokenizer.pad_id)

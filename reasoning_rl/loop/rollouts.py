@@ -10,6 +10,7 @@ metrics count those apart, and the verifier guards stop a run where they pile up
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import time
 from typing import Callable, Sequence
 
@@ -124,13 +125,18 @@ class RolloutCollector:
 
 class ShardedCollector(RolloutCollector):
   """Multi-process collection: each sampler replica samples and scores its share of the prompts
-  (every R-th, R = number of replicas) on its own engine and verifier pool, and every process
-  receives every group, in prompt order, through the exchange. A completion's random stream
-  depends only on (seed, data position, sample index), so which replica samples a prompt does not
-  change its completions. Trainer-only processes sample nothing; they receive the groups.
-  Decode / scoring seconds are the slowest replica's. A replica whose sampling a stop request
-  interrupted says so in the same exchange, and every process then raises PhaseInterrupted: all
-  of them abandon the step together."""
+  (every R-th, R = number of replicas) on its own engine and verifier pool. A completion's random
+  stream depends only on (seed, data position, sample index), so which replica samples a prompt
+  does not change its completions. Decode / scoring seconds are the slowest replica's.
+
+  Two channels (docs/multihost.md, "Channels"): each replica writes its groups as one file in the
+  workdir (`multihost.bulk`), and the exchange's gather carries one small message per process:
+  the file's descriptor, the seconds, the interrupted flag and the groups' summaries
+  (`GroupRollout.summary`). Trainer processes read every other replica's file (they build the
+  batch, process 0 also its metrics and rollout records); sampler-only processes read none and
+  hold the summaries, which is all their loop decides on. A replica whose sampling a stop request
+  interrupted says so in the same gather, and every process then raises PhaseInterrupted: all of
+  them abandon the step together."""
 
   def __init__(self, *args, cluster, **kwargs):
     super().__init__(*args, **kwargs)
@@ -138,7 +144,8 @@ class ShardedCollector(RolloutCollector):
 
   def collect(self, examples: Sequence[tuple[int, object]], *, num_samples: int | None = None,
               sampling=None, should_stop=None) -> tuple[list[GroupRollout], float, float]:
-    topology = self.cluster.topology
+    cluster = self.cluster
+    topology = cluster.topology
     replica, replicas = topology.replica_index, len(topology.replicas)
     share = list(examples)[replica::replicas] if replica is not None else []
     groups, sample_s, verify_s, interrupted = [], 0.0, 0.0, None
@@ -148,15 +155,29 @@ class ShardedCollector(RolloutCollector):
             share, num_samples=num_samples, sampling=sampling, should_stop=should_stop)
     except PhaseInterrupted as error:
       interrupted = f"process {topology.process_index}: {error}"
-    parts = self.cluster.exchange.gather(
-        "rollouts", [[g.to_json() for g in groups], sample_s, verify_s, interrupted])
-    reasons = [part[3] for part in parts if part[3]]
+    trainers = set(topology.trainer_processes)
+    other_trainers = trainers - {topology.process_index}
+    sampler_only = len(trainers) < topology.num_processes
+    descriptor = (cluster.bulk.put("rollouts", [g.to_json() for g in groups])
+                  if groups and other_trainers else None)
+    parts = cluster.exchange.gather("rollouts", {
+        "file": descriptor, "sample_s": sample_s, "verify_s": verify_s,
+        "interrupted": interrupted,
+        "summaries": [g.summary().to_json() for g in groups] if sampler_only else []})
+    if cluster.bulk is not None:
+      cluster.bulk.sweep()  # this gather proves the previous files read
+    reasons = [part["interrupted"] for part in parts if part["interrupted"]]
     if reasons:
       raise PhaseInterrupted("; ".join(reasons))
-    by_position = {}
-    for items, _, _, _ in parts:
-      for item in items:
-        group = GroupRollout.from_json(item)
-        by_position[group.data_position] = group
-    return ([by_position[index] for index, _ in examples], max(p[1] for p in parts),
-            max(p[2] for p in parts))
+    if cluster.is_trainer:  # the groups themselves: own ones in memory, the others' from files
+      files = [part["file"] for process, part in enumerate(parts)
+               if part["file"] and process != topology.process_index]
+      with concurrent.futures.ThreadPoolExecutor(max(1, len(files))) as pool:
+        items = [item for read in pool.map(lambda d: cluster.bulk.get("rollouts", d), files)
+                 for item in read]
+      received = list(groups) + [GroupRollout.from_json(item) for item in items]
+    else:
+      received = [GroupRollout.from_json(item) for part in parts for item in part["summaries"]]
+    by_position = {group.data_position: group for group in received}
+    return ([by_position[index] for index, _ in examples], max(p["sample_s"] for p in parts),
+            max(p["verify_s"] for p in parts))

@@ -38,6 +38,16 @@ class GroupRollout:
   def to_json(self) -> list:
     return [self.data_position, dataclasses.asdict(self.group), list(self.responses), self.status]
 
+  def summary(self) -> "GroupRollout":
+    """The group as sampler-only processes of a split run hold it: what every process's loop
+    decides on (data position, scoring status, rewards for dynamic sampling, the `correct` part
+    for the pass / fail fractions), without tokens, log-probs or text. Those processes never build
+    a batch (they do not train), so they are spared reading the bulk (multihost.bulk)."""
+    parts = {k: v for k, v in self.group.parts.items() if k == "correct"}
+    return GroupRollout(self.data_position, batching.ScoredGroup(
+        prompt_tokens=[], completion_ids=[], logprobs=[], rewards=list(self.group.rewards),
+        parts=parts, truncated=[]), (), self.status)
+
   @classmethod
   def from_json(cls, item: list) -> "GroupRollout":
     position, fields, responses, *rest = item  # checkpoints before statuses had 3 fields
@@ -68,6 +78,10 @@ class SampledBatch:
     fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
     fields["groups"] = [g.to_json() for g in self.groups]
     return fields
+
+  def summary(self) -> "SampledBatch":
+    """This batch with its groups' summaries (`GroupRollout.summary`)."""
+    return dataclasses.replace(self, groups=tuple(g.summary() for g in self.groups))
 
   @classmethod
   def from_json(cls, fields: dict) -> "SampledBatch":
@@ -101,6 +115,12 @@ class LoopState:
     return {"data_position": self.data_position, "policy_version": self.policy_version,
             "guards": self.guards.state_dict(), "queue": [b.to_json() for b in self.queue],
             "pending_eval": self.pending_eval}
+
+  @staticmethod
+  def summary_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta` (as `to_meta` wrote it) with the queued batches' groups summarized: what
+    sampler-only processes load at a resume (the queue holds bulk data)."""
+    return {**meta, "queue": [SampledBatch.from_json(b).summary().to_json() for b in meta["queue"]]}
 
   def load_meta(self, meta: dict[str, Any]) -> None:
     self.data_position = int(meta["data_position"])

@@ -13,17 +13,27 @@ its part of that gather, so every process has read everything before it. A lost 
 the runtime's watcher (`runtime.watch_peers`), so the waits here need no timeout of their own beyond
 a generous bound; should the coordination service itself vanish under a wait, the process ends the
 same way the watcher would end it (`runtime.stop_lost_run`), not with an abort at exit.
+
+The store is for control messages. It lives in process 0, which holds and relays every value, and
+each value here is read by every process: a large one costs every host, and a slow one stalls them
+all. A value whose compressed form exceeds `MAX_VALUE_BYTES` (1 MiB) is refused with an error
+naming its key; bulk data (rollouts, evaluation records) goes through the files of
+`multihost.bulk` and only their descriptors through here (docs/multihost.md, "Channels").
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
 import zlib
 from typing import Any
 
+from reasoning_rl.errors import ReasoningRLError
 from reasoning_rl.multihost import runtime
+from reasoning_rl.multihost.bulk import Trace, encode
 
+MAX_VALUE_BYTES = 1 << 20  # compressed; bulk values go through multihost.bulk
 _CHUNK_BYTES = 8 << 20
 _WAIT_MS = 24 * 3600 * 1000  # a lost peer ends the process long before this (runtime.py)
 
@@ -40,11 +50,9 @@ def _service_calls():
                           f"{str(error).splitlines()[0]}")
 
 
-def _builtin(value):
-  """numpy scalars and arrays as plain JSON values."""
-  if hasattr(value, "tolist"):
-    return value.tolist()
-  raise TypeError(f"{type(value).__name__} is not JSON serializable")
+class ValueTooLarge(ReasoningRLError):
+  """A value too large for the coordination service's store (a bug of the caller: bulk data
+  belongs in `multihost.bulk`)."""
 
 
 class LocalExchange:
@@ -83,18 +91,34 @@ class Exchange(LocalExchange):
     self._prefix = prefix
     self._calls = 0
     self._published: dict[int, list[str]] = {}
+    self.max_value_bytes = MAX_VALUE_BYTES
+    self.last_gather = 0  # the newest gather call this process completed (multihost.bulk)
+    self._trace = Trace(self.process_index)
+
+  @property
+  def calls(self) -> int:
+    """Exchange calls made so far (the same count on every process)."""
+    return self._calls
 
   def _key(self, call: int, name: str, source: int) -> str:
     return f"{self._prefix}/{call}/{name}/{source}"
 
   def _publish(self, call: int, key: str, value: Any) -> None:
-    data = zlib.compress(json.dumps(value, default=_builtin).encode(), 1)
+    start = time.perf_counter()
+    data = encode(value)
+    if len(data) > self.max_value_bytes:
+      raise ValueTooLarge(
+          f"exchange value {key!r}: {len(data)} bytes compressed, over the coordination store's "
+          f"limit of {self.max_value_bytes} bytes; send bulk data through "
+          "reasoning_rl.multihost.bulk (a file in the workdir) and only its descriptor here")
     chunks = [data[i:i + _CHUNK_BYTES] for i in range(0, len(data), _CHUNK_BYTES)] or [b""]
     keys = [f"{key}/{i}" for i in range(len(chunks))]
     for chunk_key, chunk in zip(keys, chunks):
       self._client.key_value_set_bytes(chunk_key, chunk)
     self._client.key_value_set(f"{key}/n", str(len(chunks)))  # last: the value is complete
     self._published[call] = keys + [f"{key}/n"]
+    self._trace.record("store", "write", key.split("/")[-2], len(data),
+                       time.perf_counter() - start)
 
   def _delete_before(self, call: int) -> None:
     for old in [c for c in self._published if c < call]:
@@ -103,9 +127,12 @@ class Exchange(LocalExchange):
 
   def _read(self, key: str) -> Any:
     count = int(self._client.blocking_key_value_get(f"{key}/n", _WAIT_MS))
+    start = time.perf_counter()  # the value is complete: from here on, transfer and decoding
     data = b"".join(self._client.blocking_key_value_get_bytes(f"{key}/{i}", _WAIT_MS)
                     for i in range(count))
-    return json.loads(zlib.decompress(data))
+    value = json.loads(zlib.decompress(data))
+    self._trace.record("store", "read", key.split("/")[-2], len(data), time.perf_counter() - start)
+    return value
 
   def broadcast(self, name: str, value: Any = None, *, source: int = 0) -> Any:
     """`source`'s value on every process (the others' `value` is ignored)."""
@@ -123,6 +150,7 @@ class Exchange(LocalExchange):
       self._publish(self._calls, self._key(self._calls, name, self.process_index), value)
       values = [self._read(self._key(self._calls, name, p)) for p in range(self.num_processes)]
       self._delete_before(self._calls)
+    self.last_gather = self._calls
     return values
 
   def any(self, name: str, flag: bool) -> bool:
