@@ -1,7 +1,7 @@
 """Multi-process runs on this machine: weight-sync speed across processes and step time vs the
 number of processes sharing one global mesh.
 
-Usage: python -m benchmarks.multihost [--steps 5] [--sync_hidden 1024] [--sync_layers 8]
+Usage: python -m benchmarks.multihost [--steps 5] [--sync_hidden 1024] [--sync_layers 8] [--buckets]
 
 - sync: a random Qwen2-shaped model (hidden --sync_hidden, --sync_layers layers) trained with
   debug_cpu's task, (a) in one process with 2 devices split trainer | sampler (the sync is a
@@ -10,6 +10,11 @@ Usage: python -m benchmarks.multihost [--steps 5] [--sync_hidden 1024] [--sync_l
   Seconds per GiB = median `time/sync_s` of steps 2.. / parameter GiB.
 - step: debug_cpu colocated on 8 devices in total, as 1 process × 8, 2 × 4 and 4 × 2 devices:
   median `time/step_s` of steps 2.. (step 1 compiles).
+- buckets (`--buckets`, only this): 4 processes × 2 devices, 0-1 train, 2-3 sample, debug_cpu's
+  model and the --sync_hidden one, with the weight sync's leaves packed into buckets (the
+  default) and with one bucket per leaf (`REASONING_RL_SYNC_BUCKET_BYTES=0`: the transfers of
+  one device_put per leaf shard, as before the buckets): median `time/sync_s` of steps 2.. and
+  the transfers per sync (process 0's log line "weight sync: ...").
 Every process is a real `launch/train.py` (gloo collectives, the coordination service on
 127.0.0.1); they share this machine's cores, so more processes also means more contention.
 """
@@ -18,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
+import re
 import statistics
 import sys
 import tempfile
@@ -51,11 +58,39 @@ def _num_params(workdir) -> int:
       json.loads((pathlib.Path(workdir) / "model" / "config.json").read_text())).num_params()
 
 
+def _transfers(workdir) -> str:
+  """The transfer count and MB of a sync, from process 0's "weight sync: ..." log line."""
+  text = (pathlib.Path(workdir) / "logs" / "train.log").read_text(errors="replace")
+  found = re.search(r"weight sync: .*?(\d+) transfers and ([\d.]+) MB", text)
+  return f"{found.group(1)} ({found.group(2)} MB)" if found else "?"
+
+
+def _buckets(common, big, tmp) -> None:
+  from reasoning_rl.multihost import param_sync  # pylint: disable=import-outside-toplevel
+
+  print("| model | weight sync | transfers per sync (MB) | time/sync_s (median) | time/step_s |")
+  print("|---|---|---|---|---|")
+  for model, model_overrides in (("debug_cpu", []), ("random --sync_hidden", big)):
+    for name, bucket_bytes in (("one bucket per leaf", "0"), ("buckets", None)):
+      if bucket_bytes is None:
+        os.environ.pop(param_sync.BUCKET_BYTES_ENV, None)
+      else:
+        os.environ[param_sync.BUCKET_BYTES_ENV] = bucket_bytes
+      workdir = f"{tmp}/buckets_{len(model_overrides)}_{bucket_bytes}/run"
+      rows = _run(workdir, common + model_overrides + ["--config.mesh.num_trainer_devices=4"],
+                  processes=4, devices_per_process=2)
+      print(f"| {model} | {name} | {_transfers(workdir)} | {_median(rows, 'time/sync_s'):.3f} | "
+            f"{_median(rows, 'time/step_s'):.2f} |", flush=True)
+  os.environ.pop(param_sync.BUCKET_BYTES_ENV, None)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--steps", type=int, default=5)
   parser.add_argument("--sync_hidden", type=int, default=1024)
   parser.add_argument("--sync_layers", type=int, default=8)
+  parser.add_argument("--buckets", action="store_true",
+                      help="only the weight sync with and without buckets")
   args = parser.parse_args()
   common = [f"--config.total_steps={args.steps}", "--config.eval.num_examples=4",
             "--config.checkpoint.every_steps=1000", "--config.logging.tensorboard=False"]
@@ -63,6 +98,11 @@ def main() -> None:
   big = [f"--config.model.random.hidden_size={h}", f"--config.model.random.intermediate_size={2 * h}",
          f"--config.model.random.num_layers={args.sync_layers}", "--config.model.random.num_heads=8",
          "--config.model.random.num_kv_heads=8", f"--config.model.random.head_dim={h // 8}"]
+  if args.buckets:
+    tmp = tempfile.mkdtemp(prefix="multihost_bench_")
+    print(f"workdirs and logs under {tmp}")
+    _buckets(common, big, tmp)
+    return
   print("| run | parameters | time/sync_s (median) | s per GiB | time/step_s |")
   print("|---|---|---|---|---|")
   tmp = tempfile.mkdtemp(prefix="multihost_bench_")
