@@ -23,9 +23,10 @@ _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 class _AboveProgressLine(logging.Handler):
   """Writes records with `tqdm.write`, which clears and redraws a live progress line.
 
-  A library's record loses its traceback here, and Orbax's records stay off the terminal (the
-  log file keeps both): Orbax logs each failed background thread of a save, with its stack, while
-  the failure itself reaches the run as one exception that the launcher reports in one line."""
+  A library's record loses its traceback here, and Orbax's and gcsfs's records stay off the
+  terminal (the log file keeps both): Orbax logs each failed background thread of a save, with its
+  stack, and gcsfs each retry of a failing request, while the failure itself reaches the run as
+  one exception that the launcher reports in one line."""
 
   def __init__(self, level: int, *, verbose: bool):
     super().__init__(level)
@@ -34,7 +35,8 @@ class _AboveProgressLine(logging.Handler):
   def emit(self, record: logging.LogRecord) -> None:
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
-    if not self.verbose and f"{os.sep}orbax{os.sep}" in record.pathname:
+    if not self.verbose and (f"{os.sep}orbax{os.sep}" in record.pathname
+                             or record.name.startswith("gcsfs")):
       return
     if (record.exc_info or record.exc_text) and not record.name.startswith("reasoning_rl"):
       record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None,
