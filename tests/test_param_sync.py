@@ -187,6 +187,7 @@ def test_the_deadline_is_a_floor_plus_the_bytes_at_a_bandwidth_floor(monkeypatch
 # ------------------------------------------------------------------- a real multi-process run
 
 
+@pytest.mark.slow
 def test_a_stalled_sampler_process_stops_every_process_and_a_rerun_resumes(tmp_path, monkeypatch):
   """3 processes: 0-1 train, 2 samples. Process 2 stalls in the sync of policy version 2 (it
   sleeps a day, as a hung transfer would leave it): every process stops at the 20 s deadline
