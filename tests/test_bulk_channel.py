@@ -143,3 +143,30 @@ def test_sampler_only_processes_resume_from_summarized_queued_batches():
   assert [g.group.rewards for g in queued.groups] == [[0.0, 1.0], [1.0, 1.0]]
   assert [g.group.parts for g in queued.groups] == [{"correct": [0.0, 1.0]},
                                                     {"correct": [1.0, 1.0]}]
+
+
+def test_files_on_gcs_round_trip_and_are_cleared(tmp_path, monkeypatch):
+  """A gs:// workdir (the emulator): put / get, the sweep after a later gather, the start-up
+  clear."""
+  from reasoning_rl import storage
+  from tests import gcs_emulator
+
+  server = gcs_emulator.start(tmp_path)
+  try:
+    server.create_bucket("rrl-bulk")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.url)
+    exchange = Exchange(FakeStore(), process_index=0, num_processes=1)
+    channel = bulk.BulkChannel(exchange, "gs://rrl-bulk/run")
+    first = channel.put("rollouts", [group(1).to_json()])
+    exchange.gather("rollouts", first)
+    assert [GroupRollout.from_json(g) for g in channel.get("rollouts", first)] == [group(1)]
+    second = channel.put("rollouts", [group(2).to_json()])  # call 1 not yet proven read by all
+    exchange.gather("rollouts", second)
+    channel.sweep()  # gather 2 proves the file of call 1 read
+    names = [storage.relative_name(f, channel.directory) for f in storage.list_files(
+        channel.directory)]
+    assert names == ["rollouts/2_p0.json.z"]
+    channel.clear()
+    assert storage.list_files(channel.directory) == []
+  finally:
+    server.stop()

@@ -8,7 +8,7 @@ carries only a small descriptor of each file (`exchange.Exchange` refuses values
 `exchange.MAX_VALUE_BYTES`).
 
 One value = one file `WORKDIR/exchange/<name>/<call>_p<process>.json.z`: JSON compressed with zlib,
-written atomically through `storage` (local: temporary file + rename; GCS: one object upload).
+written whole or not at all (local: temporary file + rename; GCS: one object upload).
 `put` returns the descriptor {file, bytes, crc32} the writer then sends through the exchange;
 `get` reads the file a descriptor names, checks its size and CRC-32 and decodes it. A reader
 never sees a torn or stale file: the file is complete before its descriptor is published, and a
@@ -50,6 +50,21 @@ def _builtin(value):
 
 def encode(value: Any) -> bytes:
   return zlib.compress(json.dumps(value, default=_builtin).encode(), 1)
+
+
+def _write_whole(file, data: bytes) -> None:
+  """`file` appears with all of `data` or not at all: one object upload on GCS; locally a
+  temporary file renamed over it, without `storage.atomic_write`'s fsync. The file lives about
+  one step and protects nothing across a crash (the run restarts from a checkpoint and process 0
+  clears the directory), so waiting for the disk would only lengthen every step; the rename
+  alone makes readers on this host or a shared filesystem (close-to-open) see it whole."""
+  if storage.is_remote(file):
+    storage.atomic_write(file, data)
+    return
+  file.parent.mkdir(parents=True, exist_ok=True)
+  staging = file.with_name(f".{file.name}.tmp{os.getpid()}")
+  staging.write_bytes(data)
+  os.replace(staging, file)
 
 
 class Trace:
@@ -101,9 +116,7 @@ class BulkChannel:
     data = encode(value)
     calls = self.exchange.calls
     file = self.directory / name / f"{calls + 1}_p{self.exchange.process_index}.json.z"
-    if not storage.is_remote(file):
-      file.parent.mkdir(parents=True, exist_ok=True)
-    storage.atomic_write(file, data)
+    _write_whole(file, data)
     self._written.append((calls, file))
     self.trace.record("file", "write", name, len(data), time.perf_counter() - start)
     return {"file": storage.relative_name(file, self.directory), "bytes": len(data),
