@@ -15,6 +15,9 @@ Usage: python -m benchmarks.multihost [--steps 5] [--sync_hidden 1024] [--sync_l
   default) and with one bucket per leaf (`REASONING_RL_SYNC_BUCKET_BYTES=0`: the transfers of
   one device_put per leaf shard, as before the buckets): median `time/sync_s` of steps 2.. and
   the transfers per sync (process 0's log line "weight sync: ...").
+- channels (`--channels`, only this; `--revert COMMIT`, `--large`): bytes and seconds per step
+  through the coordination store and the bulk files of a 4-process split run, before and after
+  the rollouts moved to files (`benchmarks/multihost_channels.py`).
 Every process is a real `launch/train.py` (gloo collectives, the coordination service on
 127.0.0.1); they share this machine's cores, so more processes also means more contention.
 """
@@ -91,7 +94,17 @@ def main() -> None:
   parser.add_argument("--sync_layers", type=int, default=8)
   parser.add_argument("--buckets", action="store_true",
                       help="only the weight sync with and without buckets")
+  parser.add_argument("--channels", action="store_true",
+                      help="only the bytes and seconds per step through each host channel")
+  parser.add_argument("--revert", default=None,
+                      help="--channels: the commit whose reasoning_rl/ changes 'before' reverts")
+  parser.add_argument("--large", action="store_true", help="--channels: larger rollouts too")
   args = parser.parse_args()
+  if args.channels:
+    from benchmarks import multihost_channels  # pylint: disable=import-outside-toplevel
+
+    multihost_channels.main(steps=args.steps, revert=args.revert, large=args.large)
+    return
   common = [f"--config.total_steps={args.steps}", "--config.eval.num_examples=4",
             "--config.checkpoint.every_steps=1000", "--config.logging.tensorboard=False"]
   h = args.sync_hidden
