@@ -22,6 +22,31 @@ def test_share_takes_every_nth_id_and_merges_in_order():
   assert Share().merge("x", {3: "c", 1: "a"}) == {1: "a", 3: "c"}
 
 
+class _SmallStore:
+  """One process's exchange with a tiny value limit: records what each gather carried."""
+
+  max_value_bytes = 200
+
+  def __init__(self):
+    self.sent = []
+
+  def gather(self, name, value):
+    self.sent.append((name, len(json.dumps(value))))
+    return [value]
+
+
+def test_merge_sends_results_in_pieces_under_the_store_limit():
+  from reasoning_rl.multihost.data_parallel import _pieces
+
+  results = {i: "x" * 30 for i in range(20)}
+  store = _SmallStore()
+  assert Share(0, 1, exchange=store).merge("gen", results) == results
+  pieces = [size for name, size in store.sent if name != "gen/pieces"]
+  assert len(pieces) > 4 and max(pieces) <= store.max_value_bytes // 2
+  assert [name for name, _ in store.sent][:2] == ["gen/pieces", "gen/0"]
+  assert _pieces({}, 100) == [{}]  # nothing to send is still one (empty) round
+
+
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("inference") / "run"
