@@ -1,7 +1,8 @@
 """Multi-process runs on this machine: weight-sync speed across processes and step time vs the
 number of processes sharing one global mesh.
 
-Usage: python -m benchmarks.multihost [--steps 5] [--sync_hidden 1024] [--sync_layers 8] [--buckets]
+Usage: python -m benchmarks.multihost [--steps 5] [--sync_hidden 1024] [--sync_layers 8]
+       [--overlap | --buckets | --channels]
 
 - sync: a random Qwen2-shaped model (hidden --sync_hidden, --sync_layers layers) trained with
   debug_cpu's task, (a) in one process with 2 devices split trainer | sampler (the sync is a
@@ -15,6 +16,10 @@ Usage: python -m benchmarks.multihost [--steps 5] [--sync_hidden 1024] [--sync_l
   default) and with one bucket per leaf (`REASONING_RL_SYNC_BUCKET_BYTES=0`: the transfers of
   one device_put per leaf shard, as before the buckets): median `time/sync_s` of steps 2.. and
   the transfers per sync (process 0's log line "weight sync: ...").
+- overlap (`--overlap`, only this): the same split run (debug_cpu's model and the --sync_hidden
+  one) with `async_rollouts.enabled=False` (sample, then train) and with the split default (batch
+  s + 1 sampled while step s trains, one policy version behind): median `time/step_s`, its train
+  / sample parts and the policy lag of the trained batches.
 - channels (`--channels`, only this; `--revert COMMIT`, `--large`): bytes and seconds per step
   through the coordination store and the bulk files of a 4-process split run, before and after
   the rollouts moved to files (`benchmarks/multihost_channels.py`).
@@ -87,11 +92,31 @@ def _buckets(common, big, tmp) -> None:
   os.environ.pop(param_sync.BUCKET_BYTES_ENV, None)
 
 
+def _overlap(common, big, tmp) -> None:
+  """Split devices, synchronous rollouts vs sampled one step ahead (the default there)."""
+  print("| split run, 4 processes x 2 devices | rollouts | time/step_s (median) | time/train_s | "
+        "time/sample_s | time/sample_ahead_s | policy_lag |")
+  print("|---|---|---|---|---|---|---|")
+  for model, model_overrides in (("debug_cpu", []), ("random --sync_hidden", big)):
+    for name, flag in (("synchronous", ["--config.async_rollouts.enabled=False"]),
+                       ("one step ahead (default)", [])):
+      workdir = f"{tmp}/overlap_{len(model_overrides)}_{len(flag)}/run"
+      split = ["--config.mesh.num_trainer_devices=4"]
+      rows = _run(workdir, common + model_overrides + flag + split, processes=4,
+                  devices_per_process=2)
+      lags = sorted({r["policy_lag"] for r in rows})
+      print(f"| {model} | {name} | {_median(rows, 'time/step_s'):.2f} | "
+            f"{_median(rows, 'time/train_s'):.2f} | {_median(rows, 'time/sample_s'):.2f} | "
+            f"{_median(rows, 'time/sample_ahead_s'):.2f} | {lags} |", flush=True)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--steps", type=int, default=5)
   parser.add_argument("--sync_hidden", type=int, default=1024)
   parser.add_argument("--sync_layers", type=int, default=8)
+  parser.add_argument("--overlap", action="store_true",
+                      help="only split runs with synchronous vs one-step-ahead rollouts")
   parser.add_argument("--buckets", action="store_true",
                       help="only the weight sync with and without buckets")
   parser.add_argument("--channels", action="store_true",
@@ -111,6 +136,11 @@ def main() -> None:
   big = [f"--config.model.random.hidden_size={h}", f"--config.model.random.intermediate_size={2 * h}",
          f"--config.model.random.num_layers={args.sync_layers}", "--config.model.random.num_heads=8",
          "--config.model.random.num_kv_heads=8", f"--config.model.random.head_dim={h // 8}"]
+  if args.overlap:
+    tmp = tempfile.mkdtemp(prefix="multihost_bench_")
+    print(f"workdirs and logs under {tmp}")
+    _overlap(common, big, tmp)
+    return
   if args.buckets:
     tmp = tempfile.mkdtemp(prefix="multihost_bench_")
     print(f"workdirs and logs under {tmp}")

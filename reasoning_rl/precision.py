@@ -7,8 +7,8 @@ projection casts its kernel to the compute dtype right before the matmul, so gra
 the master dtype). Gradients are summed over micro-batches in float32 whatever the weights are.
 
 Why not bfloat16 weights: bfloat16 has 8 significant bits, so `w + u` rounds back to `w` whenever
-|u| < |w| · 2^-9 (half a unit in the last place). An R1-Zero-sized AdamW step moves a weight by about
-the learning rate (Adam normalises the update to ~1), e.g. 1e-6 against N(0, 0.02) weights:
+|u| < |w| · 2^-9 (half a unit in the last place). An R1-Zero-sized AdamW step moves a weight by
+about the learning rate (Adam normalises the update to ~1), e.g. 1e-6 against N(0, 0.02) weights:
 almost every such update is rounded away, every step (`lost_update_fraction` measures it).
 
 Only the trainer needs the master copy: the sampler decodes with weights in the compute dtype,
