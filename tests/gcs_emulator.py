@@ -16,6 +16,7 @@ By hand, for a run against the emulator (the log goes to a file, the server runs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -77,6 +78,24 @@ def start(log_dir: str | os.PathLike[str]) -> Emulator:
         raise RuntimeError(f"fake-gcs-server did not start; see {log_path}") from None
       time.sleep(0.1)
   return Emulator(url=url, process=process, root=root, log_path=log_path)
+
+
+@contextlib.contextmanager
+def serving(log_dir: str | os.PathLike[str], bucket: str):
+  """An emulator holding `bucket`, with `STORAGE_EMULATOR_HOST` pointing this process at it
+  while the block runs (the previous value restored after): the test modules' fixture."""
+  server = start(log_dir)
+  saved = os.environ.get("STORAGE_EMULATOR_HOST")
+  try:
+    server.create_bucket(bucket)
+    os.environ["STORAGE_EMULATOR_HOST"] = server.url
+    yield server
+  finally:
+    if saved is None:
+      os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    else:
+      os.environ["STORAGE_EMULATOR_HOST"] = saved
+    server.stop()
 
 
 def main() -> None:

@@ -30,16 +30,8 @@ BUCKET = "rrl-tests"
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
-  server = gcs_emulator.start(tmp_path_factory.mktemp("gcs"))
-  server.create_bucket(BUCKET)
-  saved = os.environ.get("STORAGE_EMULATOR_HOST")
-  os.environ["STORAGE_EMULATOR_HOST"] = server.url
-  yield server
-  if saved is None:
-    os.environ.pop("STORAGE_EMULATOR_HOST", None)
-  else:
-    os.environ["STORAGE_EMULATOR_HOST"] = saved
-  server.stop()
+  with gcs_emulator.serving(tmp_path_factory.mktemp("gcs"), BUCKET) as server:
+    yield server
 
 
 @pytest.fixture
