@@ -23,21 +23,8 @@ import pytest
 from reasoning_rl import checkpointing, storage
 from reasoning_rl import metrics as metrics_lib
 from reasoning_rl.checkpointing import CHECKSUMS_FILE, CheckpointCorruptError, Checkpointer
-from tests import gcs_emulator
 from tests.multihost_runs import REPO, environment
-
-BUCKET = "rrl-ckpt-tests"
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-  with gcs_emulator.serving(tmp_path_factory.mktemp("gcs"), BUCKET) as server:
-    yield server
-
-
-@pytest.fixture
-def remote(emulator, request):
-  return f"gs://{BUCKET}/{request.node.name}-{time.time_ns()}"
+from tests.test_storage import emulator, remote  # noqa: F401 (fixtures: the emulator, a gs:// dir)
 
 
 # ------------------------------------------------------------------------------ no re-reads
