@@ -57,6 +57,7 @@ import numpy as np
 from jax.sharding import AbstractMesh
 
 from reasoning_rl import flops as flops_lib
+from reasoning_rl.build import rollouts_ahead
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.sharding import (MESH_AXES, logical_to_spec, resolve_mesh_shape,
@@ -770,14 +771,7 @@ def throughput(config, m: ModelConfig, chip: ChipSpec, layout: Layout, sampler_w
                     prefill_s=prefill_s, decode_steps=decode_steps, decode_step_s=decode_step_s,
                     sample_s=sample_s, train_s=train_s, step_s_sync=sample_s + train_s,
                     step_s_async=None if layout.shared else max(sample_s, train_s),
-                    overlapped=samples_ahead(config) and not layout.shared)
-
-
-def samples_ahead(config) -> bool:
-  """Whether the run overlaps sampling with training (`async_rollouts.enabled`; unset: when the
-  trainer and the sampler have devices of their own)."""
-  enabled = config.async_rollouts.get("enabled")
-  return config.mesh.num_trainer_devices > 0 if enabled is None else bool(enabled)
+                    overlapped=rollouts_ahead(config) and not layout.shared)
 
 
 # --------------------------------------------------------------------------- the plan
