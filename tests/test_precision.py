@@ -129,7 +129,7 @@ def test_bf16_run_trains_checkpoints_float32_masters_and_loads_them_for_bf16_sam
       [sys.executable, "launch/train.py", "--config=configs/debug_cpu.py",
        f"--config.workdir={workdir}", "--config.total_steps=2", "--config.beta=0.04",
        "--config.model.dtype=bfloat16", "--config.checkpoint.every_steps=2",
-       "--config.eval.every_steps=0", "--config.logging.progress_bar=False"],
+       "--config.eval.num_examples=4", "--config.logging.progress_bar=False"],
       cwd=REPO, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
