@@ -23,9 +23,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-DTYPES = ("float32", "bfloat16")
-
-
 def is_float(x) -> bool:
   return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
 
