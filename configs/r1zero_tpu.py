@@ -74,7 +74,7 @@ def get_config():
   c.async_rollouts.max_staleness = 1
   c.mesh.trainer = (1, -1, 4)  # fsdp 4 × tensor 4
   c.mesh.sampler = (-1, 1, 4)  # per sampler host (1, 1, 4): the dry run plans each replica so
-  c.target = ml_collections.ConfigDict(dict(tpu="v5p", num_devices=32))
+  c.target.tpu, c.target.num_devices = "v5p", 32  # one v5p-64 slice
   c.checkpoint.every_steps = 25
   c.checkpoint.keep = 3
   c.eval.every_steps = 25

@@ -67,6 +67,9 @@ def main(argv):
       from reasoning_rl.multihost.tpu_env import flags_from_tpu_environment
 
       process_flags = flags_from_tpu_environment()
+      if process_flags.num_slices and process_flags.num_slices > 1 and not config.mesh.num_slices:
+        # the stand-ins' devices carry no slice_index: the environment's slices are the run's
+        config.mesh.num_slices = process_flags.num_slices
     runtime.initialize(process_flags)
     exit_code = train(config)
     runtime.finish()  # every process ended normally: none of them is "lost" when it exits
@@ -106,7 +109,11 @@ def train(config) -> int:
 
   import jax
 
-  config_lib.validate(config, num_devices=jax.device_count())  # before the workdir is touched
+  from reasoning_rl import sharding
+
+  # before the workdir is touched
+  config_lib.validate(config, num_devices=jax.device_count(),
+                      num_slices=sharding.count_slices(jax.devices(), config.mesh.num_slices))
   # process 0 owns the workdir's files (lock, logs, fingerprint); every process trains
   primary = jax.process_index() == 0
   if primary:

@@ -32,7 +32,8 @@ def build_topology(config: ml_collections.ConfigDict):
   from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
 
   topology = make_topology(config.mesh.num_trainer_devices, jax.devices(),
-                           process_index=jax.process_index(), num_processes=jax.process_count())
+                           process_index=jax.process_index(), num_processes=jax.process_count(),
+                           num_slices=config.mesh.num_slices)
   if topology.multi_process:
     check_sync_shapes(topology)
   return topology
@@ -46,7 +47,7 @@ def build_meshes(config: ml_collections.ConfigDict, topology=None):
   topology = topology or build_topology(config)
   local = topology.local_replica_devices
   return (sharding.make_mesh(tuple(config.mesh.trainer), topology.trainer_devices,
-                             field="config.mesh.trainer"),
+                             field="config.mesh.trainer", num_slices=topology.trainer_num_slices),
           None if local is None else sharding.make_mesh(tuple(config.mesh.sampler), local,
                                                         field="config.mesh.sampler"))
 
@@ -309,10 +310,12 @@ def build(config: ml_collections.ConfigDict) -> Run:
 
   from reasoning_rl import config as config_lib
   from reasoning_rl import lora
+  from reasoning_rl import sharding as sharding_lib
   from reasoning_rl.lora import LoraSettings
   from reasoning_rl.rl.step import TrainStep
 
-  config_lib.validate(config, num_devices=jax.device_count())
+  config_lib.validate(config, num_devices=jax.device_count(),
+                      num_slices=sharding_lib.count_slices(jax.devices(), config.mesh.num_slices))
   from reasoning_rl import precision
 
   warning = precision.pure_low_precision_warning(config.model.weight_dtype,

@@ -179,9 +179,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.num_trainer_devices = 0  # 0 = all devices shared by both roles (single-device demos)
   c.mesh.trainer = (1, -1, 1)
   c.mesh.sampler = (1, 1, -1)
+  # Slices (TPU Multislice, joined over the data-center network): 0 = as the devices say (a
+  # multi-slice TPU run's slice_index; one slice elsewhere); N > 1 on devices without slices
+  # simulates N (equal groups of processes, or of one process's devices). On several slices
+  # `mesh.trainer` is one slice's mesh and the slices the trainer spans multiply its data axis.
+  c.mesh.num_slices = 0
 
-  # The slice the dry run plans for: tpu = v4 | v5e | v5p | v6e | cpu; 0 devices = this machine's.
-  c.target = ml_collections.ConfigDict(dict(tpu="cpu", num_devices=0))
+  # The slice the dry run plans for: tpu = v4 | v5e | v5p | v6e | cpu; num_devices = chips of one
+  # slice (0 = this machine's devices); num_slices: that many such slices joined over the
+  # data-center network (TPU Multislice; launch/gcp/commands.py --num_slices).
+  c.target = ml_collections.ConfigDict(dict(tpu="cpu", num_devices=0, num_slices=1))
 
   # A rerun on a workdir resumes it; fields that differ from the run's first start
   # (WORKDIR/run_config.json) are refused unless named here, e.g. ("total_steps",) — the
@@ -335,7 +342,9 @@ FIELD_RANGES: dict[str, Range] = {
     "rejection.temperature": Range(float, 0, meaning="0 = greedy"),
     "async_rollouts.max_staleness": _int(0),
     "mesh.num_trainer_devices": _int(0, meaning="0 = every device does both"),
+    "mesh.num_slices": _int(0, meaning="0 = the devices' own slices"),
     "target.num_devices": _int(0, meaning="0 = this machine's"),
+    "target.num_slices": _int(1),
     "checkpoint.every_steps": _int(1),
     "checkpoint.keep": _int(1),
     "eval.every_steps": _int(0, meaning="0 = only before and after training"),
@@ -371,7 +380,8 @@ def _field(config, dotted: str):
   return node
 
 
-def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = None) -> None:
+def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = None,
+             num_slices: int = 1) -> None:
   """Raises ConfigError naming the first inconsistent field."""
 
   def require(condition: bool, field: str, message: str):
@@ -452,16 +462,17 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     require(isinstance(variant, str) and "{prompt}" in variant, "eval.instruction_variants",
             "every variant is an instruction text containing {prompt}")
   if num_devices is not None:
-    _validate_mesh(config, num_devices)
+    _validate_mesh(config, num_devices, num_slices)
 
 
-def _validate_mesh(config, num_devices: int) -> None:
+def _validate_mesh(config, num_devices: int, num_slices: int) -> None:
   from reasoning_rl import sharding  # imports jax; validation of the rest of the config does not
 
   counts = sharding.slice_device_counts(config.mesh.num_trainer_devices, num_devices,
                                         field="config.mesh.num_trainer_devices")
-  data, fsdp, _ = sharding.resolve_mesh_shape(tuple(config.mesh.trainer), counts[0],
-                                              field="config.mesh.trainer")
+  trainer_slices = sharding.slices_spanned(counts[0], num_devices, num_slices)
+  data, fsdp, _ = sharding.multi_slice_mesh_shape(tuple(config.mesh.trainer), counts[0],
+                                                  trainer_slices, field="config.mesh.trainer")
   sharding.resolve_mesh_shape(tuple(config.mesh.sampler), counts[1], field="config.mesh.sampler")
   # The step's batch is split row-wise over the trainer mesh's data x fsdp devices
   # (sharding.batch_sharding): a row count they do not divide fails in JAX only once the first

@@ -60,51 +60,9 @@ from reasoning_rl import flops as flops_lib
 from reasoning_rl.build import rollouts_ahead
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.config import ModelConfig
-from reasoning_rl.sharding import (MESH_AXES, logical_to_spec, resolve_mesh_shape,
-                                   slice_device_counts)
-
-GIB = 2**30
-
-
-@dataclasses.dataclass(frozen=True)
-class ChipSpec:
-  """Per-device facts: HBM capacity (bytes), peak dense bf16 FLOP/s, HBM bandwidth (bytes/s), and
-  how many devices one host (one JAX process) drives; 0: one host drives every device."""
-
-  name: str
-  hbm_bytes: float
-  peak_flops: float
-  hbm_bandwidth: float
-  devices_per_host: int = 0
-
-
-# Public Cloud TPU documentation, chip specification tables (read 2025-2026):
-#   v4:  docs.cloud.google.com/tpu/docs/v4   — 275 TFLOP/s bf16, HBM2 32 GiB, 1200 GB/s; 4 chips
-#        per TPU VM (a v4-32 lists process indices 0-3 of 4 devices each)
-#   v5e: docs.cloud.google.com/tpu/docs/v5e  — 197 TFLOP/s bf16, HBM2 16 GB, 819 GB/s; 8 chips per
-#        host ("Chips per host"; the 16x16 slice of 256 chips has 32 hosts)
-#   v5p: docs.cloud.google.com/tpu/docs/v5p  — 459 TFLOP/s bf16, HBM2e 95 GB, 2765 GB/s; 4 chips
-#        per VM (the 2x4x4 slice, v5p-64, is 32 chips on 8 hosts)
-#   v6e: docs.cloud.google.com/tpu/docs/v6e  — 918 TFLOP/s bf16, 32 GB, 1638 GB/s; 8 chips per host
-# The pages write HBM sizes as "GB"; the runtime reports them in binary units (a v5e shows ~16 GiB),
-# so capacities are taken as GiB. One JAX device per chip (v4 / v5p run their two cores as one).
-TPU_CHIPS: dict[str, ChipSpec] = {
-    "v4": ChipSpec("TPU v4", 32 * GIB, 275e12, 1200e9, devices_per_host=4),
-    "v5e": ChipSpec("TPU v5e", 16 * GIB, 197e12, 819e9, devices_per_host=8),
-    "v5p": ChipSpec("TPU v5p", 95 * GIB, 459e12, 2765e9, devices_per_host=4),
-    "v6e": ChipSpec("TPU v6e", 32 * GIB, 918e12, 1638e9, devices_per_host=8),
-}
-# "cpu": the development machine (24 GiB RAM, ~400 GFLOP/s f32 matmul, ~60 GB/s),
-# shared evenly by `num_devices` simulated devices, one process unless the target says otherwise.
-CPU_MACHINE = ChipSpec("CPU (2 cores)", 24 * GIB, 400e9, 60e9)
-
-
-def slice_name(tpu: str, num_devices: int) -> str:
-  """Cloud TPU's accelerator type of a slice: v4 / v5p count TensorCores (2 per chip), v5e / v6e
-  count chips (v5p-64 = 32 chips, v5e-256 = 256 chips)."""
-  if tpu in ("v4", "v5p"):
-    return f"{tpu}-{2 * num_devices}"
-  return f"{tpu}-{num_devices}" if tpu in TPU_CHIPS else ""
+from reasoning_rl.sharding import (MESH_AXES, logical_to_spec, multi_slice_mesh_shape,
+                                   resolve_mesh_shape, slice_device_counts, slices_spanned)
+from reasoning_rl.tpu_chips import CPU_MACHINE, GIB, TPU_CHIPS, ChipSpec, slice_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +212,12 @@ class Throughput:
   step_s_sync: float
   step_s_async: float | None  # None when both roles share the devices
   overlapped: bool = False  # the config samples ahead (async_rollouts): step_s_async applies
+  # Several slices: the gradient all-reduces over the data axis that cross the data-center
+  # network (one per micro-batch), bytes each trainer device sends and receives per step, and
+  # their seconds (counted in train_s: the step waits for them).
+  dcn_reductions: int = 0
+  dcn_bytes_per_device: float = 0.0
+  dcn_s: float = 0.0
 
   @property
   def steps_per_hour(self) -> float:
@@ -287,8 +251,9 @@ class Plan:
   assumptions: Assumptions
   advice: tuple[str, ...]  # one hint per slice that does not fit
   preemption: Preemption
-  target_name: str = ""
+  target_name: str = ""  # of one slice
   num_processes: int = 1
+  num_slices: int = 1
 
   @property
   def fits(self) -> bool:
@@ -327,6 +292,8 @@ class Plan:
     hosts = (f" on {self.num_processes} hosts of {self.num_devices // self.num_processes}"
              if self.num_processes > 1 else "")
     name = f" = {self.target_name}" if self.target_name else ""
+    if self.num_slices > 1:
+      name = f" = {self.num_slices} slices" + (f" of {self.target_name}" if name else "")
     lines = [f"Dry-run plan: {self.model_summary}",
              f"Target: {self.num_devices} x {c.name}{name}{hosts} ({c.hbm_bytes / GIB:.1f} GiB "
              f"HBM, {c.peak_flops / 1e12:.1f} TFLOP/s, {c.hbm_bandwidth / 1e9:.0f} GB/s per "
@@ -356,6 +323,7 @@ class Plan:
               f"steps x {t.decode_step_s * 1e3:.2f} ms = {t.sample_s:.1f} s",
               f"  training   {t.flops.training / 1e12:12.1f} TFLOP   {t.train_s:.1f} s (+ "
               f"{t.flops.recomputation / 1e12:.1f} TFLOP recomputed)",
+              *self._dcn_lines(),
               f"  step (sync: sample, then train) {t.step_s_sync:.1f} s -> "
               f"{t.steps_per_hour:.1f} steps/hour" + ("" if t.overlapped else "   <- this config")]
     if t.step_s_async is not None:
@@ -368,6 +336,15 @@ class Plan:
               "not counted)", ""] + self._preemption_lines() + [
                   "", f"Binding limit: {self.binding()}", f"Verdict: {self.verdict()}"]
     return "\n".join(lines)
+
+  def _dcn_lines(self) -> list[str]:
+    t, c = self.throughput, self.chip
+    if not t.dcn_reductions:
+      return []
+    source = "" if c.dcn_documented else ", assumed: the chip's page gives none"
+    return [f"             of which {t.dcn_s:.2f} s: {t.dcn_reductions} gradient all-reduce(s) "
+            f"across slices over DCN, {t.dcn_bytes_per_device / GIB:.2f} GiB per device at "
+            f"{c.dcn_bandwidth * 8 / 1e9:.0f} Gb/s per chip{source}"]
 
   def _preemption_lines(self) -> list[str]:
     p, a = self.preemption, self.assumptions
@@ -427,17 +404,21 @@ class Layout:
   num_replicas: int
   num_processes: int
   shared: bool  # mesh.num_trainer_devices = 0: every device trains and samples
+  num_slices: int = 1  # of the target
+  trainer_slices: int = 1  # slices the trainer mesh spans (stacked along its data axis)
 
   @property
   def multi_process(self) -> bool:
     return self.num_processes > 1
 
 
-def plan_layout(config, num_devices: int, devices_per_host: int = 0) -> Layout:
-  """The layout of `num_devices` on hosts of `devices_per_host` (0: one host). One process: one
-  replica over every sampler device. Several: one replica per sampler process, on its devices;
-  a split must fall between hosts and leave the trainer at least two (the rules
-  `multihost.topology.make_topology` enforces)."""
+def plan_layout(config, num_devices: int, devices_per_host: int = 0, num_slices: int = 1
+                ) -> Layout:
+  """The layout of `num_devices` on hosts of `devices_per_host` (0: one host), in `num_slices`
+  equal slices. One process: one replica over every sampler device. Several: one replica per
+  sampler process, on its devices; a split must fall between hosts and leave the trainer at least
+  two, and on several slices take part of one slice or whole slices, whose meshes stack along
+  `data` (the rules `multihost.topology.make_topology` enforces)."""
   field = "config.mesh.num_trainer_devices"
   n = config.mesh.num_trainer_devices
   trainer_count, sampler_count = slice_device_counts(n, num_devices, field=field)
@@ -461,11 +442,18 @@ def plan_layout(config, num_devices: int, devices_per_host: int = 0) -> Layout:
           f"{field}={n}: the trainer slice lies on one host of {processes}; its checkpoints need "
           f"it to span at least two (use {2 * per_host} or more) or colocate (0)")
     replicas, replica_size = sampler_count // per_host, per_host
-  return Layout(trainer=abstract_mesh(config.mesh.trainer, trainer_count,
-                                      field="config.mesh.trainer"),
+  if num_devices % (num_slices * per_host):
+    raise ConfigError(f"target.num_slices={num_slices}: {num_devices} devices on hosts of "
+                      f"{per_host} do not form {num_slices} equal slices of whole hosts")
+  trainer_slices = slices_spanned(trainer_count, num_devices, num_slices, field=field)
+  trainer = AbstractMesh(multi_slice_mesh_shape(config.mesh.trainer, trainer_count,
+                                                trainer_slices, field="config.mesh.trainer"),
+                         MESH_AXES)
+  return Layout(trainer=trainer,
                 replica=abstract_mesh(config.mesh.sampler, replica_size,
                                       field="config.mesh.sampler"),
-                num_replicas=replicas, num_processes=processes, shared=n == 0)
+                num_replicas=replicas, num_processes=processes, shared=n == 0,
+                num_slices=num_slices, trainer_slices=trainer_slices)
 
 
 def shard_size(axes: Sequence[str | None], shape: Sequence[int], mesh: AbstractMesh) -> int:
@@ -745,16 +733,43 @@ def step_flops(config, m: ModelConfig) -> flops_lib.StepFlops:
       passes=flops_lib.TrainingPasses.of_step(step_config(config)))
 
 
+def dcn_gradient_traffic(config, layout: Layout, gradient_bytes: float, chip: ChipSpec
+                         ) -> tuple[int, float, float]:
+  """(all-reduces, bytes per device, seconds) of one step's gradient reductions across the
+  trainer's slices, over the data-center network.
+
+  Only the data axis crosses slices (`reasoning_rl.sharding`), so each trainer device all-reduces
+  its gradient shard (`gradient_bytes`) with its k − 1 peers in the other slices; a ring
+  all-reduce sends and receives 2 (k − 1) / k of the buffer per device (Patarasuk & Yuan 2009,
+  "Bandwidth optimal all-reduce algorithms for clusters of workstations"), at the chip's DCN
+  bandwidth. XLA reduces each micro-batch's gradient inside the accumulation loop (seen in the
+  compiled step's HLO: the data-axis all-reduces sit in the loop body), so a step makes
+  updates × micro-batches of them.
+  """
+  from reasoning_rl.build import step_config  # local: build imports the training stack lazily
+
+  k = layout.trainer_slices
+  if k == 1:
+    return 0, 0.0, 0.0
+  reductions = step_config(config).updates_per_step * config.algo.num_micro_batches
+  per_device = reductions * gradient_bytes * 2 * (k - 1) / k
+  return reductions, per_device, per_device / chip.dcn_bandwidth
+
+
 def throughput(config, m: ModelConfig, chip: ChipSpec, layout: Layout, sampler_weights: int,
-               a: Assumptions) -> Throughput:
+               a: Assumptions, gradient_bytes: float = 0.0) -> Throughput:
   """Roofline times. Each of the R replicas prefills and decodes its share of the prompts
   (ceil(P / R) prompts, every R-th) on its own devices; a decode step reads the replica's weights
-  and the live slots' KV cache from HBM once (memory-bound) unless its FLOPs take longer."""
+  and the live slots' KV cache from HBM once (memory-bound) unless its FLOPs take longer. On
+  several slices the training time adds the gradient all-reduces over DCN
+  (`dcn_gradient_traffic`; `gradient_bytes`: one trainer device's gradient shard)."""
   r = config.rollout
   step = step_flops(config, m)
   per_token = flops_lib.forward_flops(m, 1, r.max_prefill_length + r.max_new_tokens)
   trainer, replica, replicas = layout.trainer, layout.replica, layout.num_replicas
-  train_s = (step.training + step.recomputation) / (trainer.size * chip.peak_flops * a.train_mfu)
+  reductions, dcn_bytes, dcn_s = dcn_gradient_traffic(config, layout, gradient_bytes, chip)
+  train_s = ((step.training + step.recomputation) / (trainer.size * chip.peak_flops * a.train_mfu)
+             + dcn_s)
   prompts = -(-r.num_prompts // replicas)
   rows = prompts * r.num_samples
   slots = r.max_concurrent_decodes
@@ -771,7 +786,8 @@ def throughput(config, m: ModelConfig, chip: ChipSpec, layout: Layout, sampler_w
                     prefill_s=prefill_s, decode_steps=decode_steps, decode_step_s=decode_step_s,
                     sample_s=sample_s, train_s=train_s, step_s_sync=sample_s + train_s,
                     step_s_async=None if layout.shared else max(sample_s, train_s),
-                    overlapped=rollouts_ahead(config) and not layout.shared)
+                    overlapped=rollouts_ahead(config) and not layout.shared,
+                    dcn_reductions=reductions, dcn_bytes_per_device=dcn_bytes, dcn_s=dcn_s)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -886,8 +902,12 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
   that does not fall between hosts.
   """
   a = assumptions or Assumptions()
-  chip, num_devices = _chip(target)
-  layout = plan_layout(config, num_devices, chip.devices_per_host)
+  chip, slice_devices = _chip(target)
+  num_slices = target.get("num_slices", 1)
+  if not isinstance(num_slices, int) or num_slices < 1:
+    raise ConfigError(f"target.num_slices={num_slices!r}: must be an integer >= 1")
+  num_devices = num_slices * slice_devices
+  layout = plan_layout(config, num_devices, chip.devices_per_host, num_slices)
   precision = Precision.of(config)
   shapes = ModelShapes.of(config, model_config)
   r = config.rollout
@@ -907,7 +927,11 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
   else:
     slices = (make("trainer", layout.trainer, train),
               make("sampler", layout.replica, sample, layout.num_replicas))
-  speed = throughput(config, model_config, chip, layout, sampler_weights, a)
+  # trainable weights (LoRA: the adapters only), as the trainer slice holds them: their
+  # gradients cross slices, and with the AdamW moments they are what a checkpoint saves
+  trainable = param_bytes_per_device(shapes.adapters or shapes.master, layout.trainer)
+  speed = throughput(config, model_config, chip, layout, sampler_weights, a,
+                     gradient_bytes=trainable)
   weight_name = precision.weights.name
   summary = (f"{model_config.model_type}, {model_config.num_params() / 1e9:.3f} B params, "
              f"{model_config.num_layers} layers x hidden {model_config.hidden_size}, "
@@ -916,17 +940,15 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
              f"{r.max_new_tokens} tokens, {r.max_concurrent_decodes} decode slots per replica")
   advice = () if all(s.fits for s in slices) else _advice(
       config, model_config, chip, a, layout, shapes, train, sample, sampler_kwargs)
-  # trainable weights + AdamW m, v, as the trainer slice holds them (LoRA: the adapters only)
-  trainable = param_bytes_per_device(shapes.adapters or shapes.master, layout.trainer)
-  saved = 3 * trainable
+  saved = 3 * trainable  # trainable weights + AdamW m, v
   preemption = Preemption(
       decode_call_s=min(r.steps_per_call, r.max_new_tokens) * speed.decode_step_s,
       train_s=speed.train_s, checkpoint_bytes_per_device=saved,
       save_s=saved / a.checkpoint_bytes_per_s_per_device)
   return Plan(chip=chip, num_devices=num_devices, model_summary=summary, slices=slices,
               throughput=speed, assumptions=a, advice=advice, preemption=preemption,
-              target_name=slice_name(str(target["tpu"]), num_devices),
-              num_processes=layout.num_processes)
+              target_name=slice_name(str(target["tpu"]), slice_devices),
+              num_processes=layout.num_processes, num_slices=num_slices)
 
 
 def dry_run_model_config(config) -> ModelConfig:
@@ -962,8 +984,11 @@ def print_dry_run(config) -> Plan:
   """`launch/train.py --config.dry_run=True`: prints the plan of `config.target` and returns it."""
   target = dict(config.target)
   if target.get("num_devices", 0) == 0:
-    target = {"tpu": target.get("tpu", "cpu"), "num_devices": jax.device_count(),
-              "devices_per_host": jax.local_device_count()}
+    from reasoning_rl.sharding import count_slices
+
+    slices = count_slices(jax.devices(), config.mesh.num_slices)
+    target = {"tpu": target.get("tpu", "cpu"), "num_devices": jax.device_count() // slices,
+              "devices_per_host": jax.local_device_count(), "num_slices": slices}
   result = plan(config, dry_run_model_config(config), target=target)
   print(result.table())
   return result

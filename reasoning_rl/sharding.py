@@ -6,6 +6,13 @@ Every array dimension in the project is named with a logical axis (`batch`, `voc
 dimension and Megatron-style over `tensor` on heads / MLP / vocabulary; activations split their batch
 over `data` × `fsdp`. A dimension that a mesh axis does not divide stays replicated on that axis (e.g.
 SmolLM2's 3 KV heads on a tensor axis of 2), so any model fits any mesh.
+
+Several slices (TPU "Multislice": slices joined by the data-center network, DCN, whose bandwidth
+is a small fraction of the chips' own interconnect, ICI): a mesh shape then describes one slice,
+and the slices are stacked along `data`. Only data parallelism crosses slices, so the one
+collective on DCN is the gradient all-reduce over `data` (as MaxText's default
+`dcn_data_parallelism` does); parameters, FSDP gathers and tensor-parallel traffic stay inside a
+slice.
 """
 
 from __future__ import annotations
@@ -76,12 +83,75 @@ def slice_device_counts(num_trainer: int, num_devices: int, *,
   return num_trainer, num_devices - num_trainer
 
 
+def multi_slice_mesh_shape(shape: Sequence[int] | dict[str, int], num_devices: int,
+                           num_slices: int = 1, *, field: str = "mesh") -> tuple[int, int, int]:
+  """(data, fsdp, tensor) sizes of a mesh over `num_devices` on `num_slices` slices: `shape` is
+  resolved against one slice's devices, then `data` is multiplied by the slice count."""
+  if num_slices < 1 or num_devices % num_slices:
+    raise ConfigError(f"{field}: {num_devices} devices do not form {num_slices} equal slices")
+  data, fsdp, tensor = resolve_mesh_shape(shape, num_devices // num_slices, field=field)
+  return data * num_slices, fsdp, tensor
+
+
 def make_mesh(shape: Sequence[int] | dict[str, int], devices: Sequence[jax.Device] | None = None,
-              *, field: str = "mesh") -> Mesh:
-  """A mesh with axes (data, fsdp, tensor) over `devices` (default: all); see resolve_mesh_shape."""
+              *, field: str = "mesh", num_slices: int = 1) -> Mesh:
+  """A mesh with axes (data, fsdp, tensor) over `devices` (default: all); see resolve_mesh_shape.
+
+  With `num_slices` > 1, `devices` lists the slices one after another (slice-major: process-major
+  order is, since processes are numbered slice by slice) and `shape` is one slice's mesh; the
+  slices are stacked along `data`, so data-parallel index s·data + i is slice s's i-th.
+  """
   devices = list(jax.devices() if devices is None else devices)
-  sizes = resolve_mesh_shape(shape, len(devices), field=field)
+  sizes = multi_slice_mesh_shape(shape, len(devices), num_slices, field=field)
   return Mesh(np.asarray(devices, dtype=object).reshape(sizes), MESH_AXES)
+
+
+def device_slice_ids(devices: Sequence[jax.Device], num_slices: int = 0, *,
+                     field: str = "config.mesh.num_slices") -> list[int]:
+  """The slice of each of `devices` (all of a run's devices, in process-major order).
+
+  TPU devices of a multi-slice run carry `slice_index`, which decides. Elsewhere `num_slices`
+  (0 or 1: one slice) simulates slices as equal consecutive groups: whole processes when the
+  devices belong to several (a host is never cut, as on TPU), else devices of the one process.
+  """
+  real = [getattr(d, "slice_index", None) for d in devices]
+  if None not in real and len(set(real)) > 1:
+    if num_slices not in (0, len(set(real))):
+      raise ConfigError(f"{field}={num_slices}: the devices form {len(set(real))} slices; "
+                        "leave it 0 (the devices' own slices)")
+    return [int(s) for s in real]
+  num_slices = max(num_slices, 1)
+  processes = sorted({d.process_index for d in devices})
+  if len(processes) > 1:
+    if len(processes) % num_slices:
+      raise ConfigError(f"{field}={num_slices}: the {len(processes)} processes cannot form "
+                        f"{num_slices} equal slices; use a divisor of {len(processes)}")
+    per_slice = len(processes) // num_slices
+    return [processes.index(d.process_index) // per_slice for d in devices]
+  if len(devices) % num_slices:
+    raise ConfigError(f"{field}={num_slices}: the {len(devices)} devices cannot form "
+                      f"{num_slices} equal slices; use a divisor of {len(devices)}")
+  return [i * num_slices // len(devices) for i in range(len(devices))]
+
+
+def count_slices(devices: Sequence[jax.Device], num_slices: int = 0, *,
+                 field: str = "config.mesh.num_slices") -> int:
+  return len(set(device_slice_ids(devices, num_slices, field=field)))
+
+
+def slices_spanned(first_devices: int, num_devices: int, num_slices: int, *,
+                   field: str = "config.mesh.num_trainer_devices") -> int:
+  """How many slices the first `first_devices` of `num_devices` (equal slices, in order) cover:
+  one slice or part of it, or whole slices; anything else is a ConfigError naming `field`."""
+  per_slice = num_devices // num_slices
+  if first_devices <= per_slice:
+    return 1
+  if first_devices % per_slice:
+    raise ConfigError(
+        f"{field}={first_devices}: covers {first_devices // per_slice} slices of {per_slice} "
+        f"devices and part of another; the trainer takes part of one slice or whole slices "
+        f"(a multiple of {per_slice}), so that only its data parallelism crosses slices")
+  return first_devices // per_slice
 
 
 def split_devices(num_trainer: int, devices: Sequence[jax.Device] | None = None,

@@ -53,6 +53,9 @@ class ProcessFlags:
   num_processes: int | None = None
   process_id: int | None = None
   transfer_address: str | None = None
+  # Slices the processes form when a TPU host's environment says so (MEGASCALE_NUM_SLICES; see
+  # multihost/tpu_env.py); None: one slice, or the devices say it themselves (slice_index).
+  num_slices: int | None = None
 
   @property
   def given(self) -> bool:
@@ -80,6 +83,10 @@ class ProcessFlags:
     if not 0 <= self.process_id < self.num_processes:
       raise ConfigError(f"--process_id={self.process_id}: must be in 0..{self.num_processes - 1} "
                         f"for --num_processes={self.num_processes}")
+    if self.num_slices is not None and (self.num_slices < 1
+                                        or self.num_processes % self.num_slices):
+      raise ConfigError(f"MEGASCALE_NUM_SLICES={self.num_slices}: must divide the "
+                        f"{self.num_processes} processes into equal slices")
 
   def derived_transfer_address(self) -> str:
     """This process's socket for cross-host transfers: `--transfer_address`, else the

@@ -13,6 +13,10 @@ K devices" of `mesh.num_trainer_devices=K` are whole hosts on a TPU slice.
 
 Each replica receives the policy device to device from the trainer mesh (`param_sync`), which needs
 the replica's device count to divide the trainer's.
+
+Several slices (`sharding.device_slice_ids`): the trainer takes part of one slice or whole slices,
+and its mesh stacks them along `data` (`trainer_num_slices`); a sampler replica is one process's
+devices, so it never spans slices.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class Topology:
   num_processes: int
   trainer_devices: tuple
   replicas: tuple[tuple, ...]
+  trainer_num_slices: int = 1
 
   @property
   def multi_process(self) -> bool:
@@ -73,8 +78,9 @@ class Topology:
   def describe(self) -> str:
     trainers = ",".join(map(str, self.trainer_processes))
     samplers = ",".join(map(str, self.replica_processes))
-    return (f"{self.num_processes} processes: trainer mesh of {len(self.trainer_devices)} devices "
-            f"on process(es) {trainers}; {len(self.replicas)} sampler replica(s) of "
+    slices = f" on {self.trainer_num_slices} slices" if self.trainer_num_slices > 1 else ""
+    return (f"{self.num_processes} processes: trainer mesh of {len(self.trainer_devices)} devices"
+            f"{slices} on process(es) {trainers}; {len(self.replicas)} sampler replica(s) of "
             f"{len(self.replicas[0])} devices on process(es) {samplers}")
 
 
@@ -83,11 +89,26 @@ def process_major(devices: Sequence) -> list:
 
 
 def make_topology(num_trainer_devices: int, devices: Sequence, *, process_index: int,
-                  num_processes: int, field: str = "config.mesh.num_trainer_devices") -> Topology:
-  """The roles for `devices` (all of the run's devices); ConfigError names `field`."""
+                  num_processes: int, num_slices: int = 0,
+                  field: str = "config.mesh.num_trainer_devices") -> Topology:
+  """The roles for `devices` (all of the run's devices) on `num_slices` slices (0: as the devices
+  say, see `sharding.device_slice_ids`); ConfigError names `field`."""
   from reasoning_rl import sharding  # pylint: disable=import-outside-toplevel
 
   devices = process_major(devices)
+  slice_ids = sharding.device_slice_ids(devices, num_slices)
+  topology = _roles(num_trainer_devices, devices, process_index=process_index,
+                    num_processes=num_processes, field=field)
+  total_slices = len(set(slice_ids))
+  trainer_slices = sharding.slices_spanned(len(topology.trainer_devices), len(devices),
+                                           total_slices, field=field)
+  return dataclasses.replace(topology, trainer_num_slices=trainer_slices)
+
+
+def _roles(num_trainer_devices: int, devices: list, *, process_index: int, num_processes: int,
+           field: str) -> Topology:
+  from reasoning_rl import sharding  # pylint: disable=import-outside-toplevel
+
   if num_processes == 1:
     if num_trainer_devices == 0:
       trainer = sampler = devices
