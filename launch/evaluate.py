@@ -53,20 +53,20 @@ def evaluate(checkpoint: str, config, *, share=None, mesh=None) -> dict | None:
 def main(argv):
   del argv
   from reasoning_rl import storage
-  from reasoning_rl.errors import ReasoningRLError
+  from reasoning_rl.errors import ExitCode, ReasoningRLError
   from reasoning_rl.multihost import data_parallel, runtime
   from reasoning_rl.workdir import check_output_file_writable
 
   if not _CHECKPOINT.value:
     print("error: --checkpoint is required", file=sys.stderr)
-    return 2
+    return ExitCode.BAD_INPUT
   try:
     runtime.initialize(_PROCESS_FLAGS())
     share = data_parallel.current_share()
     checkpoint = storage.path(_CHECKPOINT.value)
     if not checkpoint.exists():
       print(f"error: --checkpoint {checkpoint}: no such file or directory", file=sys.stderr)
-      return 2
+      return ExitCode.BAD_INPUT
     output = storage.path(_OUTPUT.value) if _OUTPUT.value else (
         (checkpoint if checkpoint.is_dir() else checkpoint.parent) / "eval.json")
     if share.is_primary and not storage.is_remote(output):
@@ -75,7 +75,7 @@ def main(argv):
                       mesh=data_parallel.local_mesh(tuple(_CONFIG.value.mesh.sampler)))
   except ReasoningRLError as error:
     print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
-    return 2
+    return ExitCode.BAD_INPUT
   if share.is_primary:
     storage.atomic_write(output, json.dumps(result, indent=2))
     print(f"accuracy {result['accuracy']:.4f} on {result['num_examples']} examples "

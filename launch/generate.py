@@ -44,10 +44,9 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-from reasoning_rl.errors import ReasoningRLError, SamplingError
+from reasoning_rl.errors import ExitCode, ReasoningRLError, SamplingError
 
 DEFAULT_BATCH_PROMPTS = 64
-STORAGE_EXIT_CODE = 4
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -296,11 +295,11 @@ def main(argv=None) -> int:
     if not written:
       partial.unlink(missing_ok=True)
     print(f"generate.py: error: {error}", file=sys.stderr)
-    return 2
+    return ExitCode.BAD_INPUT
   except OSError as error:
     print(f"generate.py: error: writing {args.output} failed ({error.strerror or error}); "
           f"{written} completions are in {partial}", file=sys.stderr)
-    return STORAGE_EXIT_CODE
+    return ExitCode.STORAGE
   print(f"wrote {written} completions to {output}")
   return 0
 

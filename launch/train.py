@@ -28,9 +28,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from reasoning_rl.errors import CheckpointError, ReasoningRLError  # noqa: E402
-
-STORAGE_EXIT_CODE = 4
+from reasoning_rl.errors import CheckpointError, ExitCode, ReasoningRLError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file.",
                                           lock_config=True)
@@ -76,18 +74,18 @@ def main(argv):
     return exit_code
   except CheckpointError as error:
     print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
-    return STORAGE_EXIT_CODE
+    return ExitCode.STORAGE
   except OSError as error:  # metrics, rollouts, logs or reports could not be written
     from reasoning_rl.workdir import storage_failure_line
 
     print(f"error: StorageError: {storage_failure_line(error, config.workdir)}", file=sys.stderr)
-    return STORAGE_EXIT_CODE
+    return ExitCode.STORAGE
   except ReasoningRLError as error:
     print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
-    return 2
+    return ExitCode.BAD_INPUT
   except KeyboardInterrupt:  # a second Ctrl-C: abort at once, nothing saved
     print("interrupted twice: stopped without saving", file=sys.stderr)
-    return 130
+    return ExitCode.INTERRUPTED
   except Exception:
     from reasoning_rl.multihost import runtime
 

@@ -60,15 +60,9 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
 from reasoning_rl import storage
-from reasoning_rl.errors import CheckpointError
+from reasoning_rl.errors import CheckpointError, ExitCode
 
 log = logging.getLogger("reasoning_rl")
-
-# 128 + the signal: what a shell reports for a process the signal terminated. Schedulers that
-# requeue preempted jobs treat 143 as "killed, restart me", unlike 0 ("finished"); the checkpoint
-# written before exiting is complete either way.
-PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
-INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
 
 CHECKSUMS_FILE = "CHECKSUMS.json"
 CORRUPT_PREFIX = "corrupt-"
@@ -594,10 +588,10 @@ def preemption_requested() -> bool:
   return _preemption_event.is_set()
 
 
-def interrupt_exit_code() -> int:
+def interrupt_exit_code() -> ExitCode:
   """The exit code for the signal that set the flag: 130 for SIGINT, 143 for SIGTERM (the
   default when the flag was set without a signal)."""
-  return 128 + (_stop_signals[0] if _stop_signals else signal.SIGTERM)
+  return ExitCode(128 + (_stop_signals[0] if _stop_signals else signal.SIGTERM))
 
 
 def clear_preemption_request() -> None:

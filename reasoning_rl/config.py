@@ -12,7 +12,7 @@ import math
 
 import ml_collections
 
-from reasoning_rl.errors import ConfigError
+from reasoning_rl.errors import ConfigError, ExitCode
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -572,4 +572,4 @@ def precheck_or_exit(argv: list[str]) -> None:
     precheck_command_line(argv)
   except ConfigError as error:
     print(f"error: ConfigError: {error}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(ExitCode.BAD_INPUT)

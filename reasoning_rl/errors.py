@@ -1,7 +1,27 @@
 """One exception type per layer, so callers can catch what they can handle.
 
 Every message names the file, tensor or field at fault and says what to do about it.
+The exit codes of the launchers live here too (`ExitCode`): the one list a scheduler, a recipe or
+a test reads them from.
 """
+
+import enum
+import signal
+
+
+class ExitCode(enum.IntEnum):
+  """How `launch/train.py` (and the other launchers) end. After INTERRUPTED / PREEMPTED a
+  checkpoint is complete; a rerun on the workdir resumes. 128 + the signal is what a shell reports
+  for a process that signal terminated; schedulers that requeue preempted jobs treat 143 as
+  "killed, restart me", unlike 0."""
+
+  DONE = 0  # total_steps reached, or nothing left to do
+  BAD_INPUT = 2  # a config field or an input file is wrong: one line names it (ReasoningRLError)
+  GUARD = 3  # a guard stopped the run: WORKDIR/STOPPED.md says which and why
+  STORAGE = 4  # a checkpoint, metrics or log file could not be read or written
+  LOST_PEER = 5  # another process of a multi-process run was lost
+  INTERRUPTED = 128 + signal.SIGINT  # 130: Ctrl-C, after saving a checkpoint
+  PREEMPTED = 128 + signal.SIGTERM  # 143: SIGTERM, after saving a checkpoint
 
 
 class ReasoningRLError(Exception):

@@ -1,12 +1,9 @@
 """Guard rails: stop a run that is going wrong before it burns the compute budget.
 
-Process exit codes of `launch/train.py`:
-  0    done: `total_steps` reached (or nothing left to do).
-  3    a guard tripped (`GUARD_EXIT_CODE`): a checkpoint was saved and `STOPPED.md` in the workdir
-       names the guard, its numbers and the step. Restarting on the same workdir resumes from that
-       checkpoint and will likely trip again; raise the threshold or fix the cause first.
-  143  preempted (SIGTERM, 128 + 15): a checkpoint was saved; restart on the workdir to resume.
-Anything else is a crash (Python's 1 for an uncaught exception, ConfigError included).
+A tripped guard ends the run with `ExitCode.GUARD` (3, reasoning_rl/errors.py): a checkpoint was
+saved and `STOPPED.md` in the workdir names the guard, its numbers and the step. Restarting on
+the same workdir resumes from that checkpoint and will likely trip again; raise the threshold or
+fix the cause first.
 
 Guards (thresholds under `config.guards`; off at their defaults except the verifier guards):
 
@@ -49,11 +46,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from reasoning_rl import storage
-from reasoning_rl.errors import ConfigError
+from reasoning_rl.errors import ConfigError, ExitCode
 
-GUARD_EXIT_CODE = 3
-PREEMPTED_EXIT_CODE = 143
-DONE_EXIT_CODE = 0
 STOPPED_FILE = "STOPPED.md"
 
 # Metric keys the guards read.
@@ -258,7 +252,7 @@ def write_stopped_md(workdir: str | os.PathLike[str], trip: Trip):
   lines = [f"# Run stopped by guard `{trip.guard}` at step {trip.step}", "",
            trip.message, "", "| value | |", "|---|---|"]
   lines += [f"| {key} | {value} |" for key, value in trip.values.items()]
-  lines += ["", f"Exit code {GUARD_EXIT_CODE}. The newest checkpoint holds step {trip.step}; "
+  lines += ["", f"Exit code {int(ExitCode.GUARD)}. The newest checkpoint holds step {trip.step}; "
             f"change `config.guards.{trip.guard}` (or fix the cause) before resuming.", ""]
   storage.atomic_write(path, "\n".join(lines))
   return path

@@ -33,7 +33,7 @@ from reasoning_rl import lora
 from reasoning_rl import metrics as metrics_lib
 from reasoning_rl import storage
 from reasoning_rl.build import Run, build, build_template, eval_max_new_tokens
-from reasoning_rl.errors import CheckpointError, PhaseInterrupted
+from reasoning_rl.errors import CheckpointError, ExitCode, PhaseInterrupted
 from reasoning_rl.loop.rl_stage import RLStage
 from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
 from reasoning_rl.loop.sft_stage import SFTStage
@@ -184,7 +184,7 @@ class Trainer:
     progress = metrics_lib.ProgressBar(c.total_steps, initial=start_step,
                                        enabled=None if c.logging.progress_bar and primary
                                        else False)
-    exit_code = guards_lib.DONE_EXIT_CODE
+    exit_code = ExitCode.DONE
 
     def save(step: int) -> None:
       if writer is not None:
@@ -242,7 +242,7 @@ class Trainer:
         log.error("guard %s stopped the run at step %d: %s", trip.guard, completed, trip.message)
         progress.write(f"stopped by guard {trip.guard} at step {completed}: {trip.message} "
                        f"(see {self.workdir / guards_lib.STOPPED_FILE})")
-        exit_code = guards_lib.GUARD_EXIT_CODE
+        exit_code = ExitCode.GUARD
     except PhaseInterrupted as interrupted:
       # every process raised it together (the collector and the evaluation agree through the
       # exchange); the interrupted step or evaluation is redone by the rerun
@@ -254,7 +254,7 @@ class Trainer:
       # background raises CheckpointError from close(): the run's one error line, exit 4, and
       # no success summary)
       with contextlib.ExitStack() as releases:
-        if exit_code not in (guards_lib.PREEMPTED_EXIT_CODE, 130):
+        if exit_code not in (ExitCode.PREEMPTED, ExitCode.INTERRUPTED):
           # after a stop on a signal (here or on another process), keep ours: a late SIGTERM
           # (this host's own preemption notice) must not kill the orderly exit with 130 / 143
           releases.callback(restore_signal_handlers)
@@ -317,16 +317,16 @@ class Trainer:
     return result
 
 
-_ENDINGS = {guards_lib.DONE_EXIT_CODE: "finished", guards_lib.GUARD_EXIT_CODE: "stopped by a guard",
-            guards_lib.PREEMPTED_EXIT_CODE: "preempted", 130: "interrupted"}
+_ENDINGS = {ExitCode.DONE: "finished", ExitCode.GUARD: "stopped by a guard",
+            ExitCode.PREEMPTED: "preempted", ExitCode.INTERRUPTED: "interrupted"}
 
 
 def summary_text(workdir: pathlib.Path, exit_code: int, report: pathlib.Path) -> str:
   """The few lines printed when a run ends: how it ended, held-out accuracy, where things are."""
   ended = {**_ENDINGS,
-           guards_lib.GUARD_EXIT_CODE: f"stopped by a guard (see {workdir / guards_lib.STOPPED_FILE})",
-           guards_lib.PREEMPTED_EXIT_CODE: "preempted (checkpoint saved; rerun to resume)",
-           130: "interrupted (checkpoint saved; rerun to resume)"}
+           ExitCode.GUARD: f"stopped by a guard (see {workdir / guards_lib.STOPPED_FILE})",
+           ExitCode.PREEMPTED: "preempted (checkpoint saved; rerun to resume)",
+           ExitCode.INTERRUPTED: "interrupted (checkpoint saved; rerun to resume)"}
   rows = metrics_lib.read_metrics(workdir / metrics_lib.METRICS_FILE) if (
       workdir / metrics_lib.METRICS_FILE).exists() else []
   lines = [f"run {ended.get(exit_code, f'ended with code {exit_code}')} after step "

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from reasoning_rl import checkpointing
-from reasoning_rl.checkpointing import PREEMPTED_EXIT_CODE, Checkpointer
+from reasoning_rl.checkpointing import Checkpointer
+from reasoning_rl.errors import ExitCode
 from reasoning_rl.errors import CheckpointError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -182,7 +183,7 @@ _LOOP = textwrap.dedent("""
         ckpt.save(step, state, {"preempted_at": step}, force=True)
         ckpt.close()
         print(step, flush=True)
-        sys.exit(checkpointing.PREEMPTED_EXIT_CODE)
+        sys.exit(checkpointing.interrupt_exit_code())
       time.sleep(0.005)
     sys.exit(3)
 """)
@@ -199,7 +200,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     time.sleep(0.05)
   child.send_signal(signal.SIGTERM)
   stdout, stderr = child.communicate(timeout=60)
-  assert child.returncode == PREEMPTED_EXIT_CODE == 143, stderr
+  assert child.returncode == ExitCode.PREEMPTED == 143, stderr
   last_step = int(stdout.strip())
   with Checkpointer(tmp_path) as ckpt:
     assert ckpt.all_steps() == [last_step]

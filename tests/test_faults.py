@@ -23,7 +23,7 @@ from flax import nnx
 from reasoning_rl import checkpointing
 from reasoning_rl.checkpointing import CHECKSUMS_FILE, CheckpointCorruptError, Checkpointer
 from reasoning_rl.config import base_config
-from reasoning_rl.errors import CheckpointError, ConfigError
+from reasoning_rl.errors import CheckpointError, ConfigError, ExitCode
 from reasoning_rl.models import load
 from reasoning_rl.models.checkpoints import load_hf_weights
 from reasoning_rl.models.config import ModelConfig
@@ -314,7 +314,7 @@ def test_sigint_requests_a_stop_with_130_and_a_second_aborts(stop_handlers):
   assert not checkpointing.preemption_requested()
   _deliver(signal.SIGINT)
   assert checkpointing.preemption_requested()
-  assert checkpointing.interrupt_exit_code() == checkpointing.INTERRUPTED_EXIT_CODE == 130
+  assert checkpointing.interrupt_exit_code() == ExitCode.INTERRUPTED == 130
   _deliver(signal.SIGTERM)  # a later SIGTERM neither aborts nor changes the code
   assert checkpointing.interrupt_exit_code() == 130
   with pytest.raises(KeyboardInterrupt):
@@ -325,7 +325,7 @@ def test_sigint_requests_a_stop_with_130_and_a_second_aborts(stop_handlers):
 def test_sigterm_requests_a_stop_with_143(stop_handlers):
   _deliver(signal.SIGTERM)
   assert checkpointing.preemption_requested()
-  assert checkpointing.interrupt_exit_code() == checkpointing.PREEMPTED_EXIT_CODE == 143
+  assert checkpointing.interrupt_exit_code() == ExitCode.PREEMPTED == 143
   checkpointing.clear_preemption_request()
   checkpointing._preemption_event.set()  # set without a signal (as tests of the loop do)
   assert checkpointing.interrupt_exit_code() == 143

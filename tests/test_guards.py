@@ -8,7 +8,7 @@ import pytest
 
 from reasoning_rl import config as config_lib
 from reasoning_rl import guards as guards_lib
-from reasoning_rl.errors import ConfigError
+from reasoning_rl.errors import ConfigError, ExitCode
 from reasoning_rl.guards import GuardConfig, Guards
 
 
@@ -167,4 +167,4 @@ def test_write_stopped_md(tmp_path):
   text = path.read_text()
   assert path.name == "STOPPED.md"
   assert "`max_kl`" in text and "step 7" in text and "0.003" in text and "Exit code 3" in text
-  assert guards_lib.GUARD_EXIT_CODE == 3 and guards_lib.PREEMPTED_EXIT_CODE == 143
+  assert ExitCode.GUARD == 3 and ExitCode.PREEMPTED == 143

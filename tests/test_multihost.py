@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from reasoning_rl.errors import ConfigError
+from reasoning_rl.errors import ConfigError, ExitCode
 from reasoning_rl.multihost import bulk, runtime
 from reasoning_rl.multihost.exchange import Exchange
 from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
@@ -205,7 +205,7 @@ def test_a_vanished_coordination_service_ends_the_run_like_a_lost_peer(monkeypat
 
   def stop(reason, live=()):
     stops.append(reason)
-    raise SystemExit(runtime.LOST_PROCESS_EXIT_CODE)
+    raise SystemExit(ExitCode.LOST_PEER)
 
   monkeypatch.setattr(runtime, "stop_lost_run", stop)
   store = ServiceGone()
@@ -258,7 +258,7 @@ def test_an_error_a_lost_peer_caused_names_the_peer_and_exits_5(process_of_four,
   service = process_of_four(1, live=[0, 1, 2])
   with pytest.raises(SystemExit) as stopped:
     runtime.stop_if_a_peer_was_lost()
-  assert stopped.value.code == runtime.LOST_PROCESS_EXIT_CODE
+  assert stopped.value.code == ExitCode.LOST_PEER
   assert "error: process 1: process 3 of 4 stopped sending heartbeats" in capsys.readouterr().err
   assert service.set_keys == ["reasoning_rl/stopping/1"]  # announced, so process 0 may leave
   assert service.waited == []
@@ -374,7 +374,7 @@ def test_a_killed_process_stops_the_others_and_a_rerun_resumes(tmp_path):
   processes[3].kill()  # a sampler process
   codes = runs.wait_all(processes, timeout_s=120)
   assert time.monotonic() - killed < 60
-  assert codes[:3] == [runtime.LOST_PROCESS_EXIT_CODE] * 3, _logs(tmp_path)
+  assert codes[:3] == [ExitCode.LOST_PEER] * 3, _logs(tmp_path)
   logs = _logs(tmp_path)
   assert logs.count("process 3 of 4 stopped sending heartbeats") == 3
   processes = runs.start_processes(workdir, overrides)

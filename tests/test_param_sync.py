@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from reasoning_rl import sharding
+from reasoning_rl.errors import ExitCode
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import create_model
 from reasoning_rl.multihost import param_sync, runtime, sync_watch
@@ -201,7 +202,7 @@ def test_a_stalled_sampler_process_stops_every_process_and_a_rerun_resumes(tmp_p
   processes = runs.start_processes(workdir, overrides, num_processes=3)
   codes = runs.wait_all(processes, timeout_s=400)
   logs = [(tmp_path / f"run.p{i}.log").read_text(errors="replace") for i in range(3)]
-  assert codes == [runtime.LOST_PROCESS_EXIT_CODE] * 3, "\n".join(l[-3000:] for l in logs)
+  assert codes == [ExitCode.LOST_PEER] * 3, "\n".join(l[-3000:] for l in logs)
   head = "weight sync 2 (policy version 2) did not finish within its deadline of 20 s"
   for index, log in enumerate(logs):
     lines = [line for line in log.splitlines() if line.startswith(f"error: process {index}: ")]

@@ -11,7 +11,7 @@ import pytest
 from reasoning_rl import checkpointing
 from reasoning_rl import guards as guards_lib
 from reasoning_rl.config import base_config
-from reasoning_rl.errors import PhaseInterrupted
+from reasoning_rl.errors import ExitCode, PhaseInterrupted
 from reasoning_rl.metrics import read_metrics
 from reasoning_rl.multihost.cluster import local_cluster
 from reasoning_rl.rl.step import TrainState
@@ -95,7 +95,7 @@ def test_cadence_of_logging_checkpoints_and_evaluations(tmp_path):
   run, _, closed = _fake_run(tmp_path)
   evaluations = []
   trainer = _trainer(run, ScriptedStage(), evaluations)
-  assert trainer.run() == guards_lib.DONE_EXIT_CODE
+  assert trainer.run() == ExitCode.DONE
   assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")] == list(range(1, 11))
   assert checkpointing.Checkpointer(tmp_path / "checkpoints").all_steps() == [8, 10]  # keep = 2
   assert evaluations == [0, 5, 10]  # before, every 5 steps, after (not twice at the end)
@@ -108,7 +108,7 @@ def test_cadence_of_logging_checkpoints_and_evaluations(tmp_path):
 def test_guard_trip_saves_writes_stopped_md_and_exits_3(tmp_path):
   run, _, _ = _fake_run(tmp_path, **{"beta": 0.1, "guards.max_kl": 0.065})
   trainer = _trainer(run, ScriptedStage(), [])
-  assert trainer.run() == guards_lib.GUARD_EXIT_CODE
+  assert trainer.run() == ExitCode.GUARD
   assert read_metrics(tmp_path / "metrics.jsonl")[-1]["step"] == 7  # kl 0.07 > 0.065
   assert checkpointing.Checkpointer(tmp_path / "checkpoints").latest_step() == 7
   assert "max_kl" in (tmp_path / guards_lib.STOPPED_FILE).read_text()
@@ -118,13 +118,13 @@ def test_preemption_saves_then_a_rerun_resumes_the_loop_state(tmp_path):
   run, _, _ = _fake_run(tmp_path)
   evaluations = []
   assert _trainer(run, ScriptedStage(preempt_at=3), evaluations).run() == \
-      guards_lib.PREEMPTED_EXIT_CODE
+      ExitCode.PREEMPTED
   assert checkpointing.Checkpointer(tmp_path / "checkpoints").latest_step() == 3
   checkpointing.clear_preemption_request()
   run, versions, _ = _fake_run(tmp_path)
   stage = ScriptedStage()
   trainer = _trainer(run, stage, evaluations)
-  assert trainer.run() == guards_lib.DONE_EXIT_CODE
+  assert trainer.run() == ExitCode.DONE
   assert versions[0] == 3  # the restored params were published as version 3
   assert trainer.loop.data_position == 30 and trainer.loop.policy_version == 10
   np.testing.assert_array_equal(trainer.state.params["w"], [10.0, 10.0])
@@ -152,7 +152,7 @@ def _uninterrupted(tmp_path):
   run, _, _ = _fake_run(tmp_path / "reference")
   evaluations = []
   trainer = _trainer(run, ScriptedStage(), evaluations)
-  assert trainer.run() == guards_lib.DONE_EXIT_CODE
+  assert trainer.run() == ExitCode.DONE
   return read_metrics(tmp_path / "reference" / "metrics.jsonl"), evaluations
 
 
@@ -165,7 +165,7 @@ def test_a_stop_while_sampling_saves_the_previous_step_and_the_rerun_redoes_the_
   run, _, _ = _fake_run(tmp_path / "run")
   evaluations = []
   assert _trainer(run, InterruptedStage(interrupt_at), evaluations).run() == \
-      guards_lib.PREEMPTED_EXIT_CODE
+      ExitCode.PREEMPTED
   steps = checkpointing.Checkpointer(tmp_path / "run" / "checkpoints").all_steps()
   assert steps == ([interrupt_at - 1] if interrupt_at > 1 else [])
   assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == \
@@ -173,7 +173,7 @@ def test_a_stop_while_sampling_saves_the_previous_step_and_the_rerun_redoes_the_
   checkpointing.clear_preemption_request()
   run, _, _ = _fake_run(tmp_path / "run")
   trainer = _trainer(run, ScriptedStage(), evaluations)
-  assert trainer.run() == guards_lib.DONE_EXIT_CODE
+  assert trainer.run() == ExitCode.DONE
   def untimed(rows):
     return [{k: v for k, v in row.items() if k != "time/unix"} for row in rows]
 
@@ -200,7 +200,7 @@ def test_a_stop_during_an_evaluation_saves_the_step_and_the_rerun_evaluates_firs
     return evaluate(step)
 
   trainer.evaluate = interrupted
-  assert trainer.run() == guards_lib.PREEMPTED_EXIT_CODE
+  assert trainer.run() == ExitCode.PREEMPTED
   checkpointer = checkpointing.Checkpointer(tmp_path / "checkpoints")
   assert checkpointer.latest_step() == interrupted_eval
   checkpointing.clear_preemption_request()
@@ -209,7 +209,7 @@ def test_a_stop_during_an_evaluation_saves_the_step_and_the_rerun_evaluates_firs
   assert checkpointer.restore(interrupted_eval, abstract)[1]["pending_eval"] == interrupted_eval
   stage = ScriptedStage()
   trainer = _trainer(run, stage, evaluations)
-  assert trainer.run() == guards_lib.DONE_EXIT_CODE
+  assert trainer.run() == ExitCode.DONE
   assert evaluations == [0, 5, 10]
   assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")] == list(range(1, 11))
   assert trainer.loop.pending_eval is None

@@ -14,7 +14,7 @@ Around the initialize call:
   collective or a queue: the runtime runs in JAX's recoverable mode (a peer's death does not abort
   the others from inside C++), with a short heartbeat timeout, and a watcher thread polls which
   processes are alive and ends this process with one line naming the lost one and exit code
-  `LOST_PROCESS_EXIT_CODE`. Process 0 hosts the coordination service, so it leaves last: it waits
+  `ExitCode.LOST_PEER`. Process 0 hosts the coordination service, so it leaves last: it waits
   (bounded) until the others announce that they are stopping. An error that a lost peer caused in
   the main thread (a wait or collective that lost its partner) ends the same way. If the lost process is process 0, which hosts the coordination service,
   JAX itself terminates the others at once with a message naming the coordination service.
@@ -30,11 +30,10 @@ import threading
 import time
 from collections.abc import Sequence
 
-from reasoning_rl.errors import ConfigError
+from reasoning_rl.errors import ConfigError, ExitCode
 
 log = logging.getLogger("reasoning_rl")
 
-LOST_PROCESS_EXIT_CODE = 5
 # Seconds without a heartbeat after which the coordination service declares a process dead; the
 # watcher notices within one poll after that, well inside a 60 s budget.
 HEARTBEAT_TIMEOUT_S = 30
@@ -255,7 +254,7 @@ def stop_if_a_peer_was_lost() -> None:
 
 def stop_lost_run(reason: str, live: Sequence[int] = ()) -> None:
   """Ends this process because the run lost a process: one line naming `reason`, exit code
-  `LOST_PROCESS_EXIT_CODE`. Every process but 0 announces that it is stopping; process 0 (which
+  `ExitCode.LOST_PEER`. Every process but 0 announces that it is stopping; process 0 (which
   hosts the coordination service) waits up to `_STOP_WAIT_S` for the announcements of the
   processes in `live` (as the detection saw them), so that each of them names the lost process
   itself instead of finding the service gone mid-call (which JAX turns into an abort at
@@ -282,7 +281,7 @@ def stop_lost_run(reason: str, live: Sequence[int] = ()) -> None:
         client.blocking_key_value_get(f"reasoning_rl/stopping/{index}", remaining_ms)
   except Exception:  # pylint: disable=broad-except
     pass  # the service or a peer is gone too: nothing left to wait for
-  os._exit(LOST_PROCESS_EXIT_CODE)  # pylint: disable=protected-access
+  os._exit(ExitCode.LOST_PEER)  # pylint: disable=protected-access
 
 
 def finish(timeout_s: float = 3600.0) -> None:
