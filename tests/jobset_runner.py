@@ -3,6 +3,12 @@
 local process per pod with the variables a TPU pod gets, and decide what the controller would do
 when the pods end (the Job's podFailurePolicy, then the JobSet's failurePolicy rules).
 
+A pod's variables: what GKE injects into a TPU pod of an Indexed Job (TPU_WORKER_ID, and
+TPU_WORKER_HOSTNAMES: the hosts of its own Job, i.e. its slice), JOB_COMPLETION_INDEX, its
+hostname, and the container's own `env` with `valueFrom.fieldRef` read from the annotations
+JobSet puts on the pod (jobset.sigs.k8s.io/job-index: the slice; jobset.sigs.k8s.io/coordinator:
+the coordinator pod's address, here "localhost" since every pod runs on this machine).
+
 The CRD is vendored from kubernetes-sigs/jobset v0.12.0 (config/components/crd/bases/
 jobset.x-k8s.io_jobsets.yaml at b16bcb1, gzipped) in tests/data/.
 """
@@ -83,14 +89,53 @@ def controller_decision(manifest: dict, exit_codes: list[int]) -> str:
   return "RestartJobSet"
 
 
-def pod_environment(manifest: dict, index: int, hosts: int, port: int) -> dict:
-  """What GKE / JobSet set in pod `index` of the slice's Job (an Indexed Job): its completion
-  index, the TPU worker id and every worker's hostname (all this machine here), its hostname."""
+JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+COORDINATOR = "jobset.sigs.k8s.io/coordinator"
+
+
+def pod_annotations(manifest: dict, job_index: int) -> dict:
+  """The JobSet annotations of a pod of Job `job_index` that the container's env may read."""
+  annotations = {JOB_INDEX: str(job_index)}
+  if "coordinator" in manifest["spec"]:
+    annotations[COORDINATOR] = "localhost"  # <jobset>-<rjob>-<job>-<pod>.<jobset> on GKE
+  return annotations
+
+
+def container_environment(container: dict, annotations: dict) -> dict:
+  """The container's `env`: plain values, and fieldRefs to metadata.annotations['KEY']."""
+  env = {}
+  for item in container.get("env", []):
+    if "value" in item:
+      env[item["name"]] = item["value"]
+      continue
+    path = item["valueFrom"]["fieldRef"]["fieldPath"]
+    prefix = "metadata.annotations['"
+    if not (path.startswith(prefix) and path.endswith("']")):
+      raise ValueError(f"{item['name']}: the stand-in reads only pod annotations, not {path}")
+    env[item["name"]] = annotations[path[len(prefix):-2]]
+  return env
+
+
+def pod_environment(manifest: dict, job_index: int, index: int, port: int) -> dict:
+  """What GKE / JobSet set in pod `index` of Job `job_index` (the slice) of the replicated job:
+  its completion index, the TPU worker id, the hostnames of its slice's workers (all this machine
+  here), its hostname, and the container's env."""
   name = manifest["metadata"]["name"]
-  rjob = manifest["spec"]["replicatedJobs"][0]["name"]
+  rjob = manifest["spec"]["replicatedJobs"][0]
+  job = rjob["template"]["spec"]
+  container = job["template"]["spec"]["containers"][0]
   return {"JOB_COMPLETION_INDEX": str(index), "TPU_WORKER_ID": str(index),
-          "TPU_WORKER_HOSTNAMES": ",".join(["localhost"] * hosts),
-          "HOSTNAME": f"{name}-{rjob}-0-{index}", "JAX_COORDINATOR_PORT": str(port)}
+          "TPU_WORKER_HOSTNAMES": ",".join(["localhost"] * job["parallelism"]),
+          "HOSTNAME": f"{name}-{rjob['name']}-{job_index}-{index}",
+          "JAX_COORDINATOR_PORT": str(port),
+          **container_environment(container, pod_annotations(manifest, job_index))}
+
+
+def pods(manifest: dict) -> list[tuple[int, int]]:
+  """(job index, completion index) of every pod, slice by slice."""
+  rjob = manifest["spec"]["replicatedJobs"][0]
+  hosts = rjob["template"]["spec"]["parallelism"]
+  return [(job_index, index) for job_index in range(rjob["replicas"]) for index in range(hosts)]
 
 
 def start_pods(manifest: dict, image_root: pathlib.Path, image_path: str, env: dict, port: int,
@@ -101,10 +146,10 @@ def start_pods(manifest: dict, image_root: pathlib.Path, image_path: str, env: d
   container = job["template"]["spec"]["containers"][0]
   command = [part.replace(image_path, str(image_root)) for part in container["command"]]
   workdir = container["workingDir"].replace(image_path, str(image_root))
-  pods = []
-  for index in range(job["parallelism"]):
-    log = open(log_dir / f"pod{index}.log", "wb")  # noqa: SIM115
-    pods.append(subprocess.Popen(
+  started = []
+  for number, (job_index, index) in enumerate(pods(manifest)):
+    log = open(log_dir / f"pod{number}.log", "wb")  # noqa: SIM115
+    started.append(subprocess.Popen(
         command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
-        env={**os.environ, **env, **pod_environment(manifest, index, job["parallelism"], port)}))
-  return pods
+        env={**os.environ, **env, **pod_environment(manifest, job_index, index, port)}))
+  return started

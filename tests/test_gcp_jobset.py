@@ -22,16 +22,36 @@ sys.modules["gcp_commands"] = gcp
 spec.loader.exec_module(gcp)
 
 
-def manifest(accelerator="v5p-64", workdir="gs://b/run", overrides=()) -> dict:
+def manifest(accelerator="v5p-64", workdir="gs://b/run", overrides=(), num_slices=1) -> dict:
   return gcp.jobset_manifest(
       gcp.slice_for(accelerator), name="rl", image="img", max_restarts=5, grace_s=162,
       train=gcp.train_command("configs/debug_cpu.py", workdir, overrides),
-      service_account="trainer-ksa")
+      service_account="trainer-ksa", num_slices=num_slices)
 
 
-@pytest.mark.parametrize("accelerator", ["v5p-64", "v6e-16", "v5litepod-8"])
-def test_manifest_is_valid_against_the_jobset_crd(accelerator):
-  jobset_runner.validate(manifest(accelerator))
+@pytest.mark.parametrize("accelerator, num_slices", [
+    ("v5p-64", 1), ("v6e-16", 1), ("v5litepod-8", 1), ("tpu7x-16", 1), ("v5p-16", 2),
+    ("tpu7x-64", 4)])
+def test_manifest_is_valid_against_the_jobset_crd(accelerator, num_slices):
+  jobset_runner.validate(manifest(accelerator, num_slices=num_slices))
+
+
+def test_multislice_manifest_replicates_the_slice_and_names_its_coordinator():
+  jobset = manifest("v5p-16", num_slices=3)
+  rjob = jobset["spec"]["replicatedJobs"][0]
+  assert (rjob["replicas"], rjob["template"]["spec"]["parallelism"]) == (3, 2)
+  assert jobset["spec"]["coordinator"] == {"replicatedJob": "slice", "jobIndex": 0, "podIndex": 0}
+  env = rjob["template"]["spec"]["template"]["spec"]["containers"][0]["env"]
+  assert env == [
+      {"name": "MEGASCALE_NUM_SLICES", "value": "3"},
+      {"name": "MEGASCALE_SLICE_ID", "valueFrom": {"fieldRef": {
+          "fieldPath": "metadata.annotations['jobset.sigs.k8s.io/job-index']"}}},
+      {"name": "MEGASCALE_COORDINATOR_ADDRESS", "valueFrom": {"fieldRef": {
+          "fieldPath": "metadata.annotations['jobset.sigs.k8s.io/coordinator']"}}}]
+  one = manifest("v5p-16")
+  assert "coordinator" not in one["spec"]
+  assert "env" not in one["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+      "containers"][0]
 
 
 def test_validation_catches_a_wrong_value_and_a_misspelt_field():
@@ -56,6 +76,24 @@ def test_validation_catches_a_wrong_value_and_a_misspelt_field():
 ])
 def test_controller_restarts_on_preemption_and_lost_peers_only(exit_codes, decision):
   assert jobset_runner.controller_decision(manifest(), exit_codes) == decision
+
+
+def test_multislice_pods_get_the_processes_of_one_run():
+  """2 slices of 2 hosts: each pod's environment (GKE's TPU_WORKER_*, the manifest's MEGASCALE_*
+  read from the JobSet annotations) maps onto its own process of one 4-process run, numbered
+  slice by slice, all with slice 0's first pod as coordinator (as JAX's cloud_tpu_cluster.py)."""
+  from reasoning_rl.multihost.tpu_env import flags_from_tpu_environment
+
+  jobset = manifest("v5p-16", num_slices=2)
+  found = []
+  for job_index, index in jobset_runner.pods(jobset):
+    env = jobset_runner.pod_environment(jobset, job_index, index, port=9000)
+    assert (env["MEGASCALE_SLICE_ID"], env["TPU_WORKER_ID"], env["TPU_WORKER_HOSTNAMES"]) == (
+        str(job_index), str(index), "localhost,localhost")
+    flags = flags_from_tpu_environment(env)
+    found.append((flags.process_id, flags.num_processes, flags.coordinator_address))
+  assert found == [(0, 4, "localhost:9000"), (1, 4, "localhost:9000"), (2, 4, "localhost:9000"),
+                   (3, 4, "localhost:9000")]
 
 
 @pytest.mark.slow
