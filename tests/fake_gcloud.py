@@ -2,15 +2,28 @@
 that tests run the generated recipe unchanged: each TPU host is a directory (its home) and its
 commands run as local processes with the variables a TPU host would have.
 
-  gcloud compute tpus queued-resources create|describe|delete NAME ...
-  gcloud compute tpus tpu-vm scp SRC NAME:DEST ... --worker=all
-  gcloud compute tpus tpu-vm ssh NAME ... --worker=all|I --command=CMD
+  gcloud compute tpus queued-resources create NAME (--node-id=NAME | --node-count=N
+      --node-prefix=P) ...
+  gcloud compute tpus queued-resources describe|delete NAME ...
+  gcloud compute tpus queued-resources scp SRC NAME:DEST ... --node=all|K --worker=all|I
+  gcloud compute tpus queued-resources ssh NAME ... --node=all|K --worker=all|I --command=CMD
+  gcloud compute tpus tpu-vm scp SRC NODE:DEST ... --worker=all|I
+  gcloud compute tpus tpu-vm ssh NODE ... --worker=all|I --command=CMD
+
+A queued resource holds one node (a slice) per --node-id, or N nodes P-0 ... P-(N-1) for a
+multislice request (the TPU API's MultisliceParams naming). Every worker of node K gets
+TPU_WORKER_ID (its index in the slice) and TPU_WORKER_HOSTNAMES (its slice's hosts); on several
+slices also MEGASCALE_NUM_SLICES, MEGASCALE_SLICE_ID = K and MEGASCALE_COORDINATOR_ADDRESS (node
+0's worker 0), which a multislice TPU VM finds in its metadata (jax/_src/clusters/
+cloud_tpu_cluster.py reads them from there or from the environment).
 
 State lives under $FAKE_GCLOUD_STATE: NAME/state (what `describe` prints; a test writes SUSPENDED
-there to simulate a preemption), NAME/hosts/<incarnation>/worker<I> (each worker's home: a
-recreated queued resource gets fresh disks, as on Cloud TPU), calls.log (one line per call).
-$FAKE_GCLOUD_HOSTS workers per slice (default 2); $FAKE_GCLOUD_WORKER_ENV a JSON object of extra
-variables for the workers' commands (JAX_PLATFORMS=cpu, XLA_FLAGS, UV_CACHE_DIR ...).
+there to simulate a preemption), NAME/nodes (the node names, one a line),
+NAME/hosts/<incarnation>/<node>/worker<I> (each worker's home: a recreated queued resource gets
+fresh disks, as on Cloud TPU; its file tpu-env holds the TPU_WORKER_* / MEGASCALE_* values the
+host was given, as a VM's metadata does), calls.log (one line per call). $FAKE_GCLOUD_HOSTS workers per slice
+(default 2); $FAKE_GCLOUD_WORKER_ENV a JSON object of extra variables for the workers' commands
+(JAX_PLATFORMS=cpu, XLA_FLAGS, UV_CACHE_DIR ...).
 
 Behaviour copied from the real service where the recipe depends on it: a queued resource is
 PROVISIONING until described once, then ACTIVE; `ssh` / `scp` fail with exit code 255 unless the
@@ -80,15 +93,24 @@ def _bindable(port: int) -> bool:
   return True
 
 
-def homes(name: str) -> list[pathlib.Path]:
-  current = (node(name) / "incarnation").read_text().strip()
-  return sorted((node(name) / "hosts" / current).glob("worker*"),
-                key=lambda p: int(p.name.removeprefix("worker")))
+def node_names(name: str) -> list[str]:
+  return (node(name) / "nodes").read_text().split()
+
+
+def homes(name: str) -> list[tuple[int, int, pathlib.Path]]:
+  """(slice index, worker index, home) of every worker of the current incarnation."""
+  current = node(name) / "hosts" / (node(name) / "incarnation").read_text().strip()
+  found = []
+  for slice_index, node_name in enumerate(node_names(name)):
+    workers = sorted((current / node_name).glob("worker*"),
+                     key=lambda p: int(p.name.removeprefix("worker")))
+    found += [(slice_index, int(w.name.removeprefix("worker")), w) for w in workers]
+  return found
 
 
 def trainer_pids(name: str) -> list[int]:
   pids = []
-  for home in homes(name):
+  for _, _, home in homes(name):
     pid_file = home / "reasoning_rl" / "train.pid"
     if pid_file.exists() and pid_file.read_text().strip():
       pids.append(int(pid_file.read_text()))
@@ -107,14 +129,26 @@ def create(name: str, args: list[str]) -> int:
   if state_of(name) is not None:
     print(f"ERROR: (gcloud) queued resource {name} already exists", file=sys.stderr)
     return 1
+  if option(args, "node-count"):
+    prefix = option(args, "node-prefix", name)
+    nodes = [f"{prefix}-{k}" for k in range(int(option(args, "node-count")))]
+  else:
+    nodes = [option(args, "node-id", name)]
   node(name).mkdir(parents=True, exist_ok=True)
   hosts = node(name) / "hosts"
   incarnation = len(list(hosts.glob("*"))) if hosts.exists() else 0
-  for worker in range(int(os.environ.get("FAKE_GCLOUD_HOSTS", "2"))):
-    (node(name) / "hosts" / str(incarnation) / f"worker{worker}").mkdir(parents=True)
+  for node_name in nodes:
+    for worker in range(int(os.environ.get("FAKE_GCLOUD_HOSTS", "2"))):
+      (hosts / str(incarnation) / node_name / f"worker{worker}").mkdir(parents=True)
+  (node(name) / "nodes").write_text("\n".join(nodes) + "\n")
   (node(name) / "incarnation").write_text(str(incarnation))
   (node(name) / "port").write_text(str(free_port()))
   (node(name) / "accelerator").write_text(option(args, "accelerator-type", ""))
+  for slice_index, worker, home in homes(name):
+    # the VM's "tpu-env" metadata, in its "KEY: 'value'" lines (jax/_src/clusters/
+    # cloud_tpu_cluster.py reads it); the tests read what each host was told from there
+    lines = [f"{key}: '{value}'" for key, value in tpu_variables(name, slice_index, worker).items()]
+    (home / "tpu-env").write_text("\n".join(lines) + "\n")
   (node(name) / "state").write_text("PROVISIONING")
   return 0
 
@@ -148,52 +182,78 @@ def delete(name: str) -> int:
   return 0
 
 
-def worker_env(name: str, worker: int, home: pathlib.Path) -> dict:
-  count = len(homes(name))
+def tpu_variables(name: str, slice_index: int, worker: int) -> dict:
+  """What a TPU VM of slice `slice_index` knows of its place: its index in the slice and the
+  slice's hosts (TPU_WORKER_*), and on several slices how the slices join (MEGASCALE_*)."""
+  nodes = node_names(name)
+  slice_hosts = sum(1 for k, _, _ in homes(name) if k == slice_index)
+  variables = {"TPU_WORKER_ID": str(worker),
+               "TPU_WORKER_HOSTNAMES": ",".join(["localhost"] * slice_hosts)}
+  if len(nodes) > 1:
+    variables.update(MEGASCALE_NUM_SLICES=str(len(nodes)), MEGASCALE_SLICE_ID=str(slice_index),
+                     MEGASCALE_COORDINATOR_ADDRESS="localhost")
+  return variables
+
+
+def worker_env(name: str, slice_index: int, worker: int, home: pathlib.Path) -> dict:
   env = {**os.environ, **json.loads(os.environ.get("FAKE_GCLOUD_WORKER_ENV", "{}"))}
-  env.update(HOME=str(home), TPU_WORKER_ID=str(worker),
-             TPU_WORKER_HOSTNAMES=",".join(["localhost"] * count),
+  env.update(tpu_variables(name, slice_index, worker), HOME=str(home),
              JAX_COORDINATOR_PORT=(node(name) / "port").read_text().strip(),
-             HOSTNAME=f"{name}-w-{worker}", PYTHONUNBUFFERED="1")
+             HOSTNAME=f"{node_names(name)[slice_index]}-w-{worker}", PYTHONUNBUFFERED="1")
   return env
 
 
-def selected(name: str, args: list[str]) -> list[tuple[int, pathlib.Path]]:
-  which = option(args, "worker", "0")
-  workers = list(enumerate(homes(name)))
-  return workers if which == "all" else [workers[int(which)]]
+def owner(node_name: str) -> str | None:
+  """The queued resource that holds node `node_name` (tpu-vm commands name nodes)."""
+  for path in STATE.glob("*/nodes"):
+    if node_name in path.read_text().split():
+      return path.parent.name
+  return None
 
 
-def unreachable(name: str) -> bool:
-  if state_of(name) == "ACTIVE":
+def selected(name: str, args: list[str], node_name: str | None = None
+             ) -> list[tuple[int, int, pathlib.Path]]:
+  """The workers --node / --worker pick (a tpu-vm command: the workers of `node_name`)."""
+  nodes = node_names(name)
+  which_node = (str(nodes.index(node_name)) if node_name is not None
+                else option(args, "node", "0"))
+  which_worker = option(args, "worker", "0")
+  return [(k, w, home) for k, w, home in homes(name)
+          if which_node in ("all", str(k)) and which_worker in ("all", str(w))]
+
+
+def unreachable(name: str | None, target: str) -> bool:
+  if name is not None and state_of(name) == "ACTIVE":
     return False
-  print(f"ssh: connect to host {name}: Connection refused", file=sys.stderr)
+  print(f"ssh: connect to host {target}: Connection refused", file=sys.stderr)
   return True
 
 
-def scp(args: list[str]) -> int:
+def scp(args: list[str], *, by_node: bool) -> int:
   source, target = positional(args)
-  name, _, destination = target.partition(":")
-  if unreachable(name):
+  target_name, _, destination = target.partition(":")
+  name = owner(target_name) if by_node else target_name
+  if unreachable(name, target_name):
     return 255
-  for _, home in selected(name, args):
+  for _, _, home in selected(name, args, target_name if by_node else None):
     shutil.copy(source, home / destination)
   return 0
 
 
-def ssh(name: str, args: list[str]) -> int:
-  if unreachable(name):
+def ssh(target: str, args: list[str], *, by_node: bool) -> int:
+  name = owner(target) if by_node else target
+  if unreachable(name, target):
     return 255
   command = option(args, "command")
   processes = [subprocess.Popen(["bash", "-c", command], cwd=home,
-                                env=worker_env(name, worker, home), start_new_session=True)
-               for worker, home in selected(name, args)]
+                                env=worker_env(name, k, worker, home), start_new_session=True)
+               for k, worker, home in selected(name, args, target if by_node else None)]
   while any(p.poll() is None for p in processes):
     if state_of(name) != "ACTIVE":  # the host went away under the connection
       for p in processes:
         if p.poll() is None:
           os.killpg(p.pid, signal.SIGKILL)
-      print(f"Connection to {name} closed by remote host.", file=sys.stderr)
+      print(f"Connection to {target} closed by remote host.", file=sys.stderr)
       return 255
     time.sleep(0.2)
   return max((p.returncode for p in processes), key=abs)
@@ -205,13 +265,18 @@ def main(args: list[str]) -> int:
     log.write(json.dumps(args) + "\n")
   words = positional(args)
   if words[:3] == ["compute", "tpus", "queued-resources"]:
-    verb, name = words[3], words[4]
+    verb = words[3]
+    if verb == "ssh":
+      return ssh(words[4], args, by_node=False)
+    if verb == "scp":
+      return scp(args[4:], by_node=False)
+    name = words[4]
     return {"create": lambda: create(name, args), "describe": lambda: describe(name),
             "delete": lambda: delete(name)}[verb]()
   if words[:4] == ["compute", "tpus", "tpu-vm", "ssh"]:
-    return ssh(words[4], args)
+    return ssh(words[4], args, by_node=True)
   if words[:4] == ["compute", "tpus", "tpu-vm", "scp"]:
-    return scp(args[4:])
+    return scp(args[4:], by_node=True)
   print(f"fake gcloud: unsupported command {args}", file=sys.stderr)
   return 2
 

@@ -1,9 +1,11 @@
 """The tpu_vm recipe of launch/gcp/commands.py, executed unchanged against a local `gcloud`
-(tests/fake_gcloud.py): 2 TPU hosts become 2 local CPU processes of one JAX run (the launcher maps
-the hosts' TPU_WORKER_* variables onto the coordinator flags, reasoning_rl/multihost/tpu_env.py);
-the install script runs on each host; a preemption (SIGTERM to every trainer, then the queued
-resource SUSPENDED) is followed by delete, recreate, reinstall and a resume with no step lost;
-the queued resource is deleted at the end."""
+(tests/fake_gcloud.py), for a multislice run: one queued resource of 2 nodes (slices), whose 2
+hosts become 2 local CPU processes of one JAX run (the launcher maps the hosts' TPU_WORKER_* and
+MEGASCALE_* variables onto the coordinator flags, reasoning_rl/multihost/tpu_env.py); the install
+script runs on each host; a preemption (SIGTERM to every trainer, then the queued resource
+SUSPENDED) is followed by delete, recreate, reinstall and a resume with no step lost; the queued
+resource is deleted at the end. The one-slice recipe differs only in naming its node (--node-id,
+`tpu-vm ssh NAME`); test_gcp_launch.py checks that text."""
 
 from __future__ import annotations
 
@@ -53,14 +55,16 @@ def fake_cloud(tmp_path: pathlib.Path) -> dict:
                 "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
   return {**os.environ, "PATH": f"{bin_dir}:{pathlib.Path(sys.executable).parent}:"
           f"{os.environ['PATH']}", "FAKE_GCLOUD_STATE": str(tmp_path / "cloud"),
-          "FAKE_GCLOUD_HOSTS": "2", "FAKE_GCLOUD_WORKER_ENV": json.dumps(worker_env),
+          # one worker per node: 2 slices of v5p-16 as 2 processes, the cost of the one-slice run
+          "FAKE_GCLOUD_HOSTS": "1", "FAKE_GCLOUD_WORKER_ENV": json.dumps(worker_env),
           "POLL_S": "0.2", "SETTLE_S": "10"}
 
 
 def recipe(tmp_path: pathlib.Path, workdir: pathlib.Path) -> pathlib.Path:
   result = subprocess.run(
       [sys.executable, "launch/gcp/commands.py", "--config=configs/debug_cpu.py", "--mode=tpu_vm",
-       "--accelerator_type=v5p-16", "--project=p", "--zone=z", "--name=rl", f"--source={REPO}",
+       "--accelerator_type=v5p-16", "--num_slices=2", "--project=p", "--zone=z", "--name=rl",
+       f"--source={REPO}",
        f"--workdir={workdir}", "--workdir_is_shared", "--max_restarts=2", "--spot",
        f"--override=--config.total_steps={TOTAL_STEPS}",
        "--override=--config.checkpoint.every_steps=100",  # the preemption's save is the only one
@@ -71,6 +75,17 @@ def recipe(tmp_path: pathlib.Path, workdir: pathlib.Path) -> pathlib.Path:
   path = tmp_path / "recipe.sh"
   path.write_text(result.stdout)
   return path
+
+
+def hosts_of(tmp_path: pathlib.Path, incarnation: int) -> list[pathlib.Path]:
+  """The homes of the workers of one incarnation of the queued resource, node by node."""
+  return sorted((tmp_path / "cloud" / "rl" / "hosts" / str(incarnation)).glob("*/worker*"))
+
+
+def told(home: pathlib.Path) -> dict:
+  """The TPU_WORKER_* / MEGASCALE_* values a host was given (its tpu-env metadata stand-in)."""
+  lines = (home / "tpu-env").read_text().splitlines()
+  return {key: value.strip().strip("'") for key, value in (line.split(":", 1) for line in lines)}
 
 
 def calls(tmp_path: pathlib.Path) -> list[list[str]]:
@@ -91,8 +106,7 @@ def wait_for(condition, timeout_s: float, what: str, process) -> None:
 def preempt(tmp_path: pathlib.Path) -> list[int]:
   """SIGTERM to every host's trainer, then the queued resource reports SUSPENDED (the order of a
   Spot preemption: the hosts get their notice, then the service takes them)."""
-  hosts = sorted((tmp_path / "cloud" / "rl" / "hosts" / "0").glob("worker*"))
-  pids = [int((h / "reasoning_rl" / "train.pid").read_text()) for h in hosts]
+  pids = [int((h / "reasoning_rl" / "train.pid").read_text()) for h in hosts_of(tmp_path, 0)]
   for pid in pids:
     os.kill(pid, signal.SIGTERM)
   (tmp_path / "cloud" / "rl" / "state").write_text("SUSPENDED")
@@ -100,7 +114,7 @@ def preempt(tmp_path: pathlib.Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_recipe_recovers_a_preempted_slice_without_losing_a_step(tmp_path):
+def test_multislice_recipe_recovers_a_preemption_without_losing_a_step(tmp_path):
   workdir = tmp_path / "run"
   env = fake_cloud(tmp_path)
   process = subprocess.Popen(["bash", str(recipe(tmp_path, workdir))], cwd=tmp_path, env=env,
@@ -113,18 +127,31 @@ def test_recipe_recovers_a_preempted_slice_without_losing_a_step(tmp_path):
     if process.poll() is None:
       process.kill()
   assert process.returncode == 0, output
-  first_hosts = sorted((tmp_path / "cloud" / "rl" / "hosts" / "0").glob("worker*"))
+  from reasoning_rl.multihost.tpu_env import flags_from_tpu_environment
+
+  first_hosts = hosts_of(tmp_path, 0)
+  assert [h.parent.name for h in first_hosts] == ["rl-0", "rl-1"]  # one node per slice
+  # slice k's only host is process k of the 2-process run; slice 0's host coordinates
+  mapped = [flags_from_tpu_environment({**told(h), "JAX_COORDINATOR_PORT": "9000"})
+            for h in first_hosts]
+  assert [(f.process_id, f.num_processes, f.coordinator_address) for f in mapped] == [
+      (0, 2, "localhost:9000"), (1, 2, "localhost:9000")]
   exit_codes = [(h / "reasoning_rl" / "exit_code").read_text().strip() for h in first_hosts]
   assert exit_codes == ["143", "143"], output  # each saved its checkpoint on the notice
   steps = [row["step"] for row in metrics_rows(workdir)]
   assert steps == list(range(1, TOTAL_STEPS + 1)), steps  # no step lost, none repeated
   assert "restart 1/2: trainers ended (exit code none), queued resource SUSPENDED" in output
-  verbs = [c[3] for c in calls(tmp_path) if c[:3] == ["compute", "tpus", "queued-resources"]
-           and c[3] != "describe"]
+  queued = [c for c in calls(tmp_path) if c[:3] == ["compute", "tpus", "queued-resources"]]
+  verbs = [c[3] for c in queued if c[3] in ("create", "delete")]
   assert verbs == ["create", "delete", "create", "delete"], verbs  # recreated, then down
-  assert "--spot" in next(c for c in calls(tmp_path) if c[3:4] == ["create"])
-  # the second slice's hosts installed afresh and resumed: both ran to the end
-  second_hosts = sorted((tmp_path / "cloud" / "rl" / "hosts" / "1").glob("worker*"))
-  assert [(h / "reasoning_rl" / "exit_code").read_text().strip() for h in second_hosts] == [
-      "0", "0"]
+  create = next(c for c in queued if c[3] == "create")
+  assert {"--node-count=2", "--node-prefix=rl", "--accelerator-type=v5p-16", "--spot"} <= set(
+      create)
+  # every worker of every node was reached by the queued resource's own ssh / scp
+  assert {c[3] for c in queued} == {"create", "describe", "delete", "scp", "ssh"}
+  assert all("--node=all" in c for c in queued if c[3] == "scp")
+  assert not [c for c in calls(tmp_path) if c[2] == "tpu-vm"]
+  # the second incarnation's hosts installed afresh and resumed: both ran to the end
+  assert [(h / "reasoning_rl" / "exit_code").read_text().strip()
+          for h in hosts_of(tmp_path, 1)] == ["0", "0"]
   assert output.count("installed: reasoning_rl") == 4, output  # 2 hosts, twice
