@@ -1,7 +1,12 @@
 # The image of the xpk and JobSet modes (launch/gcp/commands.py, docs/cloud_tpu.md): the project
 # at /opt/reasoning_rl/src and its environment at /opt/reasoning_rl/venv, made by the same
 # install script as on TPU VM workers (own Python env with uv, jax[tpu]==0.10.2 with its libtpu).
-#   docker build -t us-docker.pkg.dev/PROJECT/REPO/reasoning_rl:TAG . && docker push ...
+#   docker build --platform=linux/amd64 -t us-docker.pkg.dev/PROJECT/REPO/reasoning_rl:TAG . \
+#     && docker push us-docker.pkg.dev/PROJECT/REPO/reasoning_rl:TAG
+# The same image is the base of xpk's own build (commands.py --mode=xpk --base_image=IMAGE: xpk
+# copies the repository into /app of an image FROM this one and runs the trainer there with
+# /opt/reasoning_rl/venv); rebuild it when setup.cfg's dependencies change. linux/amd64: the
+# platform xpk builds TPU images for (google/xpk system_characteristics.py, DockerPlatform).
 FROM python:3.12-slim
 RUN apt-get update && apt-get install -y --no-install-recommends git \
     && rm -rf /var/lib/apt/lists/*

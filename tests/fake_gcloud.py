@@ -21,9 +21,9 @@ State lives under $FAKE_GCLOUD_STATE: NAME/state (what `describe` prints; a test
 there to simulate a preemption), NAME/nodes (the node names, one a line),
 NAME/hosts/<incarnation>/<node>/worker<I> (each worker's home: a recreated queued resource gets
 fresh disks, as on Cloud TPU; its file tpu-env holds the TPU_WORKER_* / MEGASCALE_* values the
-host was given, as a VM's metadata does), calls.log (one line per call). $FAKE_GCLOUD_HOSTS workers per slice
-(default 2); $FAKE_GCLOUD_WORKER_ENV a JSON object of extra variables for the workers' commands
-(JAX_PLATFORMS=cpu, XLA_FLAGS, UV_CACHE_DIR ...).
+host was given, as a VM's metadata does), calls.log (one line per call). $FAKE_GCLOUD_HOSTS
+workers per slice (default 2); $FAKE_GCLOUD_WORKER_ENV a JSON object of extra variables for the
+workers' commands (JAX_PLATFORMS=cpu, XLA_FLAGS, UV_CACHE_DIR ...).
 
 Behaviour copied from the real service where the recipe depends on it: a queued resource is
 PROVISIONING until described once, then ACTIVE; `ssh` / `scp` fail with exit code 255 unless the

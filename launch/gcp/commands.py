@@ -8,6 +8,9 @@
   python launch/gcp/commands.py --config=configs/r1zero_tpu.py --mode=jobset --image=IMAGE \
       --service_account=KSA > jobset.yaml
 
+Every mode takes --num_slices=N (default: the config's target.num_slices, 1): N slices of the
+accelerator type joined over the data-center network (TPU Multislice), one JAX process per host.
+
 Modes:
 - tpu_vm: a bash recipe that drives a queued resource to the end of the run: create it, wait
   until ACTIVE, copy launch/gcp/install_worker.sh to every worker and run it (idempotent: its own
@@ -18,11 +21,16 @@ Modes:
   ACTIVE (Spot TPU VMs cannot be restarted, only recreated), reinstall and resume from the workdir,
   at most --max_restarts times. The queued resource is deleted however the recipe ends (a trap);
   `--mode=down` deletes it on its own.
-- xpk: one `xpk workload create` (GKE, for users of xpk) with --max-restarts and the grace period.
-- jobset: a JobSet manifest (jobset.x-k8s.io/v1alpha2) for GKE without xpk: one pod per TPU host;
-  the slice restarts as a whole on preemption, node disruption and lost peers, never on exit codes
-  2 / 3 / 4 (a podFailurePolicy fails the Job, a JobSet failurePolicy rule then fails the JobSet).
+  Several slices: one multislice queued resource (--node-count / --node-prefix).
+- xpk: one `xpk workload create` (GKE, for users of xpk) with --num-slices, --max-restarts and the
+  grace period; the image is --image (--docker-image), or xpk builds it from --base_image and the
+  repository root (--base-docker-image + --script-dir=.).
+- jobset: a JobSet manifest (jobset.x-k8s.io/v1alpha2) for GKE without xpk: one Job per slice, one
+  pod per TPU host; the slices restart as a whole on preemption, node disruption and lost peers,
+  never on exit codes 2 / 3 / 4 (a podFailurePolicy fails the Job, a JobSet failurePolicy rule
+  then fails the JobSet).
 On every host the same `launch/train.py` command runs; on TPU JAX finds the other hosts itself.
+TPU7x (Ironwood) runs on GKE only here: the Cloud TPU API behind queued resources does not serve it.
 """
 
 from __future__ import annotations
@@ -362,7 +370,8 @@ def multislice_environment(num_slices: int) -> list[dict]:
 
   return [{"name": "MEGASCALE_NUM_SLICES", "value": str(num_slices)},
           {"name": "MEGASCALE_SLICE_ID", "valueFrom": annotation(JOB_INDEX_ANNOTATION)},
-          {"name": "MEGASCALE_COORDINATOR_ADDRESS", "valueFrom": annotation(COORDINATOR_ANNOTATION)}]
+          {"name": "MEGASCALE_COORDINATOR_ADDRESS",
+           "valueFrom": annotation(COORDINATOR_ANNOTATION)}]
 
 
 def jobset_manifest(s: Slice, *, name, image, train, max_restarts=5, grace_s=60,
