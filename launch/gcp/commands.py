@@ -553,6 +553,8 @@ def main(argv) -> int:
   if num_slices != config.target.get("num_slices", 1):
     print(f"warning: {_CONFIG.value} plans for {config.target.get('num_slices', 1)} slice(s); "
           f"launching {num_slices}", file=sys.stderr)
+    if "num_slices" in config.target:  # the grace period is planned for what is launched
+      config.target.num_slices = num_slices
   train = train_command(_CONFIG.value, workdir, _EXTRA.value)
   grace = _GRACE.value or grace_seconds(config)
   if _MODE.value == "jobset":
