@@ -185,9 +185,10 @@ def base_config() -> ml_collections.ConfigDict:
   # `mesh.trainer` is one slice's mesh and the slices the trainer spans multiply its data axis.
   c.mesh.num_slices = 0
 
-  # The slice the dry run plans for: tpu = v4 | v5e | v5p | v6e | cpu; num_devices = chips of one
-  # slice (0 = this machine's devices); num_slices: that many such slices joined over the
-  # data-center network (TPU Multislice; launch/gcp/commands.py --num_slices).
+  # The slice the dry run plans for: tpu = v4 | v5e | v5p | v6e | v7x | cpu; num_devices = JAX
+  # devices of one slice, one per chip (v7x: two) (0 = this machine's devices); num_slices:
+  # that many such slices joined over the data-center network (TPU Multislice;
+  # launch/gcp/commands.py --num_slices).
   c.target = ml_collections.ConfigDict(dict(tpu="cpu", num_devices=0, num_slices=1))
 
   # A rerun on a workdir resumes it; fields that differ from the run's first start

@@ -894,8 +894,9 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
   Args:
     config: the training ConfigDict (reasoning_rl.config.base_config fields).
     model_config: the policy's architecture.
-    target: {"tpu": "v4"|"v5e"|"v5p"|"v6e"|"cpu", "num_devices": int (chips)}, optionally
-      "devices_per_host" (default: the chip's; a CPU target is one process unless given).
+    target: {"tpu": "v4"|"v5e"|"v5p"|"v6e"|"v7x"|"cpu", "num_devices": int (JAX devices of one
+      slice)}, optionally "num_slices" (default 1) and "devices_per_host" (default: the chip's; a
+      CPU target is one process unless given).
     assumptions: efficiencies and headroom; `Assumptions()` by default.
 
   Raises ConfigError for an unknown chip, a mesh that does not match the device count, or a split

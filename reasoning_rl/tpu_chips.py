@@ -1,8 +1,9 @@
 """What the planner knows about each accelerator: per-chip facts from Google's public pages.
 
-One JAX device per chip (v4 / v5p run their two TensorCores as one device). The pages write HBM
-sizes as "GB"; the runtime reports them in binary units (a v5e shows ~16 GiB), so capacities are
-taken as GiB.
+Figures are per JAX device: one per chip (v4 / v5p run their two TensorCores as one device),
+except TPU7x (Ironwood), whose two chiplets JAX sees as two devices, each with half the chip. The
+pages write HBM sizes as "GB"; the runtime reports them in binary units (a v5e shows ~16 GiB), so
+capacities are taken as GiB.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ class ChipSpec:
 #        bandwidth per chip (Gbps): 50"
 #   v6e: docs.cloud.google.com/tpu/docs/v6e  — 918 TFLOP/s bf16, 32 GB, 1638 GB/s; 8 chips per
 #        host; no DCN figure
+#   v7x: docs.cloud.google.com/tpu/docs/tpu7x — per chip 192 GiB HBM, 2307 TFLOP/s bf16, 7380 GB/s,
+#        DCN 100 Gb/s, 4 chips per VM; "dual-chiplet": the programming model shows two devices per
+#        chip, so per device half of each (96 GiB, 1153.5 TFLOP/s, 3690 GB/s, 50 Gb/s) and 8
+#        devices per host (the halves are this table's division, not figures Google prints)
 TPU_CHIPS: dict[str, ChipSpec] = {
     "v4": ChipSpec("TPU v4", 32 * GIB, 275e12, 1200e9, devices_per_host=4),
     "v5e": ChipSpec("TPU v5e", 16 * GIB, 197e12, 819e9, devices_per_host=8,
@@ -46,6 +51,8 @@ TPU_CHIPS: dict[str, ChipSpec] = {
     "v5p": ChipSpec("TPU v5p", 95 * GIB, 459e12, 2765e9, devices_per_host=4,
                     dcn_bandwidth=50 * GBPS, dcn_documented=True),
     "v6e": ChipSpec("TPU v6e", 32 * GIB, 918e12, 1638e9, devices_per_host=8),
+    "v7x": ChipSpec("TPU7x (half chip)", 96 * GIB, 1153.5e12, 3690e9, devices_per_host=8,
+                    dcn_bandwidth=50 * GBPS, dcn_documented=True),
 }
 # "cpu": the development machine (24 GiB RAM, ~400 GFLOP/s f32 matmul, ~60 GB/s),
 # shared evenly by `num_devices` simulated devices, one process unless the target says otherwise.
@@ -54,7 +61,10 @@ CPU_MACHINE = ChipSpec("CPU (2 cores)", 24 * GIB, 400e9, 60e9)
 
 def slice_name(tpu: str, num_devices: int) -> str:
   """Cloud TPU's accelerator type of a slice: v4 / v5p count TensorCores (2 per chip), v5e / v6e
-  count chips (v5p-64 = 32 chips, v5e-256 = 256 chips)."""
+  count chips (v5p-64 = 32 chips, v5e-256 = 256 chips), TPU7x TensorCores = its JAX devices
+  (tpu7x-16 = 16 devices on 8 chips)."""
   if tpu in ("v4", "v5p"):
     return f"{tpu}-{2 * num_devices}"
+  if tpu == "v7x":
+    return f"tpu7x-{num_devices}"
   return f"{tpu}-{num_devices}" if tpu in TPU_CHIPS else ""

@@ -395,6 +395,14 @@ def test_cpu_target_splits_the_machine_over_its_devices():
   assert planning.slice_name("v5p", 32) == "v5p-64" and planning.slice_name("v6e", 64) == "v6e-64"
 
 
+def test_a_tpu7x_chip_is_two_devices_of_half_its_figures():
+  # TPU7x: 192 GiB, 2307 TFLOP/s bf16, 7380 GB/s per chip, which JAX shows as two devices; 4
+  # chips (8 devices) per VM; the accelerator type counts TensorCores = devices
+  chip, n = planning._chip({"tpu": "v7x", "num_devices": 16})
+  assert (chip.hbm_bytes, chip.peak_flops, chip.hbm_bandwidth) == (96 * GIB, 1153.5e12, 3690e9)
+  assert chip.devices_per_host == 8 and planning.slice_name("v7x", 16) == "tpu7x-16"
+
+
 # ------------------------------------------------------------------------------ against XLA
 
 

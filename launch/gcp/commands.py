@@ -46,6 +46,10 @@ import sys
 from absl import app
 from absl import flags
 
+# the repository root, so that the script runs from a checkout without an install
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+from reasoning_rl.errors import ExitCode  # noqa: E402  (light: no jax)
+
 HERE = pathlib.Path(__file__).resolve().parent
 INSTALL_SCRIPT = HERE / "install_worker.sh"
 JAX_TPU = "jax[tpu]==0.10.2"  # what install_worker.sh installs (its REASONING_RL_JAX default)
@@ -56,9 +60,10 @@ IMAGE_ROOT = "/opt/reasoning_rl"
 
 # Exit codes of launch/train.py after which a rerun cannot help (bad config or input, a guard
 # stopped the run, storage failure, Ctrl-C): the recipes stop instead of restarting.
-FINAL_EXIT_CODES = (2, 3, 4, 130)
-LOST_PEER_EXIT_CODE = 5
-PREEMPTED_EXIT_CODE = 143
+FINAL_EXIT_CODES = tuple(int(code) for code in (ExitCode.BAD_INPUT, ExitCode.GUARD,
+                                                 ExitCode.STORAGE, ExitCode.INTERRUPTED))
+LOST_PEER_EXIT_CODE = int(ExitCode.LOST_PEER)
+PREEMPTED_EXIT_CODE = int(ExitCode.PREEMPTED)
 
 # accelerator type (TPU API name) -> (chips, chips per host VM, slice topology). A host here is a
 # VM: one JAX process, one TPU VM worker, one GKE pod.
@@ -398,7 +403,7 @@ def jobset_manifest(s: Slice, *, name, image, train, max_restarts=5, grace_s=60,
       "containers": [container]}
   if service_account:  # a Kubernetes service account bound to a Google one (Workload Identity)
     pod["serviceAccountName"] = service_account
-  final = [c for c in FINAL_EXIT_CODES if c != 130]
+  final = [c for c in FINAL_EXIT_CODES if c != ExitCode.INTERRUPTED]
   spec = {
       "failurePolicy": {"maxRestarts": max_restarts, "rules": [
           {"name": "stopOnConfigGuardOrStorage", "action": "FailJobSet",
@@ -491,7 +496,7 @@ def image_build_line(image: str, *, base: bool = False) -> str:
 
 def bad_input(message: str) -> int:
   print(f"error: {message}", file=sys.stderr)
-  return 2
+  return ExitCode.BAD_INPUT
 
 
 def main(argv) -> int:
@@ -588,6 +593,5 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
   define_flags()
   app.run(lambda argv: sys.exit(main(argv)))
