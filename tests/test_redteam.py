@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from reasoning_rl.errors import VerifierError
-from reasoning_rl.verifiers import math as math_lib
+from reasoning_rl.verifiers import math_answers as math_lib
 from reasoning_rl.verifiers.redteam import enforce_redteam, run_redteam
 from reasoning_rl.verifiers.rewards import RewardFunction
 

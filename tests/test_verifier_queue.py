@@ -129,12 +129,12 @@ def test_bad_configuration_is_refused():
 
 
 def math_item(item: tuple[str, str]) -> bool:
-  from reasoning_rl.verifiers.math import is_correct  # pylint: disable=import-outside-toplevel
+  from reasoning_rl.verifiers.math_answers import is_correct  # pylint: disable=import-outside-toplevel
   return is_correct(*item)
 
 
 def test_real_math_verifier_through_the_pool():
-  pytest.importorskip("reasoning_rl.verifiers.math")
+  pytest.importorskip("reasoning_rl.verifiers.math_answers")
   cases = {"frac": (r"<answer>\frac{1}{2}</answer>", "0.5"), "wrong": ("<answer>3</answer>", "4"),
            "boxed": (r"so \boxed{12}", "12")}
   with VerifierPool(math_item, num_workers=2, item_timeout_s=30.0) as pool:

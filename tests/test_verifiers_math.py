@@ -8,8 +8,8 @@ import pytest
 
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.verifiers import final_answer
-from reasoning_rl.verifiers import math as math_lib
-from reasoning_rl.verifiers.math import boxed_contents, check, extract_candidates, is_correct
+from reasoning_rl.verifiers import math_answers as math_lib
+from reasoning_rl.verifiers.math_answers import boxed_contents, check, extract_candidates, is_correct
 
 
 def _respond(answer: str) -> str:

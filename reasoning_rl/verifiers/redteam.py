@@ -10,7 +10,7 @@ nothing, which would otherwise pass every probe.
 
 Code probes take the hostile programs of `reasoning_rl.verifiers.sandbox.code_exploits` (early
 exit, reading or erasing the tests, fake "passed" output, patched builtins, background daemons, …)
-and run them through the configured reward, i.e. through `reasoning_rl.verifiers.code.run_tests`.
+and run them through the configured reward, i.e. through `reasoning_rl.verifiers.code_tests.run_tests`.
 """
 
 from __future__ import annotations
