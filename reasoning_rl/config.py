@@ -428,7 +428,6 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
   require(config.algo.name in ("grpo", "ppo"), "algo.name", "must be grpo or ppo")
   from reasoning_rl import registry  # pylint: disable=import-outside-toplevel
 
-  registry.load_builtin_choices()
   for choices, name in ((registry.ADVANTAGE_ESTIMATORS, config.algo.estimator),
                         (registry.LOSS_TYPES, config.algo.loss_type),
                         (registry.LOSS_AGGREGATIONS, config.algo.loss_agg),

@@ -35,9 +35,17 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import qwix
 from flax import nnx
+from safetensors.numpy import save_file
 
 from reasoning_rl.errors import ConfigError
+from reasoning_rl.models.checkpoints import hf_tensor_name
+# The adapted state and its merge into the base live with the model (save_hf writes merged
+# weights) and are part of this module's interface as well.
+from reasoning_rl.models.lora_merge import (  # noqa: F401  pylint: disable=unused-import
+    adapted_projections, is_adapted, join, merge_into_base, merged_delta, merged_model,
+    plain_graphdef, split_adapters)
 
 QUANTIZATIONS = ("", "int8", "nf4")
 SAMPLER_WEIGHTS = ("adapters", "merged")
@@ -102,8 +110,6 @@ class LoraSettings:
 
 
 def _provider(settings: LoraSettings):
-  import qwix  # pylint: disable=import-outside-toplevel
-
   quantization = {}
   if settings.base_quantization:
     quantization["weight_qtype"] = settings.base_quantization
@@ -125,8 +131,6 @@ def apply_lora(model, settings: LoraSettings, *, seed: int = 0):
     _check_tiles(config, settings.quantization_tile)
   example = jnp.zeros((1, 1, config.hidden_size), model.dtype)
   positions = jnp.zeros((1, 1), jnp.int32)
-  import qwix  # pylint: disable=import-outside-toplevel
-
   adapted = qwix.apply_lora_to_model(model, _provider(settings), example, positions, positions,
                                      methods=("run_blocks",), rngs=nnx.Rngs(seed))
   adapters = nnx.state(adapted, nnx.LoRAParam)
@@ -161,24 +165,6 @@ def _check_tiles(config, tile: int) -> None:
 # ------------------------------------------------------------------------------- state split
 
 
-def is_adapted(state) -> bool:
-  """Whether an nnx state (or model) holds LoRA adapters."""
-  if isinstance(state, nnx.Module):
-    state = nnx.state(state)
-  return any(isinstance(v, nnx.LoRAParam)
-             for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable)))
-
-
-def split_adapters(state):
-  """(adapters, base) of a full nnx state."""
-  return nnx.split_state(state, nnx.LoRAParam, ...)
-
-
-def join(adapters, base):
-  """The full state from its two parts (inverse of `split_adapters`)."""
-  return nnx.merge_state(base, adapters)
-
-
 def zero_adapters(adapters):
   """Adapters that change nothing: the base model, for the KL reference."""
   return jax.tree.map(jnp.zeros_like, adapters)
@@ -187,74 +173,6 @@ def zero_adapters(adapters):
 def num_bytes(tree) -> int:
   """Bytes of every array in a tree (what a weight sync moves)."""
   return int(sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree)))
-
-
-# ------------------------------------------------------------------------------- merging
-
-
-def _adapted_projections(state):
-  """{(path of the module, projection name): (A, B)} of every adapter pair in a state."""
-  pairs = {}
-  for path, _ in nnx.to_flat_state(state):
-    name = str(path[-1])
-    if name.endswith("_lora_a"):
-      module, projection = tuple(path[:-1]), name[:-len("_lora_a")]
-      pairs[(module, projection)] = (
-          _value(state, (*module, projection + "_lora_a")),
-          _value(state, (*module, projection + "_lora_b")))
-  return pairs
-
-
-def _value(state, path):
-  node = state
-  for key in path:
-    node = node[key]
-  return node[...] if isinstance(node, nnx.Variable) else node
-
-
-def merged_delta(lora_a, lora_b, scale: float, shape) -> jax.Array:
-  """α/r · A B in the layout of the weight it adapts.
-
-  Our projections list their contracting axes first (q/k/v [D, H, K], o [H, K, D], MLP [D, F] /
-  [F, D]), which is also how qwix orders A's axes, so A B is a tensordot over the rank axis."""
-  delta = jnp.tensordot(lora_a.astype(jnp.float32), lora_b.astype(jnp.float32), axes=1)
-  if delta.shape != tuple(shape):
-    raise ValueError(f"adapter product {delta.shape} does not match the weight {tuple(shape)}")
-  return delta * scale
-
-
-def merge_into_base(adapters, base, settings: LoraSettings):
-  """The plain model's state W + α/r · A B for every adapted W (same tree as a model without
-  LoRA); jit-able. The base must not be quantized."""
-  if settings.base_quantization:
-    raise ConfigError("merging adapters into a quantized base is not supported: export the "
-                      "adapters (PEFT format) and apply them to the unquantized base")
-  merged = jax.tree.map(lambda x: x, base)  # a new tree; the arrays are replaced below
-  for (module, projection), (a, b) in _adapted_projections(adapters).items():
-    node = merged
-    for key in module:
-      node = node[key]
-    weight = node[projection]
-    new = weight[...] + merged_delta(a, b, settings.scale, weight.shape).astype(weight.dtype)
-    node[projection] = weight.replace(new)
-  return merged
-
-
-def plain_graphdef(model_config, *, dtype, param_dtype):
-  """The graph of the model without adapters (what merged weights run on)."""
-  from reasoning_rl.models.transformer import abstract_model  # pylint: disable=import-outside-toplevel
-
-  graphdef, _ = abstract_model(model_config, dtype=dtype, param_dtype=param_dtype)
-  return graphdef
-
-
-def merged_model(model, settings: LoraSettings | None = None):
-  """A plain `Transformer` whose weights are the adapted model's W + α/r · A B."""
-  settings = settings or model.lora_settings
-  adapters, base = split_adapters(nnx.state(model))
-  state = merge_into_base(adapters, base, settings)
-  graphdef = plain_graphdef(model.config, dtype=model.dtype, param_dtype=model.param_dtype)
-  return nnx.merge(graphdef, state)
 
 
 # ------------------------------------------------------------------------------- base identity
@@ -321,15 +239,11 @@ def save_peft(model, directory: str | os.PathLike, *,
   fan-in / fan-out flattened as the HF weight flattens them (heads, then head_dim), which is the
   order of our axes; its scale is lora_alpha / r, as ours.
   """
-  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
-
-  from reasoning_rl.models.checkpoints import hf_tensor_name  # pylint: disable=import-outside-toplevel
-
   settings = model.lora_settings
   adapters, _ = split_adapters(nnx.state(model))
   tensors, targets = {}, []
   rank = settings.rank
-  for (module, projection), (a, b) in _adapted_projections(adapters).items():
+  for (module, projection), (a, b) in adapted_projections(adapters).items():
     # the HF module of the adapted weight (its tensor name without ".weight"), under PEFT's prefix
     name = "base_model.model." + hf_tensor_name(
         (*module, projection), model.config)[0].removesuffix(".weight")

@@ -15,8 +15,6 @@ from reasoning_rl.rl.losses import PolicyTerm, policy_loss
 from tests.conftest import REPO
 from tests.test_config import debug_config
 
-registry.load_builtin_choices()
-
 
 @pytest.mark.parametrize("field, value, kind, names", [
     ("algo.estimator", "grpo2", "advantage estimator", ["grpo", "dr_grpo", "rloo",

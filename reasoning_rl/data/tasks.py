@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from reasoning_rl import registry
+from reasoning_rl import registries
 from reasoning_rl import storage
 from reasoning_rl.errors import ConfigError
 
@@ -354,7 +354,7 @@ def build_source(source_config: Any, *, field: str = "data") -> TaskSource:
   if not isinstance(settings, dict):
     raise ConfigError(f"config.{field}={settings!r}: must be a dict with 'kind' and its settings")
   kind = settings.pop("kind", None)
-  choice = registry.TASK_SOURCES.get(kind, field=f"{field}.kind")
+  choice = registries.TASK_SOURCES.get(kind, field=f"{field}.kind")
   unknown = sorted(set(settings) - set(choice.options))
   if unknown:
     raise ConfigError(f"config.{field}.{unknown[0]}: not a setting of kind {kind!r}; its settings "
@@ -379,7 +379,7 @@ def build_source(source_config: Any, *, field: str = "data") -> TaskSource:
 _NON_NEGATIVE = dict(check=lambda v: v >= 0, hint="must be an integer >= 0")
 
 
-@registry.TASK_SOURCES.register(
+@registries.TASK_SOURCES.register(
     "synthetic_arithmetic", summary="a op b with single operands up to max_operand, generated "
     "(no dependency; the debug task)", options=("seed", "max_operand", "ops"))
 def _synthetic_arithmetic(get, settings, field) -> TaskSource:
@@ -394,7 +394,7 @@ def _synthetic_arithmetic(get, settings, field) -> TaskSource:
                                    ops=tuple(dict.fromkeys(ops)))
 
 
-@registry.TASK_SOURCES.register(
+@registries.TASK_SOURCES.register(
     "reasoning_gym", summary="any reasoning-gym dataset by name, with its own checker",
     options=("name", "seed", "size", "params"))
 def _reasoning_gym(get, settings, field) -> TaskSource:
@@ -406,7 +406,7 @@ def _reasoning_gym(get, settings, field) -> TaskSource:
       params=get("params", (dict,), {}, hint="a dict of the dataset's options"), field=field)
 
 
-@registry.TASK_SOURCES.register(
+@registries.TASK_SOURCES.register(
     "jsonl", summary="rows of {prompt|question, answer, tests, task} from a JSONL file",
     options=("path", "shuffle", "seed"))
 def _jsonl(get, settings, field) -> TaskSource:
@@ -416,7 +416,7 @@ def _jsonl(get, settings, field) -> TaskSource:
                      seed=get("seed", (int,), 0, **_NON_NEGATIVE), field=field)
 
 
-@registry.TASK_SOURCES.register(
+@registries.TASK_SOURCES.register(
     "mixture", summary="several sources interleaved by weight", options=("sources", "weights"))
 def _mixture(get, settings, field) -> TaskSource:
   del settings

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -21,9 +23,11 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
+from safetensors.numpy import save_file
 
 from reasoning_rl import sharding as sharding_lib
 from reasoning_rl.errors import CheckpointError
+from reasoning_rl.models import lora_merge
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.safetensors_io import SafetensorsDirectory
 from reasoning_rl.models.transformer import Transformer, abstract_model
@@ -200,19 +204,12 @@ def save_hf(model: Transformer, tokenizer, directory: str | os.PathLike, *,
   with `merged=True`: the weights W + α/r · A B (`reasoning_rl.lora.save_peft` writes the adapters
   alone instead).
   """
-  import shutil
-  import tempfile
-
-  from safetensors.numpy import save_file
-
-  from reasoning_rl import lora
-
-  if lora.is_adapted(model):
+  if lora_merge.is_adapted(model):
     if not merged:
       raise CheckpointError(
           f"{directory}: this model carries LoRA adapters; save_hf(..., merged=True) writes the "
           "weights with the adapters folded in, reasoning_rl.lora.save_peft the adapters alone")
-    model = lora.merged_model(model)
+    model = lora_merge.merged_model(model)
   directory = pathlib.Path(directory)
   config = model.config
   if config.model_type == "qwen2" and not config.attention_bias:

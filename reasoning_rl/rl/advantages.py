@@ -45,7 +45,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from reasoning_rl import registry
+from reasoning_rl import registries
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl.stats import array_namespace, float_dtype
 
@@ -57,21 +57,21 @@ def _sample_std(centered: Any, axis: Any, count: int, xp: Any) -> Any:
 # Each estimator: (rewards [P, G] as floats, eps, xp) -> advantages [P, G] (formulas above).
 
 
-@registry.ADVANTAGE_ESTIMATORS.register(
+@registries.ADVANTAGE_ESTIMATORS.register(
     "grpo", summary="(r − group mean) / (group std + eps) (Shao et al. 2024, DeepSeekMath)")
 def _grpo(rewards: Any, eps: float, xp: Any) -> Any:
   centered = rewards - xp.mean(rewards, axis=1, keepdims=True)
   return centered / (_sample_std(centered, 1, rewards.shape[1], xp) + eps)
 
 
-@registry.ADVANTAGE_ESTIMATORS.register(
+@registries.ADVANTAGE_ESTIMATORS.register(
     "dr_grpo", summary="r − group mean, no std division (Liu et al. 2025, Dr. GRPO)")
 def _dr_grpo(rewards: Any, eps: float, xp: Any) -> Any:
   del eps
   return rewards - xp.mean(rewards, axis=1, keepdims=True)
 
 
-@registry.ADVANTAGE_ESTIMATORS.register(
+@registries.ADVANTAGE_ESTIMATORS.register(
     "rloo", summary="r − mean of the other G − 1 rewards (Ahmadian et al. 2024, RLOO); G >= 2")
 def _rloo(rewards: Any, eps: float, xp: Any) -> Any:
   del eps
@@ -80,7 +80,7 @@ def _rloo(rewards: Any, eps: float, xp: Any) -> Any:
   return rewards - others_mean
 
 
-@registry.ADVANTAGE_ESTIMATORS.register(
+@registries.ADVANTAGE_ESTIMATORS.register(
     "reinforce_pp",
     summary="r − group mean, then batch-normalised (Hu 2025, REINFORCE++-baseline)")
 def _reinforce_pp(rewards: Any, eps: float, xp: Any) -> Any:
@@ -89,7 +89,7 @@ def _reinforce_pp(rewards: Any, eps: float, xp: Any) -> Any:
   return batch_centered / (_sample_std(batch_centered, None, rewards.size, xp) + eps)
 
 
-ESTIMATORS = registry.ADVANTAGE_ESTIMATORS.names()  # the built-in ones
+ESTIMATORS = registries.ADVANTAGE_ESTIMATORS.names()  # the built-in ones
 
 
 def group_advantages(rewards: Any, *, estimator: str = "grpo", eps: float = 1e-6) -> Any:
@@ -110,7 +110,7 @@ def group_advantages(rewards: Any, *, estimator: str = "grpo", eps: float = 1e-6
     ConfigError: unknown ``estimator``, negative ``eps``, or ``rloo`` with G = 1.
     ValueError: ``rewards`` is not 2-D, or (when concrete) holds a non-finite value.
   """
-  compute = registry.ADVANTAGE_ESTIMATORS.get(estimator).impl
+  compute = registries.ADVANTAGE_ESTIMATORS.get(estimator).impl
   if not eps >= 0:
     raise ConfigError(f"eps={eps!r} must be >= 0 (it is added to a standard deviation)")
   xp = array_namespace(rewards)

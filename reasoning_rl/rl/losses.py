@@ -99,7 +99,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from reasoning_rl import registry
+from reasoning_rl import registries
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl.stats import array_namespace, float_dtype
@@ -132,26 +132,26 @@ def kl_penalty(logprobs: Any, ref_logprobs: Any, estimator: str = "k3") -> Any:
   ``k2 = x²/2`` (biased, low variance), ``k3 = exp(x) - x - 1`` (unbiased, non-negative).
   ``k3`` is computed as ``expm1(x) - x`` to avoid cancellation when ``x`` is small.
   """
-  estimate = registry.KL_ESTIMATORS.get(estimator).impl
+  estimate = registries.KL_ESTIMATORS.get(estimator).impl
   return estimate(ref_logprobs - logprobs, array_namespace(logprobs, ref_logprobs))
 
 
 # Each KL estimator: (x = logp_ref - logp, xp) -> per-token estimate.
 
 
-@registry.KL_ESTIMATORS.register("k1", summary="−x: unbiased, can be negative (Schulman 2020)")
+@registries.KL_ESTIMATORS.register("k1", summary="−x: unbiased, can be negative (Schulman 2020)")
 def _kl_k1(x: Any, xp: Any) -> Any:
   del xp
   return -x
 
 
-@registry.KL_ESTIMATORS.register("k2", summary="x²/2: biased, low variance (Schulman 2020)")
+@registries.KL_ESTIMATORS.register("k2", summary="x²/2: biased, low variance (Schulman 2020)")
 def _kl_k2(x: Any, xp: Any) -> Any:
   del xp
   return 0.5 * x * x
 
 
-@registry.KL_ESTIMATORS.register(
+@registries.KL_ESTIMATORS.register(
     "k3", summary="exp(x) − x − 1: unbiased, >= 0 (Schulman 2020; GRPO's choice)")
 def _kl_k3(x: Any, xp: Any) -> Any:
   return xp.expm1(x) - x  # expm1: no cancellation when x is small
@@ -187,7 +187,7 @@ def aggregate_loss(per_token: Any, mask: Any, loss_agg: str = "seq-mean-token-me
     max_completion_length: L of ``seq-mean-token-sum-norm``; default ``T``.
   Denominators are clamped to ≥ 1, so an all-masked batch gives 0.
   """
-  aggregate = registry.LOSS_AGGREGATIONS.get(loss_agg).impl
+  aggregate = registries.LOSS_AGGREGATIONS.get(loss_agg).impl
   if max_completion_length is not None and not max_completion_length > 0:
     raise ConfigError(
         f"max_completion_length={max_completion_length!r} must be a positive token count "
@@ -207,7 +207,7 @@ def aggregate_loss(per_token: Any, mask: Any, loss_agg: str = "seq-mean-token-me
 # num_sequences, length) -> scalar; the counts are whole-batch (micro-batching above).
 
 
-@registry.LOSS_AGGREGATIONS.register(
+@registries.LOSS_AGGREGATIONS.register(
     "seq-mean-token-mean", summary="mean over sequences of each one's token mean (GRPO)")
 def _seq_mean_token_mean(masked, valid, xp, *, num_tokens, num_sequences, length):
   del num_tokens, length
@@ -216,14 +216,14 @@ def _seq_mean_token_mean(masked, valid, xp, *, num_tokens, num_sequences, length
   return xp.sum(per_row) / xp.maximum(num_sequences, 1).astype(masked.dtype)
 
 
-@registry.LOSS_AGGREGATIONS.register(
+@registries.LOSS_AGGREGATIONS.register(
     "token-mean", summary="every valid token of the batch weighs the same (DAPO)")
 def _token_mean(masked, valid, xp, *, num_tokens, num_sequences, length):
   del valid, num_sequences, length
   return xp.sum(masked) / xp.maximum(num_tokens, 1).astype(masked.dtype)
 
 
-@registry.LOSS_AGGREGATIONS.register(
+@registries.LOSS_AGGREGATIONS.register(
     "seq-mean-token-sum-norm",
     summary="token sums / a constant length L, mean over sequences (Dr. GRPO, Liu et al. 2025)",
     options=("rollout.max_new_tokens",))
@@ -239,9 +239,10 @@ def _stop_gradient(xp: Any, x: Any) -> Any:
 def _check_options(loss_type, beta, ref_logprobs, kl_estimator, epsilon_low, epsilon_high,
                    dual_clip, loss_agg, is_correction, is_threshold, behavior_logprobs,
                    entropy_coef, entropy) -> None:
-  for choices, name in ((registry.LOSS_TYPES, loss_type), (registry.KL_ESTIMATORS, kl_estimator),
-                        (registry.LOSS_AGGREGATIONS, loss_agg),
-                        (registry.IS_CORRECTIONS, is_correction)):
+  for choices, name in ((registries.LOSS_TYPES, loss_type),
+                        (registries.KL_ESTIMATORS, kl_estimator),
+                        (registries.LOSS_AGGREGATIONS, loss_agg),
+                        (registries.IS_CORRECTIONS, is_correction)):
     choices.get(name)
   if loss_type == "cispo":
     if not 0 <= epsilon_low <= 1:
@@ -282,20 +283,20 @@ class ImportanceMode:
   mask: bool
 
 
-registry.IS_CORRECTIONS.add("none", None, summary="weight 1; the sampler mismatch is still "
+registries.IS_CORRECTIONS.add("none", None, summary="weight 1; the sampler mismatch is still "
                             "reported when the sampler's log-probs are there")
-registry.IS_CORRECTIONS.add(
+registries.IS_CORRECTIONS.add(
     "token-truncate", ImportanceMode(per_sequence=False, mask=False),
     summary="min(w_t, C) (IMPALA, Espeholt et al. 2018; TIS, Yao et al. 2025)",
     options=("algo.is_threshold",))
-registry.IS_CORRECTIONS.add(
+registries.IS_CORRECTIONS.add(
     "token-mask", ImportanceMode(per_sequence=False, mask=True),
     summary="w_t where w_t <= C, else 0 (Liu, Li et al. 2025)", options=("algo.is_threshold",))
-registry.IS_CORRECTIONS.add(
+registries.IS_CORRECTIONS.add(
     "sequence-truncate", ImportanceMode(per_sequence=True, mask=False),
     summary="min(W_i, C), W_i = Π_t w_t, on every token (Liu, Li et al. 2025)",
     options=("algo.is_threshold",))
-registry.IS_CORRECTIONS.add(
+registries.IS_CORRECTIONS.add(
     "sequence-mask", ImportanceMode(per_sequence=True, mask=True),
     summary="W_i where W_i <= C, else 0, on every token (Liu, Li et al. 2025)",
     options=("algo.is_threshold",))
@@ -314,7 +315,7 @@ def importance_weights(old_logprobs: Any, behavior_logprobs: Any, mask: Any,
   exceeded C, i.e. was truncated or masked; for sequence modes every token of such a sequence)
   and ``tis/capped_seq_frac`` (non-empty sequences with at least one such token).
   """
-  mode = registry.IS_CORRECTIONS.get(is_correction).impl
+  mode = registries.IS_CORRECTIONS.get(is_correction).impl
   xp = array_namespace(old_logprobs, behavior_logprobs, mask)
   valid = xp.asarray(mask) > 0
   dtype = float_dtype(xp, xp.asarray(old_logprobs).dtype, xp.asarray(behavior_logprobs).dtype)
@@ -376,7 +377,7 @@ class PolicyTerm:
 _CLIP_OPTIONS = ("algo.epsilon_low", "algo.epsilon_high", "algo.dual_clip")
 
 
-@registry.LOSS_TYPES.register(
+@registries.LOSS_TYPES.register(
     "ppo", summary="clipped token ratio, max(−A·r, −A·clip(r)) (Schulman et al. 2017; "
     "clip-higher: Yu et al. 2025)", options=_CLIP_OPTIONS)
 def _ppo(logp, logp_old, adv, valid, *, epsilon_low, epsilon_high, dual_clip, xp) -> PolicyTerm:
@@ -403,21 +404,21 @@ def _gspo(logp, logp_old, adv, valid, *, epsilon_low, epsilon_high, dual_clip, x
   return PolicyTerm(pg, flags, per_sequence=not token_level, metrics=metrics)
 
 
-@registry.LOSS_TYPES.register(
+@registries.LOSS_TYPES.register(
     "gspo", summary="length-normalised sequence ratio, clipped per sequence (Zheng et al. 2025, "
     "GSPO); advantages [B]", options=_CLIP_OPTIONS)
 def _gspo_sequence(logp, logp_old, adv, valid, **options) -> PolicyTerm:
   return _gspo(logp, logp_old, adv, valid, token_level=False, **options)
 
 
-@registry.LOSS_TYPES.register(
+@registries.LOSS_TYPES.register(
     "gspo-token", summary="GSPO's value with a per-token gradient path s_i·∇logp_t (Zheng et "
     "al. 2025)", options=_CLIP_OPTIONS)
 def _gspo_token(logp, logp_old, adv, valid, **options) -> PolicyTerm:
   return _gspo(logp, logp_old, adv, valid, token_level=True, **options)
 
 
-@registry.LOSS_TYPES.register(
+@registries.LOSS_TYPES.register(
     "cispo", summary="REINFORCE with a clipped stop-gradient IS weight, −sg(clip(r))·A·logp "
     "(MiniMax 2025, CISPO)", options=("algo.epsilon_low", "algo.epsilon_high"))
 def _cispo(logp, logp_old, adv, valid, *, epsilon_low, epsilon_high, dual_clip,
@@ -522,7 +523,7 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
 
   log_ratio = logp - logp_old
   ratio = xp.exp(log_ratio)
-  term = registry.LOSS_TYPES.get(loss_type).impl(
+  term = registries.LOSS_TYPES.get(loss_type).impl(
       logp, logp_old, adv, valid, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
       dual_clip=dual_clip, xp=xp)
   pg, flags = term.pg, dict(term.flags)
@@ -568,7 +569,7 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
 
 
 # The built-in names (every registered name is accepted; these are the ones defined here).
-KL_ESTIMATORS = registry.KL_ESTIMATORS.names()
-LOSS_AGGREGATIONS = registry.LOSS_AGGREGATIONS.names()
-LOSS_TYPES = registry.LOSS_TYPES.names()
-IS_CORRECTIONS = registry.IS_CORRECTIONS.names()
+KL_ESTIMATORS = registries.KL_ESTIMATORS.names()
+LOSS_AGGREGATIONS = registries.LOSS_AGGREGATIONS.names()
+LOSS_TYPES = registries.LOSS_TYPES.names()
+IS_CORRECTIONS = registries.IS_CORRECTIONS.names()

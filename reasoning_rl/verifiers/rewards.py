@@ -36,8 +36,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from reasoning_rl import registry
+from reasoning_rl import registries
 from reasoning_rl.errors import ConfigError, VerifierError
+from reasoning_rl.verifiers import code_tests as code_lib
 from reasoning_rl.verifiers import format as format_lib
 from reasoning_rl.verifiers import length as length_lib
 from reasoning_rl.verifiers import logic as logic_lib
@@ -125,7 +126,7 @@ class Part:
 
   @property
   def behaviour(self) -> "PartKind":
-    return registry.REWARD_PARTS.get(self.kind).impl
+    return registries.REWARD_PARTS.get(self.kind).impl
 
   @property
   def group_level(self) -> bool:
@@ -142,7 +143,7 @@ class Part:
 
 @dataclasses.dataclass(frozen=True)
 class PartKind:
-  """What a kind of reward part does, as registered in `registry.REWARD_PARTS`.
+  """What a kind of reward part does, as registered in `registries.REWARD_PARTS`.
 
   defaults: every setting the kind accepts, with its default (a config names only `weight` and
     what differs).
@@ -188,11 +189,11 @@ def build_parts(rewards_config: Any) -> list[Part]:
       raise ConfigError(f"{field} must be a mapping such as {{'weight': 1.0}}, got {part_spec!r}")
     part_spec = dict(part_spec)
     kind = part_spec.pop("kind", name)
-    if kind not in registry.REWARD_PARTS:
+    if kind not in registries.REWARD_PARTS:
       raise ConfigError(f"config.{field}.kind={kind!r}: unknown reward part; use one of "
-                        f"{list(registry.REWARD_PARTS.names())} (or set 'kind' for a part named "
+                        f"{list(registries.REWARD_PARTS.names())} (or set 'kind' for a part named "
                         "otherwise)")
-    behaviour = registry.REWARD_PARTS.get(kind).impl
+    behaviour = registries.REWARD_PARTS.get(kind).impl
     if "weight" not in part_spec:
       raise ConfigError(f"{field}.weight is missing; give the part a float weight (e.g. 1.0)")
     weight = part_spec.pop("weight")
@@ -311,8 +312,6 @@ def score_correct(record: CompletionRecord, s: Mapping[str, Any]) -> float:
                                          success_threshold=s["success_threshold"],
                                          answer_tag=s["answer_tag"])
   # code: the test harness over the sandbox (reasoning_rl.verifiers.code_tests).
-  from reasoning_rl.verifiers import code_tests as code_lib  # pylint: disable=import-outside-toplevel
-
   if not record.tests:
     raise VerifierError(f"task {record.task!r}: code record has no tests")
   result = code_lib.run_tests(_code_answer(record.response, s["answer_tag"]), list(record.tests),
@@ -367,25 +366,25 @@ def _score_length_group(records, s, correct) -> list[float]:
   return [score_length(r, s, c) for r, c in zip(records, correct)]
 
 
-registry.REWARD_PARTS.add(
+registries.REWARD_PARTS.add(
     "correct", PartKind(PART_DEFAULTS["correct"], _validate_correct,
                         lambda records, s, correct: [score_correct(r, s) for r in records],
                         _correct_version),
     summary="1 if the answer is right (math-verify / countdown / reasoning-gym / code tests), "
     "else 0", options=tuple(PART_DEFAULTS["correct"]))
-registry.REWARD_PARTS.add(
+registries.REWARD_PARTS.add(
     "format", PartKind(PART_DEFAULTS["format"], _validate_format,
                        lambda records, s, correct: [score_format(r, s) for r in records],
                        lambda s: format_lib.FORMAT_VERIFIER_VERSION),
     summary="1 if the completion has the <think>…</think><answer>…</answer> shape "
     "(DeepSeek-R1 2025)", options=tuple(PART_DEFAULTS["format"]))
-registry.REWARD_PARTS.add(
+registries.REWARD_PARTS.add(
     "language", PartKind(PART_DEFAULTS["language"], _validate_language,
                          lambda records, s, correct: [score_language(r, s) for r in records],
                          lambda s: format_lib.LANGUAGE_VERIFIER_VERSION),
     summary="share of the reasoning written in one script (DeepSeek-R1 2025, language "
     "consistency)", options=tuple(PART_DEFAULTS["language"]))
-registry.REWARD_PARTS.add(
+registries.REWARD_PARTS.add(
     "length", PartKind(PART_DEFAULTS["length"], _validate_length, _score_length_group,
                        lambda s: length_lib.LENGTH_VERIFIER_VERSION,
                        group_level=lambda s: s["method"] == "kimi",
