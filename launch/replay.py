@@ -7,7 +7,8 @@ Usage:
 The config's `rewards` field defines the reward to re-score with (usually the run's config, perhaps
 with a changed verifier setting). Prints a summary (records changed per reward part, old and new
 verifier_version, the first changed records); `--output` writes the full report as JSON. Exit code 0,
-or 1 with `--fail_on_change` when any record changed.
+or 1 with `--fail_on_change` when any record changed, or 2 with one line naming the file when a
+rollout record cannot be replayed (another format_version, a missing field).
 """
 
 import json
@@ -21,7 +22,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from reasoning_rl.errors import ConfigError  # noqa: E402
+from reasoning_rl.errors import ConfigError, ExitCode, ReasoningRLError  # noqa: E402
 from reasoning_rl.replay import replay  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -47,6 +48,9 @@ def main(argv: list[str]) -> int:
     scorer = build_scorer(config, build_reward_fn(config, redteam=False))
   try:
     report = replay(_WORKDIR.value, config.rewards, scorer=scorer)
+  except ReasoningRLError as error:
+    print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+    return ExitCode.BAD_INPUT
   finally:
     if scorer is not None:
       scorer.close()

@@ -7,8 +7,15 @@ A checkpoint of step `s` holds three items in `DIRECTORY/<s>/`:
   re-wrapped on restore; the caller never sees the difference.
 - `meta`: a JSON-able dict (data-source position, policy version, dynamic-sampling carry-over,
   a config snapshot …).
-- `keys`: bookkeeping written by this module: which `state` leaves were typed keys and their PRNG
+- `keys`: bookkeeping written by this module: the step's `format_version`
+  (`CHECKPOINT_FORMAT_VERSION`), which `state` leaves were typed keys and their PRNG
   implementation.
+
+Format versions: `keys` carries the version of this layout (the three items, typed keys stored as
+key data); `CHECKSUMS.json` carries its own (`MANIFEST_VERSION`). A step of any other version is
+refused with one line naming the file (`CheckpointError`, never moved aside as corrupt: it may be
+intact, written by a newer reasoning_rl). What `meta` holds is the caller's format (the trainer's
+loop state carries its own version, `loop.state.LOOP_STATE_FORMAT_VERSION`).
 
 Atomicity comes from Orbax: a step is written into `<s>.orbax-checkpoint-tmp…` and renamed to `<s>`
 only once every item is on disk, so a crash mid-save leaves a temporary directory that is never
@@ -27,15 +34,14 @@ storage (storage.py, "Checksums"):
 `restore` compares the step with its manifest the same way (one listing on gs://, where GCS
 computes each object's checksums from its bytes; a read locally) and refuses a step whose files
 are missing, truncated or changed, and non-finite values in floating-point arrays, naming the
-file or the leaf (`CheckpointCorruptError`). Manifests of earlier versions (SHA-256) are still
-checked, by reading the files.
+file or the leaf (`CheckpointCorruptError`).
 `restore_latest` moves a newest step that fails either check to `corrupt-<s>` (never deleted),
 logs a warning naming it and goes on with the previous step; if every step fails it raises
 `CheckpointError` rather than silently starting from scratch (a rerun then starts from step 0, the
-failed steps still kept aside for inspection). A step without CHECKSUMS.json (written before
-checksums existed, or by a process killed between Orbax's commit and the checksum file) is restored
-with a warning, still subject to the finite-values check. A read error on such a step is not
-treated as corruption: without checksums it cannot be told from, e.g., running out of memory.
+failed steps still kept aside for inspection). A step without CHECKSUMS.json (its process was
+killed between Orbax's commit and the checksum file) is restored with a warning, still subject to
+the finite-values check. A read error on such a step is not treated as corruption: without
+checksums it cannot be told from, e.g., running out of memory.
 
 Stopping: `install_preemption_handler()` turns SIGTERM (preemption) and SIGINT (Ctrl-C) into a flag
 the training loop polls with `preemption_requested()`. The loop then saves (`save(step, …,
@@ -66,7 +72,13 @@ log = logging.getLogger("reasoning_rl")
 
 CHECKSUMS_FILE = "CHECKSUMS.json"
 CORRUPT_PREFIX = "corrupt-"
-_KNOWN_KINDS = ("md5", "crc32c", "sha256")  # checksums a manifest holds (sha256: versions 1, 2)
+# The layout of a step directory (module docstring), written into its `keys` item.
+CHECKPOINT_FORMAT_VERSION = 1
+# CHECKSUMS.json's own version: {"version": 3, "files": {name: {"bytes", "md5"?, "crc32c"?}}}.
+# It was numbered before the other formats were; versions 1 and 2 (SHA-256 digests) were never
+# released and are refused like any other version.
+MANIFEST_VERSION = 3
+_KNOWN_KINDS = ("md5", "crc32c")  # checksums a manifest entry holds besides its size
 
 _preemption_event = threading.Event()
 _stop_signals: list[int] = []  # the signal that set the flag (first one only)
@@ -97,7 +109,7 @@ def write_checksums(step_dir: str | os.PathLike[str]) -> None:
   else:
     entries = storage.file_checksums(step_dir, _step_files(step_dir))
   storage.atomic_write(step_dir / CHECKSUMS_FILE,
-                       json.dumps({"version": 3, "files": entries}, indent=1))
+                       json.dumps({"version": MANIFEST_VERSION, "files": entries}, indent=1))
 
 
 def _in_manifest(name: str) -> bool:
@@ -105,38 +117,71 @@ def _in_manifest(name: str) -> bool:
 
 
 def _manifest_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
-  """{"bytes": n, kind: digest, …} from any manifest version."""
-  if "digest" in entry:  # version 2: "sha256:<hex>"
-    kind, _, digest = str(entry["digest"]).partition(":")
-    entry = {"bytes": entry["bytes"], kind: digest}
+  """{"bytes": n, kind: checksum, …}, checked: a size and only the kinds a manifest holds."""
   figures = {kind: str(value) for kind, value in entry.items() if kind in _KNOWN_KINDS}
   if len(figures) != len(entry) - 1:
     raise ValueError(f"unknown checksum kinds in {sorted(entry)}")
   return {"bytes": int(entry["bytes"]), **figures}
 
 
+def check_format(step_dir: str | os.PathLike[str], keys: Mapping[str, Any] | None = None) -> None:
+  """Raises CheckpointError unless step `step_dir` has CHECKPOINT_FORMAT_VERSION.
+
+  `keys` is the step's `keys` item if already read; otherwise it is read from its file (for
+  readers of a step that go past `Checkpointer`, e.g. models.run_checkpoint).
+  """
+  step_dir = storage.path(step_dir)
+  where = step_dir / "keys"
+  if keys is None:
+    try:  # Orbax's JsonCheckpointHandler writes the item as `<item>/metadata`
+      keys = json.loads((where / "metadata").read_text())
+    except (OSError, ValueError) as error:
+      raise CheckpointError(f"{where} is unreadable ({error}); it was not written by "
+                            "reasoning_rl.checkpointing or is damaged") from None
+  if not isinstance(keys, Mapping):
+    raise CheckpointError(f"{where}: holds a {type(keys).__name__}, not a dict; it was not "
+                          "written by reasoning_rl.checkpointing or is damaged")
+  # A step saved before versions were written holds {"impls": …} alone: its layout is exactly
+  # version 1's (these three items, typed keys as key data), so it reads as version 1.
+  version = keys.get("format_version", 1)
+  if version != CHECKPOINT_FORMAT_VERSION:
+    raise CheckpointError(
+        f"{where}: checkpoint format_version {version!r}, but this reasoning_rl reads version "
+        f"{CHECKPOINT_FORMAT_VERSION} only; restore the step with the reasoning_rl that wrote it, "
+        "or start a new workdir")
+
 
 def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
   """Checks a step's files against its CHECKSUMS.json.
 
   Returns True when every listed file has its recorded size and checksums, False when the step
-  has no CHECKSUMS.json (written before checksums existed). Raises CheckpointCorruptError naming
-  the first file that is missing, truncated or changed.
+  has no CHECKSUMS.json (its process was killed before writing it). Raises CheckpointCorruptError
+  naming the first file that is missing, truncated or changed, and CheckpointError when the
+  manifest's version is not MANIFEST_VERSION (not corruption: the step may be intact).
 
   On gs:// one listing gives every object's size, MD5 and CRC32C: a file whose recorded
   checksums GCS also keeps is checked without reading it (GCS computes them from the bytes it
   stored: an object replaced, truncated or rewritten since lists other ones). Only files whose
-  manifest has none of those (manifests before version 3 recorded SHA-256) are downloaded and
-  hashed. Locally every file is read.
+  recorded checksums the listing lacks (an MD5 for a composite object, which GCS keeps none of)
+  are downloaded and hashed. Locally every file is read.
   """
   step_dir = storage.path(step_dir)
   manifest_path = step_dir / CHECKSUMS_FILE
   if not manifest_path.exists():
     return False
   try:
-    entries = {name: _manifest_entry(entry)
-               for name, entry in json.loads(manifest_path.read_text())["files"].items()}
-  except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+    manifest = json.loads(manifest_path.read_text())
+    version = manifest["version"]
+  except (OSError, ValueError, KeyError, TypeError) as error:
+    raise CheckpointCorruptError(f"{manifest_path} is unreadable ({error!r})") from None
+  if version != MANIFEST_VERSION:
+    raise CheckpointError(
+        f"{manifest_path}: manifest version {version!r}, but this reasoning_rl reads version "
+        f"{MANIFEST_VERSION} only; restore the step with the reasoning_rl that wrote it, or "
+        "delete the file to restore the step unverified")
+  try:
+    entries = {name: _manifest_entry(entry) for name, entry in manifest["files"].items()}
+  except (ValueError, KeyError, TypeError, AttributeError) as error:
     raise CheckpointCorruptError(f"{manifest_path} is unreadable ({error!r})") from None
   stored = storage.stored_checksums(step_dir)
   to_read = {}
@@ -340,7 +385,7 @@ class Checkpointer:
     args = ocp.args.Composite(
         state=ocp.args.StandardSave(encoded),
         meta=ocp.args.JsonSave(dict(meta)),
-        keys=ocp.args.JsonSave({"impls": key_impls}),
+        keys=ocp.args.JsonSave({"format_version": CHECKPOINT_FORMAT_VERSION, "impls": key_impls}),
     )
     try:
       started = bool(self._manager.save(step, args=args, force=True))
@@ -402,8 +447,8 @@ class Checkpointer:
     Raises:
       CheckpointCorruptError: the step's files differ from their checksums, or a floating-point
         array holds NaN / inf (the message names the file or the leaf).
-      CheckpointError: the step is missing, unreadable, or its structure differs from
-        `abstract_state`.
+      CheckpointError: the step is missing, unreadable, of another format version (its `keys`
+        item or its CHECKSUMS.json), or its structure differs from `abstract_state`.
     """
     self.wait()
     if step not in self._manager.all_steps():
@@ -412,15 +457,21 @@ class Checkpointer:
           f"available: {self.all_steps()}")
     step_dir = self.directory / str(step)
     if not verify_checksums(step_dir):
-      log.warning("checkpoint %s has no %s (written before checksums existed, or the run stopped "
-                  "right after saving it); restoring it unverified", step_dir, CHECKSUMS_FILE)
+      log.warning("checkpoint %s has no %s (the run stopped right after saving it); restoring it "
+                  "unverified", step_dir, CHECKSUMS_FILE)
     try:
-      key_impls = self._manager.restore(
-          step, args=ocp.args.Composite(keys=ocp.args.JsonRestore()))["keys"]["impls"]
+      keys = self._manager.restore(
+          step, args=ocp.args.Composite(keys=ocp.args.JsonRestore()))["keys"]
     except (OSError, ValueError, KeyError) as error:
       raise CheckpointError(
           f"{step_dir} has no readable key layout ({_first_line(error)}); it was not written by "
           "reasoning_rl.checkpointing or is damaged") from error
+    check_format(step_dir, keys)
+    try:
+      key_impls = keys["impls"]
+    except (KeyError, TypeError) as error:
+      raise CheckpointError(f"{step_dir / 'keys'} has no key layout ({error!r}); it was not "
+                            "written by reasoning_rl.checkpointing or is damaged") from None
     target = jax.tree_util.tree_map_with_path(_abstract_leaf, abstract_state)
     self._check_matches(step, abstract_state, target, key_impls)
     try:

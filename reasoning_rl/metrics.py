@@ -8,7 +8,8 @@ Layout under the workdir (docs/architecture.md §3.3):
   `read_metrics` turns them back into floats. Every row is flushed and fsync'ed, so a crash loses
   at most the row being written, and the next `MetricsWriter` removes that partial row.
 - `tensorboard/`: one scalar per key and step (tensorboardX).
-- `rollouts/step_XXXXXXXX.jsonl`: rollout records (docs/architecture.md §3.5), written atomically.
+- `rollouts/step_XXXXXXXX.jsonl`: rollout records (docs/architecture.md §3.5), written atomically,
+  each with `format_version` = `ROLLOUT_FORMAT_VERSION` (readers: `check_rollout_version`).
 
 Time measurements are the only non-deterministic values; their keys start with `time/`
 (`MetricsWriter` adds `time/unix`, the wall clock when the row was written).
@@ -34,6 +35,7 @@ from typing import Any, Iterable, Mapping, TextIO
 import numpy as np
 
 from reasoning_rl import storage
+from reasoning_rl.errors import ConfigError
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -45,6 +47,10 @@ ROLLOUT_FIELDS = ("step", "prompt_id", "group_id", "sample_index", "prompt", "co
                   "advantage", "num_tokens", "truncated", "policy_version", "verifier_version",
                   "sampling")
 SAMPLING_FIELDS = ("temperature", "top_p", "max_new_tokens", "seed")
+# Stamped into every rollout record by `MetricsWriter.write_rollouts`: the fields above plus those
+# the RL loop adds (loop.telemetry.rollout_records: task_prompt, ground_truth, task, metadata,
+# tests, scoring_status, reward/<part>).
+ROLLOUT_FORMAT_VERSION = 1
 
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _ROLLOUT_NAME = re.compile(r"^step_(\d{8})\.jsonl$")
@@ -123,6 +129,18 @@ def _read_complete_rows(path: pathlib.Path) -> tuple[list[dict[str, Any]], bool]
       raise ValueError(f"{path} line {number} is not JSON ({error}); the file was edited or "
                        "damaged by something other than a crash; fix or move it away") from error
   return rows, bool(tail)
+
+
+def check_rollout_version(record: Mapping[str, Any], where: str) -> None:
+  """Raises ConfigError naming `where` (file:line) for a rollout record of another version."""
+  # A record written before versions were lacks the field. The writer only added it, so such a
+  # record reads as version 1; one older than that lacks a field its reader needs and is refused
+  # there, with the field's name.
+  version = record.get("format_version", 1) if isinstance(record, Mapping) else None
+  if version != ROLLOUT_FORMAT_VERSION:
+    raise ConfigError(
+        f"{where}: rollout record format_version {version!r}, but this reasoning_rl reads version "
+        f"{ROLLOUT_FORMAT_VERSION} only; read these rollouts with the reasoning_rl that wrote them")
 
 
 def _dumps(value: Any) -> str:
@@ -222,12 +240,17 @@ class MetricsWriter:
       if int(record["step"]) != step:
         raise ValueError(f"rollout record {index} has step {record['step']} but is written for "
                          f"step {step}")
+      if record.get("format_version", ROLLOUT_FORMAT_VERSION) != ROLLOUT_FORMAT_VERSION:
+        raise ValueError(f"rollout record {index} of step {step} has format_version "
+                         f"{record['format_version']!r}; the writer stamps version "
+                         f"{ROLLOUT_FORMAT_VERSION}, leave the field out")
       sampling = record["sampling"]
       for field in SAMPLING_FIELDS:
         if not isinstance(sampling, Mapping) or field not in sampling:
           raise ValueError(f"rollout record {index} of step {step} lacks field 'sampling.{field}'; "
                            f"sampling needs {', '.join(SAMPLING_FIELDS)}")
-      lines.append(_dumps(to_json_value(dict(record), where=f"rollout record {index}")) + "\n")
+      record = {**record, "format_version": ROLLOUT_FORMAT_VERSION}
+      lines.append(_dumps(to_json_value(record, where=f"rollout record {index}")) + "\n")
     self.rollouts_dir.mkdir(parents=True, exist_ok=True)
     path = self.rollouts_dir / f"step_{step:08d}.jsonl"
     existing = path.read_bytes() if path.exists() else b""

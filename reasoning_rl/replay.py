@@ -6,10 +6,15 @@ record whose total reward or any part changed, part by part, with the old and ne
 `verifier_version`.
 
 Fields read from each record:
-  completion, prompt, reward (the old total), reward/<part> (old unweighted parts),
-  ground_truth (or answer), task, metadata, tests (optional, code tasks), num_tokens, truncated,
-  sampling.max_new_tokens, verifier_version, step, group_id (groups for group-level parts such as
-  Kimi's length reward), prompt_id, sample_index.
+  format_version (`metrics.ROLLOUT_FORMAT_VERSION`; another version is refused with one line),
+  completion, task_prompt (the prompt the verifiers saw), reward (the old total), reward/<part>
+  (old unweighted parts), ground_truth, task, metadata, tests (empty but for code tasks),
+  num_tokens, truncated, sampling.max_new_tokens, verifier_version, step, group_id (groups for
+  group-level parts such as Kimi's length reward), prompt_id, sample_index.
+A record that lacks a required field is refused with one line naming it (ConfigError).
+
+The report this module returns (`ReplayReport.to_dict`, `launch/replay.py --output`) is for
+people and CI to read; nothing reads it back, so it carries no format version.
 
 A value counts as changed when |old − new| > abs_tol + rel_tol·|old| (default 1e-9 relative,
 1e-12 absolute: JSON round-trips floats exactly, so only a real change exceeds it), or when a part
@@ -28,12 +33,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from reasoning_rl import storage
-from reasoning_rl.errors import VerifierError
+from reasoning_rl.errors import ConfigError, VerifierError
+from reasoning_rl.metrics import ROLLOUT_FORMAT_VERSION, check_rollout_version
 from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
 
 _ROLLOUT_NAME = re.compile(r"^step_(\d{8})\.jsonl$")
-_REQUIRED = ("completion", "prompt", "reward", "task", "metadata", "num_tokens", "truncated",
-             "sampling", "step", "group_id")
+_REQUIRED = ("completion", "task_prompt", "reward", "ground_truth", "task", "metadata", "tests",
+             "num_tokens", "truncated", "sampling", "step", "group_id", "prompt_id",
+             "sample_index", "verifier_version")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,25 +109,23 @@ def _same(old: float | None, new: float | None, rel_tol: float = 1e-9,
 
 
 def completion_record(record: Mapping[str, Any], where: str) -> CompletionRecord:
-  """The `CompletionRecord` a rollout record was scored from."""
+  """The `CompletionRecord` a rollout record was scored from (ConfigError naming `where` for a
+  record of another format version, or one that lacks a field replay needs)."""
+  check_rollout_version(record, where)
   for field in _REQUIRED:
     if field not in record:
-      raise ValueError(f"{where}: rollout record lacks {field!r}; replay needs "
-                       f"{', '.join(_REQUIRED)} and ground_truth (or answer)")
-  if "ground_truth" not in record and "answer" not in record:
-    raise ValueError(f"{where}: rollout record lacks 'ground_truth' (or 'answer')")
+      raise ConfigError(f"{where}: rollout record lacks {field!r}; replay needs "
+                        f"{', '.join(_REQUIRED)} (records of format_version "
+                        f"{ROLLOUT_FORMAT_VERSION} hold them all)")
   sampling = record["sampling"]
   if not isinstance(sampling, Mapping) or "max_new_tokens" not in sampling:
-    raise ValueError(f"{where}: rollout record lacks 'sampling.max_new_tokens'")
+    raise ConfigError(f"{where}: rollout record lacks 'sampling.max_new_tokens'")
   return CompletionRecord(
-      response=record["completion"],
-      ground_truth=str(record.get("ground_truth", record.get("answer", ""))),
+      response=record["completion"], ground_truth=str(record["ground_truth"]),
       task=record["task"], num_tokens=int(record["num_tokens"]),
       truncated=bool(record["truncated"]), max_new_tokens=sampling["max_new_tokens"],
-      # the task's own prompt, as training scored it (records before `task_prompt` existed hold
-      # only the templated text)
-      prompt=record.get("task_prompt", record["prompt"]), tests=tuple(record.get("tests") or ()),
-      metadata=dict(record["metadata"] or {}))
+      prompt=record["task_prompt"],  # the task's own prompt, as training scored it
+      tests=tuple(record["tests"]), metadata=dict(record["metadata"]))
 
 
 def _read_records(rollouts_dir: pathlib.Path) -> list[tuple[str, int, dict[str, Any]]]:
@@ -134,7 +139,13 @@ def _read_records(rollouts_dir: pathlib.Path) -> list[tuple[str, int, dict[str, 
     with path.open(encoding="utf-8") as handle:
       for number, line in enumerate(handle, start=1):
         if line.strip():
-          found.append((path.name, number, json.loads(line)))
+          where = f"rollouts/{path.name}:{number}"
+          try:
+            record = json.loads(line)
+          except ValueError as error:
+            raise ConfigError(f"{where}: not JSON ({error})") from None
+          check_rollout_version(record, where)
+          found.append((path.name, number, record))
   return found
 
 
@@ -156,14 +167,15 @@ def replay(workdir: str | os.PathLike[str], rewards_config: Any, *, rel_tol: flo
   reward_fn = scorer.reward_fn if scorer is not None else RewardFunction(rewards_config)
   scorer = scorer if scorer is not None else InlineScorer(reward_fn)
   entries = _read_records(storage.path(workdir) / "rollouts")
+  # every record is checked (completion_record) before anything is scored
+  completions = [completion_record(record, f"rollouts/{name}:{line}")
+                 for name, line, record in entries]
   groups: dict[tuple, list[int]] = {}
   for index, (name, _, record) in enumerate(entries):
-    key = ((name, record.get("step"), record.get("group_id")) if reward_fn.needs_group
-           else (index,))
+    key = (name, record["step"], record["group_id"]) if reward_fn.needs_group else (index,)
     groups.setdefault(key, []).append(index)
-  scored = scorer.score(
-      (key, [completion_record(entries[i][2], f"rollouts/{entries[i][0]}:{entries[i][1]}")
-             for i in members]) for key, members in groups.items())
+  scored = scorer.score((key, [completions[i] for i in members])
+                        for key, members in groups.items())
   new_rewards: list = [None] * len(entries)
   for key, members in groups.items():
     item = scored[key]
@@ -183,11 +195,11 @@ def replay(workdir: str | os.PathLike[str], rewards_config: Any, *, rel_tol: flo
     old_total = float(record["reward"])
     if parts or not _same(old_total, reward.total, rel_tol, abs_tol):
       changed.append(ChangedRecord(
-          file=name, line=line, step=int(record["step"]), prompt_id=record.get("prompt_id"),
-          group_id=record.get("group_id"), sample_index=record.get("sample_index"),
+          file=name, line=line, step=int(record["step"]), prompt_id=record["prompt_id"],
+          group_id=record["group_id"], sample_index=record["sample_index"],
           old_total=old_total, new_total=reward.total, parts=parts,
-          old_verifier_version=record.get("verifier_version")))
+          old_verifier_version=record["verifier_version"]))
   old_versions = sorted({str(r["verifier_version"]) for _, _, r in entries
-                         if r.get("verifier_version") is not None})
+                         if r["verifier_version"] is not None})
   return ReplayReport(num_records=len(entries), new_verifier_version=reward_fn.verifier_version,
                       old_verifier_versions=old_versions, changed=changed)

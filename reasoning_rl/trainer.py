@@ -38,13 +38,15 @@ from reasoning_rl.loop.rl_stage import RLStage
 from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
 from reasoning_rl.loop.sft_stage import SFTStage
 from reasoning_rl.loop.state import LoopState
+from reasoning_rl.models.run_checkpoint import LORA_FILE, LORA_FILE_FORMAT_VERSION
 
 log = logging.getLogger("reasoning_rl")
 
 
 def write_model_files(workdir, model_config, tokenizer, *, lora_record=None) -> None:
-  """workdir/model/: config.json + tokenizer files (+ lora.json for a LoRA run: settings, base,
-  base fingerprint), so checkpoints load without the run's config.
+  """workdir/model/: config.json + tokenizer files (+ lora.json for a LoRA run: its format_version,
+  settings, base, base fingerprint), so checkpoints load without the run's config
+  (`models.run_checkpoint` reads them).
 
   Written to a local directory first (tokenizer libraries write local files only), then copied.
   """
@@ -52,7 +54,7 @@ def write_model_files(workdir, model_config, tokenizer, *, lora_record=None) -> 
     local = pathlib.Path(staging)
     (local / "config.json").write_text(json.dumps(model_config.to_hf_config(), indent=2))
     if lora_record is not None:
-      (local / "lora.json").write_text(json.dumps(lora_record, indent=2))
+      (local / LORA_FILE).write_text(json.dumps(lora_record, indent=2))
     tokenizer.save(local)
     storage.copy_tree(local, storage.path(workdir) / "model")
 
@@ -106,7 +108,8 @@ class Trainer:
     if not settings.enabled:
       return None
     m = self.config.model
-    return {"lora": dataclasses.asdict(settings), "fingerprint": self.lora_base,
+    return {"format_version": LORA_FILE_FORMAT_VERSION, "lora": dataclasses.asdict(settings),
+            "fingerprint": self.lora_base,
             "base": {"path": m.path, "dtype": m.dtype,
                      "random_seed": None if m.path else self.config.seed}}
 
@@ -140,11 +143,13 @@ class Trainer:
         step, tree, meta = restored
         self.state = tree.replace(ref_params=self.state.ref_params,
                                   frozen_params=self.state.frozen_params)
-        problem = lora.base_mismatch(meta.get("lora_base"), self.lora_base,
-                                     checkpoint=checkpointer.directory / str(step))
+        # the loop state's format first: a refused one stops every process before any is loaded
+        problem = (self.loop.meta_problem(meta, self._meta_file(step))
+                   or lora.base_mismatch(meta.get("lora_base"), self.lora_base,
+                                         checkpoint=checkpointer.directory / str(step)))
     own_step, own_meta = step, meta
     shared = meta  # what sampler-only processes load: queued batches as summaries
-    if meta is not None and self.cluster.multi_process:
+    if meta is not None and not problem and self.cluster.multi_process:
       shared = LoopState.summary_meta(meta)
     step, meta, problem = self.cluster.exchange.broadcast("restored", [step, shared, problem],
                                                           source=0)
@@ -157,12 +162,16 @@ class Trainer:
       return 0
     if self.cluster.is_trainer:
       meta = own_meta
-    self.loop.load_meta(meta)
+    self.loop.load_meta(meta, self._meta_file(step))
     self.cluster.sync_params(self.run_parts.engine,
                              self.run_parts.step_fn.sampler_weights(self.state)
                              if self.cluster.is_trainer else None,
                              version=self.loop.policy_version)
     return step
+
+  def _meta_file(self, step: int) -> str:
+    """The file Orbax keeps step `step`'s `meta` item in (its JsonCheckpointHandler's name)."""
+    return str(self.workdir / "checkpoints" / str(step) / "meta" / "metadata")
 
   # ---------------------------------------------------------------------------- the loop
 
@@ -171,14 +180,15 @@ class Trainer:
     primary = cluster.is_primary  # the one process that writes the run's files
     if primary:
       self.workdir.mkdir(parents=True, exist_ok=True)
-      write_model_files(self.workdir, self.run_parts.model_config, self.run_parts.tokenizer,
-                        lora_record=self._lora_record())
     checkpointer = checkpointing.Checkpointer(
         self.workdir / "checkpoints", keep=c.checkpoint.keep, async_save=c.checkpoint.async_save,
         active_processes=set(cluster.topology.trainer_processes) if cluster.multi_process
         else None) if cluster.is_trainer else None
     restore_signal_handlers = checkpointing.install_preemption_handler()
     start_step = self._restore(checkpointer)
+    if primary:  # after the restore: a checkpoint refused (another format) leaves model/ as it was
+      write_model_files(self.workdir, self.run_parts.model_config, self.run_parts.tokenizer,
+                        lora_record=self._lora_record())
     writer = metrics_lib.MetricsWriter(self.workdir, resume_step=start_step or None,
                                        tensorboard=c.logging.tensorboard) if primary else None
     progress = metrics_lib.ProgressBar(c.total_steps, initial=start_step,

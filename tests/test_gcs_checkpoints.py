@@ -22,7 +22,7 @@ import pytest
 
 from reasoning_rl import checkpointing, storage
 from reasoning_rl import metrics as metrics_lib
-from reasoning_rl.checkpointing import CHECKSUMS_FILE, CheckpointCorruptError, Checkpointer
+from reasoning_rl.checkpointing import CHECKSUMS_FILE, Checkpointer
 from tests.multihost_runs import REPO, environment
 from tests.test_storage import emulator, remote  # noqa: F401 (fixtures: the emulator, a gs:// dir)
 
@@ -92,29 +92,6 @@ def test_gcs_manifests_are_written_and_checked_without_reading_the_step(remote, 
   np.testing.assert_array_equal(state["w"], _tree(2.0)["w"])
   assert not set(reads) & set(data)  # the arrays were read once, by tensorstore
   assert sum(reads.values()) < sum(data.values()) / 8  # JSON items, metadata, the manifest
-
-
-def test_an_old_sha256_manifest_on_gcs_is_still_checked_by_reading(remote):
-  """Manifests before version 3 hold SHA-256 digests GCS does not keep: those files are read."""
-  import hashlib
-
-  directory = f"{remote}/checkpoints"
-  with Checkpointer(directory) as ckpt:
-    ckpt.save(1, _tree(1.0), {"step": 1}, force=True)
-  step_dir = f"{directory}/1"
-  files = [f for f in storage.list_files(step_dir) if not str(f).endswith(CHECKSUMS_FILE)]
-  entries = {storage.relative_name(f, step_dir): {
-      "bytes": storage.size(f), "digest": f"sha256:{hashlib.sha256(f.read_bytes()).hexdigest()}"}
-      for f in files}
-  storage.atomic_write(f"{step_dir}/{CHECKSUMS_FILE}",
-                       json.dumps({"version": 2, "files": entries}))
-  assert checkpointing.verify_checksums(step_dir)
-  damaged = max((f for f in files if "/d/" in str(f)), key=storage.size)
-  data = bytearray(damaged.read_bytes())
-  data[len(data) // 2] ^= 0xFF
-  damaged.write_bytes(bytes(data))
-  with pytest.raises(CheckpointCorruptError, match=f"{damaged.name} does not match its digest"):
-    checkpointing.verify_checksums(step_dir)
 
 
 # ------------------------------------------------------------------------------ a silent store

@@ -45,18 +45,6 @@ def test_loop_state_round_trips_through_checkpoint_metadata():
   assert restored.to_meta() == state.to_meta()
 
 
-def test_batches_queued_by_older_checkpoints_still_load():
-  old = {"groups": [[11, {"prompt_tokens": [1], "completion_ids": [[2]], "logprobs": [[-1.0]],
-                          "rewards": [1.0], "parts": {"correct": [1.0]}, "truncated": [False]},
-                     ["x"]]],
-         "outcome": {}, "groups_sampled": 3, "timeouts": 1, "verifications": 3, "sample_s": 1.0,
-         "verify_s": 0.0, "policy_version": 0}
-  batch = SampledBatch.from_json(old)
-  assert batch.scoring == {"ok": 2, "timeout": 1, "error": 0}
-  assert batch.groups[0].status == "ok" and batch.groups[0].responses == ("x",)
-  assert batch.groups[0].group.rewards == [1.0]
-
-
 def test_rl_metrics_are_computed_from_the_batch_and_the_step_statistics():
   stats = {"loss": 0.25, "entropy": 1.5, "clip_frac": 0.0, "skipped_update": 0.0,
            "grad_norm": 3.0}

@@ -37,7 +37,8 @@ def write_run(workdir: pathlib.Path) -> None:
         if s != step:
           continue
         record = {"completion": completion, "ground_truth": truth, "task": "math",
-                  "metadata": {}, "num_tokens": 12, "truncated": False, "prompt": "q",
+                  "metadata": {}, "tests": [], "num_tokens": 12, "truncated": False,
+                  "prompt": "<templated> q", "task_prompt": "q",
                   "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 64, "seed": 0}}
         reward = reward_fn(record)
         records.append({**record, "step": step, "prompt_id": index // 2, "group_id": index // 2,
@@ -90,10 +91,10 @@ def test_changed_weight_changes_totals_only_and_removed_part_is_listed(run_dir):
 def test_missing_field_is_named(tmp_path):
   (tmp_path / "rollouts").mkdir()
   (tmp_path / "rollouts" / "step_00000001.jsonl").write_text(json.dumps(
-      {"completion": "x", "prompt": "q", "reward": 0.0, "task": "math", "metadata": {},
-       "num_tokens": 1, "truncated": False, "sampling": {"max_new_tokens": 4}, "step": 1,
-       "group_id": 0}) + "\n")
-  with pytest.raises(ValueError, match="step_00000001.jsonl:1.*ground_truth"):
+      {"completion": "x", "prompt": "q", "task_prompt": "q", "reward": 0.0, "task": "math",
+       "metadata": {}, "tests": [], "num_tokens": 1, "truncated": False,
+       "sampling": {"max_new_tokens": 4}, "step": 1, "group_id": 0}) + "\n")
+  with pytest.raises(ValueError, match="step_00000001.jsonl:1: rollout record lacks 'ground_truth'"):
     replay(tmp_path, ORIGINAL)
   with pytest.raises(FileNotFoundError):
     replay(tmp_path / "nowhere", ORIGINAL)

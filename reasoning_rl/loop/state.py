@@ -4,8 +4,10 @@
 - `SampledBatch`: one step's groups plus how they were obtained (sampling rounds, scoring statuses,
   seconds, the policy version that sampled them).
 - `LoopState`: data position, policy version, guard state and the queue of batches sampled ahead
-  (asynchronous rollouts). `to_meta()` / `from_meta()` are its checkpoint metadata (plain JSON),
-  saved beside the Orbax train state so that a resume continues bit for bit.
+  (asynchronous rollouts). `to_meta()` / `load_meta()` are its checkpoint metadata (plain JSON,
+  with `format_version` = `LOOP_STATE_FORMAT_VERSION`), saved beside the Orbax train state so that
+  a resume continues bit for bit. A loop state of another version is refused with one line
+  (`CheckpointError`) before anything is loaded.
 """
 
 from __future__ import annotations
@@ -15,9 +17,14 @@ import dataclasses
 from typing import Any
 
 from reasoning_rl import guards as guards_lib
+from reasoning_rl.errors import CheckpointError
 from reasoning_rl.rl import batching
 
 SCORING_STATUSES = ("ok", "timeout", "error")
+# The checkpoint metadata `LoopState.to_meta` writes: the fields of `_META_FIELDS`, each queued
+# batch as `SampledBatch.to_json` (its groups as `GroupRollout.to_json`: 4 items).
+LOOP_STATE_FORMAT_VERSION = 1
+_META_FIELDS = ("data_position", "policy_version", "guards", "queue", "pending_eval")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,9 +57,8 @@ class GroupRollout:
 
   @classmethod
   def from_json(cls, item: list) -> "GroupRollout":
-    position, fields, responses, *rest = item  # checkpoints before statuses had 3 fields
-    return cls(int(position), batching.ScoredGroup(**fields), tuple(responses),
-               rest[0] if rest else "ok")
+    position, fields, responses, status = item
+    return cls(int(position), batching.ScoredGroup(**fields), tuple(responses), status)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +92,6 @@ class SampledBatch:
   @classmethod
   def from_json(cls, fields: dict) -> "SampledBatch":
     fields = dict(fields)
-    if "scoring" not in fields:  # checkpoints written before scoring statuses were counted apart
-      timeouts, total = fields.pop("timeouts"), fields.pop("verifications")
-      fields["scoring"] = {"ok": total - timeouts, "timeout": timeouts, "error": 0}
     fields["groups"] = tuple(GroupRollout.from_json(g) for g in fields["groups"])
     return cls(**fields)
 
@@ -112,9 +115,9 @@ class LoopState:
   pending_eval: int | None = None
 
   def to_meta(self) -> dict[str, Any]:
-    return {"data_position": self.data_position, "policy_version": self.policy_version,
-            "guards": self.guards.state_dict(), "queue": [b.to_json() for b in self.queue],
-            "pending_eval": self.pending_eval}
+    return {"format_version": LOOP_STATE_FORMAT_VERSION, "data_position": self.data_position,
+            "policy_version": self.policy_version, "guards": self.guards.state_dict(),
+            "queue": [b.to_json() for b in self.queue], "pending_eval": self.pending_eval}
 
   @staticmethod
   def summary_meta(meta: dict[str, Any]) -> dict[str, Any]:
@@ -122,9 +125,48 @@ class LoopState:
     sampler-only processes load at a resume (the queue holds bulk data)."""
     return {**meta, "queue": [SampledBatch.from_json(b).summary().to_json() for b in meta["queue"]]}
 
-  def load_meta(self, meta: dict[str, Any]) -> None:
-    self.data_position = int(meta["data_position"])
-    self.policy_version = int(meta["policy_version"])
-    self.guards.load_state_dict(meta["guards"])
-    self.queue = collections.deque(SampledBatch.from_json(b) for b in meta["queue"])
-    self.pending_eval = meta.get("pending_eval")  # absent in checkpoints before it existed
+  def meta_problem(self, meta: dict[str, Any], where: str) -> str | None:
+    """Why `meta` (read from `where`, a file) cannot be loaded, in one line; None if it can."""
+    try:
+      self._parse_meta(meta, where)
+    except CheckpointError as error:
+      return str(error)
+    return None
+
+  def load_meta(self, meta: dict[str, Any], where: str = "the checkpoint's meta item") -> None:
+    """Loads `meta` as `to_meta` wrote it (from file `where`). Raises CheckpointError naming
+    `where` for a meta of another format version, or one that does not parse; then nothing is
+    loaded."""
+    (self.data_position, self.policy_version, guards_state, self.queue,
+     self.pending_eval) = self._parse_meta(meta, where)
+    self.guards.load_state_dict(guards_state)
+
+  def _parse_meta(self, meta: dict[str, Any], where: str) -> tuple:
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if version is None:
+      # Written before versions were. The last field version 1 added was pending_eval: a meta
+      # holding every field of _META_FIELDS is version 1's content and reads as such (it still
+      # has to parse below); an older one is refused.
+      missing = [f for f in _META_FIELDS if not isinstance(meta, dict) or f not in meta]
+      if missing:
+        raise CheckpointError(
+            f"{where}: loop state from before format_version 1 (it lacks {missing[0]!r}), "
+            "which this reasoning_rl does not resume; start a new workdir, or resume with the "
+            "reasoning_rl that wrote it")
+    elif version != LOOP_STATE_FORMAT_VERSION:
+      raise CheckpointError(
+          f"{where}: loop state format_version {version!r}, but this reasoning_rl reads version "
+          f"{LOOP_STATE_FORMAT_VERSION} only; resume with the reasoning_rl that wrote it, or "
+          "start a new workdir")
+    try:
+      pending = meta["pending_eval"]
+      parsed = (int(meta["data_position"]), int(meta["policy_version"]), meta["guards"],
+                collections.deque(SampledBatch.from_json(b) for b in meta["queue"]),
+                None if pending is None else int(pending))
+      guards_lib.Guards(self.guards.config).load_state_dict(parsed[2])  # a trial: it parses
+    except (KeyError, TypeError, ValueError) as error:
+      raise CheckpointError(
+          f"{where}: loop state of format_version {LOOP_STATE_FORMAT_VERSION} does not parse "
+          f"({type(error).__name__}: {error}); the checkpoint is damaged, restore an earlier "
+          "step") from None
+    return parsed

@@ -5,6 +5,10 @@ its whole train state under `WORKDIR/checkpoints/<step>/`. Loading reads only th
 parameters out of a checkpoint (Orbax partial restore), placed straight on their shardings.
 A LoRA run also writes `WORKDIR/model/lora.json` (its settings, where its base came from and the
 base's fingerprint): its checkpoints hold adapters, which are loaded onto that base.
+
+Format versions: a step's own (`checkpointing.CHECKPOINT_FORMAT_VERSION`, its manifest's
+`checkpointing.MANIFEST_VERSION`) and lora.json's `format_version` (`LORA_FILE_FORMAT_VERSION`);
+a file of another version is refused with one line naming it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ from reasoning_rl import storage
 from reasoning_rl.errors import CheckpointError
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import abstract_model
+
+LORA_FILE = "lora.json"
+# model/lora.json: {"format_version", "lora": LoraSettings fields, "fingerprint": the base's,
+# "base": {"path", "dtype", "random_seed"}}. Written by trainer.write_model_files; the constant
+# lives here, beside its reader, because the trainer imports this module and not the reverse.
+LORA_FILE_FORMAT_VERSION = 1
 
 
 def find_run_checkpoint(path) -> tuple[pathlib.Path, pathlib.Path] | None:
@@ -44,7 +54,7 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
   """(model, tokenizer) from a run: architecture and tokenizer from model/, weights from step,
   cast to `weight_dtype` (default: the compute dtype `dtype`) whatever dtype they were saved in
   (a run's float32 master weights load as bfloat16 for a bfloat16 sampler)."""
-  from reasoning_rl.checkpointing import CheckpointCorruptError, verify_checksums
+  from reasoning_rl.checkpointing import CheckpointCorruptError, check_format, verify_checksums
   from reasoning_rl.models.tokenizers import Tokenizer
 
   try:
@@ -52,14 +62,15 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
   except CheckpointCorruptError as error:
     raise CheckpointError(f"{error}; load an earlier checkpoints/<step> of the run (resuming "
                           "training moves this one aside)") from None
+  check_format(step_dir)
 
   config = ModelConfig.from_hf_config(json.loads((workdir / "model" / "config.json").read_text()),
                                       source=str(workdir / "model" / "config.json"))
   if mesh is None:
     mesh = sharding_lib.make_mesh((1, 1, 1), devices=[jax.devices()[0]])
-  lora_file = workdir / "model" / "lora.json"
+  lora_file = workdir / "model" / LORA_FILE
   if lora_file.exists():  # the checkpoint holds adapters; the base comes from where the run had it
-    model = _load_lora_run(json.loads(lora_file.read_text()), config, workdir, step_dir,
+    model = _load_lora_run(read_lora_file(lora_file), config, workdir, step_dir,
                            dtype=dtype, mesh=mesh)  # the base is frozen: no master copy
   else:
     graphdef, abstract = abstract_model(config, dtype=dtype, param_dtype=weight_dtype or dtype)
@@ -67,6 +78,25 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
     model = nnx.merge(graphdef, abstract)
   # tokenizer libraries read local files: a remote workdir's model/ is fetched (and cached) first
   return model, Tokenizer.from_hf_dir(storage.local_copy(str(workdir / "model")))
+
+
+def read_lora_file(path) -> dict:
+  """model/lora.json, checked to be of LORA_FILE_FORMAT_VERSION (CheckpointError otherwise)."""
+  try:
+    record = json.loads(path.read_text())
+    if not isinstance(record, dict):
+      raise ValueError(f"a {type(record).__name__}, not an object")
+  except (OSError, ValueError) as error:
+    raise CheckpointError(f"{path} is unreadable ({error}); the run's model/ directory is "
+                          "damaged: copy it back from a backup of the run") from None
+  # Written before versions were: its fields have been version 1's since lora.json exists, so
+  # it reads as version 1.
+  version = record.get("format_version", 1)
+  if version != LORA_FILE_FORMAT_VERSION:
+    raise CheckpointError(
+        f"{path}: format_version {version!r}, but this reasoning_rl reads version "
+        f"{LORA_FILE_FORMAT_VERSION} only; load the run with the reasoning_rl that wrote it")
+  return record
 
 
 def _restore_params(state, workdir, step_dir, mesh) -> None:
@@ -122,13 +152,13 @@ def _load_lora_run(record, config, workdir, step_dir, *, dtype, mesh):
 
   settings = lora.LoraSettings(**record["lora"])
   base = record["base"]
-  if base.get("path"):
+  if base["path"]:
     model, _ = load(base["path"], dtype=dtype, mesh=mesh)
   else:
     model = create_model(config, seed=int(base["random_seed"]), dtype=dtype, param_dtype=dtype)
   adapted = lora.apply_lora(model, settings)
   adapters, frozen = lora.split_adapters(nnx.state(adapted))
-  problem = lora.base_mismatch(record.get("fingerprint"), lora.base_fingerprint(frozen),
+  problem = lora.base_mismatch(record["fingerprint"], lora.base_fingerprint(frozen),
                                checkpoint=step_dir)
   if problem:
     raise CheckpointError(problem)

@@ -1,0 +1,313 @@
+"""The run's on-disk formats carry a version, and readers refuse any version they do not read.
+
+One group per format (docs/architecture.md §3.3): a checkpoint step (its `keys` item and its
+CHECKSUMS.json), the loop state in a checkpoint's `meta`, model/lora.json, rollout records. For
+each: the version is written, a file of version 999 is refused with one line naming the file, a
+current file round-trips, and a file written before versions existed is read (its content is the
+current format) or refused with one line (an older content).
+"""
+
+import collections
+import json
+import pathlib
+import signal
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from reasoning_rl import checkpointing
+from reasoning_rl import guards as guards_lib
+from reasoning_rl.checkpointing import (CHECKPOINT_FORMAT_VERSION, CHECKSUMS_FILE,
+                                        MANIFEST_VERSION, CheckpointCorruptError, Checkpointer)
+from reasoning_rl.config import base_config
+from reasoning_rl.errors import CheckpointError, ConfigError, ExitCode
+from reasoning_rl.loop.state import LOOP_STATE_FORMAT_VERSION, LoopState
+from reasoning_rl.metrics import ROLLOUT_FORMAT_VERSION, MetricsWriter
+from reasoning_rl.models import load
+from reasoning_rl.models.run_checkpoint import LORA_FILE_FORMAT_VERSION, read_lora_file
+from reasoning_rl.replay import replay
+from tests.test_faults import _run_workdir
+from tests.test_loop import _batch
+from tests.test_replay import COMPLETIONS, ORIGINAL, write_run
+from tests.test_trainer_cadence import ScriptedStage, _fake_run, _trainer
+
+
+def _one_line(error) -> str:
+  text = str(error.value)
+  assert "\n" not in text, text
+  return text
+
+
+def _rewrite_json(path, change) -> None:
+  path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+# ------------------------------------------------------------------------------ checkpoint steps
+
+
+def _tree(value):
+  return {"w": jnp.full((3,), value, jnp.float32), "key": jax.random.key(7)}
+
+
+def _abstract():
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _tree(0.0))
+
+
+@pytest.fixture()
+def step_dir(tmp_path):
+  """A checkpoint directory with one saved step (1); returns the step's directory."""
+  with Checkpointer(tmp_path / "checkpoints", async_save=False) as ckpt:
+    ckpt.save(1, _tree(1.0), {"note": "one"}, force=True)
+  return tmp_path / "checkpoints" / "1"
+
+
+def _rewrite_keys(step_dir, change) -> None:
+  """Edits the step's `keys` item, then its manifest, so only the edit differs (not corruption)."""
+  _rewrite_json(step_dir / "keys" / "metadata", change)
+  checkpointing.write_checksums(step_dir)
+
+
+def test_a_checkpoint_step_records_its_format_version_and_round_trips(step_dir):
+  keys = json.loads((step_dir / "keys" / "metadata").read_text())
+  assert keys["format_version"] == CHECKPOINT_FORMAT_VERSION == 1
+  assert json.loads((step_dir / CHECKSUMS_FILE).read_text())["version"] == MANIFEST_VERSION == 3
+  with Checkpointer(step_dir.parent) as ckpt:
+    step, state, meta = ckpt.restore_latest(_abstract())
+  assert (step, meta) == (1, {"note": "one"})
+  np.testing.assert_array_equal(state["w"], [1.0, 1.0, 1.0])
+  assert jax.random.key_data(state["key"]).tolist() == jax.random.key_data(
+      jax.random.key(7)).tolist()
+
+
+def test_a_checkpoint_of_another_format_version_is_refused_and_kept(step_dir):
+  _rewrite_keys(step_dir, lambda keys: {**keys, "format_version": 999})
+  with Checkpointer(step_dir.parent) as ckpt, pytest.raises(CheckpointError) as error:
+    ckpt.restore_latest(_abstract())
+  assert not isinstance(error.value, CheckpointCorruptError)
+  assert _one_line(error) == (
+      f"{step_dir / 'keys'}: checkpoint format_version 999, but this reasoning_rl reads version 1 "
+      "only; restore the step with the reasoning_rl that wrote it, or start a new workdir")
+  assert step_dir.is_dir()  # not moved aside as corrupt: a newer reasoning_rl may read it
+  with pytest.raises(CheckpointError, match="checkpoint format_version 999"):
+    checkpointing.check_format(step_dir)  # the file-level check models.run_checkpoint uses
+
+
+def test_a_checkpoint_written_before_versions_reads_as_version_1(step_dir):
+  _rewrite_keys(step_dir, lambda keys: {"impls": keys["impls"]})  # what such a step holds
+  checkpointing.check_format(step_dir)
+  with Checkpointer(step_dir.parent) as ckpt:
+    assert ckpt.restore(1, _abstract())[1] == {"note": "one"}
+
+
+def test_loading_a_run_checkpoint_of_another_format_version_is_refused(tmp_path):
+  """models.load of a run workdir (evaluate / generate) reads the step past Checkpointer."""
+  workdir = _run_workdir(tmp_path / "run", nan=False)  # test_faults loads it intact
+  step_dir = workdir / "checkpoints" / "6"
+  _rewrite_keys(step_dir, lambda keys: {**keys, "format_version": 999})
+  with pytest.raises(CheckpointError) as error:
+    load(workdir)
+  assert _one_line(error).startswith(f"{step_dir / 'keys'}: checkpoint format_version 999, ")
+
+
+@pytest.mark.parametrize("version", [2, 999])
+def test_a_manifest_of_another_version_is_refused_and_kept(step_dir, version):
+  """Version 2 held SHA-256 digests; it was never released and is refused like 999."""
+  _rewrite_json(step_dir / CHECKSUMS_FILE, lambda manifest: {**manifest, "version": version})
+  with Checkpointer(step_dir.parent) as ckpt, pytest.raises(CheckpointError) as error:
+    ckpt.restore_latest(_abstract())
+  assert not isinstance(error.value, CheckpointCorruptError)
+  assert _one_line(error).startswith(
+      f"{step_dir / CHECKSUMS_FILE}: manifest version {version}, but this reasoning_rl reads "
+      "version 3 only;")
+  assert "delete the file to restore the step unverified" in str(error.value)
+  assert step_dir.is_dir()
+
+
+# ------------------------------------------------------------------------------ loop state
+
+
+def _loop_state(**fields):
+  return LoopState(guards=guards_lib.Guards(base_config().guards), **fields)
+
+
+def test_the_loop_state_records_its_format_version_and_round_trips():
+  state = _loop_state(data_position=17, policy_version=4, queue=collections.deque([_batch()]),
+                      pending_eval=5)
+  meta = json.loads(json.dumps(state.to_meta()))  # what the checkpoint's meta item holds
+  assert meta["format_version"] == LOOP_STATE_FORMAT_VERSION == 1
+  restored = _loop_state()
+  assert restored.meta_problem(meta, "m.json") is None
+  restored.load_meta(meta, "m.json")
+  assert (restored.data_position, restored.policy_version, restored.pending_eval) == (17, 4, 5)
+  assert list(restored.queue) == [_batch()] and restored.to_meta() == state.to_meta()
+
+
+def test_a_loop_state_of_another_format_version_is_refused_before_anything_loads():
+  meta = {**_loop_state(data_position=17).to_meta(), "format_version": 999}
+  state = _loop_state()
+  line = ("ckpt/4/meta/metadata: loop state format_version 999, but this reasoning_rl reads "
+          "version 1 only; resume with the reasoning_rl that wrote it, or start a new workdir")
+  assert state.meta_problem(meta, "ckpt/4/meta/metadata") == line
+  with pytest.raises(CheckpointError) as error:
+    state.load_meta(meta, "ckpt/4/meta/metadata")
+  assert _one_line(error) == line
+  assert state.data_position == 0  # nothing loaded
+
+
+def test_a_loop_state_written_before_versions_reads_as_version_1_or_is_refused():
+  current = _loop_state(data_position=17, queue=collections.deque([_batch()])).to_meta()
+  unversioned = {k: v for k, v in current.items() if k != "format_version"}
+  state = _loop_state()
+  state.load_meta(json.loads(json.dumps(unversioned)), "m")  # exactly version 1's content
+  assert state.data_position == 17 and list(state.queue) == [_batch()]
+  older = {k: v for k, v in unversioned.items() if k != "pending_eval"}
+  assert _loop_state().meta_problem(older, "ckpt/4/meta/metadata") == (
+      "ckpt/4/meta/metadata: loop state from before format_version 1 (it lacks 'pending_eval'), "
+      "which this reasoning_rl does not resume; start a new workdir, or resume with the "
+      "reasoning_rl that wrote it")
+  # a queued batch of the never-released form (3-item groups, timeouts / verifications counts)
+  old_batch = {**current["queue"][0], "timeouts": 1, "verifications": 3}
+  del old_batch["scoring"]
+  problem = _loop_state().meta_problem({**unversioned, "queue": [old_batch]}, "m")
+  assert problem.startswith("m: loop state of format_version 1 does not parse (TypeError: ")
+  assert "\n" not in problem
+
+
+@pytest.fixture()
+def restore_signal_handlers():
+  """Trainer.run installs the stop-request handlers; a run that raises leaves them installed."""
+  previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+  checkpointing.clear_preemption_request()
+  yield
+  for signum, handler in previous.items():
+    signal.signal(signum, handler)
+  checkpointing.clear_preemption_request()
+
+
+def test_a_run_refuses_to_resume_a_loop_state_of_another_version(tmp_path,
+                                                                 restore_signal_handlers):
+  """The refusal is one line naming the file, before the rerun writes anything."""
+  run, _, _ = _fake_run(tmp_path, total_steps=4)
+  assert _trainer(run, ScriptedStage(), []).run() == ExitCode.DONE
+  step_dir = tmp_path / "checkpoints" / "4"
+  meta_file = step_dir / "meta" / "metadata"
+  assert json.loads(meta_file.read_text())["format_version"] == 1
+  _rewrite_json(meta_file, lambda meta: {**meta, "format_version": 999})
+  checkpointing.write_checksums(step_dir)
+  (tmp_path / "model" / "config.json").write_text("as the newer run wrote it")
+  metrics = (tmp_path / "metrics.jsonl").read_text()
+  run, _, _ = _fake_run(tmp_path, total_steps=6)
+  with pytest.raises(CheckpointError) as error:
+    _trainer(run, ScriptedStage(), []).run()
+  assert _one_line(error).startswith(f"{meta_file}: loop state format_version 999, but this")
+  assert (tmp_path / "model" / "config.json").read_text() == "as the newer run wrote it"
+  assert (tmp_path / "metrics.jsonl").read_text() == metrics
+  assert step_dir.is_dir()
+
+
+# ------------------------------------------------------------------------------ model/lora.json
+
+
+def test_the_lora_file_records_its_version_and_other_versions_are_refused(tmp_path):
+  path = tmp_path / "lora.json"
+  record = {"format_version": LORA_FILE_FORMAT_VERSION, "lora": {"rank": 4},
+            "fingerprint": "0123456789abcdef", "base": {"path": None, "dtype": "float32",
+                                                        "random_seed": 0}}
+  path.write_text(json.dumps(record))
+  assert read_lora_file(path) == record and LORA_FILE_FORMAT_VERSION == 1
+  unversioned = {k: v for k, v in record.items() if k != "format_version"}
+  path.write_text(json.dumps(unversioned))
+  assert read_lora_file(path) == unversioned  # version 1's fields: read as version 1
+  path.write_text(json.dumps({**record, "format_version": 999}))
+  with pytest.raises(CheckpointError) as error:
+    read_lora_file(path)
+  assert _one_line(error) == (f"{path}: format_version 999, but this reasoning_rl reads version 1 "
+                              "only; load the run with the reasoning_rl that wrote it")
+
+
+def test_a_lora_run_writes_the_version_into_model_lora_json(tmp_path, restore_signal_handlers):
+  """What `Trainer._lora_record` returns is what write_model_files writes as model/lora.json."""
+  run, _, _ = _fake_run(tmp_path, **{"lora.rank": 4})
+  trainer = _trainer(run, ScriptedStage(), [])
+  assert trainer._lora_record()["format_version"] == 1
+
+
+# ------------------------------------------------------------------------------ rollout records
+
+
+@pytest.fixture()
+def rollouts(tmp_path):
+  write_run(tmp_path)  # the replay test's run: 2 steps of records through MetricsWriter
+  return tmp_path
+
+
+def _lines(path):
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_rollout_records_carry_their_format_version_and_round_trip(rollouts):
+  records = _lines(rollouts / "rollouts" / "step_00000001.jsonl")
+  assert [r["format_version"] for r in records] == [ROLLOUT_FORMAT_VERSION] * 4
+  assert ROLLOUT_FORMAT_VERSION == 1
+  report = replay(rollouts, ORIGINAL)
+  assert report.num_records == len(COMPLETIONS) and report.changed == []
+
+
+def test_a_rollout_record_of_another_version_is_refused(rollouts):
+  path = rollouts / "rollouts" / "step_00000002.jsonl"
+  records = _lines(path)
+  records[1]["format_version"] = 999
+  path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  with pytest.raises(ConfigError) as error:
+    replay(rollouts, ORIGINAL)
+  assert _one_line(error) == (
+      "rollouts/step_00000002.jsonl:2: rollout record format_version 999, but this reasoning_rl "
+      "reads version 1 only; read these rollouts with the reasoning_rl that wrote them")
+
+
+def test_launch_replay_refuses_another_version_in_one_line(rollouts, tmp_path):
+  path = rollouts / "rollouts" / "step_00000001.jsonl"
+  records = _lines(path)
+  records[0]["format_version"] = 999
+  path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  config = tmp_path / "replay_config.py"
+  config.write_text("import ml_collections\n\ndef get_config():\n  c = ml_collections.ConfigDict()\n"
+                    f"  c.rewards = ml_collections.ConfigDict({ORIGINAL!r})\n  return c\n")
+  launcher = pathlib.Path(__file__).resolve().parents[1] / "launch" / "replay.py"
+  proc = subprocess.run([sys.executable, str(launcher), f"--workdir={rollouts}",
+                         f"--config={config}"], capture_output=True, text=True, timeout=120)
+  assert proc.returncode == ExitCode.BAD_INPUT, proc.stderr
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "error: ConfigError: rollouts/step_00000001.jsonl:1: rollout record format_version 999, "
+      "but this reasoning_rl reads version 1 only; read these rollouts with the reasoning_rl "
+      "that wrote them")
+  assert "Traceback" not in proc.stderr
+
+
+def test_rollout_records_written_before_versions_read_as_version_1_or_are_refused(rollouts):
+  path = rollouts / "rollouts" / "step_00000001.jsonl"
+  records = [{k: v for k, v in r.items() if k != "format_version"} for r in _lines(path)]
+  path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  assert replay(rollouts, ORIGINAL).changed == []  # the current content: read as version 1
+  del records[2]["task_prompt"]  # a record from before task_prompt was written
+  path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  with pytest.raises(ConfigError) as error:
+    replay(rollouts, ORIGINAL)
+  assert _one_line(error).startswith(
+      "rollouts/step_00000001.jsonl:3: rollout record lacks 'task_prompt'; replay needs ")
+
+
+def test_the_writer_refuses_a_record_claiming_another_version(tmp_path):
+  record = {"step": 1, "prompt_id": 0, "group_id": 0, "sample_index": 0, "prompt": "q",
+            "completion": "a", "reward": 1.0, "advantage": 0.0, "num_tokens": 1,
+            "truncated": False, "policy_version": 0, "verifier_version": "v",
+            "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4, "seed": 0}}
+  with MetricsWriter(tmp_path, tensorboard=False) as writer:
+    written = writer.write_rollouts(1, [record, {**record, "format_version": 1}])
+    with pytest.raises(ValueError, match="rollout record 0 of step 2 has format_version 2"):
+      writer.write_rollouts(2, [{**record, "step": 2, "format_version": 2}])
+  assert [r["format_version"] for r in _lines(written)] == [1, 1]
