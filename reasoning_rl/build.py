@@ -17,7 +17,10 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from reasoning_rl.errors import ConfigError
+from reasoning_rl import config as config_lib
+from reasoning_rl.errors import ConfigError, SamplingError
+from reasoning_rl.multihost.exchange import Exchange
+from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
 
 log = logging.getLogger("reasoning_rl")
 
@@ -29,7 +32,6 @@ def build_topology(config: ml_collections.ConfigDict):
   """Which devices train and which sample, and this process's role (`multihost.topology`)."""
   import jax
 
-  from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
 
   topology = make_topology(config.mesh.num_trainer_devices, jax.devices(),
                            process_index=jax.process_index(), num_processes=jax.process_count(),
@@ -61,7 +63,6 @@ def build_cluster(config: ml_collections.ConfigDict, topology, params):
   if not topology.multi_process:
     return local_cluster(topology)
   from reasoning_rl import sharding
-  from reasoning_rl.multihost.exchange import Exchange
   from reasoning_rl.multihost.param_sync import ParamSync
 
   replica_meshes = [sharding.make_mesh(tuple(config.mesh.sampler), devices,
@@ -180,7 +181,6 @@ def load_checkpoint(checkpoint: str, *, dtype: str, mesh=None):
   """(model, tokenizer) of `checkpoint` (run workdir, checkpoint step, HF dir or GGUF; local or
   gs://) for launchers driven by a path rather than a config; a checkpoint without tokenizer files
   is refused, since prompts and completions are text."""
-  from reasoning_rl.errors import SamplingError
   from reasoning_rl.models import load
 
   model, tokenizer = load(checkpoint, dtype=dtype, mesh=mesh)
@@ -308,7 +308,6 @@ def build(config: ml_collections.ConfigDict) -> Run:
   import jax.numpy as jnp
   from flax import nnx
 
-  from reasoning_rl import config as config_lib
   from reasoning_rl import lora
   from reasoning_rl import sharding as sharding_lib
   from reasoning_rl.lora import LoraSettings

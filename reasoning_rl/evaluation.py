@@ -42,10 +42,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reasoning_rl import storage
+from reasoning_rl.metrics import to_json_value
 from reasoning_rl.errors import VerifierError
 from reasoning_rl.verifiers import format as format_lib
 from reasoning_rl.verifiers import math_answers as math_lib
 from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
+from reasoning_rl.workers.scorer import InlineScorer, Scorer
 
 EvalResult = dict[str, Any]
 EVAL_DIR = "eval"
@@ -208,7 +210,6 @@ def completion_record(example, text: str, *, num_tokens: int, truncated: bool,
 
 def _as_scorer(scorer):
   """A `workers.scorer.Scorer`; a bare RewardFunction is scored inline."""
-  from reasoning_rl.workers.scorer import InlineScorer, Scorer  # pylint: disable=import-outside-toplevel
 
   return scorer if isinstance(scorer, Scorer) else InlineScorer(scorer)
 
@@ -421,7 +422,6 @@ def eval_path(workdir: str | os.PathLike[str], step: int):
 
 def write_eval_result(workdir: str | os.PathLike[str], step: int, result: EvalResult):
   """Writes `result` (plus its `step`) to workdir/eval/step_XXXXXXXX.json atomically."""
-  from reasoning_rl.metrics import to_json_value  # pylint: disable=import-outside-toplevel
 
   path = eval_path(workdir, step)
   path.parent.mkdir(parents=True, exist_ok=True)

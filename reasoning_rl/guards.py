@@ -46,6 +46,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reasoning_rl import storage
+from reasoning_rl.config import check_range
 from reasoning_rl.errors import ConfigError, ExitCode
 
 STOPPED_FILE = "STOPPED.md"
@@ -75,7 +76,6 @@ class GuardConfig:
   length_growth_evals: int = 2
 
   def __post_init__(self):
-    from reasoning_rl.config import check_range  # pylint: disable=import-outside-toplevel
 
     for field in dataclasses.fields(self):
       check_range(f"guards.{field.name}", getattr(self, field.name))

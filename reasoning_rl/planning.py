@@ -57,11 +57,16 @@ import numpy as np
 from jax.sharding import AbstractMesh
 
 from reasoning_rl import flops as flops_lib
-from reasoning_rl.build import rollouts_ahead
+from reasoning_rl import storage
+from reasoning_rl.build import random_model_config, rollouts_ahead, step_config
 from reasoning_rl.errors import ConfigError
+from reasoning_rl.lora import PROJECTIONS, LoraSettings
 from reasoning_rl.models.config import ModelConfig
-from reasoning_rl.sharding import (MESH_AXES, logical_to_spec, multi_slice_mesh_shape,
-                                   resolve_mesh_shape, slice_device_counts, slices_spanned)
+from reasoning_rl.models.gguf_io import gguf_model_config, open_gguf
+from reasoning_rl.models.transformer import abstract_model
+from reasoning_rl.sharding import (MESH_AXES, count_slices, logical_to_spec,
+                                   multi_slice_mesh_shape, resolve_mesh_shape,
+                                   slice_device_counts, slices_spanned)
 from reasoning_rl.tpu_chips import CPU_MACHINE, GIB, TPU_CHIPS, ChipSpec, slice_name
 
 
@@ -484,7 +489,6 @@ _SHAPES: dict[tuple, list] = {}
 def _parameter_shapes(model_config: ModelConfig, dtype, lora) -> list[tuple[tuple, tuple, float]]:
   from flax import nnx  # local: the planner's other parts need no flax
 
-  from reasoning_rl.models.transformer import abstract_model
   _, state = abstract_model(model_config, dtype=dtype, param_dtype=dtype)
   quantized = _quantized_itemsize(lora)
   shapes = []
@@ -507,7 +511,6 @@ def _quantized_itemsize(lora) -> float | None:
 def _is_adapted_projection(path, lora) -> bool:
   import re  # pylint: disable=import-outside-toplevel
 
-  from reasoning_rl.lora import PROJECTIONS  # pylint: disable=import-outside-toplevel
 
   path = tuple(map(str, path))
   return (len(path) == 4 and path[0] == "layers" and path[3] in PROJECTIONS.get(path[2], ())
@@ -521,7 +524,6 @@ def adapter_shapes(model_config: ModelConfig, lora, dtype) -> list[tuple[tuple, 
     return []
   import re  # pylint: disable=import-outside-toplevel
 
-  from reasoning_rl.lora import PROJECTIONS  # pylint: disable=import-outside-toplevel
 
   m, r, itemsize = model_config, lora.rank, np.dtype(dtype).itemsize
   d, f, k = m.hidden_size, m.intermediate_size, m.head_dim
@@ -588,7 +590,6 @@ class ModelShapes:
 
   @classmethod
   def of(cls, config, model_config: ModelConfig) -> "ModelShapes":
-    from reasoning_rl.lora import LoraSettings  # pylint: disable=import-outside-toplevel
 
     lora = LoraSettings.from_config(config)
     precision = Precision.of(config)
@@ -721,7 +722,6 @@ def step_flops(config, m: ModelConfig) -> flops_lib.StepFlops:
   max_prefill_length tokens prefilled once each, P·G completions of max_new_tokens tokens decoded
   against the whole cache of S = prompt + completion slots, and P·G training rows of S tokens
   with the completion positions projected, through the passes the configured step runs."""
-  from reasoning_rl.build import step_config  # local: build imports the training stack lazily
 
   r = config.rollout
   rows, prompt, new = r.num_prompts * r.num_samples, r.max_prefill_length, r.max_new_tokens
@@ -746,7 +746,6 @@ def dcn_gradient_traffic(config, layout: Layout, gradient_bytes: float, chip: Ch
   compiled step's HLO: the data-axis all-reduces sit in the loop body), so a step makes
   updates × micro-batches of them.
   """
-  from reasoning_rl.build import step_config  # local: build imports the training stack lazily
 
   k = layout.trainer_slices
   if k == 1:
@@ -958,10 +957,8 @@ def dry_run_model_config(config) -> ModelConfig:
   random model (no model.path) is planned from `model.random`."""
   import json
 
-  from reasoning_rl import storage
 
   if not config.model.path:
-    from reasoning_rl.build import random_model_config
 
     return random_model_config(config)[0]
 
@@ -970,7 +967,6 @@ def dry_run_model_config(config) -> ModelConfig:
     return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()),
                                       source=str(path / "config.json"))
   if path.suffix == ".gguf" and not storage.is_remote(path) and path.exists():
-    from reasoning_rl.models.gguf_io import gguf_model_config, open_gguf
 
     return gguf_model_config(open_gguf(path), path)
   fallback = config.model.get("hf_config_for_planning")
@@ -985,7 +981,6 @@ def print_dry_run(config) -> Plan:
   """`launch/train.py --config.dry_run=True`: prints the plan of `config.target` and returns it."""
   target = dict(config.target)
   if target.get("num_devices", 0) == 0:
-    from reasoning_rl.sharding import count_slices
 
     slices = count_slices(jax.devices(), config.mesh.num_slices)
     target = {"tpu": target.get("tpu", "cpu"), "num_devices": jax.device_count() // slices,

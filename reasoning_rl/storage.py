@@ -64,6 +64,8 @@ import time
 import uuid
 from typing import Any, Union
 
+from reasoning_rl.errors import CheckpointError
+
 log = logging.getLogger("reasoning_rl")
 
 REMOTE_PREFIXES = ("gs://",)
@@ -370,7 +372,6 @@ def sync_staged(*, force: bool = False) -> None:
         stage.sync()
       except Exception as error:  # pylint: disable=broad-except  # gcsfs raises many kinds
         if force:
-          from reasoning_rl.errors import CheckpointError  # pylint: disable=import-outside-toplevel
           stage.failed_forced_sync = True
           raise CheckpointError(f"could not copy metrics / logs to {stage.remote_dir} "
                                 f"({type(error).__name__}: {error}); check the bucket and "

@@ -13,6 +13,7 @@ from reasoning_rl import storage
 from reasoning_rl.errors import CheckpointError
 from reasoning_rl.models.checkpoints import load_hf_weights, save_hf
 from reasoning_rl.models.config import ModelConfig
+from reasoning_rl.models.gguf_io import load_gguf_weights
 from reasoning_rl.models.transformer import KVCache, Transformer, create_model
 
 
@@ -46,7 +47,6 @@ def load(path: str | os.PathLike, *, dtype: str = "float32", weight_dtype: str |
     path = storage.local_copy(path)  # GGUF / safetensors readers memory-map local files
   path = pathlib.Path(path)
   if path.suffix == ".gguf":
-    from reasoning_rl.models.gguf_io import load_gguf_weights
 
     model, reader = load_gguf_weights(path, **dtypes, mesh=mesh)
     return model, tokenizers.Tokenizer.from_gguf(reader)

@@ -9,7 +9,9 @@ from typing import Any
 import numpy as np
 
 from reasoning_rl.errors import PhaseInterrupted
+from reasoning_rl.multihost import runtime
 from reasoning_rl.multihost.exchange import Exchange, LocalExchange
+from reasoning_rl.multihost.sync_watch import SyncWatch
 from reasoning_rl.multihost.topology import Topology
 
 
@@ -66,8 +68,6 @@ class Cluster:
     if self.param_sync is None:
       jax.block_until_ready(engine.update_params(params, version=version))
       return
-    from reasoning_rl.multihost import runtime  # pylint: disable=import-outside-toplevel
-    from reasoning_rl.multihost.sync_watch import SyncWatch  # pylint: disable=C0415
 
     sync, me = self.param_sync, self.topology.process_index
     packed = sync.pack(params) if self.is_trainer else None  # trainer-side compute: no deadline

@@ -86,7 +86,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from reasoning_rl import precision, registry
+from reasoning_rl import lora, precision, registry
 from reasoning_rl import sharding as sharding_lib
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import losses, packing
@@ -328,7 +328,6 @@ class TrainStep:
     c = self.config
     frozen = None
     if c.trains_adapters:
-      from reasoning_rl import lora  # pylint: disable=import-outside-toplevel
 
       params, frozen = lora.split_adapters(params)
       ref_params = None  # the reference is the base: zero adapters on the frozen weights
@@ -414,7 +413,6 @@ class TrainStep:
     """The whole policy state (base + adapters with LoRA)."""
     if state.frozen_params is None:
       return state.params
-    from reasoning_rl import lora  # pylint: disable=import-outside-toplevel
 
     return lora.join(state.params, state.frozen_params)
 
@@ -435,7 +433,6 @@ class TrainStep:
   def _sampler_copy(self, params, frozen_params):
     """The sampler's weights from the trainer's (traced by `sampler_weights`' jit)."""
     if self.config.trains_adapters and self.config.lora.sampler_weights == "merged":
-      from reasoning_rl import lora  # pylint: disable=import-outside-toplevel
 
       params = lora.merge_into_base(params, frozen_params, self.config.lora)
     if self.config.compute_dtype is None:
@@ -516,7 +513,6 @@ class TrainStep:
           out["old_values"] = values
       if c.beta > 0:
         if state.frozen_params is not None:  # LoRA: the base, i.e. zero adapters
-          from reasoning_rl import lora  # pylint: disable=import-outside-toplevel
 
           ref_model = self.model(lora.zero_adapters(state.params), state.frozen_params)
         else:

@@ -55,6 +55,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from reasoning_rl import lora
 from reasoning_rl import sharding as sharding_lib
 from reasoning_rl.errors import SamplingError
 from reasoning_rl.models.transformer import KVCache, Transformer
@@ -289,7 +290,6 @@ class Engine:
       params = nnx.state(params)
     if self._is_adapter_update(params):
       # LoRA: only the adapters changed; the base this engine holds stays where it is.
-      from reasoning_rl import lora  # pylint: disable=import-outside-toplevel
 
       _, base = lora.split_adapters(self._params)
       adapters = sharding_lib.reshard(params, sharding_lib.param_shardings(params, self._mesh))
@@ -302,7 +302,6 @@ class Engine:
   def _is_adapter_update(self, params) -> bool:
     """Whether `params` holds LoRA adapters alone (the engine's model has adapters and `params`
     has fewer leaves than the engine's state)."""
-    from reasoning_rl import lora  # pylint: disable=import-outside-toplevel
 
     return (lora.is_adapted(self._params) and lora.is_adapted(params)
             and len(jax.tree.leaves(params)) < len(jax.tree.leaves(self._params)))

@@ -24,6 +24,8 @@ from typing import Any
 
 from reasoning_rl.errors import ReasoningRLError, VerifierError
 from reasoning_rl.verifiers import rewards as rewards_lib
+from reasoning_rl.verifiers.sandbox import code_exploits
+from reasoning_rl.workers.scorer import InlineScorer
 
 NUM_TOKENS = 64  # every probe and its baseline claim this length, so length parts stay neutral
 MAX_NEW_TOKENS = 1024
@@ -281,7 +283,6 @@ def _reasoning_gym_scenarios(t: _Template) -> list[Scenario]:
 
 def _code_scenarios(t: _Template, ctx) -> list[Scenario]:
   """Hostile programs from `code_exploits` aimed at the targets of `ctx`, plus positive controls."""
-  from reasoning_rl.verifiers.sandbox import code_exploits  # pylint: disable=import-outside-toplevel
 
   reasoning = "Write the function and make sure it handles every case."
   fence = lambda program: t.render(reasoning, f"```python\n{program}\n```")  # noqa: E731
@@ -316,7 +317,6 @@ def _run_code_probes(scorer, template: _Template) -> list[ProbeResult]:
     return [ProbeResult("code", "setup", {}, 0.0, 0.0, True,
                         "code rewards run with rlimit-only isolation: hostile programs cannot be "
                         "tried safely and would reach the host; use code_isolation='namespaces'")]
-  from reasoning_rl.verifiers.sandbox import code_exploits  # pylint: disable=import-outside-toplevel
 
   results = []
   with code_exploits.exploit_context() as ctx:
@@ -402,7 +402,6 @@ def run_redteam(reward_config: Any) -> RedteamReport:
 
   Probes are scored through the same `Scorer` interface as training (inline here: the probes are
   few and short), so a verifier that raises on a probe is reported as a finding, not a crash."""
-  from reasoning_rl.workers.scorer import InlineScorer  # pylint: disable=import-outside-toplevel
 
   fn = rewards_lib.RewardFunction(reward_config)
   scorer = InlineScorer(fn)

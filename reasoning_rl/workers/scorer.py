@@ -16,6 +16,7 @@ from typing import Hashable, Iterable
 
 from reasoning_rl.errors import ConfigError, VerifierError
 from reasoning_rl.verifiers.rewards import CompletionRecord, Reward, RewardFunction
+from reasoning_rl.workers.pool import VerifierPool
 
 STATUSES = ("ok", "timeout", "error")
 
@@ -138,7 +139,6 @@ class PoolScorer(Scorer):
   """Scores groups in `num_workers` worker processes, each group under `item_timeout_s`."""
 
   def __init__(self, reward_fn: RewardFunction, *, num_workers: int, item_timeout_s: float):
-    from reasoning_rl.workers.pool import VerifierPool  # pylint: disable=import-outside-toplevel
 
     super().__init__(reward_fn)
     self._pool = VerifierPool(GroupScorer(reward_fn), num_workers=num_workers,
