@@ -185,12 +185,22 @@ class Trainer:
         active_processes=set(cluster.topology.trainer_processes) if cluster.multi_process
         else None) if cluster.is_trainer else None
     restore_signal_handlers = checkpointing.install_preemption_handler()
-    start_step = self._restore(checkpointer)
-    if primary:  # after the restore: a checkpoint refused (another format) leaves model/ as it was
-      write_model_files(self.workdir, self.run_parts.model_config, self.run_parts.tokenizer,
-                        lora_record=self._lora_record())
-    writer = metrics_lib.MetricsWriter(self.workdir, resume_step=start_step or None,
-                                       tensorboard=c.logging.tensorboard) if primary else None
+    try:
+      start_step = self._restore(checkpointer)
+      if primary:  # after the restore: a refused checkpoint (another format) leaves model/ as is
+        write_model_files(self.workdir, self.run_parts.model_config, self.run_parts.tokenizer,
+                          lora_record=self._lora_record())
+      writer = metrics_lib.MetricsWriter(self.workdir, resume_step=start_step or None,
+                                         tensorboard=c.logging.tensorboard) if primary else None
+    except BaseException:
+      # nothing started: an in-process caller (a notebook) gets its own Ctrl-C back, and the
+      # verifier workers and the checkpointer's threads end here rather than at process exit
+      with contextlib.ExitStack() as releases:
+        releases.callback(restore_signal_handlers)
+        releases.callback(self.run_parts.scorer.close)
+        if checkpointer is not None:
+          releases.callback(checkpointer.close)
+      raise
     progress = metrics_lib.ProgressBar(c.total_steps, initial=start_step,
                                        enabled=None if c.logging.progress_bar and primary
                                        else False)

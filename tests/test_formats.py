@@ -179,7 +179,7 @@ def test_a_loop_state_written_before_versions_reads_as_version_1_or_is_refused()
 
 @pytest.fixture()
 def restore_signal_handlers():
-  """Trainer.run installs the stop-request handlers; a run that raises leaves them installed."""
+  """Trainer.run installs the stop-request handlers (and keeps them after a stop on a signal)."""
   previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
   checkpointing.clear_preemption_request()
   yield
@@ -201,9 +201,12 @@ def test_a_run_refuses_to_resume_a_loop_state_of_another_version(tmp_path,
   (tmp_path / "model" / "config.json").write_text("as the newer run wrote it")
   metrics = (tmp_path / "metrics.jsonl").read_text()
   run, _, _ = _fake_run(tmp_path, total_steps=6)
+  handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
   with pytest.raises(CheckpointError) as error:
     _trainer(run, ScriptedStage(), []).run()
   assert _one_line(error).startswith(f"{meta_file}: loop state format_version 999, but this")
+  # the refused run put the caller's signal handlers back
+  assert {signum: signal.getsignal(signum) for signum in handlers} == handlers
   assert (tmp_path / "model" / "config.json").read_text() == "as the newer run wrote it"
   assert (tmp_path / "metrics.jsonl").read_text() == metrics
   assert step_dir.is_dir()
