@@ -108,7 +108,7 @@ def _same(old: float | None, new: float | None, rel_tol: float = 1e-9,
   return abs(old - new) <= abs_tol + rel_tol * abs(old)
 
 
-def completion_record(record: Mapping[str, Any], where: str) -> CompletionRecord:
+def stored_completion_record(record: Mapping[str, Any], where: str) -> CompletionRecord:
   """The `CompletionRecord` a rollout record was scored from (ConfigError naming `where` for a
   record of another format version, or one that lacks a field replay needs)."""
   check_rollout_version(record, where)
@@ -167,8 +167,8 @@ def replay(workdir: str | os.PathLike[str], rewards_config: Any, *, rel_tol: flo
   reward_fn = scorer.reward_fn if scorer is not None else RewardFunction(rewards_config)
   scorer = scorer if scorer is not None else InlineScorer(reward_fn)
   entries = _read_records(storage.path(workdir) / "rollouts")
-  # every record is checked (completion_record) before anything is scored
-  completions = [completion_record(record, f"rollouts/{name}:{line}")
+  # every record is checked (stored_completion_record) before anything is scored
+  completions = [stored_completion_record(record, f"rollouts/{name}:{line}")
                  for name, line, record in entries]
   groups: dict[tuple, list[int]] = {}
   for index, (name, _, record) in enumerate(entries):

@@ -122,7 +122,7 @@ class SFTStage:
       order = np.random.default_rng([c.seed, epoch]).permutation(n)
       chosen.append(self.pairs[order[offset]])
     loop.data_position += c.sft.batch_size
-    tokens, attention, completion_mask = batching.pack_rows(
+    tokens, attention, completion_mask = batching.pad_rows(
         [p for p, _ in chosen], [q for _, q in chosen], num_rows=c.sft.batch_size,
         prompt_length=c.rollout.max_prefill_length, completion_length=c.rollout.max_new_tokens,
         pad_id=run.tokenizer.pad_id)

@@ -62,8 +62,8 @@ def group_outcome_fractions(groups: Sequence[ScoredGroup], part: str | None = "c
           "groups/all_fail_frac": all_fail / len(groups)}
 
 
-def pack_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
-              num_rows: int, prompt_length: int, completion_length: int, pad_id: int):
+def pad_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
+             num_rows: int, prompt_length: int, completion_length: int, pad_id: int):
   """(tokens, attention_mask [R, P + T], completion_mask [R, T]) for prompt/completion pairs.
 
   Prompts are left-padded (their last `prompt_length` tokens kept), completions right-padded
@@ -106,7 +106,7 @@ def build_batch(groups: Sequence[ScoredGroup], *, num_groups: int, group_size: i
     advantages[:len(groups)] = np.asarray(
         group_advantages(rewards[:len(groups)].astype(np.float64), estimator=estimator),
         np.float32)
-  tokens, attention, completion_mask = pack_rows(
+  tokens, attention, completion_mask = pad_rows(
       [g.prompt_tokens for g in groups for _ in range(group_size)],
       [ids for g in groups for ids in g.completion_ids], num_rows=rows,
       prompt_length=prompt_length, completion_length=completion_length, pad_id=pad_id)
