@@ -141,7 +141,10 @@ _DISJUNCTION = re.compile(r"\\(?:lor|vee|parallel)(?![A-Za-z])|\|\|")
 _NUMERIC_LITERAL = re.compile(r"\d+(?:[.,]\d+)*")
 
 
-def _normalise(candidate: str) -> str:
+def _clean_for_parsing(candidate: str) -> str:
+  """Before parsing: thousands written with (LaTeX) spaces as plain digits ("1\\,000", "1 000" →
+  "1000") and upright single letters as letters ("\\mathrm{x}" → "x"). Not a canonical form (that
+  is `evaluation.normalise_answer`, for voting): only what math-verify would misread."""
   candidate = _UPRIGHT_LETTER.sub(r"\1", _THOUSANDS_SPACE.sub("", candidate))
   return _THOUSANDS_PLAIN_SPACE.sub(lambda m: m.group().replace(" ", ""), candidate)
 
@@ -175,7 +178,7 @@ def _free_symbols(parsed: list) -> bool:
 def _parse_truth(ground_truth: str) -> tuple:
   """The reference answer: the ground truth, or its box, or the set of its distinct boxes."""
   boxes = list(dict.fromkeys(_strip_wrappers(b) for b in boxed_contents(ground_truth)))
-  text = _normalise(", ".join(boxes) if boxes else _strip_wrappers(ground_truth))
+  text = _clean_for_parsing(", ".join(boxes) if boxes else _strip_wrappers(ground_truth))
   parsed = _parse_strict(text)
   if not _has_expression(parsed):
     parsed = _parse_lenient(text)
@@ -273,7 +276,7 @@ def check(response: str, ground_truth: str, *, extract: str = "answer_or_boxed",
   if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
     raise ConfigError(f"math.timeout_s={timeout_s!r} must be a positive number of seconds")
   candidates, refusal = _extract(response, extract, answer_tag)
-  distinct = tuple(dict.fromkeys(_normalise(c) for c in candidates))
+  distinct = tuple(dict.fromkeys(_clean_for_parsing(c) for c in candidates))
   if refusal:
     return MathResult(False, refusal, distinct[:MAX_CANDIDATES])
   if not distinct:
@@ -349,7 +352,7 @@ def _judge_number(candidate: str, truth: list) -> str:
   final = links[-1][1]
   if _DECIMAL_COMMA.fullmatch(final):
     final = final.replace(",", ".")
-  if _UNEVALUATED.search(_normalise(final).replace("{,}", "")):
+  if _UNEVALUATED.search(_clean_for_parsing(final).replace("{,}", "")):
     return "unevaluated"
   values = [_parse_candidate(text, False) for _, text in links[:-1]] + [
       _parse_candidate(final, False)]
