@@ -36,6 +36,7 @@ from reasoning_rl import storage
 from reasoning_rl.errors import ConfigError, VerifierError
 from reasoning_rl.metrics import ROLLOUT_FORMAT_VERSION, check_rollout_version
 from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
+from reasoning_rl.workers.scorer import InlineScorer
 
 _ROLLOUT_NAME = re.compile(r"^step_(\d{8})\.jsonl$")
 _REQUIRED = ("completion", "task_prompt", "reward", "ground_truth", "task", "metadata", "tests",
@@ -162,7 +163,6 @@ def replay(workdir: str | os.PathLike[str], rewards_config: Any, *, rel_tol: flo
   by default they are scored inline. A group the scorer could not score raises VerifierError
   naming its records: a replay must not report fake zeros as changed rewards.
   """
-  from reasoning_rl.workers.scorer import InlineScorer  # pylint: disable=import-outside-toplevel
 
   reward_fn = scorer.reward_fn if scorer is not None else RewardFunction(rewards_config)
   scorer = scorer if scorer is not None else InlineScorer(reward_fn)

@@ -59,12 +59,18 @@ TPU_CHIPS: dict[str, ChipSpec] = {
 CPU_MACHINE = ChipSpec("CPU (2 cores)", 24 * GIB, 400e9, 60e9)
 
 
+# The config's `target.tpu` -> (Cloud TPU API prefix of its accelerator types, TensorCores the
+# type's number counts per JAX device): v4 / v5p devices are chips of 2 TensorCores, a TPU7x device
+# is one TensorCore (one chiplet), v5e (API name v5litepod) / v6e names count chips of one.
+ACCELERATOR_NAMING = {"v4": ("v4", 2), "v5p": ("v5p", 2), "v5e": ("v5litepod", 1),
+                      "v6e": ("v6e", 1), "v7x": ("tpu7x", 1)}
+
+
 def slice_name(tpu: str, num_devices: int) -> str:
-  """Cloud TPU's accelerator type of a slice: v4 / v5p count TensorCores (2 per chip), v5e / v6e
-  count chips (v5p-64 = 32 chips, v5e-256 = 256 chips), TPU7x TensorCores = its JAX devices
-  (tpu7x-16 = 16 devices on 8 chips)."""
-  if tpu in ("v4", "v5p"):
-    return f"{tpu}-{2 * num_devices}"
-  if tpu == "v7x":
-    return f"tpu7x-{num_devices}"
-  return f"{tpu}-{num_devices}" if tpu in TPU_CHIPS else ""
+  """Cloud TPU's accelerator type of a slice of `num_devices` JAX devices (ACCELERATOR_NAMING):
+  v5p-64 = 32 chips, v5litepod-256 = 256 v5e chips, tpu7x-16 = 16 devices on 8 chips; "" for a
+  target without one (cpu)."""
+  if tpu not in ACCELERATOR_NAMING:
+    return ""
+  prefix, cores_per_device = ACCELERATOR_NAMING[tpu]
+  return f"{prefix}-{cores_per_device * num_devices}"

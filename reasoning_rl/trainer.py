@@ -38,6 +38,7 @@ from reasoning_rl.loop.rl_stage import RLStage
 from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
 from reasoning_rl.loop.sft_stage import SFTStage
 from reasoning_rl.loop.state import LoopState
+from reasoning_rl.multihost.bulk import BulkChannel
 from reasoning_rl.models.run_checkpoint import LORA_FILE, LORA_FILE_FORMAT_VERSION
 
 log = logging.getLogger("reasoning_rl")
@@ -129,8 +130,6 @@ class Trainer:
     run left in it before the broadcast (no process writes any before it)."""
     step, meta, problem = 0, None, None
     if self.cluster.multi_process:
-      from reasoning_rl.multihost.bulk import BulkChannel  # pylint: disable=C0415
-
       self.cluster.bulk = BulkChannel(self.cluster.exchange, self.workdir)
       if self.cluster.is_primary:
         self.cluster.bulk.clear()

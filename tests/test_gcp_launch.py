@@ -50,29 +50,25 @@ def test_config_target_names_its_accelerator_type(tpu, devices, accelerator):
   assert gcp.accelerator_from_config(config) == accelerator
 
 
-def test_v6e_recipe_and_manifest_use_its_image_and_node_label():
-  s = gcp.slice_for("v6e-32")
-  script = gcp.tpu_vm_script(s, name="n", project="p", zone="z", source="src",
-                             train=gcp.train_command("c.py", "gs://b/r"))
+def test_v6e_recipe_uses_its_runtime_image():
+  script = gcp.tpu_vm_script(gcp.slice_for("v6e-32"), name="n", project="p", zone="z",
+                             source="src", train=gcp.train_command("c.py", "gs://b/r"))
   assert "--accelerator-type=v6e-32 \\\n      --runtime-version=v2-alpha-tpuv6e" in script
-  manifest = gcp.jobset_manifest(s, name="n", image="i", train=gcp.train_command("c.py", "gs://b"))
-  job = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
-  pod = job["template"]["spec"]
-  assert job["parallelism"] == 8 and pod["containers"][0]["resources"]["limits"] == {
-      "google.com/tpu": 4}
-  assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
-                                 "cloud.google.com/gke-tpu-topology": "4x8"}
 
 
-def test_tpu7x_manifest_uses_its_node_label_and_four_chips_per_pod():
-  s = gcp.slice_for("tpu7x-32")
-  manifest = gcp.jobset_manifest(s, name="n", image="i", train=gcp.train_command("c.py", "gs://b"))
+@pytest.mark.parametrize("accelerator,pods,label,topology", [
+    ("v6e-32", 8, "tpu-v6e-slice", "4x8"),
+    ("tpu7x-32", 4, "tpu7x", "2x2x4"),
+])
+def test_manifest_uses_the_node_label_and_four_chips_per_pod(accelerator, pods, label, topology):
+  manifest = gcp.jobset_manifest(gcp.slice_for(accelerator), name="n", image="i",
+                                 train=gcp.train_command("c.py", "gs://b"))
   job = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
   pod = job["template"]["spec"]
-  assert job["parallelism"] == 4 and pod["containers"][0]["resources"]["limits"] == {
+  assert job["parallelism"] == pods and pod["containers"][0]["resources"]["limits"] == {
       "google.com/tpu": 4}
-  assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu7x",
-                                 "cloud.google.com/gke-tpu-topology": "2x2x4"}
+  assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": label,
+                                 "cloud.google.com/gke-tpu-topology": topology}
 
 
 def test_unknown_accelerator_is_one_line():

@@ -49,6 +49,7 @@ from absl import flags
 # the repository root, so that the script runs from a checkout without an install
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 from reasoning_rl.errors import ExitCode  # noqa: E402  (light: no jax)
+from reasoning_rl.tpu_chips import slice_name  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 INSTALL_SCRIPT = HERE / "install_worker.sh"
@@ -109,11 +110,6 @@ RUNTIME_VERSION = {"v5p": "v2-alpha-tpuv5", "v4": "tpu-ubuntu2204-base",
 # gke_accelerator field: 'tpu7x' for TPU7x; cloud.google.com/kubernetes-engine/docs/concepts/tpus)
 GKE_ACCELERATOR = {"v5p": "tpu-v5p-slice", "v4": "tpu-v4-podslice",
                    "v5litepod": "tpu-v5-lite-podslice", "v6e": "tpu-v6e-slice", "tpu7x": "tpu7x"}
-# The config's `target.tpu` -> (TPU API prefix, TensorCores the name counts per JAX device):
-# v4 / v5p devices are chips of 2 TensorCores, a TPU7x device is one TensorCore (one chiplet),
-# v5e / v6e names count chips of one TensorCore.
-TARGET_TO_ACCELERATOR = {"v5p": ("v5p", 2), "v4": ("v4", 2), "v5e": ("v5litepod", 1),
-                         "v6e": ("v6e", 1), "v7x": ("tpu7x", 1)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,11 +138,11 @@ def slice_for(accelerator_type: str) -> Slice:
 
 
 def accelerator_from_config(config) -> str:
-  """The config's target slice as an accelerator type (TARGET_TO_ACCELERATOR): v5p-64 for 32 v5p
-  devices, v5litepod-16 for 16 v5e devices, tpu7x-16 for 16 v7x devices (8 chips)."""
+  """The config's target slice as an accelerator type (`tpu_chips.slice_name`): v5p-64 for 32 v5p
+  devices, v5litepod-16 for 16 v5e devices, tpu7x-16 for 16 v7x devices (8 chips); an unknown
+  target as TPU-N, which the caller refuses naming the known types."""
   tpu, devices = config.target.tpu, config.target.num_devices
-  prefix, cores_per_device = TARGET_TO_ACCELERATOR.get(tpu, (tpu, 1))
-  return f"{prefix}-{cores_per_device * devices}"
+  return slice_name(tpu, devices) or f"{tpu}-{devices}"
 
 
 def parse_num_slices(value: str) -> int | None:

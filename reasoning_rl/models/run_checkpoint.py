@@ -25,7 +25,7 @@ from reasoning_rl import sharding as sharding_lib
 from reasoning_rl import storage
 from reasoning_rl.errors import CheckpointError
 from reasoning_rl.models.config import ModelConfig
-from reasoning_rl.models.transformer import abstract_model
+from reasoning_rl.models.transformer import abstract_model, create_model
 
 LORA_FILE = "lora.json"
 # model/lora.json: {"format_version", "lora": LoraSettings fields, "fingerprint": the base's,
@@ -148,7 +148,6 @@ def _load_lora_run(record, config, workdir, step_dir, *, dtype, mesh):
   (a plain model: W + α/r · A B) unless the base is quantized (QLoRA), then adapted."""
   from reasoning_rl import lora
   from reasoning_rl.models import load
-  from reasoning_rl.models.transformer import create_model
 
   settings = lora.LoraSettings(**record["lora"])
   base = record["base"]

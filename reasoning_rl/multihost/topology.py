@@ -96,12 +96,11 @@ def make_topology(num_trainer_devices: int, devices: Sequence, *, process_index:
   from reasoning_rl import sharding  # pylint: disable=import-outside-toplevel
 
   devices = process_major(devices)
-  slice_ids = sharding.device_slice_ids(devices, num_slices)
   topology = _roles(num_trainer_devices, devices, process_index=process_index,
                     num_processes=num_processes, field=field)
-  total_slices = len(set(slice_ids))
   trainer_slices = sharding.slices_spanned(len(topology.trainer_devices), len(devices),
-                                           total_slices, field=field)
+                                           sharding.count_slices(devices, num_slices),
+                                           field=field)
   return dataclasses.replace(topology, trainer_num_slices=trainer_slices)
 
 
