@@ -21,6 +21,8 @@ from reasoning_rl.sampler.sampling import (
   gumbel_max,
   sample_key,
   sample_tokens,
+  sampling_logits,
+  truncated_logprobs,
 )
 
 LOGITS = np.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0], np.float32)
@@ -33,13 +35,37 @@ def softmax(x):
   return e / e.sum()
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def draw(logits, temperature, top_p, top_k):
+def numpy_sampling_probs(logits, temperature, top_p, top_k, min_p=0.0):
+  """The sampled distribution in numpy, written from the papers' definitions: temperature, then
+  top-k (ties with the k-th kept), top-p on the renormalised top-k (token kept iff the mass
+  strictly before it is < p), then min-p (p ≥ min_p · p_max after temperature)."""
+  logits = np.asarray(logits, np.float64)
+  scaled = logits / temperature
+  keep = np.ones(logits.shape, bool)
+  if top_k > 0:
+    keep &= scaled >= np.sort(scaled)[::-1][min(top_k, scaled.size) - 1]
+  if top_p < 1.0:
+    probs = np.where(keep, softmax(np.where(keep, scaled, -np.inf)), 0.0)
+    order = np.argsort(-scaled, kind="stable")
+    before = np.cumsum(probs[order]) - probs[order]
+    nucleus = np.zeros_like(keep)
+    nucleus[order] = before < top_p
+    keep &= nucleus
+  if min_p > 0:
+    probs = softmax(scaled)
+    keep &= probs >= min_p * probs.max()
+  out = np.zeros(logits.shape)
+  out[keep] = softmax(scaled[keep])
+  return out
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def draw(logits, temperature, top_p, top_k, min_p=0.0):
   keys = jax.random.split(jax.random.key(1234), DRAWS)
   batch = jnp.broadcast_to(logits, (DRAWS, logits.shape[0]))
   full = lambda value, dtype: jnp.full(DRAWS, value, dtype)
   return sample_tokens(batch, keys, full(temperature, jnp.float32), full(top_p, jnp.float32),
-                       full(top_k, jnp.int32))
+                       full(top_k, jnp.int32), full(min_p, jnp.float32))
 
 
 def chi_square(tokens, probs):
@@ -105,6 +131,8 @@ def test_sample_keys_depend_on_seed_prompt_and_sample_only():
     (dict(top_p=1.5), "top_p"),
     (dict(top_k=-1), "top_k"),
     (dict(temperature=float("nan")), "temperature"),
+    (dict(min_p=-0.1), "min_p"),
+    (dict(min_p=1.5), "min_p"),
 ])
 def test_bad_sampling_parameters_name_the_field(kwargs, field):
   with pytest.raises(SamplingError, match=field):
@@ -135,3 +163,80 @@ def test_gumbel_max_draws_the_tokens_of_jax_random_categorical():
     expected = jax.vmap(jax.random.categorical)(keys, logits)
     np.testing.assert_array_equal(np.asarray(gumbel_max(keys, logits)), np.asarray(expected))
   assert int(gumbel_max(keys, logits)[0]) < 100
+
+
+@pytest.mark.parametrize("temperature, min_p, kept", [
+    # p = softmax(LOGITS) = [.404, .245, .149, .090, .055, ...]; min_p · p_max = .12 keeps 3.
+    (1.0, 0.3, [0, 1, 2]),
+    # after temperature 0.5: p ∝ exp(2·z) = [.63, .23, .085, .031, ...]; 0.1 · .63 = .063 keeps 3.
+    (0.5, 0.1, [0, 1, 2]),
+    # min_p = 1 keeps only the most likely token.
+    (1.0, 1.0, [0]),
+])
+def test_min_p_keeps_exactly_the_expected_tokens(temperature, min_p, kept):
+  tokens, _, sampling_lp = draw(jnp.asarray(LOGITS), temperature, 1.0, 0, min_p)
+  tokens = np.asarray(tokens)
+  probs = numpy_sampling_probs(LOGITS, temperature, 1.0, 0, min_p)
+  assert np.flatnonzero(probs).tolist() == kept
+  assert set(np.unique(tokens)) <= set(kept)
+  if len(kept) > 1:
+    statistic, _ = chi_square(tokens, probs)
+    assert statistic < CHI2_999[len(kept) - 1], statistic
+  np.testing.assert_allclose(sampling_lp, np.log(probs[tokens]), rtol=1e-5, atol=1e-6)
+
+
+# Rows with different settings in one batch: (temperature, top_p, top_k, min_p).
+ROW_SETTINGS = [(1.0, 1.0, 0, 0.0), (0.7, 0.9, 0, 0.0), (1.0, 1.0, 3, 0.0), (1.3, 0.8, 5, 0.05),
+                (0.9, 1.0, 0, 0.2), (1.0, 0.95, 20, 0.1), (2.0, 0.5, 0, 0.0), (0.5, 1.0, 2, 0.3)]
+
+
+def _row_arrays(settings):
+  t, p, k, m = zip(*settings)
+  return (jnp.asarray(t, jnp.float32), jnp.asarray(p, jnp.float32), jnp.asarray(k, jnp.int32),
+          jnp.asarray(m, jnp.float32))
+
+
+def test_per_row_settings_match_the_numpy_reference():
+  """Each row of one batch is filtered with its own settings, as numpy does row by row."""
+  logits = np.random.default_rng(0).normal(0, 2, (len(ROW_SETTINGS), 32)).astype(np.float32)
+  filtered = np.asarray(sampling_logits(jnp.asarray(logits), *_row_arrays(ROW_SETTINGS)))
+  for row, settings in enumerate(ROW_SETTINGS):
+    expected = numpy_sampling_probs(logits[row], *settings)
+    got = np.exp(filtered[row] - filtered[row].max())
+    got /= got.sum()
+    np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=str(settings))
+
+
+def test_truncated_logprobs_rebuild_the_samplers_log_probs():
+  """The trainer's rebuild (`truncated_logprobs`, per position) gives the sampler's own
+  sampling log-probs for the tokens the sampler drew, for every row's settings."""
+  rng = np.random.default_rng(1)
+  logits = jnp.asarray(rng.normal(0, 2, (len(ROW_SETTINGS), 32)).astype(np.float32))
+  keys = jax.random.split(jax.random.key(7), len(ROW_SETTINGS))
+  rows = _row_arrays(ROW_SETTINGS)
+  tokens, _, sampling_lp = sample_tokens(logits, keys, *rows)
+  rebuilt = truncated_logprobs(logits, tokens, *rows)
+  np.testing.assert_allclose(rebuilt, sampling_lp, atol=1e-5)
+  for row, settings in enumerate(ROW_SETTINGS):
+    probs = numpy_sampling_probs(np.asarray(logits[row]), *settings)
+    np.testing.assert_allclose(rebuilt[row], np.log(probs[int(tokens[row])]), atol=1e-5)
+
+
+def test_truncated_logprobs_keep_the_target_and_read_greedy_rows_as_the_model():
+  logits = jnp.asarray(np.stack([LOGITS, LOGITS]))
+  # top_k = 1 keeps token 0 only; the target 3 is kept anyway (it was drawn): log of its share
+  # of {0, 3}. The greedy row (temperature 0) is the model's own log-prob.
+  got = truncated_logprobs(logits, jnp.array([3, 3]), jnp.array([1.0, 0.0]),
+                           jnp.array([1.0, 1.0]), jnp.array([1, 1]), jnp.array([0.0, 0.0]))
+  share = np.exp(LOGITS[3]) / (np.exp(LOGITS[0]) + np.exp(LOGITS[3]))
+  np.testing.assert_allclose(got, [np.log(share), np.log(softmax(LOGITS))[3]], rtol=1e-5)
+
+
+def test_truncated_logprobs_gradient_is_the_truncated_score_function():
+  """∇_z log π^W(y) = (onehot(y) − π^W)/T: the kept set carries no gradient."""
+  z = jnp.asarray(LOGITS)
+  t, p, k, m = 0.8, 0.9, 4, 0.0
+  grad = jax.grad(lambda x: truncated_logprobs(x, jnp.array(1), jnp.array(t), jnp.array(p),
+                                               jnp.array(k), jnp.array(m)))(z)
+  probs = numpy_sampling_probs(LOGITS, t, p, k, m)
+  np.testing.assert_allclose(grad, (np.eye(LOGITS.size)[1] - probs) / t, atol=1e-6)

@@ -73,6 +73,7 @@ class SlotRequest:
   temperature: jax.Array  # f32 scalar
   top_p: jax.Array  # f32 scalar
   top_k: jax.Array  # i32 scalar
+  min_p: jax.Array  # f32 scalar
   max_new_tokens: jax.Array  # i32 scalar
   stop_ids: jax.Array  # i32 [MAX_STOP_IDS], -1 = unused
 
@@ -104,6 +105,7 @@ class DecodeState:
   temperature: jax.Array
   top_p: jax.Array
   top_k: jax.Array
+  min_p: jax.Array
   max_new_tokens: jax.Array
   stop_ids: jax.Array  # [S, MAX_STOP_IDS]
 
@@ -326,7 +328,7 @@ class Engine:
     padded[:len(stop_ids)] = stop_ids
     return SlotRequest(key=key, temperature=np.float32(sampling.temperature),
                        top_p=np.float32(sampling.top_p), top_k=np.int32(sampling.top_k),
-                       max_new_tokens=np.int32(max_new_tokens), stop_ids=padded)
+                       min_p=np.float32(sampling.min_p), max_new_tokens=np.int32(max_new_tokens), stop_ids=padded)
 
   def _default_request(self) -> SlotRequest:
     key = jax.random.fold_in(self._default_key, self._default_requests)
@@ -486,7 +488,7 @@ class Engine:
         cache=KVCache(k=(kv,) * cfg.num_layers, v=(kv,) * cfg.num_layers, pos=rows),
         next_logits=sharding_lib.sharding_for(("batch", None), (slots, cfg.vocab_size), mesh),
         position=vector, generated=vector, done=vector, keys=vector, temperature=vector,
-        top_p=vector, top_k=vector, max_new_tokens=vector,
+        top_p=vector, top_k=vector, min_p=vector, max_new_tokens=vector,
         stop_ids=sharding_lib.sharding_for(("batch", None), (slots, MAX_STOP_IDS), mesh))
 
   def _build_functions(self):
@@ -501,7 +503,8 @@ class Engine:
           position=jnp.zeros(slots, jnp.int32), generated=jnp.zeros(slots, jnp.int32),
           done=jnp.ones(slots, bool), keys=jax.random.split(jax.random.key(0), slots),
           temperature=jnp.zeros(slots, jnp.float32), top_p=jnp.ones(slots, jnp.float32),
-          top_k=jnp.zeros(slots, jnp.int32), max_new_tokens=jnp.zeros(slots, jnp.int32),
+          top_k=jnp.zeros(slots, jnp.int32), min_p=jnp.zeros(slots, jnp.float32),
+          max_new_tokens=jnp.zeros(slots, jnp.int32),
           stop_ids=jnp.full((slots, MAX_STOP_IDS), -1, jnp.int32))
 
     def prefill(params, tokens, true_lengths, requests):
@@ -520,7 +523,7 @@ class Engine:
       request = jax.tree.map(lambda *fields: jnp.stack(fields), *requests)
       token, logprob, sampling_logprob = sampling_lib.sample_tokens(
           logits, jax.vmap(jax.random.fold_in)(request.key, jnp.zeros(rows, jnp.int32)),
-          request.temperature, request.top_p, request.top_k)
+          request.temperature, request.top_p, request.top_k, request.min_p)
       first = ResultTokens(tokens=token[:, None], valid=jnp.ones((rows, 1), bool),
                            lengths=jnp.ones(rows, jnp.int32), logprobs=logprob[:, None],
                            sampling_logprobs=sampling_logprob[:, None],
@@ -545,6 +548,7 @@ class Engine:
           keys=state.keys.at[slot].set(req.key),
           temperature=state.temperature.at[slot].set(req.temperature),
           top_p=state.top_p.at[slot].set(req.top_p), top_k=state.top_k.at[slot].set(req.top_k),
+          min_p=state.min_p.at[slot].set(req.min_p),
           max_new_tokens=state.max_new_tokens.at[slot].set(req.max_new_tokens),
           stop_ids=state.stop_ids.at[slot].set(req.stop_ids))
 
@@ -566,7 +570,8 @@ class Engine:
         live = ~state.done
         step_keys = jax.vmap(jax.random.fold_in)(state.keys, state.generated)
         tokens, logprobs, sampling_logprobs = sampling_lib.sample_tokens(
-            state.next_logits, step_keys, state.temperature, state.top_p, state.top_k)
+            state.next_logits, step_keys, state.temperature, state.top_p, state.top_k,
+            state.min_p)
         generated = state.generated + live.astype(jnp.int32)
         hit_stop = jnp.any(tokens[:, None] == state.stop_ids, axis=-1)
         finished = live & (hit_stop | (generated >= state.max_new_tokens)

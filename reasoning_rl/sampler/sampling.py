@@ -1,4 +1,4 @@
-"""Token sampling as pure JAX functions: greedy, temperature, top-k and nucleus (top-p).
+"""Token sampling as pure JAX functions: greedy, temperature, top-k, nucleus (top-p) and min-p.
 
 Every function works on a batch of rows [B, V] with per-row parameters [B], so one compiled decode
 step serves slots that were inserted with different sampling settings.
@@ -13,6 +13,16 @@ distribution that top-k left (renormalised).
   the smallest set of most probable tokens whose probability mass reaches p. With tokens sorted by
   probability, token i is kept iff the mass of the tokens ranked strictly before it is < p (so the
   most probable token is always kept).
+- Min-p (Nguyen et al. 2024, "Turning Up the Heat: Min-p Sampling for Creative and Coherent LLM
+  Outputs", arXiv:2407.01082, §3): keep the tokens with p_T(x) ≥ min_p · max_x' p_T(x'), the
+  probabilities taken after temperature. Applied last (transformers' order: temperature, top-k,
+  top-p, min-p); since top-k / top-p always keep the most probable token and renormalising scales
+  every kept probability alike, it is the same as intersecting with {x : z_x/T ≥ max z/T + log
+  min_p} — no sort needed. min_p = 0 disables it.
+
+`truncation_threshold` is the one construction of the kept set: the sampler draws from it, and the
+trainer (`reasoning_rl.rl.logprobs`, `algo.truncated_ratio`) rebuilds the same truncation on its
+own logits from the same per-row settings (docs/off_policy.md).
 
 Two log-probabilities are returned for each sampled token: under the model's unscaled distribution
 (log_softmax of the raw logits — what the trainer's forward computes) and under the distribution the
@@ -37,14 +47,17 @@ class SamplingParams:
     temperature: > 0 scales the logits by 1/temperature; 0 is greedy decoding.
     top_p: nucleus mass in (0, 1]; 1 disables the filter.
     top_k: keep only the k most likely tokens; 0 disables the filter.
+    min_p: keep only tokens with probability ≥ min_p × the most likely one's (after temperature;
+      Nguyen et al. 2024), in [0, 1]; 0 disables the filter.
   """
 
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
+  min_p: float = 0.0
 
   def __post_init__(self):
-    validate_sampling(self.temperature, self.top_p, self.top_k)
+    validate_sampling(self.temperature, self.top_p, self.top_k, self.min_p)
 
   @property
   def is_greedy(self) -> bool:
@@ -53,11 +66,12 @@ class SamplingParams:
   @property
   def changes_distribution(self) -> bool:
     """True when the sampling distribution differs from the model's unscaled one."""
-    return self.temperature != 1.0 or self.top_p < 1.0 or self.top_k > 0
+    return self.temperature != 1.0 or self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0
 
 
-def validate_sampling(temperature: float, top_p: float, top_k: int) -> None:
-  """Raises SamplingError naming the bad field (temperature < 0, top_p outside (0, 1], top_k < 0)."""
+def validate_sampling(temperature: float, top_p: float, top_k: int, min_p: float = 0.0) -> None:
+  """Raises SamplingError naming the bad field (temperature < 0, top_p outside (0, 1], top_k < 0,
+  min_p outside [0, 1])."""
   if not isinstance(temperature, (int, float)) or not temperature >= 0:
     raise SamplingError(
         f"temperature={temperature!r}: must be a number >= 0 (0 means greedy decoding)")
@@ -65,6 +79,8 @@ def validate_sampling(temperature: float, top_p: float, top_k: int) -> None:
     raise SamplingError(f"top_p={top_p!r}: must be in (0, 1] (1 disables nucleus sampling)")
   if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
     raise SamplingError(f"top_k={top_k!r}: must be an integer >= 0 (0 disables top-k)")
+  if isinstance(min_p, bool) or not isinstance(min_p, (int, float)) or not 0 <= min_p <= 1:
+    raise SamplingError(f"min_p={min_p!r}: must be in [0, 1] (0 disables min-p sampling)")
 
 
 def first_argmax(x: jax.Array) -> jax.Array:
@@ -93,54 +109,112 @@ def gumbel_max(keys: jax.Array, logits: jax.Array) -> jax.Array:
   return first_argmax(noise + logits)
 
 
-def _filter_top_k_top_p(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array) -> jax.Array:
-  """Sets logits outside each row's top-k, then outside its nucleus, to -inf."""
+def _top_k_top_p_threshold(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array) -> jax.Array:
+  """[..., 1] the smallest scaled logit that top-k then top-p keep (the kept tokens form a prefix
+  of the sorted row; parameters [...] broadcast against the rows)."""
   vocab = scaled.shape[-1]
   descending = -jnp.sort(-scaled, axis=-1)
   k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
-  kth_value = jnp.take_along_axis(descending, (k - 1)[:, None], axis=-1)
+  kth_value = jnp.take_along_axis(descending, (k - 1)[..., None], axis=-1)
   in_top_k = descending >= kth_value
   sorted_probs = jax.nn.softmax(jnp.where(in_top_k, descending, -jnp.inf), axis=-1)
   mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-  in_nucleus = in_top_k & ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0))
-  # Kept tokens form a prefix of the sorted row; its last value is the row's threshold.
+  in_nucleus = in_top_k & ((mass_before < top_p[..., None]) | (top_p[..., None] >= 1.0))
   num_kept = jnp.sum(in_nucleus, axis=-1)
-  threshold = jnp.take_along_axis(descending, (num_kept - 1)[:, None], axis=-1)
-  return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+  return jnp.take_along_axis(descending, (num_kept - 1)[..., None], axis=-1)
+
+
+def truncation_threshold(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array,
+                         min_p: jax.Array) -> jax.Array:
+  """[..., 1]: a token is kept iff its temperature-scaled logit is ≥ this threshold (top-k, then
+  top-p, then min-p, module docstring). scaled [..., V]; top_p, top_k, min_p [...].
+
+  The sort that top-k / top-p need is skipped (lax.cond) when no row uses either filter; min-p
+  needs only the row maximum. Ties with the threshold are kept, as in the filters themselves.
+  """
+  needs_sort = jnp.any((top_p < 1.0) | (top_k > 0))
+  threshold = jax.lax.cond(
+      needs_sort, _top_k_top_p_threshold,
+      lambda s, p, k: jnp.full(s.shape[:-1] + (1,), -jnp.inf, s.dtype), scaled, top_p, top_k)
+  # Min-p: z/T ≥ max z/T + log(min_p); log 0 = -inf keeps every token.
+  log_min_p = jnp.where(min_p > 0, jnp.log(jnp.maximum(min_p, 1e-38)), -jnp.inf)
+  min_p_threshold = jnp.max(scaled, axis=-1, keepdims=True) + log_min_p[..., None].astype(
+      scaled.dtype)
+  return jnp.maximum(threshold, min_p_threshold)
 
 
 def sampling_logits(logits: jax.Array, temperature: jax.Array, top_p: jax.Array,
-                    top_k: jax.Array) -> jax.Array:
+                    top_k: jax.Array, min_p: jax.Array | None = None) -> jax.Array:
   """Logits of the distribution tokens are drawn from; excluded tokens are -inf.
 
-  logits [B, V] float32; temperature, top_p [B] float32; top_k [B] int32. Greedy rows
-  (temperature 0) become a point mass on their argmax. The sort that top-k / top-p need is skipped
-  (lax.cond) when no row uses either filter.
+  logits [B, V] float32; temperature, top_p, min_p [B] float32; top_k [B] int32 (min_p None = 0).
+  Greedy rows (temperature 0) become a point mass on their argmax. The filters are skipped
+  (lax.cond) when no row uses any.
   """
+  if min_p is None:
+    min_p = jnp.zeros_like(top_p)
   greedy = temperature <= 0
   scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
-  needs_filter = jnp.any((top_p < 1.0) | (top_k > 0))
-  scaled = jax.lax.cond(needs_filter, _filter_top_k_top_p, lambda s, p, k: s, scaled, top_p, top_k)
+  needs_filter = jnp.any((top_p < 1.0) | (top_k > 0) | (min_p > 0))
+  scaled = jax.lax.cond(
+      needs_filter,
+      lambda s, p, k, m: jnp.where(s >= truncation_threshold(s, p, k, m), s, -jnp.inf),
+      lambda s, p, k, m: s, scaled, top_p, top_k, min_p)
   argmax = first_argmax(logits)
   point_mass = jnp.where(jnp.arange(logits.shape[-1])[None, :] == argmax[:, None], 0.0, -jnp.inf)
   return jnp.where(greedy[:, None], point_mass, scaled)
 
 
+def truncated_logprobs(logits: jax.Array, targets: jax.Array, temperature: jax.Array,
+                       top_p: jax.Array, top_k: jax.Array, min_p: jax.Array) -> jax.Array:
+  """log π^W(target): the log-prob of each target under the distribution the sampler draws from
+  with these settings (temperature, then top-k / top-p / min-p, renormalised), rebuilt from
+  `logits`. The trainer's side of `algo.truncated_ratio` (docs/off_policy.md).
+
+  logits [..., V]; targets [...] int; temperature, top_p, min_p [...] float, top_k [...] int, one
+  value per position (a row's settings repeated along its tokens).
+
+  - The kept set is a function of the logits that is constant almost everywhere, so it carries no
+    gradient (stop_gradient); the gradient is that of z_y/T − logsumexp_{x ∈ S}(z_x/T), the
+    score function of the truncated, renormalised policy.
+  - The target is always kept: it was drawn, so it lies in the sampler's kept set, and a trainer
+    whose numerics (another dtype or kernel) rank it just outside would otherwise give log 0.
+  - temperature ≤ 0 (a greedy row: a point mass, nothing to differentiate) is read as the
+    untruncated model at temperature 1, the same as the full-softmax log-prob.
+  """
+  logits = logits.astype(jnp.float32)
+  greedy = temperature <= 0
+  temperature = jnp.where(greedy, 1.0, temperature)
+  top_p = jnp.where(greedy, 1.0, top_p)
+  top_k = jnp.where(greedy, 0, top_k)
+  min_p = jnp.where(greedy, 0.0, min_p)
+  scaled = logits / temperature[..., None].astype(jnp.float32)
+  threshold = truncation_threshold(jax.lax.stop_gradient(scaled), top_p, top_k, min_p)
+  is_target = jnp.arange(logits.shape[-1]) == targets[..., None]
+  keep = jax.lax.stop_gradient((scaled >= threshold) | is_target)
+  kept = jnp.where(keep, scaled, -jnp.inf)
+  target_logit = jnp.take_along_axis(scaled, targets[..., None], axis=-1)[..., 0]
+  return target_logit - jax.nn.logsumexp(kept, axis=-1)
+
+
 def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: jax.Array,
-                  top_k: jax.Array):
+                  top_k: jax.Array, min_p: jax.Array | None = None):
   """Draws one token per row.
 
   Args:
     logits: [B, V] raw float32 logits.
     keys: [B] typed PRNG keys, one per row (a row's draw depends only on its key and logits).
-    temperature, top_p, top_k: [B] per-row parameters (see `SamplingParams`).
+    temperature, top_p, top_k, min_p: [B] per-row parameters (see `SamplingParams`; min_p None
+      = 0 for every row).
 
   Returns:
     (tokens [B] int32, model_logprobs [B], sampling_logprobs [B]): log p of the token under
     log_softmax(logits) and under the distribution it was drawn from.
   """
   logits = logits.astype(jnp.float32)
-  filtered = sampling_logits(logits, temperature, top_p, top_k)
+  if min_p is None:
+    min_p = jnp.zeros_like(top_p)
+  filtered = sampling_logits(logits, temperature, top_p, top_k, min_p)
   greedy_tokens = first_argmax(logits)
   # Drawing Gumbel noise for [B, V] costs as much as a small model's step on a CPU: skip it when
   # every row is greedy.
@@ -153,7 +227,7 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
 
   model_logprobs = token_logprobs(logits)
   # At temperature 1 without filters the two distributions are the same one.
-  unchanged = jnp.all((temperature == 1.0) & (top_p >= 1.0) & (top_k <= 0))
+  unchanged = jnp.all((temperature == 1.0) & (top_p >= 1.0) & (top_k <= 0) & (min_p <= 0))
   sampling_logprobs = jax.lax.cond(unchanged, lambda: model_logprobs,
                                    lambda: token_logprobs(filtered))
   return tokens, model_logprobs, sampling_logprobs
