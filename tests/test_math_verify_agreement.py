@@ -17,7 +17,7 @@ import pytest
 from reasoning_rl.verifiers.math_answers import check
 
 CASES_FILE = pathlib.Path(__file__).parent / "data" / "math_verify_0.9.0_cases.json"
-AGREEMENT_FLOOR = 0.92  # measured: 237 / 254 = 0.933
+AGREEMENT_FLOOR = 0.940  # measured: 239 / 254 = 0.941
 # Disagreements kept on purpose (the expected verdict is 1; ours is 0, with this status).
 DELIBERATE = [
     ("$x = 11$", "$x = 5+5+1 = 7 =11$", "wrong"),  # 5+5+1 = 7 is false

@@ -257,6 +257,16 @@ def test_free_text_hedges_earn_nothing(response, status):
   assert not result.correct and result.status == status, result
 
 
+@pytest.mark.parametrize("response,truth,status", [
+    ("AZYUK2A", "2", "no_answer"), ("AZYUK 2", "2", "correct"),  # a name holds no number
+    ("The answer is 14,916. It is divisible by 3 and 4.", "14916", "correct"),
+    ("The answer is 14,916. It is divisible by 3 and 4.", "3", "wrong"),  # no second shot
+    ("The answer is 14,916. Actually, it is 3.", "14916", "multiple_answers"),
+])
+def test_names_and_asides_after_the_answer(response, truth, status):
+  assert check(response, truth, extract="final_answer").status == status
+
+
 def test_final_answer_mode_prefers_answer_tags_then_boxes():
   assert extract_candidates("<answer>41</answer> The answer is 42.", "final_answer") == ["41"]
   assert extract_candidates(r"The answer is \boxed{42}, i.e. 41 + 1.", "final_answer") == ["42"]
@@ -285,6 +295,13 @@ def test_final_answer_mode_prefers_answer_tags_then_boxes():
     ("Maybe it is 42.", ("42",), "hedged"),
     ("Since 42 is not prime, the answer is 41.", ("41",), None),  # negation before the verb
     ("No numbers here.", (), None),
+    # A word run into digits is a name, not a number; a single letter run into digits stays math.
+    ("AZYUK2A", (), None), ("The code is AB12.", (), None), ("x2 = 5", ("x2 = 5",), None),
+    # After the named answer, numbers mentioned among words past a verb are no second answer ...
+    ("The final answer is $14916$. Note: it checks divisibility by 3 and 4.", ("14916",), None),
+    # ... but a value stated after a verb, or bare, is.
+    ("The final answer is $14916$. Note: it is 3.", ("14916", "3"), None),
+    ("The final answer is $14916$. Or 3.", ("14916", "3"), None),
 ])
 def test_read_final_answer(text, candidates, refusal):
   assert final_answer.read_final_answer(text) == final_answer.FinalAnswer(candidates, refusal)

@@ -8,10 +8,12 @@ The math verifier (`math_answers`) reads an answer span or a free-text response 
    Within a statement the answer is the math after the last verb ("is", "equals", "gives",
    ":", …) that math follows, else all of its math: "The sum of 17 and 25 is 42." states 42,
    not 17. Words split math apart, so "41 or 42" is two candidates (a hedge), and
-   "3*4 = 12 dollars" the chain 3*4 = 12. The text's answer is stated by the first statement
-   that names it before its verb ("the answer is …", "Result: …") together with every later
-   statement holding math (so a different number after it is a second answer); without one,
-   by the last statement holding math. Questions state nothing. Hedging words ("maybe",
+   "3*4 = 12 dollars" the chain 3*4 = 12; a word run into digits ("AZYUK2A") is a name, not
+   math. The text's answer is stated by the first statement that names it before its verb ("the
+   answer is …", "Result: …") together with every later statement that states a value (math
+   right after its verb, or math with no verb: a different number there is a second answer;
+   numbers merely mentioned further on, "divisible by 3 and 4", are not); without one, by the
+   last statement holding math. Questions state nothing. Hedging words ("maybe",
    "perhaps", …) anywhere in the statement, or a negation after its verb ("is not 42"),
    refuse the answer.
 
@@ -62,7 +64,10 @@ _MATH_DELIMITER = re.compile(r"\$\$|\\\[|\\\]|\\\(|\\\)|\\\$|\$|\n")
 _CLOSER = {"$$": "$$", "\\[": "\\]", "\\(": "\\)", "$": "$"}
 _TEXT_COMMAND = re.compile(
     r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname|begin|end)\s*\{[^{}]*\}")
-_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]+(?:['\u2019][A-Za-z]+)*")
+# A word, or an identifier: a word of two or more letters run into digits ("AZYUK2A", "cm2") is a
+# name, not a word followed by the number 2 (single letters run into digits, "x2", stay math).
+_WORD = re.compile(
+    r"(?<![\\A-Za-z])(?:[A-Za-z]{2,}\d[A-Za-z\d]*|[A-Za-z]+(?:['\u2019][A-Za-z]+)*)")
 _STATEMENT_END = re.compile(r"(?<=[.!?])\s+|\s*\n\s*")
 _RUN_BREAK = re.compile(r":(?=\s)")  # "Step 2: 17 + 25 = 42" holds two runs; "7:32" one
 _PIECE_STRIP = " \t\r\n.,;:!?\"'`*$\u20ac\u00a3\u00a5"
@@ -90,6 +95,7 @@ class _Statement:
   pieces: tuple[str, ...]
   refusal: str | None
   names_answer: bool
+  states_value: bool  # its math follows its verb ("it is 42") or it has no verb ("Or 42.")
 
 
 def read_final_answer(text: str) -> FinalAnswer:
@@ -105,9 +111,22 @@ def read_final_answer(text: str) -> FinalAnswer:
   if not statements:
     return FinalAnswer(())
   named = [i for i, s in enumerate(statements) if s.names_answer]
-  stated = statements[named[0]:] if named else statements[-1:]
+  stated = _after_named_answer(statements, named[0]) if named else statements[-1:]
   return FinalAnswer(tuple(p for s in stated for p in s.pieces),
                      next((s.refusal for s in stated if s.refusal), None))
+
+
+def _after_named_answer(statements: list[_Statement], named: int) -> list[_Statement]:
+  """The statement naming the answer and every later one that states a value or refuses.
+
+  A later statement that states a value ("Actually, it is 42.", "42", "Or 42.") is a second
+  answer, so it makes a hedge. One that only mentions numbers among words after its verb ("it
+  checks divisibility by 3 and 4", the notes a model rambles on with after "The final answer is
+  14,916.") states none: its numbers are no answers, and dropping them can never credit a wrong
+  one. Hedging words anywhere still refuse.
+  """
+  later = [s for s in statements[named + 1:] if s.states_value or s.refusal]
+  return [statements[named]] + later
 
 
 def _mask_math(text: str) -> tuple[str, list[str]]:
@@ -155,7 +174,7 @@ def _is_prose_word(word: str) -> bool:
 
 def _read_statement(masked: str, segments: list[str]) -> _Statement:
   if masked.rstrip().endswith("?"):
-    return _Statement((), None, False)
+    return _Statement((), None, False, False)
   words = [w for w in _WORD.finditer(masked) if _is_prose_word(w.group())]
   lowered = [w.group().lower() for w in words]
   breaks = [(w.start(), w.end()) for w in words] + \
@@ -175,8 +194,10 @@ def _read_statement(masked: str, segments: list[str]) -> _Statement:
   hedged = bool(_HEDGES & set(lowered)) or bool(_NEGATIONS & clause_words) or \
       any(low.endswith("n't") or low.endswith("n\u2019t") for low in clause_words)
   names_answer = any(low in _ANSWER_WORDS for w, low in zip(words, lowered) if w.end() <= clause)
-  return _Statement(tuple(text for start, text in pieces if start >= clause),
-                    "hedged" if hedged and pieces else None, names_answer)
+  stated = [(start, text) for start, text in pieces if start >= clause]
+  states_value = clause == 0 or bool(stated and stated[0][0] == clause)
+  return _Statement(tuple(text for _, text in stated),
+                    "hedged" if hedged and pieces else None, names_answer, states_value)
 
 
 def _piece(run: str, segments: list[str]) -> str | None:

@@ -163,6 +163,10 @@ def _free_text_probes(question: str, free_text: bool) -> list[Probe]:
       Probe("free_answer_then_number", "The answer is 41.\n42"),
       Probe("free_two_answers", "The answer is 41. The answer is 42."),
       Probe("free_box_then_text", r"\boxed{41} Actually it is 42."),
+      # an aside after the answer is dropped, never read as a second shot
+      Probe("free_answer_then_aside", "The answer is 41. It is what you get from 42 by taking 1."),
+      Probe("free_answer_then_note", "The final answer is 41. Note: it is 42."),
+      Probe("free_identifier", "The code is AZYUK42B."),
       Probe("free_negated", "The answer is not 42."),
       Probe("free_negated_contraction", "It isn't 42."),
       Probe("free_question", "Is it 42?"),
@@ -193,6 +197,7 @@ def _math_scenario(t: _Template, free_text: bool = False) -> Scenario:
       Probe("several_boxed_no_tags", reasoning + r" \boxed{41} or \boxed{42} or \boxed{43}",
             ("format",)),
       Probe("nested_boxed", t.render(reasoning, r"\boxed{4\boxed{2}}")),
+      Probe("identifier_with_digits", t.render(reasoning, "AZYUK42B")),
       Probe("disjunction_text", t.render(reasoning, r"41 \text{ or } 42")),
       Probe("disjunction_word", t.render(reasoning, "41 or 42")),
       Probe("disjunction_logic", t.render(reasoning, r"x = 41 \lor x = 42")),
