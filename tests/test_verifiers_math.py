@@ -262,6 +262,9 @@ def test_free_text_hedges_earn_nothing(response, status):
     ("The answer is 14,916. It is divisible by 3 and 4.", "14916", "correct"),
     ("The answer is 14,916. It is divisible by 3 and 4.", "3", "wrong"),  # no second shot
     ("The answer is 14,916. Actually, it is 3.", "14916", "multiple_answers"),
+    ("He spends $5. The answer is $8$.", "8", "correct"),
+    ("He spends $5. The answer is $8$.", "5", "wrong"),
+    ("The answer is $41 or else $42$.", "42", "multiple_answers"),  # dollars split no hedge off
 ])
 def test_names_and_asides_after_the_answer(response, truth, status):
   assert check(response, truth, extract="final_answer").status == status
@@ -302,6 +305,13 @@ def test_final_answer_mode_prefers_answer_tags_then_boxes():
     # ... but a value stated after a verb, or bare, is.
     ("The final answer is $14916$. Note: it is 3.", ("14916", "3"), None),
     ("The final answer is $14916$. Or 3.", ("14916", "3"), None),
+    # `$` as a currency sign: a `$…$` holding prose was two dollar signs, not math.
+    ("He spends $5. The answer is $8$.", ("8",), None),
+    ("Final Answer: The final answer is $10,455$. I hope it is correct.", ("10,455",), None),
+    ("She pays $5 for apples and $3 for pears, so the total is $8.", ("8",), None),
+    ("The answer is $41 and then $42$.", ("41", "42"), None),  # two answers, still
+    ("The perimeter is $AB + BC + CA = 8$.", ("AB + BC + CA = 8",), None),  # variables: math
+    (r"So $x = 5 \text{ and } y = 3$.", (r"x = 5 \text{ and } y = 3",), None),
 ])
 def test_read_final_answer(text, candidates, refusal):
   assert final_answer.read_final_answer(text) == final_answer.FinalAnswer(candidates, refusal)

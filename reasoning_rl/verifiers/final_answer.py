@@ -64,6 +64,9 @@ _MATH_DELIMITER = re.compile(r"\$\$|\\\[|\\\]|\\\(|\\\)|\\\$|\$|\n")
 _CLOSER = {"$$": "$$", "\\[": "\\]", "\\(": "\\)", "$": "$"}
 _TEXT_COMMAND = re.compile(
     r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname|begin|end)\s*\{[^{}]*\}")
+# Two words in a row (a capital allowed on the first): prose, inside what looked like `$…$` math.
+_PROSE_RUN = re.compile(r"(?<![\\A-Za-z])[A-Za-z][a-z]+ +[a-z]{2,}(?![A-Za-z])")
+_COMMAND_ARGUMENT = re.compile(r"\\[A-Za-z]+\s*\{[^{}]*\}")
 # A word, or an identifier: a word of two or more letters run into digits ("AZYUK2A", "cm2") is a
 # name, not a word followed by the number 2 (single letters run into digits, "x2", stay math).
 _WORD = re.compile(
@@ -149,7 +152,8 @@ def _mask_math(text: str) -> tuple[str, list[str]]:
 def _math_segments(text: str) -> list[tuple[int, int, int, int]]:
   """(start, end, content start, content end) of each `$…$`, `$$…$$`, `\\(…\\)`, `\\[…\\]` in one
   linear pass (no rescanning from unclosed openers); `\\$` is a dollar sign, and a `$…$` that
-  meets the end of its line was a dollar sign too."""
+  meets the end of its line or holds prose (`_holds_prose`) was a dollar sign too: its closing
+  `$` may open math instead ("He spends $5. The answer is $8$." holds the math `8`)."""
   found, opener = [], None
   for token in _MATH_DELIMITER.finditer(text):
     if token.group() == "\\$":
@@ -157,11 +161,26 @@ def _math_segments(text: str) -> list[tuple[int, int, int, int]]:
     if opener is None:
       opener = token if token.group() in _CLOSER else None
     elif token.group() == _CLOSER[opener.group()]:
+      if opener.group() == "$" and _holds_prose(text[opener.end():token.start()]):
+        opener = token
+        continue
       found.append((opener.start(), token.end(), opener.end(), token.start()))
       opener = None
     elif token.group() == "\n" and opener.group() == "$":
       opener = None
   return found
+
+
+def _holds_prose(content: str) -> bool:
+  """True when `content`, read as `$…$` math, holds two words in a row outside command arguments
+  ("5. The answer is", "8 in all, and"): math does not, so its `$`s were dollar signs.
+
+  A `$` is both TeX's inline-math delimiter and the currency sign; Pandoc's `tex_math_dollars`
+  extension tells them apart by spacing (https://pandoc.org/MANUAL.html#extension-tex_math_dollars),
+  which models do not follow reliably ("is $10,455$"), so the content decides here. Variables
+  ("$AB + BC$", "$ax + by$") are not words in a row; `\\text{ and }` is a command argument.
+  """
+  return bool(_PROSE_RUN.search(_COMMAND_ARGUMENT.sub(" ", content)))
 
 
 def _unmask(masked: str, segments: list[str]) -> str:

@@ -167,6 +167,7 @@ def _free_text_probes(question: str, free_text: bool) -> list[Probe]:
       Probe("free_answer_then_aside", "The answer is 41. It is what you get from 42 by taking 1."),
       Probe("free_answer_then_note", "The final answer is 41. Note: it is 42."),
       Probe("free_identifier", "The code is AZYUK42B."),
+      Probe("free_dollar_hedge", "The answer is $41 or else $42$."),
       Probe("free_negated", "The answer is not 42."),
       Probe("free_negated_contraction", "It isn't 42."),
       Probe("free_question", "Is it 42?"),
