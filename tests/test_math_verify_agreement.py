@@ -2,10 +2,14 @@
 `gold` versus the verdict math-verify's tests expect (tests/data/math_verify_0.9.0_cases.json).
 
 Before the final-answer reader (prose in answer spans, sets of boxes, chains read link by link)
-199 of the 254 cases agreed (78.3 %, 53 of the 55 misses right answers refused); now 237 (93.3 %).
-The misses left are mostly deliberate: a chain whose links do not hold (`x = 5+5+1 = 7 = 11`,
-which math-verify accepts for 11), arithmetic left undone (`(9+1)` for 10), boxes disagreeing with
-the final answer, rambling with numbers after the final answer.
+199 of the 254 cases agreed (78.3 %, 53 of the 55 misses right answers refused); then 237 (93.3 %);
+now 240 (94.5 %): a word run into digits is a name (`AZYUK2A` no longer passes for 2), numbers
+mentioned in notes after the named answer are no second answer, and boxes of intermediate results
+followed by "The final answer is …" are working (with `$` read as a currency sign where a `$…$`
+would hold prose). The 14 misses left are all kept on purpose (DELIBERATE below): chains whose
+links do not hold (`x = 5+5+1 = 7 = 11`, which math-verify accepts for 11), arithmetic left undone
+(`(9+1)` for 10), a wrong answer (`1 + 1/e` for `1 - 1/e`), a decimal-comma gold (`1,22`) we read
+as the pair it also is, a malformed gold, and three honest answers math-verify refuses.
 """
 
 import collections
@@ -17,13 +21,27 @@ import pytest
 from reasoning_rl.verifiers.math_answers import check
 
 CASES_FILE = pathlib.Path(__file__).parent / "data" / "math_verify_0.9.0_cases.json"
-AGREEMENT_FLOOR = 0.940  # measured: 239 / 254 = 0.941
-# Disagreements kept on purpose (the expected verdict is 1; ours is 0, with this status).
+AGREEMENT_FLOOR = 0.944  # measured: 240 / 254 = 0.945
+# Disagreements kept on purpose: (gold, pred, our status). Where we say "correct", math-verify's
+# tests expect 0 (we accept an honest answer); otherwise they expect 1 (we refuse).
 DELIBERATE = [
     ("$x = 11$", "$x = 5+5+1 = 7 =11$", "wrong"),  # 5+5+1 = 7 is false
+    ("$x = 1/3$", "$x = 5+5+1 = 1/3 \\approx 11$", "wrong"),  # 5+5+1 = 1/3 is false
     ("$z = 1 + 1 = 2$", "$z = 3+3 = 2$", "wrong"),  # 3+3 = 2 is false
     ("$1/3$", "$x=1/3\\approx1.3$", "wrong"),  # 1/3 is not 1.3 to one decimal
+    ("$10/9$", "Answer $ \\frac{1}{2} \\$ = \\frac{10}{9} $", "wrong"),  # 1/2 = 10/9 is false
     ("$10$", "Answer \\( (9+1) \\)", "unevaluated"),
+    ("$1 - \\frac{1}{\\mathrm{e}}$", "$1 + \\frac{1}{\\mathrm{e}}$", "wrong"),  # another number
+    # A gold "1,22" is also the pair {1, 22}, as golds such as "-2,1" (two roots, in these very
+    # cases) are: reading golds with a decimal comma would credit -2.1 for those.
+    ("1,22", "1.22", "wrong"),
+    # Malformed gold (escaped backslashes, unclosed box): a conjunction of equations, not {1, -1}.
+    ("\\\\boxed{W(n) = 1 \\\\text{ and } W(n) = -1", "W(x)=1orW(x)=-1", "wrong"),
+    # TeX math may span a line break; the answer is 9.
+    ("$9$", "Answer $ \n 9 \n $", "correct"),
+    ("$9$", "Answer \\( \n 9 \n \\)", "correct"),
+    # The distinct boxes of a gold are its set (math-verify takes the last box, 2).
+    ("\\boxed{1} no no no no no \\boxed{2}", "$\\boxed{1,2}$", "correct"),
 ]
 
 
@@ -56,4 +74,10 @@ def test_deliberate_disagreements_stay_refused(verdicts):
   by_pair = {(case["gold"], case["pred"]): (case, result) for case, result in verdicts}
   for gold, pred, status in DELIBERATE:
     case, result = by_pair[(gold, pred)]
-    assert case["expected"] == 1 and not result.correct and result.status == status, (pred, result)
+    assert case["expected"] == (status != "correct") and result.status == status, (pred, result)
+
+
+def test_every_miss_is_deliberate(verdicts):
+  misses = {(case["gold"], case["pred"]) for case, result in verdicts
+            if result.correct != case["expected"]}
+  assert misses == {(gold, pred) for gold, pred, _ in DELIBERATE}

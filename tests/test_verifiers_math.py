@@ -265,6 +265,9 @@ def test_free_text_hedges_earn_nothing(response, status):
     ("He spends $5. The answer is $8$.", "8", "correct"),
     ("He spends $5. The answer is $8$.", "5", "wrong"),
     ("The answer is $41 or else $42$.", "42", "multiple_answers"),  # dollars split no hedge off
+    (r"$\boxed{200}$ is the interest. The final answer is 10,455.", "10455", "correct"),
+    (r"$\boxed{200}$ is the interest. The final answer is 10,455.", "200", "wrong"),
+    (r"\boxed{42} So the answer is 41.", "42", "wrong"),  # a working box is no second shot
 ])
 def test_names_and_asides_after_the_answer(response, truth, status):
   assert check(response, truth, extract="final_answer").status == status
@@ -312,6 +315,15 @@ def test_final_answer_mode_prefers_answer_tags_then_boxes():
     ("The answer is $41 and then $42$.", ("41", "42"), None),  # two answers, still
     ("The perimeter is $AB + BC + CA = 8$.", ("AB + BC + CA = 8",), None),  # variables: math
     (r"So $x = 5 \text{ and } y = 3$.", (r"x = 5 \text{ and } y = 3",), None),
+    # Boxes followed by a statement naming the answer were steps of the working ...
+    (r"So $2 \cdot 100 = \boxed{200}$ dollars. The final answer is $10,455$.", ("10,455",), None),
+    (r"It lies between $\boxed{12 $ and $13}$. The final answer is \"$12$ and $13$\".",
+     ("12", "13"), None),
+    # ... but a box in a statement naming the answer still counts, and prose not naming it, or
+    # nested boxes, leave the boxes the answer.
+    (r"The answer is \boxed{41}. So the answer is 42.", ("41", "42"), None),
+    (r"\boxed{41} Actually it is 42.", ("41",), None),
+    (r"\boxed{4\boxed{2}} The answer is 42.", (r"4\boxed{2}", "2"), None),
 ])
 def test_read_final_answer(text, candidates, refusal):
   assert final_answer.read_final_answer(text) == final_answer.FinalAnswer(candidates, refusal)

@@ -2,7 +2,10 @@
 
 The math verifier (`math_answers`) reads an answer span or a free-text response with
 `read_final_answer`. A text states its answer by
-1. its `\boxed{}`s, when it has any (all of them: disagreeing boxes are a hedge);
+1. its `\boxed{}`s, when it has any (all of them: disagreeing boxes are a hedge), unless a
+   statement after the last box names the answer ("= \boxed{200} … The final answer is 10,455."):
+   then the boxes marked steps of the working, and the text is read by rule 3, each box as its
+   contents (so a box in a statement naming the answer is still an answer);
 2. the whole text, when it is plain math (no words outside LaTeX commands);
 3. else its statements (sentences and lines; math between `$…$`, `\(…\)`, `\[…\]` is never cut).
    Within a statement the answer is the math after the last verb ("is", "equals", "gives",
@@ -36,7 +39,13 @@ def boxed_contents(text: str) -> list[str]:
   is ignored. One linear pass, so spam of unclosed boxes cannot make it quadratic; contents longer
   than MAX_ANSWER_CHARS are cut just past that bound (they are refused as too large anyway).
   """
-  box_braces = {m.end() - 1 for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)}
+  return [text[brace + 1:min(close, brace + 2 + MAX_ANSWER_CHARS)]
+          for _, brace, close in _box_spans(text)]
+
+
+def _box_spans(text: str) -> list[tuple[int, int, int]]:
+  """(command start, opening brace, closing brace) of every complete box, in order of start."""
+  box_braces = {m.end() - 1: m.start() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)}
   if not box_braces:
     return []
   found, open_braces, i = [], [], 0
@@ -50,9 +59,18 @@ def boxed_contents(text: str) -> list[str]:
     elif ch == "}" and open_braces:
       start = open_braces.pop()
       if start in box_braces:
-        found.append((start, text[start + 1:min(i, start + 2 + MAX_ANSWER_CHARS)]))
+        found.append((box_braces[start], start, i))
     i += 1
-  return [content for _, content in sorted(found)]
+  return sorted(found)
+
+
+def _unboxed(text: str, spans: list[tuple[int, int, int]]) -> str:
+  """`text` with each (non-nested) box replaced by its contents."""
+  parts, position = [], 0
+  for command, brace, close in spans:
+    parts += [text[position:command], text[brace + 1:close]]
+    position = close + 1
+  return "".join(parts) + text[position:]
 
 
 # A longer text is read from its tail (which also keeps its math segments fewer than the
@@ -103,9 +121,32 @@ class _Statement:
 
 def read_final_answer(text: str) -> FinalAnswer:
   """The final answer `text` states (see the comment above for the reading rules)."""
-  boxes = boxed_contents(text)
-  if boxes:
-    return FinalAnswer(tuple(boxes))
+  spans = _box_spans(text)
+  if not spans:
+    return _read_prose(text)
+  if _boxes_are_working(text, spans):
+    return _read_prose(_unboxed(text, spans))
+  return FinalAnswer(tuple(boxed_contents(text)))
+
+
+def _boxes_are_working(text: str, spans: list[tuple[int, int, int]]) -> bool:
+  """True when a statement after the last box names the answer ("= \\boxed{200} … So she has
+  $10,455. The final answer is $10,455$."): the boxes marked steps of the working, and the text
+  is read as prose (a box counting as its contents), so a box in a statement naming the answer
+  still counts and one that disagrees with it is still a hedge. Nested boxes are never unboxed.
+  """
+  nested = any(brace < command < close for (_, brace, close), (command, _, _)
+               in zip(spans, spans[1:]))
+  if nested:
+    return False
+  tail_masked, tail_segments = _mask_math(text[spans[-1][2] + 1:][-MAX_READ_CHARS:])
+  return any(statement.names_answer and statement.pieces
+             for statement in (_read_statement(s, tail_segments)
+                               for s in _STATEMENT_END.split(tail_masked)))
+
+
+def _read_prose(text: str) -> FinalAnswer:
+  """The answer of a text without boxes (rules 2 and 3 above)."""
   masked, segments = _mask_math(text[-MAX_READ_CHARS:])
   if not any(_is_prose_word(w.group()) for w in _WORD.finditer(masked)):
     return FinalAnswer((_unmask(masked, segments).strip(),) if masked.strip() else ())
@@ -221,7 +262,9 @@ def _read_statement(masked: str, segments: list[str]) -> _Statement:
 
 def _piece(run: str, segments: list[str]) -> str | None:
   """The math of one run between words, or None when it holds none ("^2" of "cm^2" is a unit)."""
-  text = run.replace("**", "").strip(_PIECE_STRIP).lstrip("=)]}").rstrip("=([{").strip()
+  # `\"` is a quote escaped once too often (`is \"$12$\".`), not TeX's umlaut accent.
+  text = run.replace("**", "").replace('\\"', '"').strip(_PIECE_STRIP)
+  text = text.lstrip("=)]}").rstrip("=([{").strip()
   if not text or text[0] in "^_" or not (_PLACEHOLDERS.search(text) or re.search(r"[\d\\]", text)):
     return None
   return _unmask(text, segments).strip()

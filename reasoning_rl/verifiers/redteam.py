@@ -168,6 +168,8 @@ def _free_text_probes(question: str, free_text: bool) -> list[Probe]:
       Probe("free_answer_then_note", "The final answer is 41. Note: it is 42."),
       Probe("free_identifier", "The code is AZYUK42B."),
       Probe("free_dollar_hedge", "The answer is $41 or else $42$."),
+      # a box in a statement naming the answer is never dropped
+      Probe("free_named_box_then_named_answer", r"The answer is \boxed{41}. The answer is 42."),
       Probe("free_negated", "The answer is not 42."),
       Probe("free_negated_contraction", "It isn't 42."),
       Probe("free_question", "Is it 42?"),
@@ -181,7 +183,10 @@ def _free_text_probes(question: str, free_text: bool) -> list[Probe]:
       Probe("control_free_chain_in_prose",
             "She had 42 apples and bought 0, so the total is 42 + 0 = 42 apples.", control=True),
   ]
-  return probes + (controls if free_text else [])
+  # Read as free text, a box before a statement naming the answer was a step of the working: it is
+  # no second shot. (Untagged boxes are the whole answer when the reward reads boxes instead.)
+  free_text_probes = [Probe("free_box_then_named_answer", r"\boxed{42} So the answer is 41.")]
+  return probes + (controls + free_text_probes if free_text else [])
 
 
 def _math_scenario(t: _Template, free_text: bool = False) -> Scenario:
@@ -199,6 +204,7 @@ def _math_scenario(t: _Template, free_text: bool = False) -> Scenario:
             ("format",)),
       Probe("nested_boxed", t.render(reasoning, r"\boxed{4\boxed{2}}")),
       Probe("identifier_with_digits", t.render(reasoning, "AZYUK42B")),
+      Probe("box_then_named_answer", t.render(reasoning, r"\boxed{42}. So the answer is 41.")),
       Probe("disjunction_text", t.render(reasoning, r"41 \text{ or } 42")),
       Probe("disjunction_word", t.render(reasoning, "41 or 42")),
       Probe("disjunction_logic", t.render(reasoning, r"x = 41 \lor x = 42")),
