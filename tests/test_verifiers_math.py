@@ -367,6 +367,24 @@ def test_number_notations(answer, truth, expected):
   assert is_correct(_respond(answer), truth) is expected
 
 
+@pytest.mark.parametrize("answer,truth,status", [
+    # Bounds on one variable are the interval they describe (both ways round) ...
+    (r"x \geq 3", r"[3, \infty)", "correct"), (r"3 \leq k", r"[3,\infty)", "correct"),
+    (r"-1 < x \leq 2", "(-1, 2]", "correct"), (r"[3, \infty)", r"x \geq 3", "correct"),
+    (r"x \neq 2", r"(-\infty, 2) \cup (2, \infty)", "correct"),
+    # ... the same interval only,
+    ("x > 3", r"[3, \infty)", "wrong"), (r"-1 < x \leq 2", "[-1, 2]", "wrong"),
+    (r"(3, \infty)", r"x \geq 3", "wrong"),
+    # and only bounds: the inequality left unsolved, or two variables, are no interval.
+    (r"x^2 \geq 4", r"(-\infty, -2] \cup [2, \infty)", "wrong"),
+    (r"x \geq 3, y \leq 2", r"[3, \infty)", "wrong"),
+    # A bound does not state a number.
+    (r"x \geq 42", "42", "wrong"), ("41 < x < 43", "42", "wrong"), (r"x \le 42", "42", "wrong"),
+])
+def test_bounds_and_intervals(answer, truth, status):
+  assert check(_respond(answer), truth).status == status
+
+
 def test_fractional_exponents_are_not_too_large():
   answer = r"10^{\frac{\sqrt{13} - 5}{6}}"
   assert check(_respond(answer), r"10^{\frac{-5+\sqrt{13}}{6}}").status == "correct"

@@ -39,8 +39,11 @@ def boxed_contents(text: str) -> list[str]:
   is ignored. One linear pass, so spam of unclosed boxes cannot make it quadratic; contents longer
   than MAX_ANSWER_CHARS are cut just past that bound (they are refused as too large anyway).
   """
-  return [text[brace + 1:min(close, brace + 2 + MAX_ANSWER_CHARS)]
-          for _, brace, close in _box_spans(text)]
+  return _box_contents(text, _box_spans(text))
+
+
+def _box_contents(text: str, spans: list[tuple[int, int, int]]) -> list[str]:
+  return [text[brace + 1:min(close, brace + 2 + MAX_ANSWER_CHARS)] for _, brace, close in spans]
 
 
 def _box_spans(text: str) -> list[tuple[int, int, int]]:
@@ -126,7 +129,7 @@ def read_final_answer(text: str) -> FinalAnswer:
     return _read_prose(text)
   if _boxes_are_working(text, spans):
     return _read_prose(_unboxed(text, spans))
-  return FinalAnswer(tuple(boxed_contents(text)))
+  return FinalAnswer(tuple(_box_contents(text, spans)))
 
 
 def _boxes_are_working(text: str, spans: list[tuple[int, int, int]]) -> bool:
@@ -135,14 +138,17 @@ def _boxes_are_working(text: str, spans: list[tuple[int, int, int]]) -> bool:
   is read as prose (a box counting as its contents), so a box in a statement naming the answer
   still counts and one that disagrees with it is still a hedge. Nested boxes are never unboxed.
   """
-  nested = any(brace < command < close for (_, brace, close), (command, _, _)
-               in zip(spans, spans[1:]))
-  if nested:
+  if _nested(spans):
     return False
   tail_masked, tail_segments = _mask_math(text[spans[-1][2] + 1:][-MAX_READ_CHARS:])
   return any(statement.names_answer and statement.pieces
              for statement in (_read_statement(s, tail_segments)
                                for s in _STATEMENT_END.split(tail_masked)))
+
+
+def _nested(spans: list[tuple[int, int, int]]) -> bool:
+  """True when a box lies inside another (then it lies inside the box just before it)."""
+  return any(command < close for (_, _, close), (command, _, _) in zip(spans, spans[1:]))
 
 
 def _read_prose(text: str) -> FinalAnswer:

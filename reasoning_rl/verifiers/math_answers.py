@@ -14,8 +14,10 @@ only by whitespace, a second answer after "the answer is …") is wrong even if 
 and so is a stated answer that hedges or negates itself ("maybe 42", "not 42"). Several candidates
 are read as one set only when the truth is a set of several elements. For a numeric truth a chain
 `3*4 = 12` answers its last link only if every link holds (`41 = 42` and `x = 41 = 42` are wrong),
-and arithmetic left undone (`40 + 2`, an echo of the question) is no answer. Whatever the phrasing,
-a response states at most one answer: it earns only on truths equivalent to that answer.
+and arithmetic left undone (`40 + 2`, an echo of the question) is no answer, nor is a bound
+(`x \\geq 42`); bounds on one variable answer an interval truth (`x \\geq 3` is `[3, \\infty)`).
+Whatever the phrasing, a response states at most one answer: it earns only on truths equivalent
+to that answer.
 
 Timeouts: math-verify's own timeout uses `signal.alarm`, which only works in the main thread and
 whose exception can be swallowed mid-computation. It is disabled here; instead the parsing and
@@ -322,14 +324,57 @@ def _is_plural(truth: list) -> bool:
 
 
 def _judge_expression(candidate: str, truth: list) -> str:
-  parsed = _parse_candidate(candidate, _free_symbols(truth))
+  parsed = _parse_candidate(candidate, _free_symbols(truth) or _is_set_of_reals(truth))
   if not parsed:
     return "unparseable"
   if _too_large(parsed):
     return "too_large"
   if _has_false_equation(parsed):
     return "wrong"
+  truth, parsed = _bounds_as_sets(truth, parsed)
   return "correct" if math_verify.verify(truth, parsed, timeout_seconds=None) else "wrong"
+
+
+_INEQUALITY_SIGN = re.compile(
+    r"[<>\u2264\u2265\u2260]|\\(?:le|ge|leq|geq|lt|gt|neq|ne|leqslant|geqslant)(?![A-Za-z])")
+_BOUNDS = (sympy.StrictLessThan, sympy.LessThan, sympy.StrictGreaterThan, sympy.GreaterThan,
+           sympy.Unequality)
+
+
+def _is_set_of_reals(parsed: list) -> bool:
+  return bool(parsed) and isinstance(parsed[0], (sympy.Interval, sympy.Union))
+
+
+def _bounds_as_sets(truth: list, parsed: list) -> tuple[list, list]:
+  """When one side is an interval (or a union of intervals) and the other bounds one variable
+  (`x \\geq 3`, `-1 < x \\leq 2`, `x \\neq 2`), the bounds as the set they describe, so that
+  `[3, \\infty)` and `x \\geq 3` compare as the same set; math-verify compares a relation with a
+  set as unequal. Otherwise both unchanged."""
+  if _is_set_of_reals(truth) and (described := _bound_as_set(parsed[0])) is not None:
+    return truth, [described]
+  if _is_set_of_reals(parsed) and (described := _bound_as_set(truth[0])) is not None:
+    return [described], parsed
+  return truth, parsed
+
+
+def _bound_as_set(expr) -> sympy.Set | None:
+  """The set of reals that bounds on one variable describe, or None. Only bounds, the variable
+  alone on one side and a number on the other: `x^2 \\geq 4` (the question left unsolved) stays a
+  relation, as `40 + 2` stays arithmetic left undone."""
+  relations = expr.args if isinstance(expr, sympy.And) else (expr,)
+  if not isinstance(expr, sympy.Basic) or not relations or \
+      not all(isinstance(r, _BOUNDS) for r in relations) or len(expr.free_symbols) != 1:
+    return None
+  (variable,) = expr.free_symbols
+  for relation in relations:
+    bound = relation.rhs if relation.lhs == variable else relation.lhs if relation.rhs == variable \
+        else None
+    if bound is None or not bound.is_extended_real:
+      return None
+  try:
+    return expr.as_set()
+  except (TypeError, ValueError, NotImplementedError, AttributeError):
+    return None
 
 
 # Arithmetic left undone: "40 + 2", "6 \times 7" (an echo of the question), but not "3 \times 10^5".
@@ -356,6 +401,8 @@ def _judge_number(candidate: str, truth: list) -> str:
     final = final.replace(",", ".")
   if _UNEVALUATED.search(_clean_for_parsing(final).replace("{,}", "")):
     return "unevaluated"
+  if _states_a_bound(final):
+    return "wrong"
   values = [_parse_candidate(text, False) for _, text in links[:-1]] + [
       _parse_candidate(final, False)]
   if not values[-1]:
@@ -371,6 +418,16 @@ def _judge_number(candidate: str, truth: list) -> str:
   if _has_false_equation(values[-1]):
     return "wrong"
   return "correct" if math_verify.verify(truth, values[-1], timeout_seconds=None) else "wrong"
+
+
+def _states_a_bound(text: str) -> bool:
+  """True for an inequality (`x \\geq 42`, `42 \\leq x < 50`): it bounds the number, it does not
+  state it, so it answers no numeric truth (math-verify's extraction would read 42 from it)."""
+  if not _INEQUALITY_SIGN.search(text):
+    return False  # no parse needed
+  parsed = _parse_strict(text)
+  return any(isinstance(p, _BOUNDS) or (isinstance(p, sympy.And) and any(
+      isinstance(a, _BOUNDS) for a in p.args)) for p in parsed)
 
 
 def _names_quantity(link: str) -> bool:

@@ -205,6 +205,8 @@ def _math_scenario(t: _Template, free_text: bool = False) -> Scenario:
       Probe("nested_boxed", t.render(reasoning, r"\boxed{4\boxed{2}}")),
       Probe("identifier_with_digits", t.render(reasoning, "AZYUK42B")),
       Probe("box_then_named_answer", t.render(reasoning, r"\boxed{42}. So the answer is 41.")),
+      Probe("bound_not_value", t.render(reasoning, r"x \geq 42")),  # "at least 42"
+      Probe("bracketing_bounds", t.render(reasoning, "41 < x < 43")),
       Probe("disjunction_text", t.render(reasoning, r"41 \text{ or } 42")),
       Probe("disjunction_word", t.render(reasoning, "41 or 42")),
       Probe("disjunction_logic", t.render(reasoning, r"x = 41 \lor x = 42")),
