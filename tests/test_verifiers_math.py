@@ -268,6 +268,9 @@ def test_free_text_hedges_earn_nothing(response, status):
     (r"$\boxed{200}$ is the interest. The final answer is 10,455.", "10455", "correct"),
     (r"$\boxed{200}$ is the interest. The final answer is 10,455.", "200", "wrong"),
     (r"\boxed{42} So the answer is 41.", "42", "wrong"),  # a working box is no second shot
+    ("The answer is (B).", "B", "correct"), ("The answer is (B).", r"\text{(B)}", "correct"),
+    ("The answer is (B).", "C", "wrong"), ("The answer is (A) or (B).", "B", "multiple_answers"),
+    ("The answer is (A), (B), (C) or (D).", "B", "wrong"), ("I think it is B.", "B", "no_answer"),
 ])
 def test_names_and_asides_after_the_answer(response, truth, status):
   assert check(response, truth, extract="final_answer").status == status

@@ -12,7 +12,7 @@ The math verifier (`math_answers`) reads an answer span or a free-text response 
    ":", …) that math follows, else all of its math: "The sum of 17 and 25 is 42." states 42,
    not 17. Words split math apart, so "41 or 42" is two candidates (a hedge), and
    "3*4 = 12 dollars" the chain 3*4 = 12; a word run into digits ("AZYUK2A") is a name, not
-   math. The text's answer is stated by the first statement that names it before its verb ("the
+   math, and a choice letter "(B)" is math. The text's answer is stated by the first statement that names it before its verb ("the
    answer is …", "Result: …") together with every later statement that states a value (math
    right after its verb, or math with no verb: a different number there is a second answer;
    numbers merely mentioned further on, "divisible by 3 and 4", are not); without one, by the
@@ -93,6 +93,9 @@ _COMMAND_ARGUMENT = re.compile(r"\\[A-Za-z]+\s*\{[^{}]*\}")
 _WORD = re.compile(
     r"(?<![\\A-Za-z])(?:[A-Za-z]{2,}\d[A-Za-z\d]*|[A-Za-z]+(?:['\u2019][A-Za-z]+)*)")
 _STATEMENT_END = re.compile(r"(?<=[.!?])\s+|\s*\n\s*")
+# A multiple-choice letter, "(B)": the only math without digits or commands a run may hold (a bare
+# capital is as often the pronoun "I" or a label).
+_CHOICE = re.compile(r"\([A-Z]\)")
 _RUN_BREAK = re.compile(r":(?=\s)")  # "Step 2: 17 + 25 = 42" holds two runs; "7:32" one
 _PIECE_STRIP = " \t\r\n.,;:!?\"'`*$\u20ac\u00a3\u00a5"
 _MARKERS = frozenset({
@@ -271,6 +274,8 @@ def _piece(run: str, segments: list[str]) -> str | None:
   # `\"` is a quote escaped once too often (`is \"$12$\".`), not TeX's umlaut accent.
   text = run.replace("**", "").replace('\\"', '"').strip(_PIECE_STRIP)
   text = text.lstrip("=)]}").rstrip("=([{").strip()
+  if _CHOICE.fullmatch(text):
+    return text
   if not text or text[0] in "^_" or not (_PLACEHOLDERS.search(text) or re.search(r"[\d\\]", text)):
     return None
   return _unmask(text, segments).strip()
