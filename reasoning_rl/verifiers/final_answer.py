@@ -7,18 +7,19 @@ The math verifier (`math_answers`) reads an answer span or a free-text response 
    then the boxes marked steps of the working, and the text is read by rule 3, each box as its
    contents (so a box in a statement naming the answer is still an answer);
 2. the whole text, when it is plain math (no words outside LaTeX commands);
-3. else its statements (sentences and lines; math between `$…$`, `\(…\)`, `\[…\]` is never cut).
+3. else its statements (sentences and lines; math between `$…$`, `\(…\)`, `\[…\]` is never cut;
+   a `$…$` holding prose was two dollar signs: "He spends $5. The answer is $8$.").
    Within a statement the answer is the math after the last verb ("is", "equals", "gives",
    ":", …) that math follows, else all of its math: "The sum of 17 and 25 is 42." states 42,
    not 17. Words split math apart, so "41 or 42" is two candidates (a hedge), and
    "3*4 = 12 dollars" the chain 3*4 = 12; a word run into digits ("AZYUK2A") is a name, not
-   math, and a choice letter "(B)" is math. The text's answer is stated by the first statement that names it before its verb ("the
-   answer is …", "Result: …") together with every later statement that states a value (math
-   right after its verb, or math with no verb: a different number there is a second answer;
-   numbers merely mentioned further on, "divisible by 3 and 4", are not); without one, by the
-   last statement holding math. Questions state nothing. Hedging words ("maybe",
-   "perhaps", …) anywhere in the statement, or a negation after its verb ("is not 42"),
-   refuse the answer.
+   math, and a choice letter "(B)" is math. The text's answer is stated by the first statement
+   that names it before its verb ("the answer is …", "Result: …") together with every later
+   statement that states a value (math right after its verb, or math with no verb: a different
+   number there is a second answer; numbers merely mentioned further on, "divisible by 3 and 4",
+   are not); without one, by the last statement holding math. Questions state nothing. Hedging
+   words ("maybe", "perhaps", …) anywhere in the statement, or a negation after its verb ("is
+   not 42"), refuse the answer.
 
 Every step is linear in the text (a longer text is read from its last MAX_READ_CHARS), so no
 response can make reading slow.
