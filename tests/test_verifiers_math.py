@@ -271,6 +271,12 @@ def test_free_text_hedges_earn_nothing(response, status):
     ("The answer is (B).", "B", "correct"), ("The answer is (B).", r"\text{(B)}", "correct"),
     ("The answer is (B).", "C", "wrong"), ("The answer is (A) or (B).", "B", "multiple_answers"),
     ("The answer is (A), (B), (C) or (D).", "B", "wrong"), ("I think it is B.", "B", "no_answer"),
+    # A bound after the verb is a hedge; words such as "least" or "more" elsewhere are not.
+    ("She has at least 42 apples.", "42", "hedged"), ("It is 42 or more.", "42", "hedged"),
+    ("The answer is 42 or so.", "42", "hedged"), ("At most 42.", "42", "hedged"),
+    ("The least common multiple is 42.", "42", "correct"),
+    ("She has 3 more than Tom, so 42.", "42", "correct"),
+    ("The numbers add up to 42.", "42", "correct"),
 ])
 def test_names_and_asides_after_the_answer(response, truth, status):
   assert check(response, truth, extract="final_answer").status == status

@@ -18,8 +18,8 @@ The math verifier (`math_answers`) reads an answer span or a free-text response 
    statement that states a value (math right after its verb, or math with no verb: a different
    number there is a second answer; numbers merely mentioned further on, "divisible by 3 and 4",
    are not); without one, by the last statement holding math. Questions state nothing. Hedging
-   words ("maybe", "perhaps", …) anywhere in the statement, or a negation after its verb ("is
-   not 42"), refuse the answer.
+   words ("maybe", "perhaps", …) anywhere in the statement, or a negation or a bound after its
+   verb ("is not 42", "has at least 42", "42 or more"), refuse the answer.
 
 Every step is linear in the text (a longer text is read from its last MAX_READ_CHARS), so no
 response can make reading slow.
@@ -107,6 +107,12 @@ _HEDGES = frozenset({"maybe", "perhaps", "possibly", "probably", "might",
                      "guess", "unsure", "either"})
 _NEGATIONS = frozenset({"not", "never", "neither", "nor", "cannot"})
 _ANSWER_WORDS = frozenset({"answer", "answers", "result"})
+# A bound or an estimate after the verb ("has at least 42", "is 42 or more", "42 or so") states
+# no value: a range holding the truth is a hedge. Before the verb it qualifies something else
+# ("3 more than Tom, so 42").
+_BOUND_PHRASES = frozenset({("at", "least"), ("at", "most"), ("or", "more"), ("or", "less"),
+                            ("or", "fewer"), ("or", "so"), ("more", "than"), ("less", "than"),
+                            ("fewer", "than")})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,9 +266,11 @@ def _read_statement(masked: str, segments: list[str]) -> _Statement:
   verbs += [m.end() for m in _RUN_BREAK.finditer(masked)]
   last_piece = pieces[-1][0] if pieces else -1
   clause = max((v for v in verbs if v <= last_piece), default=0)
-  clause_words = {low for w, low in zip(words, lowered) if w.start() >= clause}
+  clause_sequence = [low for w, low in zip(words, lowered) if w.start() >= clause]
+  clause_words = set(clause_sequence)
   hedged = bool(_HEDGES & set(lowered)) or bool(_NEGATIONS & clause_words) or \
-      any(low.endswith("n't") or low.endswith("n\u2019t") for low in clause_words)
+      any(low.endswith("n't") or low.endswith("n\u2019t") for low in clause_words) or \
+      bool(_BOUND_PHRASES & set(zip(clause_sequence, clause_sequence[1:])))
   names_answer = any(low in _ANSWER_WORDS for w, low in zip(words, lowered) if w.end() <= clause)
   stated = [(start, text) for start, text in pieces if start >= clause]
   states_value = clause == 0 or bool(stated and stated[0][0] == clause)

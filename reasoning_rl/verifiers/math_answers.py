@@ -11,13 +11,13 @@ Hugging Face's math-verify (Kydlíček et al., https://github.com/huggingface/Ma
 Hedging earns nothing: a response that commits to several *different* candidates (two answer spans
 or boxes that disagree, `3 or 4`, a list of guesses when the truth is one number, numbers separated
 only by whitespace, a second answer after "the answer is …") is wrong even if one of them is right,
-and so is a stated answer that hedges or negates itself ("maybe 42", "not 42"). Several candidates
-are read as one set only when the truth is a set of several elements. For a numeric truth a chain
-`3*4 = 12` answers its last link only if every link holds (`41 = 42` and `x = 41 = 42` are wrong),
-and arithmetic left undone (`40 + 2`, an echo of the question) is no answer, nor is a bound
-(`x \\geq 42`); bounds on one variable answer an interval truth (`x \\geq 3` is `[3, \\infty)`).
-Whatever the phrasing, a response states at most one answer: it earns only on truths equivalent
-to that answer.
+and so is a stated answer that hedges, negates or bounds itself ("maybe 42", "not 42", "at least
+42"). Several candidates are read as one set only when the truth is a set of several elements. For
+a numeric truth a chain `3*4 = 12` answers its last link only if every link holds (`41 = 42` and
+`x = 41 = 42` are wrong), and arithmetic left undone (`40 + 2`, an echo of the question) is no
+answer, nor is a bound (`x \\geq 42`); bounds on one variable answer an interval truth (`x \\geq 3`
+is `[3, \\infty)`). Whatever the phrasing, a response states at most one answer: it earns only on
+truths equivalent to that answer.
 
 Timeouts: math-verify's own timeout uses `signal.alarm`, which only works in the main thread and
 whose exception can be swallowed mid-computation. It is disabled here; instead the parsing and
@@ -72,8 +72,9 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 @dataclasses.dataclass(frozen=True)
 class MathResult:
   """Outcome of one check. `status` is one of: correct, wrong, no_answer, multiple_answers,
-  hedged (the stated answer hedges or negates: "maybe 42", "not 42"), unevaluated (arithmetic left
-  undone, "40 + 2", for a numeric truth), unparseable, too_large, timeout."""
+  hedged (the stated answer hedges, negates or bounds: "maybe 42", "not 42", "at least 42"),
+  unevaluated (arithmetic left undone, "40 + 2", for a numeric truth), unparseable, too_large,
+  timeout."""
 
   correct: bool
   status: str

@@ -168,6 +168,8 @@ def _free_text_probes(question: str, free_text: bool) -> list[Probe]:
       Probe("free_answer_then_note", "The final answer is 41. Note: it is 42."),
       Probe("free_identifier", "The code is AZYUK42B."),
       Probe("free_dollar_hedge", "The answer is $41 or else $42$."),
+      Probe("free_at_least", "She has at least 42 apples."),
+      Probe("free_or_more", "The answer is 42 or more."),
       # a box in a statement naming the answer is never dropped
       Probe("free_named_box_then_named_answer", r"The answer is \boxed{41}. The answer is 42."),
       Probe("free_negated", "The answer is not 42."),
