@@ -15,8 +15,9 @@ tests/test_flops.py bounds the gap against XLA's own count). A forward over a to
   2·H·Dh each per layer (Chowdhery et al. 2022, "PaLM", appendix B: 6N + 12·L·H·Q·T per trained
   token, whose forward third is this term with T keys). `context_length` is the number of keys
   scored, as the code executes it: the full masked [T, T] matrix of a training row, the attended
-  cache slots of a decode step. Sliding-window and causal masks do not reduce it, because
-  `models.transformer.attend` computes every score before masking.
+  cache slots of a decode step. Sliding-window and causal masks do not reduce it, because the
+  reference kernel (`reasoning_rl.kernels.reference`, the CPU's) computes every score before
+  masking; the flash kernels of TPU / GPU skip fully masked blocks, so there it is an upper bound.
 
 A backward pass costs twice its forward (Kaplan et al. 2020, §2.1), so an update costs three
 forwards. `StepFlops.training` counts model FLOPs — what the algorithm needs, the numerator of

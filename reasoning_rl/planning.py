@@ -57,7 +57,7 @@ import numpy as np
 from jax.sharding import AbstractMesh
 
 from reasoning_rl import flops as flops_lib
-from reasoning_rl import storage
+from reasoning_rl import kernels, storage
 from reasoning_rl.build import random_model_config, rollouts_ahead, step_config
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.lora import PROJECTIONS, LoraSettings
@@ -383,7 +383,7 @@ def _chip(target) -> tuple[ChipSpec, int]:
   if tpu == "cpu":
     m = CPU_MACHINE
     chip = ChipSpec(m.name, m.hbm_bytes / num_devices, m.peak_flops / num_devices,
-                    m.hbm_bandwidth / num_devices)
+                    m.hbm_bandwidth / num_devices, backend=m.backend)
   elif tpu in TPU_CHIPS:
     chip = TPU_CHIPS[tpu]
   else:
@@ -618,11 +618,30 @@ def _with_itemsize(shapes, itemsize: float) -> list:
   return [(axes, shape, itemsize) for axes, shape, _ in shapes]
 
 
+def attention_kernel(config, m: ModelConfig, backend: str) -> str:
+  """The training attention kernel the run takes on `backend` (`reasoning_rl.kernels`)."""
+  window = m.sliding_window if "sliding_attention" in (m.layer_types or ()) else None
+  return kernels.choose_training_kernel(config.model.get("attention_kernel", "auto"),
+                                        backend=backend, softcap=m.attn_logit_softcap,
+                                        window=window)
+
+
+def attention_bytes_per_token(config, m: ModelConfig, heads: int, seq: int, a: Assumptions,
+                              backend: str) -> float:
+  """Per token and layer, the training attention's own activations beyond the hidden-width ones:
+  the reference holds float32 scores and probabilities over all `seq` keys (O(T²) per row); a
+  flash kernel (`reasoning_rl.kernels` on TPU / GPU) only one float32 log-sum-exp per head."""
+  if attention_kernel(config, m, backend) == "reference":
+    return a.attention_values_per_score * heads * seq * 4
+  return heads * 4
+
+
 def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, a: Assumptions,
                   num_micro_batches: int, shapes: ModelShapes,
-                  sync: Sequence[Item] = ()) -> list[Item]:
+                  sync: Sequence[Item] = (), backend: str = "tpu") -> list[Item]:
   """Per-device bytes of the trainer (see the module docstring and `Assumptions`): held weights
-  and moments, the train step's transients, and the weight sync's items (`sync_items`)."""
+  and moments, the train step's transients, and the weight sync's items (`sync_items`).
+  `backend` ("tpu", "gpu", "cpu") decides the attention kernel, hence its memory."""
   r, b = config.rollout, Precision.of(config).compute.itemsize
   weights = Precision.of(config).weights
   seq = r.max_prefill_length + r.max_new_tokens
@@ -632,7 +651,7 @@ def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, a: Assumptions,
   intermediate = m.intermediate_size // _split(mesh, "mlp", m.intermediate_size)
   per_layer = seq * ((a.activation_values_per_hidden * m.hidden_size
                       + a.activation_values_per_intermediate * intermediate) * b
-                     + a.attention_values_per_score * heads * seq * 4)
+                     + attention_bytes_per_token(config, m, heads, seq, a, backend))
   if config.algo.get("remat", False):
     # Only each block's input is kept; one block's activations are rebuilt at a time.
     per_row = m.num_layers * seq * m.hidden_size * b + per_layer
@@ -664,7 +683,8 @@ def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, a: Assumptions,
         a.gathered_layers * _layer_weight_bytes(shapes.compute if adapters else shapes.master,
                                                 mesh, m.num_layers)),
         "train step"))
-  items += [Item("activations (1 micro-batch)", int(rows_per_device * per_row), "train step"),
+  items += [Item(f"activations (1 micro-batch; {attention_kernel(config, m, backend)} attention)",
+                 int(rows_per_device * per_row), "train step"),
             Item("log-prob chunk buffers",
                  int(a.logprob_buffers * rows_per_device * chunk * vocab * 4), "train step")]
   return items + list(sync)
@@ -817,7 +837,7 @@ def _trainer_fix(config, m, chip, a, trainer, shapes, sync, sample) -> str | Non
   for t in tensor_sizes:
     mesh = trainer if t == trainer.shape["tensor"] else AbstractMesh((1, n // t, t), MESH_AXES)
     for k in [k for k in range(current, batch + 1) if batch % k == 0]:
-      items = trainer_items(config, m, mesh, a, k, shapes, sync)
+      items = trainer_items(config, m, mesh, a, k, shapes, sync, chip.backend)
       if _fits(_shared_items(items, sample) if sample else items, chip, a):
         change = [] if mesh is trainer else [f"mesh.trainer=(1, {n // t}, {t})"]
         change += [] if k == current else [f"algo.num_micro_batches={k}"]
@@ -913,7 +933,7 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
   r = config.rollout
   sync = sync_items(layout, shapes, precision)
   train = trainer_items(config, model_config, layout.trainer, a, config.algo.num_micro_batches,
-                        shapes, sync)
+                        shapes, sync, chip.backend)
   sampler_weights = shapes.sampler_weights(layout.replica)
   received = shapes.sent(layout.replica)
   sampler_kwargs = dict(weights=sampler_weights, receive_bytes=received,

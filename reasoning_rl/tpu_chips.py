@@ -27,6 +27,7 @@ class ChipSpec:
   devices_per_host: int = 0
   dcn_bandwidth: float = 25 * GBPS
   dcn_documented: bool = False  # False: the page gives no DCN figure; 25 Gb/s (v5e's) is assumed
+  backend: str = "tpu"  # JAX's platform name: decides the training attention kernel
 
 
 # Public Cloud TPU documentation, chip specification tables (read 2025-2026):
@@ -56,7 +57,7 @@ TPU_CHIPS: dict[str, ChipSpec] = {
 }
 # "cpu": the development machine (24 GiB RAM, ~400 GFLOP/s f32 matmul, ~60 GB/s),
 # shared evenly by `num_devices` simulated devices, one process unless the target says otherwise.
-CPU_MACHINE = ChipSpec("CPU (2 cores)", 24 * GIB, 400e9, 60e9)
+CPU_MACHINE = ChipSpec("CPU (2 cores)", 24 * GIB, 400e9, 60e9, backend="cpu")
 
 
 # The config's `target.tpu` -> (Cloud TPU API prefix of its accelerator types, TensorCores the

@@ -112,28 +112,3 @@ def test_positions_from_mask_ignore_padding():
   mask = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
   np.testing.assert_array_equal(positions_from_mask(mask),
                                 [[-1, -1, 0, 1, 2], [0, 1, 2, 3, 4]])
-
-
-@pytest.mark.parametrize("kv_heads_first", [False, True])
-@pytest.mark.parametrize("softcap, window", [(None, None), (30.0, 5)])
-def test_one_query_attention_equals_the_matmul_path(kv_heads_first, softcap, window):
-  # a decode step (one query per row) takes attend's per-element path on a CPU; with two copies
-  # of the query the same row takes the einsum path, and each query only sees its own keys
-  from reasoning_rl.models.transformer import attend
-
-  rng = np.random.RandomState(0)
-  batch, heads, kv_heads, head_dim, keys = 3, 6, 2, 16, 12
-  q = jnp.asarray(rng.randn(batch, 1, heads, head_dim), jnp.float32)
-  kv_shape = (batch, kv_heads, keys, head_dim) if kv_heads_first else (batch, keys, kv_heads,
-                                                                       head_dim)
-  k = jnp.asarray(rng.randn(*kv_shape), jnp.float32)
-  v = jnp.asarray(rng.randn(*kv_shape), jnp.float32)
-  k_pos = jnp.asarray(np.where(np.arange(keys) < [[9], [12], [3]], np.arange(keys), -1), jnp.int32)
-  q_pos = jnp.asarray([[8], [11], [2]], jnp.int32)
-  options = {"scale": 0.25, "softcap": softcap, "window": window, "kv_heads_first": kv_heads_first}
-  one = attend(q, k, v, q_pos, k_pos, **options)
-  two = attend(jnp.concatenate([q, q], 1), k, v, jnp.concatenate([q_pos, q_pos], 1), k_pos,
-               **options)
-  assert one.shape == (batch, 1, heads, head_dim)
-  np.testing.assert_allclose(np.asarray(one[:, 0]), np.asarray(two[:, 0]), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(two[:, 1]), np.asarray(two[:, 0]), rtol=1e-5, atol=1e-6)

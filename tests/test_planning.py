@@ -95,9 +95,16 @@ def test_trainer_items_by_hand():
   assert items["gradient accumulator (float32)"] == params  # 2 micro-batches
   assert trainer.item("reference weights") == 0  # beta = 0
   # Micro-batch of 16 / 2 = 8 rows over data x fsdp = 4 -> 2 rows per device; the single KV head
-  # does not split over tensor, so all 3 heads stay, nor does the MLP width 21. Per row:
-  # L x S x ((8 x D + 4 x I) x 4 + 4 x H x S x 4) = 2 x 48 x ((128 + 84) x 4 + 2304) = 302592 bytes.
-  assert items["activations (1 micro-batch)"] == 2 * 302592
+  # does not split over tensor, so all 3 heads stay, nor does the MLP width 21. On TPU the splash
+  # kernel keeps one float32 log-sum-exp per head and token, so per row:
+  # L x S x ((8 x D + 4 x I) x 4 + 4 x H) = 2 x 48 x ((128 + 84) x 4 + 12) = 82560 bytes.
+  assert items["activations (1 micro-batch; splash attention)"] == 2 * 82560
+  # The reference kernel holds the [S, S] scores: + 4 values x H x S x 4 bytes per token and layer,
+  # 2 x 48 x ((128 + 84) x 4 + 2304) = 302592 bytes per row.
+  c = _config()
+  c.model.attention_kernel = "reference"
+  reference = planning.plan(c, TINY, target=V5P_16).slice("trainer")
+  assert reference.by_name()["activations (1 micro-batch; reference attention)"] == 2 * 302592
   # 2.5 buffers x 2 rows x chunk 8 x (vocab 96 / tensor 2) x 4 bytes.
   assert items["log-prob chunk buffers"] == int(2.5 * 2 * 8 * 48 * 4)
   # fsdp = 4: 5 layers of weights gathered. A layer: q, o 192 each, k, v 64 each, biases 12 + 4 + 4,
@@ -107,7 +114,7 @@ def test_trainer_items_by_hand():
   assert items["weights to send (float32, replica layout)"] == REPLICA * 4
   assert items["weights laid out to send, before packing"] == REPLICA * 4
   assert trainer.phase_bytes("weight sync") == 2 * REPLICA * 4
-  step = 2 * params + 2 * 302592 + int(2.5 * 2 * 8 * 48 * 4) + 5 * 1580 * 4
+  step = 2 * params + 2 * 82560 + int(2.5 * 2 * 8 * 48 * 4) + 5 * 1580 * 4
   assert trainer.peak_phase == "train step" and trainer.total == 3 * params + step
   c = _config()
   c.beta = 0.04
@@ -233,10 +240,16 @@ def test_r1zero_dry_run_on_its_target_slices(tpu, chips, replicas, replica_mesh,
   assert f"sampler slice: {sampler.num_devices} devices = {replicas} replica(s)" in text
   assert "step (sync: sample, then train)" in text and "step (overlapped" in text
   assert "Binding limit: " in text
+  assert "activations (1 micro-batch; splash attention)" in text
   if tpu == "v5p":
     assert p.fits and "Binding limit: time" in text
   else:
-    assert "Binding limit: trainer HBM" in text  # 16 trainer chips of 16 / 32 GiB are too few
+    # 16 trainer chips of 16 / 32 GiB hold the step with splash attention, not with the
+    # reference's [T, T] scores
+    assert "Binding limit: trainer HBM" not in text and p.fits == (tpu == "v6e")
+    c.model.attention_kernel = "reference"
+    reference = planning.plan(c, planning.dry_run_model_config(c), target=dict(c.target))
+    assert "Binding limit: trainer HBM" in reference.table()
 
 
 def test_flops_and_times_by_hand():
@@ -315,7 +328,7 @@ def test_a_config_that_cannot_fit_says_so_and_how_to_fix_it():
   p = planning.plan(c, TINY, target={"tpu": "cpu", "num_devices": 1})
   shared = p.slice("shared")
   per_row = 2 * 8192 * ((8 * 16 + 4 * 21) * 4 + 4 * 3 * 8192 * 4)
-  assert shared.item("activations (1 micro-batch)") == 16 * per_row
+  assert shared.item("activations (1 micro-batch; reference attention)") == 16 * per_row
   # both roles on one device: the sampler's own copy of the weights and its cache are held too
   assert shared.item("sampler: weights (float32)") == TINY.num_params() * 4
   assert not p.fits and not shared.fits

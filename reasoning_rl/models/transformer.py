@@ -4,13 +4,18 @@ The variants differ only by `ModelConfig` switches. Every parameter carries `log
 (`vocab`, `embed`, `mlp`, `heads`, `kv_heads`, `head_dim`, `norm`); `reasoning_rl.sharding` maps those
 names to mesh axes in one table.
 
-Two entry points share one attention implementation:
+Two entry points:
 - `model(token_ids, attention_mask)` — a full (training / scoring) forward over a left- or
-  right-padded batch; positions come from the mask, so a left-padded row computes exactly what the
-  unpadded sequence would.
+  right-padded batch (or packed rows, `hidden_states(segment_ids=)`); positions come from the mask,
+  so a left-padded row computes exactly what the unpadded sequence would. Its attention is
+  `reasoning_rl.kernels.training_attention`: a flash kernel on TPU / GPU, the XLA reference on CPU
+  (`use_attention_kernel` overrides the choice).
 - `model.decode(token_ids, positions, cache, write_index)` — the sampler's path: writes the new keys
   and values into a preallocated `KVCache` (prefill of a prompt, then one token at a time) and attends
-  over everything cached with a position-based causal mask.
+  over everything cached with a position-based causal mask (`reasoning_rl.kernels.decode_attention`).
+
+The model holds no backend branches and no timing notes: what is chosen per backend lives in
+`reasoning_rl.kernels`, the measurements behind layout choices in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -23,11 +28,9 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn import dtypes
 
+from reasoning_rl import kernels
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.sharding import constrain
-
-_MASKED_SCORE = -1e30  # finite, so a query with nothing to attend to gives uniform (unused) weights
-
 
 def _weight(param, dtype):
   """A projection's kernel in the compute dtype. Through flax's promote_dtype because qwix
@@ -41,9 +44,8 @@ def _project(spec: str, x, kernel):
 
   Why flat rows: with B and T as two axes, the kernel's gradient contracts two axes of the
   activations, and XLA:CPU lays the [B, T, F] operand out transposed for it, a strided copy of the
-  MLP's widest activation per projection. With one row axis the contraction is a plain matmul:
-  SmolLM2's MLP forward + backward on 4 × 192 tokens, 45.8 → 26.0 ms (2 AMD EPYC cores), same
-  values. It stays a `jnp.einsum` with the kernel as its second operand, the call qwix intercepts
+  MLP's widest activation per projection; with one row axis the contraction is a plain matmul
+  (benchmarks/RESULTS.md, "Projections over flattened rows"). It stays a `jnp.einsum` with the kernel as its second operand, the call qwix intercepts
   to add LoRA adapters."""
   batch, length = x.shape[:2]
   out = jnp.einsum(spec, x.reshape(batch * length, *x.shape[2:]), kernel)
@@ -119,50 +121,6 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
   return x * cos + rotated * sin
 
 
-def attend(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, window: int | None,
-           kv_heads_first: bool = False, segment_ids=None):
-  """Grouped-query attention with a position-based causal mask.
-
-  q [B, T, N, D]; k, v [B, S, K, D] (or [B, K, S, D] with `kv_heads_first`, the KV-cache layout)
-  with N a multiple of K; q_pos [B, T]; k_pos [B, S] where a negative position marks an empty or
-  padding key. Query t attends key s iff 0 <= k_pos[s] <= q_pos[t] (and q_pos[t] − k_pos[s] < window
-  for sliding layers), and — with `segment_ids` [B, T] (a packed row, queries and keys being the
-  same tokens) — iff both tokens belong to the same segment, so packed sequences never see each
-  other. Scores and softmax are float32 whatever the compute dtype.
-  """
-  batch, steps, num_heads, head_dim = q.shape
-  num_kv = k.shape[1] if kv_heads_first else k.shape[2]
-  q = q.reshape(batch, steps, num_kv, num_heads // num_kv, head_dim)
-  key_spec = "bksd" if kv_heads_first else "bskd"
-  # One query per row (a decode step) on a CPU: the einsums below become batches of [G, D] × [D, S]
-  # matmuls that XLA:CPU runs slowly, while broadcast products and sums fuse into vectorized loops
-  # (SmolLM2's 30 layers at 16 rows × 192 keys: 9.4 ms → 3.8 ms; the same sums in another order).
-  per_element = steps == 1 and jax.default_backend() == "cpu"
-  if per_element:
-    k = k if kv_heads_first else k.swapaxes(1, 2)  # [B, K, S, D]
-    v = v if kv_heads_first else v.swapaxes(1, 2)
-    products = q[:, 0, :, :, None, :].astype(jnp.float32) * k[:, :, None].astype(jnp.float32)
-    scores = jnp.sum(products, axis=-1)[:, :, :, None, :] * scale  # [B, K, G, 1, S]
-  else:
-    scores = jnp.einsum(f"btkgd,{key_spec}->bkgts", q, k,
-                        preferred_element_type=jnp.float32) * scale
-  if softcap:
-    scores = jnp.tanh(scores / softcap) * softcap
-  delta = q_pos[:, :, None] - k_pos[:, None, :]  # [B, T, S]
-  mask = (k_pos[:, None, :] >= 0) & (delta >= 0)
-  if window:
-    mask &= delta < window
-  if segment_ids is not None:
-    mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
-  scores = jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
-  probs = jax.nn.softmax(scores, axis=-1)
-  if per_element:
-    out = jnp.sum(probs[:, :, :, 0, :, None] * v[:, :, None].astype(jnp.float32), axis=-2)
-    return out.astype(v.dtype).reshape(batch, steps, num_heads, head_dim)  # from [B, K, G, D]
-  out = jnp.einsum(f"bkgts,{key_spec}->btkgd", probs.astype(v.dtype), v)
-  return out.reshape(batch, steps, num_heads, head_dim)
-
-
 @flax.struct.dataclass
 class KVCache:
   """Keys and values of every layer for B rows of up to S tokens.
@@ -208,6 +166,7 @@ class Attention(nnx.Module):
     c = config
     self.config = c
     self.window = c.sliding_window if c.layer_types[layer_index] == "sliding_attention" else None
+    self.kernel = "auto"  # training attention kernel; `Transformer.use_attention_kernel` sets it
     self.q_proj = _param(rngs, (c.hidden_size, c.num_heads, c.head_dim), param_dtype,
                          ("embed", "heads", "head_dim"))
     self.k_proj = _param(rngs, (c.hidden_size, c.num_kv_heads, c.head_dim), param_dtype,
@@ -258,10 +217,13 @@ class Attention(nnx.Module):
       k, v = k_all[:, :, :read].astype(x.dtype), v_all[:, :, :read].astype(x.dtype)
     else:
       new_cache_kv = None
-    c = self.config
-    attended = attend(q, k, v, positions, key_positions, scale=c.attention_scale,
-                      softcap=c.attn_logit_softcap, window=self.window,
-                      kv_heads_first=cache_kv is not None, segment_ids=segment_ids)
+    options = dict(scale=self.config.attention_scale, softcap=self.config.attn_logit_softcap,
+                   window=self.window)
+    if cache_kv is not None:
+      attended = kernels.decode_attention(q, k, v, positions, key_positions, **options)
+    else:
+      attended = kernels.training_attention(q, k, v, positions, key_positions, segment_ids,
+                                            kernel=self.kernel, **options)
     return self.output(attended), new_cache_kv
 
 
@@ -344,6 +306,14 @@ class Transformer(nnx.Module):
                               param_dtype=param_dtype)
     if not c.tie_word_embeddings:
       self.lm_head = _param(rngs, (c.hidden_size, c.vocab_size), param_dtype, ("embed", "vocab"))
+
+  def use_attention_kernel(self, kernel: str) -> "Transformer":
+    """Computes training attention with `kernel` (one of `reasoning_rl.kernels.TRAINING_KERNELS`;
+    "auto", the default, picks the backend's). A static choice: it travels in the graphdef."""
+    kernels.validate_kernel_name(kernel)
+    for block in self.layers:
+      block.attn.kernel = kernel
+    return self
 
   # ------------------------------------------------------------------------------- pieces
 
@@ -480,6 +450,6 @@ def logical_axes(state: nnx.State) -> nnx.State:
 
 __all__ = [
     "Attention", "Block", "KVCache", "MLP", "ModelConfig", "RMSNorm", "Transformer",
-    "abstract_model", "apply_rope", "attend", "create_model", "logical_axes",
+    "abstract_model", "apply_rope", "create_model", "logical_axes",
     "positions_from_mask", "rope_inverse_frequencies",
 ]

@@ -1,0 +1,73 @@
+"""Attention written as plain XLA ops: the reference every kernel is tested against, and the path a
+CPU takes.
+
+Masks are position-based: query t attends key s iff 0 <= k_pos[s] <= q_pos[t] (a negative position
+marks an empty or padding key), q_pos[t] − k_pos[s] < window for sliding layers, and — with
+`segment_ids`, queries and keys being the same tokens of a packed row — both tokens belong to the
+same sequence. Scores and softmax are float32 whatever the compute dtype. The [B, heads, T, S]
+scores are materialised, so memory grows with T·S: fine for a CPU's short rows, not for 32k tokens
+on an accelerator (`reasoning_rl.kernels` picks a flash kernel there).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+MASKED_SCORE = -1e30  # finite, so a query with nothing to attend to gives uniform (unused) weights
+
+
+def allowed(q_pos, k_pos, *, window: int | None, segment_ids=None) -> jax.Array:
+  """[B, T, S] bool: which key each query may attend (module docstring)."""
+  delta = q_pos[:, :, None] - k_pos[:, None, :]
+  mask = (k_pos[:, None, :] >= 0) & (delta >= 0)
+  if window:
+    mask &= delta < window
+  if segment_ids is not None:
+    mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
+  return mask
+
+
+def _capped(scores, softcap):
+  """Logit soft-capping, softcap · tanh(s / softcap) (Gemma 2 report, 2024, §2)."""
+  return jnp.tanh(scores / softcap) * softcap if softcap else scores
+
+
+def attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, window: int | None,
+              kv_heads_first: bool = False, segment_ids=None) -> jax.Array:
+  """Grouped-query attention (Ainslie et al. 2023) with the module's position-based mask.
+
+  q [B, T, N, D]; k, v [B, S, K, D], or [B, K, S, D] with `kv_heads_first` (the KV-cache layout),
+  N a multiple of K; q_pos [B, T]; k_pos [B, S]. Returns [B, T, N, D] in v's dtype.
+  """
+  batch, steps, num_heads, head_dim = q.shape
+  num_kv = k.shape[1] if kv_heads_first else k.shape[2]
+  q = q.reshape(batch, steps, num_kv, num_heads // num_kv, head_dim)
+  key_spec = "bksd" if kv_heads_first else "bskd"
+  scores = jnp.einsum(f"btkgd,{key_spec}->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  mask = allowed(q_pos, k_pos, window=window, segment_ids=segment_ids)
+  scores = jnp.where(mask[:, None, None], _capped(scores, softcap), MASKED_SCORE)
+  probs = jax.nn.softmax(scores, axis=-1)
+  out = jnp.einsum(f"bkgts,{key_spec}->btkgd", probs.astype(v.dtype), v)
+  return out.reshape(batch, steps, num_heads, head_dim)
+
+
+def one_query_attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None,
+                        window: int | None) -> jax.Array:
+  """`attention` for one query per row (a decode step) over a [B, K, S, D] cache, written as
+  broadcast products and sums instead of matmuls.
+
+  Why: with one query the einsums become batches of [G, D] × [D, S] matmuls, which XLA:CPU runs
+  slowly, while products and sums fuse into vectorised loops (figures in benchmarks/RESULTS.md,
+  "Decode attention on CPU"). Same values up to summation order.
+  """
+  batch, _, num_heads, head_dim = q.shape
+  num_kv = k.shape[1]
+  q = q.reshape(batch, num_kv, num_heads // num_kv, head_dim)
+  products = q[:, :, :, None, :].astype(jnp.float32) * k[:, :, None].astype(jnp.float32)
+  scores = jnp.sum(products, axis=-1) * scale  # [B, K, G, S]
+  mask = allowed(q_pos, k_pos, window=window)[:, 0]  # [B, S]
+  scores = jnp.where(mask[:, None, None], _capped(scores, softcap), MASKED_SCORE)
+  probs = jax.nn.softmax(scores, axis=-1)
+  out = jnp.sum(probs[..., None] * v[:, :, None].astype(jnp.float32), axis=-2)  # [B, K, G, D]
+  return out.astype(v.dtype).reshape(batch, 1, num_heads, head_dim)

@@ -1,0 +1,205 @@
+"""Every training-attention kernel against the XLA reference, on values and gradients, for every
+mask the models use (causal over left-padded rows, packed segments, sliding window, soft-cap), in
+Pallas interpret mode on this CPU; then the choice per backend, the model wired to a kernel, and
+a kernel inside a sharded step.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from reasoning_rl import kernels
+from reasoning_rl.errors import ConfigError
+from reasoning_rl.kernels import reference
+
+BATCH, LENGTH, HEADS, KV_HEADS, HEAD_DIM = 2, 100, 4, 2, 32  # 100 tokens: the dispatcher pads
+
+
+def _rows(layout: str):
+  """(positions, key_positions, segment_ids or None) of two rows laid out as `layout`."""
+  index = np.arange(LENGTH)
+  if layout == "left_padded":  # 17 and 0 padding tokens first
+    starts = np.array([[17], [0]])
+    positions = np.where(index >= starts, index - starts, -1)
+    return positions, positions, None
+  # packed: row 0 holds sequences of 30, 45 and 20 tokens then 5 padding; row 1 one of 100
+  segment_ids = np.zeros((BATCH, LENGTH), np.int64)
+  positions = np.full((BATCH, LENGTH), -1)
+  start = 0
+  for segment, size in enumerate([30, 45, 20], start=1):
+    segment_ids[0, start:start + size] = segment
+    positions[0, start:start + size] = np.arange(size)
+    start += size
+  segment_ids[1], positions[1] = 1, index
+  return positions, np.where(segment_ids > 0, positions, -1), segment_ids
+
+
+def _inputs(dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  shape_q = (BATCH, LENGTH, HEADS, HEAD_DIM)
+  shape_kv = (BATCH, LENGTH, KV_HEADS, HEAD_DIM)
+  q, k, v = (jnp.asarray(rng.normal(size=s), dtype) for s in (shape_q, shape_kv, shape_kv))
+  cotangent = jnp.asarray(rng.normal(size=shape_q), jnp.float32)
+  return q, k, v, cotangent
+
+
+def _attention_and_grads(kernel, q, k, v, cotangent, rows, options, grads=True):
+  positions, key_positions, segment_ids = (None if x is None else jnp.asarray(x, jnp.int32)
+                                           for x in rows)
+  real = (key_positions >= 0)[:, :, None, None]
+
+  def loss(q, k, v):
+    out = kernels.training_attention(q, k, v, positions, key_positions, segment_ids,
+                                     kernel=kernel, **options)
+    # padding outputs differ between kernels by design (never read): the loss leaves them out
+    return jnp.sum(jnp.where(real, out.astype(jnp.float32) * cotangent, 0.0)), out
+
+  if grads:
+    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+  else:
+    out = jax.jit(loss)(q, k, v)[1]
+  return np.where(np.asarray(real), np.asarray(out, np.float32), 0), grads
+
+
+CASES = [  # (layout, softcap, window)
+    ("left_padded", None, None),
+    ("packed", None, None),
+    ("packed", None, 16),
+    ("left_padded", 20.0, None),
+    ("packed", 5.0, 16),
+]
+
+
+@pytest.mark.parametrize("kernel, layout, softcap, window",
+                         [("splash", *case) for case in CASES]
+                         # the GPU kernel has no soft-cap / window (the dispatcher keeps the
+                         # reference for those layers there)
+                         + [("pallas_gpu", *case) for case in CASES if not any(case[1:])])
+def test_kernel_matches_the_reference_on_values_and_gradients(kernel, layout, softcap, window):
+  rows = _rows(layout)
+  q, k, v, cotangent = _inputs(jnp.float32)
+  options = dict(scale=HEAD_DIM ** -0.5, softcap=softcap, window=window)
+  want, want_grads = _attention_and_grads("reference", q, k, v, cotangent, rows, options)
+  got, got_grads = _attention_and_grads(kernel, q, k, v, cotangent, rows, options)
+  np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+  for name, g, w in zip("qkv", got_grads, want_grads):
+    scale = np.abs(np.asarray(w)).max()
+    assert scale > 0.1, name  # the gradient is not trivially zero
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-4 * scale, err_msg=name)
+
+
+def test_splash_in_bfloat16_accumulates_in_float32():
+  # bfloat16 inputs: the kernel's error is bfloat16 rounding of inputs and output, not of the
+  # softmax sums (which would be ~10x larger over 100 keys)
+  rows = _rows("packed")
+  q, k, v, cotangent = _inputs(jnp.bfloat16, seed=1)
+  options = dict(scale=HEAD_DIM ** -0.5, softcap=None, window=None)
+  exact, _ = _attention_and_grads("reference", *(x.astype(jnp.float32) for x in (q, k, v)),
+                                  cotangent, rows, options, grads=False)
+  got, _ = _attention_and_grads("splash", q, k, v, cotangent, rows, options, grads=False)
+  error = np.abs(got - exact).max()
+  assert 0 < error < 2 * 2 ** -8 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("backend, softcap, window, chosen", [
+    ("tpu", None, None, "splash"), ("tpu", 50.0, 4096, "splash"),
+    ("gpu", None, None, "pallas_gpu"), ("cuda", None, None, "pallas_gpu"),
+    ("gpu", 50.0, None, "reference"), ("gpu", None, 4096, "reference"),
+    ("cpu", None, None, "reference"),
+])
+def test_auto_picks_the_backends_kernel(backend, softcap, window, chosen):
+  assert kernels.choose_training_kernel("auto", backend=backend, softcap=softcap,
+                                        window=window) == chosen
+  assert kernels.choose_training_kernel("reference", backend=backend) == "reference"
+
+
+def test_a_bad_kernel_name_or_an_unsupported_layer_is_one_clear_error():
+  with pytest.raises(ConfigError, match=r"config.model.attention_kernel='flash'.*auto"):
+    kernels.choose_training_kernel("flash", backend="cpu")
+  with pytest.raises(ConfigError, match="no sliding window or logit soft-cap"):
+    kernels.choose_training_kernel("pallas_gpu", backend="gpu", softcap=50.0)
+
+
+@pytest.mark.parametrize("softcap, window", [(None, None), (30.0, 5)])
+def test_one_query_decode_path_equals_the_einsum_path(softcap, window):
+  # a decode step (one query per row) takes the products-and-sums path on a CPU; with two copies
+  # of the query the same row takes the einsum path, and each query only sees its own keys
+  rng = np.random.RandomState(0)
+  batch, heads, kv_heads, head_dim, keys = 3, 6, 2, 16, 12
+  q = jnp.asarray(rng.randn(batch, 1, heads, head_dim), jnp.float32)
+  k, v = (jnp.asarray(rng.randn(batch, kv_heads, keys, head_dim), jnp.float32) for _ in "kv")
+  k_pos = jnp.asarray(np.where(np.arange(keys) < [[9], [12], [3]], np.arange(keys), -1), jnp.int32)
+  q_pos = jnp.asarray([[8], [11], [2]], jnp.int32)
+  options = {"scale": 0.25, "softcap": softcap, "window": window}
+  one = kernels.decode_attention(q, k, v, q_pos, k_pos, **options)
+  two = reference.attention(jnp.concatenate([q, q], 1), k, v, jnp.concatenate([q_pos, q_pos], 1),
+                            k_pos, kv_heads_first=True, **options)
+  assert one.shape == (batch, 1, heads, head_dim)
+  np.testing.assert_allclose(np.asarray(one[:, 0]), np.asarray(two[:, 0]), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(two[:, 1]), np.asarray(two[:, 0]), rtol=1e-5, atol=1e-6)
+
+
+@functools.cache
+def _gemma2_like_model():
+  from reasoning_rl.models.config import ModelConfig
+  from reasoning_rl.models.transformer import create_model
+
+  config = ModelConfig(model_type="gemma2", vocab_size=64, hidden_size=32, intermediate_size=48,
+                       num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
+                       attn_logit_softcap=20.0, sliding_window=8,
+                       layer_types=("sliding_attention",))
+  return create_model(config, seed=3)
+
+
+def test_the_model_runs_packed_rows_through_the_chosen_kernel():
+  from flax import nnx
+
+  model = _gemma2_like_model()
+  rows = _rows("packed")
+  tokens = jnp.asarray(np.random.default_rng(2).integers(1, 64, (BATCH, LENGTH)), jnp.int32)
+  positions, _, segment_ids = (jnp.asarray(x, jnp.int32) for x in rows)
+  real = np.asarray(segment_ids) > 0
+
+  def hidden(kernel):
+    graphdef, state = nnx.split(model)
+    copy = nnx.merge(graphdef, state).use_attention_kernel(kernel)
+    graphdef, state = nnx.split(copy)  # the choice travels in the graphdef
+    run = jax.jit(lambda state: nnx.merge(graphdef, state).hidden_states(
+        tokens, positions=positions, segment_ids=segment_ids))
+    return np.asarray(run(state))
+
+  want, got = hidden("reference"), hidden("splash")
+  np.testing.assert_allclose(got[real], want[real], rtol=1e-4, atol=1e-4)
+  with pytest.raises(ConfigError, match="attention_kernel"):
+    model.use_attention_kernel("fast")
+
+
+def test_a_kernel_inside_a_sharded_step_takes_the_unsharded_gradient():
+  # 8 devices: batch over data × fsdp (4), heads over tensor (2); the kernel runs per device
+  from reasoning_rl import sharding
+
+  mesh = sharding.make_mesh((2, 2, 2))
+  batch = 4
+  rng = np.random.default_rng(4)
+  q = jnp.asarray(rng.normal(size=(batch, 128, 4, 16)), jnp.float32)
+  k, v = (jnp.asarray(rng.normal(size=(batch, 128, 2, 16)), jnp.float32) for _ in "kv")
+  positions = jnp.tile(jnp.arange(128, dtype=jnp.int32), (batch, 1))
+
+  def loss(q, k, v, kernel):
+    out = kernels.training_attention(q, k, v, positions, positions, scale=0.25, softcap=None,
+                                     window=None, kernel=kernel)
+    return jnp.sum(out * out)
+
+  want = jax.grad(loss, argnums=(0, 1, 2))(q, k, v, "reference")
+  step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), jax.set_mesh(mesh):
+    placed = [jax.device_put(x, sharding.sharding_for(axes, x.shape, mesh)) for x, axes in
+              ((q, ("batch", "length", "heads", "head_dim")),
+               (k, ("batch", "length", "kv_heads", "head_dim")),
+               (v, ("batch", "length", "kv_heads", "head_dim")))]
+    got = step(*placed, "splash")
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
