@@ -209,7 +209,7 @@ def sampling_params(config: ml_collections.ConfigDict):
   from reasoning_rl.sampler import SamplingParams
 
   r = config.rollout
-  return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+  return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p)
 
 
 def rollout_staleness(config: ml_collections.ConfigDict) -> int:
@@ -257,7 +257,7 @@ def step_config(config: ml_collections.ConfigDict):
       final_lr_fraction=o.final_lr_fraction, weight_decay=o.weight_decay,
       max_grad_norm=o.max_grad_norm, b1=o.b1, b2=o.b2, adam_eps=o.eps, vf_coef=a.vf_coef,
       value_clip=a.value_clip, gamma=a.gamma, gae_lambda=a.gae_lambda,
-      compute_dtype=config.model.dtype)
+      compute_dtype=config.model.dtype, truncated_ratio=a.truncated_ratio)
 
 
 # ------------------------------------------------------------------------------- a whole run

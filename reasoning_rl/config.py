@@ -79,6 +79,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.temperature = 1.0
   c.rollout.top_p = 1.0
   c.rollout.top_k = 0
+  c.rollout.min_p = 0.0  # keep p >= min_p * p_max after temperature (Nguyen et al. 2024); 0 = off
   c.rollout.stop_strings = ("</answer>",)
   c.rollout.max_prefill_length = 32
   c.rollout.max_concurrent_decodes = 16  # decode slots
@@ -131,6 +132,13 @@ def base_config() -> ml_collections.ConfigDict:
   # 2018). Asynchronous rollouts always correct: "none" then means token-truncate.
   c.algo.is_correction = "none"
   c.algo.is_threshold = 2.0
+  # The ratio of the distribution the sampler draws from (docs/off_policy.md): π_θ and π_old are
+  # both the model's distribution after the rollout's temperature / top_k / top_p / min_p,
+  # renormalised — an exact importance ratio for the policy actually sampled. False: the
+  # full-softmax ratio, exact only when rollouts sample the model as is (temperature 1, no
+  # filter), biased otherwise (measured: docs/off_policy.md). Not with algo.packing when the
+  # rollout truncates or rescales.
+  c.algo.truncated_ratio = True
   # algo.name = ppo only (Schulman et al. 2017; GAE, Schulman et al. 2016): value-loss weight,
   # value clip ε_v, discount γ and GAE λ.
   c.algo.vf_coef = 0.5
@@ -311,6 +319,7 @@ FIELD_RANGES: dict[str, Range] = {
     "rollout.temperature": Range(float, 0, meaning="0 = greedy"),
     "rollout.top_p": Range(float, 0, 1, low_open=True),
     "rollout.top_k": _int(0, meaning="0 = off"),
+    "rollout.min_p": _FRACTION,
     "verifier.num_workers": _int(0, meaning="0 = score in this process"),
     "verifier.item_timeout_s": _POSITIVE,
     "algo.epsilon_low": _FRACTION,  # the ratio's floor 1 - epsilon_low stays >= 0
@@ -455,6 +464,16 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           or (batch // (mini * micro)) % config.algo.packed_row_factor == 0,
           "algo.packed_row_factor", f"packed rows {config.algo.packed_row_factor} times as long "
           f"must evenly share the {batch // max(mini * micro, 1)} rows of a micro-batch")
+  require(isinstance(config.algo.truncated_ratio, bool), "algo.truncated_ratio",
+          "must be True (π_θ / π_old of the sampler's truncated distribution) or False (the "
+          "full-softmax ratio)")
+  rescales = (r.temperature not in (0, 1.0) or r.top_p < 1.0 or r.top_k > 0 or r.min_p > 0)
+  require(not (config.stage == "rl" and config.algo.truncated_ratio and config.algo.packing
+               and rescales), "algo.truncated_ratio",
+          "packed batches do not carry the per-row sampling settings the truncated ratio needs, "
+          "and this rollout rescales or truncates (rollout.temperature / top_p / top_k / min_p): "
+          "set algo.packing=False, or algo.truncated_ratio=False to accept the biased "
+          "full-softmax ratio")
   require(config.beta > 0 or math.isinf(config.guards.max_kl), "guards.max_kl",
           "the KL guard measures KL to the reference, which exists only with beta > 0; set "
           "--config.beta or leave max_kl at inf")

@@ -240,3 +240,29 @@ def test_truncated_logprobs_gradient_is_the_truncated_score_function():
                                                jnp.array(k), jnp.array(m)))(z)
   probs = numpy_sampling_probs(LOGITS, t, p, k, m)
   np.testing.assert_allclose(grad, (np.eye(LOGITS.size)[1] - probs) / t, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0])  # flat rows overflow the prefix, peaked ones fit
+def test_the_prefix_threshold_equals_the_full_sort(scale):
+  """`truncation_threshold` reads the PREFIX largest values and sorts only rows that need it;
+  either way its kept sets are the full sort's."""
+  from reasoning_rl.sampler import sampling
+
+  rng = np.random.default_rng(2)
+  vocab, rows = 1000, 64
+  scaled = jnp.asarray(rng.normal(0, scale, (rows, vocab)).astype(np.float32))
+  top_p = jnp.asarray(rng.choice([0.5, 0.9, 0.99, 1.0], rows).astype(np.float32))
+  top_k = jnp.asarray(rng.choice([0, 5, 50, 300], rows).astype(np.int32))
+  top_k = top_k.at[0].set(0)
+  top_p = top_p.at[0].set(0.9)
+  fast, resolved = sampling._prefix_threshold(scaled, top_p, top_k)
+  full = sampling._top_k_top_p_threshold(scaled, top_p, top_k)
+  resolved = np.asarray(resolved)
+  assert resolved.any()
+  np.testing.assert_array_equal(np.asarray(scaled >= fast)[resolved],
+                                np.asarray(scaled >= full)[resolved])
+  kept = np.asarray(scaled >= sampling.truncation_threshold(scaled, top_p, top_k,
+                                                            jnp.zeros(rows)))
+  np.testing.assert_array_equal(kept, np.asarray(scaled >= full))
+  if scale < 1:
+    assert not resolved.all()  # the fallback ran

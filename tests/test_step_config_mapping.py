@@ -33,6 +33,7 @@ MAPPING = {
     "algo.name": ("algorithm", "ppo"),
     "algo.is_correction": ("is_correction", "sequence-mask"),
     "algo.is_threshold": ("is_threshold", 4.25),
+    "algo.truncated_ratio": ("truncated_ratio", False),
     "algo.vf_coef": ("vf_coef", 0.61),
     "algo.value_clip": ("value_clip", 0.33),
     "algo.gamma": ("gamma", 0.97),

@@ -87,7 +87,8 @@ class RLStage:
           group_size=c.rollout.num_samples, prompt_length=c.rollout.max_prefill_length,
           completion_length=c.rollout.max_new_tokens, pad_id=run.tokenizer.pad_id,
           estimator=c.algo.estimator, with_rewards=c.algo.name == "ppo",
-          with_behavior_logprobs=self.with_sampler_logprobs)
+          with_behavior_logprobs=self.with_sampler_logprobs,
+          truncation=run.step_fn.config.truncated_ratio)
     train_start = time.perf_counter()
     if cluster.is_trainer:
       device_batch = run.step_fn.host_batch(batch, pad_id=run.tokenizer.pad_id)

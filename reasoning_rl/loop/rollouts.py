@@ -51,13 +51,14 @@ class RolloutCollector:
     from reasoning_rl.sampler import stream_groups  # pylint: disable=import-outside-toplevel
 
     g = num_samples or self.num_samples
+    sampling = sampling or self.sampling
     example_at = dict(examples)
     finished: dict[int, list] = collections.defaultdict(list)
     responses: dict[int, tuple[str, ...]] = {}
     start = time.perf_counter()
     for completion in stream_groups(
         self.engine, [self.template.encode(example) for _, example in examples], num_samples=g,
-        sampling=sampling or self.sampling, max_new_tokens=self.max_new_tokens,
+        sampling=sampling, max_new_tokens=self.max_new_tokens,
         stop_ids=self.tokenizer.eos_ids, stop_strings=self.stop_strings,
         tokenizer=self.tokenizer, seed=self.seed, prompt_ids=[index for index, _ in examples],
         should_stop=should_stop):
@@ -93,7 +94,14 @@ class RolloutCollector:
               rewards=[r.total for r in item.rewards],
               parts={name: [r.parts[name] for r in item.rewards]
                      for name in item.rewards[0].parts},
-              truncated=[bool(c.truncated) for c in group])))
+              truncated=[bool(c.truncated) for c in group],
+              # what the trainer needs to rebuild the sampler's truncation (algo.truncated_ratio)
+              sampling_logprobs=[[float(x) for x in (c.sampling_logprobs
+                                                     if c.sampling_logprobs is not None
+                                                     else c.logprobs)] for c in group],
+              sampling={"temperature": float(sampling.temperature),
+                        "top_p": float(sampling.top_p), "top_k": int(sampling.top_k),
+                        "min_p": float(sampling.min_p)})))
     return out, sample_s, verify_s
 
   def sample_batch(self, take_examples: Callable[[int], list], *, num_prompts: int,

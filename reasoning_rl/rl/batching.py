@@ -25,6 +25,10 @@ class ScoredGroup:
     rewards: total reward per sample.
     parts: per reward part, the unweighted value per sample.
     truncated: per sample.
+    sampling_logprobs: per sample, the sampler's log-probs under the distribution it drew from
+      (temperature, top-k / top-p / min-p; docs/off_policy.md), or None when not recorded.
+    sampling: the settings the group was sampled with (temperature, top_p, top_k, min_p), or None
+      when not recorded; `build_batch(..., truncation=True)` needs both.
   """
 
   prompt_tokens: list[int]
@@ -33,6 +37,8 @@ class ScoredGroup:
   rewards: list[float]
   parts: dict[str, list[float]]
   truncated: list[bool]
+  sampling_logprobs: list[list[float]] | None = None
+  sampling: dict | None = None
 
   @property
   def size(self) -> int:
@@ -83,9 +89,14 @@ def pad_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[in
   return tokens, attention, completion_mask
 
 
+# Sampling settings under which the sampler draws from the model's own distribution.
+_UNTRUNCATED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+
+
 def build_batch(groups: Sequence[ScoredGroup], *, num_groups: int, group_size: int,
                 prompt_length: int, completion_length: int, pad_id: int, estimator: str,
-                with_rewards: bool = False, with_behavior_logprobs: bool = False):
+                with_rewards: bool = False, with_behavior_logprobs: bool = False,
+                truncation: bool = False):
   """Arrays for `TrainStep` plus the advantage of every sample.
 
   Returns (batch, advantages [num_groups, G]) where batch holds numpy arrays: tokens,
@@ -93,6 +104,12 @@ def build_batch(groups: Sequence[ScoredGroup], *, num_groups: int, group_size: i
   advantages [R] and, if asked, rewards [R] (PPO's value targets) and behavior_logprobs
   [R, completion_length] (the sampler's log-probs, for importance correction);
   R = num_groups · G. Missing groups (dynamic sampling came up short) are fully masked rows.
+
+  With `truncation` (`algo.truncated_ratio`, docs/off_policy.md) the batch also holds each row's
+  sampling settings, sampling_temperature, sampling_top_p, sampling_min_p [R] float32 and
+  sampling_top_k [R] int32 (fully masked rows: temperature 1, no filter), and behavior_logprobs
+  are always there and are the sampler's log-probs under the distribution it drew from (a greedy
+  group's: the model's own, the point mass having no log-prob to correct with).
   """
   groups = list(groups[:num_groups])
   rows = num_groups * group_size
@@ -114,9 +131,25 @@ def build_batch(groups: Sequence[ScoredGroup], *, num_groups: int, group_size: i
            "advantages": advantages.reshape(-1)}
   if with_rewards:
     batch["rewards"] = rewards.reshape(-1)
-  if with_behavior_logprobs:
+  if truncation:
+    settings = {name: np.full(rows, value, np.int32 if name == "top_k" else np.float32)
+                for name, value in _UNTRUNCATED.items()}
+    behavior_rows = []
+    for g, group in enumerate(groups):
+      if group.sampling is None or group.sampling_logprobs is None:
+        raise ValueError(f"group {g} has no recorded sampling settings / sampling log-probs, "
+                         "which truncation=True (algo.truncated_ratio) needs: collect it with "
+                         "loop.rollouts.RolloutCollector, which records them")
+      for name, values in settings.items():
+        values[g * group_size:(g + 1) * group_size] = group.sampling.get(name, _UNTRUNCATED[name])
+      greedy = group.sampling["temperature"] <= 0
+      behavior_rows += group.logprobs if greedy else group.sampling_logprobs
+    for name, values in settings.items():
+      batch[f"sampling_{name}"] = values
+  if with_behavior_logprobs or truncation:
     behavior = np.zeros((rows, completion_length), np.float32)
-    for row, logprobs in enumerate(lp for g in groups for lp in g.logprobs):
+    for row, logprobs in enumerate(behavior_rows if truncation
+                                   else (lp for g in groups for lp in g.logprobs)):
       logprobs = logprobs[:completion_length]
       behavior[row, :len(logprobs)] = logprobs
     batch["behavior_logprobs"] = behavior

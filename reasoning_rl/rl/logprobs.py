@@ -10,6 +10,13 @@ O(B · chunk · V).
 
 Packed rows (padding-free training, `reasoning_rl.rl.packing`): several sequences share a row,
 kept apart by segment ids, and the head runs only where a completion token is predicted.
+
+Truncated log-probs (`algo.truncated_ratio`, docs/off_policy.md): given each row's sampling
+settings (`TRUNCATION_FIELDS`), `completion_logprobs` returns log π^W — the log-prob of the token
+under the distribution the sampler draws from (temperature, top-k, top-p, min-p, renormalised),
+rebuilt on the trainer's own logits by `reasoning_rl.sampler.sampling.truncated_logprobs` — and,
+alongside, the full-softmax log-prob (for the mismatch metrics). The entropy stays the full
+softmax's.
 """
 
 from __future__ import annotations
@@ -18,21 +25,31 @@ import jax
 import jax.numpy as jnp
 
 from reasoning_rl.models.transformer import Transformer
+from reasoning_rl.sampler.sampling import THRESHOLD_NAME, truncated_logprobs
+
+# The batch's per-row sampling settings [B] that `algo.truncated_ratio` reads, in the order
+# `truncated_logprobs` takes them (written by `reasoning_rl.rl.batching.build_batch`).
+TRUNCATION_FIELDS = ("sampling_temperature", "sampling_top_p", "sampling_top_k",
+                     "sampling_min_p")
 
 
-def _chunk_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array):
-  """hidden [B, c, D], targets [B, c] -> (log p(target) [B, c], entropy [B, c]), float32."""
+def _chunk_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array,
+                    truncation=None):
+  """hidden [B, c, D], targets [B, c] -> (log p(target) [B, c], entropy [B, c]), float32.
+  With `truncation` (the four settings, each [B, c]): (log π^W(target), entropy, full log p)."""
   logits = model.logits_from_hidden(hidden)
   log_norm = jax.nn.logsumexp(logits, axis=-1)
   target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
   probs = jnp.exp(logits - log_norm[..., None])
   entropy = log_norm - jnp.sum(probs * logits, axis=-1)
-  return target_logits - log_norm, entropy
+  if truncation is None:
+    return target_logits - log_norm, entropy
+  return (truncated_logprobs(logits, targets, *truncation), entropy, target_logits - log_norm)
 
 
 def completion_logprobs(model: Transformer, tokens: jax.Array, attention_mask: jax.Array,
                         completion_length: int, *, chunk_size: int = 128,
-                        return_hidden: bool = False, remat: bool = False):
+                        return_hidden: bool = False, remat: bool = False, truncation=None):
   """Log-probs and entropies of the last `completion_length` tokens of each row.
 
   Args:
@@ -45,10 +62,14 @@ def completion_logprobs(model: Transformer, tokens: jax.Array, attention_mask: j
       head reads them).
     remat: rematerialise each transformer block in the backward pass (see
       `Transformer.hidden_states`).
+    truncation: None, or each row's sampling settings (temperature, top_p, top_k, min_p), [B]
+      each (`TRUNCATION_FIELDS`): then the log-probs are the truncated ones, log π^W (module
+      docstring).
 
   Returns:
-    (logprobs [B, T], entropy [B, T]) in float32 (+ hidden when asked). Values at padding
-    positions are finite but meaningless; mask them.
+    (logprobs [B, T], entropy [B, T]) in float32 (+ with `truncation` the full-softmax log-probs
+    [B, T]) (+ hidden when asked). Values at padding positions are finite but meaningless; mask
+    them.
   """
   prompt_length = tokens.shape[1] - completion_length
   if prompt_length < 1:
@@ -56,16 +77,21 @@ def completion_logprobs(model: Transformer, tokens: jax.Array, attention_mask: j
                      f"{completion_length} completion tokens")
   hidden = model.hidden_states(tokens, attention_mask, remat=remat)
   hidden = hidden[:, prompt_length - 1: prompt_length - 1 + completion_length]
-  logprobs, entropy = head_logprobs(model, hidden, tokens[:, prompt_length:], chunk_size)
+  if truncation is not None:  # one row's settings at each of its positions
+    truncation = tuple(jnp.broadcast_to(x[:, None], (x.shape[0], completion_length))
+                       for x in truncation)
+  out = head_logprobs(model, hidden, tokens[:, prompt_length:], chunk_size,
+                      truncation=truncation)
   if return_hidden:
-    return logprobs, entropy, hidden
-  return logprobs, entropy
+    return (*out, hidden)
+  return out
 
 
 def head_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array, chunk_size: int,
-                  *, skip_empty: bool = False):
+                  *, skip_empty: bool = False, truncation=None):
   """(log p(target), entropy) [B, L] float32 of hidden states [B, L, D], the vocabulary
-  projection made `chunk_size` positions at a time (module docstring).
+  projection made `chunk_size` positions at a time (module docstring). With `truncation` (four
+  [B, L] settings per position): (log π^W(target), entropy, full log p(target)).
 
   With `skip_empty`, targets < 0 mark positions without a target, and a chunk with none for any
   row is not projected at all (`lax.cond`): its outputs are 0.
@@ -79,7 +105,18 @@ def head_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array, chu
   # [num_chunks, B, chunk, ...] so lax.map walks the chunks one after another.
   hidden_chunks = padded_hidden.reshape(batch, num_chunks, chunk, width).swapaxes(0, 1)
   target_chunks = padded_targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
-  project = jax.checkpoint(lambda args: _chunk_logprobs(model, *args))
+  inputs = (hidden_chunks, target_chunks)
+  if truncation is not None:
+    inputs += (tuple(
+        jnp.pad(x, ((0, 0), (0, pad)), constant_values=1).reshape(batch, num_chunks, chunk)
+        .swapaxes(0, 1) for x in truncation),)
+  # The backward pass recomputes a chunk's logits; with truncation it keeps the chunk's kept-set
+  # thresholds ([B, c, 1]) from the forward pass, so the vocabulary is sorted once, not twice.
+  policy = (None if truncation is None
+            else jax.checkpoint_policies.save_only_these_names(THRESHOLD_NAME))
+  project = jax.checkpoint(lambda args: _chunk_logprobs(model, *args), policy=policy)
+  if truncation is not None and skip_empty:
+    raise ValueError("truncated log-probs are not available for packed rows")
   if skip_empty:
     def one_chunk(args):
       empty = jnp.zeros(args[1].shape, jnp.float32)
@@ -87,10 +124,8 @@ def head_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array, chu
                           (args[0], jnp.maximum(args[1], 0)))
   else:
     one_chunk = project
-  logprobs, entropy = jax.lax.map(one_chunk, (hidden_chunks, target_chunks))
-  logprobs = logprobs.swapaxes(0, 1).reshape(batch, -1)[:, :length]
-  entropy = entropy.swapaxes(0, 1).reshape(batch, -1)[:, :length]
-  return logprobs, entropy
+  outputs = jax.lax.map(one_chunk, inputs)
+  return tuple(x.swapaxes(0, 1).reshape(batch, -1)[:, :length] for x in outputs)
 
 
 def packed_completion_logprobs(model: Transformer, packed, *, return_hidden: bool = False,

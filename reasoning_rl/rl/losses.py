@@ -346,6 +346,31 @@ def importance_weights(old_logprobs: Any, behavior_logprobs: Any, mask: Any,
   return weight, stats
 
 
+def truncation_mismatch_stats(full_logprobs: Any, truncated_logprobs: Any,
+                              behavior_logprobs: Any, mask: Any) -> stats_lib.Stats:
+  """How far each estimator's π is from what the sampler drew with (docs/off_policy.md).
+
+  ``behavior_logprobs`` are log μ^W, the sampler's log-probs under the distribution it drew from
+  (temperature, top-k / top-p / min-p); ``full_logprobs`` log π (full softmax) and
+  ``truncated_logprobs`` log π^W (the same truncation rebuilt on the trainer's logits). Per valid
+  token: ``mismatch/full/abs_log_diff`` = mean |log π − log μ^W| and ``mismatch/full/ratio/max``
+  = max π/μ^W (what the full-softmax ratio takes for the sampler's probability, against what it
+  was); ``mismatch/truncated/...`` the same with π^W, which differs from μ^W only by numerics (and
+  staleness) when the truncation is rebuilt faithfully. No gradient.
+  """
+  xp = array_namespace(full_logprobs, truncated_logprobs, behavior_logprobs, mask)
+  valid = xp.asarray(mask) > 0
+  dtype = float_dtype(xp, xp.asarray(full_logprobs).dtype, xp.asarray(behavior_logprobs).dtype)
+  behavior = xp.where(valid, xp.asarray(behavior_logprobs).astype(dtype), 0)
+  stats: stats_lib.Stats = {}
+  for name, logprobs in (("full", full_logprobs), ("truncated", truncated_logprobs)):
+    log_ratio = _stop_gradient(xp, xp.where(valid, xp.asarray(logprobs).astype(dtype), 0)
+                               - behavior)
+    stats[f"mismatch/{name}/abs_log_diff"] = stats_lib.mean_stat(xp.abs(log_ratio), valid)
+    stats[f"mismatch/{name}/ratio/max"] = stats_lib.max_stat(xp.exp(log_ratio), valid)
+  return stats
+
+
 def _clipped_surrogate(ratio: Any, adv: Any, epsilon_low: float, epsilon_high: float,
                        dual_clip: Optional[float], xp: Any) -> tuple[Any, dict[str, Any]]:
   """``max(-A·ρ, -A·clip(ρ))`` then the dual clip; also returns where each bound binds."""

@@ -20,7 +20,10 @@ Batch layout (all leading dimension B, sharded over the mesh's data × fsdp axes
   tokens, attention_mask [B, P + T] — prompt left-padded to P, completion right-padded to T;
   completion_mask [B, T]; advantages [B] (grpo) or rewards [B] (ppo);
   behavior_logprobs [B, T] — the sampler's log-probs; required when `is_correction` != "none"
-  (optional otherwise: then only the sampler/trainer mismatch is reported).
+  (optional otherwise: then only the sampler/trainer mismatch is reported);
+  with `truncated_ratio`: sampling_temperature, sampling_top_p, sampling_min_p [B] float32 and
+  sampling_top_k [B] int32, each row's sampling settings, and behavior_logprobs are then the
+  sampler's log-probs under the distribution it drew from (its `sampling_logprobs`).
 Or the packed layout of `reasoning_rl.rl.packing.pack_batch` (padding-free: sequences packed into
 rows with segment ids, micro-batches of a fixed token budget, those past a mini-batch's packed rows
 skipped, the vocabulary head only at completion tokens): the same mini-batches, so the same loss
@@ -32,6 +35,19 @@ per batch, before the first update (whose ratio is therefore exactly 1); with a 
 update runs at exactly those parameters, so its own forward, held constant, is that recomputation
 (no extra pass). The sampler's log-probs never stand in for π_old; they only enter the importance
 weight exp(logp_old - logp_behavior).
+
+Truncated ratio (`truncated_ratio`, docs/off_policy.md): the sampler draws from π^W, the model's
+distribution after temperature and top-k / top-p / min-p, renormalised. With the switch on, every
+log-prob the step computes for the ratio — π_θ and π_old — is log π^W, rebuilt on the trainer's
+logits with each row's settings (`reasoning_rl.sampler.sampling.truncated_logprobs`), so the
+ratio π_θ^W/π_old^W and the sampler weight π_old^W/μ^W compare distributions over the same
+support: the importance ratio is exact (under the support condition of docs/off_policy.md) for
+the policy the sampler actually runs. With it off, the full-softmax ratio is used; it is exact
+only when the sampler draws from the model's own distribution (T = 1, no filters). The reference
+log-probs (KL) and the entropy stay full-softmax. Stats: `mismatch/full/abs_log_diff` and
+`mismatch/full/ratio/max` (|log π^full − log μ^W| and max π^full/μ^W, what the full-softmax
+ratio assumes the sampler did against what it did) and `mismatch/truncated/...` (the same with
+π^W), on the update's own forward (at π_old on the first update).
 
 Memory: `_prepare`'s forwards (π_old, reference, ppo's old values) run one micro-batch at a time,
 the same rows an update's micro-batch holds, and write into [B, T] arrays, so their activations
@@ -82,6 +98,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
@@ -92,7 +109,8 @@ from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import losses, packing
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl import value as value_lib
-from reasoning_rl.rl.logprobs import completion_logprobs, packed_completion_logprobs
+from reasoning_rl.rl.logprobs import (TRUNCATION_FIELDS, completion_logprobs,
+                                      packed_completion_logprobs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +140,11 @@ class StepConfig:
   vf_coef, value_clip, gamma, gae_lambda: PPO value loss weight, value clip ε_v, GAE γ and λ.
   compute_dtype: the model's compute dtype: the sampler decodes with weights cast to it, and
     LoRA adapters (float32 masters) are cast to it for the forward pass; None = no casts.
+  truncated_ratio: π_θ and π_old are the sampler's truncated, renormalised distribution π^W
+    (module docstring, docs/off_policy.md); padded batches must then carry each row's sampling
+    settings (`reasoning_rl.rl.logprobs.TRUNCATION_FIELDS`). Packed batches carry none:
+    `host_batch` packs only batches whose every row samples the model's own distribution, where
+    π^W = π exactly, and refuses the others.
   """
 
   algorithm: str = "grpo"
@@ -158,6 +181,7 @@ class StepConfig:
   gae_lambda: float = 0.95
   lora: Any = None  # reasoning_rl.lora.LoraSettings when training adapters; None = all weights
   compute_dtype: str | None = None
+  truncated_ratio: bool = False
 
   def __post_init__(self):
     if self.algorithm not in ("grpo", "ppo", "sft"):
@@ -196,6 +220,20 @@ class StepConfig:
             "whenever is_correction != 'none'")
       return self.is_correction, self.is_threshold
     return "none", self.is_threshold
+
+  def truncation(self, batch) -> tuple | None:
+    """The per-row sampling settings the log-probs are truncated with, or None (full softmax):
+    with `truncated_ratio`, a padded batch must carry them; a packed one never does (`host_batch`
+    packs only rows whose sampling distribution is the model's own, π^W = π)."""
+    if not self.truncated_ratio or self.algorithm == "sft" or packing.is_packed(batch):
+      return None
+    missing = [name for name in TRUNCATION_FIELDS if name not in batch]
+    if missing:
+      raise ConfigError(
+          f"config.algo.truncated_ratio=True needs each row's sampling settings, but the batch "
+          f"has no {', '.join(missing)} [B]: build it with batching.build_batch(..., "
+          "truncation=True), or set algo.truncated_ratio=False")
+    return tuple(batch[name] for name in TRUNCATION_FIELDS)
 
   @property
   def trains_adapters(self) -> bool:
@@ -301,6 +339,26 @@ def _no_stats(shapes) -> stats_lib.Stats:
   return out
 
 
+def _untruncated(batch: dict) -> dict:
+  """The padded batch without its sampling settings, for packing: refused (ConfigError) unless
+  every row's sampling distribution is the model's own (temperature 1 or greedy, no filter), where
+  the truncated log-probs equal the full-softmax ones exactly."""
+  if not all(name in batch for name in TRUNCATION_FIELDS):
+    return batch
+  temperature, top_p, top_k, min_p = (np.asarray(batch[name]) for name in TRUNCATION_FIELDS)
+  rows = np.asarray(batch["completion_mask"]).any(axis=-1)
+  untouched = (((temperature == 1.0) | (temperature <= 0)) & (top_p >= 1.0) & (top_k <= 0)
+               & (min_p <= 0))
+  if not untouched[rows].all():
+    raise ConfigError(
+        "config.algo.truncated_ratio=True with config.algo.packing=True: packed batches do not "
+        "carry the per-row sampling settings, and these rollouts truncate or rescale the "
+        "model's distribution (rollout.temperature / top_p / top_k / min_p): set "
+        "algo.packing=False, or algo.truncated_ratio=False to train with the biased "
+        "full-softmax ratio")
+  return {k: v for k, v in batch.items() if k not in TRUNCATION_FIELDS}
+
+
 def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
   return optax.chain(
       optax.clip_by_global_norm(config.max_grad_norm),
@@ -382,6 +440,8 @@ class TrainStep:
     step's M and m, with row counts that divide over the mesh's data × fsdp devices."""
     if not self.config.packing:
       return batch
+    if self.config.truncated_ratio and self.config.algorithm != "sft":
+      batch = _untruncated(batch)
     devices = 1
     if self.mesh is not None:
       devices = self.mesh.shape.get("data", 1) * self.mesh.shape.get("fsdp", 1)
@@ -439,31 +499,40 @@ class TrainStep:
       return params
     return precision.cast_floating(params, self.config.compute_dtype)
 
-  def _logprobs(self, model, micro, *, return_hidden=False, remat=False):
-    """Completion log-probs and entropies [N, T] of a padded or a packed micro-batch."""
+  def _logprobs(self, model, micro, *, return_hidden=False, remat=False, truncation=None):
+    """Completion log-probs and entropies [N, T] of a padded or a packed micro-batch (with
+    `truncation`, a padded one's: log π^W, entropy, then the full-softmax log-probs)."""
     if packing.is_packed(micro):  # its head chunks come with it (`TrainStep.host_batch`)
       return packed_completion_logprobs(model, micro, return_hidden=return_hidden, remat=remat)
     return completion_logprobs(model, micro["tokens"], micro["attention_mask"],
                                micro["completion_mask"].shape[1],
                                chunk_size=self.config.logprob_chunk,
-                               return_hidden=return_hidden, remat=remat)
+                               return_hidden=return_hidden, remat=remat, truncation=truncation)
 
-  def _policy_outputs(self, params, value_head, batch, frozen_params=None):
+  def _policy_outputs(self, params, value_head, batch, frozen_params=None, *,
+                      with_full=False):
+    """(logprobs, entropy, values or None) of the policy; the log-probs are π^W's with
+    `truncated_ratio` (`StepConfig.truncation`). `with_full` appends the full-softmax log-probs
+    (the same array when nothing is truncated)."""
     model = self.model(params, frozen_params)
-    if value_head is None:
-      logprobs, entropy = self._logprobs(model, batch, remat=self.config.remat)
-      return logprobs, entropy, None
-    logprobs, entropy, hidden = self._logprobs(model, batch, return_hidden=True,
-                                               remat=self.config.remat)
-    values = hidden.astype(jnp.float32) @ value_head["kernel"] + value_head["bias"]
+    truncation = self.config.truncation(batch)
+    out = self._logprobs(model, batch, return_hidden=value_head is not None,
+                         remat=self.config.remat, truncation=truncation)
+    logprobs, entropy = out[0], out[1]
+    full = out[2] if truncation is not None else logprobs
+    values = None
+    if value_head is not None:
+      values = out[-1].astype(jnp.float32) @ value_head["kernel"] + value_head["bias"]
+    if with_full:
+      return logprobs, entropy, values, full
     return logprobs, entropy, values
 
   def _micro_loss(self, trainable, micro, normalizers, frozen_params=None):
     """Loss of one micro-batch. Without `old_logprobs` in the batch (μ = 1, GRPO), π_old is the
     current policy, so its log-probs are this forward's own, held constant (module docstring)."""
     c = self.config
-    logprobs, entropy, values = self._policy_outputs(
-        trainable["policy"], trainable.get("value_head"), micro, frozen_params)
+    logprobs, entropy, values, full_logprobs = self._policy_outputs(
+        trainable["policy"], trainable.get("value_head"), micro, frozen_params, with_full=True)
     if c.algorithm == "sft":
       mask = micro["completion_mask"]
       loss = losses.aggregate_loss(-logprobs, mask, c.loss_agg,
@@ -481,6 +550,10 @@ class TrainStep:
         is_correction=is_correction, is_threshold=is_threshold, entropy=entropy,
         entropy_coef=c.entropy_coef, max_completion_length=c.max_completion_length,
         **normalizers)
+    if c.truncated_ratio and behavior_logprobs is not None and not packing.is_packed(micro):
+      stats = dict(stats, **losses.truncation_mismatch_stats(
+          jax.lax.stop_gradient(full_logprobs), jax.lax.stop_gradient(logprobs),
+          behavior_logprobs, micro["completion_mask"]))
     if values is not None:
       v_loss, v_stats = value_lib.value_loss(
           values, micro["old_values"], micro["returns"], micro["completion_mask"],
@@ -502,6 +575,8 @@ class TrainStep:
     model_inputs = (("tokens", "positions", "segment_ids", "head_index", "head_targets",
                      "token_index") if packing.is_packed(batch) else ("tokens", "attention_mask"))
     inputs = {k: batch[k] for k in (*model_inputs, "completion_mask")}
+    if c.truncation(batch) is not None:  # π_old truncated like π_θ: each row's settings
+      inputs.update({k: batch[k] for k in TRUNCATION_FIELDS})
 
     def forward(micro):
       out = {}
