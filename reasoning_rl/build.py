@@ -86,10 +86,11 @@ def build_policy(config: ml_collections.ConfigDict):
     if c.tokenizer:
       raise ConfigError("config.model.tokenizer: leave empty when model.path is set (the "
                         "tokenizer comes with the model)")
-    return load(c.path, dtype=c.dtype, weight_dtype=weight_dtype)
-  model_config, tokenizer = random_model_config(config)
-  model = create_model(model_config, seed=config.seed, dtype=c.dtype, param_dtype=weight_dtype)
-  return model, tokenizer
+    model, tokenizer = load(c.path, dtype=c.dtype, weight_dtype=weight_dtype)
+  else:
+    model_config, tokenizer = random_model_config(config)
+    model = create_model(model_config, seed=config.seed, dtype=c.dtype, param_dtype=weight_dtype)
+  return model.use_attention_kernel(c.attention_kernel), tokenizer
 
 
 def random_model_config(config: ml_collections.ConfigDict):

@@ -44,6 +44,10 @@ def base_config() -> ml_collections.ConfigDict:
   # the frozen base is held in dtype and the adapters in float32.
   c.model.dtype = "float32"
   c.model.weight_dtype = "float32"
+  # Training attention (reasoning_rl/kernels): auto | reference | splash | pallas_gpu. auto takes
+  # the flash kernel of the backend (splash on TPU, Pallas/Triton on GPU) and the XLA reference
+  # on CPU; a kernel named off its backend runs in Pallas interpret mode (exact, slow).
+  c.model.attention_kernel = "auto"
   c.model.random = ml_collections.ConfigDict(dict(
       model_type="qwen2", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
       num_kv_heads=2, head_dim=16, tie_word_embeddings=True, attention_bias=True))
@@ -430,8 +434,11 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "no speed; use weight_dtype=float32, or dtype=bfloat16 as well")
   require(config.data.template in ("plain", "chat", "r1zero"), "data.template",
           "must be plain, chat or r1zero")
+  from reasoning_rl.kernels import TRAINING_KERNELS  # pylint: disable=import-outside-toplevel
   from reasoning_rl.lora import LoraSettings  # pylint: disable=import-outside-toplevel
 
+  require(config.model.attention_kernel in TRAINING_KERNELS, "model.attention_kernel",
+          f"must be one of {', '.join(TRAINING_KERNELS)}")
   LoraSettings.from_config(config).validate()
   r = config.rollout
   require(config.algo.name in ("grpo", "ppo"), "algo.name", "must be grpo or ppo")

@@ -44,6 +44,7 @@ def test_debug_config_is_valid():
     ({"rollout.temperature": -0.1}, "config.rollout.temperature"),
     ({"beta": -1.0}, "config.beta"),
     ({"model.dtype": "float8"}, "config.model.dtype"),
+    ({"model.attention_kernel": "flash"}, "config.model.attention_kernel"),
     ({"mesh.trainer": (3, 1, 1)}, "config.mesh.trainer"),
     ({"mesh.num_trainer_devices": 8}, "config.mesh.num_trainer_devices"),
     ({"mesh.num_trainer_devices": 4, "mesh.sampler": (1, 1, 3)}, "config.mesh.sampler"),

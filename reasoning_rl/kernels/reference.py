@@ -58,8 +58,8 @@ def one_query_attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float |
   broadcast products and sums instead of matmuls.
 
   Why: with one query the einsums become batches of [G, D] × [D, S] matmuls, which XLA:CPU runs
-  slowly, while products and sums fuse into vectorised loops (figures in benchmarks/RESULTS.md,
-  "Decode attention on CPU"). Same values up to summation order.
+  slowly, while products and sums fuse into vectorised loops (benchmarks/RESULTS.md, "Sampler:
+  the decode step's non-matmul work"). Same values up to summation order.
   """
   batch, _, num_heads, head_dim = q.shape
   num_kv = k.shape[1]

@@ -45,8 +45,9 @@ def _project(spec: str, x, kernel):
   Why flat rows: with B and T as two axes, the kernel's gradient contracts two axes of the
   activations, and XLA:CPU lays the [B, T, F] operand out transposed for it, a strided copy of the
   MLP's widest activation per projection; with one row axis the contraction is a plain matmul
-  (benchmarks/RESULTS.md, "Projections over flattened rows"). It stays a `jnp.einsum` with the kernel as its second operand, the call qwix intercepts
-  to add LoRA adapters."""
+  (benchmarks/RESULTS.md, "Training step: projections over flattened rows"). It stays a
+  `jnp.einsum` with the kernel as its second operand, the call qwix intercepts to add LoRA
+  adapters."""
   batch, length = x.shape[:2]
   out = jnp.einsum(spec, x.reshape(batch * length, *x.shape[2:]), kernel)
   return out.reshape(batch, length, *out.shape[1:])
