@@ -258,7 +258,10 @@ def step_config(config: ml_collections.ConfigDict):
       final_lr_fraction=o.final_lr_fraction, weight_decay=o.weight_decay,
       max_grad_norm=o.max_grad_norm, b1=o.b1, b2=o.b2, adam_eps=o.eps, vf_coef=a.vf_coef,
       value_clip=a.value_clip, gamma=a.gamma, gae_lambda=a.gae_lambda,
-      compute_dtype=config.model.dtype, truncated_ratio=a.truncated_ratio)
+      compute_dtype=config.model.dtype,
+      # the rebuild costs memory and time (a top-k over the vocabulary per position) and changes
+      # nothing when the rollouts sample the model as is
+      truncated_ratio=a.truncated_ratio and config_lib.rollout_rescales(config))
 
 
 # ------------------------------------------------------------------------------- a whole run

@@ -141,7 +141,8 @@ def base_config() -> ml_collections.ConfigDict:
   # renormalised — an exact importance ratio for the policy actually sampled. False: the
   # full-softmax ratio, exact only when rollouts sample the model as is (temperature 1, no
   # filter), biased otherwise (measured: docs/off_policy.md). Not with algo.packing when the
-  # rollout truncates or rescales.
+  # rollout truncates or rescales; the step applies it only when the rollout does (otherwise the
+  # two ratios are the same).
   c.algo.truncated_ratio = True
   # algo.name = ppo only (Schulman et al. 2017; GAE, Schulman et al. 2016): value-loss weight,
   # value clip ε_v, discount γ and GAE λ.
@@ -394,6 +395,14 @@ def _field(config, dotted: str):
   return node
 
 
+def rollout_rescales(config: ml_collections.ConfigDict) -> bool:
+  """Whether rollouts sample from another distribution than the model's own (temperature other
+  than 1, or a top-k / top-p / min-p filter; greedy rows keep the full softmax): only then does
+  `algo.truncated_ratio` change the ratio, so only then does the step rebuild the truncation."""
+  r = config.rollout
+  return r.temperature not in (0, 1.0) or r.top_p < 1.0 or r.top_k > 0 or r.min_p > 0
+
+
 def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = None,
              num_slices: int = 1) -> None:
   """Raises ConfigError naming the first inconsistent field."""
@@ -474,9 +483,8 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
   require(isinstance(config.algo.truncated_ratio, bool), "algo.truncated_ratio",
           "must be True (π_θ / π_old of the sampler's truncated distribution) or False (the "
           "full-softmax ratio)")
-  rescales = (r.temperature not in (0, 1.0) or r.top_p < 1.0 or r.top_k > 0 or r.min_p > 0)
   require(not (config.stage == "rl" and config.algo.truncated_ratio and config.algo.packing
-               and rescales), "algo.truncated_ratio",
+               and rollout_rescales(config)), "algo.truncated_ratio",
           "packed batches do not carry the per-row sampling settings the truncated ratio needs, "
           "and this rollout rescales or truncates (rollout.temperature / top_p / top_k / min_p): "
           "set algo.packing=False, or algo.truncated_ratio=False to accept the biased "

@@ -33,7 +33,6 @@ MAPPING = {
     "algo.name": ("algorithm", "ppo"),
     "algo.is_correction": ("is_correction", "sequence-mask"),
     "algo.is_threshold": ("is_threshold", 4.25),
-    "algo.truncated_ratio": ("truncated_ratio", False),
     "algo.vf_coef": ("vf_coef", 0.61),
     "algo.value_clip": ("value_clip", 0.33),
     "algo.gamma": ("gamma", 0.97),
@@ -50,6 +49,7 @@ MAPPING = {
 # Fields of the algo / optim sections that the step does not read, with the reason.
 NOT_THE_STEPS = {
     "algo.estimator",  # the group advantage estimator runs before the step (rl/advantages.py)
+    "algo.truncated_ratio",  # read together with the rollout's sampling: its own test below
 }
 
 
@@ -89,3 +89,12 @@ def test_the_lora_section_reaches_the_step():
   config.lora.rank, config.lora.alpha = 4, 12.0
   lora = step_config(config).lora
   assert (lora.rank, lora.alpha) == (4, 12.0)
+
+
+@pytest.mark.parametrize("top_p, field, step", [(0.9, True, True), (0.9, False, False),
+                                                (1.0, True, False), (1.0, False, False)])
+def test_the_truncated_ratio_reaches_the_step_only_when_rollouts_truncate(top_p, field, step):
+  # sampling the model as is, both ratios are the same: the step does not pay for the rebuild
+  config = base_config()
+  config.rollout.top_p, config.algo.truncated_ratio = top_p, field
+  assert step_config(config).truncated_ratio is step
