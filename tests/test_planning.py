@@ -429,6 +429,8 @@ CASES = {  # mesh (data, fsdp, tensor), micro-batches, beta, vocabulary, prompts
     "fsdp 4, reference": ((1, 4, 1), 1, 0.04, 4096, 4),
     "fsdp 2 x tensor 2, vocab 16k": ((1, 2, 2), 1, 0.0, 16384, 2),
     "data 2 x fsdp 2, 2 micro-batches": ((2, 2, 1), 2, 0.0, 4096, 2),
+    # a top-p rollout: the step rebuilds the sampler's kept set (algo.truncated_ratio)
+    "fsdp 2 x tensor 2, vocab 16k, top_p 0.9": ((1, 2, 2), 1, 0.0, 16384, 2),
 }
 
 
@@ -461,6 +463,8 @@ def test_planned_memory_is_what_xla_holds_per_device(case):
   c.rollout.num_prompts, c.rollout.num_samples = prompts, 8
   c.rollout.max_prefill_length, c.rollout.max_new_tokens = 64, 64
   c.algo.num_micro_batches, c.beta, c.algo.logprob_chunk = micro, beta, 64
+  truncating = "top_p" in case
+  c.rollout.top_p = 0.9 if truncating else 1.0
   devices = mesh_shape[0] * mesh_shape[1] * mesh_shape[2]
   c.mesh.num_trainer_devices, c.mesh.trainer, c.mesh.sampler = devices, mesh_shape, (1, 1, -1)
   trainer = planning.plan(c, model_config, target={"tpu": "cpu", "num_devices": 8}).slice("trainer")
@@ -480,6 +484,13 @@ def test_planned_memory_is_what_xla_holds_per_device(case):
                advantages=jnp.ones((rows,), jnp.float32),
                # split runs sample ahead by default and correct against the sampler's log-probs
                behavior_logprobs=jnp.zeros((rows, new), jnp.float32))
+  if truncating:  # each row's sampling settings, for the rebuild
+    batch.update(sampling_temperature=jnp.ones((rows,), jnp.float32),
+                 sampling_top_p=jnp.full((rows,), 0.9, jnp.float32),
+                 sampling_top_k=jnp.zeros((rows,), jnp.int32),
+                 sampling_min_p=jnp.zeros((rows,), jnp.float32))
+    # 4.5 buffers x 8 rows per device (16 over data x fsdp = 2) x chunk 64 x the whole 16k vocab
+    assert trainer.item("truncation rebuild buffers") == int(4.5 * 8 * 64 * 16384 * 4)
   analysis = step.compile(state, batch).lower(state, batch).compile().memory_analysis()
   batch_bytes = sum(x.nbytes for x in jax.tree.leaves(batch)) // (mesh_shape[0] * mesh_shape[1])
   assert analysis.argument_size_in_bytes - batch_bytes == pytest.approx(planned_state, rel=0.01)
