@@ -2,7 +2,8 @@
 
 Usage:
   python launch/generate.py --checkpoint PATH --prompts_file FILE.jsonl --max_new_tokens N
-      [--temperature T] [--top_p P] [--top_k K] [--num_samples G] [--seed S] [--stop TEXT ...]
+      [--temperature T] [--top_p P] [--top_k K] [--min_p M] [--num_samples G] [--seed S]
+      [--stop TEXT ...]
       [--no_chat_template] [--ignore_eos] [--truncate_prompts] [--batch_prompts B]
       --output OUT.jsonl
 
@@ -61,6 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1)")
   parser.add_argument("--top_p", type=float, default=1.0, help="nucleus mass in (0, 1]")
   parser.add_argument("--top_k", type=int, default=0, help="keep the k likeliest tokens; 0 = off")
+  parser.add_argument("--min_p", type=float, default=0.0,
+                      help="keep tokens with p >= min_p * p_max after temperature; 0 = off")
   parser.add_argument("--num_samples", type=int, default=1, help="completions per prompt (G)")
   parser.add_argument("--seed", type=int, default=0,
                       help="root PRNG seed; sample g of prompt p is keyed by (seed, p, g)")
@@ -150,7 +153,8 @@ def fit_to_context(prompts: list[list[int]], context: int, max_new_tokens: int, 
 
 def generate_batches(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                     num_samples: int = 1, seed: int = 0, stop: tuple[str, ...] = (),
+                     min_p: float = 0.0, num_samples: int = 1, seed: int = 0,
+                     stop: tuple[str, ...] = (),
                      chat_template: bool = True, ignore_eos: bool = False,
                      max_concurrent_decodes: int = 16, steps_per_call: int = 16,
                      truncate_prompts: bool = False,
@@ -172,7 +176,7 @@ def generate_batches(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
     raise SamplingError(f"--max_new_tokens={max_new_tokens}: must be >= 1")
   if batch_prompts < 1:
     raise SamplingError(f"--batch_prompts={batch_prompts}: must be >= 1")
-  sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+  sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p)
   encoded = [encode_prompt(row, tokenizer, chat_template=chat_template) for row in rows]
   prompts, truncated = fit_to_context(encoded, model.config.max_position_embeddings,
                                       max_new_tokens, truncate=truncate_prompts)
@@ -270,7 +274,7 @@ def main(argv=None) -> int:
     model, tokenizer = load_checkpoint(args.checkpoint, dtype=args.dtype, mesh=mesh)
     batches = generate_batches(
         model, tokenizer, rows, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
         num_samples=args.num_samples, seed=args.seed, stop=tuple(args.stop),
         chat_template=not args.no_chat_template, ignore_eos=args.ignore_eos,
         max_concurrent_decodes=args.max_concurrent_decodes, steps_per_call=args.steps_per_call,

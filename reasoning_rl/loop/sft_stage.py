@@ -11,6 +11,7 @@ The loss is next-token cross-entropy on completion tokens only (`TrainStep` with
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pathlib
@@ -20,14 +21,13 @@ import jax
 import numpy as np
 
 from reasoning_rl import storage
-from reasoning_rl.build import Run
+from reasoning_rl.build import Run, sampling_params
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.loop.rl_stage import take_examples
 from reasoning_rl.loop.rollouts import RolloutCollector
 from reasoning_rl.loop.state import LoopState
 from reasoning_rl.rl import batching
 from reasoning_rl.rl import stats as stats_lib
-from reasoning_rl.sampler import SamplingParams
 
 log = logging.getLogger("reasoning_rl")
 
@@ -88,7 +88,8 @@ class SFTStage:
     examples = take_examples(self.run, loop, r.num_prompts)
     groups, _, _ = self.collector.collect(
         examples, num_samples=r.num_samples,
-        sampling=SamplingParams(temperature=r.temperature, top_p=self.run.config.rollout.top_p))
+        # the rollout's filters (top-k / top-p / min-p) at the rejection stage's own temperature
+        sampling=dataclasses.replace(sampling_params(self.run.config), temperature=r.temperature))
     rows, sampled, correct = [], 0, 0
     for (_, example), rollout in zip(examples, groups):
       kept = {}
