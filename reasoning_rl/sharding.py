@@ -1,7 +1,7 @@
 """Device meshes, the trainer / sampler slices, and the one table of partition rules.
 
 Every array dimension in the project is named with a logical axis (`batch`, `vocab`, `embed`, `mlp`,
-`heads`, `kv_heads`, `head_dim`, `norm`, `length`); `LOGICAL_AXIS_RULES` maps each to mesh axes
+`heads`, `kv_heads`, `head_dim`, `norm`, `length`, `layers`); `LOGICAL_AXIS_RULES` maps each to mesh axes
 (`data`, `fsdp`, `tensor`). Parameters are sharded FSDP-style over `fsdp` on their embedding
 dimension and Megatron-style over `tensor` on heads / MLP / vocabulary; activations split their batch
 over `data` × `fsdp`. A dimension that a mesh axis does not divide stays replicated on that axis (e.g.
@@ -39,6 +39,7 @@ LOGICAL_AXIS_RULES: dict[str, tuple[str, ...] | None] = {
     "kv_heads": ("tensor",),
     "head_dim": None,
     "norm": None,
+    "layers": None,  # the leading axis of a scanned stack's parameters and KV cache
 }
 
 

@@ -14,12 +14,22 @@ Two entry points:
   and values into a preallocated `KVCache` (prefill of a prompt, then one token at a time) and attends
   over everything cached with a position-based causal mask (`reasoning_rl.kernels.decode_attention`).
 
+Two layouts of the block stack, the same computation (`scan_layers`):
+- a loop (the default): `layers` is an `nnx.List` of blocks, parameter paths `layers/<i>/…`, and
+  the forward is a Python loop, so the compiled program (and its compile time) grows with depth;
+- scanned: `layers` is one `Block` whose parameters carry a leading `layers` axis, run by
+  `jax.lax.scan`, so one block is traced and compiled whatever the depth (as MaxText and Tunix
+  do). The KV cache is then one [L, B, K, S, D] array per k / v. `stack_layers` /
+  `unstack_layers` convert between the two; files (HF, GGUF, PEFT) are read and written in the
+  loop layout, the conversion happens at the edges.
+
 The model holds no backend branches and no timing notes: what is chosen per backend lives in
 `reasoning_rl.kernels`, the measurements behind layout choices in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.struct
@@ -61,6 +71,45 @@ def _param(rngs: nnx.Rngs | None, shape, dtype, axes, init: str = "normal", std:
   else:
     value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
   return nnx.Param(value, logical_axes=tuple(axes))
+
+
+REMAT_POLICIES = ("none", "full", "save_matmuls")
+
+
+def remat_policy(remat) -> str:
+  """The name of a rematerialisation setting: a policy name, or a bool (True = "full", the
+  setting's older form)."""
+  if remat is True:
+    return "full"
+  if remat is False or remat is None:
+    return "none"
+  if remat not in REMAT_POLICIES:
+    raise ValueError(f"remat={remat!r}: use one of {REMAT_POLICIES} (or True / False)")
+  return remat
+
+
+def _checkpoint_policy(name: str):
+  """`jax.checkpoint`'s policy for a remat name other than "none" (Chen et al. 2016).
+
+  full: only each block's input is kept; the whole block is recomputed in the backward pass.
+  save_matmuls: the outputs of matmuls without batch dimensions are kept, i.e. every projection
+  (they contract flattened rows, `_project`), while attention scores (batched over heads),
+  norms and activations are recomputed: most of the recompute FLOPs saved for the memory of the
+  projections' outputs (MaxText's "minimal" policy keeps the same set).
+  """
+  return None if name == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+
+
+def layer_period(config: ModelConfig) -> int:
+  """The shortest p dividing the depth such that layer i and layer i + p are alike (same
+  attention type): 1 for uniform models, 2 for Gemma 2's alternating local / global layers.
+  The scanned stack runs p blocks per scan step, so each keeps its window static."""
+  types = config.layer_types or ("full_attention",) * config.num_layers
+  for period in range(1, config.num_layers + 1):
+    if config.num_layers % period == 0 and all(
+        types[i] == types[i % period] for i in range(config.num_layers)):
+      return period
+  return config.num_layers
 
 
 class RMSNorm(nnx.Module):
@@ -126,7 +175,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 class KVCache:
   """Keys and values of every layer for B rows of up to S tokens.
 
-  k[l], v[l]: [B, K, S, D] — heads before length, so attention over the cache is a batched matmul
+  k[l], v[l]: [B, K, S, D] (k, v a tuple of L arrays; one [L, B, K, S, D] array each for a scanned
+  model, `stacked`) — heads before length, so attention over the cache is a batched matmul
   that reads the cache in place (a [B, S, K, D] layout made XLA transpose, i.e. copy, the whole
   cache at every decode step). pos [B, S] int32 is the position of each cached token, −1 where
   empty; the attention mask is derived from it, so rows may hold sequences of different lengths.
@@ -137,11 +187,20 @@ class KVCache:
   pos: jax.Array
 
   @classmethod
-  def init(cls, config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
+  def init(cls, config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32, *,
+           stacked: bool = False) -> "KVCache":
     shape = (batch, config.num_kv_heads, max_len, config.head_dim)
+    pos = jnp.full((batch, max_len), -1, jnp.int32)
+    if stacked:
+      shape = (config.num_layers, *shape)
+      return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), pos=pos)
     zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
     return cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
-               pos=jnp.full((batch, max_len), -1, jnp.int32))
+               pos=pos)
+
+  @property
+  def stacked(self) -> bool:
+    return not isinstance(self.k, tuple)
 
   @property
   def max_len(self) -> int:
@@ -154,11 +213,25 @@ def _scatter_rows(buffer: jax.Array, rows_index: jax.Array, values: jax.Array) -
   return buffer.at[batch, rows_index].set(values, mode="drop")
 
 
-def _scatter_cache(buffer: jax.Array, rows_index: jax.Array, values: jax.Array) -> jax.Array:
-  """buffer [B, K, S, D] at [b, :, rows_index[b, t]] = values [B, T, K, D]; drops outside."""
-  batch = jnp.arange(buffer.shape[0])[:, None, None]
-  heads = jnp.arange(buffer.shape[1])[None, :, None]
-  return buffer.at[batch, heads, rows_index[:, None, :]].set(values.swapaxes(1, 2), mode="drop")
+def _scatter_cache(buffer: jax.Array, rows_index: jax.Array, values: jax.Array,
+                   layer=None) -> jax.Array:
+  """buffer [B, K, S, D] at [b, :, rows_index[b, t]] = values [B, T, K, D]; drops outside.
+
+  With `layer` (a scanned stack), buffer is [L, B, K, S, D] and only layer `layer` is written, in
+  place: the scan carries the whole cache, and copying a layer out and back would move it twice.
+  """
+  batch = jnp.arange(values.shape[0])[:, None, None]
+  heads = jnp.arange(values.shape[2])[None, :, None]
+  index = (batch, heads, rows_index[:, None, :])
+  if layer is not None:
+    index = (layer, *index)
+  return buffer.at[index].set(values.swapaxes(1, 2), mode="drop")
+
+
+def _window(config: ModelConfig, layer_index: int) -> int | None:
+  """The attention window of a layer (None: global attention)."""
+  sliding = config.layer_types[layer_index] == "sliding_attention"
+  return config.sliding_window if sliding else None
 
 
 class Attention(nnx.Module):
@@ -166,7 +239,7 @@ class Attention(nnx.Module):
   def __init__(self, config: ModelConfig, layer_index: int, *, param_dtype, rngs):
     c = config
     self.config = c
-    self.window = c.sliding_window if c.layer_types[layer_index] == "sliding_attention" else None
+    self.window = _window(c, layer_index)
     self.kernel = "auto"  # training attention kernel; `Transformer.use_attention_kernel` sets it
     self.q_proj = _param(rngs, (c.hidden_size, c.num_heads, c.head_dim), param_dtype,
                          ("embed", "heads", "head_dim"))
@@ -205,17 +278,22 @@ class Attention(nnx.Module):
     return _project("thk,hkd->td", attended, _weight(self.o_proj, attended.dtype))
 
   def __call__(self, x, positions, key_positions, inv_freq, cache_kv=None, write_index=None,
-               segment_ids=None):
-    """Self-attention of x [B, T, D]; with `cache_kv` the new k/v are written into it first."""
+               segment_ids=None, layer=None):
+    """Self-attention of x [B, T, D]; with `cache_kv` the new k/v are written into it first
+    (into layer `layer` of stacked [L, B, K, S, D] buffers, when given)."""
     q, k, v = self.project_qkv(x, positions, inv_freq)
     if cache_kv is not None:
       slots = write_index[:, None] + jnp.arange(x.shape[1])[None, :]
-      k_all = _scatter_cache(cache_kv[0], slots, k.astype(cache_kv[0].dtype))
-      v_all = _scatter_cache(cache_kv[1], slots, v.astype(cache_kv[1].dtype))
+      k_all = _scatter_cache(cache_kv[0], slots, k.astype(cache_kv[0].dtype), layer)
+      v_all = _scatter_cache(cache_kv[1], slots, v.astype(cache_kv[1].dtype), layer)
       new_cache_kv = (k_all, v_all)
       # Only the first key_positions.shape[1] cache slots are read (see `Transformer.decode`).
       read = key_positions.shape[1]
-      k, v = k_all[:, :, :read].astype(x.dtype), v_all[:, :, :read].astype(x.dtype)
+      k_layer, v_layer = k_all, v_all
+      if layer is not None:
+        k_layer = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
+        v_layer = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
+      k, v = k_layer[:, :, :read].astype(x.dtype), v_layer[:, :, :read].astype(x.dtype)
     else:
       new_cache_kv = None
     options = dict(scale=self.config.attention_scale, softcap=self.config.attn_logit_softcap,
@@ -269,9 +347,9 @@ class Block(nnx.Module):
       self.mlp_post_norm = norm()
 
   def __call__(self, x, positions, key_positions, inv_freq, cache_kv=None, write_index=None,
-               segment_ids=None):
+               segment_ids=None, layer=None):
     attn_out, new_cache_kv = self.attn(self.attn_norm(x), positions, key_positions, inv_freq,
-                                       cache_kv, write_index, segment_ids)
+                                       cache_kv, write_index, segment_ids, layer)
     if self.sandwich:
       attn_out = self.attn_post_norm(attn_out)
     x = x + attn_out
@@ -295,14 +373,16 @@ class Transformer(nnx.Module):
   """Decoder-only language model; see the module docstring for the two entry points."""
 
   def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
-               rngs: nnx.Rngs):
+               rngs: nnx.Rngs, scan_layers: bool = False):
     c = config
     self.config = c
     self.dtype = jnp.dtype(dtype)
     self.param_dtype = jnp.dtype(param_dtype)
     self.embed = _param(rngs, (c.vocab_size, c.hidden_size), param_dtype, ("vocab", "embed"))
-    self.layers = nnx.List(
-        [Block(c, i, param_dtype=param_dtype, rngs=rngs) for i in range(c.num_layers)])
+    # Built block by block in both layouts, so a seed gives the same weights either way.
+    blocks = [Block(c, i, param_dtype=param_dtype, rngs=rngs) for i in range(c.num_layers)]
+    self.scan_layers = scan_layers
+    self.layers = _stack_blocks(blocks) if scan_layers else nnx.List(blocks)
     self.final_norm = RMSNorm(c.hidden_size, eps=c.rms_norm_eps, plus_one=c.norm_plus_one,
                               param_dtype=param_dtype)
     if not c.tie_word_embeddings:
@@ -312,7 +392,7 @@ class Transformer(nnx.Module):
     """Computes training attention with `kernel` (one of `reasoning_rl.kernels.TRAINING_KERNELS`;
     "auto", the default, picks the backend's). A static choice: it travels in the graphdef."""
     kernels.validate_kernel_name(kernel)
-    for block in self.layers:
+    for block in [self.layers] if self.scan_layers else self.layers:
       block.attn.kernel = kernel
     return self
 
@@ -344,23 +424,27 @@ class Transformer(nnx.Module):
   # ------------------------------------------------------------------------------- the block stack
 
   def run_blocks(self, x, positions, key_positions, *, cache: KVCache | None = None,
-                 write_index=None, remat: bool = False, segment_ids=None):
+                 write_index=None, remat: bool | str = False, segment_ids=None):
     """The stack of blocks over embedded x [B, T, D]: (x after the last block, (keys, values) of
     every layer written into `cache`, or None without one).
 
     Both entry points run their blocks here, so this one method holds every projection the model
     makes; `reasoning_rl.lora` intercepts it (qwix) to add adapters to the full forward and to
-    decoding alike.
+    decoding alike. `remat`: a name of REMAT_POLICIES or a bool (`remat_policy`).
     """
     inv_freq = rope_inverse_frequencies(self.config)
+    policy = remat_policy(remat)
+    residual_axes = ("batch", "length", None)  # batch-sharded, full width (FSDP-style)
+    x = constrain(x, residual_axes)
+    if self.scan_layers:
+      return self._run_scanned(x, positions, key_positions, inv_freq, cache, write_index,
+                               policy, segment_ids)
 
     def run_block(block, x, cache_kv):
       return block(x, positions, key_positions, inv_freq, cache_kv, write_index, segment_ids)
 
-    if remat:
-      run_block = nnx.remat(run_block)
-    residual_axes = ("batch", "length", None)  # batch-sharded, full width (FSDP-style)
-    x = constrain(x, residual_axes)
+    if policy != "none":
+      run_block = nnx.remat(run_block, policy=_checkpoint_policy(policy))
     new_k, new_v = [], []
     for layer, block in enumerate(self.layers):
       cache_kv = None if cache is None else (cache.k[layer], cache.v[layer])
@@ -371,20 +455,67 @@ class Transformer(nnx.Module):
         new_v.append(written[1])
     return x, (None if cache is None else (tuple(new_k), tuple(new_v)))
 
+  def _run_scanned(self, x, positions, key_positions, inv_freq, cache, write_index, policy,
+                   segment_ids):
+    """`run_blocks` of the scanned layout: one `jax.lax.scan` step per `layer_period` blocks.
+
+    The stacked parameters are the scan's input, read one group of p layers per step; x and,
+    when decoding, the whole stacked cache are its carry (each block writes its layer in place).
+    The p blocks of a step are merged from the one block graph with their own static window, so
+    Gemma 2's alternating local / global layers compile as two blocks, not as a traced switch.
+    """
+    config = self.config
+    period = layer_period(config)
+    groups = config.num_layers // period
+    residual_axes = ("batch", "length", None)
+    graphdef, state = nnx.split(self.layers)
+    grouped = jax.tree.map(lambda a: a.reshape(groups, period, *a.shape[1:]), state)
+
+    def run_block(block_state, x, cache_kv, layer, window):
+      block = nnx.merge(graphdef, block_state)
+      block.attn.window = window
+      return block(x, positions, key_positions, inv_freq, cache_kv, write_index, segment_ids,
+                   layer)
+
+    runners = []
+    for j in range(period):
+      runner = functools.partial(run_block, window=_window(config, j))
+      if policy != "none":
+        # prevent_cse=False: inside a scan the loop already keeps XLA from merging the
+        # recomputation with the forward (jax.checkpoint's documentation)
+        runner = jax.checkpoint(runner, policy=_checkpoint_policy(policy), prevent_cse=False)
+      runners.append(runner)
+
+    def body(carry, inputs):
+      x, cache_kv = carry
+      group_state, group = inputs
+      for j in range(period):
+        layer = group * period + j
+        x, written = runners[j](jax.tree.map(lambda a, j=j: a[j], group_state), x, cache_kv,
+                                layer)
+        x = constrain(x, residual_axes)
+        cache_kv = written
+      return (x, cache_kv), None
+
+    cache_kv = None if cache is None else (cache.k, cache.v)
+    (x, cache_kv), _ = jax.lax.scan(body, (x, cache_kv), (grouped, jnp.arange(groups)))
+    return x, cache_kv
+
   # ------------------------------------------------------------------------------- entry points
 
-  def hidden_states(self, token_ids, attention_mask=None, *, positions=None, remat=False,
-                    segment_ids=None):
+  def hidden_states(self, token_ids, attention_mask=None, *, positions=None,
+                    remat: bool | str = False, segment_ids=None):
     """Final-normed hidden states [B, T, D] of a full forward (no cache).
 
     `segment_ids` [B, T] (0 = padding, 1, 2, … = the sequences of a packed row, each with its own
     `positions` from 0) confines attention to each sequence: a packed row computes for each of
     its sequences exactly what that sequence computes alone.
 
-    With `remat`, each block is rematerialised in the backward pass (Chen et al. 2016, "Training
-    Deep Nets with Sublinear Memory Cost"): only block inputs are kept, and one block's
-    activations (attention scores included) are recomputed at a time — about one extra forward
-    for a memory cost of one layer instead of all of them.
+    With `remat` ("full" or True), each block is rematerialised in the backward pass (Chen et al.
+    2016, "Training Deep Nets with Sublinear Memory Cost"): only block inputs are kept, and one
+    block's activations (attention scores included) are recomputed at a time — about one extra
+    forward for a memory cost of one layer instead of all of them; "save_matmuls" keeps the
+    projections' outputs too (`_checkpoint_policy`).
     """
     if segment_ids is not None:
       if positions is None:
@@ -419,6 +550,10 @@ class Transformer(nnx.Module):
     than the cache reads less of it); the result is the same up to float summation order, since
     the slots left out would be masked anyway.
     """
+    if cache.stacked != self.scan_layers:
+      raise ValueError(f"a {'stacked' if cache.stacked else 'per-layer'} KV cache for a model "
+                       f"with scan_layers={self.scan_layers}: build it with KVCache.init("
+                       f"..., stacked={self.scan_layers})")
     slots = write_index[:, None] + jnp.arange(token_ids.shape[1])[None, :]
     cache_pos = _scatter_rows(cache.pos, slots, positions.astype(jnp.int32))
     key_positions = cache_pos if key_length is None else cache_pos[:, :key_length]
@@ -432,15 +567,81 @@ class Transformer(nnx.Module):
 
 
 def create_model(config: ModelConfig, *, seed: int = 0, dtype=jnp.float32,
-                 param_dtype=jnp.float32) -> Transformer:
-  """A randomly initialised model (weights ~ N(0, 0.02²), norms neutral)."""
-  return Transformer(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(params=seed))
+                 param_dtype=jnp.float32, scan_layers: bool = False) -> Transformer:
+  """A randomly initialised model (weights ~ N(0, 0.02²), norms neutral); the same weights in
+  either layout of the block stack."""
+  return Transformer(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(params=seed),
+                     scan_layers=scan_layers)
 
 
-def abstract_model(config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32):
+def abstract_model(config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
+                   scan_layers: bool = False):
   """The model's structure without allocating weights: (graphdef, abstract state)."""
-  model = nnx.eval_shape(lambda: create_model(config, dtype=dtype, param_dtype=param_dtype))
+  model = nnx.eval_shape(lambda: create_model(config, dtype=dtype, param_dtype=param_dtype,
+                                              scan_layers=scan_layers))
   return nnx.split(model)
+
+
+# ------------------------------------------------------------------------------- layouts
+
+
+def _variables(state) -> list[nnx.Variable]:
+  return jax.tree.leaves(state, is_leaf=lambda v: isinstance(v, nnx.Variable))
+
+
+def _stack_blocks(blocks) -> Block:
+  """One block whose every parameter (LoRA adapters included) is the layers' stacked on a new
+  leading axis, logical axis `layers`. The layers must hold the same parameters."""
+  states = [nnx.state(block) for block in blocks]
+  structure = jax.tree.structure(states[0])
+  for layer, state in enumerate(states):
+    if jax.tree.structure(state) != structure:
+      raise ValueError(
+          f"scan_layers: layer {layer} holds other parameters than layer 0 "
+          f"({sorted(str(p) for p, _ in nnx.to_flat_state(state))[:4]} …); a scanned stack needs "
+          "every layer alike (with LoRA, target_modules must adapt every layer the same way)")
+  stacked = jax.tree.map(lambda *values: jnp.stack(values), *states)
+  for variable in _variables(stacked):
+    variable.set_metadata("logical_axes", ("layers", *variable.get_metadata()["logical_axes"]))
+  return nnx.merge(nnx.graphdef(blocks[0]), stacked)
+
+
+def _with_layers(model: Transformer, layers, scan_layers: bool) -> Transformer:
+  """A model sharing `model`'s other weights (no copy), with `layers` as its block stack."""
+  graphdef, state = nnx.split(model)
+  new = nnx.merge(graphdef, state)
+  new.layers = layers
+  new.scan_layers = scan_layers
+  return new
+
+
+def stack_layers(model: Transformer) -> Transformer:
+  """The model in the scanned layout (see the module docstring): the same function, the same
+  weights (shared with `model` outside the block stack, which the caller should drop); LoRA
+  adapters and qwix's interception carry over. A scanned model is returned as is."""
+  if model.scan_layers:
+    return model
+  return _with_layers(model, _stack_blocks(list(model.layers)), True)
+
+
+def unstack_layers(model: Transformer) -> Transformer:
+  """The model in the loop layout (inverse of `stack_layers`): parameter paths `layers/<i>/…`,
+  what files and LoRA target names are written in. A loop model is returned as is."""
+  if not model.scan_layers:
+    return model
+  graphdef, state = nnx.split(model.layers)
+  blocks = []
+  for layer in range(model.config.num_layers):
+    layer_state = jax.tree.map(lambda a, layer=layer: a[layer], state)
+    for variable in _variables(layer_state):
+      variable.set_metadata("logical_axes", variable.get_metadata()["logical_axes"][1:])
+    block = nnx.merge(graphdef, layer_state)
+    block.attn.window = _window(model.config, layer)
+    for path, node in nnx.iter_graph(block):
+      if isinstance(node, nnx.Module) and hasattr(node, "qwix_path"):
+        node.qwix_path = ("layers", layer, *path)  # qwix matches target_modules against it
+    blocks.append(block)
+  return _with_layers(model, nnx.List(blocks), False)
 
 
 def logical_axes(state: nnx.State) -> nnx.State:
@@ -450,7 +651,8 @@ def logical_axes(state: nnx.State) -> nnx.State:
 
 
 __all__ = [
-    "Attention", "Block", "KVCache", "MLP", "ModelConfig", "RMSNorm", "Transformer",
-    "abstract_model", "apply_rope", "create_model", "logical_axes",
-    "positions_from_mask", "rope_inverse_frequencies",
+    "Attention", "Block", "KVCache", "MLP", "ModelConfig", "REMAT_POLICIES", "RMSNorm",
+    "Transformer", "abstract_model", "apply_rope", "create_model", "layer_period",
+    "logical_axes", "positions_from_mask", "remat_policy", "rope_inverse_frequencies",
+    "stack_layers", "unstack_layers",
 ]
