@@ -61,10 +61,10 @@ def add_step_arguments(parser: argparse.ArgumentParser, *, completions: int, mic
                       help="leave glibc's malloc defaults (freed memory goes back to the OS)")
 
 
-def random_batch(b: int, p: int, t: int) -> dict[str, np.ndarray]:
+def random_batch(b: int, p: int, t: int, vocab_size: int = 49152) -> dict[str, np.ndarray]:
   """b rows of p prompt + t completion random token ids, every completion token counted."""
   rng = np.random.RandomState(0)
-  return dict(tokens=rng.randint(0, 49152, (b, p + t)).astype(np.int32),
+  return dict(tokens=rng.randint(0, vocab_size, (b, p + t)).astype(np.int32),
               attention_mask=np.ones((b, p + t), np.int32),
               completion_mask=np.ones((b, t), np.int32),
               advantages=rng.randn(b).astype(np.float32))
