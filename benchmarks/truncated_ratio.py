@@ -24,6 +24,7 @@ import time
 import jax
 
 from reasoning_rl.models import load
+from reasoning_rl.rl import advantages as advantages_lib
 from reasoning_rl.rl import batching
 from reasoning_rl.rl.stats import finalize
 from reasoning_rl.rl.step import StepConfig, TrainStep
@@ -76,10 +77,13 @@ def main():
           sampling_logprobs=[list(c.sampling_logprobs) for c in group],
           sampling={"temperature": sampling.temperature, "top_p": sampling.top_p,
                     "top_k": sampling.top_k, "min_p": sampling.min_p}))
-    batch, _ = batching.build_batch(
-        groups, num_groups=len(prompts), group_size=args.num_samples,
+    advantages = advantages_lib.batch_advantages(
+        [g.rewards for g in groups], num_groups=len(prompts), group_size=args.num_samples,
+        estimator="grpo")
+    batch = batching.build_batch(
+        groups, advantages, num_groups=len(prompts), group_size=args.num_samples,
         prompt_length=prompt_length, completion_length=args.max_new_tokens,
-        pad_id=tokenizer.pad_id, estimator="grpo", truncation=True)
+        pad_id=tokenizer.pad_id, truncation=True)
     row = {"tokens": int(batch["completion_mask"].sum())}
     for on in (True, False):
       step_batch = batch if on else {k: v for k, v in batch.items()

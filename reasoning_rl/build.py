@@ -56,8 +56,8 @@ def build_meshes(config: ml_collections.ConfigDict, topology=None):
 
 def build_cluster(config: ml_collections.ConfigDict, topology, params):
   """The loop's view of the other processes (`multihost.cluster.Cluster`); `params` (what the
-  samplers receive: `sampler_weights_of`) gives the weight sync its shapes, dtypes and partition
-  rules."""
+  samplers receive: `loop.weight_sync.abstract_payload`) gives the weight sync its shapes, dtypes
+  and partition rules."""
   from reasoning_rl.multihost.cluster import Cluster, local_cluster
 
   if not topology.multi_process:
@@ -178,6 +178,19 @@ def build_engine(config: ml_collections.ConfigDict, model, *, mesh=None,
                 steps_per_call=r.steps_per_call, seed=config.seed)
 
 
+def build_backend(config: ml_collections.ConfigDict, model, *, mesh=None):
+  """This process's rollout backend (`sampler.backend.RolloutBackend`): the one registered as
+  `rollout.backend` (`engine` when the config names none), sized as `build_engine` sizes one."""
+  from reasoning_rl.sampler import BackendSpec, make_backend
+
+  r = config.rollout
+  return make_backend(r.get("backend", "engine"), BackendSpec(
+      model=model, mesh=mesh, max_concurrent_decodes=r.max_concurrent_decodes,
+      max_prefill_length=r.max_prefill_length,
+      max_decode_length=max(r.max_new_tokens, eval_max_new_tokens(config)),
+      steps_per_call=r.steps_per_call, seed=config.seed, config=config))
+
+
 def load_checkpoint(checkpoint: str, *, dtype: str, mesh=None):
   """(model, tokenizer) of `checkpoint` (run workdir, checkpoint step, HF dir or GGUF; local or
   gs://) for launchers driven by a path rather than a config; a checkpoint without tokenizer files
@@ -267,24 +280,6 @@ def step_config(config: ml_collections.ConfigDict):
 # ------------------------------------------------------------------------------- a whole run
 
 
-def sampler_weights_of(step_fn, state):
-  """The shapes and dtypes of what the trainer sends to the samplers after each step
-  (`TrainStep.sampler_weights`), from the freshly built model's state: all weights in the
-  sampler's (compute) dtype, or with LoRA the adapters / the merged weights in that dtype."""
-  import jax
-
-  from reasoning_rl import lora, precision
-
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-  settings = step_fn.config.lora
-  if step_fn.config.trains_adapters:
-    adapters, base = lora.split_adapters(abstract)
-    # merged weights have the base's tree and shapes
-    abstract = adapters if settings.sampler_weights == "adapters" else base
-  dtype = step_fn.config.compute_dtype
-  return abstract if dtype is None else precision.cast_floating(abstract, dtype)
-
-
 @dataclasses.dataclass
 class Run:
   """Everything a training run needs, built from its config (see `build`)."""
@@ -297,13 +292,15 @@ class Run:
   graphdef: Any
   step_fn: Any  # rl.step.TrainStep
   state: Any  # rl.step.TrainState, on the trainer mesh (None on a sampler-only process)
-  engine: Any  # sampler.Engine on this process's replica mesh (None on a trainer-only process)
+  backend: Any  # sampler.backend.RolloutBackend of this process's replica (None: trains only)
+  engine: Any  # the backend's sampler.Engine (evaluations decode on it), None if it has none
   template: Any
   data: Data
   reward_fn: Any
   scorer: Any  # workers.scorer.Scorer; the caller closes it
   sampling: Any  # sampler.SamplingParams of the rollouts
-  cluster: Any = None  # multihost.cluster.Cluster: roles, exchange, weight sync
+  cluster: Any = None  # multihost.cluster.Cluster: roles, exchange, weight transfers
+  weight_sync: Any = None  # loop.weight_sync.WeightSync: what the sampler receives, versions
 
 
 def build(config: ml_collections.ConfigDict) -> Run:
@@ -315,6 +312,7 @@ def build(config: ml_collections.ConfigDict) -> Run:
   from reasoning_rl import lora
   from reasoning_rl import sharding as sharding_lib
   from reasoning_rl.lora import LoraSettings
+  from reasoning_rl.loop import weight_sync as weight_sync_lib
   from reasoning_rl.rl.step import TrainStep
 
   config_lib.validate(config, num_devices=jax.device_count(),
@@ -340,8 +338,9 @@ def build(config: ml_collections.ConfigDict) -> Run:
   template = build_template(config, tokenizer)
   graphdef, params = nnx.split(model)
   step_fn = TrainStep(graphdef, step_config(config), trainer_mesh)
-  cluster = build_cluster(config, topology, sampler_weights_of(step_fn, params))
-  state = engine = None
+  cluster = build_cluster(config, topology,
+                          weight_sync_lib.abstract_payload(step_fn.config, params))
+  state = backend = None
   if topology.is_trainer:
     # frozen: held in the compute dtype, the only dtype its forward passes use (precision.py)
     reference = (jax.tree.map(lambda x: jnp.array(x, dtype=_compute_dtype(x, config), copy=True),
@@ -357,17 +356,18 @@ def build(config: ml_collections.ConfigDict) -> Run:
     # the sampler decodes with weights in the compute dtype (LoRA: the float32 adapters too)
     initial = precision.cast_floating(initial, config.model.dtype)
     sampler_model = nnx.merge(graphdef, initial)
-    if lora_settings.enabled and lora_settings.sampler_weights == "merged":
+    if weight_sync_lib.mode_of(step_fn.config) == "merged":
       sampler_model = lora.merged_model(sampler_model, lora_settings)
-    engine = build_engine(config, sampler_model, mesh=sampler_mesh)
+    backend = build_backend(config, sampler_model, mesh=sampler_mesh)
   del params
   # last: nothing after it can fail and leak workers; a process that only trains scores nothing
   scorer = build_scorer(config, reward_fn, inline=not topology.is_sampler)
   return Run(config=config, trainer_mesh=trainer_mesh, sampler_mesh=sampler_mesh,
              tokenizer=tokenizer, model_config=model.config, graphdef=graphdef,
-             step_fn=step_fn, state=state, engine=engine, template=template, data=data,
+             step_fn=step_fn, state=state, backend=backend,
+             engine=getattr(backend, "engine", None), template=template, data=data,
              reward_fn=reward_fn, scorer=scorer, sampling=sampling_params(config),
-             cluster=cluster)
+             cluster=cluster, weight_sync=weight_sync_lib.WeightSync(step_fn, backend, cluster))
 
 
 def _compute_dtype(array, config: ml_collections.ConfigDict):

@@ -1,6 +1,7 @@
 """The registries of named choices, one per kind, empty until the modules that implement the
 choices register into them: advantage estimators, KL estimators, policy-loss types, loss
-aggregations, sampler importance corrections, reward parts and task sources.
+aggregations, sampler importance corrections, reward parts, `correct` verifiers, task sources and
+rollout backends.
 
 This module knows no concrete choice and imports nothing of the package but `errors`, so every
 implementing module can import it at the top:
@@ -91,7 +92,9 @@ LOSS_TYPES = Registry("policy loss", "algo.loss_type")
 LOSS_AGGREGATIONS = Registry("loss aggregation", "algo.loss_agg")
 IS_CORRECTIONS = Registry("sampler importance correction", "algo.is_correction")
 REWARD_PARTS = Registry("reward part", "rewards.<name>.kind")
+VERIFIERS = Registry("verifier", "rewards.<name>.verifier")
 TASK_SOURCES = Registry("task source", "data.<split>.kind")
+ROLLOUT_BACKENDS = Registry("rollout backend", "rollout.backend")
 
 ALL = (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_TYPES, LOSS_AGGREGATIONS, IS_CORRECTIONS,
-       REWARD_PARTS, TASK_SOURCES)
+       REWARD_PARTS, VERIFIERS, TASK_SOURCES, ROLLOUT_BACKENDS)

@@ -32,7 +32,8 @@ from reasoning_rl import guards as guards_lib
 from reasoning_rl import lora
 from reasoning_rl import metrics as metrics_lib
 from reasoning_rl import storage
-from reasoning_rl.build import Run, build, build_template, eval_max_new_tokens
+from reasoning_rl.build import (Run, build, build_template, eval_max_new_tokens,
+                                rollout_staleness, sampler_correction)
 from reasoning_rl.errors import CheckpointError, ExitCode, PhaseInterrupted
 from reasoning_rl.loop.rl_stage import RLStage
 from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
@@ -82,10 +83,11 @@ class Trainer:
     if self.cluster.multi_process:  # each sampler replica collects its share
       collector_kwargs["cluster"] = self.cluster
     self.collector = (ShardedCollector if self.cluster.multi_process else RolloutCollector)(
-        run.engine, run.tokenizer, run.template, run.scorer, **collector_kwargs)
+        run.backend, run.tokenizer, run.template, run.scorer, **collector_kwargs)
     if stage is None:
-      stage = (RLStage(run, self.collector) if run.config.stage == "rl"
-               else SFTStage(run, self.collector, self.workdir))
+      stage = (RLStage(run, self.collector, staleness=rollout_staleness(run.config),
+                       with_sampler_logprobs=sampler_correction(run.config) != "none")
+               if run.config.stage == "rl" else SFTStage(run, self.collector, self.workdir))
     self.stage = stage
     # eval.instruction_variants: the held-out set is also evaluated under these templates
     self.variant_templates = [(instruction, build_template(run.config, run.tokenizer,
@@ -162,11 +164,13 @@ class Trainer:
     if self.cluster.is_trainer:
       meta = own_meta
     self.loop.load_meta(meta, self._meta_file(step))
-    self.cluster.sync_params(self.run_parts.engine,
-                             self.run_parts.step_fn.sampler_weights(self.state)
-                             if self.cluster.is_trainer else None,
-                             version=self.loop.policy_version)
+    self.run_parts.weight_sync.push(self.state, self.loop.policy_version)
     return step
+
+  def _stop_backend(self) -> None:
+    """The rollout backend's threads, servers or buffers go when the run ends, as the scorer's."""
+    if self.run_parts.backend is not None:
+      self.run_parts.backend.stop()
 
   def _meta_file(self, step: int) -> str:
     """The file Orbax keeps step `step`'s `meta` item in (its JsonCheckpointHandler's name)."""
@@ -197,6 +201,7 @@ class Trainer:
       with contextlib.ExitStack() as releases:
         releases.callback(restore_signal_handlers)
         releases.callback(self.run_parts.scorer.close)
+        releases.callback(self._stop_backend)
         if checkpointer is not None:
           releases.callback(checkpointer.close)
       raise
@@ -278,6 +283,7 @@ class Trainer:
           # (this host's own preemption notice) must not kill the orderly exit with 130 / 143
           releases.callback(restore_signal_handlers)
         releases.callback(self.run_parts.scorer.close)
+        releases.callback(self._stop_backend)
         releases.callback(progress.close)
         if writer is not None:
           releases.callback(writer.close)

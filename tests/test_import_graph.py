@@ -51,6 +51,7 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("reasoning_rl.build", "reasoning_rl.data.tasks"): _BUILD + "JAX, tokenizers (1.0 s)",
     ("reasoning_rl.build", "reasoning_rl.data.templates"): _BUILD + "JAX, tokenizers (1.0 s)",
     ("reasoning_rl.build", "reasoning_rl.lora"): _BUILD + _JAX + " (0.7 s)",
+    ("reasoning_rl.build", "reasoning_rl.loop.weight_sync"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.models"): _BUILD + _JAX + " (0.75 s)",
     ("reasoning_rl.build", "reasoning_rl.models.config"): _BUILD + _JAX + " (0.75 s)",
     ("reasoning_rl.build", "reasoning_rl.models.transformer"): _BUILD + _JAX + " (0.7 s)",
@@ -78,8 +79,6 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         "scoring-only users of evaluation (replay, report) do not load JAX (0.8 s)",
     ("reasoning_rl.evaluation", "reasoning_rl.sampler.sampling"):
         "scoring-only users of evaluation (replay, report) do not load JAX (0.8 s)",
-    ("reasoning_rl.loop.rollouts", "reasoning_rl.sampler"):
-        "loop/rollouts.py loads without JAX (0.3 s) until it samples",
     ("reasoning_rl.models", "reasoning_rl.models.run_checkpoint"): _CYCLE + "; and Orbax (0.2 s)",
     ("reasoning_rl.models", "reasoning_rl.models.tokenizers"): _TOKENIZERS,
     ("reasoning_rl.models.run_checkpoint", "reasoning_rl.checkpointing"):

@@ -144,6 +144,7 @@ class _FailsOnAnswer:
 
 def test_collector_scores_each_group_and_isolates_a_failing_verifier(debug_run_pieces):
   from reasoning_rl.loop.rollouts import RolloutCollector
+  from reasoning_rl.sampler import EngineBackend
   from reasoning_rl.verifiers.rewards import RewardFunction
   from reasoning_rl.workers.scorer import InlineScorer
 
@@ -153,8 +154,8 @@ def test_collector_scores_each_group_and_isolates_a_failing_verifier(debug_run_p
   bad = examples[1][1].answer
   assert all(example.answer != bad for _, example in (examples[0], examples[2]))
   scorer = InlineScorer(_FailsOnAnswer(reward_fn, bad))
-  collector = RolloutCollector(p["engine"], p["tokenizer"], p["template"], scorer, num_samples=3,
-                               max_new_tokens=8, stop_strings=("</answer>",),
+  collector = RolloutCollector(EngineBackend(p["engine"]), p["tokenizer"], p["template"], scorer,
+                               num_samples=3, max_new_tokens=8, stop_strings=("</answer>",),
                                sampling=p["sampling"], seed=0)
   groups, sample_s, verify_s = collector.collect(examples)
   assert [g.data_position for g in groups] == [3, 4, 5]
@@ -184,14 +185,16 @@ def test_collector_scores_each_group_and_isolates_a_failing_verifier(debug_run_p
 
 def test_dynamic_sampling_keeps_only_groups_with_signal(debug_run_pieces):
   from reasoning_rl.loop.rollouts import RolloutCollector
+  from reasoning_rl.sampler import EngineBackend
   from reasoning_rl.verifiers.rewards import RewardFunction
   from reasoning_rl.workers.scorer import InlineScorer
 
   p = debug_run_pieces
   scorer = InlineScorer(RewardFunction({"correct": {"weight": 1.0, "verifier": "math",
                                                     "extract": "answer"}}))
-  collector = RolloutCollector(p["engine"], p["tokenizer"], p["template"], scorer, num_samples=2,
-                               max_new_tokens=6, stop_strings=(), sampling=p["sampling"], seed=0)
+  collector = RolloutCollector(EngineBackend(p["engine"]), p["tokenizer"], p["template"], scorer,
+                               num_samples=2, max_new_tokens=6, stop_strings=(),
+                               sampling=p["sampling"], seed=0)
   taken = []
 
   def take(count):

@@ -111,7 +111,9 @@ BUILT_IN = {
     "algo.is_correction": ["none", "sequence-mask", "sequence-truncate", "token-mask",
                            "token-truncate"],
     "rewards.<name>.kind": ["correct", "format", "language", "length"],
+    "rewards.<name>.verifier": ["auto", "code", "countdown", "math", "reasoning_gym"],
     "data.<split>.kind": ["jsonl", "mixture", "reasoning_gym", "synthetic_arithmetic"],
+    "rollout.backend": ["engine"],
 }
 
 

@@ -12,6 +12,7 @@ from reasoning_rl import checkpointing
 from reasoning_rl import guards as guards_lib
 from reasoning_rl.config import base_config
 from reasoning_rl.errors import ExitCode, PhaseInterrupted
+from reasoning_rl.loop.weight_sync import WeightSync
 from reasoning_rl.metrics import read_metrics
 from reasoning_rl.multihost.cluster import local_cluster
 from reasoning_rl.rl.step import TrainState
@@ -58,18 +59,22 @@ def _fake_run(workdir, **overrides):
       node = node[parent]
     node[leaf] = value
   versions = []
-  engine = types.SimpleNamespace(update_params=lambda params, version: versions.append(version))
+  backend = types.SimpleNamespace(
+      update_weights=lambda params, version, adapters_only: versions.append(version),
+      stop=lambda: None)
   tokenizer = types.SimpleNamespace(save=lambda directory: None)
   model_config = types.SimpleNamespace(to_hf_config=lambda: {"model_type": "fake"})
   closed = []
   scorer = types.SimpleNamespace(close=lambda: closed.append(True))
   state = TrainState(step=jnp.zeros((), jnp.int32), params={"w": jnp.zeros((2,))}, opt_state={},
                      skipped_updates=jnp.zeros((), jnp.int32))
-  step_fn = types.SimpleNamespace(sampler_weights=lambda state: state.params)
+  step_fn = types.SimpleNamespace(sampler_weights=lambda state: state.params,
+                                  config=types.SimpleNamespace(trains_adapters=False))
+  cluster = local_cluster()
   run = types.SimpleNamespace(
-      config=config, state=state, engine=engine, tokenizer=tokenizer, template=None,
-      scorer=scorer, sampling=None, model_config=model_config, cluster=local_cluster(),
-      step_fn=step_fn)
+      config=config, state=state, backend=backend, engine=None, tokenizer=tokenizer,
+      template=None, scorer=scorer, sampling=None, model_config=model_config, cluster=cluster,
+      step_fn=step_fn, weight_sync=WeightSync(step_fn, backend, cluster))
   return run, versions, closed
 
 

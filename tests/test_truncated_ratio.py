@@ -260,9 +260,8 @@ def group(sampling, logprobs=(-0.5, -0.25), sampling_logprobs=(-0.1, -0.2)):
 def test_build_batch_carries_each_rows_settings_and_sampling_logprobs():
   groups = [group({"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05}),
             group({"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0})]
-  batch, _ = batching.build_batch(groups, num_groups=3, group_size=2, prompt_length=2,
-                                  completion_length=3, pad_id=0, estimator="grpo",
-                                  truncation=True)
+  batch = batching.build_batch(groups, None, num_groups=3, group_size=2, prompt_length=2,
+                               completion_length=3, pad_id=0, truncation=True)
   np.testing.assert_allclose(batch["sampling_temperature"], [0.7, 0.7, 0, 0, 1, 1])
   np.testing.assert_allclose(batch["sampling_top_p"], [0.9, 0.9, 1, 1, 1, 1])
   np.testing.assert_array_equal(batch["sampling_top_k"], [20, 20, 0, 0, 0, 0])
@@ -271,8 +270,8 @@ def test_build_batch_carries_each_rows_settings_and_sampling_logprobs():
   np.testing.assert_allclose(batch["behavior_logprobs"][:4, :2],
                              [[-0.1, -0.2]] * 2 + [[-0.5, -0.25]] * 2)
   with pytest.raises(ValueError, match="truncation=True"):
-    batching.build_batch([group(None)], num_groups=1, group_size=2, prompt_length=2,
-                         completion_length=3, pad_id=0, estimator="grpo", truncation=True)
+    batching.build_batch([group(None)], None, num_groups=1, group_size=2, prompt_length=2,
+                         completion_length=3, pad_id=0, truncation=True)
 
 
 def test_packing_takes_only_untruncated_rows():
@@ -281,8 +280,8 @@ def test_packing_takes_only_untruncated_rows():
   graphdef, _ = nnx.split(create_model(CONFIG, seed=0))
   step = TrainStep(graphdef, StepConfig(truncated_ratio=True, packing=True))
   build = lambda gs: batching.build_batch(  # noqa: E731
-      gs, num_groups=1, group_size=2, prompt_length=2, completion_length=3, pad_id=0,
-      estimator="grpo", truncation=True)[0]
+      gs, None, num_groups=1, group_size=2, prompt_length=2, completion_length=3, pad_id=0,
+      truncation=True)
   with pytest.raises(ConfigError, match="algo.packing=False"):
     step.host_batch(build(groups[:1]))
   packed = step.host_batch(build(groups[1:]))  # π^W = π for every row: packed without them

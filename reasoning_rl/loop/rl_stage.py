@@ -1,8 +1,13 @@
 """The RL stage: one rollout batch and its updates per step, synchronous or k steps ahead.
 
+One step's data path: rollouts (`RolloutCollector` over the `RolloutBackend`) → scored groups →
+advantages (`rl.advantages.batch_advantages`, their own stage, so the rollout records show what
+the loss used) → the padded batch (`rl.batching.build_batch`) → `TrainStep` → the weight sync
+(`WeightSync.publish`: the sampler receives the new policy, and the policy version advances).
+
 Asynchronous rollouts with bounded staleness k (`async_rollouts.max_staleness`): the batch trained
-at step s is sampled with policy version max(0, s − 1 − k) (version v = parameters after v
-updates). The loop keeps k sampled batches queued; after dispatching step s it samples batch s + k
+at step s is sampled with policy version max(0, s − 1 − k) (version v = the parameters after v
+steps; `loop.weight_sync`). The loop keeps k sampled batches queued; after dispatching step s it samples batch s + k
 with the newest finished version (s − 1) while the step runs, then publishes version s to the
 sampler. With k = 0 the queue is empty and every batch is sampled right before its step: exactly
 the synchronous loop. With k > 0 (or `algo.is_correction` set) the batch carries the sampler's
@@ -18,19 +23,19 @@ import jax
 
 from reasoning_rl import checkpointing
 from reasoning_rl import flops as flops_lib
-from reasoning_rl import lora
-from reasoning_rl.build import Run, rollout_staleness, sampler_correction
 from reasoning_rl.data import tasks
 from reasoning_rl.errors import PhaseInterrupted
 from reasoning_rl.loop import compile_clock, telemetry
+from reasoning_rl.loop.parts import RunParts
 from reasoning_rl.loop.rollouts import RolloutCollector
 from reasoning_rl.loop.state import LoopState, SampledBatch
 from reasoning_rl.multihost.cluster import global_batch
+from reasoning_rl.rl import advantages as advantages_lib
 from reasoning_rl.rl import batching
 from reasoning_rl.rl import stats as stats_lib
 
 
-def take_examples(run: Run, loop: LoopState, count: int) -> list:
+def take_examples(run: RunParts, loop: LoopState, count: int) -> list:
   """The next `count` (data position, example) training pairs; advances the loop's position."""
   stream = tasks.PromptStream(run.data.train_source, position=loop.data_position,
                               exclude=run.data.held_out)
@@ -40,14 +45,23 @@ def take_examples(run: Run, loop: LoopState, count: int) -> list:
 
 
 class RLStage:
-  """`step()` = sample (or dequeue) a batch, train on it, publish the new policy to the sampler."""
+  """`step()` = sample (or dequeue) a batch, train on it, publish the new policy to the sampler.
 
-  def __init__(self, run: Run, collector: RolloutCollector):
+  Args:
+    run: the run's parts (`loop.parts.RunParts`).
+    collector: samples and scores groups through the run's rollout backend.
+    staleness: k, how many versions a trained batch may lag (0: synchronous rollouts).
+    with_sampler_logprobs: the batch carries the sampler's log-probs (an importance correction
+      against them is on).
+  """
+
+  def __init__(self, run: RunParts, collector: RolloutCollector, *, staleness: int,
+               with_sampler_logprobs: bool):
     self.run = run
     self.collector = collector
-    self.staleness = rollout_staleness(run.config)
-    self.with_sampler_logprobs = sampler_correction(run.config) != "none"
-    self._last = None  # (batch, advantages) of the latest step, for its rollout records
+    self.staleness = staleness
+    self.with_sampler_logprobs = with_sampler_logprobs
+    self._last = None  # (step, batch, advantages) of the latest step, for its rollout records
 
   def sample_batch(self, loop: LoopState, *, should_stop=None) -> SampledBatch:
     """The next batch from the training stream. A stop request (`should_stop`, asked between
@@ -82,12 +96,16 @@ class RLStage:
     cluster = run.cluster
     batch = advantages = None  # sampler-only processes hold group summaries: no batch to build
     if cluster.is_trainer:
-      batch, advantages = batching.build_batch(
-          [g.group for g in sampled.groups], num_groups=c.rollout.num_prompts,
+      ppo = c.algo.name == "ppo"
+      # PPO's advantages are GAE over its value head's predictions, made inside the step
+      advantages = None if ppo else advantages_lib.batch_advantages(
+          [g.group.rewards for g in sampled.groups], num_groups=c.rollout.num_prompts,
+          group_size=c.rollout.num_samples, estimator=c.algo.estimator)
+      batch = batching.build_batch(
+          [g.group for g in sampled.groups], advantages, num_groups=c.rollout.num_prompts,
           group_size=c.rollout.num_samples, prompt_length=c.rollout.max_prefill_length,
           completion_length=c.rollout.max_new_tokens, pad_id=run.tokenizer.pad_id,
-          estimator=c.algo.estimator, with_rewards=c.algo.name == "ppo",
-          with_behavior_logprobs=self.with_sampler_logprobs,
+          with_rewards=ppo, with_behavior_logprobs=self.with_sampler_logprobs,
           truncation=run.step_fn.config.truncated_ratio)
     train_start = time.perf_counter()
     if cluster.is_trainer:
@@ -104,22 +122,19 @@ class RLStage:
     if cluster.is_trainer:
       stats = stats_lib.finalize(jax.device_get(stats))
     train_s = time.perf_counter() - train_start - ahead_s
-    sync_start = time.perf_counter()
-    loop.policy_version += 1
-    weights = run.step_fn.sampler_weights(state) if cluster.is_trainer else None
-    cluster.sync_params(run.engine, weights, version=loop.policy_version)
-    sync_s = time.perf_counter() - sync_start
+    published = run.weight_sync.publish(state, loop)
     self._last = (step, sampled, advantages)
     pool_metrics = cluster.summed_metrics(run.scorer.metrics())
     if cluster.is_primary:
-      times = telemetry.StepTimes(train_s=train_s, sync_s=sync_s, sample_ahead_s=ahead_s,
+      times = telemetry.StepTimes(train_s=train_s, sync_s=published.seconds,
+                                  sample_ahead_s=ahead_s,
                                   step_s=time.perf_counter() - start,
                                   compile_s=compile_clock.seconds() - compiled_before)
       row = telemetry.rl_metrics(sampled, stats, reward_parts=[p.name for p in run.reward_fn.parts],
                                  policy_version=loop.policy_version,
                                  data_position=loop.data_position)
       row.update(telemetry.rl_timing(sampled, times, asynchronous=self.staleness > 0))
-      row["sync/bytes"] = float(lora.num_bytes(weights))  # per sampler replica
+      row["sync/bytes"] = float(published.num_bytes)  # per sampler replica
       row.update(telemetry.rl_throughput(
           sampled, times, trained_tokens=int(batch["attention_mask"].sum()),
           step_flops=self._step_flops, peak_flops=c.logging.peak_flops_per_device

@@ -1,6 +1,7 @@
-"""Rollout collection: prompts → sampler → scorer → scored groups.
+"""Rollout collection: prompts → rollout backend → scorer → scored groups.
 
-`RolloutCollector.collect` decodes G completions per prompt on the sampler engine and hands each
+`RolloutCollector.collect` decodes G completions per prompt on the rollout backend
+(`sampler.backend.RolloutBackend`: the engine registered under `rollout.backend`) and hands each
 group to the scorer (`reasoning_rl.workers.scorer`) the moment its G-th completion finishes, so
 verification overlaps the rest of the decoding. `sample_batch` adds DAPO's dynamic sampling on top.
 A group the scorer could not score (timeout / error) keeps zero rewards and its status; the step's
@@ -24,16 +25,16 @@ class RolloutCollector:
   """Samples and scores groups of completions for (data position, example) pairs.
 
   Args:
-    engine: the sampler engine (holds the current policy).
+    backend: the `sampler.backend.RolloutBackend` (holds the current policy).
     tokenizer: decodes completions; its `eos_ids` end them.
     template: `.encode(example) -> token ids`, the prompt as the policy sees it.
     scorer: a `reasoning_rl.workers.scorer.Scorer`.
     num_samples, max_new_tokens, stop_strings, sampling, seed: the rollout settings.
   """
 
-  def __init__(self, engine, tokenizer, template, scorer, *, num_samples: int,
+  def __init__(self, backend, tokenizer, template, scorer, *, num_samples: int,
                max_new_tokens: int, stop_strings: Sequence[str], sampling, seed: int):
-    self.engine = engine
+    self.backend = backend
     self.tokenizer = tokenizer
     self.template = template
     self.scorer = scorer
@@ -48,19 +49,17 @@ class RolloutCollector:
     """(groups in the order of `examples`, decode seconds, seconds waiting for the scorer after).
     `should_stop` is asked between decode calls; True raises `errors.PhaseInterrupted` (groups
     already handed to the scorer are abandoned with it: the run exits next)."""
-    from reasoning_rl.sampler import stream_groups  # pylint: disable=import-outside-toplevel
-
     g = num_samples or self.num_samples
     sampling = sampling or self.sampling
     example_at = dict(examples)
     finished: dict[int, list] = collections.defaultdict(list)
     responses: dict[int, tuple[str, ...]] = {}
     start = time.perf_counter()
-    for completion in stream_groups(
-        self.engine, [self.template.encode(example) for _, example in examples], num_samples=g,
-        sampling=sampling, max_new_tokens=self.max_new_tokens,
-        stop_ids=self.tokenizer.eos_ids, stop_strings=self.stop_strings,
-        tokenizer=self.tokenizer, seed=self.seed, prompt_ids=[index for index, _ in examples],
+    for completion in self.backend.generate(
+        [self.template.encode(example) for _, example in examples],
+        prompt_ids=[index for index, _ in examples], num_samples=g, sampling=sampling,
+        max_new_tokens=self.max_new_tokens, stop_ids=self.tokenizer.eos_ids,
+        stop_strings=self.stop_strings, tokenizer=self.tokenizer, seed=self.seed,
         should_stop=should_stop):
       group = finished[completion.prompt_id]
       group.append(completion)
@@ -133,7 +132,7 @@ class RolloutCollector:
 
 class ShardedCollector(RolloutCollector):
   """Multi-process collection: each sampler replica samples and scores its share of the prompts
-  (every R-th, R = number of replicas) on its own engine and verifier pool. A completion's random
+  (every R-th, R = number of replicas) on its own rollout backend and verifier pool. A completion's random
   stream depends only on (seed, data position, sample index), so which replica samples a prompt
   does not change its completions. Decode / scoring seconds are the slowest replica's.
 

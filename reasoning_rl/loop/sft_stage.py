@@ -21,8 +21,8 @@ import jax
 import numpy as np
 
 from reasoning_rl import storage
-from reasoning_rl.build import Run, sampling_params
 from reasoning_rl.errors import ConfigError
+from reasoning_rl.loop.parts import RunParts
 from reasoning_rl.loop.rl_stage import take_examples
 from reasoning_rl.loop.rollouts import RolloutCollector
 from reasoning_rl.loop.state import LoopState
@@ -57,7 +57,7 @@ class SFTStage:
   """`sft` and `rejection_sft`: `start()` prepares the (prompt, completion) pairs, `step()` trains
   on the next `sft.batch_size` of them."""
 
-  def __init__(self, run: Run, collector: RolloutCollector, workdir: pathlib.Path):
+  def __init__(self, run: RunParts, collector: RolloutCollector, workdir: pathlib.Path):
     self.run = run
     self.collector = collector
     self.workdir = workdir
@@ -89,7 +89,7 @@ class SFTStage:
     groups, _, _ = self.collector.collect(
         examples, num_samples=r.num_samples,
         # the rollout's filters (top-k / top-p / min-p) at the rejection stage's own temperature
-        sampling=dataclasses.replace(sampling_params(self.run.config), temperature=r.temperature))
+        sampling=dataclasses.replace(self.run.sampling, temperature=r.temperature))
     rows, sampled, correct = [], 0, 0
     for (_, example), rollout in zip(examples, groups):
       kept = {}
@@ -130,8 +130,7 @@ class SFTStage:
     batch = {"tokens": tokens, "attention_mask": attention, "completion_mask": completion_mask}
     state, stats = run.step_fn(state, run.step_fn.host_batch(batch, pad_id=run.tokenizer.pad_id))
     stats = stats_lib.finalize(jax.device_get(stats))
-    loop.policy_version += 1
-    run.engine.update_params(run.step_fn.sampler_weights(state), version=loop.policy_version)
+    run.weight_sync.publish(state, loop)
     truncated = np.mean([len(q) > c.rollout.max_new_tokens for _, q in chosen])
     return state, {
         "loss": stats["loss"], "nll": stats["nll"], "entropy": stats["entropy"],

@@ -101,7 +101,11 @@ class LoopState:
   """The loop's bookkeeping between steps (the train state itself lives in rl.step.TrainState).
 
   data_position: training prompts consumed so far (the next prompt's index).
-  policy_version: optimizer updates applied so far; the sampler holds this version.
+  policy_version: training steps applied so far (RL: rollout batches, each with all its μ × M
+    optimizer updates; SFT: batches), so version v is the parameters after step v and 0 the
+    starting model. The sampler holds this version; rollout records carry the version that
+    sampled them and asynchronous rollouts measure staleness in it. Only
+    `loop.weight_sync.WeightSync.publish` advances it (and a restore loads it).
   guards: the stop conditions and their history.
   queue: batches sampled ahead of their step (asynchronous rollouts), oldest first.
   pending_eval: the step whose held-out evaluation is due and not yet done (a stop request

@@ -92,13 +92,15 @@ def rl_throughput(batch: SampledBatch, times: StepTimes, *, trained_tokens: int,
           "throughput/rl_mfu": flops / max(seconds, 1e-9) / peak_flops}
 
 
-def rollout_records(step: int, batch: SampledBatch, advantages: np.ndarray, *,
+def rollout_records(step: int, batch: SampledBatch, advantages: np.ndarray | None, *,
                     examples: Callable[[int], Any], decode: Callable[[list[int]], str],
                     verifier_version: str, sampling: Mapping[str, Any]) -> list[dict[str, Any]]:
   """One record per completion (the rollout-record contract in docs/architecture.md).
 
   `prompt` is the prompt as the policy saw it (the template's text); `task_prompt` is the task's
   own question, the text the verifiers were given, so a replay scores exactly what training did.
+  `advantages` [groups, G] are the advantage stage's, the ones the loss used; None (PPO, whose
+  per-token GAE advantages the step computes from its value head) writes `advantage: null`.
   """
   out = []
   for g, rollout in enumerate(batch.groups):
@@ -108,7 +110,8 @@ def rollout_records(step: int, batch: SampledBatch, advantages: np.ndarray, *,
       record = {
           "step": step, "prompt_id": rollout.data_position, "group_id": g, "sample_index": s,
           "prompt": prompt, "task_prompt": example.prompt, "completion": rollout.responses[s],
-          "reward": group.rewards[s], "advantage": float(advantages[g, s]),
+          "reward": group.rewards[s],
+          "advantage": None if advantages is None else float(advantages[g, s]),
           "num_tokens": len(group.completion_ids[s]), "truncated": group.truncated[s],
           "policy_version": batch.policy_version, "verifier_version": verifier_version,
           "scoring_status": rollout.status, "sampling": dict(sampling),

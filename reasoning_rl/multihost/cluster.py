@@ -56,17 +56,19 @@ class Cluster:
     """The process whose replica runs evaluations (its result is broadcast to all)."""
     return self.topology.replica_processes[0]
 
-  def sync_params(self, engine, params, *, version: int) -> None:
-    """Publishes the trainer's `params` as policy `version` to every sampler replica; returns when
-    this process's replica holds them (so `time/sync_s` is the copy, not its dispatch) and every
-    other process finished its part. Multi-process: the trainers pack the parameters, the
-    processes start the transfers together (a sampler arrives while the trainers still train),
-    and these run under a deadline (`param_sync.ParamSync.deadline_s`); past it every process
-    stops with exit code 5 naming the sync and the process(es) it waited for (`sync_watch.py`)."""
-    import jax  # pylint: disable=import-outside-toplevel
-
+  def sync_params(self, backend, params, *, version: int, adapters_only: bool = False) -> None:
+    """Publishes the trainer's `params` as policy `version` to every sampler replica's rollout
+    backend (`sampler.backend.RolloutBackend.update_weights`; None on a process that only
+    trains); returns when this process's replica holds them (so `time/sync_s` is the copy, not
+    its dispatch) and every other process finished its part. `adapters_only`: `params` are LoRA
+    adapters alone (`loop.weight_sync.WeightSync` decides). Multi-process: the trainers pack the
+    parameters, the processes start the transfers together (a sampler arrives while the trainers
+    still train), and these run under a deadline (`param_sync.ParamSync.deadline_s`); past it
+    every process stops with exit code 5 naming the sync and the process(es) it waited for
+    (`sync_watch.py`)."""
     if self.param_sync is None:
-      jax.block_until_ready(engine.update_params(params, version=version))
+      if backend is not None:
+        backend.update_weights(params, version=version, adapters_only=adapters_only)
       return
 
     sync, me = self.param_sync, self.topology.process_index
@@ -80,8 +82,8 @@ class Cluster:
     try:
       watch.stall_if_asked()
       local = sync.send(packed=packed)
-      if engine is not None:
-        jax.block_until_ready(engine.update_params(local, version=version))
+      if backend is not None:
+        backend.update_weights(local, version=version, adapters_only=adapters_only)
     except BaseException:
       watch.cancel()
       raise

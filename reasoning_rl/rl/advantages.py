@@ -40,6 +40,7 @@ arrays (inside ``jit``; ``estimator`` and ``eps`` must then be static).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -135,3 +136,30 @@ def group_advantages(rewards: Any, *, estimator: str = "grpo", eps: float = 1e-6
   # Exact zeros for constant groups: the formulas give 0 only up to rounding of the mean.
   constant_group = xp.max(rewards, axis=1, keepdims=True) == xp.min(rewards, axis=1, keepdims=True)
   return xp.where(constant_group, xp.zeros_like(advantages), advantages)
+
+
+def batch_advantages(rewards: Sequence[Sequence[float]], *, num_groups: int, group_size: int,
+                     estimator: str) -> np.ndarray:
+  """The loop's advantage stage, between scoring and batching: ``[num_groups, G]`` float32.
+
+  ``rewards`` holds each scored group's G total rewards, at most ``num_groups`` of them (dynamic
+  sampling may come up short); rows past them are 0, as are the fully masked rows they become.
+  Rewards are taken at float32, the precision the batch carries them in, and the estimator runs
+  in float64. These are the advantages the loss uses and the rollout records show.
+
+  Raises:
+    ValueError: a group does not hold ``group_size`` rewards.
+    ConfigError: as ``group_advantages``.
+  """
+  rewards = list(rewards)[:num_groups]
+  table = np.zeros((num_groups, group_size), np.float32)
+  for g, group in enumerate(rewards):
+    if len(group) != group_size:
+      raise ValueError(f"group {g} has {len(group)} samples, expected {group_size}")
+    table[g] = group
+  advantages = np.zeros((num_groups, group_size), np.float32)
+  if rewards:
+    advantages[:len(rewards)] = np.asarray(
+        group_advantages(table[:len(rewards)].astype(np.float64), estimator=estimator),
+        np.float32)
+  return advantages

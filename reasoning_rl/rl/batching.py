@@ -3,6 +3,9 @@
 Shapes never depend on the data: every row is `prompt (left-padded to prompt_length)` +
 `completion (right-padded to completion_length)`, and a batch always has `num_rows` rows (rows
 without a group are fully masked and contribute nothing), so the step compiles once.
+
+Advantages are not computed here: they are the loop's own stage before batching
+(`rl.advantages.batch_advantages`), so what the rollout records show is what the loss uses.
 """
 
 from __future__ import annotations
@@ -11,8 +14,6 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
-
-from reasoning_rl.rl.advantages import group_advantages
 
 
 @dataclasses.dataclass
@@ -93,17 +94,21 @@ def pad_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[in
 _UNTRUNCATED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 
 
-def build_batch(groups: Sequence[ScoredGroup], *, num_groups: int, group_size: int,
-                prompt_length: int, completion_length: int, pad_id: int, estimator: str,
+def build_batch(groups: Sequence[ScoredGroup], advantages: np.ndarray | None, *, num_groups: int,
+                group_size: int, prompt_length: int, completion_length: int, pad_id: int,
                 with_rewards: bool = False, with_behavior_logprobs: bool = False,
-                truncation: bool = False):
-  """Arrays for `TrainStep` plus the advantage of every sample.
+                truncation: bool = False) -> dict[str, np.ndarray]:
+  """The arrays of `TrainStep` for the scored groups and their advantages.
 
-  Returns (batch, advantages [num_groups, G]) where batch holds numpy arrays: tokens,
-  attention_mask [R, prompt_length + completion_length], completion_mask [R, completion_length],
-  advantages [R] and, if asked, rewards [R] (PPO's value targets) and behavior_logprobs
-  [R, completion_length] (the sampler's log-probs, for importance correction);
-  R = num_groups · G. Missing groups (dynamic sampling came up short) are fully masked rows.
+  `advantages` [num_groups, G]: the advantage stage's (`rl.advantages.batch_advantages`), or None
+  where the step computes its own (PPO's GAE from its value head: the batch then carries zeros,
+  which the step replaces, and the sequence rewards).
+
+  Returns numpy arrays: tokens, attention_mask [R, prompt_length + completion_length],
+  completion_mask [R, completion_length], advantages [R] and, if asked, rewards [R] (PPO's value
+  targets) and behavior_logprobs [R, completion_length] (the sampler's log-probs, for importance
+  correction); R = num_groups · G. Missing groups (dynamic sampling came up short) are fully
+  masked rows.
 
   With `truncation` (`algo.truncated_ratio`, docs/off_policy.md) the batch also holds each row's
   sampling settings, sampling_temperature, sampling_top_p, sampling_min_p [R] float32 and
@@ -118,17 +123,17 @@ def build_batch(groups: Sequence[ScoredGroup], *, num_groups: int, group_size: i
     if group.size != group_size:
       raise ValueError(f"group {g} has {group.size} samples, expected {group_size}")
     rewards[g] = group.rewards
-  advantages = np.zeros((num_groups, group_size), np.float32)
-  if groups:
-    advantages[:len(groups)] = np.asarray(
-        group_advantages(rewards[:len(groups)].astype(np.float64), estimator=estimator),
-        np.float32)
+  if advantages is None:
+    advantages = np.zeros((num_groups, group_size), np.float32)
+  elif np.shape(advantages) != (num_groups, group_size):
+    raise ValueError(f"advantages have shape {np.shape(advantages)}, expected "
+                     f"{(num_groups, group_size)} (rl.advantages.batch_advantages)")
   tokens, attention, completion_mask = pad_rows(
       [g.prompt_tokens for g in groups for _ in range(group_size)],
       [ids for g in groups for ids in g.completion_ids], num_rows=rows,
       prompt_length=prompt_length, completion_length=completion_length, pad_id=pad_id)
   batch = {"tokens": tokens, "attention_mask": attention, "completion_mask": completion_mask,
-           "advantages": advantages.reshape(-1)}
+           "advantages": np.asarray(advantages, np.float32).reshape(-1)}
   if with_rewards:
     batch["rewards"] = rewards.reshape(-1)
   if truncation:
@@ -153,4 +158,4 @@ def build_batch(groups: Sequence[ScoredGroup], *, num_groups: int, group_size: i
       logprobs = logprobs[:completion_length]
       behavior[row, :len(logprobs)] = logprobs
     batch["behavior_logprobs"] = behavior
-  return batch, advantages
+  return batch

@@ -279,20 +279,23 @@ class Engine:
     """The engine's parameters (JetStream calls this once and passes them back to every call)."""
     return self._params
 
-  def update_params(self, params, *, version: int | None = None) -> nnx.State:
-    """Copies new parameters (an nnx.State or a Transformer, on any mesh) onto the sampler mesh;
-    for a LoRA model the adapters alone are enough (the base it holds is kept).
+  def update_params(self, params, *, version: int | None = None,
+                    adapters_only: bool = False) -> nnx.State:
+    """Copies new parameters (an nnx.State or a Transformer, on any mesh) onto the sampler mesh.
 
     The copy is device to device (`jax.device_put` with the sampler's shardings), never through host
-    memory. `version` is the policy version the caller assigns to these parameters (the training
-    loop owns the count: updates applied so far); without it the engine's version goes up by one.
-    Returns the new params for callers that hold them.
+    memory. `adapters_only`: `params` are a LoRA model's adapters alone (what the weight sync sends
+    with `lora.sampler_weights='adapters'`, `loop.weight_sync`); the base this engine holds is
+    kept. `version` is the policy version the caller assigns to these parameters (the loop owns
+    the count, `loop.state.LoopState.policy_version`); without it the engine's version goes up by
+    one. Returns the new params for callers that hold them.
     """
     if isinstance(params, nnx.Module):
       params = nnx.state(params)
-    if self._is_adapter_update(params):
-      # LoRA: only the adapters changed; the base this engine holds stays where it is.
-
+    if adapters_only:
+      if not lora.is_adapted(self._params):
+        raise SamplingError("update_params(adapters_only=True): this engine's model has no LoRA "
+                            "adapters to replace; send the whole model's weights")
       _, base = lora.split_adapters(self._params)
       adapters = sharding_lib.reshard(params, sharding_lib.param_shardings(params, self._mesh))
       self._params = lora.join(adapters, base)
@@ -300,13 +303,6 @@ class Engine:
       self._params = sharding_lib.reshard(params, self._param_shardings)
     self.policy_version = self.policy_version + 1 if version is None else int(version)
     return self._params
-
-  def _is_adapter_update(self, params) -> bool:
-    """Whether `params` holds LoRA adapters alone (the engine's model has adapters and `params`
-    has fewer leaves than the engine's state)."""
-
-    return (lora.is_adapted(self._params) and lora.is_adapted(params)
-            and len(jax.tree.leaves(params)) < len(jax.tree.leaves(self._params)))
 
   def get_prefix_destination_sharding(self):
     """Prefixes are small (one row) and live replicated on the sampler mesh."""

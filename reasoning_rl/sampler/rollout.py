@@ -46,8 +46,9 @@ class Completion:
       top-p applied; 0 for greedy), or None when that distribution is the model's own.
     finish_reason: "stop_id", "stop_string" or "length".
     truncated: True iff finish_reason == "length" (budget or cache exhausted).
-    policy_version: the engine's policy version when the completion started (if `update_params`
-      runs while it decodes, later tokens come from newer weights; this is the oldest version).
+    policy_version: the engine's policy version (`loop.state.LoopState.policy_version`) when the
+      completion started (if `update_params` runs while it decodes, later tokens come from newer
+      weights; this is the oldest version).
   """
 
   prompt_id: int

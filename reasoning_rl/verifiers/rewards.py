@@ -13,7 +13,8 @@ two parts of one kind need distinct names and an explicit `kind`. `parts` of a `
 *unweighted* value of every part (so each is logged on its own); `total` = Σ weight · value.
 
 Settings (all optional except `weight`; defaults in `PART_DEFAULTS`):
-  correct:  verifier (math | countdown | reasoning_gym | code | auto), extract, timeout_s, answer_tag,
+  correct:  verifier (a name of `registries.VERIFIERS`: math | countdown | reasoning_gym | code |
+            auto, which routes by task kind), extract, timeout_s, answer_tag,
             use_each, allow_unary_minus (countdown), success_threshold (reasoning_gym),
             partial_credit (code: passed/total instead of all-or-nothing), code_isolation
             (namespaces | rlimits_only: an explicit, logged acceptance of weaker isolation).
@@ -45,7 +46,6 @@ from reasoning_rl.verifiers import logic as logic_lib
 from reasoning_rl.verifiers import math_answers as math_lib
 
 CODE_VERIFIER_VERSION = "code-1"
-VERIFIERS = ("math", "countdown", "reasoning_gym", "code", "auto")
 LENGTH_METHODS = ("dapo", "kimi", "lcpo", "lcpo_max")
 CODE_TASKS = ("code", "humaneval", "mbpp")
 
@@ -214,8 +214,9 @@ def build_parts(rewards_config: Any) -> list[Part]:
 
 
 def _validate_correct(field: str, s: dict[str, Any]) -> None:
-  if s["verifier"] not in VERIFIERS:
-    raise ConfigError(f"{field}.verifier={s['verifier']!r} is unknown; choose one of {VERIFIERS}")
+  if s["verifier"] not in registries.VERIFIERS:
+    raise ConfigError(f"{field}.verifier={s['verifier']!r} is unknown; choose one of "
+                      f"{registries.VERIFIERS.names()}")
   if s["extract"] not in math_lib.EXTRACT_MODES + ("none",):
     raise ConfigError(f"{field}.extract={s['extract']!r} is unknown; choose one of "
                       f"{math_lib.EXTRACT_MODES + ('none',)}")
@@ -268,14 +269,39 @@ def verifier_version(parts: Sequence[Part]) -> str:
 # ------------------------------------------------------------------------------------- part scoring
 
 
+@dataclasses.dataclass(frozen=True)
+class Verifier:
+  """What a `correct` verifier is, as registered in `registries.VERIFIERS`.
+
+  score(record, settings) -> 1.0 / 0.0, or a share in [0, 1] (code with partial_credit).
+  version: its version string (it goes into `verifier_version`, so a change shows in replay).
+  tasks: the task kinds (`CompletionRecord.task`) that `verifier="auto"` sends here.
+  claims(record): whether `verifier="auto"` sends a record of another task kind here, from what it
+    carries (code tests, reasoning-gym metadata); asked in registration order after `tasks`.
+  """
+
+  score: Callable[[CompletionRecord, Mapping[str, Any]], float]
+  version: str
+  tasks: tuple[str, ...] = ()
+  claims: Callable[[CompletionRecord], bool] = lambda record: False
+
+
+# `verifier="auto"` sends what no verifier's tasks or claims take to math.
+_AUTO_FALLBACK = "math"
+
+
 def _route(record: CompletionRecord) -> str:
-  if record.task == "countdown":
-    return "countdown"
-  if record.task in CODE_TASKS or record.tests:
-    return "code"
-  if "source_dataset" in record.metadata:
-    return "reasoning_gym"
-  return "math"
+  """The verifier `verifier="auto"` uses: the one whose task kinds hold the record's, else the
+  first that claims it, else math."""
+  choices = [registries.VERIFIERS.get(name) for name in registries.VERIFIERS.names()
+             if name != "auto"]
+  for choice in choices:
+    if record.task in choice.impl.tasks:
+      return choice.name
+  for choice in choices:
+    if choice.impl.claims(record):
+      return choice.name
+  return _AUTO_FALLBACK
 
 
 def _metadata_field(record: CompletionRecord, key: str) -> Any:
@@ -292,26 +318,33 @@ def _code_answer(response: str, answer_tag: str) -> str:
   return blocks[-1] if blocks else text
 
 
-def score_correct(record: CompletionRecord, s: Mapping[str, Any]) -> float:
-  """The `correct` part: 1.0 / 0.0 (or a pass share for code with partial_credit)."""
-  verifier = _route(record) if s["verifier"] == "auto" else s["verifier"]
-  if verifier == "math":
-    extract = "answer_or_boxed" if s["extract"] == "none" else s["extract"]  # via verifier=auto
-    return float(math_lib.is_correct(record.response, record.ground_truth, extract=extract,
-                                      timeout_s=s["timeout_s"], answer_tag=s["answer_tag"]))
-  logic_extract = "none" if s["extract"] == "none" else "answer"
-  if verifier == "countdown":
-    return float(logic_lib.countdown_correct(
-        record.response, _metadata_field(record, "numbers"), _metadata_field(record, "target"),
-        extract=logic_extract, use_each=s["use_each"], allow_unary_minus=s["allow_unary_minus"],
-        answer_tag=s["answer_tag"]))
-  if verifier == "reasoning_gym":
-    entry = {"question": record.prompt, "answer": record.ground_truth,
-             "metadata": dict(record.metadata)}
-    return logic_lib.reasoning_gym_score(record.response, entry, extract=logic_extract,
-                                         success_threshold=s["success_threshold"],
-                                         answer_tag=s["answer_tag"])
-  # code: the test harness over the sandbox (reasoning_rl.verifiers.code_tests).
+def _score_math(record: CompletionRecord, s: Mapping[str, Any]) -> float:
+  extract = "answer_or_boxed" if s["extract"] == "none" else s["extract"]  # via verifier=auto
+  return float(math_lib.is_correct(record.response, record.ground_truth, extract=extract,
+                                    timeout_s=s["timeout_s"], answer_tag=s["answer_tag"]))
+
+
+def _logic_extract(s: Mapping[str, Any]) -> str:
+  return "none" if s["extract"] == "none" else "answer"
+
+
+def _score_countdown(record: CompletionRecord, s: Mapping[str, Any]) -> float:
+  return float(logic_lib.countdown_correct(
+      record.response, _metadata_field(record, "numbers"), _metadata_field(record, "target"),
+      extract=_logic_extract(s), use_each=s["use_each"], allow_unary_minus=s["allow_unary_minus"],
+      answer_tag=s["answer_tag"]))
+
+
+def _score_reasoning_gym(record: CompletionRecord, s: Mapping[str, Any]) -> float:
+  entry = {"question": record.prompt, "answer": record.ground_truth,
+           "metadata": dict(record.metadata)}
+  return logic_lib.reasoning_gym_score(record.response, entry, extract=_logic_extract(s),
+                                       success_threshold=s["success_threshold"],
+                                       answer_tag=s["answer_tag"])
+
+
+def _score_code(record: CompletionRecord, s: Mapping[str, Any]) -> float:
+  """The test harness over the sandbox (reasoning_rl.verifiers.code_tests)."""
   if not record.tests:
     raise VerifierError(f"task {record.task!r}: code record has no tests")
   result = code_lib.run_tests(_code_answer(record.response, s["answer_tag"]), list(record.tests),
@@ -321,6 +354,48 @@ def score_correct(record: CompletionRecord, s: Mapping[str, Any]) -> float:
   if s["partial_credit"]:
     return result.passed / result.total
   return float(result.passed == result.total and result.status == "passed")
+
+
+def _score_auto(record: CompletionRecord, s: Mapping[str, Any]) -> float:
+  return registries.VERIFIERS.get(_route(record)).impl.score(record, s)
+
+
+registries.VERIFIERS.add("math", Verifier(_score_math, math_lib.MATH_VERIFIER_VERSION),
+                         summary="math-verify equivalence of the extracted answer and the ground "
+                         "truth", options=("extract", "timeout_s", "answer_tag"))
+registries.VERIFIERS.add(
+    "countdown", Verifier(_score_countdown, logic_lib.COUNTDOWN_VERIFIER_VERSION,
+                          tasks=("countdown",)),
+    summary="the expression uses the given numbers and evaluates to the target (TinyZero)",
+    options=("extract", "use_each", "allow_unary_minus", "answer_tag"))
+registries.VERIFIERS.add(
+    "reasoning_gym", Verifier(_score_reasoning_gym, logic_lib.REASONING_GYM_VERIFIER_VERSION,
+                              claims=lambda record: "source_dataset" in record.metadata),
+    summary="the reasoning-gym dataset's own score_answer (Stojanovski et al. 2025)",
+    options=("extract", "success_threshold", "answer_tag"))
+registries.VERIFIERS.add(
+    "code", Verifier(_score_code, CODE_VERIFIER_VERSION, tasks=CODE_TASKS,
+                     claims=lambda record: bool(record.tests)),
+    summary="the record's tests run against the program in the sandbox",
+    options=("timeout_s", "answer_tag", "partial_credit", "code_isolation"))
+
+
+def _auto_version() -> str:
+  return "+".join(registries.VERIFIERS.get(name).impl.version
+                  for name in registries.VERIFIERS.names() if name != "auto")
+
+
+# registered last: its version names every verifier it can route to
+registries.VERIFIERS.add(
+    "auto", Verifier(_score_auto, ""),
+    summary="routes by task kind (countdown, code / humaneval / mbpp), then by what the record "
+    "carries (tests, reasoning-gym metadata), else math")
+
+
+def score_correct(record: CompletionRecord, s: Mapping[str, Any]) -> float:
+  """The `correct` part: its verifier's score (1.0 / 0.0, or a pass share for code with
+  partial_credit)."""
+  return registries.VERIFIERS.get(s["verifier"]).impl.score(record, s)
 
 
 def score_format(record: CompletionRecord, s: Mapping[str, Any]) -> float:
@@ -352,11 +427,8 @@ def score_length(record: CompletionRecord, s: Mapping[str, Any], correct: float 
 
 
 def _correct_version(s: Mapping[str, Any]) -> str:
-  table = {"math": math_lib.MATH_VERIFIER_VERSION,
-           "countdown": logic_lib.COUNTDOWN_VERIFIER_VERSION,
-           "reasoning_gym": logic_lib.REASONING_GYM_VERIFIER_VERSION,
-           "code": CODE_VERIFIER_VERSION}
-  return "+".join(table.values()) if s["verifier"] == "auto" else table[s["verifier"]]
+  return (_auto_version() if s["verifier"] == "auto"
+          else registries.VERIFIERS.get(s["verifier"]).impl.version)
 
 
 def _score_length_group(records, s, correct) -> list[float]:

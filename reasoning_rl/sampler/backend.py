@@ -1,0 +1,138 @@
+"""The rollout backend: what the training loop needs from whatever generates its completions.
+
+A backend turns prompts into groups of completions with the log-probs of every token, takes new
+weights tagged with a policy version, and stops. The loop (`loop.rollouts.RolloutCollector`, the
+weight sync `loop.weight_sync.WeightSync`) speaks only this protocol, so another engine (a paged
+or a vLLM-TPU / sglang-jax server) plugs in by registering a factory in
+`registries.ROLLOUT_BACKENDS` under the name `rollout.backend` selects:
+
+    @registries.ROLLOUT_BACKENDS.register("my-engine", summary="…")
+    def _make(spec: BackendSpec) -> RolloutBackend: ...
+
+Built in: `engine` (`EngineBackend`: this package's JetStream-API `Engine`, driven by the
+continuous-batching scheduler of `rollout.stream_groups`). The same `Engine` is served under
+JetStream's own orchestrator by `jetstream_adapter.jetstream_engine`.
+
+The contract a backend keeps (what the loss and the checkpoints rely on):
+- `generate` yields `rollout.Completion`s as they finish, G per prompt, each with `logprobs` (the
+  model's unscaled log-softmax at every generated token) and, when the sampling settings change
+  the distribution, `sampling_logprobs` (the distribution it drew from; docs/off_policy.md).
+- Completion (prompt_id, sample_index) depends on (seed, prompt_id, sample_index) and the weights
+  only, not on the batch it was generated in: a resumed run samples the same completions.
+- `update_weights(tree, version=v)` returns once the backend decodes with `tree`; completions
+  started afterwards report `policy_version` v.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+
+from reasoning_rl import registries
+from reasoning_rl.errors import SamplingError
+from reasoning_rl.sampler.engine import Engine
+from reasoning_rl.sampler.rollout import Completion, stream_groups
+from reasoning_rl.sampler.sampling import SamplingParams
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+  """Generates groups of completions with log-probs under the weights it was last given."""
+
+  @property
+  def policy_version(self) -> int:
+    """The version of the weights it decodes with (`loop.state.LoopState.policy_version`)."""
+
+  def generate(self, prompts: Sequence[Sequence[int]], *, prompt_ids: Sequence[int],
+               num_samples: int, sampling: SamplingParams, max_new_tokens: int,
+               stop_ids: Sequence[int], stop_strings: Sequence[str], tokenizer, seed: int,
+               should_stop: Callable[[], bool] | None = None) -> Iterator[Completion]:
+    """Yields the `num_samples` completions of every prompt as they finish (any order).
+
+    `should_stop` is asked between decode calls; True raises `errors.PhaseInterrupted`."""
+
+  def update_weights(self, weights: Any, *, version: int, adapters_only: bool = False) -> None:
+    """Decodes with `weights` from now on, as policy `version`; returns once they are in place.
+    `adapters_only`: `weights` are LoRA adapters alone, to join to the base the backend holds."""
+
+  def stop(self) -> None:
+    """Releases what the backend holds (threads, servers, device buffers); idempotent."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendSpec:
+  """What a backend factory gets: the policy and the rollout's sizes.
+
+  model: the sampler's model (an NNX module in the compute dtype; with LoRA 'merged', merged).
+  mesh: this process's sampler mesh (None: one device).
+  max_concurrent_decodes, max_prefill_length, steps_per_call: `rollout.*`.
+  max_decode_length: the longest completion any caller asks for (rollouts and evaluations).
+  seed: `config.seed` (requests without a key of their own derive theirs from it).
+  config: the whole run config, for backends with settings of their own.
+  """
+
+  model: Any
+  mesh: Any
+  max_concurrent_decodes: int
+  max_prefill_length: int
+  max_decode_length: int
+  steps_per_call: int
+  seed: int
+  config: Any = None
+
+
+class EngineBackend:
+  """`RolloutBackend` over this package's `Engine`: prefix-shared groups, continuous batching,
+  the engine's KV cache in slots (`rollout.stream_groups`), weights copied device to device."""
+
+  def __init__(self, engine: Engine):
+    self.engine = engine
+    self._stopped = False
+
+  @property
+  def policy_version(self) -> int:
+    return self.engine.policy_version
+
+  def _check_running(self) -> None:
+    if self._stopped:
+      raise SamplingError("the rollout backend was stopped; build a new one")
+
+  def generate(self, prompts, *, prompt_ids, num_samples, sampling, max_new_tokens, stop_ids,
+               stop_strings, tokenizer, seed, should_stop=None) -> Iterator[Completion]:
+    self._check_running()
+    return stream_groups(self.engine, prompts, num_samples=num_samples, sampling=sampling,
+                         max_new_tokens=max_new_tokens, stop_ids=stop_ids,
+                         stop_strings=stop_strings, tokenizer=tokenizer, seed=seed,
+                         prompt_ids=prompt_ids, should_stop=should_stop)
+
+  def update_weights(self, weights, *, version: int, adapters_only: bool = False) -> None:
+    self._check_running()
+    jax.block_until_ready(self.engine.update_params(weights, version=version,
+                                                    adapters_only=adapters_only))
+
+  def stop(self) -> None:
+    """The engine holds device buffers only; they go with it. Later calls are refused."""
+    self._stopped = True
+
+
+@registries.ROLLOUT_BACKENDS.register(
+    "engine", summary="this package's JetStream-API engine: prefix-shared groups, continuous "
+    "batching, KV cache in slots, device-to-device weight copies",
+    options=("rollout.max_concurrent_decodes", "rollout.max_prefill_length",
+             "rollout.steps_per_call"))
+def _engine_backend(spec: BackendSpec) -> EngineBackend:
+  return EngineBackend(Engine(
+      spec.model, mesh=spec.mesh, max_concurrent_decodes=spec.max_concurrent_decodes,
+      max_prefill_length=spec.max_prefill_length, max_decode_length=spec.max_decode_length,
+      steps_per_call=spec.steps_per_call, seed=spec.seed))
+
+
+def make_backend(name: str, spec: BackendSpec) -> RolloutBackend:
+  """The backend registered as `name` (ConfigError naming `rollout.backend` otherwise)."""
+  return registries.ROLLOUT_BACKENDS.get(name).impl(spec)
+
+
+__all__ = ["BackendSpec", "EngineBackend", "RolloutBackend", "make_backend"]
