@@ -1,4 +1,4 @@
-"""How a text states its final answer, read without a model so that no phrasing can hedge.
+r"""How a text states its final answer, read without a model so that no phrasing can hedge.
 
 The math verifier (`math_answers`) reads an answer span or a free-text response with
 `read_final_answer`. A text states its answer by
