@@ -11,10 +11,11 @@ What the sampler receives (`WeightSync.mode`), decided once from the step's conf
 How: one process, the backend's `update_weights` (a device-to-device copy); several, the trainer
 mesh to each sampler replica in buckets under a deadline (`multihost.Cluster.sync_params`).
 
-The policy version (`loop.state.LoopState.policy_version`) counts RL steps trained: version v is
-the parameters after the v-th rollout batch's μ × M updates (all of them one step). It advances
-here and nowhere else, once per published step; the sampler holds it, each rollout records the
-version that sampled it, and asynchronous rollouts measure their staleness in it.
+The policy version (`loop.state.LoopState.policy_version`) counts training steps: version v is
+the parameters after step v (an RL step: one rollout batch with all its μ × M optimizer updates;
+an SFT step: one batch), version 0 the starting model. It advances here and nowhere else, once
+per published step; the sampler holds it, each rollout records the version that sampled it, and
+asynchronous rollouts measure their staleness in it (docs/architecture.md §1).
 """
 
 from __future__ import annotations
