@@ -353,7 +353,8 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer,
   """Generates `num_samples` completions per example (and per canary) and evaluates them.
 
   Args:
-    engine: a `reasoning_rl.sampler.Engine` holding the weights to evaluate.
+    engine: the `reasoning_rl.sampler.RolloutBackend` (or a bare `sampler.Engine`) holding the
+      weights to evaluate.
     tokenizer: decodes completions (`decode(ids, skip_special_tokens=True)`); its `eos_ids` stop
       generation.
     template: `.encode(example) -> list[int]` (the prompt as the policy sees it in training).
@@ -372,18 +373,19 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer,
       preemption during an evaluation).
   """
   # Imported here so that scoring-only users (replay, report) do not load JAX.
-  from reasoning_rl.sampler import rollout  # pylint: disable=import-outside-toplevel
+  from reasoning_rl.sampler.backend import as_backend  # pylint: disable=import-outside-toplevel
   from reasoning_rl.sampler.sampling import SamplingParams  # pylint: disable=import-outside-toplevel
 
   canaries = [CanaryPrompt(prompt=c, uid=f"canary-{i}") if isinstance(c, str) else c
               for i, c in enumerate(canaries)]
   everything = list(examples) + canaries
   mine = list(range(len(everything))) if share is None else share.mine(range(len(everything)))
-  completions = rollout.generate_groups(
-      engine, [list(template.encode(everything[i])) for i in mine], prompt_ids=mine,
+  completions = sorted(as_backend(engine).generate(
+      [list(template.encode(everything[i])) for i in mine], prompt_ids=mine,
       num_samples=num_samples, sampling=SamplingParams(temperature=temperature, top_p=top_p),
       max_new_tokens=max_new_tokens, stop_ids=tuple(tokenizer.eos_ids),
-      stop_strings=tuple(stop_strings), tokenizer=tokenizer, seed=seed, should_stop=should_stop)
+      stop_strings=tuple(stop_strings), tokenizer=tokenizer, seed=seed, should_stop=should_stop),
+      key=lambda c: (c.prompt_id, c.sample_index))
   by_prompt: dict[int, list[GeneratedText]] = {i: [] for i in mine}
   for completion in completions:  # ordered by (prompt_id, sample_index)
     by_prompt[completion.prompt_id].append(GeneratedText(

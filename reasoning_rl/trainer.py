@@ -320,7 +320,7 @@ class Trainer:
 
     def evaluate_with(template, canaries=()):
       return evaluation.run_evaluation(
-          run.engine, run.tokenizer, template, run.data.eval_examples, run.scorer,
+          run.backend, run.tokenizer, template, run.data.eval_examples, run.scorer,
           num_samples=c.eval.num_samples, temperature=c.eval.temperature,
           max_new_tokens=eval_max_new_tokens(c), stop_strings=tuple(c.rollout.stop_strings),
           seed=c.seed, canaries=canaries, should_stop=checkpointing.preemption_requested)

@@ -130,9 +130,15 @@ def _engine_backend(spec: BackendSpec) -> EngineBackend:
       steps_per_call=spec.steps_per_call, seed=spec.seed))
 
 
+def as_backend(sampler: RolloutBackend | Engine) -> RolloutBackend:
+  """`sampler` itself, or a bare `Engine` (what `build_evaluation` and the launchers hold) as an
+  `EngineBackend`."""
+  return EngineBackend(sampler) if isinstance(sampler, Engine) else sampler
+
+
 def make_backend(name: str, spec: BackendSpec) -> RolloutBackend:
   """The backend registered as `name` (ConfigError naming `rollout.backend` otherwise)."""
   return registries.ROLLOUT_BACKENDS.get(name).impl(spec)
 
 
-__all__ = ["BackendSpec", "EngineBackend", "RolloutBackend", "make_backend"]
+__all__ = ["BackendSpec", "EngineBackend", "RolloutBackend", "as_backend", "make_backend"]
