@@ -265,7 +265,7 @@ def step_config(config: ml_collections.ConfigDict):
       max_completion_length=config.rollout.max_new_tokens,
       num_micro_batches=a.num_micro_batches, num_inner_updates=a.num_iterations,
       num_mini_batches=a.num_mini_batches,
-      logprob_chunk=a.logprob_chunk, remat=a.remat, packing=a.packing,
+      logprob_chunk=a.logprob_chunk, remat=a.remat_policy or a.remat, packing=a.packing,
       packed_row_factor=a.packed_row_factor, learning_rate=o.learning_rate,
       warmup_steps=o.warmup_steps, total_steps=config.total_steps,
       final_lr_fraction=o.final_lr_fraction, weight_decay=o.weight_decay,

@@ -39,23 +39,27 @@ import qwix
 from flax import nnx
 from safetensors.numpy import save_file
 
+from reasoning_rl.config_schema import field as field_of
+from reasoning_rl.config_schema import sourced
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.checkpoints import hf_tensor_name
+from reasoning_rl.models.transformer import stack_layers, unstack_layers
 # The adapted state and its merge into the base live with the model (save_hf writes merged
 # weights) and are part of this module's interface as well.
 from reasoning_rl.models.lora_merge import (  # noqa: F401  pylint: disable=unused-import
     adapted_projections, is_adapted, join, merge_into_base, merged_delta, merged_model,
     plain_graphdef, split_adapters)
 
-QUANTIZATIONS = ("", "int8", "nf4")
-SAMPLER_WEIGHTS = ("adapters", "merged")
+QUANTIZATIONS = field_of("lora.base_quantization").check.values  # ("", "int8", "nf4")
+SAMPLER_WEIGHTS = field_of("lora.sampler_weights").check.values  # ("adapters", "merged")
 PROJECTIONS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
                 "mlp": ("gate_proj", "up_proj", "down_proj")}
 
 
 @dataclasses.dataclass(frozen=True)
 class LoraSettings:
-  """`config.lora`: rank 0 = off (full fine-tuning).
+  """`config.lora` as a typed view (same names and defaults, reasoning_rl/config_schema.py): rank
+  0 = off (full fine-tuning).
 
   alpha: the adapters' scale is alpha / rank (as PEFT's `lora_alpha`).
   target_modules: regex over module paths (`layers/<i>/attn`, `layers/<i>/mlp`).
@@ -66,12 +70,12 @@ class LoraSettings:
     adapters) or "merged" (W + α/r · A B, a plain model).
   """
 
-  rank: int = 0
-  alpha: float = 16.0
-  target_modules: str = r"layers/\d+/(attn|mlp)"
-  base_quantization: str = ""
-  quantization_tile: int = 64
-  sampler_weights: str = "adapters"
+  rank: int = sourced("lora.rank")
+  alpha: float = sourced("lora.alpha")
+  target_modules: str = sourced("lora.target_modules")
+  base_quantization: str = sourced("lora.base_quantization")
+  quantization_tile: int = sourced("lora.quantization_tile")
+  sampler_weights: str = sourced("lora.sampler_weights")
 
   @classmethod
   def from_config(cls, config) -> LoraSettings:
@@ -123,9 +127,18 @@ def apply_lora(model, settings: LoraSettings, *, seed: int = 0):
   """The model with adapters (and, for QLoRA, a quantized base); `model` itself is unchanged.
 
   A is initialised by qwix (He-uniform), B at zero. Raises ConfigError when `target_modules`
-  matches no module.
+  matches no module. A scanned model (`scan_layers`) is adapted in the loop layout, where
+  `target_modules` names layers, and stacked again: every layer must then be adapted alike.
   """
   settings.validate()
+  if model.scan_layers:
+    adapted = apply_lora(unstack_layers(model), settings, seed=seed)
+    try:
+      return stack_layers(adapted)
+    except ValueError:
+      raise ConfigError(f"config.lora.target_modules={settings.target_modules!r} adapts some "
+                        "layers and not others, which a scanned stack (config.model.scan_layers) "
+                        r"cannot hold: adapt every layer alike (e.g. layers/\d+/attn)") from None
   config = model.config
   if settings.base_quantization == "nf4" and settings.quantization_tile:
     _check_tiles(config, settings.quantization_tile)
@@ -239,6 +252,7 @@ def save_peft(model, directory: str | os.PathLike, *,
   fan-in / fan-out flattened as the HF weight flattens them (heads, then head_dim), which is the
   order of our axes; its scale is lora_alpha / r, as ours.
   """
+  model = unstack_layers(model)  # PEFT names layers one by one
   settings = model.lora_settings
   adapters, _ = split_adapters(nnx.state(model))
   tensors, targets = {}, []

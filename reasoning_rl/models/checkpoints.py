@@ -30,7 +30,7 @@ from reasoning_rl.errors import CheckpointError
 from reasoning_rl.models import lora_merge
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.safetensors_io import SafetensorsDirectory
-from reasoning_rl.models.transformer import Transformer, abstract_model
+from reasoning_rl.models.transformer import Transformer, abstract_model, unstack_layers
 
 Converter = Callable[[np.ndarray], np.ndarray]
 
@@ -202,8 +202,9 @@ def save_hf(model: Transformer, tokenizer, directory: str | os.PathLike, *,
   logits, so a trained policy can be served by HF / vLLM. Written to a temporary sibling directory
   and renamed, so a crash never leaves a half-written model. A model with LoRA adapters is written
   with `merged=True`: the weights W + α/r · A B (`reasoning_rl.lora.save_peft` writes the adapters
-  alone instead).
+  alone instead). A scanned model is written in the loop layout (`model.layers.<i>.…`), as any.
   """
+  model = unstack_layers(model)
   if lora_merge.is_adapted(model):
     if not merged:
       raise CheckpointError(

@@ -60,8 +60,14 @@ def merged_delta(lora_a, lora_b, scale: float, shape) -> jax.Array:
   """α/r · A B in the layout of the weight it adapts.
 
   Our projections list their contracting axes first (q/k/v [D, H, K], o [H, K, D], MLP [D, F] /
-  [F, D]), which is also how qwix orders A's axes, so A B is a tensordot over the rank axis."""
-  delta = jnp.tensordot(lora_a.astype(jnp.float32), lora_b.astype(jnp.float32), axes=1)
+  [F, D]), which is also how qwix orders A's axes, so A B is a tensordot over the rank axis. The
+  adapters of a scanned stack carry a leading layers axis (as the weight does): one product per
+  layer."""
+  a, b = lora_a.astype(jnp.float32), lora_b.astype(jnp.float32)
+  if a.ndim + b.ndim - 2 == len(shape):
+    delta = jnp.tensordot(a, b, axes=1)
+  else:
+    delta = jax.vmap(lambda x, y: jnp.tensordot(x, y, axes=1))(a, b)
   if delta.shape != tuple(shape):
     raise ValueError(f"adapter product {delta.shape} does not match the weight {tuple(shape)}")
   return delta * scale
@@ -84,9 +90,11 @@ def merge_into_base(adapters, base, settings):
   return merged
 
 
-def plain_graphdef(model_config, *, dtype, param_dtype):
-  """The graph of the model without adapters (what merged weights run on)."""
-  graphdef, _ = abstract_model(model_config, dtype=dtype, param_dtype=param_dtype)
+def plain_graphdef(model_config, *, dtype, param_dtype, scan_layers: bool = False):
+  """The graph of the model without adapters (what merged weights run on), in either layout of
+  the block stack."""
+  graphdef, _ = abstract_model(model_config, dtype=dtype, param_dtype=param_dtype,
+                               scan_layers=scan_layers)
   return graphdef
 
 
@@ -95,5 +103,6 @@ def merged_model(model, settings=None):
   settings = settings or model.lora_settings
   adapters, base = split_adapters(nnx.state(model))
   state = merge_into_base(adapters, base, settings)
-  graphdef = plain_graphdef(model.config, dtype=model.dtype, param_dtype=model.param_dtype)
+  graphdef = plain_graphdef(model.config, dtype=model.dtype, param_dtype=model.param_dtype,
+                            scan_layers=model.scan_layers)
   return nnx.merge(graphdef, state)

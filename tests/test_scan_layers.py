@@ -1,0 +1,256 @@
+"""The scanned block stack (`scan_layers`) computes what the loop computes, and converts at the
+edges: logits, decoding, a train step's loss and gradients, every remat policy, the HF files and
+LoRA adapters (their PEFT export included) are the loop's. Tiny random float32 models."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file
+
+from reasoning_rl import lora, sharding
+from reasoning_rl.errors import ConfigError
+from reasoning_rl.models.checkpoints import load_hf_weights, save_hf
+from reasoning_rl.models.config import ModelConfig
+from reasoning_rl.models.transformer import (
+    REMAT_POLICIES, KVCache, create_model, layer_period, logical_axes, positions_from_mask,
+    remat_policy, stack_layers, unstack_layers)
+from reasoning_rl.rl.stats import finalize
+from reasoning_rl.rl.step import StepConfig, TrainStep
+from tests.test_train_step import PROBE_LR, assert_same_gradient, gradient_probe, make_batch
+
+CONFIGS = {
+    "llama": ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48,
+                         num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8),
+    "qwen2": ModelConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=48,
+                         num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8,
+                         attention_bias=True, tie_word_embeddings=True),
+    # alternating local (window 3) / global layers, soft-caps, sandwich norms: scanned in pairs
+    "gemma2": ModelConfig(model_type="gemma2", vocab_size=64, hidden_size=32,
+                          intermediate_size=48, num_layers=4, num_heads=4, num_kv_heads=2,
+                          head_dim=8, attn_logit_softcap=20.0, final_logit_softcap=30.0,
+                          sliding_window=3, activation="gelu_tanh", norm_plus_one=True,
+                          scale_embeddings=True, sandwich_norms=True, query_pre_attn_scalar=8.0,
+                          tie_word_embeddings=True,
+                          layer_types=("sliding_attention", "full_attention") * 2),
+}
+TOKENS = jnp.asarray(np.random.default_rng(0).integers(1, 64, (3, 11)), jnp.int32)
+MASK = jnp.asarray(np.r_[[[0, 0] + [1] * 9], np.ones((2, 11))], jnp.int32)  # a left-padded row
+
+
+def both(name, seed=1):
+  return create_model(CONFIGS[name], seed=seed), create_model(CONFIGS[name], seed=seed,
+                                                              scan_layers=True)
+
+
+def logits(model, tokens=TOKENS, mask=MASK):
+  """model(tokens, mask), jitted (eager dispatch of a scan costs seconds per call)."""
+  graphdef, state = nnx.split(model)
+  return jax.jit(lambda s, t, m: nnx.merge(graphdef, s)(t, m))(state, tokens, mask)
+
+
+def jitted_decode(model):
+  graphdef, state = nnx.split(model)
+  run = jax.jit(lambda s, *args: nnx.merge(graphdef, s).decode(*args))
+  return lambda *args: run(state, *args)
+
+
+def max_diff(a, b) -> float:
+  return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def test_layer_period_is_the_shortest_repeat_of_the_layer_types():
+  assert layer_period(CONFIGS["llama"]) == 1
+  assert layer_period(CONFIGS["gemma2"]) == 2
+  odd = dataclasses.replace(CONFIGS["gemma2"], num_layers=3,
+                            layer_types=("sliding_attention", "full_attention", "full_attention"))
+  assert layer_period(odd) == 3  # no shorter repeat: one scan step of all three
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_scanned_layout_stacks_the_loops_weights_and_computes_its_logits(name):
+  loop, scan = both(name)
+  # create_model(seed) gives the same weights in both layouts, and stack_layers reproduces it
+  stacked = nnx.state(stack_layers(loop))
+  for a, b in zip(jax.tree.leaves(stacked), jax.tree.leaves(nnx.state(scan)), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  q = nnx.state(scan)["layers"]["attn"]["q_proj"]
+  assert q.shape[0] == CONFIGS[name].num_layers
+  assert q.get_metadata()["logical_axes"] == ("layers", "embed", "heads", "head_dim")
+  expected = logits(loop)
+  assert max_diff(logits(scan), expected) < 1e-5
+  assert max_diff(logits(unstack_layers(scan)), expected) == 0  # the loop's own weights
+
+
+def test_unstacking_restores_the_loop_layout_paths_and_axes():
+  loop, scan = both("gemma2")
+  back = unstack_layers(scan)
+  assert nnx.graphdef(back) == nnx.graphdef(loop)  # per-layer windows included
+  flat = lambda m: [(p, np.asarray(v[...])) for p, v in nnx.to_flat_state(nnx.state(m))]  # noqa
+  for (pa, a), (pb, b) in zip(flat(back), flat(loop), strict=True):
+    assert pa == pb
+    np.testing.assert_array_equal(a, b)
+  assert logical_axes(nnx.state(back)) == logical_axes(nnx.state(loop))
+  # stacking did not touch the loop model's own metadata
+  assert nnx.state(loop)["layers"][0]["mlp"]["up_proj"].get_metadata()["logical_axes"] == (
+      "embed", "mlp")
+
+
+def test_stacked_parameters_replicate_the_layer_axis_on_the_mesh():
+  mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  spec = sharding.logical_to_spec(("layers", "embed", "mlp"), (3, 32, 48), mesh)
+  assert spec == jax.sharding.PartitionSpec(None, None, None)
+  shardings = sharding.param_shardings(nnx.state(both("llama")[1]), mesh)
+  assert len(jax.tree.leaves(shardings)) == len(jax.tree.leaves(nnx.state(both("llama")[1])))
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gemma2"])
+def test_greedy_decoding_picks_the_same_tokens(name):
+  """Prefill then 12 greedy steps through each layout's KV cache (per-layer tuple vs stacked):
+  past gemma2's window of 3, so the local layers' masking is exercised."""
+  config = CONFIGS[name]
+  outputs = []
+  for scan_layers in (False, True):
+    decode = jitted_decode(create_model(config, seed=2, scan_layers=scan_layers))
+    cache = KVCache.init(config, 3, 32, stacked=scan_layers)
+    positions = positions_from_mask(MASK)
+    step_logits, cache = decode(TOKENS, positions, cache, jnp.zeros(3, jnp.int32))
+    position = positions[:, -1] + 1
+    slot = jnp.full(3, TOKENS.shape[1], jnp.int32)
+    token = jnp.argmax(step_logits[:, -1], -1)
+    tokens, all_logits = [token], [step_logits]
+    for _ in range(12):
+      step_logits, cache = decode(token[:, None], position[:, None], cache, slot)
+      token = jnp.argmax(step_logits[:, -1], -1)
+      tokens.append(token)
+      all_logits.append(step_logits)
+      position, slot = position + 1, slot + 1
+    outputs.append((np.stack(tokens, 1), all_logits, cache))
+  (loop_tokens, loop_logits, loop_cache), (scan_tokens, scan_logits, scan_cache) = outputs
+  np.testing.assert_array_equal(scan_tokens, loop_tokens)
+  for a, b in zip(scan_logits, loop_logits):
+    assert max_diff(a, b) < 1e-5
+  assert scan_cache.stacked and not loop_cache.stacked
+  assert max_diff(scan_cache.k, jnp.stack(loop_cache.k)) < 1e-5
+  with pytest.raises(ValueError, match="stacked"):
+    jitted_decode(create_model(config, scan_layers=True))(
+        TOKENS, positions_from_mask(MASK), KVCache.init(config, 3, 32), jnp.zeros(3, jnp.int32))
+
+
+def step_gradient(scan_layers: bool, remat="none"):
+  """(the gradient of one GRPO step as the loop layout's flat leaves, its loss): read off an
+  SGD update at PROBE_LR, as tests/test_train_step.py does."""
+  config = CONFIGS["qwen2"]
+  model = create_model(config, seed=0, scan_layers=scan_layers)
+  graphdef, params = nnx.split(model)
+  before = jax.tree.map(np.asarray, params)
+  step = TrainStep(graphdef, StepConfig(beta=0.04, learning_rate=1.0, remat=remat))
+  step.optimizer = gradient_probe()
+  reference = jax.tree.map(jnp.copy, params)
+  state, stats = step(step.init_state(params, ref_params=reference), make_batch())
+  gradient = jax.tree.map(lambda b, a: (np.asarray(b, np.float64) - a) / PROBE_LR, before,
+                          jax.tree.map(np.asarray, state.params))
+  as_loop = nnx.state(unstack_layers(nnx.merge(graphdef, gradient)))
+  return [np.asarray(g) for g in jax.tree.leaves(as_loop)], finalize(jax.device_get(stats))["loss"]
+
+
+@pytest.fixture(scope="module")
+def loop_gradient():
+  return step_gradient(False)
+
+
+def test_a_train_step_has_the_loops_loss_and_gradient(loop_gradient):
+  gradient, loss = step_gradient(True)
+  assert loss == pytest.approx(loop_gradient[1], rel=1e-5)
+  assert_same_gradient(gradient, loop_gradient[0])
+
+
+@pytest.mark.parametrize("policy", REMAT_POLICIES)
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_every_remat_policy_gives_the_same_gradient(loop_gradient, scan_layers, policy):
+  gradient, loss = step_gradient(scan_layers, policy)
+  assert loss == pytest.approx(loop_gradient[1], rel=1e-5)
+  assert_same_gradient(gradient, loop_gradient[0])
+
+
+def test_remat_names_and_the_older_bool():
+  assert [remat_policy(v) for v in (False, True, "save_matmuls")] == [
+      "none", "full", "save_matmuls"]
+  with pytest.raises(ValueError, match="remat='some'"):
+    remat_policy("some")
+
+
+def test_hf_files_are_the_loops_and_load_back(tmp_path):
+  loop, scan = both("gemma2")
+  save_hf(loop, None, tmp_path / "loop")
+  save_hf(scan, None, tmp_path / "scan")
+  written, expected = (load_file(str(tmp_path / d / "model.safetensors"))
+                       for d in ("scan", "loop"))
+  assert sorted(written) == sorted(expected)
+  assert "model.layers.3.mlp.up_proj.weight" in written  # one tensor per layer, as HF names it
+  for name, tensor in expected.items():
+    np.testing.assert_array_equal(written[name], tensor)
+  loaded, _ = load_hf_weights(tmp_path / "scan")
+  assert max_diff(logits(stack_layers(loaded)), logits(loop)) < 1e-5
+
+
+SETTINGS = lora.LoraSettings(rank=4, alpha=8.0)
+
+
+def with_random_b(model, seed=5):
+  """Trained-looking adapters (B is zero at initialisation), set layer by layer on the loop
+  layout so both layouts get the same values."""
+  adapters = nnx.state(model, nnx.LoRAParam)
+  keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(adapters))))
+  nnx.update(model, jax.tree.map(
+      lambda a: 0.05 * jax.random.normal(next(keys), a.shape, a.dtype), adapters))
+  return model
+
+
+def test_lora_adapters_carry_over_and_export_as_the_loops(tmp_path):
+  loop_adapted = with_random_b(lora.apply_lora(create_model(CONFIGS["llama"], seed=0), SETTINGS))
+  scan_adapted = stack_layers(loop_adapted)
+  # apply_lora on a scanned model adapts it as the loop layout would (same A, zero B)
+  fresh = lora.apply_lora(create_model(CONFIGS["llama"], seed=0, scan_layers=True), SETTINGS)
+  assert fresh.scan_layers
+  expected_a = nnx.state(stack_layers(lora.apply_lora(create_model(CONFIGS["llama"], seed=0),
+                                                      SETTINGS)), nnx.LoRAParam)
+  for a, b in zip(jax.tree.leaves(nnx.state(fresh, nnx.LoRAParam)),
+                  jax.tree.leaves(expected_a), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  a_stack = nnx.state(scan_adapted)["layers"]["attn"]["q_proj_lora_a"]
+  assert a_stack.shape == (3, 32, 4) and a_stack.get_metadata()["logical_axes"] == (
+      "layers", None, None)
+  # forward and decode see the adapters (qwix intercepts the scanned stack's projections)
+  expected = logits(loop_adapted)
+  assert max_diff(expected, logits(create_model(CONFIGS["llama"], seed=0))) > 1e-3
+  assert max_diff(logits(scan_adapted), expected) < 1e-5
+  positions = positions_from_mask(MASK)
+  start = jnp.zeros(3, jnp.int32)
+  loop_logits, _ = jitted_decode(loop_adapted)(
+      TOKENS, positions, KVCache.init(CONFIGS["llama"], 3, 16), start)
+  scan_logits, _ = jitted_decode(scan_adapted)(
+      TOKENS, positions, KVCache.init(CONFIGS["llama"], 3, 16, stacked=True), start)
+  assert max_diff(scan_logits, loop_logits) < 1e-5
+  # merged weights (the sampler's "merged" copy, save_hf) and the PEFT files: the loop's
+  merged = lora.merged_model(scan_adapted)
+  assert merged.scan_layers
+  assert max_diff(logits(merged), expected) < 1e-5
+  lora.save_peft(loop_adapted, tmp_path / "loop")
+  lora.save_peft(scan_adapted, tmp_path / "scan")
+  assert ((tmp_path / "scan" / "adapter_config.json").read_text()
+          == (tmp_path / "loop" / "adapter_config.json").read_text())
+  written, wanted = (load_file(str(tmp_path / d / "adapter_model.safetensors"))
+                     for d in ("scan", "loop"))
+  assert sorted(written) == sorted(wanted)
+  for name, tensor in wanted.items():
+    np.testing.assert_array_equal(written[name], tensor)
+
+
+def test_adapting_some_layers_only_is_refused_for_a_scanned_stack():
+  some = dataclasses.replace(SETTINGS, target_modules=r"layers/1/(attn|mlp)")
+  with pytest.raises(ConfigError, match="adapts some layers and not others"):
+    lora.apply_lora(create_model(CONFIGS["llama"], seed=0, scan_layers=True), some)
