@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from reasoning_rl import build, registries
+from reasoning_rl import build, evaluation, registries
 from reasoning_rl.errors import ConfigError, SamplingError
 from reasoning_rl.loop import telemetry
 from reasoning_rl.loop.rl_stage import RLStage
@@ -102,10 +102,15 @@ def test_a_backend_registered_by_name_drives_a_real_rl_step(scripted_backend_nam
   before = jax.tree.map(np.asarray, run.state.params)
   try:
     state, row = stage.step(1, run.state, loop)
+    # held-out evaluation samples through the same backend
+    result = evaluation.run_evaluation(
+        backend, run.tokenizer, run.template, run.data.eval_examples[:2], run.scorer,
+        max_new_tokens=r.max_new_tokens, seed=config.seed)
   finally:
     run.scorer.close()
+  assert backend.calls[-1]["prompt_ids"] == [0, 1] and result["num_examples"] == 2
   # the loop asked the backend for the stream's first prompts, G samples each, with the run's seed
-  assert backend.calls == [dict(prompt_ids=list(range(r.num_prompts)), num_samples=r.num_samples,
+  assert backend.calls[:1] == [dict(prompt_ids=list(range(r.num_prompts)), num_samples=r.num_samples,
                                 seed=config.seed, temperature=r.temperature)]
   # the scripted completions were trained on: lengths g + 2 tokens, a real update happened
   assert row["response_length/mean"] == pytest.approx(np.mean(np.arange(r.num_samples) + 2))
