@@ -69,7 +69,7 @@ def main():
     for name, engine in engines.items():
       start = time.perf_counter()
       weights = send[name]()
-      jax.block_until_ready(engine.update_params(weights))
+      jax.block_until_ready(engine.update_params(weights, adapters_only=name == "adapters"))
       sync_s[name].append(time.perf_counter() - start)
       sync_bytes[name] = lora.num_bytes(weights)
 
