@@ -254,3 +254,23 @@ def test_adapting_some_layers_only_is_refused_for_a_scanned_stack():
   some = dataclasses.replace(SETTINGS, target_modules=r"layers/1/(attn|mlp)")
   with pytest.raises(ConfigError, match="adapts some layers and not others"):
     lora.apply_lora(create_model(CONFIGS["llama"], seed=0, scan_layers=True), some)
+
+
+def test_the_sampler_engine_decodes_a_scanned_model_as_the_loop():
+  """Continuous batching (7 prompts over 3 slots: prefill, insert, decode of some rows only)
+  through the stacked KV cache: the loop model's greedy and sampled completions."""
+  from reasoning_rl.sampler import Engine, SamplingParams, generate_groups
+  from tests.test_sampler_engine import PROMPTS, tiny_model
+
+  loop = tiny_model(1)
+  outputs = []
+  for model in (loop, stack_layers(loop)):
+    engine = Engine(model, max_concurrent_decodes=3, max_prefill_length=32, max_decode_length=16,
+                    steps_per_call=4)
+    greedy = generate_groups(engine, PROMPTS, sampling=SamplingParams(temperature=0.0),
+                             max_new_tokens=12)
+    sampled = generate_groups(engine, PROMPTS[:3], num_samples=2, max_new_tokens=8, seed=3)
+    outputs.append(greedy + sampled)
+  for loop_completion, scan_completion in zip(*outputs, strict=True):
+    assert scan_completion.completion_ids == loop_completion.completion_ids
+    np.testing.assert_allclose(scan_completion.logprobs, loop_completion.logprobs, atol=1e-4)

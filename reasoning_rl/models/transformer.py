@@ -202,6 +202,25 @@ class KVCache:
   def stacked(self) -> bool:
     return not isinstance(self.k, tuple)
 
+  @staticmethod
+  def kv_axes(stacked: bool) -> tuple[str, ...]:
+    """Logical axes of a k / v array (one layer's, or the stack's)."""
+    return ("layers",) * stacked + ("batch", "kv_heads", "length", "head_dim")
+
+  def map_layers(self, fn, *others: "KVCache") -> "KVCache":
+    """The cache with k and v replaced by fn(a layer's [B, K, S, D] buffer, the same layer's of
+    each of `others`); pos is kept. On a stacked cache fn is vmapped over the layers axis: one
+    batched operation, done in place where fn updates its buffer. Row selections and row updates
+    (a sampler's slots) read the same in either layout through it."""
+    if self.stacked:
+      def over(mine, theirs):
+        return jax.vmap(fn)(mine, *theirs)
+    else:
+      def over(mine, theirs):
+        return tuple(fn(*layer) for layer in zip(mine, *theirs))
+    return self.replace(k=over(self.k, [o.k for o in others]),
+                        v=over(self.v, [o.v for o in others]))
+
   @property
   def max_len(self) -> int:
     return self.pos.shape[1]

@@ -216,6 +216,7 @@ class Engine:
       raise SamplingError(f"truncation={truncation!r}: must be 'error' or 'left'")
     self.config = model.config
     self.dtype = model.dtype
+    self._scan_layers = model.scan_layers  # the KV cache is then stacked as the layers are
     self._mesh = mesh if mesh is not None else sharding_lib.make_mesh(
         (1, 1, 1), devices=[jax.devices()[0]])
     self._slots = max_concurrent_decodes
@@ -476,12 +477,15 @@ class Engine:
 
   def _decode_state_shardings(self) -> DecodeState:
     mesh, slots, cfg = self._mesh, self._slots, self.config
-    kv_shape = (slots, cfg.num_kv_heads, self.cache_length, cfg.head_dim)
-    kv = sharding_lib.sharding_for(("batch", "kv_heads", "length", "head_dim"), kv_shape, mesh)
+    stacked = self._scan_layers
+    kv_shape = (cfg.num_layers,) * stacked + (slots, cfg.num_kv_heads, self.cache_length,
+                                              cfg.head_dim)
+    kv = sharding_lib.sharding_for(KVCache.kv_axes(stacked), kv_shape, mesh)
+    per_layer = kv if stacked else (kv,) * cfg.num_layers
     rows = sharding_lib.sharding_for(("batch", "length"), (slots, self.cache_length), mesh)
     vector = sharding_lib.sharding_for(("batch",), (slots,), mesh)
     return DecodeState(
-        cache=KVCache(k=(kv,) * cfg.num_layers, v=(kv,) * cfg.num_layers, pos=rows),
+        cache=KVCache(k=per_layer, v=per_layer, pos=rows),
         next_logits=sharding_lib.sharding_for(("batch", None), (slots, cfg.vocab_size), mesh),
         position=vector, generated=vector, done=vector, keys=vector, temperature=vector,
         top_p=vector, top_k=vector, min_p=vector, max_new_tokens=vector,
@@ -491,10 +495,11 @@ class Engine:
     graphdef, cfg = self._graphdef, self.config
     slots, cache_length, steps = self._slots, self.cache_length, self.steps_per_call
     state_shardings, replicated = self._state_shardings, self._replicated
+    stacked = self._scan_layers
 
     def init():
       return DecodeState(
-          cache=KVCache.init(cfg, slots, cache_length, self.dtype),
+          cache=KVCache.init(cfg, slots, cache_length, self.dtype, stacked=stacked),
           next_logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
           position=jnp.zeros(slots, jnp.int32), generated=jnp.zeros(slots, jnp.int32),
           done=jnp.ones(slots, bool), keys=jax.random.split(jax.random.key(0), slots),
@@ -508,13 +513,14 @@ class Engine:
       rows, length = tokens.shape
       index = jnp.arange(length)[None, :]
       positions = jnp.where(index < true_lengths[:, None], index, -1)
-      cache = KVCache.init(cfg, rows, length, self.dtype)
+      cache = KVCache.init(cfg, rows, length, self.dtype, stacked=stacked)
       hidden, cache = model.decode(tokens, positions, cache, jnp.zeros(rows, jnp.int32),
                                    return_hidden=True)
       last = jnp.take_along_axis(hidden, (true_lengths - 1)[:, None, None], axis=1)[:, 0]
       logits = model.logits_from_hidden(last)
       prefixes = tuple(
-          Prefix(cache=jax.tree.map(lambda a, r=r: a[r:r + 1], cache), logits=logits[r],
+          Prefix(cache=cache.map_layers(lambda a, r=r: a[r:r + 1]).replace(
+                     pos=cache.pos[r:r + 1]), logits=logits[r],
                  length=true_lengths[r], request=requests[r]) for r in range(rows))
       request = jax.tree.map(lambda *fields: jnp.stack(fields), *requests)
       token, logprob, sampling_logprob = sampling_lib.sample_tokens(
@@ -532,10 +538,8 @@ class Engine:
 
       bucket = prefix.cache.pos.shape[1]
       pos_row = jnp.full((1, cache_length), -1, jnp.int32).at[:, :bucket].set(prefix.cache.pos)
-      cache = KVCache(
-          k=tuple(put_row(a, b.astype(a.dtype)) for a, b in zip(state.cache.k, prefix.cache.k)),
-          v=tuple(put_row(a, b.astype(a.dtype)) for a, b in zip(state.cache.v, prefix.cache.v)),
-          pos=put_row(state.cache.pos, pos_row))
+      cache = state.cache.map_layers(lambda a, b: put_row(a, b.astype(a.dtype)),
+                                     prefix.cache).replace(pos=put_row(state.cache.pos, pos_row))
       req = prefix.request
       return state.replace(
           cache=cache, next_logits=state.next_logits.at[slot].set(prefix.logits),
@@ -605,14 +609,12 @@ class Engine:
       """`generate` for the slots `rows` only: their state and first key_length cache slots are
       gathered into a batch of len(rows), decoded, and scattered back."""
       per_slot = state.replace(cache=None)
-      part = jax.tree.map(lambda a: a[rows], per_slot).replace(cache=KVCache(
-          k=tuple(k[rows, :, :key_length] for k in state.cache.k),
-          v=tuple(v[rows, :, :key_length] for v in state.cache.v),
-          pos=state.cache.pos[rows, :key_length]))
+      part = jax.tree.map(lambda a: a[rows], per_slot).replace(
+          cache=state.cache.map_layers(lambda a: a[rows, :, :key_length]).replace(
+              pos=state.cache.pos[rows, :key_length]))
       part, result = decode_steps(params, part, return_on_finish, key_length)
-      cache = KVCache(
-          k=tuple(a.at[rows, :, :key_length].set(b) for a, b in zip(state.cache.k, part.cache.k)),
-          v=tuple(a.at[rows, :, :key_length].set(b) for a, b in zip(state.cache.v, part.cache.v)),
+      cache = state.cache.map_layers(lambda a, b: a.at[rows, :, :key_length].set(b),
+                                     part.cache).replace(
           pos=state.cache.pos.at[rows, :key_length].set(part.cache.pos))
       state = jax.tree.map(lambda a, b: a.at[rows].set(b), per_slot,
                            part.replace(cache=None)).replace(cache=cache)
