@@ -78,7 +78,7 @@ def build_policy(config: ml_collections.ConfigDict):
   `model.weight_dtype`, except with LoRA, whose frozen base is never updated and so is held in
   the compute dtype (the adapters are float32)."""
   from reasoning_rl.models import load
-  from reasoning_rl.models.transformer import create_model
+  from reasoning_rl.models.transformer import create_model, stack_layers
 
   c = config.model
   weight_dtype = c.dtype if config.lora.rank > 0 else c.weight_dtype
@@ -90,6 +90,8 @@ def build_policy(config: ml_collections.ConfigDict):
   else:
     model_config, tokenizer = random_model_config(config)
     model = create_model(model_config, seed=config.seed, dtype=c.dtype, param_dtype=weight_dtype)
+  if c.scan_layers:  # loaded in the files' layout; lora.apply_lora keeps it
+    model = stack_layers(model)
   return model.use_attention_kernel(c.attention_kernel), tokenizer
 
 

@@ -48,6 +48,11 @@ def base_config() -> ml_collections.ConfigDict:
   # the flash kernel of the backend (splash on TPU, Pallas/Triton on GPU) and the XLA reference
   # on CPU; a kernel named off its backend runs in Pallas interpret mode (exact, slow).
   c.model.attention_kernel = "auto"
+  # The block stack as one scanned module (parameters and KV cache stacked on a leading layers
+  # axis, run by jax.lax.scan): the step and the sampler compile one block whatever the depth
+  # (benchmarks/RESULTS.md, "Scanned layers"). Same numbers; HF / GGUF / PEFT files and LoRA
+  # target names are unchanged; a run's checkpoints hold its own layout (a resume keeps it).
+  c.model.scan_layers = False
   c.model.random = ml_collections.ConfigDict(dict(
       model_type="qwen2", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
       num_kv_heads=2, head_dim=16, tie_word_embeddings=True, attention_bias=True))

@@ -25,7 +25,8 @@ from reasoning_rl import sharding as sharding_lib
 from reasoning_rl import storage
 from reasoning_rl.errors import CheckpointError
 from reasoning_rl.models.config import ModelConfig
-from reasoning_rl.models.transformer import abstract_model, create_model
+from reasoning_rl.models.transformer import (abstract_model, create_model, stack_layers,
+                                              unstack_layers)
 
 LORA_FILE = "lora.json"
 # model/lora.json: {"format_version", "lora": LoraSettings fields, "fingerprint": the base's,
@@ -69,15 +70,32 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
   if mesh is None:
     mesh = sharding_lib.make_mesh((1, 1, 1), devices=[jax.devices()[0]])
   lora_file = workdir / "model" / LORA_FILE
+  scanned = scans_layers(workdir)
   if lora_file.exists():  # the checkpoint holds adapters; the base comes from where the run had it
-    model = _load_lora_run(read_lora_file(lora_file), config, workdir, step_dir,
+    model = _load_lora_run(read_lora_file(lora_file), config, workdir, step_dir, scanned=scanned,
                            dtype=dtype, mesh=mesh)  # the base is frozen: no master copy
   else:
-    graphdef, abstract = abstract_model(config, dtype=dtype, param_dtype=weight_dtype or dtype)
+    graphdef, abstract = abstract_model(config, dtype=dtype, param_dtype=weight_dtype or dtype,
+                                        scan_layers=scanned)
     _restore_params(abstract, workdir, step_dir, mesh)
     model = nnx.merge(graphdef, abstract)
+  # returned in the loop layout, as every loader returns a model; callers stack it if they scan
+  model = unstack_layers(model)
   # tokenizer libraries read local files: a remote workdir's model/ is fetched (and cached) first
   return model, Tokenizer.from_hf_dir(storage.local_copy(str(workdir / "model")))
+
+
+def scans_layers(workdir) -> bool:
+  """Whether a run's checkpoints hold the scanned block stack (its `model.scan_layers`, read from
+  run_config.json; a workdir without one was written in the loop layout)."""
+  path = workdir / "run_config.json"
+  if not path.exists():
+    return False
+  try:
+    return bool(json.loads(path.read_text()).get("model", {}).get("scan_layers", False))
+  except (OSError, ValueError) as error:
+    raise CheckpointError(f"{path} is unreadable ({error}); it says in which layout the run's "
+                          "checkpoints hold their layers: restore it from a backup") from None
 
 
 def read_lora_file(path) -> dict:
@@ -142,7 +160,7 @@ def _restore_params(state, workdir, step_dir, mesh) -> None:
                           "earlier checkpoints/<step> of the run")
 
 
-def _load_lora_run(record, config, workdir, step_dir, *, dtype, mesh):
+def _load_lora_run(record, config, workdir, step_dir, *, scanned, dtype, mesh):
   """A LoRA run's policy: its base (model.path, or the random model of its seed), the adapters
   of `step_dir` on it, checked against the base fingerprint the run recorded. Returned merged
   (a plain model: W + α/r · A B) unless the base is quantized (QLoRA), then adapted."""
@@ -155,7 +173,8 @@ def _load_lora_run(record, config, workdir, step_dir, *, dtype, mesh):
     model, _ = load(base["path"], dtype=dtype, mesh=mesh)
   else:
     model = create_model(config, seed=int(base["random_seed"]), dtype=dtype, param_dtype=dtype)
-  adapted = lora.apply_lora(model, settings)
+  # adapted in the run's layout: the fingerprint and the checkpoint's paths are that layout's
+  adapted = lora.apply_lora(stack_layers(model) if scanned else model, settings)
   adapters, frozen = lora.split_adapters(nnx.state(adapted))
   problem = lora.base_mismatch(record["fingerprint"], lora.base_fingerprint(frozen),
                                checkpoint=step_dir)
