@@ -110,8 +110,9 @@ def test_a_backend_registered_by_name_drives_a_real_rl_step(scripted_backend_nam
     run.scorer.close()
   assert backend.calls[-1]["prompt_ids"] == [0, 1] and result["num_examples"] == 2
   # the loop asked the backend for the stream's first prompts, G samples each, with the run's seed
-  assert backend.calls[:1] == [dict(prompt_ids=list(range(r.num_prompts)), num_samples=r.num_samples,
-                                seed=config.seed, temperature=r.temperature)]
+  assert backend.calls[0] == dict(prompt_ids=list(range(r.num_prompts)),
+                                 num_samples=r.num_samples, seed=config.seed,
+                                 temperature=r.temperature)
   # the scripted completions were trained on: lengths g + 2 tokens, a real update happened
   assert row["response_length/mean"] == pytest.approx(np.mean(np.arange(r.num_samples) + 2))
   changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), before, state.params)
@@ -286,6 +287,6 @@ def test_publish_advances_the_policy_version_once_and_push_does_not():
 
 
 def test_the_loop_depends_on_interfaces_not_on_the_composition_root():
-  into_build = [str(e) for e in import_edges()
-                if e.importer.startswith("reasoning_rl.loop") and e.imported == "reasoning_rl.build"]
+  into_build = [str(e) for e in import_edges() if e.importer.startswith("reasoning_rl.loop")
+                and e.imported == "reasoning_rl.build"]
   assert not into_build, into_build

@@ -7,9 +7,9 @@ the loss used) → the padded batch (`rl.batching.build_batch`) → `TrainStep` 
 
 Asynchronous rollouts with bounded staleness k (`async_rollouts.max_staleness`): the batch trained
 at step s is sampled with policy version max(0, s − 1 − k) (version v = the parameters after v
-steps; `loop.weight_sync`). The loop keeps k sampled batches queued; after dispatching step s it samples batch s + k
-with the newest finished version (s − 1) while the step runs, then publishes version s to the
-sampler. With k = 0 the queue is empty and every batch is sampled right before its step: exactly
+steps; `loop.weight_sync`). The loop keeps k sampled batches queued; after dispatching step s it
+samples batch s + k with the newest finished version (s − 1) while the step runs, then publishes
+version s to the sampler. With k = 0 the queue is empty and every batch is sampled right before its step: exactly
 the synchronous loop. With k > 0 (or `algo.is_correction` set) the batch carries the sampler's
 log-probs and the loss corrects against them (`rl.losses.importance_weights`). Queued batches
 live in the loop state, so a resume is exact too.

@@ -132,9 +132,9 @@ class RolloutCollector:
 
 class ShardedCollector(RolloutCollector):
   """Multi-process collection: each sampler replica samples and scores its share of the prompts
-  (every R-th, R = number of replicas) on its own rollout backend and verifier pool. A completion's random
-  stream depends only on (seed, data position, sample index), so which replica samples a prompt
-  does not change its completions. Decode / scoring seconds are the slowest replica's.
+  (every R-th, R = number of replicas) on its own rollout backend and verifier pool. A
+  completion's random stream depends only on (seed, data position, sample index), so which replica
+  samples a prompt does not change its completions. Decode / scoring seconds are the slowest replica's.
 
   Two channels (docs/multihost.md, "Channels"): each replica writes its groups as one file in the
   workdir (`multihost.bulk`), and the exchange's gather carries one small message per process:
