@@ -5,7 +5,8 @@ A Qwen2.5-7B-shaped model (hidden 3584, MLP 18944, 28 query / 4 KV heads of 128,
 GRPO step (`reasoning_rl.rl.step.TrainStep`, β = 0.04 with the frozen reference) is lowered and
 compiled ahead of time from abstract shapes (`jax.ShapeDtypeStruct` leaves via `jax.eval_shape`),
 so no weight is ever allocated and a 7B-wide model compiles on a small machine. Prints, per depth,
-the seconds of `lower` and of `compile` for each layout, and the loop / scan ratio.
+the seconds of `lower` and of `compile` for each layout, the loop / scan ratio, and the compiled
+step's temporary memory (XLA's analysis) in each layout.
 
 Usage: python -m benchmarks.scan_compile [--layers 2 4 8 16 28] [--remat full]
          [--rows 8] [--prompt_length 256] [--completion_length 256]
@@ -38,8 +39,9 @@ def abstract_batch(rows: int, prompt: int, completion: int) -> dict:
               advantages=spec((rows,), jnp.float32))
 
 
-def compile_seconds(num_layers: int, scan_layers: bool, args) -> tuple[float, float]:
-  """(lower s, compile s) of one step of the model cut to `num_layers`."""
+def compile_seconds(num_layers: int, scan_layers: bool, args) -> tuple[float, float, float]:
+  """(lower s, compile s, the compiled step's temporary GiB by XLA's memory analysis) of one
+  step of the model cut to `num_layers`."""
   config = dataclasses.replace(QWEN25_7B, num_layers=num_layers, layer_types=None)
   graphdef, params = abstract_model(config, dtype=jnp.bfloat16, param_dtype=jnp.float32,
                                     scan_layers=scan_layers)
@@ -51,8 +53,10 @@ def compile_seconds(num_layers: int, scan_layers: bool, args) -> tuple[float, fl
   start = time.perf_counter()
   lowered = jax.jit(step._step_on_mesh).lower(state, batch)  # pylint: disable=protected-access
   lowered_at = time.perf_counter()
-  lowered.compile()
-  return lowered_at - start, time.perf_counter() - lowered_at
+  compiled = lowered.compile()
+  compiled_at = time.perf_counter()
+  temp = compiled.memory_analysis().temp_size_in_bytes / 2**30
+  return lowered_at - start, compiled_at - lowered_at, temp
 
 
 def main():
@@ -66,13 +70,13 @@ def main():
   print(f"backend {jax.default_backend()}, remat {args.remat}, {args.rows} rows of "
         f"{args.prompt_length} + {args.completion_length} tokens")
   print("| layers | loop: lower s | loop: compile s | scan: lower s | scan: compile s "
-        "| loop / scan (total) |")
-  print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+        "| loop / scan (total) | loop: temp GiB | scan: temp GiB |")
+  print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
   for layers in args.layers:
     loop = compile_seconds(layers, False, args)
     scan = compile_seconds(layers, True, args)
     print(f"| {layers} | {loop[0]:.1f} | {loop[1]:.1f} | {scan[0]:.1f} | {scan[1]:.1f} "
-          f"| {sum(loop) / sum(scan):.1f} |", flush=True)
+          f"| {sum(loop[:2]) / sum(scan[:2]):.1f} | {loop[2]:.1f} | {scan[2]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -274,3 +274,27 @@ def test_the_sampler_engine_decodes_a_scanned_model_as_the_loop():
   for loop_completion, scan_completion in zip(*outputs, strict=True):
     assert scan_completion.completion_ids == loop_completion.completion_ids
     np.testing.assert_allclose(scan_completion.logprobs, loop_completion.logprobs, atol=1e-4)
+
+
+def test_a_scanned_run_trains_as_the_loop_run_and_its_checkpoints_load(tmp_path):
+  """configs/debug_cpu.py for 2 steps with and without model.scan_layers (LoRA, so the adapters,
+  the base fingerprint and the adapters-only weight sync go through the scanned layout too): the
+  same completions and losses; the scanned run's checkpoint loads (launch/evaluate.py) and
+  reproduces its in-training evaluation."""
+  import json
+
+  from reasoning_rl.metrics import read_metrics
+  from tests.test_trainer import assert_evaluate_cli_reproduces, rollouts, train
+
+  common = ("--config.total_steps=2", "--config.checkpoint.every_steps=2",
+            "--config.eval.num_examples=8", "--config.lora.rank=4", "--config.beta=0.04")
+  train(tmp_path / "loop", *common)
+  train(tmp_path / "scan", *common, "--config.model.scan_layers=True")
+  assert json.loads((tmp_path / "scan" / "run_config.json").read_text())["model"]["scan_layers"]
+  loop_rows, scan_rows = (read_metrics(tmp_path / d / "metrics.jsonl") for d in ("loop", "scan"))
+  for loop_row, scan_row in zip(loop_rows, scan_rows, strict=True):
+    assert scan_row["loss"] == pytest.approx(loop_row["loss"], rel=1e-4, abs=1e-6)
+    assert scan_row["reward/mean"] == loop_row["reward/mean"]
+  assert ([r["completion"] for r in rollouts(tmp_path / "scan")]
+          == [r["completion"] for r in rollouts(tmp_path / "loop")])
+  assert_evaluate_cli_reproduces(tmp_path / "scan", tmp_path / "eval.json", step=2)
