@@ -2,13 +2,15 @@
 
 import jax
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.step import StepConfig
-from tests.test_train_step import T, flat_params, fresh_params, make_batch, run_step
+from tests.test_train_step import (T, flat_params, fresh_params, make_batch, rolled_updates,
+                                   run_step)
 
 
 def with_sampler_logprobs(batch, shift):
@@ -26,13 +28,19 @@ def with_sampler_logprobs(batch, shift):
 ])
 def test_second_inner_update_clips(loss_type, clip):
   config = StepConfig(loss_type=loss_type, learning_rate=5e-2, num_inner_updates=2, **clip)
-  state, stats = run_step(config, make_batch())
+  batch = make_batch()
+  state, stats = run_step(config, batch, optimizer=optax.sgd(lambda count: 1.0))
   # The first update runs at π = π_old (ratio 1, nothing clipped); the second sees the moved
-  # policy, so a positive mean over both updates means the second really clipped.
-  assert stats["clip_frac"] > 0, stats
-  assert np.isfinite(stats["loss"]) and int(state.skipped_updates) == 0
-  if loss_type == "gspo":
-    assert stats["seq_ratio/max"] > 1 + 4e-4
+  # policy and clips: every clip and ratio statistic is that of the two SGD updates rolled here.
+  expected = rolled_updates(batch, 2, 1.0, loss_type=loss_type, loss_agg=config.loss_agg, **clip)
+  assert expected["clip_frac"] > 0.05, expected
+  clip_keys = ("clip_frac", "clip_frac/low", "clip_frac/high")
+  assert {k: stats[k] for k in clip_keys} == {k: expected[k] for k in clip_keys}
+  ratio_keys = ("ratio/min", "ratio/mean", "ratio/max", "loss") + (
+      ("seq_ratio/min", "seq_ratio/mean", "seq_ratio/max") if loss_type == "gspo" else ())
+  for key in ratio_keys:
+    assert stats[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+  assert int(state.skipped_updates) == 0
 
 
 def test_sampler_weights_compare_with_the_trainers_own_recomputation():

@@ -20,6 +20,7 @@ from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import KVCache, create_model
 from reasoning_rl.rl import advantages as advantages_lib
 from reasoning_rl.rl import losses
+from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.stats import finalize
 from reasoning_rl.rl.step import StepConfig, TrainStep
@@ -98,6 +99,27 @@ def reference_gradient(config, batch, *, ref_seed=None):
   return [np.asarray(g, np.float64) for g in jax.tree.leaves(jax.grad(loss)(params))]
 
 
+def rolled_updates(batch, num_updates, learning_rate, **loss_options):
+  """The stats of `num_updates` plain SGD updates on the whole batch against one fixed π_old,
+  rolled here from public pieces (`completion_logprobs` + `losses.policy_loss`) and merged over
+  the updates: what the step with μ = num_updates and `optax.sgd(learning_rate)` must report."""
+  graphdef, params = fresh_params(0)
+  logprobs_of = lambda p: completion_logprobs(  # noqa: E731
+      nnx.merge(graphdef, p), batch["tokens"], batch["attention_mask"], T)[0]
+  old = logprobs_of(params)
+
+  def loss(p):
+    return losses.policy_loss(logprobs_of(p), old, batch["advantages"], batch["completion_mask"],
+                              **loss_options)
+
+  per_update = []
+  for _ in range(num_updates):
+    (value, stats), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    per_update.append(dict(stats, loss=(value, 1)))  # the step's loss: the mean over updates
+    params = jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
+  return finalize(jax.device_get(stats_lib.merge_all(per_update)))
+
+
 def assert_same_gradient(actual, expected, rtol=1e-4):
   """Leaf by leaf within rtol of the largest entry of the whole gradient: a gradient scaled by
   1 + 10·rtol fails on its largest entries."""
@@ -131,7 +153,14 @@ def test_four_micro_batches_equal_one_full_batch():
   assert_same_gradient(full, reference_gradient(StepConfig(**config), batch, ref_seed=1))
   for key in ("loss", "kl", "pg_loss", "entropy", "grad_norm"):
     assert full_stats[key] == pytest.approx(micro_stats[key], abs=1e-5), key
-  assert full_stats["kl"] > 0  # the reference really differs and its log-probs were computed
+  # the KL to the reference (another seed), k3 per token, mean over the completion tokens
+  logprobs_of = lambda seed: np.asarray(completion_logprobs(  # noqa: E731
+      nnx.merge(*fresh_params(seed)), batch["tokens"], batch["attention_mask"], T)[0], np.float64)
+  log_ratio = logprobs_of(1) - logprobs_of(0)
+  valid = np.asarray(batch["completion_mask"]) > 0
+  expected_kl = np.mean((np.exp(log_ratio) - log_ratio - 1)[valid])
+  assert expected_kl > 0.01  # the reference really differs
+  assert full_stats["kl"] == pytest.approx(expected_kl, rel=1e-4)
 
 
 def test_sharded_step_equals_single_device():
@@ -157,10 +186,17 @@ def test_beta_zero_never_builds_a_reference():
 
 
 def test_inner_updates_reuse_old_logprobs():
-  state, stats = run_step(StepConfig(learning_rate=5e-2, num_inner_updates=3), make_batch())
+  batch = make_batch()
+  state, stats = run_step(StepConfig(learning_rate=5e-2, num_inner_updates=3), batch,
+                          optimizer=optax.sgd(lambda count: 1.0))
   assert int(state.step) == 1
-  assert stats["ratio/max"] > 1.0 or stats["ratio/min"] < 1.0  # later updates see π ≠ π_old
-  assert stats["approx_kl"] > 0
+  # later updates see π ≠ π_old, π_old being the batch's first forward: the same three SGD
+  # updates rolled by hand give every ratio statistic (a π_old recomputed per update: ratio 1)
+  expected = rolled_updates(batch, 3, 1.0, loss_agg=StepConfig().loss_agg)
+  assert expected["ratio/max"] > 1.5 and expected["ratio/min"] < 0.5, expected
+  for key in ("ratio/min", "ratio/mean", "ratio/max", "approx_kl", "loss"):
+    assert stats[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+  assert stats["clip_frac"] == expected["clip_frac"]
 
 
 def test_non_finite_loss_skips_the_update():
