@@ -91,8 +91,17 @@ def test_a_step_changes_only_the_adapters_and_the_optimizer_holds_only_them():
   changed = [not np.array_equal(b, np.asarray(a))
              for b, a in zip(adapters_before, jax.tree.leaves(state.params), strict=True)]
   assert all(changed)
-  # β > 0: the KL term compares with the base, from which the (non-zero) adapters move it
-  assert finalize(jax.device_get(stats))["kl"] > 0
+  # β > 0: the KL term compares with the base, from which the (non-zero) adapters move it: k3
+  # per token between the adapted model and the bare base, mean over the completion tokens
+  batch = make_batch()
+  logprobs_of = lambda model: np.asarray(completion_logprobs(  # noqa: E731
+      model, batch["tokens"], batch["attention_mask"], T)[0], np.float64)
+  log_ratio = (logprobs_of(create_model(CONFIG, seed=0))
+               - logprobs_of(adapted_model(random_b=True)))
+  valid = np.asarray(batch["completion_mask"]) > 0
+  expected_kl = np.mean((np.exp(log_ratio) - log_ratio - 1)[valid])
+  assert expected_kl > 1e-4, expected_kl
+  assert finalize(jax.device_get(stats))["kl"] == pytest.approx(expected_kl, rel=1e-3)
 
 
 def test_reference_of_a_lora_step_is_the_base_model():
