@@ -2,7 +2,8 @@
 
   python launch/train.py --config=configs/debug_cpu.py --config.workdir=/tmp/run [--config.a.b=v]
 
-The config file's `get_config()` gives every field (documented in reasoning_rl/config.py); the
+The config file's `get_config()` gives every field (`--help` lists them with their defaults, types
+and accepted values; declared in reasoning_rl/config_schema.py, docs/config.md); the
 `--config.FIELD=value` flags override them. The config is validated before anything is loaded or
 compiled. Run again on the same workdir to resume from its newest complete checkpoint.
 
@@ -119,7 +120,7 @@ def train(config) -> int:
   with workdir_lib.WorkdirLock(config.workdir) if primary else contextlib.nullcontext():
     if primary:
       send_logs_to_workdir(config.workdir, verbose=_VERBOSE.value)
-    run = build(config)
+    run = build(config, validated=True)  # validated above, before the workdir was touched
     try:
       if primary:
         workdir_lib.check_or_write_fingerprint(config.workdir, config.to_dict(),

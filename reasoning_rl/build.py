@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import ml_collections
 
 from reasoning_rl import config as config_lib
+from reasoning_rl import config_schema
 from reasoning_rl.errors import ConfigError, SamplingError
 from reasoning_rl.multihost.exchange import Exchange
 from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
@@ -224,8 +225,7 @@ def build_sized_engine(model, *, longest_prompt: int, max_new_tokens: int, num_s
 def sampling_params(config: ml_collections.ConfigDict):
   from reasoning_rl.sampler import SamplingParams
 
-  r = config.rollout
-  return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p)
+  return SamplingParams(**config_schema.values_of(SamplingParams, config))
 
 
 def rollout_staleness(config: ml_collections.ConfigDict) -> int:
@@ -250,33 +250,25 @@ def sampler_correction(config: ml_collections.ConfigDict) -> str:
 
 
 def step_config(config: ml_collections.ConfigDict):
-  """The training step's static configuration (`reasoning_rl.rl.step.StepConfig`)."""
+  """The training step's static configuration (`reasoning_rl.rl.step.StepConfig`): its sourced
+  fields read from the config by name, the rest derived here."""
   from reasoning_rl.rl.step import StepConfig
 
   from reasoning_rl.lora import LoraSettings
 
-  a, o = config.algo, config.optim
+  a = config.algo
   lora_settings = LoraSettings.from_config(config)
-  return StepConfig(lora=lora_settings if lora_settings.enabled else None,
-      loss_type=a.loss_type, is_correction=sampler_correction(config),
-      is_threshold=a.is_threshold,
+  return StepConfig(**config_schema.values_of(
+      StepConfig, config,
       algorithm="sft" if config.stage != "rl" else ("ppo" if a.name == "ppo" else "grpo"),
-      beta=config.beta,
-      kl_estimator=a.kl_estimator, epsilon_low=a.epsilon_low, epsilon_high=a.epsilon_high,
-      dual_clip=a.dual_clip, loss_agg=a.loss_agg, entropy_coef=a.entropy_coef,
       max_completion_length=config.rollout.max_new_tokens,
-      num_micro_batches=a.num_micro_batches, num_inner_updates=a.num_iterations,
-      num_mini_batches=a.num_mini_batches,
-      logprob_chunk=a.logprob_chunk, remat=a.remat_policy or a.remat, packing=a.packing,
-      packed_row_factor=a.packed_row_factor, learning_rate=o.learning_rate,
-      warmup_steps=o.warmup_steps, total_steps=config.total_steps,
-      final_lr_fraction=o.final_lr_fraction, weight_decay=o.weight_decay,
-      max_grad_norm=o.max_grad_norm, b1=o.b1, b2=o.b2, adam_eps=o.eps, vf_coef=a.vf_coef,
-      value_clip=a.value_clip, gamma=a.gamma, gae_lambda=a.gae_lambda,
+      lora=lora_settings if lora_settings.enabled else None,
       compute_dtype=config.model.dtype,
+      is_correction=sampler_correction(config),
+      remat=a.remat_policy or a.remat,
       # the rebuild costs memory and time (a top-k over the vocabulary per position) and changes
       # nothing when the rollouts sample the model as is
-      truncated_ratio=a.truncated_ratio and config_lib.rollout_rescales(config))
+      truncated_ratio=a.truncated_ratio and config_lib.rollout_rescales(config)))
 
 
 # ------------------------------------------------------------------------------- a whole run
@@ -305,8 +297,9 @@ class Run:
   weight_sync: Any = None  # loop.weight_sync.WeightSync: what the sampler receives, versions
 
 
-def build(config: ml_collections.ConfigDict) -> Run:
-  """Validates the config against this machine's devices, then builds every piece of a run."""
+def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
+  """Validates the config against this machine's devices (unless the caller just did:
+  `validated`), then builds every piece of a run."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -317,8 +310,10 @@ def build(config: ml_collections.ConfigDict) -> Run:
   from reasoning_rl.loop import weight_sync as weight_sync_lib
   from reasoning_rl.rl.step import TrainStep
 
-  config_lib.validate(config, num_devices=jax.device_count(),
-                      num_slices=sharding_lib.count_slices(jax.devices(), config.mesh.num_slices))
+  if not validated:
+    config_lib.validate(config, num_devices=jax.device_count(),
+                        num_slices=sharding_lib.count_slices(jax.devices(),
+                                                             config.mesh.num_slices))
   from reasoning_rl import precision
 
   warning = precision.pure_low_precision_warning(config.model.weight_dtype,

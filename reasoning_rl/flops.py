@@ -86,7 +86,7 @@ class TrainingPasses:
     """The passes `rl.step.TrainStep` runs for a `rl.step.StepConfig`: π_old is recomputed
     when a batch gets more than one update (μ·M > 1) or with PPO, never for SFT."""
     c = step_config
-    return cls(epochs=c.num_inner_updates, reference_forward=c.beta > 0,
+    return cls(epochs=c.num_iterations, reference_forward=c.beta > 0,
                old_logprob_forward=c.algorithm != "sft"
                and (c.updates_per_step > 1 or c.algorithm == "ppo"),
                remat=c.remat)

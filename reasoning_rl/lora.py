@@ -39,6 +39,8 @@ import qwix
 from flax import nnx
 from safetensors.numpy import save_file
 
+from reasoning_rl.config_schema import field as field_of
+from reasoning_rl.config_schema import sourced
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.checkpoints import hf_tensor_name
 from reasoning_rl.models.transformer import stack_layers, unstack_layers
@@ -48,15 +50,16 @@ from reasoning_rl.models.lora_merge import (  # noqa: F401  pylint: disable=unus
     adapted_projections, is_adapted, join, merge_into_base, merged_delta, merged_model,
     plain_graphdef, split_adapters)
 
-QUANTIZATIONS = ("", "int8", "nf4")
-SAMPLER_WEIGHTS = ("adapters", "merged")
+QUANTIZATIONS = field_of("lora.base_quantization").check.values  # ("", "int8", "nf4")
+SAMPLER_WEIGHTS = field_of("lora.sampler_weights").check.values  # ("adapters", "merged")
 PROJECTIONS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
                 "mlp": ("gate_proj", "up_proj", "down_proj")}
 
 
 @dataclasses.dataclass(frozen=True)
 class LoraSettings:
-  """`config.lora`: rank 0 = off (full fine-tuning).
+  """`config.lora` as a typed view (same names and defaults, reasoning_rl/config_schema.py): rank
+  0 = off (full fine-tuning).
 
   alpha: the adapters' scale is alpha / rank (as PEFT's `lora_alpha`).
   target_modules: regex over module paths (`layers/<i>/attn`, `layers/<i>/mlp`).
@@ -67,12 +70,12 @@ class LoraSettings:
     adapters) or "merged" (W + α/r · A B, a plain model).
   """
 
-  rank: int = 0
-  alpha: float = 16.0
-  target_modules: str = r"layers/\d+/(attn|mlp)"
-  base_quantization: str = ""
-  quantization_tile: int = 64
-  sampler_weights: str = "adapters"
+  rank: int = sourced("lora.rank")
+  alpha: float = sourced("lora.alpha")
+  target_modules: str = sourced("lora.target_modules")
+  base_quantization: str = sourced("lora.base_quantization")
+  quantization_tile: int = sourced("lora.quantization_tile")
+  sampler_weights: str = sourced("lora.sampler_weights")
 
   @classmethod
   def from_config(cls, config) -> LoraSettings:

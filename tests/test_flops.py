@@ -135,15 +135,15 @@ def test_rl_step_by_hand():
 
 
 @pytest.mark.parametrize("kwargs", [
-    {}, {"num_inner_updates": 2}, {"num_mini_batches": 2}, {"algorithm": "ppo"},
-    {"algorithm": "sft", "num_inner_updates": 2}, {"beta": 0.1, "remat": True}])
+    {}, {"num_iterations": 2}, {"num_mini_batches": 2}, {"algorithm": "ppo"},
+    {"algorithm": "sft", "num_iterations": 2}, {"beta": 0.1, "remat": True}])
 def test_passes_follow_the_step(kwargs):
   config = StepConfig(**kwargs)
   passes = flops.TrainingPasses.of_step(config)
   step = TrainStep(graphdef=None, config=config)
   assert passes.old_logprob_forward == step._needs_old_logprobs()
   assert passes.reference_forward == (config.beta > 0)
-  assert (passes.epochs, passes.remat) == (config.num_inner_updates, config.remat)
+  assert (passes.epochs, passes.remat) == (config.num_iterations, config.remat)
 
 
 def test_planner_counts_with_the_flop_model():

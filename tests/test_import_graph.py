@@ -64,8 +64,6 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("reasoning_rl.build", "reasoning_rl.verifiers.redteam"): _BUILD + "math-verify, sympy (0.3 s)",
     ("reasoning_rl.build", "reasoning_rl.verifiers.rewards"): _BUILD + "math-verify, sympy (0.3 s)",
     ("reasoning_rl.build", "reasoning_rl.workers.scorer"): _BUILD + "math-verify, sympy (0.3 s)",
-    ("reasoning_rl.config", "reasoning_rl.kernels"):
-        "config files and `--help` load config.py without JAX; the kernels load it with Pallas",
     ("reasoning_rl.config", "reasoning_rl.lora"):
         "config files and `--help` load config.py without JAX; lora loads it (1 s)",
     ("reasoning_rl.config", "reasoning_rl.registry"):

@@ -123,7 +123,7 @@ def test_packed_sequences_compute_what_they_compute_alone():
 STEP_CASES = {
     "grpo seq-mean, 2 micro-batches": {"num_micro_batches": 2},
     "token-mean, 2 mini-batches × 2 epochs": {"loss_agg": "token-mean", "num_mini_batches": 2,
-                                                   "num_inner_updates": 2},
+                                                   "num_iterations": 2},
     "dr-grpo, beta, importance correction": {
         "loss_agg": "seq-mean-token-sum-norm", "beta": 0.05, "is_correction": "sequence-truncate",
         "num_micro_batches": 3},

@@ -22,7 +22,7 @@ MAPPING = {
     "algo.dual_clip": ("dual_clip", 3.7),
     "algo.loss_agg": ("loss_agg", "token-mean"),
     "algo.entropy_coef": ("entropy_coef", 0.0043),
-    "algo.num_iterations": ("num_inner_updates", 3),
+    "algo.num_iterations": ("num_iterations", 3),
     "algo.num_mini_batches": ("num_mini_batches", 5),
     "algo.num_micro_batches": ("num_micro_batches", 7),
     "algo.logprob_chunk": ("logprob_chunk", 96),
@@ -45,7 +45,7 @@ MAPPING = {
     "optim.max_grad_norm": ("max_grad_norm", 0.77),
     "optim.b1": ("b1", 0.81),
     "optim.b2": ("b2", 0.987),
-    "optim.eps": ("adam_eps", 3e-7),
+    "optim.eps": ("eps", 3e-7),
 }
 # Fields of the algo / optim sections that the step does not read, with the reason.
 NOT_THE_STEPS = {

@@ -27,7 +27,7 @@ def with_sampler_logprobs(batch, shift):
     ("cispo", dict(epsilon_low=1.0, epsilon_high=0.28)),  # MiniMax-M1: no floor
 ])
 def test_second_inner_update_clips(loss_type, clip):
-  config = StepConfig(loss_type=loss_type, learning_rate=5e-2, num_inner_updates=2, **clip)
+  config = StepConfig(loss_type=loss_type, learning_rate=5e-2, num_iterations=2, **clip)
   batch = make_batch()
   state, stats = run_step(config, batch, optimizer=optax.sgd(lambda count: 1.0))
   # The first update runs at π = π_old (ratio 1, nothing clipped); the second sees the moved
@@ -58,7 +58,7 @@ def test_sampler_weights_compare_with_the_trainers_own_recomputation():
 def test_sequence_mask_drops_a_far_off_sampler_and_needs_its_logprobs():
   # π_old / π_behavior = e^5 on every token: every sequence weight is far above C = 2.
   batch = with_sampler_logprobs(make_batch(), shift=5.0)
-  config = StepConfig(learning_rate=1e-2, num_inner_updates=2, is_correction="sequence-mask",
+  config = StepConfig(learning_rate=1e-2, num_iterations=2, is_correction="sequence-mask",
                       is_threshold=2.0)
   before = [np.asarray(x) for x in jax.tree.leaves(fresh_params()[1])]
   state, stats = run_step(config, batch)

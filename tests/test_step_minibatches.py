@@ -125,7 +125,7 @@ def test_two_mini_batches_equal_two_sequential_updates():
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_epochs_times_mini_batches_make_four_updates_that_clip(algorithm):
-  config = StepConfig(algorithm=algorithm, learning_rate=5e-2, num_inner_updates=2,
+  config = StepConfig(algorithm=algorithm, learning_rate=5e-2, num_iterations=2,
                       num_mini_batches=2, warmup_steps=2, total_steps=10)
   state, stats = run_step(config, ppo_batch() if algorithm == "ppo" else make_batch())
   assert int(state.step) == 1  # RL steps
@@ -140,7 +140,7 @@ def test_epochs_times_mini_batches_make_four_updates_that_clip(algorithm):
 
 
 def test_sharded_mini_batches_equal_single_device():
-  config = StepConfig(learning_rate=1e-3, beta=0.05, num_inner_updates=2, num_mini_batches=2,
+  config = StepConfig(learning_rate=1e-3, beta=0.05, num_iterations=2, num_mini_batches=2,
                       num_micro_batches=2)
   single, single_stats = run_step(config, make_batch(), ref_seed=1, optimizer=sgd())
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
@@ -155,7 +155,7 @@ def test_sharded_mini_batches_equal_single_device():
 def test_schedule_spans_the_same_rl_steps_whatever_the_updates_per_step():
   plain = learning_rate_schedule(StepConfig(learning_rate=1.0, warmup_steps=2, total_steps=10))
   four = learning_rate_schedule(StepConfig(learning_rate=1.0, warmup_steps=2, total_steps=10,
-                                           num_inner_updates=2, num_mini_batches=2))
+                                           num_iterations=2, num_mini_batches=2))
   for rl_step in range(12):
     assert float(four(4 * rl_step)) == pytest.approx(float(plain(rl_step)), abs=1e-6)
   assert float(plain(1)) == pytest.approx(0.5) and float(four(1)) == pytest.approx(0.125)

@@ -187,7 +187,7 @@ def test_beta_zero_never_builds_a_reference():
 
 def test_inner_updates_reuse_old_logprobs():
   batch = make_batch()
-  state, stats = run_step(StepConfig(learning_rate=5e-2, num_inner_updates=3), batch,
+  state, stats = run_step(StepConfig(learning_rate=5e-2, num_iterations=3), batch,
                           optimizer=optax.sgd(lambda count: 1.0))
   assert int(state.step) == 1
   # later updates see π ≠ π_old, π_old being the batch's first forward: the same three SGD

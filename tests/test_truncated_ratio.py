@@ -231,7 +231,7 @@ def test_inner_updates_truncate_pi_old_too():
   update's ratio is exactly 1 and the mismatch against the sampler is rounding."""
   graphdef, params = nnx.split(create_model(CONFIG, seed=0))
   batch = sampled_batch(graphdef, params)
-  step = TrainStep(graphdef, StepConfig(truncated_ratio=True, num_inner_updates=2,
+  step = TrainStep(graphdef, StepConfig(truncated_ratio=True, num_iterations=2,
                                         num_micro_batches=2, learning_rate=1e-4))
   state = step.init_state(params)
   _, stats = step(state, batch)

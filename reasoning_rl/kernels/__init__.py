@@ -35,11 +35,12 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from reasoning_rl import config_schema
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.kernels import pallas_gpu, reference, splash
 from reasoning_rl.sharding import logical_to_spec
 
-TRAINING_KERNELS = ("auto", "reference", "splash", "pallas_gpu")
+TRAINING_KERNELS = config_schema.TRAINING_KERNELS  # ("auto", "reference", "splash", "pallas_gpu")
 _NATIVE_BACKEND = {"splash": "tpu", "pallas_gpu": "gpu"}
 _GPU_BACKENDS = ("gpu", "cuda", "rocm")
 

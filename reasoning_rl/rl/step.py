@@ -105,6 +105,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from reasoning_rl import lora, precision, registry
 from reasoning_rl import sharding as sharding_lib
+from reasoning_rl.config_schema import sourced
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import losses, packing
 from reasoning_rl.rl import stats as stats_lib
@@ -115,7 +116,10 @@ from reasoning_rl.rl.logprobs import (TRUNCATION_FIELDS, completion_logprobs,
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-  """Options of the training step; every field is a config switch of the trainer.
+  """Options of the training step: a typed view of the config. Each field marked `sourced` IS the
+  config field of that name (default from reasoning_rl/config_schema.py; `build.step_config`
+  reads them all by that name, no copies); the five above them are derived from the stage, the
+  rollout and the model.
 
   algorithm: "grpo" (advantages come with the batch), "ppo" (value head + GAE) or "sft"
     (cross-entropy on completion tokens; the batch needs no advantages).
@@ -126,7 +130,7 @@ class StepConfig:
   max_completion_length: L of the Dr. GRPO aggregation (the generation budget); None = T.
   num_micro_batches: gradient accumulation within an update (m); also the size of the slices
     `_prepare`'s forwards run on.
-  num_inner_updates: μ, epochs over each rollout batch against fixed π_old (GRPO's μ).
+  num_iterations: μ, epochs over each rollout batch against fixed π_old (GRPO's μ).
   num_mini_batches: M, optimizer updates per epoch, each on a disjoint 1/M of the rows; μ·M
     updates per batch in all. B must be divisible by M·m.
   logprob_chunk: time steps projected to the vocabulary at once (memory / speed trade-off).
@@ -135,7 +139,7 @@ class StepConfig:
     (True = full): memory of one layer instead of all layers, for about one extra forward.
   packing: `TrainStep.host_batch` packs padded batches (`reasoning_rl.rl.packing`); the step
     itself takes either layout. packed_row_factor: k, packed rows k padded rows long.
-  learning_rate, warmup_steps, total_steps, weight_decay, b1, b2, adam_eps, max_grad_norm:
+  learning_rate, warmup_steps, total_steps, weight_decay, b1, b2, eps, max_grad_norm:
     AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to
     `final_lr_fraction`·lr, after clipping the global gradient norm.
   vf_coef, value_clip, gamma, gae_lambda: PPO value loss weight, value clip ε_v, GAE γ and λ.
@@ -148,46 +152,48 @@ class StepConfig:
     π^W = π exactly, and refuses the others.
   """
 
+  # Not config fields: set by `build.step_config` from the stage, the rollout and the model.
   algorithm: str = "grpo"
-  loss_type: str = "ppo"
-  beta: float = 0.0
-  kl_estimator: str = "k3"
-  epsilon_low: float = 0.2
-  epsilon_high: float = 0.2
-  dual_clip: float | None = None
-  loss_agg: str = "seq-mean-token-mean"
-  entropy_coef: float = 0.0
-  is_correction: str = "none"
-  is_threshold: float = 2.0
   max_completion_length: int | None = None
-  num_micro_batches: int = 1
-  num_inner_updates: int = 1
-  num_mini_batches: int = 1
-  logprob_chunk: int = 128
-  remat: bool | str = False
-  packing: bool = False
-  packed_row_factor: int = 1
-  learning_rate: float = 1e-6
-  warmup_steps: int = 0
-  total_steps: int = 1000
-  final_lr_fraction: float = 0.1
-  weight_decay: float = 0.0
-  b1: float = 0.9
-  b2: float = 0.999
-  adam_eps: float = 1e-8
-  max_grad_norm: float = 1.0
-  vf_coef: float = 0.5
-  value_clip: float = 0.2
-  gamma: float = 1.0
-  gae_lambda: float = 0.95
   lora: Any = None  # reasoning_rl.lora.LoraSettings when training adapters; None = all weights
   compute_dtype: str | None = None
-  truncated_ratio: bool = False
+  truncated_ratio: bool = False  # config.algo.truncated_ratio, applied when the rollout warps
+  # The config's own fields, same names and defaults (reasoning_rl/config_schema.py).
+  loss_type: str = sourced("algo.loss_type")
+  beta: float = sourced("beta")
+  kl_estimator: str = sourced("algo.kl_estimator")
+  epsilon_low: float = sourced("algo.epsilon_low")
+  epsilon_high: float = sourced("algo.epsilon_high")
+  dual_clip: float | None = sourced("algo.dual_clip")
+  loss_agg: str = sourced("algo.loss_agg")
+  entropy_coef: float = sourced("algo.entropy_coef")
+  is_correction: str = sourced("algo.is_correction")
+  is_threshold: float = sourced("algo.is_threshold")
+  num_micro_batches: int = sourced("algo.num_micro_batches")
+  num_iterations: int = sourced("algo.num_iterations")
+  num_mini_batches: int = sourced("algo.num_mini_batches")
+  logprob_chunk: int = sourced("algo.logprob_chunk")
+  remat: bool | str = sourced("algo.remat")
+  packing: bool = sourced("algo.packing")
+  packed_row_factor: int = sourced("algo.packed_row_factor")
+  learning_rate: float = sourced("optim.learning_rate")
+  warmup_steps: int = sourced("optim.warmup_steps")
+  total_steps: int = sourced("total_steps")
+  final_lr_fraction: float = sourced("optim.final_lr_fraction")
+  weight_decay: float = sourced("optim.weight_decay")
+  b1: float = sourced("optim.b1")
+  b2: float = sourced("optim.b2")
+  eps: float = sourced("optim.eps")
+  max_grad_norm: float = sourced("optim.max_grad_norm")
+  vf_coef: float = sourced("algo.vf_coef")
+  value_clip: float = sourced("algo.value_clip")
+  gamma: float = sourced("algo.gamma")
+  gae_lambda: float = sourced("algo.gae_lambda")
 
   def __post_init__(self):
     if self.algorithm not in ("grpo", "ppo", "sft"):
       raise ConfigError(f"algorithm={self.algorithm!r}: use 'grpo', 'ppo' or 'sft'")
-    for name in ("num_micro_batches", "num_inner_updates", "num_mini_batches", "logprob_chunk",
+    for name in ("num_micro_batches", "num_iterations", "num_mini_batches", "logprob_chunk",
                  "packed_row_factor",
                  "total_steps"):
       if getattr(self, name) < 1:
@@ -243,7 +249,7 @@ class StepConfig:
   @property
   def updates_per_step(self) -> int:
     """Optimizer updates per rollout batch: μ epochs × M mini-batches."""
-    return self.num_inner_updates * self.num_mini_batches
+    return self.num_iterations * self.num_mini_batches
 
   def check_packed_slices(self, num_slices: int):
     """A packed batch comes in M·m slices (`reasoning_rl.rl.packing.pack_batch`)."""
@@ -364,7 +370,7 @@ def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
   return optax.chain(
       optax.clip_by_global_norm(config.max_grad_norm),
       optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
-                  eps=config.adam_eps, weight_decay=config.weight_decay))
+                  eps=config.eps, weight_decay=config.weight_decay))
 
 
 class TrainStep:
@@ -738,7 +744,7 @@ class TrainStep:
       return (state, stats_lib.merge(stats, new_stats)), None
 
     # Update e·M + k works on mini-batch k in epoch e: μ passes over mini-batches 0 … M-1.
-    order = jnp.tile(jnp.arange(c.num_mini_batches, dtype=jnp.int32), c.num_inner_updates)
+    order = jnp.tile(jnp.arange(c.num_mini_batches, dtype=jnp.int32), c.num_iterations)
     shapes = jax.eval_shape(lambda s: update((s, {}), order[0])[0][1], state)
     (state, stats), _ = jax.lax.scan(update, (state, _no_stats(shapes)), order)
     return state.replace(step=state.step + 1), stats

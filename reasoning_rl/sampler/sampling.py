@@ -37,12 +37,14 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from reasoning_rl.config_schema import sourced
 from reasoning_rl.errors import SamplingError
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-  """How tokens are drawn.
+  """How tokens are drawn: a typed view of `config.rollout`'s sampling fields (same names and
+  defaults, reasoning_rl/config_schema.py).
 
   Attributes:
     temperature: > 0 scales the logits by 1/temperature; 0 is greedy decoding.
@@ -52,10 +54,10 @@ class SamplingParams:
       Nguyen et al. 2024), in [0, 1]; 0 disables the filter.
   """
 
-  temperature: float = 1.0
-  top_p: float = 1.0
-  top_k: int = 0
-  min_p: float = 0.0
+  temperature: float = sourced("rollout.temperature")
+  top_p: float = sourced("rollout.top_p")
+  top_k: int = sourced("rollout.top_k")
+  min_p: float = sourced("rollout.min_p")
 
   def __post_init__(self):
     validate_sampling(self.temperature, self.top_p, self.top_k, self.min_p)

@@ -1,0 +1,523 @@
+"""Every training-config field, declared once: its section, default, meaning and accepted values.
+
+`base_config()`, the range checks of `config.validate`, the choice checks, `launch/train.py --help`
+and docs/config.md are all derived from `SECTIONS`; the trainer's typed views of a section
+(`rl.step.StepConfig`, `sampler.SamplingParams`, `lora.LoraSettings`) take their defaults from here
+and their values from the config by the same names (`source`). Adding a field is one `Field` line.
+
+JAX-free on purpose: `--help` and config validation run before any backend starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import ml_collections
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """The values a numeric field accepts: an integer or a real number between optional bounds
+  (`low` / `high`, inclusive unless `*_open`). Reals must be finite unless `infinite_ok` (an
+  unbounded setting, e.g. a guard that is off); `none_ok` accepts None (a feature that is off)."""
+
+  kind: type = float
+  low: float | None = None
+  high: float | None = None
+  low_open: bool = False
+  high_open: bool = False
+  infinite_ok: bool = False
+  none_ok: bool = False
+  meaning: str = ""  # what a special value means, appended to the error ("0 = off")
+
+  def problem(self, value) -> str | None:
+    """Why `value` is refused, or None."""
+    if value is None and self.none_ok:
+      return None
+    kinds = (int,) if self.kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or (
+        isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and
+                                                            not self.infinite_ok))):
+      return f"must be {self.describe()}"
+    if ((self.low is not None and (value <= self.low if self.low_open else value < self.low)) or
+        (self.high is not None and (value >= self.high if self.high_open else value > self.high))):
+      return f"must be {self.describe()}"
+    return None
+
+  def describe(self) -> str:
+    noun = "an integer" if self.kind is int else "a number"
+    if self.low is not None and self.high is not None:
+      bounds = (f" in {'(' if self.low_open else '['}{self.low:g}, "
+                f"{self.high:g}{')' if self.high_open else ']'}")
+    elif self.low is not None:
+      bounds = f" {'>' if self.low_open else '>='} {self.low:g}"
+    elif self.high is not None:
+      bounds = f" {'<' if self.high_open else '<='} {self.high:g}"
+    else:
+      bounds = ""
+    extras = [text for text in ("inf allowed" if self.infinite_ok else "",
+                                "or None" if self.none_ok else "", self.meaning) if text]
+    return noun + bounds + (f" ({'; '.join(extras)})" if extras else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+  """A name from a fixed list (`values`) or from a registry of pluggable choices (`registry`, an
+  attribute of `reasoning_rl.registry`, resolved by `config.check_choice`: users register their
+  own, and this module stays free of the registry's imports)."""
+
+  values: tuple = ()
+  registry: str = ""
+
+  def describe(self) -> str:
+    if self.registry:
+      return f"a name of registry.{self.registry}"
+    return "one of " + " | ".join(repr(v) if v == "" else str(v) for v in self.values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+  """One config field. `kind`: the value's type where the default does not say it (a None
+  default); `typed_none`: the None default is an ml_collections placeholder of `kind`, so
+  --config overrides parse as that type; `check`: a `Range`, a `OneOf`, or None (free text / a
+  setting dict checked where it is built, e.g. task sources and reward parts)."""
+
+  name: str
+  default: Any
+  doc: str
+  check: Range | OneOf | None = None
+  kind: type | None = None
+  typed_none: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+  name: str  # dotted path below `config` ("" = top level)
+  doc: str
+  fields: tuple[Field, ...]
+
+
+def _int(low=None, high=None, meaning=""):
+  return Range(int, low, high, meaning=meaning)
+
+
+_POSITIVE = Range(float, 0, low_open=True)
+_NON_NEGATIVE = Range(float, 0)
+_FRACTION = Range(float, 0, 1)
+_COUNT = _int(1)
+_DTYPES = ("float32", "bfloat16")
+# The kernels layer's names (reasoning_rl/kernels imports JAX; a test keeps the two equal).
+TRAINING_KERNELS = ("auto", "reference", "splash", "pallas_gpu")
+# What the backward pass recomputes (models.transformer.REMAT_POLICIES; a test keeps them equal).
+REMAT_POLICIES = ("none", "full", "save_matmuls")
+
+SECTIONS: tuple[Section, ...] = (
+    Section("", "The run.", (
+        Field("workdir", "", "where metrics.jsonl, tensorboard/, checkpoints/, rollouts/ and "
+              "model/ go (a local path or gs://)"),
+        Field("seed", 0, "root of every random stream (sampling, init, data order)", _int(0)),
+        Field("total_steps", 10, "RL steps (one rollout batch + its updates each)", _COUNT),
+        Field("stage", "rl", "rl | sft (cold-start SFT on sft.data_path) | rejection_sft "
+              "(sample from the model, keep verified-correct traces, fine-tune on them). "
+              "Checkpoints of every stage load as models: a stage starts from the previous one "
+              "with --config.model.path=PREVIOUS_WORKDIR", OneOf(("rl", "sft", "rejection_sft"))),
+        Field("dry_run", False, "print the memory / throughput plan of the target slice and exit"),
+        Field("keep_freed_host_memory", True, "Linux/glibc: keep freed host memory for reuse "
+              "instead of returning it to the OS, so a CPU step's multi-GB temporaries are not "
+              "page-faulted (and zeroed) afresh every step; the process then holds its peak host "
+              "memory until it exits (reasoning_rl/host_memory.py)"),
+        Field("beta", 0.0, "KL weight against the frozen reference; 0 never loads the reference",
+              Range(float, 0, meaning="0 = no KL term")),
+    )),
+    Section("model", "The policy: path = a Hugging Face directory, a .gguf file or a run's "
+            "workdir; empty = a random model built from model.random with the tokenizer named "
+            "by model.tokenizer.", (
+        Field("path", "", "HF directory, .gguf file or training run to start from"),
+        Field("tokenizer", "", "for a random model: a tokenizer path, or debug_arithmetic (a "
+              "built-in character vocabulary for the synthetic debug task)"),
+        Field("dtype", "float32", "compute dtype (activations, matmuls; the sampler's weights "
+              "and KV cache)", OneOf(_DTYPES)),
+        Field("weight_dtype", "float32", "the trainer's master weights and AdamW moments "
+              "(reasoning_rl/precision.py): float32 keeps every update; bfloat16 (pure bf16, "
+              "needs dtype=bfloat16) halves that memory but rounds small updates away. "
+              "Gradients are summed over micro-batches in float32 either way; with LoRA the "
+              "frozen base is held in dtype and the adapters in float32", OneOf(_DTYPES)),
+        Field("attention_kernel", "auto", "training attention (reasoning_rl/kernels): auto "
+              "takes the backend's flash kernel (splash on TPU, Pallas/Triton on GPU) and the "
+              "XLA reference on CPU; a kernel named off its backend runs in Pallas interpret "
+              "mode (exact, slow)", OneOf(TRAINING_KERNELS)),
+        Field("scan_layers", False, "the block stack as one scanned module (parameters and KV "
+              "cache stacked on a leading layers axis, run by jax.lax.scan): the step and the "
+              "sampler compile one block whatever the depth (benchmarks/RESULTS.md, \"Scanned "
+              "layers\"). Same numbers; HF / GGUF / PEFT files and LoRA target names are "
+              "unchanged; a run's checkpoints hold its own layout (a resume keeps it)"),
+    )),
+    Section("model.random", "Shape of the random model (model.path empty); any other "
+            "ModelConfig setting may be added.", (
+        Field("model_type", "qwen2", "architecture family (llama, qwen2, qwen3, gemma, gemma2)"),
+        Field("hidden_size", 64, "model width (residual stream)", _COUNT),
+        Field("intermediate_size", 128, "width of the MLP's hidden layer", _COUNT),
+        Field("num_layers", 2, "transformer blocks", _COUNT),
+        Field("num_heads", 4, "query heads", _COUNT),
+        Field("num_kv_heads", 2, "key/value heads (grouped-query attention)", _COUNT),
+        Field("head_dim", 16, "width of one head", _COUNT),
+        Field("tie_word_embeddings", True, "the output projection is the embedding's transpose"),
+        Field("attention_bias", True, "biases on the q/k/v projections (Qwen2)"),
+    )),
+    Section("lora", "LoRA / QLoRA (reasoning_rl/lora.py); rank 0 = full fine-tuning.", (
+        Field("rank", 0, "adapter rank r", _int(0, meaning="0 = full fine-tuning")),
+        Field("alpha", 16.0, "adapters scale by alpha / rank", _POSITIVE),
+        Field("target_modules", r"layers/\d+/(attn|mlp)", "regex (full match) over module "
+              "paths layers/<i>/attn and layers/<i>/mlp"),
+        Field("base_quantization", "", "quantize the frozen base (QLoRA)",
+              OneOf(("", "int8", "nf4"))),
+        Field("quantization_tile", 64, "NF4 block size along the contracting axis",
+              _int(0, meaning="0 = one scale per channel")),
+        Field("sampler_weights", "adapters", "what the sampler gets after each step: the "
+              "adapters, or the weights with the adapters folded in",
+              OneOf(("adapters", "merged"))),
+    )),
+    Section("data", "Prompts. A source: kind = a name of registry.TASK_SOURCES "
+            "(synthetic_arithmetic | reasoning_gym | jsonl …) plus its settings.", (
+        Field("train", dict(kind="synthetic_arithmetic", seed=0), "training prompt source "
+              "(its settings are checked by the source)"),
+        Field("eval", dict(kind="synthetic_arithmetic", seed=10_000), "held-out prompt source"),
+        Field("template", "plain", "plain ({prompt}), chat (the tokenizer's chat template around "
+              "data.instruction) or r1zero (DeepSeek-R1-Zero's text prompt)",
+              OneOf(("plain", "chat", "r1zero"))),
+        Field("instruction", "{prompt}", "for chat: the user message; {prompt} is the task's "
+              "question"),
+        Field("system_prompt", "", "for chat: the system message (empty = none)"),
+    )),
+    Section("rollout", "Sampling on the sampler slice (reasoning_rl/sampler).", (
+        Field("num_prompts", 4, "P prompts per step", _COUNT),
+        Field("num_samples", 4, "G completions per prompt (group size)", _COUNT),
+        Field("max_new_tokens", 12, "completion budget", _COUNT),
+        Field("temperature", 1.0, "sampling temperature", Range(float, 0, meaning="0 = greedy")),
+        Field("top_p", 1.0, "nucleus filter (1 = off)", Range(float, 0, 1, low_open=True)),
+        Field("top_k", 0, "keep the k likeliest tokens", _int(0, meaning="0 = off")),
+        Field("min_p", 0.0, "keep p >= min_p * p_max after temperature (Nguyen et al. 2024); "
+              "0 = off", _FRACTION),
+        Field("stop_strings", ("</answer>",), "a completion ends after the first of these"),
+        Field("max_prefill_length", 32, "longest prompt, in tokens (prompts are bucketed)",
+              _COUNT),
+        Field("max_concurrent_decodes", 16, "decode slots", _COUNT),
+        Field("steps_per_call", 16, "decode steps per host round trip", _COUNT),
+    )),
+    Section("rewards", "Rewards: a weighted sum of named parts, each {weight, verifier | kind, "
+            "…settings} (reasoning_rl/verifiers/rewards.py), checked when built.", ()),
+    Section("verifier", "Scoring completions (reasoning_rl/workers).", (
+        Field("num_workers", 2, "verifier worker processes",
+              _int(0, meaning="0 = score in this process")),
+        Field("item_timeout_s", 10.0, "seconds one completion may take to score", _POSITIVE),
+        Field("redteam", True, "probe the rewards with known exploits before training"),
+        Field("allow_exploits", False, "explicit, logged override of a failed red team"),
+    )),
+    Section("algo", "Advantages and loss (reasoning_rl/rl).", (
+        Field("name", "grpo", "grpo (any group estimator) | ppo (value head + GAE)",
+              OneOf(("grpo", "ppo"))),
+        Field("estimator", "grpo", "group advantage estimator (grpo | dr_grpo | rloo | "
+              "reinforce_pp)", OneOf(registry="ADVANTAGE_ESTIMATORS")),
+        Field("kl_estimator", "k3", "KL estimator of the beta term",
+              OneOf(registry="KL_ESTIMATORS")),
+        Field("epsilon_low", 0.2, "clip floor 1 - epsilon_low of the ratio", _FRACTION),
+        Field("epsilon_high", 0.2, "clip ceiling 1 + epsilon_high (> epsilon_low is DAPO's "
+              "clip-higher)", _NON_NEGATIVE),
+        Field("dual_clip", None, "dual-clip bound c on negative advantages",
+              Range(float, 1, low_open=True, none_ok=True, meaning="None = off"), kind=float),
+        Field("loss_agg", "seq-mean-token-mean", "how token losses become the batch loss",
+              OneOf(registry="LOSS_AGGREGATIONS")),
+        Field("entropy_coef", 0.0, "entropy bonus weight", Range(float)),
+        Field("num_iterations", 1, "μ (GRPO's notation, Shao et al. 2024): passes over each "
+              "rollout batch against a fixed π_old; with μ·M > 1 the ratio moves off 1 after "
+              "the first update, so clipping can fire", _COUNT),
+        Field("num_mini_batches", 1, "M: optimizer updates per pass, each on a disjoint 1/M of "
+              "the batch's rows (PPO mini-batches); the learning-rate schedule advances per "
+              "update, warmup_steps / total_steps stay in RL steps (scaled by μ·M)", _COUNT),
+        Field("num_micro_batches", 1, "gradient accumulation inside each update (memory, not "
+              "maths)", _COUNT),
+        Field("logprob_chunk", 128, "time steps projected to the vocabulary at once", _COUNT),
+        Field("remat", False, "recompute block activations in the backward pass (long "
+              "sequences); True = full"),
+        Field("remat_policy", "", "what the backward pass recomputes, by name: '' = as "
+              "algo.remat says; none | full (each block from its input) | save_matmuls (the "
+              "projections' outputs are kept); overrides algo.remat when set",
+              OneOf(("", *REMAT_POLICIES))),
+        Field("packing", False, "padding-free training (rl/packing.py): sequences packed into "
+              "rows with segment ids; positions a batch's tokens do not reach are skipped and "
+              "the vocabulary head runs only at completion tokens. Same loss and gradients"),
+        Field("packed_row_factor", 1, "k: packed rows are k × (max_prefill_length + "
+              "max_new_tokens) long (R / k per micro-batch): long sequences waste less of a "
+              "row, attention costs k times more per token", _COUNT),
+        Field("loss_type", "ppo", "ppo: PPO's clipped token ratio (Schulman et al. 2017) | "
+              "gspo / gspo-token: GSPO's length-normalised sequence ratio (Zheng et al. 2025) | "
+              "cispo: clipped stop-gradient IS weight on a REINFORCE term (MiniMax-M1)",
+              OneOf(registry="LOSS_TYPES")),
+        Field("is_correction", "none", "correction for the sampler's log-probs differing from "
+              "the trainer's (kernels, precision, staleness): none | token-truncate | token-mask "
+              "| sequence-truncate | sequence-mask with threshold is_threshold (TIS, Yao et al. "
+              "2025; IMPALA, Espeholt et al. 2018); asynchronous rollouts always correct (none "
+              "then means token-truncate)", OneOf(registry="IS_CORRECTIONS")),
+        Field("is_threshold", 2.0, "C of the importance correction", _POSITIVE),
+        Field("truncated_ratio", True, "the ratio of the distribution the sampler draws from "
+              "(docs/off_policy.md): π_θ and π_old after the rollout's temperature / top_k / "
+              "top_p / min_p, renormalised — exact for the policy actually sampled; False: the "
+              "full-softmax ratio, biased when the rollout warps. Applied only when the rollout "
+              "does; not with algo.packing then"),
+        Field("vf_coef", 0.5, "ppo: value-loss weight (Schulman et al. 2017)", _NON_NEGATIVE),
+        Field("value_clip", 0.2, "ppo: value clip ε_v", _POSITIVE),
+        Field("gamma", 1.0, "ppo: discount γ (GAE, Schulman et al. 2016)", _FRACTION),
+        Field("gae_lambda", 0.95, "ppo: GAE λ", _FRACTION),
+    )),
+    Section("optim", "AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay, "
+            "after clipping the global gradient norm.", (
+        Field("learning_rate", 1e-3, "peak learning rate", _NON_NEGATIVE),
+        Field("warmup_steps", 0, "linear warm-up, in RL steps", _int(0)),
+        Field("final_lr_fraction", 0.1, "the cosine decays to this fraction of the peak",
+              _FRACTION),
+        Field("weight_decay", 0.0, "decoupled weight decay", _NON_NEGATIVE),
+        Field("max_grad_norm", 1.0, "global gradient-norm clip (inf = off)",
+              Range(float, 0, low_open=True, infinite_ok=True)),
+        Field("b1", 0.9, "first-moment decay (Kingma & Ba 2015)",
+              Range(float, 0, 1, high_open=True)),
+        Field("b2", 0.999, "second-moment decay", Range(float, 0, 1, high_open=True)),
+        Field("eps", 1e-8, "AdamW's denominator epsilon", _POSITIVE),
+    )),
+    Section("dynamic_sampling", "DAPO dynamic sampling: sample extra prompts, drop groups whose "
+            "rewards are all equal, refill.", (
+        Field("enabled", False, "turn it on"),
+        Field("max_rounds", 3, "sampling rounds per step before training on what is there",
+              _COUNT),
+    )),
+    Section("sft", "SFT stages (DeepSeek-AI 2025, §2.3): loss on completion tokens only.", (
+        Field("data_path", "", 'JSONL rows {"prompt"|"question": …, "completion"|"response": …}'),
+        Field("batch_size", 16, "rows per step; the data is walked in a seeded order, epoch by "
+              "epoch", _COUNT),
+    )),
+    Section("rejection", "Rejection-sampling SFT (stage = rejection_sft).", (
+        Field("num_prompts", 64, "training prompts sampled from (data.train)", _COUNT),
+        Field("num_samples", 8, "samples per prompt", _COUNT),
+        Field("temperature", 1.0, "sampling temperature", Range(float, 0, meaning="0 = greedy")),
+        Field("keep", "shortest", "shortest correct trace per prompt | all (distinct) correct "
+              "ones", OneOf(("shortest", "all"))),
+    )),
+    Section("async_rollouts", "Asynchronous rollouts: batch s is sampled with policy version "
+            "s - max_staleness while step s - 1 trains; lagging batches are corrected by "
+            "truncated importance sampling (algo.is_correction).", (
+        Field("enabled", None, "None = automatic: on when trainer and sampler are different "
+              "devices (mesh.num_trainer_devices > 0), off when they share them; True / False "
+              "force it", kind=bool, typed_none=True),
+        Field("max_staleness", 1, "policy versions a trained batch may lag", _int(0)),
+    )),
+    Section("mesh", "Devices: one list split into trainer and sampler slices, each its own "
+            "(data, fsdp, tensor) mesh.", (
+        Field("num_trainer_devices", 0, "devices of the trainer slice",
+              _int(0, meaning="0 = every device does both")),
+        Field("trainer", (1, -1, 1), "trainer mesh (data, fsdp, tensor); -1 = the rest"),
+        Field("sampler", (1, 1, -1), "sampler mesh (data, fsdp, tensor); -1 = the rest"),
+        Field("num_slices", 0, "TPU Multislice slices; N > 1 on devices without slices "
+              "simulates N; on several slices mesh.trainer is one slice's mesh and the slices "
+              "multiply its data axis", _int(0, meaning="0 = the devices' own slices")),
+    )),
+    Section("target", "The slice the dry run plans for.", (
+        Field("tpu", "cpu", "v4 | v5e | v5p | v6e | v7x | cpu"),
+        Field("num_devices", 0, "JAX devices of one slice, one per chip (v7x: two)",
+              _int(0, meaning="0 = this machine's")),
+        Field("num_slices", 1, "slices joined over the data-center network "
+              "(launch/gcp/commands.py --num_slices)", _COUNT),
+    )),
+    Section("resume", "A rerun on a workdir resumes it.", (
+        Field("allow_changes", (), "fields that may differ from the run's first start "
+              "(WORKDIR/run_config.json), e.g. (\"total_steps\",) — the schedule then stretches "
+              "to the new total — or (\"eval.*\",); display and storage fields (logging.*, "
+              "checkpoint cadence, verifier.num_workers) may always change"),
+    )),
+    Section("checkpoint", "Orbax checkpoints under WORKDIR/checkpoints.", (
+        Field("every_steps", 5, "save cadence, in steps", _COUNT),
+        Field("keep", 2, "newest checkpoints kept", _COUNT),
+        Field("async_save", True, "write in the background while training goes on"),
+    )),
+    Section("eval", "Held-out evaluation (data.eval).", (
+        Field("every_steps", 0, "cadence in steps",
+              _int(0, meaning="0 = only before and after training")),
+        Field("num_examples", 16, "held-out prompts", _COUNT),
+        Field("max_new_tokens", 0, "completion budget",
+              _int(0, meaning="0 = rollout.max_new_tokens")),
+        Field("num_samples", 1, "samples per prompt; > 1 adds pass@k and maj@k (Chen et al. "
+              "2021)", _COUNT),
+        Field("temperature", 0.0, "sampling temperature (0 = greedy pass@1)",
+              Range(float, 0, meaning="0 = greedy")),
+        Field("canaries", (), "prompts whose completions are logged verbatim at every "
+              "evaluation"),
+        Field("instruction_variants", (), "rewordings of data.instruction (each with "
+              "{prompt}): the held-out set is evaluated once more under each (results under "
+              "'variants' in eval/step_*.json)"),
+    )),
+    Section("logging", "What the run writes for people.", (
+        Field("rollouts_every_steps", 1, "cadence of WORKDIR/rollouts/ records",
+              _int(0, meaning="0 = never")),
+        Field("tensorboard", True, "write WORKDIR/tensorboard/"),
+        Field("progress_bar", True, "one live progress line on the terminal"),
+        Field("peak_flops_per_device", 4e11, "peak FLOP/s of one device, the denominator of "
+              "throughput/rl_mfu", _POSITIVE),
+    )),
+    Section("guards", "Stop a run that went wrong (reasoning_rl/guards.py); STOPPED.md says why.", (
+        Field("max_kl", math.inf, "mean KL to the reference above this stops the run",
+              Range(float, 0, low_open=True, infinite_ok=True, meaning="inf = off")),
+        Field("min_entropy", 0.0, "mean token entropy below this stops the run",
+              Range(float, 0, meaning="0 = off")),
+        Field("max_verifier_timeout_rate", 0.5, "share of a step's groups the scorer timed out "
+              "on (a slow machine?)", Range(float, 0, 1, meaning="1 = off")),
+        Field("max_verifier_error_rate", 0.1, "share of a step's groups the scorer failed on "
+              "(verifier bugs)", Range(float, 0, 1, meaning="1 = off")),
+        Field("max_skipped_updates", 10, "consecutive non-finite updates",
+              _int(0, meaning="0 = off")),
+        Field("heldout_drop_evals", 0, "held-out accuracy fell at each of the last K "
+              "evaluations while train reward rose", _int(0, meaning="0 = off")),
+        Field("max_length_growth", math.inf, "mean held-out length grew (relatively) this much "
+              "more than accuracy over the last length_growth_evals evaluations",
+              Range(float, 0, low_open=True, infinite_ok=True, meaning="inf = off")),
+        Field("length_growth_evals", 2, "window of the length-growth guard", _COUNT),
+    )),
+)
+
+# The rewards a fresh config scores with (a free-form dict of parts).
+DEFAULT_REWARDS = {"correct": {"weight": 1.0, "verifier": "math", "extract": "answer"}}
+
+
+def fields() -> dict[str, Field]:
+  """{dotted name: Field} in declaration order."""
+  return {(f"{section.name}.{field.name}" if section.name else field.name): field
+          for section in SECTIONS for field in section.fields}
+
+
+FIELDS: dict[str, Field] = fields()
+
+
+def field(dotted: str) -> Field:
+  try:
+    return FIELDS[dotted]
+  except KeyError:
+    raise KeyError(f"config.{dotted} is not a declared field") from None
+
+
+def default(dotted: str):
+  return FIELDS[dotted].default
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """A config holding every field's default: what config files start from."""
+  root = ml_collections.ConfigDict()
+  for section in SECTIONS:
+    node = root
+    for part in filter(None, section.name.split(".")):
+      if part not in node:
+        node[part] = ml_collections.ConfigDict()
+      node = node[part]
+    if section.name == "rewards":
+      root.rewards = ml_collections.ConfigDict(DEFAULT_REWARDS)
+      continue
+    for item in section.fields:
+      if item.typed_none:
+        node[item.name] = ml_collections.config_dict.placeholder(item.kind)
+      elif isinstance(item.default, dict):
+        node[item.name] = ml_collections.ConfigDict(dict(item.default))
+      else:
+        node[item.name] = item.default
+  return root
+
+
+def value_at(config, dotted: str):
+  node = config
+  for part in dotted.split("."):
+    node = node[part]
+  return node
+
+
+def values_of(view_class, config, **derived) -> dict[str, Any]:
+  """The keyword arguments of a typed view (a dataclass whose fields carry `source` metadata
+  naming their config field, as `sourced` makes) read from `config`, plus `derived` values
+  for the fields that are not one config field each."""
+  out = {}
+  for item in dataclasses.fields(view_class):
+    source = item.metadata.get("source")
+    if item.name in derived:
+      out[item.name] = derived[item.name]
+    elif source:
+      out[item.name] = value_at(config, source)
+  unknown = set(derived) - {item.name for item in dataclasses.fields(view_class)}
+  if unknown:
+    raise TypeError(f"{view_class.__name__} has no fields {sorted(unknown)}")
+  return out
+
+
+def sourced(dotted: str, *, default_factory: Callable | None = None):
+  """A typed view's field that IS config field `dotted`: same default, read by `values_of`."""
+  declared = field(dotted)
+  if default_factory is not None:
+    return dataclasses.field(default_factory=default_factory, metadata={"source": dotted})
+  return dataclasses.field(default=declared.default, metadata={"source": dotted})
+
+
+def _kind_name(item: Field) -> str:
+  value = item.default
+  kind = item.kind or type(value)
+  if isinstance(value, dict):
+    return "dict"
+  if isinstance(value, tuple):
+    return "tuple"
+  return ("bool" if kind is bool else kind.__name__) + (" | None" if value is None else "")
+
+
+def accepts(item: Field) -> str:
+  if isinstance(item.default, bool) or item.kind is bool:
+    return "True or False" + (" or None" if item.default is None else "")
+  if isinstance(item.check, Range):
+    return item.check.describe()
+  if isinstance(item.check, OneOf):
+    return item.check.describe()
+  return ""
+
+
+def help_text() -> str:
+  """Every field, grouped by section: --config.NAME=DEFAULT, type, accepted values, meaning."""
+  lines = ["Config fields (override any with --config.NAME=VALUE):"]
+  for section in SECTIONS:
+    lines.append("")
+    lines.append(textwrap.fill(f"[{section.name or 'run'}] {section.doc}", width=100))
+    for item in section.fields:
+      dotted = f"{section.name}.{item.name}" if section.name else item.name
+      rule = accepts(item)
+      lines.append(f"  --config.{dotted}={item.default!r}  ({_kind_name(item)}"
+                   f"{'; ' + rule if rule else ''})")
+      lines.append(textwrap.fill(item.doc, width=100, initial_indent=" " * 6,
+                                 subsequent_indent=" " * 6))
+  return "\n".join(lines) + "\n"
+
+
+def markdown_table() -> str:
+  """docs/config.md: one table per section (a test keeps the file equal to this)."""
+  out = ["# Config fields", "",
+         "Generated from `reasoning_rl/config_schema.py` (`python -m reasoning_rl.config_schema "
+         "> docs/config.md`); `python launch/train.py --help` prints the same. Override any "
+         "field with `--config.NAME=VALUE`.", ""]
+  for section in SECTIONS:
+    out += [f"## `{section.name or '(top level)'}`", "", section.doc, ""]
+    if not section.fields:
+      continue
+    out += ["| field | default | accepts | meaning |", "|---|---|---|---|"]
+    for item in section.fields:
+      text = item.doc.replace("|", "\\|")
+      rule = accepts(item).replace("|", "\\|")
+      shown = repr(item.default).replace("|", "\\|")
+      out.append(f"| `{item.name}` | `{shown}` | {rule} | {text} |")
+    out.append("")
+  return "\n".join(out)
+
+
+if __name__ == "__main__":
+  print(markdown_table(), end="")
