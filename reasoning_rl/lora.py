@@ -20,7 +20,8 @@ each adapter as an `nnx.LoRAParam` next to the weight it adapts (`q_proj_lora_a`
 Targets are modules, matched by `target_modules` (a regex, full match) against module paths such
 as `layers/3/attn` (q, k, v, o projections) and `layers/3/mlp` (gate, up, down): qwix adapts every
 projection of a matched module. Adapters are replicated over the mesh (rank-r matrices are small
-next to the weights they adapt).
+next to the weights they adapt). A scanned model (`model.scan_layers`) is adapted in the loop
+layout, so target names are the same, and its adapters are stacked with the layers.
 """
 
 from __future__ import annotations
