@@ -60,6 +60,7 @@ def test_debug_run_writes_the_workdir_contract(baseline):
     assert 1 <= row["response_length/mean"] <= 12
     assert 0 <= row["time/compile_s"] <= row["time/step_s"]
   assert rows[0]["time/compile_s"] > 0  # the step and the sampler's programs compile in step 1
+  assert [r["time/compile_s"] for r in rows[1:]] == [0.0] * 9  # and never again
   records = rollouts(baseline)
   assert len(records) == 10 * 4 * 4
   for key in ("step", "prompt_id", "group_id", "sample_index", "prompt", "completion", "reward",
