@@ -24,7 +24,8 @@ from reasoning_rl.rl import losses
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.stats import finalize
 from reasoning_rl.rl.step import StepConfig, TrainStep
-from tests.test_train_step import B, T, make_batch  # the same vocabulary (64) as CONFIG
+from tests.test_train_step import (  # the same vocabulary (64) as CONFIG
+    B, T, make_batch, reference_kl)
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
@@ -91,15 +92,9 @@ def test_a_step_changes_only_the_adapters_and_the_optimizer_holds_only_them():
   changed = [not np.array_equal(b, np.asarray(a))
              for b, a in zip(adapters_before, jax.tree.leaves(state.params), strict=True)]
   assert all(changed)
-  # β > 0: the KL term compares with the base, from which the (non-zero) adapters move it: k3
-  # per token between the adapted model and the bare base, mean over the completion tokens
-  batch = make_batch()
-  logprobs_of = lambda model: np.asarray(completion_logprobs(  # noqa: E731
-      model, batch["tokens"], batch["attention_mask"], T)[0], np.float64)
-  log_ratio = (logprobs_of(create_model(CONFIG, seed=0))
-               - logprobs_of(adapted_model(random_b=True)))
-  valid = np.asarray(batch["completion_mask"]) > 0
-  expected_kl = np.mean((np.exp(log_ratio) - log_ratio - 1)[valid])
+  # β > 0: the KL term compares with the bare base, from which the (non-zero) adapters move it
+  expected_kl = reference_kl(adapted_model(random_b=True), create_model(CONFIG, seed=0),
+                             make_batch())
   assert expected_kl > 1e-4, expected_kl
   assert finalize(jax.device_get(stats))["kl"] == pytest.approx(expected_kl, rel=1e-3)
 

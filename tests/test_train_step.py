@@ -120,6 +120,16 @@ def rolled_updates(batch, num_updates, learning_rate, **loss_options):
   return finalize(jax.device_get(stats_lib.merge_all(per_update)))
 
 
+def reference_kl(policy, reference, batch):
+  """The step's `kl` metric computed here: k3 per completion token (r − 1 − log r with
+  r = π_ref / π), mean over the completion tokens."""
+  logprobs_of = lambda model: np.asarray(completion_logprobs(  # noqa: E731
+      model, batch["tokens"], batch["attention_mask"], T)[0], np.float64)
+  log_ratio = logprobs_of(reference) - logprobs_of(policy)
+  valid = np.asarray(batch["completion_mask"]) > 0
+  return float(np.mean((np.exp(log_ratio) - log_ratio - 1)[valid]))
+
+
 def assert_same_gradient(actual, expected, rtol=1e-4):
   """Leaf by leaf within rtol of the largest entry of the whole gradient: a gradient scaled by
   1 + 10·rtol fails on its largest entries."""
@@ -153,13 +163,8 @@ def test_four_micro_batches_equal_one_full_batch():
   assert_same_gradient(full, reference_gradient(StepConfig(**config), batch, ref_seed=1))
   for key in ("loss", "kl", "pg_loss", "entropy", "grad_norm"):
     assert full_stats[key] == pytest.approx(micro_stats[key], abs=1e-5), key
-  # the KL to the reference (another seed), k3 per token, mean over the completion tokens
-  logprobs_of = lambda seed: np.asarray(completion_logprobs(  # noqa: E731
-      nnx.merge(*fresh_params(seed)), batch["tokens"], batch["attention_mask"], T)[0], np.float64)
-  log_ratio = logprobs_of(1) - logprobs_of(0)
-  valid = np.asarray(batch["completion_mask"]) > 0
-  expected_kl = np.mean((np.exp(log_ratio) - log_ratio - 1)[valid])
-  assert expected_kl > 0.01  # the reference really differs
+  expected_kl = reference_kl(nnx.merge(*fresh_params(0)), nnx.merge(*fresh_params(1)), batch)
+  assert expected_kl > 0.01  # the reference (another seed) really differs
   assert full_stats["kl"] == pytest.approx(expected_kl, rel=1e-4)
 
 
