@@ -183,11 +183,11 @@ def build_engine(config: ml_collections.ConfigDict, model, *, mesh=None,
 
 def build_backend(config: ml_collections.ConfigDict, model, *, mesh=None):
   """This process's rollout backend (`sampler.backend.RolloutBackend`): the one registered as
-  `rollout.backend` (`engine` when the config names none), sized as `build_engine` sizes one."""
+  `rollout.backend`, sized as `build_engine` sizes one."""
   from reasoning_rl.sampler import BackendSpec, make_backend
 
   r = config.rollout
-  return make_backend(r.get("backend", "engine"), BackendSpec(
+  return make_backend(r.backend, BackendSpec(
       model=model, mesh=mesh, max_concurrent_decodes=r.max_concurrent_decodes,
       max_prefill_length=r.max_prefill_length,
       max_decode_length=max(r.max_new_tokens, eval_max_new_tokens(config)),
