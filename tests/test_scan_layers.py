@@ -286,8 +286,9 @@ def test_a_scanned_run_trains_as_the_loop_run_and_its_checkpoints_load(tmp_path)
   from reasoning_rl.metrics import read_metrics
   from tests.test_trainer import assert_evaluate_cli_reproduces, rollouts, train
 
+  # the evaluation as configs/debug_cpu.py has it: launch/evaluate.py reads that config alone
   common = ("--config.total_steps=2", "--config.checkpoint.every_steps=2",
-            "--config.eval.num_examples=8", "--config.lora.rank=4", "--config.beta=0.04")
+            "--config.lora.rank=4", "--config.beta=0.04")
   train(tmp_path / "loop", *common)
   train(tmp_path / "scan", *common, "--config.model.scan_layers=True")
   assert json.loads((tmp_path / "scan" / "run_config.json").read_text())["model"]["scan_layers"]
