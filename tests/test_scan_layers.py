@@ -316,3 +316,12 @@ def test_the_remat_policy_field_is_validated():
   config.algo.remat_policy = "some"
   with pytest.raises(ConfigError, match="algo.remat_policy"):
     config_lib.validate(config)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "nf4"])
+def test_a_quantized_base_stacks_with_its_adapters(quantization):
+  """QLoRA: qwix's quantized weights (values and scales) stack like any parameter, and the
+  scanned stack computes the loop's logits."""
+  settings = dataclasses.replace(SETTINGS, base_quantization=quantization, quantization_tile=8)
+  loop = with_random_b(lora.apply_lora(create_model(CONFIGS["llama"], seed=0), settings))
+  assert max_diff(logits(stack_layers(loop)), logits(loop)) < 1e-5
