@@ -43,7 +43,7 @@ def case_config(hidden=256, layers=2, vocab=4096, P=2, G=8, prompt=64, new=64, m
   c = base_config()
   c.rollout.num_prompts, c.rollout.num_samples = P, G
   c.rollout.max_prefill_length, c.rollout.max_new_tokens = prompt, new
-  c.algo.num_micro_batches, c.beta, c.algo.remat, c.algo.logprob_chunk = micro, beta, remat, 64
+  c.algo.num_micro_batches, c.beta, c.algo.remat, c.algo.logprob_chunk = micro, beta, ("full" if remat else "none"), 64
   c.mesh.num_trainer_devices = mesh[0] * mesh[1] * mesh[2]
   c.mesh.trainer, c.mesh.sampler = mesh, (1, 1, -1)
   m = ModelConfig(model_type="qwen2", vocab_size=vocab, hidden_size=hidden,

@@ -58,7 +58,7 @@ def get_config():
   c.algo.loss_agg = "seq-mean-token-sum-norm"
   c.algo.num_micro_batches = 32  # 32 rows of 4.6k tokens per micro-batch, 8 per device
   c.algo.logprob_chunk = 256
-  c.algo.remat = True  # 4.6k-token rows: keep one layer's attention scores, not 28
+  c.algo.remat = "full"  # 4.6k-token rows: keep one layer's attention scores, not 28
   c.beta = 0.001
   c.optim.learning_rate = 1e-6
   c.optim.warmup_steps = 10

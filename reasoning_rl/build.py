@@ -265,7 +265,6 @@ def step_config(config: ml_collections.ConfigDict):
       lora=lora_settings if lora_settings.enabled else None,
       compute_dtype=config.model.dtype,
       is_correction=sampler_correction(config),
-      remat=a.remat_policy or a.remat,
       # the rebuild costs memory and time (a top-k over the vocabulary per position) and changes
       # nothing when the rollouts sample the model as is
       truncated_ratio=a.truncated_ratio and config_lib.rollout_rescales(config)))

@@ -90,8 +90,6 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "no speed; use weight_dtype=float32, or dtype=bfloat16 as well")
   from reasoning_rl.lora import LoraSettings  # pylint: disable=import-outside-toplevel
 
-  require(not (config.algo.remat and config.algo.remat_policy == "none"), "algo.remat_policy",
-          "'none' contradicts algo.remat=True; set one of them")
   LoraSettings.from_config(config).validate()
   r = config.rollout
   from reasoning_rl import registry  # pylint: disable=import-outside-toplevel
@@ -209,6 +207,11 @@ def config_args(argv: list[str]) -> tuple[str | None, dict[str, str]]:
   return path, overrides
 
 
+# Fields whose type changed: what an older config file that sets them should say now.
+RETYPED_FIELDS = {"remat": "config.algo.remat takes a name now: 'full' (was True) or 'none' "
+                           "(was False), or 'save_matmuls'"}
+
+
 def precheck_command_line(argv: list[str]) -> None:
   """One ConfigError for a missing config file, an unknown field or an unparsable value, before
   absl parses the flags (whose errors are tracebacks or multi-line)."""
@@ -228,7 +231,13 @@ def precheck_command_line(argv: list[str]) -> None:
   spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
     raise ConfigError(f"--config={argument}: the file defines no get_config()")
-  check_overrides(module.get_config(*variant), overrides)
+  try:
+    config = module.get_config(*variant)
+  except TypeError as error:  # ml_collections refuses a value of another type than the field's
+    hint = next((text for name, text in RETYPED_FIELDS.items() if f"field '{name}'" in str(error)),
+                "python launch/train.py --help lists each field's type")
+    raise ConfigError(f"--config={argument}: {error}; {hint}") from None
+  check_overrides(config, overrides)
 
 
 HELP_FLAGS = ("--help", "-h", "-?", "--helpfull", "--helpshort")

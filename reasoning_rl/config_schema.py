@@ -244,12 +244,11 @@ SECTIONS: tuple[Section, ...] = (
         Field("num_micro_batches", 1, "gradient accumulation inside each update (memory, not "
               "maths)", _COUNT),
         Field("logprob_chunk", 128, "time steps projected to the vocabulary at once", _COUNT),
-        Field("remat", False, "recompute block activations in the backward pass (long "
-              "sequences); True = full"),
-        Field("remat_policy", "", "what the backward pass recomputes, by name: '' = as "
-              "algo.remat says; none | full (each block from its input) | save_matmuls (the "
-              "projections' outputs are kept); overrides algo.remat when set",
-              OneOf(("", *REMAT_POLICIES))),
+        Field("remat", "none", "what the backward pass recomputes (Chen et al. 2016): none "
+              "(every block's activations kept) | full (only each block's input kept, the "
+              "block rebuilt: one layer's activations in memory, about one more forward) | "
+              "save_matmuls (the projections' outputs kept; norms, attention scores and "
+              "activations rebuilt)", OneOf(REMAT_POLICIES)),
         Field("packing", False, "padding-free training (rl/packing.py): sequences packed into "
               "rows with segment ids; positions a batch's tokens do not reach are skipped and "
               "the vocabulary head runs only at completion tokens. Same loss and gradients"),

@@ -89,7 +89,8 @@ class TrainingPasses:
     return cls(epochs=c.num_iterations, reference_forward=c.beta > 0,
                old_logprob_forward=c.algorithm != "sft"
                and (c.updates_per_step > 1 or c.algorithm == "ppo"),
-               remat=c.remat)
+               # save_matmuls rebuilds no projection: no matmul FLOPs recomputed
+               remat=c.remat in (True, "full"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -657,7 +657,7 @@ def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, a: Assumptions,
   per_layer = seq * ((a.activation_values_per_hidden * m.hidden_size
                       + a.activation_values_per_intermediate * intermediate) * b
                      + attention_bytes_per_token(config, m, heads, seq, a, backend))
-  if config.algo.get("remat", False):
+  if config.algo.remat == "full":
     # Only each block's input is kept; one block's activations are rebuilt at a time.
     per_row = m.num_layers * seq * m.hidden_size * b + per_layer
   else:

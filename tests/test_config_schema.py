@@ -108,3 +108,15 @@ def test_launcher_help_lists_every_field_with_default_and_range():
   assert "--config.rollout.top_p=1.0  (float; a number in (0, 1])" in out
   assert "--config.algo.loss_type='ppo'  (str; a name of registry.LOSS_TYPES)" in out
   assert "--config: Path to a config file." in out  # absl's own flags follow
+
+
+def test_an_older_config_file_setting_a_retyped_field_fails_in_one_line(tmp_path):
+  from reasoning_rl.config import precheck_command_line
+
+  old = tmp_path / "old.py"
+  old.write_text("from reasoning_rl.config import base_config\n\n\ndef get_config():\n"
+                 "  c = base_config()\n  c.algo.remat = True\n  return c\n")
+  with pytest.raises(ConfigError, match=r"config\.algo\.remat takes a name now: 'full' \(was "
+                                        r"True\)") as error:
+    precheck_command_line(["train.py", f"--config={old}"])
+  assert "\n" not in str(error.value)

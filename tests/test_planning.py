@@ -269,7 +269,7 @@ def test_flops_and_times_by_hand():
   c = _config()
   c.algo.num_mini_batches = 2  # two updates per batch: pi_old is recomputed once, still 1 epoch
   assert planning.step_flops(c, TINY).training == 16 * (3 + 1) * row
-  c.algo.remat = True  # every update also recomputes the blocks' forward but the down projection
+  c.algo.remat = "full"  # every update also recomputes the blocks' forward but the down projection
   assert planning.step_flops(c, TINY).recomputation == 16 * (row - 2 * 2 * 16 * 21 * 48)
 
   t = planning.plan(_config(), TINY, target=V5P_16).throughput

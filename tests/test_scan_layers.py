@@ -301,20 +301,17 @@ def test_a_scanned_run_trains_as_the_loop_run_and_its_checkpoints_load(tmp_path)
   assert_evaluate_cli_reproduces(tmp_path / "scan", tmp_path / "eval.json", step=2)
 
 
-def test_the_remat_policy_field_is_validated():
+def test_the_remat_field_is_validated():
   import importlib
 
   from reasoning_rl import config as config_lib
 
   config = importlib.import_module("configs.debug_cpu").get_config()
   config.workdir = "/unused"
-  config.algo.remat_policy = "save_matmuls"
+  config.algo.remat = "save_matmuls"
   config_lib.validate(config)
-  config.algo.remat, config.algo.remat_policy = True, "none"
-  with pytest.raises(ConfigError, match="algo.remat_policy"):
-    config_lib.validate(config)
-  config.algo.remat_policy = "some"
-  with pytest.raises(ConfigError, match="algo.remat_policy"):
+  config.algo.remat = "some"
+  with pytest.raises(ConfigError, match=r"^config\.algo\.remat='some': must be one of none"):
     config_lib.validate(config)
 
 
