@@ -22,7 +22,6 @@ import errno
 import fcntl
 import json
 import logging
-import math
 import os
 import pathlib
 import socket
@@ -31,6 +30,7 @@ from typing import Any
 
 from reasoning_rl import storage
 from reasoning_rl.errors import ConfigError
+from reasoning_rl.plain_data import plain
 
 log = logging.getLogger("reasoning_rl")
 
@@ -189,19 +189,6 @@ class WorkdirLock:
 # ------------------------------------------------------------------------------ fingerprint
 
 
-def _plain(value: Any) -> Any:
-  """JSON-able form: tuples as lists, NaN / inf as strings (strict JSON has neither)."""
-  if isinstance(value, Mapping):
-    return {str(k): _plain(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_plain(v) for v in value]
-  if isinstance(value, float) and not math.isfinite(value):
-    return str(value)
-  if value is None or isinstance(value, (bool, int, float, str)):
-    return value
-  return repr(value)
-
-
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
   flat = {}
   for key, value in tree.items():
@@ -234,7 +221,7 @@ def check_or_write_fingerprint(workdir: str | os.PathLike[str], resolved_config:
     ConfigError: listing every other changed, added or removed field as old -> new.
   """
   path = storage.path(workdir) / FINGERPRINT_FILE
-  current = _plain(resolved_config)
+  current = plain(resolved_config, json_safe=True)
   if not path.exists():
     _write_json(path, current)
     return []

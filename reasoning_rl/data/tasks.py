@@ -30,6 +30,7 @@ import numpy as np
 from reasoning_rl import registries
 from reasoning_rl import storage
 from reasoning_rl.errors import ConfigError
+from reasoning_rl.plain_data import plain
 
 SYNTHETIC_OPS = ("+", "-", "*")
 MAX_MIXTURE_PERIOD = 100_000
@@ -327,17 +328,6 @@ class MixtureSource:
 # ----------------------------------------------------------------------------- building
 
 
-def _plain(value: Any) -> Any:
-  """ConfigDict / FrozenConfigDict / mappings / sequences as plain dicts, lists and scalars."""
-  if hasattr(value, "to_dict"):
-    value = value.to_dict()
-  if isinstance(value, Mapping):
-    return {key: _plain(item) for key, item in value.items()}
-  if isinstance(value, (list, tuple)):
-    return type(value)(_plain(item) for item in value)
-  return value
-
-
 def build_source(source_config: Any, *, field: str = "data") -> TaskSource:
   """The source a config describes: `kind` plus that kind's settings (module docstring).
 
@@ -350,7 +340,7 @@ def build_source(source_config: Any, *, field: str = "data") -> TaskSource:
       be built (missing file, bad rows, params the generator rejects); the message names
       `config.<field>.<setting>` and the fix.
   """
-  settings = _plain(source_config)
+  settings = plain(source_config, keep_tuples=True)
   if not isinstance(settings, dict):
     raise ConfigError(f"config.{field}={settings!r}: must be a dict with 'kind' and its settings")
   kind = settings.pop("kind", None)

@@ -39,6 +39,7 @@ from typing import Any
 
 from reasoning_rl import registries
 from reasoning_rl.errors import ConfigError, VerifierError
+from reasoning_rl.plain_data import plain
 from reasoning_rl.verifiers import code_tests as code_lib
 from reasoning_rl.verifiers import format as format_lib
 from reasoning_rl.verifiers import length as length_lib
@@ -163,20 +164,9 @@ class PartKind:
   needs_correctness: Callable[[Mapping[str, Any]], bool] = lambda settings: False
 
 
-def _plain(config: Any) -> Any:
-  """ConfigDict / FrozenConfigDict / mappings → plain dicts (picklable, JSON-able)."""
-  if hasattr(config, "to_dict"):
-    config = config.to_dict()
-  if isinstance(config, Mapping):
-    return {str(k): _plain(v) for k, v in config.items()}
-  if isinstance(config, (list, tuple)):
-    return [_plain(v) for v in config]
-  return config
-
-
 def build_parts(rewards_config: Any) -> list[Part]:
   """Validates `rewards_config` and resolves every part's settings (defaults filled in)."""
-  spec = _plain(rewards_config)
+  spec = plain(rewards_config)
   if not isinstance(spec, Mapping) or not spec:
     raise ConfigError("rewards must be a non-empty mapping of part name -> {weight: …, …}, e.g. "
                       "{'correct': {'weight': 1.0, 'verifier': 'math'}}")
