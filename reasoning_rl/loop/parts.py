@@ -16,7 +16,9 @@ class RunParts(Protocol):
   tokenizer: Any  # encode / decode, pad_id, eos_ids
   template: Any  # `.encode(example) -> prompt token ids`
   model_config: Any  # models.config.ModelConfig (FLOPs accounting)
-  step_fn: Any  # rl.step.TrainStep: `host_batch`, `__call__(state, batch)`, `sampler_weights`
+  # rl.step.TrainStep: `host_batch` / `host_batch_with_layout`, `__call__` / `call_with_outputs`,
+  # `sampler_weights`
+  step_fn: Any
   backend: Any  # sampler.backend.RolloutBackend of this process's replica (None: trains only)
   weight_sync: Any  # loop.weight_sync.WeightSync: what the sampler receives, policy versions
   data: Any  # build.Data: training stream, held-out examples

@@ -2,8 +2,10 @@
 
 One step's data path: rollouts (`RolloutCollector` over the `RolloutBackend`) → scored groups →
 advantages (`rl.advantages.batch_advantages`, their own stage, so the rollout records show what
-the loss used) → the padded batch (`rl.batching.build_batch`) → `TrainStep` → the weight sync
-(`WeightSync.publish`: the sampler receives the new policy, and the policy version advances).
+the loss used; PPO's per-token GAE advantages come out of the step, `TrainStep.call_with_outputs`,
+and the records show those) → the padded batch (`rl.batching.build_batch`) → `TrainStep` → the
+weight sync (`WeightSync.publish`: the sampler receives the new policy, and the policy version
+advances).
 
 Asynchronous rollouts with bounded staleness k (`async_rollouts.max_staleness`): the batch trained
 at step s is sampled with policy version max(0, s − 1 − k) (version v = the parameters after v
@@ -31,7 +33,7 @@ from reasoning_rl.loop.rollouts import RolloutCollector
 from reasoning_rl.loop.state import LoopState, SampledBatch
 from reasoning_rl.multihost.cluster import global_batch
 from reasoning_rl.rl import advantages as advantages_lib
-from reasoning_rl.rl import batching
+from reasoning_rl.rl import batching, packing
 from reasoning_rl.rl import stats as stats_lib
 
 
@@ -61,7 +63,8 @@ class RLStage:
     self.collector = collector
     self.staleness = staleness
     self.with_sampler_logprobs = with_sampler_logprobs
-    self._last = None  # (step, batch, advantages) of the latest step, for its rollout records
+    # (step, batch, advantages, token advantages) of the latest step, for its rollout records
+    self._last = None
 
   def sample_batch(self, loop: LoopState, *, should_stop=None) -> SampledBatch:
     """The next batch from the training stream. A stop request (`should_stop`, asked between
@@ -108,11 +111,16 @@ class RLStage:
           with_rewards=ppo, with_behavior_logprobs=self.with_sampler_logprobs,
           truncation=run.step_fn.config.truncated_ratio)
     train_start = time.perf_counter()
+    token_advantages = None
     if cluster.is_trainer:
-      device_batch = run.step_fn.host_batch(batch, pad_id=run.tokenizer.pad_id)
+      device_batch, layout = run.step_fn.host_batch_with_layout(batch, pad_id=run.tokenizer.pad_id)
       if cluster.multi_process:
         device_batch = global_batch(device_batch, run.trainer_mesh)
-      state, stats = run.step_fn(state, device_batch)  # dispatched; runs while we sample ahead
+      # dispatched; runs while we sample ahead
+      state, stats, outputs = run.step_fn.call_with_outputs(state, device_batch)
+      if "token_advantages" in outputs:  # PPO: left on the device until records are written
+        token_advantages = (outputs["token_advantages"], layout,
+                            batch["completion_mask"].shape)
     ahead_s = 0.0
     if self.staleness > 0:  # batch step + k, sampled by version step − 1
       ahead = time.perf_counter()
@@ -123,7 +131,7 @@ class RLStage:
       stats = stats_lib.finalize(jax.device_get(stats))
     train_s = time.perf_counter() - train_start - ahead_s
     published = run.weight_sync.publish(state, loop)
-    self._last = (step, sampled, advantages)
+    self._last = (step, sampled, advantages, token_advantages)
     pool_metrics = cluster.summed_metrics(run.scorer.metrics())
     if cluster.is_primary:
       times = telemetry.StepTimes(train_s=train_s, sync_s=published.seconds,
@@ -157,12 +165,24 @@ class RLStage:
         passes=flops_lib.TrainingPasses.of_step(self.run.step_fn.config)).total
 
   def rollout_records(self, step: int) -> list[dict]:
-    last_step, sampled, advantages = self._last
+    last_step, sampled, advantages, token_advantages = self._last
     assert last_step == step, (last_step, step)
     c, run = self.run.config, self.run
+    if token_advantages is not None:
+      token_advantages = self._padded_token_advantages(*token_advantages)
     return telemetry.rollout_records(
         step, sampled, advantages, examples=run.data.train_source.example,
         decode=run.tokenizer.decode, verifier_version=run.reward_fn.verifier_version,
         sampling={"temperature": c.rollout.temperature, "top_p": c.rollout.top_p,
                   "top_k": c.rollout.top_k, "max_new_tokens": c.rollout.max_new_tokens,
-                  "seed": c.seed})
+                  "seed": c.seed}, token_advantages=token_advantages)
+
+  def _padded_token_advantages(self, values, layout, padded_shape):
+    """PPO's per-token advantages as the step used them, [groups, G, T] on the host: fetched
+    only here (steps that write no records transfer nothing), and from the packed layout mapped
+    back to the padded rows (row g·G + s is sample s of group g, `batching.build_batch`)."""
+    values = jax.device_get(values)
+    if layout is not None:
+      values = packing.unpack_sequences(values, layout, padded_shape[0])
+    r = self.run.config.rollout
+    return values.reshape(r.num_prompts, r.num_samples, padded_shape[1])

@@ -92,27 +92,48 @@ def rl_throughput(batch: SampledBatch, times: StepTimes, *, trained_tokens: int,
           "throughput/rl_mfu": flops / max(seconds, 1e-9) / peak_flops}
 
 
+# Decimal places of the per-token advantages in a rollout record: whitened advantages are O(1),
+# so 1e-4 is far finer than anyone reads them, and a record of T tokens stays short.
+TOKEN_ADVANTAGE_DECIMALS = 4
+
+
+def _sequence_advantage(advantages: np.ndarray | None, token_advantages: np.ndarray | None,
+                        g: int, s: int, num_tokens: int) -> dict[str, Any]:
+  """The record's `advantage` (and, per token, `token_advantages`) of completion (g, s)."""
+  if token_advantages is None:
+    return {"advantage": None if advantages is None else float(advantages[g, s])}
+  values = np.asarray(token_advantages[g, s, :num_tokens], np.float64)
+  return {"advantage": float(values.mean()) if values.size else None,
+          "token_advantages": [round(float(v), TOKEN_ADVANTAGE_DECIMALS) for v in values]}
+
+
 def rollout_records(step: int, batch: SampledBatch, advantages: np.ndarray | None, *,
                     examples: Callable[[int], Any], decode: Callable[[list[int]], str],
-                    verifier_version: str, sampling: Mapping[str, Any]) -> list[dict[str, Any]]:
+                    verifier_version: str, sampling: Mapping[str, Any],
+                    token_advantages: np.ndarray | None = None) -> list[dict[str, Any]]:
   """One record per completion (the rollout-record contract in docs/architecture.md).
 
   `prompt` is the prompt as the policy saw it (the template's text); `task_prompt` is the task's
   own question, the text the verifiers were given, so a replay scores exactly what training did.
-  `advantages` [groups, G] are the advantage stage's, the ones the loss used; None (PPO, whose
-  per-token GAE advantages the step computes from its value head) writes `advantage: null`.
+  `advantages` [groups, G] are the advantage stage's, the ones the loss used. PPO has none there:
+  its advantages are per token, GAE over the value head's predictions whitened over the batch,
+  computed inside the step; `token_advantages` [groups, G, T] are those (the step's
+  `outputs["token_advantages"]`), and the record then holds `token_advantages` (one per completion
+  token, rounded to TOKEN_ADVANTAGE_DECIMALS places) and `advantage`, their mean (null for a
+  completion without tokens). With neither, `advantage` is null.
   """
   out = []
   for g, rollout in enumerate(batch.groups):
     group, example = rollout.group, examples(rollout.data_position)
     prompt = decode(group.prompt_tokens)
     for s in range(group.size):
+      num_tokens = len(group.completion_ids[s])
       record = {
           "step": step, "prompt_id": rollout.data_position, "group_id": g, "sample_index": s,
           "prompt": prompt, "task_prompt": example.prompt, "completion": rollout.responses[s],
           "reward": group.rewards[s],
-          "advantage": None if advantages is None else float(advantages[g, s]),
-          "num_tokens": len(group.completion_ids[s]), "truncated": group.truncated[s],
+          **_sequence_advantage(advantages, token_advantages, g, s, num_tokens),
+          "num_tokens": num_tokens, "truncated": group.truncated[s],
           "policy_version": batch.policy_version, "verifier_version": verifier_version,
           "scoring_status": rollout.status, "sampling": dict(sampling),
           "ground_truth": example.answer, "task": example.task,

@@ -169,5 +169,16 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
   return out, layout
 
 
+def unpack_sequences(values, layout: PackedLayout, num_rows: int) -> np.ndarray:
+  """A per-sequence array of the packed layout, [N, S, …] (sequence slot n of slice s, as
+  `pack_batch` lays out `SEQUENCE_FIELDS`), back in the padded batch's rows: [num_rows, …]. The
+  inverse of that placement; rows `pack_batch` left out (no completion token) are zeros."""
+  values = np.asarray(values)
+  out = np.zeros((num_rows, *values.shape[2:]), values.dtype)
+  slices, slots = np.nonzero(layout.row_of_slot >= 0)
+  out[layout.row_of_slot[slices, slots]] = values[slots, slices]
+  return out
+
+
 def is_packed(batch) -> bool:
   return "segment_ids" in batch

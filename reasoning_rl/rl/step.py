@@ -1,6 +1,7 @@
 """The fused, jit-sharded RL training step.
 
-`TrainStep.__call__(state, batch) -> (state, stats)` is ONE compiled program on the trainer mesh: it
+`TrainStep.__call__(state, batch) -> (state, stats)` is ONE compiled program on the trainer mesh
+(`TrainStep.call_with_outputs` also returns what the step derived from the batch, `outputs`): it
 computes the policy's completion log-probs and — when β > 0 — the frozen reference's, the policy
 loss (`loss_type`: PPO's clipped surrogate, GSPO or CISPO) with its KL term and importance
 correction against the sampler (`reasoning_rl.rl.losses.policy_loss`), gradients accumulated over
@@ -12,7 +13,11 @@ Three objectives share it:
 - `grpo` (and every group estimator): advantages [B] come with the batch.
 - `ppo` (Schulman et al. 2017) with a learned value head on the policy trunk: the step computes
   π_old log-probs and old values, GAE(γ, λ) advantages (Schulman et al. 2016) from the sequence
-  rewards, and adds the clipped value loss (`reasoning_rl.rl.value`).
+  rewards, and adds the clipped value loss (`reasoning_rl.rl.value`). The whitened per-token
+  advantages every update used come back as `outputs["token_advantages"]`, in the batch's layout
+  ([B, T] padded; packed: [N, S, T] sequence slots, `packing.unpack_sequences` maps them back), so
+  the rollout records show what was trained on. The other objectives return no outputs: nothing
+  more leaves the device.
 - `sft`: supervised fine-tuning for the R1 recipe's SFT stages — next-token cross-entropy on the
   completion tokens only (the prompt is context, never a target), aggregated like the policy loss.
 
@@ -445,8 +450,14 @@ class TrainStep:
   def host_batch(self, batch: dict, pad_id: int = 0) -> dict:
     """The host arrays this step is fed: the padded batch as is, or (`packing`) packed for this
     step's M and m, with row counts that divide over the mesh's data × fsdp devices."""
+    return self.host_batch_with_layout(batch, pad_id)[0]
+
+  def host_batch_with_layout(self, batch: dict, pad_id: int = 0
+                             ) -> tuple[dict, packing.PackedLayout | None]:
+    """`host_batch` and, when it packed, the layout that maps the packed sequence slots back to
+    the padded rows (`packing.unpack_sequences`, for per-sequence outputs); None when padded."""
     if not self.config.packing:
-      return batch
+      return batch, None
     if self.config.truncated_ratio and self.config.algorithm != "sft":
       batch = _untruncated(batch)
     devices = 1
@@ -456,12 +467,11 @@ class TrainStep:
     # The head projects as many positions at once as a padded micro-batch's chunk holds
     # (rows × logprob_chunk): the same logits memory, and matmuls as large.
     padded_rows = batch["completion_mask"].shape[0] // (c.num_mini_batches * c.num_micro_batches)
-    packed, _ = packing.pack_batch(batch, num_mini_batches=c.num_mini_batches,
-                                   num_micro_batches=c.num_micro_batches,
-                                   row_factor=c.packed_row_factor, row_groups=devices,
-                                   head_chunk=c.logprob_chunk * max(1, padded_rows // devices),
-                                   pad_id=pad_id)
-    return packed
+    return packing.pack_batch(batch, num_mini_batches=c.num_mini_batches,
+                              num_micro_batches=c.num_micro_batches,
+                              row_factor=c.packed_row_factor, row_groups=devices,
+                              head_chunk=c.logprob_chunk * max(1, padded_rows // devices),
+                              pad_id=pad_id)
 
   def state_shardings(self, state: TrainState):
     return jax.tree.map(lambda x: x.sharding, state)
@@ -724,9 +734,13 @@ class TrainStep:
     return self._update(state, rows, losses.loss_normalizers(rows["completion_mask"]))
 
   def _step(self, state: TrainState, batch):
+    """(state, stats, outputs) of one RL step; `outputs` (module docstring) is empty but for ppo,
+    so the other objectives' programs hand nothing more back to the host."""
     c = self.config
     packed = packing.is_packed(batch)
     batch = self._prepare(state, batch)
+    # The advantages every update of this step reads, in the batch's own layout.
+    outputs = {"token_advantages": batch["advantages"]} if c.algorithm == "ppo" else {}
     if packed:  # [S, ...] slices → [M, m, ...]: mini-batch k's micro-batches
       batch = jax.tree.map(
           lambda x: x.reshape(c.num_mini_batches, c.num_micro_batches, *x.shape[1:]),
@@ -735,7 +749,7 @@ class TrainStep:
         batch = jax.tree.map(lambda x: x[0], batch)
     if c.updates_per_step == 1:
       state, stats = self._update_on(state, batch)
-      return state.replace(step=state.step + 1), stats
+      return state.replace(step=state.step + 1), stats, outputs
     mini_batches = batch if packed else split_rows(batch, c.num_mini_batches)
 
     def update(carry, index):
@@ -747,7 +761,7 @@ class TrainStep:
     order = jnp.tile(jnp.arange(c.num_mini_batches, dtype=jnp.int32), c.num_iterations)
     shapes = jax.eval_shape(lambda s: update((s, {}), order[0])[0][1], state)
     (state, stats), _ = jax.lax.scan(update, (state, _no_stats(shapes)), order)
-    return state.replace(step=state.step + 1), stats
+    return state.replace(step=state.step + 1), stats, outputs
 
   def _step_on_mesh(self, state: TrainState, batch):
     """`_step` traced under the trainer mesh, so the model's activation pins
@@ -764,15 +778,22 @@ class TrainStep:
       batch_shardings = jax.tree.map(
           lambda x: sharding_lib.batch_sharding(self.mesh, x.ndim), batch_example)
       replicated = NamedSharding(self.mesh, PartitionSpec())
-      out = (state_shardings, replicated)
+      # outputs replicated like the stats: every process of a multi-process run can read them
+      out = (state_shardings, replicated, replicated)
     else:
       batch_shardings = None
-      out = (state_shardings, None)
+      out = (state_shardings, None, None)
     self._compiled = jax.jit(self._step_on_mesh, in_shardings=(state_shardings, batch_shardings),
                              out_shardings=out, donate_argnums=(0,))
     return self._compiled
 
   def __call__(self, state: TrainState, batch):
+    """(new state, stats) of one step on `batch`."""
+    return self.call_with_outputs(state, batch)[:2]
+
+  def call_with_outputs(self, state: TrainState, batch):
+    """(new state, stats, outputs): `outputs` as the module docstring says (ppo's
+    `token_advantages`, still on the device; {} for the other objectives)."""
     if self._compiled is None:
       self.compile(state, batch)
     if self.mesh is not None:
