@@ -35,7 +35,8 @@ from reasoning_rl.rl import step as step_lib
 
 park_after, marker, train_py = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 sys.argv = sys.argv[3:]
-call, calls = step_lib.TrainStep.__call__, []
+# every step goes through call_with_outputs (`__call__` too)
+call, calls = step_lib.TrainStep.call_with_outputs, []
 
 
 def train_then_park(self, *args, **kwargs):
@@ -47,7 +48,7 @@ def train_then_park(self, *args, **kwargs):
   return out
 
 
-step_lib.TrainStep.__call__ = train_then_park
+step_lib.TrainStep.call_with_outputs = train_then_park
 runpy.run_path(train_py, run_name="__main__")
 """
 
