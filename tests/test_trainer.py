@@ -234,18 +234,60 @@ def test_generate_cli_reads_a_run_checkpoint(baseline, tmp_path):
     assert all(lp <= 0 for lp in row["logprobs"])
 
 
-def test_two_iterations_clip_and_sampler_correction_is_logged(tmp_path):
-  train(tmp_path, "--config.algo.num_iterations=2", "--config.algo.num_mini_batches=2",
-        "--config.algo.is_correction=token-truncate", "--config.total_steps=3",
-        "--config.eval.num_examples=2")
+def test_two_iterations_clip_and_sampler_correction_is_logged(tmp_path, own_signal_handlers,
+                                                              monkeypatch):
+  """μ = 2 epochs × M = 2 mini-batches in the real loop (in process, so the test can keep step 1's
+  batch and initial parameters): step 1's logged clip and ratio statistics are those of its four
+  AdamW updates rolled here from public pieces (`tests.test_step_minibatches.rolled_epochs`)."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  sys.path.insert(0, str(REPO))
+  from configs import debug_cpu
+
+  from reasoning_rl.build import build
+  from reasoning_rl.rl import batching
+  from reasoning_rl.rl.step import learning_rate_schedule
+  from reasoning_rl.trainer import Trainer
+  from tests.test_step_minibatches import rolled_epochs
+
+  config = debug_cpu.get_config()
+  config.workdir = str(tmp_path)
+  config.logging.progress_bar = False
+  config.algo.num_iterations = 2
+  config.algo.num_mini_batches = 2
+  config.algo.is_correction = "token-truncate"
+  config.total_steps = 3
+  config.eval.num_examples = 2
+  run = build(config)
+  initial = jax.tree.map(jnp.array, run.state.params)  # a copy: the step donates the state
+  batches, build_batch = [], batching.build_batch
+  monkeypatch.setattr(batching, "build_batch",
+                      lambda *a, **k: batches.append(build_batch(*a, **k)) or batches[-1])
+  assert Trainer(run).run() == 0
   rows = read_metrics(tmp_path / "metrics.jsonl")
-  assert [r["step"] for r in rows] == [1, 2, 3]
-  assert any(r["clip_frac"] > 0 for r in rows)  # the ratio moves after the first update
+  assert [r["step"] for r in rows] == [1, 2, 3] and len(batches) == 3
   for row in rows:
     # the sampler's and the trainer's log-probs of the same tokens differ by float32 rounding
     # only (a token off by one position would differ by O(1)); ratios near 1 cap nothing
     assert 0 <= row["train/tis/abs_log_diff"] <= row["train/tis/abs_log_diff/max"] < 1e-5, row
     assert row["train/tis/capped_token_frac"] == 0 and row["train/tis/weight"] == 1.0
+  # Step 1 from the run's initial parameters on the batch it trained: updates on rows 0, 2, …
+  # then 1, 3, …, twice, all against π_old of the first forward; optax's AdamW (after global-norm
+  # clipping, on the step's schedule) is the reference optimizer.
+  c = run.step_fn.config
+  adamw = optax.chain(optax.clip_by_global_norm(c.max_grad_norm),
+                      optax.adamw(learning_rate_schedule(c), b1=c.b1, b2=c.b2, eps=c.eps,
+                                  weight_decay=c.weight_decay))
+  expected = rolled_epochs(c, batches[0], adamw, run.step_fn.graphdef, initial)
+  assert expected["clip_frac"] > 0.02, expected  # the ratio moves after the first update
+  assert rows[0]["clip_frac"] == expected["clip_frac"]
+  for key in ("clip_frac/low", "clip_frac/high"):
+    assert rows[0][f"train/{key}"] == expected[key], key
+  for key in ("ratio/min", "ratio/mean", "ratio/max", "approx_kl"):
+    assert rows[0][f"train/{key}"] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+  assert rows[0]["loss"] == pytest.approx(expected["loss"], rel=1e-4, abs=1e-6)
 
 
 @pytest.fixture
