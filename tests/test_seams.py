@@ -229,7 +229,7 @@ def test_the_batch_carries_the_stages_advantages_and_none_means_the_step_compute
                          completion_length=2, pad_id=0)
 
 
-def test_ppo_rollout_records_show_no_advantage_the_loss_did_not_use():
+def test_records_without_group_or_token_advantages_show_null_not_made_up_numbers():
   from reasoning_rl.loop.state import GroupRollout, SampledBatch
 
   rollout = GroupRollout(data_position=0, group=_group([0.0, 1.0]), responses=("a", "b"),
