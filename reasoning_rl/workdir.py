@@ -28,6 +28,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from reasoning_rl import config_schema
 from reasoning_rl import storage
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.plain_data import plain
@@ -235,7 +236,7 @@ def check_or_write_fingerprint(workdir: str | os.PathLike[str], resolved_config:
   lines = {}
   for field in sorted(set(old) | set(new)):
     before, after = old.get(field, absent), new.get(field, absent)
-    if before != after:
+    if _in_current_form(field, before, absent) != after:
       lines[field] = f"{field}: {json.dumps(before)} -> {json.dumps(after)}"
   patterns = (*ALWAYS_ALLOWED_CHANGES, *allow_changes)
   refused = [line for field, line in lines.items() if not _allowed(field, patterns)]
@@ -247,6 +248,20 @@ def check_or_write_fingerprint(workdir: str | os.PathLike[str], resolved_config:
     log.warning("resuming %s with changed fields: %s", path.parent, "; ".join(lines.values()))
     _write_json(path, current)
   return list(lines.values())
+
+
+# Fields whose type changed, {old value: the current value of the same meaning}.
+RETYPED_VALUES = {"algo.remat": {False: "none", True: "full"}}
+
+
+def _in_current_form(field: str, value: Any, absent: str) -> Any:
+  """A run_config.json value as the current config would write the same setting: a declared field
+  the run's version did not have yet ran as its default (the behaviour before the field existed),
+  and a retyped field's older value maps to its current one."""
+  if value == absent and field in config_schema.FIELDS:
+    return plain(config_schema.default(field), json_safe=True)
+  retyped = RETYPED_VALUES.get(field, {})
+  return retyped.get(value, value) if isinstance(value, bool) else value
 
 
 def _write_json(path, value: Any) -> None:

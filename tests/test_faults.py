@@ -426,6 +426,19 @@ def test_added_and_removed_fields_count_as_changes(tmp_path):
     check_or_write_fingerprint(tmp_path, {"a": {"b": 1, "c": 3}})
 
 
+def test_a_run_from_before_a_field_existed_resumes_when_it_keeps_the_default(tmp_path):
+  """A field added since the run started ran as its default; a retyped field's old value means
+  its current one (algo.remat False = "none"). A non-default new value is still a change."""
+  older = _config()
+  del older["model"]["scan_layers"], older["rollout"]["backend"]
+  older["algo"]["remat"] = False
+  check_or_write_fingerprint(tmp_path, older)
+  assert check_or_write_fingerprint(tmp_path, _config()) == []
+  with pytest.raises(ConfigError, match=r'model\.scan_layers: "<absent>" -> true\. ') as error:
+    check_or_write_fingerprint(tmp_path, _config(model__scan_layers=True, algo__remat="full"))
+  assert 'algo.remat: false -> "full"' in str(error.value)
+
+
 def test_unreadable_fingerprint_names_the_file(tmp_path):
   (tmp_path / FINGERPRINT_FILE).write_text("{not json")
   with pytest.raises(ConfigError, match=f"{FINGERPRINT_FILE}: unreadable"):
