@@ -93,18 +93,23 @@ def our_step(config: ModelConfig, kernel: str, shape, args) -> dict:
   return result
 
 
+def _llama_config(transformers, shape_kwargs: dict):
+  """transformers' Llama of the benchmarked shape, with SDPA attention."""
+  return transformers.LlamaConfig(
+      vocab_size=shape_kwargs["vocab_size"], hidden_size=shape_kwargs["hidden_size"],
+      intermediate_size=shape_kwargs["intermediate_size"],
+      num_hidden_layers=shape_kwargs["num_layers"], num_attention_heads=shape_kwargs["num_heads"],
+      num_key_value_heads=shape_kwargs["num_kv_heads"], head_dim=shape_kwargs["head_dim"],
+      tie_word_embeddings=True, attn_implementation="sdpa")
+
+
 def torch_step(shape_kwargs: dict, shape, args) -> dict:
   import torch
   import transformers
 
   rows, prompt, completion = shape
   device = "cuda" if torch.cuda.is_available() else "cpu"
-  hf_config = transformers.LlamaConfig(
-      vocab_size=shape_kwargs["vocab_size"], hidden_size=shape_kwargs["hidden_size"],
-      intermediate_size=shape_kwargs["intermediate_size"],
-      num_hidden_layers=shape_kwargs["num_layers"], num_attention_heads=shape_kwargs["num_heads"],
-      num_key_value_heads=shape_kwargs["num_kv_heads"], head_dim=shape_kwargs["head_dim"],
-      tie_word_embeddings=True, attn_implementation="sdpa")
+  hf_config = _llama_config(transformers, shape_kwargs)
   torch.manual_seed(0)
   policy = transformers.LlamaForCausalLM(hf_config).to(device)
   reference = transformers.LlamaForCausalLM(hf_config).to(device).eval()
@@ -176,12 +181,7 @@ def torch_decode(shape_kwargs: dict, shape) -> dict:
 
   rows, prompt, completion = shape
   device = "cuda" if torch.cuda.is_available() else "cpu"
-  hf_config = transformers.LlamaConfig(
-      vocab_size=shape_kwargs["vocab_size"], hidden_size=shape_kwargs["hidden_size"],
-      intermediate_size=shape_kwargs["intermediate_size"],
-      num_hidden_layers=shape_kwargs["num_layers"], num_attention_heads=shape_kwargs["num_heads"],
-      num_key_value_heads=shape_kwargs["num_kv_heads"], head_dim=shape_kwargs["head_dim"],
-      tie_word_embeddings=True, attn_implementation="sdpa")
+  hf_config = _llama_config(transformers, shape_kwargs)
   model = transformers.LlamaForCausalLM(hf_config).to(device, torch.bfloat16).eval()
   ids = torch.tensor(np.random.RandomState(rows).randint(0, shape_kwargs["vocab_size"],
                                                          (rows, prompt)), device=device)
