@@ -239,6 +239,7 @@ class Engine:
     self.num_prefill_calls = 0
     self.num_inserts = 0
     self.num_generate_calls = 0
+    self.num_appends = 0  # append_to_slot calls (multi-turn continuations)
 
     self._graphdef, state = nnx.split(model)
     self._param_shardings = sharding_lib.param_shardings(state, self._mesh)
@@ -430,6 +431,44 @@ class Engine:
     self.num_inserts += 1
     return self._insert_fn(decode_state, prefix, np.int32(slot))
 
+  def append_to_slot(self, params, decode_state: DecodeState, slot: int,
+                     tokens: Sequence[int], *, start: int, max_new_tokens: int) -> DecodeState:
+    """Continues a slot's sequence with `tokens` (e.g. a tool's output) and resumes decoding it.
+
+    The tokens are written into the slot's KV cache at cache indices start, start + 1, … (their
+    positions) by one forward over the new tokens only: the conversation before them is never
+    prefilled again. Cache entries at or past `start` that the slot decoded earlier (tokens the
+    host cut off after a stop string) are dropped first. The slot is then live again, its next
+    token drawn from the logits after the last new token with its own key stream (the draw
+    counter keeps counting, so no key is reused), and it may draw `max_new_tokens` more tokens.
+
+    `start` is the length of the conversation the host keeps (prompt + kept tokens): every token
+    below it has been through the model already, since a token is fed in the step that draws it.
+    Multi-turn rollouts (`sampler.multiturn`) call this after each environment step.
+    """
+    tokens = np.asarray(list(tokens), np.int32)
+    if not 0 <= int(slot) < self._slots:
+      raise SamplingError(f"slot={slot}: must be in [0, {self._slots})")
+    if tokens.size == 0:
+      raise SamplingError("append_to_slot: tokens is empty; append at least one token")
+    if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
+      raise SamplingError(f"append_to_slot: token ids must lie in [0, {self.config.vocab_size})")
+    if not 1 <= int(start) or int(start) + tokens.size >= self.cache_length:
+      raise SamplingError(
+          f"append_to_slot: start={start} + {tokens.size} tokens leaves no room in a cache of "
+          f"{self.cache_length} (the slot needs one free entry to decode); end the episode")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+      raise SamplingError(f"max_new_tokens={max_new_tokens!r}: must be a positive integer")
+    # Buckets as for prompts (two per octave), so the append compiles once per bucket.
+    bucket = prompt_bucket(tokens.size, self.cache_length, self.min_prefill_bucket)
+    padded = np.zeros(bucket, np.int32)
+    padded[:tokens.size] = tokens
+    positions = np.full(bucket, -1, np.int32)
+    positions[:tokens.size] = np.arange(start, start + tokens.size)
+    self.num_appends += 1
+    return self._append_fn(params, decode_state, np.int32(slot), padded, positions,
+                           np.int32(start), np.int32(tokens.size), np.int32(max_new_tokens))
+
   def release(self, decode_state: DecodeState, slot: int) -> DecodeState:
     """Marks `slot` done (e.g. a stop string was found on the host) so it stops decoding."""
     return self._release_fn(decode_state, np.int32(slot))
@@ -555,6 +594,32 @@ class Engine:
     def release(state: DecodeState, slot):
       return state.replace(done=state.done.at[slot].set(True))
 
+    def append(params, state: DecodeState, slot, tokens, positions, start, count, budget):
+      def row_of(buffer):
+        return jax.lax.dynamic_slice_in_dim(buffer, slot, 1, axis=0)
+
+      def put_row(buffer, row):
+        return jax.lax.dynamic_update_slice(buffer, row, (slot,) + (0,) * (buffer.ndim - 1))
+
+      # Entries at or past `start` are tokens the host cut off. Attention would mask them anyway
+      # (their positions lie past every query until overwritten); cleared so the cache holds
+      # the conversation only.
+      kept = jnp.arange(cache_length)[None, :] < start
+      row = state.cache.map_layers(row_of).replace(
+          pos=jnp.where(kept, row_of(state.cache.pos), -1))
+      model = nnx.merge(graphdef, params)
+      hidden, row = model.decode(tokens[None], positions[None], row, start[None],
+                                 return_hidden=True)
+      last = jax.lax.dynamic_index_in_dim(hidden[0], count - 1, axis=0, keepdims=True)
+      logits = model.logits_from_hidden(last)[0]
+      cache = state.cache.map_layers(lambda a, b: put_row(a, b.astype(a.dtype)), row).replace(
+          pos=put_row(state.cache.pos, row.pos))
+      return state.replace(
+          cache=cache, next_logits=state.next_logits.at[slot].set(logits),
+          position=state.position.at[slot].set(start + count),
+          done=state.done.at[slot].set(False),
+          max_new_tokens=state.max_new_tokens.at[slot].set(state.generated[slot] + budget))
+
     def decode_steps(params, state: DecodeState, return_on_finish, key_length: int):
       """Up to `steps` decode steps for the rows of `state` (all slots, or a gathered subset),
       attending over the first key_length cache slots."""
@@ -631,6 +696,7 @@ class Engine:
     self._prefill_fn = jax.jit(prefill, out_shardings=replicated)
     self._insert_fn = jax.jit(insert, donate_argnums=0, out_shardings=state_shardings)
     self._release_fn = jax.jit(release, donate_argnums=0, out_shardings=state_shardings)
+    self._append_fn = jax.jit(append, donate_argnums=1, out_shardings=state_shardings)
     self._generate_fn = jax.jit(generate, donate_argnums=1, static_argnames="key_length",
                                 out_shardings=(state_shardings, replicated))
     self._generate_rows_fn = jax.jit(generate_rows, donate_argnums=1,

@@ -49,6 +49,14 @@ class Completion:
     policy_version: the engine's policy version (`loop.state.LoopState.policy_version`) when the
       completion started (if `update_params` runs while it decodes, later tokens come from newer
       weights; this is the oldest version).
+    loss_mask: multi-turn episodes only (`sampler.multiturn`): 1 for each model token, 0 for each
+      environment-observation token of `completion_ids` (whose log-probs are 0); None when every
+      token is the model's.
+    turns: multi-turn only: per model turn, its text, finish reason, and the environment's
+      observation and info.
+    reward_parts: multi-turn only: the environment's outcome (e.g. {"correct": 1.0}).
+    episode_end: multi-turn only: "done" (the environment ended it), "max_turns", "turn_budget"
+      (a model turn used its whole budget) or "token_budget" (the next observation would not fit).
   """
 
   prompt_id: int
@@ -60,6 +68,10 @@ class Completion:
   finish_reason: str
   truncated: bool
   policy_version: int
+  loss_mask: list[int] | None = None
+  turns: list[dict] | None = None
+  reward_parts: dict[str, float] | None = None
+  episode_end: str | None = None
 
 
 @dataclasses.dataclass
