@@ -30,6 +30,9 @@ class ScoredGroup:
       (temperature, top-k / top-p / min-p; docs/off_policy.md), or None when not recorded.
     sampling: the settings the group was sampled with (temperature, top_p, top_k, min_p), or None
       when not recorded; `build_batch(..., truncation=True)` needs both.
+    loss_masks: per sample, 1 for each token the model chose and 0 for each environment-observation
+      token of a multi-turn episode (`sampler.multiturn`); None when every token is the model's.
+      Observation tokens stay in the sequence (attended to) but out of the loss, KL and counts.
   """
 
   prompt_tokens: list[int]
@@ -40,6 +43,7 @@ class ScoredGroup:
   truncated: list[bool]
   sampling_logprobs: list[list[float]] | None = None
   sampling: dict | None = None
+  loss_masks: list[list[int]] | None = None
 
   @property
   def size(self) -> int:
@@ -70,11 +74,14 @@ def group_outcome_fractions(groups: Sequence[ScoredGroup], part: str | None = "c
 
 
 def pad_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
-             num_rows: int, prompt_length: int, completion_length: int, pad_id: int):
+             num_rows: int, prompt_length: int, completion_length: int, pad_id: int,
+             loss_masks: Sequence[Sequence[int] | None] | None = None):
   """(tokens, attention_mask [R, P + T], completion_mask [R, T]) for prompt/completion pairs.
 
   Prompts are left-padded (their last `prompt_length` tokens kept), completions right-padded
   (their first `completion_length` kept); rows past the pairs are padding, fully masked.
+  `loss_masks` (per completion, or None): where given, completion_mask holds it instead of 1s, so
+  observation tokens are attended to (attention 1) but not trained on.
   """
   width = prompt_length + completion_length
   tokens = np.full((num_rows, width), pad_id, np.int32)
@@ -86,7 +93,8 @@ def pad_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[in
     tokens[row, prompt_length - len(prompt):prompt_length] = prompt
     attention[row, prompt_length - len(prompt):prompt_length + len(completion)] = 1
     tokens[row, prompt_length:prompt_length + len(completion)] = completion
-    completion_mask[row, :len(completion)] = 1
+    mask = loss_masks[row] if loss_masks is not None else None
+    completion_mask[row, :len(completion)] = 1 if mask is None else list(mask)[:len(completion)]
   return tokens, attention, completion_mask
 
 
@@ -131,7 +139,9 @@ def build_batch(groups: Sequence[ScoredGroup], advantages: np.ndarray | None, *,
   tokens, attention, completion_mask = pad_rows(
       [g.prompt_tokens for g in groups for _ in range(group_size)],
       [ids for g in groups for ids in g.completion_ids], num_rows=rows,
-      prompt_length=prompt_length, completion_length=completion_length, pad_id=pad_id)
+      prompt_length=prompt_length, completion_length=completion_length, pad_id=pad_id,
+      loss_masks=[mask for g in groups
+                  for mask in (g.loss_masks or [None] * group_size)])
   batch = {"tokens": tokens, "attention_mask": attention, "completion_mask": completion_mask,
            "advantages": np.asarray(advantages, np.float32).reshape(-1)}
   if with_rewards:

@@ -101,7 +101,9 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
                      "lower algo.packed_row_factor")
   rows_per_micro = num_rows // num_slices // row_factor
   prompt_lens = attention[:, :prompt_length].sum(1)
-  completion_lens = completion_mask.sum(1)
+  # Attended completion tokens: a multi-turn row's loss mask has holes (observations), the
+  # sequence does not.
+  completion_lens = attention[:, prompt_length:].sum(1)
   if ((completion_lens > 0) & (prompt_lens == 0)).any():
     raise ValueError("a completion without a prompt token has no position predicting its first "
                      "token")
