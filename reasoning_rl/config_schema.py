@@ -211,6 +211,21 @@ SECTIONS: tuple[Section, ...] = (
         Field("max_concurrent_decodes", 16, "decode slots", _COUNT),
         Field("steps_per_call", 16, "decode steps per host round trip", _COUNT),
     )),
+    Section("environment", "Multi-turn rollouts (reasoning_rl/sampler/multiturn.py): the model "
+            "acts in an environment (a tool, a game) over several turns; observation tokens are "
+            "context, not trained on. rollout.max_new_tokens then bounds a whole episode's "
+            "completion, observations included.", (
+        Field("name", "", "empty = single-turn completions; else a name of "
+              "registry.ENVIRONMENTS (python_tool, guess_number, …)"),
+        Field("settings", {}, "the environment's own settings (checked by it)"),
+        Field("max_turns", 4, "model turns per episode", _COUNT),
+        Field("turn_tokens", 0, "model tokens per turn",
+              _int(0, meaning="0 = rollout.max_new_tokens")),
+        Field("observation_format", "inline", "inline (the observation inside the assistant's "
+              "message, ToRL / ReTool style) or chat (a tool turn of the tokenizer's chat "
+              "template)", OneOf(("inline", "chat"))),
+        Field("step_workers", 8, "environment steps run at once (threads)", _COUNT),
+    )),
     Section("rewards", "Rewards: a weighted sum of named parts, each {weight, verifier | kind, "
             "…settings} (reasoning_rl/verifiers/rewards.py), checked when built.", ()),
     Section("verifier", "Scoring completions (reasoning_rl/workers).", (

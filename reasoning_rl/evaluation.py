@@ -184,6 +184,14 @@ class GeneratedText:
   text: str
   num_tokens: int
   truncated: bool = False
+  environment_parts: dict[str, float] | None = None  # a multi-turn episode's outcome
+  turns: int | None = None  # a multi-turn episode's model turns
+
+
+def _generated_json(generated: GeneratedText) -> dict[str, Any]:
+  """A GeneratedText as JSON, the episode fields only where it is an episode."""
+  return {key: value for key, value in dataclasses.asdict(generated).items()
+          if value is not None or key not in ("environment_parts", "turns")}
 
 
 def _as_generated(item: GeneratedText | Mapping[str, Any] | str, where: str) -> GeneratedText:
@@ -197,10 +205,13 @@ def _as_generated(item: GeneratedText | Mapping[str, Any] | str, where: str) -> 
 
 
 def completion_record(example, text: str, *, num_tokens: int, truncated: bool,
-                      max_new_tokens: int | None) -> CompletionRecord:
+                      max_new_tokens: int | None,
+                      environment_parts: Mapping[str, float] | None = None) -> CompletionRecord:
   """What a verifier sees of one completion of `example` (a task example or a canary prompt);
-  training (`loop.rollouts`) and evaluation build their records here, so both score alike."""
+  training (`loop.rollouts`) and evaluation build their records here, so both score alike.
+  `environment_parts`: a multi-turn episode's outcome, read by `environment` reward parts."""
   return CompletionRecord(
+      environment_parts=dict(environment_parts or {}),
       response=text, ground_truth=str(getattr(example, "answer", "") or ""),
       task=getattr(example, "task", "math") or "math", num_tokens=num_tokens,
       truncated=bool(truncated), max_new_tokens=max_new_tokens,
@@ -215,7 +226,11 @@ def _as_scorer(scorer):
 
 
 def _correct_part(reward_fn: RewardFunction):
-  part = next((p for p in reward_fn.parts if p.kind == "correct"), None)
+  """The part that says whether a sample is right: the `correct` verifier part, else (an
+  environment that judges its own episodes) an `environment` part reading its `correct` outcome."""
+  part = next((p for p in reward_fn.parts if p.kind == "correct"), None) or next(
+      (p for p in reward_fn.parts if p.kind == "environment" and p.settings["part"] == "correct"),
+      None)
   if part is None:
     raise VerifierError("evaluation needs a reward part of kind 'correct' (config.rewards."
                         "correct = {'weight': …, 'verifier': …}) to decide which samples are right")
@@ -269,12 +284,13 @@ def evaluate_completions(examples: Sequence[Any],
                           for index, samples in enumerate(completions_by_example)]
   scored = scorer.score(
       (index, [completion_record(example, g.text, num_tokens=g.num_tokens, truncated=g.truncated,
-                                 max_new_tokens=max_new_tokens) for g in generated])
+                                 max_new_tokens=max_new_tokens,
+                                 environment_parts=g.environment_parts) for g in generated])
       for index, (example, generated) in enumerate(zip(examples, generated_by_example)))
   format_part = next((p for p in reward_fn.parts if p.kind == "format"), None)
-  extract = correct_part.settings["extract"]
+  extract = correct_part.settings.get("extract", "answer_or_boxed")
   extract = "answer_or_boxed" if extract == "none" else extract
-  answer_tag = correct_part.settings["answer_tag"]
+  answer_tag = correct_part.settings.get("answer_tag", "answer")
 
   pass_sums = {k: 0.0 for k in ks}
   maj_sums = {k: 0.0 for k in ks if k > 1}
@@ -320,6 +336,10 @@ def evaluate_completions(examples: Sequence[Any],
   result["truncated_frac"] = _mean(truncated)
   result["format_rate"] = _mean(formats)
   result["answer_rate"] = _mean(answered)
+  episode_turns = [g.turns for generated in generated_by_example for g in generated
+                   if g.turns is not None]
+  if episode_turns:  # multi-turn episodes: model turns per episode
+    result["turns/mean"] = _mean(episode_turns)
   result["verifier/timeouts"] = sum(item.status == "timeout" for item in scored.values())
   result["verifier/errors"] = sum(item.status == "error" for item in scored.values())
   result["per_task"] = {task: {"num_examples": len(values), "accuracy": _mean(values)}
@@ -327,7 +347,7 @@ def evaluate_completions(examples: Sequence[Any],
   result["examples"] = rows
   result["canaries"] = [
       {"uid": str(getattr(canary, "uid", f"canary-{i}")), "prompt": getattr(canary, "prompt", ""),
-       "completions": [dataclasses.asdict(_as_generated(g, f"canary_completions[{i}]"))
+       "completions": [_generated_json(_as_generated(g, f"canary_completions[{i}]"))
                        for g in generated]}
       for i, (canary, generated) in enumerate(zip(canaries, canary_completions))]
   return result
@@ -349,7 +369,7 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer,
                    top_p: float = 1.0, max_new_tokens: int, stop_strings: Sequence[str] = (),
                    seed: int = 0, ks: Sequence[int] | None = None,
                    canaries: Sequence[Any] = (), share=None,
-                   should_stop=None) -> EvalResult | None:
+                   should_stop=None, episodes=None) -> EvalResult | None:
   """Generates `num_samples` completions per example (and per canary) and evaluates them.
 
   Args:
@@ -371,6 +391,10 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer,
       a single process's.
     should_stop: asked between decode calls; True raises `errors.PhaseInterrupted` (a run's
       preemption during an evaluation).
+    episodes: a `sampler.multiturn.EpisodeSettings`: the examples are played as multi-turn
+      episodes, as in training (`max_new_tokens` bounds a whole episode), scored on their final
+      model turn and outcome; the result adds `turns/mean`. Canaries are single completions
+      (they have no task for an environment).
   """
   # Imported here so that scoring-only users (replay, report) do not load JAX.
   from reasoning_rl.sampler.backend import as_backend  # pylint: disable=import-outside-toplevel
@@ -380,17 +404,26 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer,
               for i, c in enumerate(canaries)]
   everything = list(examples) + canaries
   mine = list(range(len(everything))) if share is None else share.mine(range(len(everything)))
-  completions = sorted(as_backend(engine).generate(
-      [list(template.encode(everything[i])) for i in mine], prompt_ids=mine,
-      num_samples=num_samples, sampling=SamplingParams(temperature=temperature, top_p=top_p),
-      max_new_tokens=max_new_tokens, stop_ids=tuple(tokenizer.eos_ids),
-      stop_strings=tuple(stop_strings), tokenizer=tokenizer, seed=seed, should_stop=should_stop),
-      key=lambda c: (c.prompt_id, c.sample_index))
+  backend = as_backend(engine)
+  common = dict(num_samples=num_samples,
+                sampling=SamplingParams(temperature=temperature, top_p=top_p),
+                max_new_tokens=max_new_tokens, stop_ids=tuple(tokenizer.eos_ids),
+                tokenizer=tokenizer, seed=seed, should_stop=should_stop)
+  single = mine if episodes is None else [i for i in mine if i >= len(examples)]
+  completions = list(backend.generate(
+      [list(template.encode(everything[i])) for i in single], prompt_ids=single,
+      stop_strings=tuple(stop_strings), **common)) if single else []
+  played = [i for i in mine if i not in set(single)]
+  if played:
+    completions += backend.generate_episodes(
+        [list(template.encode(everything[i])) for i in played], prompt_ids=played,
+        examples=[everything[i] for i in played], episodes=episodes, **common)
   by_prompt: dict[int, list[GeneratedText]] = {i: [] for i in mine}
-  for completion in completions:  # ordered by (prompt_id, sample_index)
+  for completion in sorted(completions, key=lambda c: (c.prompt_id, c.sample_index)):
     by_prompt[completion.prompt_id].append(GeneratedText(
-        text=tokenizer.decode(completion.completion_ids, skip_special_tokens=True),
-        num_tokens=len(completion.completion_ids), truncated=bool(completion.truncated)))
+        text=completion.scored_text(tokenizer), num_tokens=completion.num_model_tokens,
+        truncated=bool(completion.truncated), environment_parts=completion.reward_parts,
+        turns=len(completion.turns) if completion.turns is not None else None))
   if share is not None and share.count > 1:
     merged = share.merge("evaluation", {i: [dataclasses.asdict(g) for g in texts]
                                         for i, texts in by_prompt.items()})

@@ -15,7 +15,7 @@ import concurrent.futures
 import time
 from typing import Callable, Sequence
 
-from reasoning_rl.errors import PhaseInterrupted
+from reasoning_rl.errors import ConfigError, PhaseInterrupted
 from reasoning_rl.evaluation import completion_record
 from reasoning_rl.loop.state import SCORING_STATUSES, GroupRollout, SampledBatch
 from reasoning_rl.rl import batching
@@ -30,10 +30,14 @@ class RolloutCollector:
     template: `.encode(example) -> token ids`, the prompt as the policy sees it.
     scorer: a `reasoning_rl.workers.scorer.Scorer`.
     num_samples, max_new_tokens, stop_strings, sampling, seed: the rollout settings.
+    episodes: a `sampler.multiturn.EpisodeSettings` when rollouts are multi-turn episodes with an
+      environment (`config.environment`): the verifiers then score each episode's final model
+      turn, and the environment's outcome is the record's `environment_parts`.
   """
 
   def __init__(self, backend, tokenizer, template, scorer, *, num_samples: int,
-               max_new_tokens: int, stop_strings: Sequence[str], sampling, seed: int):
+               max_new_tokens: int, stop_strings: Sequence[str], sampling, seed: int,
+               episodes=None):
     self.backend = backend
     self.tokenizer = tokenizer
     self.template = template
@@ -43,6 +47,11 @@ class RolloutCollector:
     self.stop_strings = tuple(stop_strings)
     self.sampling = sampling
     self.seed = seed
+    self.episodes = episodes
+    if episodes is not None and not hasattr(backend, "generate_episodes"):
+      raise ConfigError(f"environment.name={episodes.environment.name!r}: the rollout backend "
+                        f"{type(backend).__name__} cannot run multi-turn episodes (it has no "
+                        "generate_episodes); use rollout.backend='engine'")
 
   def collect(self, examples: Sequence[tuple[int, object]], *, num_samples: int | None = None,
               sampling=None, should_stop=None) -> tuple[list[GroupRollout], float, float]:
@@ -55,24 +64,29 @@ class RolloutCollector:
     finished: dict[int, list] = collections.defaultdict(list)
     responses: dict[int, tuple[str, ...]] = {}
     start = time.perf_counter()
-    for completion in self.backend.generate(
-        [self.template.encode(example) for _, example in examples],
-        prompt_ids=[index for index, _ in examples], num_samples=g, sampling=sampling,
-        max_new_tokens=self.max_new_tokens, stop_ids=self.tokenizer.eos_ids,
-        stop_strings=self.stop_strings, tokenizer=self.tokenizer, seed=self.seed,
-        should_stop=should_stop):
+    prompts = [self.template.encode(example) for _, example in examples]
+    common = dict(prompt_ids=[index for index, _ in examples], num_samples=g, sampling=sampling,
+                  max_new_tokens=self.max_new_tokens, stop_ids=self.tokenizer.eos_ids,
+                  tokenizer=self.tokenizer, seed=self.seed, should_stop=should_stop)
+    if self.episodes is None:
+      stream = self.backend.generate(prompts, stop_strings=self.stop_strings, **common)
+    else:
+      stream = self.backend.generate_episodes(
+          prompts, examples=[example for _, example in examples], episodes=self.episodes,
+          **common)
+    for completion in stream:
       group = finished[completion.prompt_id]
       group.append(completion)
       if len(group) < g:
         continue
       group.sort(key=lambda c: c.sample_index)
-      texts = tuple(self.tokenizer.decode(c.completion_ids, skip_special_tokens=True)
-                    for c in group)
+      texts = tuple(c.scored_text(self.tokenizer) for c in group)
       responses[completion.prompt_id] = texts
       example = example_at[completion.prompt_id]
       self.scorer.submit(completion.prompt_id, [
-          completion_record(example, text, num_tokens=len(c.completion_ids),
-                            truncated=c.truncated, max_new_tokens=self.max_new_tokens)
+          completion_record(example, text, num_tokens=c.num_model_tokens, truncated=c.truncated,
+                            max_new_tokens=self.max_new_tokens,
+                            environment_parts=c.reward_parts)
           for text, c in zip(texts, group)])
     sample_s = time.perf_counter() - start
     start = time.perf_counter()
@@ -84,8 +98,12 @@ class RolloutCollector:
     out = []
     for index, _ in examples:
       group, item = finished[index], scored[index]
+      multi_turn = group[0].turns is not None
       out.append(GroupRollout(
           data_position=index, responses=responses[index], status=item.status,
+          turns=(tuple({"turns": c.turns, "episode_end": c.episode_end,
+                        "environment_parts": c.reward_parts} for c in group)
+                 if multi_turn else None),
           group=batching.ScoredGroup(
               prompt_tokens=list(group[0].prompt_tokens),
               completion_ids=[list(c.completion_ids) for c in group],
@@ -100,7 +118,8 @@ class RolloutCollector:
                                                      else c.logprobs)] for c in group],
               sampling={"temperature": float(sampling.temperature),
                         "top_p": float(sampling.top_p), "top_k": int(sampling.top_k),
-                        "min_p": float(sampling.min_p)})))
+                        "min_p": float(sampling.min_p)},
+              loss_masks=[list(c.loss_mask) for c in group] if multi_turn else None)))
     return out, sample_s, verify_s
 
   def sample_batch(self, take_examples: Callable[[int], list], *, num_prompts: int,

@@ -35,15 +35,19 @@ class GroupRollout:
   group: token ids, sampler log-probs, rewards and reward parts of the G completions.
   responses: the decoded completions, as the verifiers scored them.
   status: the scorer's verdict for the group: ok | timeout | error (then every reward is 0).
+  turns: multi-turn episodes only: per completion {"turns": [...], "episode_end": ...}
+    (`sampler.multiturn`), for the rollout records.
   """
 
   data_position: int
   group: batching.ScoredGroup
   responses: tuple[str, ...]
   status: str = "ok"
+  turns: tuple[dict, ...] | None = None
 
   def to_json(self) -> list:
-    return [self.data_position, dataclasses.asdict(self.group), list(self.responses), self.status]
+    item = [self.data_position, dataclasses.asdict(self.group), list(self.responses), self.status]
+    return item + [list(self.turns)] if self.turns is not None else item
 
   def summary(self) -> "GroupRollout":
     """The group as sampler-only processes of a split run hold it: what every process's loop
@@ -57,8 +61,9 @@ class GroupRollout:
 
   @classmethod
   def from_json(cls, item: list) -> "GroupRollout":
-    position, fields, responses, status = item
-    return cls(int(position), batching.ScoredGroup(**fields), tuple(responses), status)
+    position, fields, responses, status, *turns = item
+    return cls(int(position), batching.ScoredGroup(**fields), tuple(responses), status,
+               tuple(turns[0]) if turns else None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,12 +28,20 @@ class StepTimes:
   compile_s: float = 0.0  # of step_s, lowering and compiling programs met for the first time
 
 
+def model_token_count(group, sample: int) -> int:
+  """Tokens sample `sample` of the group generated itself (observation tokens excluded)."""
+  if group.loss_masks is not None:
+    return int(sum(group.loss_masks[sample]))
+  return len(group.completion_ids[sample])
+
+
 def rl_metrics(batch: SampledBatch, stats: Mapping[str, float], *, reward_parts: Sequence[str],
                policy_version: int, data_position: int) -> dict[str, Any]:
   """The deterministic part of an RL step's row (same config and seed → same numbers)."""
   groups = [g.group for g in batch.groups]
   rewards = np.array([r for g in groups for r in g.rewards] or [0.0])
-  lengths = np.array([len(ids) for g in groups for ids in g.completion_ids] or [0])
+  # the model's tokens: a multi-turn episode's observation tokens are not its response
+  lengths = np.array([model_token_count(g, s) for g in groups for s in range(g.size)] or [0])
   truncated = np.array([t for g in groups for t in g.truncated] or [False])
   scored = max(sum(batch.scoring.values()), 1)
   row = {key: stats.get(key, float("nan")) for key in TOP_LEVEL_STATS}
@@ -55,6 +63,12 @@ def rl_metrics(batch: SampledBatch, stats: Mapping[str, float], *, reward_parts:
     values = [v for g in groups for v in g.parts[name]]
     row[f"reward/{name}"] = float(np.mean(values)) if values else 0.0
   row.update(batch.outcome)
+  episodes = [turns for rollout in batch.groups if rollout.turns for turns in rollout.turns]
+  if episodes:  # multi-turn: model turns and observation tokens per episode
+    row["episode/turns_mean"] = float(np.mean([len(e["turns"]) for e in episodes]))
+    row["episode/observation_tokens_mean"] = float(np.mean(
+        [len(g.completion_ids[s]) - model_token_count(g, s) for g in groups
+         for s in range(g.size)]))
   row.update({f"train/{key}": value for key, value in stats.items()
               if key not in TOP_LEVEL_STATS})
   return row
@@ -127,7 +141,7 @@ def rollout_records(step: int, batch: SampledBatch, advantages: np.ndarray | Non
     group, example = rollout.group, examples(rollout.data_position)
     prompt = decode(group.prompt_tokens)
     for s in range(group.size):
-      num_tokens = len(group.completion_ids[s])
+      num_tokens = model_token_count(group, s)
       record = {
           "step": step, "prompt_id": rollout.data_position, "group_id": g, "sample_index": s,
           "prompt": prompt, "task_prompt": example.prompt, "completion": rollout.responses[s],
@@ -140,5 +154,8 @@ def rollout_records(step: int, batch: SampledBatch, advantages: np.ndarray | Non
           "metadata": dict(example.metadata), "tests": list(example.tests),
       }
       record.update({f"reward/{name}": values[s] for name, values in group.parts.items()})
+      if rollout.turns is not None:  # multi-turn: every turn, and how the episode ended
+        record.update(rollout.turns[s])
+        record["observation_tokens"] = len(group.completion_ids[s]) - num_tokens
       out.append(record)
   return out

@@ -21,6 +21,8 @@ The contract a backend keeps (what the loss and the checkpoints rely on):
   only, not on the batch it was generated in: a resumed run samples the same completions.
 - `update_weights(tree, version=v)` returns once the backend decodes with `tree`; completions
   started afterwards report `policy_version` v.
+- Optional: `generate_episodes` (multi-turn episodes with an environment, `sampler.multiturn`);
+  a run with `environment.name` set needs a backend that has it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import jax
 from reasoning_rl import registries
 from reasoning_rl.errors import SamplingError
 from reasoning_rl.sampler.engine import Engine
+from reasoning_rl.sampler.multiturn import EpisodeSettings, stream_episodes
 from reasoning_rl.sampler.rollout import Completion, stream_groups
 from reasoning_rl.sampler.sampling import SamplingParams
 
@@ -107,6 +110,20 @@ class EngineBackend:
                          max_new_tokens=max_new_tokens, stop_ids=stop_ids,
                          stop_strings=stop_strings, tokenizer=tokenizer, seed=seed,
                          prompt_ids=prompt_ids, should_stop=should_stop)
+
+  def generate_episodes(self, prompts, *, examples, episodes: EpisodeSettings, prompt_ids,
+                        num_samples, sampling, max_new_tokens, stop_ids, tokenizer, seed,
+                        should_stop=None) -> Iterator[Completion]:
+    """Multi-turn episodes (`multiturn.stream_episodes`): `max_new_tokens` bounds a whole
+    completion, observations included; `episodes.turn_tokens` one model turn."""
+    self._check_running()
+    return stream_episodes(
+        self.engine, prompts, examples=examples, environment=episodes.environment,
+        format_observation=episodes.format_observation, tokenizer=tokenizer,
+        num_samples=num_samples, sampling=sampling,
+        max_new_tokens=min(episodes.turn_tokens, max_new_tokens), max_turns=episodes.max_turns,
+        max_total_tokens=max_new_tokens, stop_ids=stop_ids, seed=seed, prompt_ids=prompt_ids,
+        step_workers=episodes.step_workers, should_stop=should_stop)
 
   def update_weights(self, weights, *, version: int, adapters_only: bool = False) -> None:
     self._check_running()

@@ -42,6 +42,23 @@ from reasoning_rl.sampler.rollout import Completion, find_stop_string
 from reasoning_rl.sampler.sampling import SamplingParams, sample_key
 
 
+@dataclasses.dataclass(frozen=True)
+class EpisodeSettings:
+  """How a run's rollouts become episodes (built from `config.environment` by `build`).
+
+  environment: the `environments.Environment`; format_observation: observation text -> the text
+  appended after the model's turn; max_turns: model turns per episode; turn_tokens: model tokens
+  per turn (the whole completion, observations included, stays within `rollout.max_new_tokens`);
+  step_workers: environment steps run at once.
+  """
+
+  environment: Any
+  format_observation: Callable[[str], str]
+  max_turns: int
+  turn_tokens: int
+  step_workers: int = 8
+
+
 @dataclasses.dataclass
 class _Episode:
   """One sample's episode while it runs: its tokens so far and its turns."""
@@ -141,7 +158,7 @@ def _run_episodes(engine, prepared, prompt_ids, examples, *, environment, format
     run.logprobs += run.turn_logprobs[:length]
     run.sampling_logprobs += run.turn_sampling_logprobs[:length]
     run.model_tokens += length
-    text = tokenizer.decode(run.turn[:length])
+    text = tokenizer.decode(run.turn[:length], skip_special_tokens=True)
     run.turns.append({"model_text": text, "finish_reason": reason})
     run.turn, run.turn_logprobs, run.turn_sampling_logprobs = [], [], []
     return text
@@ -273,4 +290,4 @@ def generate_episodes(engine: Engine, prompts: Sequence[Sequence[int]], **kwargs
   return sorted(completions, key=lambda c: (c.prompt_id, c.sample_index))
 
 
-__all__ = ["generate_episodes", "stream_episodes"]
+__all__ = ["EpisodeSettings", "generate_episodes", "stream_episodes"]

@@ -73,6 +73,18 @@ class Completion:
   reward_parts: dict[str, float] | None = None
   episode_end: str | None = None
 
+  @property
+  def num_model_tokens(self) -> int:
+    """Tokens the model generated (an episode's observation tokens are not its own)."""
+    return len(self.completion_ids) if self.loss_mask is None else int(sum(self.loss_mask))
+
+  def scored_text(self, tokenizer) -> str:
+    """What the verifiers read: the whole completion, or an episode's final model turn (never an
+    observation: a program that prints an answer has not given it)."""
+    if self.turns is not None:
+      return self.turns[-1]["model_text"]
+    return tokenizer.decode(self.completion_ids, skip_special_tokens=True)
+
 
 @dataclasses.dataclass
 class _Running:

@@ -393,6 +393,10 @@ def _run_scenario(scorer, scenario: Scenario) -> list[ProbeResult]:
   base = {"num_tokens": NUM_TOKENS, "truncated": False, "max_new_tokens": MAX_NEW_TOKENS,
           **scenario.record}
   base["metadata"] = {"target_tokens": NUM_TOKENS, **base.get("metadata", {})}
+  # An `environment` part is earned in an episode, never by text: a text probe's outcome is 0
+  # (the environments' own exploits run through the environment, tests/test_environments.py).
+  base["environment_parts"] = {p.settings["part"]: 0.0 for p in fn.parts
+                               if p.kind == "environment"}
   scored = scorer.score(
       (index, [dict(base, response=scenario.baseline), dict(base, response=probe.response)])
       for index, probe in enumerate(scenario.probes))

@@ -59,7 +59,9 @@ PART_DEFAULTS: dict[str, dict[str, Any]] = {
     "language": {"script": "latin", "think_tag": "think", "think_open_in_prompt": False},
     "length": {"method": "dapo", "cache_len": None, "max_len": None, "alpha": 3e-4, "delta": 0.5,
                "target_tokens": None},
+    "environment": {"part": "correct"},
 }
+ENVIRONMENT_PART_VERSION = "environment-1"
 
 
 @dataclasses.dataclass
@@ -77,6 +79,8 @@ class CompletionRecord:
     tests: code tests (assert statements) for code tasks.
     metadata: task metadata: countdown `numbers`/`target`, reasoning-gym entry metadata
       (`source_dataset`, …), LCPO `target_tokens`.
+    environment_parts: a multi-turn episode's outcome as its environment reported it
+      (`sampler.multiturn`; e.g. {"correct": 1.0}); read by `environment` reward parts.
   """
 
   response: str
@@ -88,6 +92,7 @@ class CompletionRecord:
   prompt: str = ""
   tests: Sequence[str] = ()
   metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  environment_parts: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   @classmethod
   def coerce(cls, record: CompletionRecord | Mapping[str, Any]) -> CompletionRecord:
@@ -453,6 +458,31 @@ registries.REWARD_PARTS.add(
                        needs_correctness=lambda s: s["method"] in ("kimi", "lcpo_max")),
     summary="length shaping: dapo (overlong penalty), kimi, lcpo, lcpo_max (module docstring)",
     options=tuple(PART_DEFAULTS["length"]))
+
+
+def _validate_environment(field: str, s: dict[str, Any]) -> None:
+  if not isinstance(s["part"], str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", s["part"]):
+    raise ConfigError(f"{field}.part={s['part']!r} must name a part of the environment's "
+                      "outcome, e.g. 'correct'")
+
+
+def score_environment(record: CompletionRecord, s: Mapping[str, Any]) -> float:
+  """The value the episode's environment gave its outcome part `part` (a multi-turn run only)."""
+  if s["part"] not in record.environment_parts:
+    raise VerifierError(
+        f"environment reward part {s['part']!r}: the episode's outcome has "
+        f"{sorted(record.environment_parts) or 'no parts (not a multi-turn episode)'}; set "
+        "rewards.<name>.part to one of them, or set environment.name")
+  return float(record.environment_parts[s["part"]])
+
+
+registries.REWARD_PARTS.add(
+    "environment", PartKind(PART_DEFAULTS["environment"], _validate_environment,
+                            lambda records, s, correct: [score_environment(r, s)
+                                                         for r in records],
+                            lambda s: ENVIRONMENT_PART_VERSION),
+    summary="a part of a multi-turn episode's outcome as its environment reported it "
+    "(environment.name)", options=tuple(PART_DEFAULTS["environment"]))
 
 
 class RewardFunction:
