@@ -24,6 +24,16 @@ FAMILIES = {
     "gemma2": lambda: transformers.Gemma2Config(
         **SMALL, sliding_window=3, query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
         final_logit_softcapping=3.0),
+    # Gemma 3 (technical report 2025, section 2.1): local layers with a window of 3 (< the 11-token
+    # test rows, so local and global masks differ) around one global layer, distinct RoPE bases on
+    # the two kinds, linear RoPE scaling on the global layer only, QK-norm, no soft-caps.
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **{**SMALL, "num_hidden_layers": 3}, sliding_window=3, query_pre_attn_scalar=24,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+        }),
 }
 
 

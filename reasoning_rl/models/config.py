@@ -1,9 +1,16 @@
 """One configuration for every supported decoder-only family.
 
-Llama (incl. SmolLM2 and Llama-3 RoPE scaling), Qwen2/2.5, Qwen3, Gemma and Gemma 2 differ only in a
-handful of switches, so they share one `ModelConfig`. `from_hf_config` reads a Hugging Face
+Llama (incl. SmolLM2 and Llama-3 RoPE scaling), Qwen2/2.5, Qwen3, Gemma, Gemma 2 and Gemma 3 differ
+only in a handful of switches, so they share one `ModelConfig`. `from_hf_config` reads a Hugging Face
 `config.json` dict (transformers 4.x `rope_theta`/`rope_scaling` or 5.x `rope_parameters`);
 `to_hf_config` writes one that transformers loads back into the same architecture.
+
+Gemma 3 is the text decoder of Gemma Team, "Gemma 3 Technical Report" (2025), section 2: Gemma 2's
+sandwich norms and GeGLU, QK-norm in place of Gemma 2's attention soft-cap, five local
+(sliding-window) layers per global layer, and RoPE base 10k on local layers against 1M on global
+ones (with positional interpolation on the global layers of the long-context sizes). Its family
+name here is "gemma3"; transformers calls the text-only model "gemma3_text" (read and written as
+such), and "gemma3" there is the vision-language wrapper, which is refused.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from typing import Any
 
 from reasoning_rl.errors import CheckpointError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
 
 _HF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -22,7 +29,17 @@ _HF_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
+
+# Our family name -> the `model_type` transformers writes in config.json (where they differ).
+_HF_MODEL_TYPES = {"gemma3": "gemma3_text"}
+_FAMILY_OF_HF_MODEL_TYPE = {hf: ours for ours, hf in _HF_MODEL_TYPES.items()}
+
+# Gemma 3's local : global layer ratio (technical report, section 2.1: "5 local layers for every
+# global layer, starting with a local layer as the first layer"); transformers' key for it in
+# configs that predate `layer_types` is `sliding_window_pattern`.
+GEMMA3_SLIDING_WINDOW_PATTERN = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,18 +51,24 @@ class ModelConfig:
     vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim: sizes.
       `num_heads % num_kv_heads == 0` (grouped-query attention when they differ).
     rms_norm_eps: epsilon inside RMSNorm.
-    rope_theta: RoPE base frequency.
-    rope_scaling: None, or a dict with `rope_type` in {"llama3", "linear"} and its parameters.
+    rope_theta: RoPE base frequency (of the global layers when `rope_local_theta` is set).
+    rope_scaling: None, or a dict with `rope_type` in {"llama3", "linear"} and its parameters
+      (applied to the global layers only when `rope_local_theta` is set, as Gemma 3 does).
+    rope_local_theta: RoPE base of the "sliding_attention" layers, unscaled (Gemma 3: 10k local
+      against 1M global, technical report section 2.1); None: every layer uses `rope_theta`.
     tie_word_embeddings: the output projection is the transposed input embedding.
     attention_bias: q/k/v projections carry a bias (Qwen2).
-    qk_norm: RMSNorm over each head of q and k before RoPE (Qwen3).
+    qk_norm: RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3; with Gemma's
+      (1 + w) convention when `norm_plus_one`).
     activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma).
     norm_plus_one: RMSNorm scales by (1 + w) instead of w (Gemma).
     scale_embeddings: multiply embeddings by sqrt(hidden_size) (Gemma).
-    sandwich_norms: extra RMSNorm after attention and after the MLP (Gemma 2).
-    query_pre_attn_scalar: attention scale is this**-0.5 instead of head_dim**-0.5 (Gemma 2).
-    attn_logit_softcap / final_logit_softcap: tanh soft-capping of scores / logits (Gemma 2).
-    sliding_window: window of "sliding_attention" layers (Gemma 2 alternates local and global).
+    sandwich_norms: extra RMSNorm after attention and after the MLP (Gemma 2, Gemma 3).
+    query_pre_attn_scalar: attention scale is this**-0.5 instead of head_dim**-0.5 (Gemma 2, 3).
+    attn_logit_softcap / final_logit_softcap: tanh soft-capping of scores / logits (Gemma 2; Gemma 3
+      drops both, technical report section 2.1, unless its config.json sets them).
+    sliding_window: window of "sliding_attention" layers (Gemma 2 alternates local and global,
+      Gemma 3 has five local layers per global one).
     layer_types: per layer "full_attention" or "sliding_attention".
     max_position_embeddings: informative; positions are not bounded by it.
     bos_token_id / eos_token_id / pad_token_id: as in config.json, written back on save.
@@ -62,6 +85,7 @@ class ModelConfig:
   rms_norm_eps: float = 1e-6
   rope_theta: float = 10000.0
   rope_scaling: dict | None = None
+  rope_local_theta: float | None = None
   tie_word_embeddings: bool = False
   attention_bias: bool = False
   qk_norm: bool = False
@@ -106,6 +130,18 @@ class ModelConfig:
         raise CheckpointError(
             f"rope_scaling type {kind!r} is not supported (supported: llama3, linear)"
         )
+    if self.rope_local_theta is not None and not self.rope_local_theta > 0:
+      raise CheckpointError(f"rope_local_theta must be a positive RoPE base, got "
+                            f"{self.rope_local_theta!r}")
+
+  def layer_rope(self, layer_type: str) -> tuple[float, dict | None]:
+    """(RoPE base, RoPE scaling) of the layers of `layer_type` ("full_attention" or
+    "sliding_attention"): Gemma 3's local layers keep the short-context base unscaled, its global
+    layers take `rope_theta` and `rope_scaling` (technical report, section 2.1 and 3); every other
+    family uses one base and one scaling throughout."""
+    if layer_type == "sliding_attention" and self.rope_local_theta is not None:
+      return self.rope_local_theta, None
+    return self.rope_theta, self.rope_scaling
 
   @property
   def attention_scale(self) -> float:
@@ -129,6 +165,12 @@ class ModelConfig:
   def from_hf_config(cls, hf: dict[str, Any], *, source: str = "config.json") -> "ModelConfig":
     """Builds a ModelConfig from a transformers config dict; `source` names the file in errors."""
     model_type = hf.get("model_type")
+    if model_type == "gemma3" and "text_config" in hf:
+      raise CheckpointError(
+          f"{source}: model_type 'gemma3' is Gemma 3's vision-language model (Gemma3ForConditional"
+          "Generation); only its text decoder is supported: load a text-only checkpoint "
+          "(model_type 'gemma3_text', e.g. google/gemma-3-1b-it or gemma-3-270m)")
+    model_type = _FAMILY_OF_HF_MODEL_TYPE.get(model_type, model_type)
     if model_type not in SUPPORTED_MODEL_TYPES:
       raise CheckpointError(
           f"{source}: model_type {model_type!r} is not supported; supported model types are "
@@ -152,6 +194,9 @@ class ModelConfig:
       raise CheckpointError(f"{source}: required field {e.args[0]!r} is missing") from None
 
     rope = hf.get("rope_parameters") or {}
+    rope_local_theta = None
+    if model_type == "gemma3":
+      rope, rope_local_theta = _gemma3_rope(hf, source)
     rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
     scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default"
                                          else None)
@@ -159,7 +204,8 @@ class ModelConfig:
       scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
       if scaling.get("rope_type", scaling.get("type")) == "default":
         scaling = None
-    gemma = model_type in ("gemma", "gemma2")
+    gemma = model_type in ("gemma", "gemma2", "gemma3")
+    softcapped = model_type in ("gemma2", "gemma3")  # Gemma 3 configs say None; read if not
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
     if act in ("gelu_pytorch_tanh", "gelu_tanh", "gelu"):
       # Gemma checkpoints say "gelu" but were trained with the tanh approximation (transformers
@@ -169,6 +215,17 @@ class ModelConfig:
     if model_type == "gemma2" and layer_types is None:
       layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention"
                      for i in range(kwargs["num_layers"])]
+    if model_type == "gemma3":
+      if hf.get("use_bidirectional_attention"):
+        raise CheckpointError(
+            f"{source}: use_bidirectional_attention=true (an encoder variant of Gemma 3) is not "
+            "supported; this decoder attends causally")
+      if layer_types is None:
+        pattern = int(hf.get("sliding_window_pattern") or GEMMA3_SLIDING_WINDOW_PATTERN)
+        if pattern < 1:
+          raise CheckpointError(f"{source}: sliding_window_pattern must be ≥ 1, got {pattern}")
+        layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                       for i in range(kwargs["num_layers"])]
     if model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
       layer_types = None  # Qwen's sliding window is off unless use_sliding_window says so.
     return cls(
@@ -176,16 +233,17 @@ class ModelConfig:
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         rope_theta=float(rope_theta),
         rope_scaling=scaling,
+        rope_local_theta=rope_local_theta,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
         attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "gemma3"),
         activation=act,
         norm_plus_one=gemma,
         scale_embeddings=gemma,
-        sandwich_norms=model_type == "gemma2",
-        query_pre_attn_scalar=hf.get("query_pre_attn_scalar") if model_type == "gemma2" else None,
-        attn_logit_softcap=hf.get("attn_logit_softcapping") if model_type == "gemma2" else None,
-        final_logit_softcap=hf.get("final_logit_softcapping") if model_type == "gemma2" else None,
+        sandwich_norms=softcapped,
+        query_pre_attn_scalar=hf.get("query_pre_attn_scalar") if softcapped else None,
+        attn_logit_softcap=hf.get("attn_logit_softcapping") if softcapped else None,
+        final_logit_softcap=hf.get("final_logit_softcapping") if softcapped else None,
         sliding_window=hf.get("sliding_window") if layer_types else None,
         layer_types=tuple(layer_types) if layer_types else None,
         max_position_embeddings=int(hf.get("max_position_embeddings", 8192)),
@@ -202,7 +260,7 @@ class ModelConfig:
       rope_parameters.setdefault("rope_type", rope_parameters.pop("type", "default"))
     hf = {
         "architectures": [_HF_ARCHITECTURES[self.model_type]],
-        "model_type": self.model_type,
+        "model_type": _HF_MODEL_TYPES.get(self.model_type, self.model_type),
         "vocab_size": self.vocab_size,
         "hidden_size": self.hidden_size,
         "intermediate_size": self.intermediate_size,
@@ -224,7 +282,17 @@ class ModelConfig:
         "dtype": torch_dtype,
     }
     hf["attention_bias"] = self.attention_bias  # read back by from_hf_config for every type
-    if self.model_type == "gemma2":
+    if self.model_type == "gemma3":
+      # Per-layer-type RoPE as transformers 5.x writes it; 4.x reads the flat keys beside it.
+      hf.update(
+          rope_parameters={
+              "full_attention": rope_parameters,
+              "sliding_attention": {"rope_type": "default",
+                                    "rope_theta": self.layer_rope("sliding_attention")[0]},
+          },
+          rope_local_base_freq=self.layer_rope("sliding_attention")[0],
+      )
+    if self.model_type in ("gemma2", "gemma3"):
       hf.update(
           hidden_activation=hf["hidden_act"],
           query_pre_attn_scalar=self.query_pre_attn_scalar,
@@ -237,3 +305,22 @@ class ModelConfig:
       hf.update(use_sliding_window=True, sliding_window=self.sliding_window,
                 layer_types=list(self.layer_types))
     return hf
+
+
+def _gemma3_rope(hf: dict[str, Any], source: str) -> tuple[dict[str, Any], float]:
+  """(the global layers' RoPE parameters, the local layers' base) of a Gemma 3 config.json.
+
+  transformers 5.x writes `rope_parameters` keyed by layer type ({"full_attention": {...},
+  "sliding_attention": {...}}); 4.x wrote `rope_theta` / `rope_scaling` for the global layers and
+  `rope_local_base_freq` for the local ones. The local layers are never scaled (technical report,
+  section 3: positional interpolation is applied to the global layers only)."""
+  rope = hf.get("rope_parameters") or {}
+  if "full_attention" in rope or "sliding_attention" in rope:
+    local = rope.get("sliding_attention") or {}
+    if local.get("rope_type", "default") != "default":
+      raise CheckpointError(
+          f"{source}: rope_parameters.sliding_attention has rope_type {local['rope_type']!r}; "
+          "Gemma 3's local layers are expected unscaled ('default')")
+    local_theta = local.get("rope_theta", hf.get("rope_local_base_freq", 10000.0))
+    return dict(rope.get("full_attention") or {}), float(local_theta)
+  return rope, float(hf.get("rope_local_base_freq", 10000.0))

@@ -1,4 +1,4 @@
-"""A Flax NNX decoder-only transformer covering Llama, Qwen2, Qwen3, Gemma and Gemma 2.
+"""A Flax NNX decoder-only transformer covering Llama, Qwen2, Qwen3, Gemma, Gemma 2 and Gemma 3.
 
 The variants differ only by `ModelConfig` switches. Every parameter carries `logical_axes` metadata
 (`vocab`, `embed`, `mlp`, `heads`, `kv_heads`, `head_dim`, `norm`); `reasoning_rl.sharding` maps those
@@ -102,8 +102,10 @@ def _checkpoint_policy(name: str):
 
 def layer_period(config: ModelConfig) -> int:
   """The shortest p dividing the depth such that layer i and layer i + p are alike (same
-  attention type): 1 for uniform models, 2 for Gemma 2's alternating local / global layers.
-  The scanned stack runs p blocks per scan step, so each keeps its window static."""
+  attention type): 1 for uniform models, 2 for Gemma 2's alternating local / global layers, 6 for
+  Gemma 3's five local layers per global one when the depth is a multiple of 6 (270M: 18 layers;
+  otherwise, e.g. 1B's 26, the whole depth — one scan step, correct but compiled unrolled).
+  The scanned stack runs p blocks per scan step, so each keeps its window and RoPE base static."""
   types = config.layer_types or ("full_attention",) * config.num_layers
   for period in range(1, config.num_layers + 1):
     if config.num_layers % period == 0 and all(
@@ -131,8 +133,10 @@ class RMSNorm(nnx.Module):
     return normed.astype(x.dtype) * self.scale[...].astype(x.dtype)
 
 
-def rope_inverse_frequencies(config: ModelConfig) -> jax.Array:
-  """RoPE inverse frequencies θ^(−2i/d) (Su et al. 2021), with optional context scaling.
+def rope_inverse_frequencies(config: ModelConfig,
+                             layer_type: str = "full_attention") -> jax.Array:
+  """RoPE inverse frequencies θ^(−2i/d) (Su et al. 2021), with optional context scaling, for the
+  layers of `layer_type` (`ModelConfig.layer_rope`: Gemma 3's local layers have their own base).
 
   `llama3` scaling (Meta, Llama 3.1 report 2024): wavelengths longer than
   original_context/low_freq_factor are divided by `factor`, shorter than
@@ -140,8 +144,8 @@ def rope_inverse_frequencies(config: ModelConfig) -> jax.Array:
   `linear` scaling (Chen et al. 2023, position interpolation) divides every frequency by `factor`.
   """
   dim = config.head_dim
-  inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
-  scaling = config.rope_scaling
+  base, scaling = config.layer_rope(layer_type)
+  inv_freq = 1.0 / (base ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
   if not scaling:
     return inv_freq
   kind = scaling.get("rope_type", scaling.get("type"))
@@ -275,9 +279,10 @@ class Attention(nnx.Module):
       self.v_bias = _param(rngs, (c.num_kv_heads, c.head_dim), param_dtype,
                            ("kv_heads", "head_dim"))
     if c.qk_norm:
-      self.q_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, plus_one=False,
+      # Qwen3 scales by w; Gemma 3 by (1 + w) like its other norms (its checkpoints store w − 1).
+      self.q_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, plus_one=c.norm_plus_one,
                             param_dtype=param_dtype)
-      self.k_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, plus_one=False,
+      self.k_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, plus_one=c.norm_plus_one,
                             param_dtype=param_dtype)
 
   def project_qkv(self, x, positions, inv_freq):
@@ -349,7 +354,7 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-  """Pre-norm residual block; Gemma 2 adds a norm after attention and after the MLP."""
+  """Pre-norm residual block; Gemma 2 and Gemma 3 add a norm after attention and after the MLP."""
 
   def __init__(self, config: ModelConfig, layer_index: int, *, param_dtype, rngs):
     def norm():
@@ -451,15 +456,17 @@ class Transformer(nnx.Module):
     makes; `reasoning_rl.lora` intercepts it (qwix) to add adapters to the full forward and to
     decoding alike. `remat`: a name of REMAT_POLICIES or a bool (`remat_policy`).
     """
-    inv_freq = rope_inverse_frequencies(self.config)
+    # One table per attention type: Gemma 3's local and global layers rotate with different bases.
+    inv_freqs = {kind: rope_inverse_frequencies(self.config, kind)
+                 for kind in set(self.config.layer_types)}
     policy = remat_policy(remat)
     residual_axes = ("batch", "length", None)  # batch-sharded, full width (FSDP-style)
     x = constrain(x, residual_axes)
     if self.scan_layers:
-      return self._run_scanned(x, positions, key_positions, inv_freq, cache, write_index,
+      return self._run_scanned(x, positions, key_positions, inv_freqs, cache, write_index,
                                policy, segment_ids)
 
-    def run_block(block, x, cache_kv):
+    def run_block(block, x, cache_kv, inv_freq):
       return block(x, positions, key_positions, inv_freq, cache_kv, write_index, segment_ids)
 
     if policy != "none":
@@ -467,21 +474,22 @@ class Transformer(nnx.Module):
     new_k, new_v = [], []
     for layer, block in enumerate(self.layers):
       cache_kv = None if cache is None else (cache.k[layer], cache.v[layer])
-      x, written = run_block(block, x, cache_kv)
+      x, written = run_block(block, x, cache_kv, inv_freqs[self.config.layer_types[layer]])
       x = constrain(x, residual_axes)
       if written is not None:
         new_k.append(written[0])
         new_v.append(written[1])
     return x, (None if cache is None else (tuple(new_k), tuple(new_v)))
 
-  def _run_scanned(self, x, positions, key_positions, inv_freq, cache, write_index, policy,
+  def _run_scanned(self, x, positions, key_positions, inv_freqs, cache, write_index, policy,
                    segment_ids):
     """`run_blocks` of the scanned layout: one `jax.lax.scan` step per `layer_period` blocks.
 
     The stacked parameters are the scan's input, read one group of p layers per step; x and,
     when decoding, the whole stacked cache are its carry (each block writes its layer in place).
     The p blocks of a step are merged from the one block graph with their own static window, so
-    Gemma 2's alternating local / global layers compile as two blocks, not as a traced switch.
+    Gemma 2's alternating local / global layers compile as two blocks, not as a traced switch
+    (Gemma 3's as six, each local one with the local RoPE table, `inv_freqs` by layer type).
     """
     config = self.config
     period = layer_period(config)
@@ -490,7 +498,7 @@ class Transformer(nnx.Module):
     graphdef, state = nnx.split(self.layers)
     grouped = jax.tree.map(lambda a: a.reshape(groups, period, *a.shape[1:]), state)
 
-    def run_block(block_state, x, cache_kv, layer, window):
+    def run_block(block_state, x, cache_kv, layer, window, inv_freq):
       block = nnx.merge(graphdef, block_state)
       block.attn.window = window
       return block(x, positions, key_positions, inv_freq, cache_kv, write_index, segment_ids,
@@ -498,7 +506,9 @@ class Transformer(nnx.Module):
 
     runners = []
     for j in range(period):
-      runner = functools.partial(run_block, window=_window(config, j))
+      # Layer j of every group has layer j's type (`layer_period`), so its window and RoPE table.
+      runner = functools.partial(run_block, window=_window(config, j),
+                                 inv_freq=inv_freqs[config.layer_types[j]])
       if policy != "none":
         # prevent_cse=False: inside a scan the loop already keeps XLA from merging the
         # recomputation with the forward (jax.checkpoint's documentation)
