@@ -1,7 +1,7 @@
 """The registries of named choices, one per kind, empty until the modules that implement the
 choices register into them: advantage estimators, KL estimators, policy-loss types, loss
-aggregations, sampler importance corrections, reward parts, `correct` verifiers, task sources and
-rollout backends.
+aggregations, sampler importance corrections, reward parts, `correct` verifiers, task sources,
+rollout backends and multi-turn environments.
 
 This module knows no concrete choice and imports nothing of the package but `errors`, so every
 implementing module can import it at the top:
@@ -95,6 +95,9 @@ REWARD_PARTS = Registry("reward part", "rewards.<name>.kind")
 VERIFIERS = Registry("verifier", "rewards.<name>.verifier")
 TASK_SOURCES = Registry("task source", "data.<split>.kind")
 ROLLOUT_BACKENDS = Registry("rollout backend", "rollout.backend")
+# Each choice: a factory (settings mapping, *, field) -> environments.Environment that checks the
+# settings before the run starts (ConfigError naming config.<field>.<setting>).
+ENVIRONMENTS = Registry("environment", "environment.name")
 
 ALL = (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_TYPES, LOSS_AGGREGATIONS, IS_CORRECTIONS,
-       REWARD_PARTS, VERIFIERS, TASK_SOURCES, ROLLOUT_BACKENDS)
+       REWARD_PARTS, VERIFIERS, TASK_SOURCES, ROLLOUT_BACKENDS, ENVIRONMENTS)

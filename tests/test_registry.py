@@ -112,8 +112,10 @@ BUILT_IN = {
                            "token-truncate"],
     "rewards.<name>.kind": ["correct", "format", "language", "length"],
     "rewards.<name>.verifier": ["auto", "code", "countdown", "math", "reasoning_gym"],
-    "data.<split>.kind": ["jsonl", "mixture", "reasoning_gym", "synthetic_arithmetic"],
+    "data.<split>.kind": ["guess_number", "jsonl", "mixture", "reasoning_gym",
+                          "synthetic_arithmetic"],
     "rollout.backend": ["engine"],
+    "environment.name": ["guess_number", "python_tool"],
 }
 
 
