@@ -69,6 +69,7 @@ def test_a_syntax_error_and_sys_exit_are_observations(tool):
       "SyntaxError: '(' was never closed\n")
   assert run_one(tool, "print('before')\nimport sys\nsys.exit('bye')").observation == (
       "before\nbye\n")
+  assert run_one(tool, "print('\\udc80 ok')").observation == "? ok\n"  # tokenizable text
   turn = run_one(tool, "import os\nprint('lost')\nos._exit(3)")
   assert (turn.observation, turn.info["status"]) == ("the program exited with status 3", "error")
 

@@ -140,7 +140,7 @@ def _reader_tests(keep_chars: int) -> list[str]:
 
 
 def _printable(text: str) -> str:
-  """Lone surrogates (a program may print '\\udc80') cannot be tokenized: replaced by U+FFFD."""
+  """Lone surrogates (a program may print '\\udc80') cannot be tokenized: each becomes "?"."""
   return text.encode("utf-8", "replace").decode("utf-8") if any(
       "\ud800" <= ch <= "\udfff" for ch in text) else text
 
