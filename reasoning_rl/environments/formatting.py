@@ -16,6 +16,13 @@ Modes:
   "<tool_response>\\n{observation}\\n</tool_response>". For SmolLM2:
   "<|im_end|>\\n<|im_start|>user\\n<tool_response>\\n{observation}\\n</tool_response><|im_end|>\\n"
   "<|im_start|>assistant\\n".
+
+Special-token text inside an observation ("<|im_end|>" printed by a program) would be encoded as
+the control token itself, since the sampler encodes the whole appended text with the tokenizer's
+special-token parsing (which the chat wrapper needs): a program could then close the turn or open
+a fake one in the model's context. With a tokenizer given, every special token's text in the
+observation is broken by a zero-width space after its first character ("<\u200b|im_end|>"), so it
+is tokenized as the ordinary text it is.
 """
 
 from __future__ import annotations
@@ -32,6 +39,18 @@ TOOL_RESPONSE_TEMPLATE = "<tool_response>\n{observation}\n</tool_response>"
 # assistant's, which comes before the observation, so an observation holding it changes nothing.
 _USER_STAND_IN = "\x00user-turn-of-the-episode\x00"
 _ASSISTANT_STAND_IN = "\x00assistant-turn-of-the-episode\x00"
+ZERO_WIDTH_SPACE = "\u200b"
+
+
+def defuse_special_tokens(text: str, tokenizer) -> str:
+  """`text` with each special token's text (module docstring) broken by a zero-width space."""
+  if tokenizer is None:
+    return text
+  names = (tokenizer.id_to_token(i) for i in tokenizer.special_ids)
+  for name in sorted({n for n in names if n and len(n) > 1}, key=len, reverse=True):
+    if name in text:
+      text = text.replace(name, name[0] + ZERO_WIDTH_SPACE + name[1:])
+  return text
 
 
 def template_has_tool_role(chat_template: str) -> bool:
@@ -52,12 +71,14 @@ def format_observation(observation: str, *, mode: str, tokenizer=None,
   Args:
     observation: the environment's message (`Turn.observation`).
     mode: "inline" or "chat".
-    tokenizer: the policy's `models.tokenizers.Tokenizer` (chat only: its chat template).
+    tokenizer: the policy's `models.tokenizers.Tokenizer`: its special tokens are defused in the
+      observation; chat also needs its chat template. None: inline, the text as it is.
     field: the config field named in errors.
 
   Raises:
     ConfigError: an unknown mode, or chat with a tokenizer that has no chat template.
   """
+  observation = defuse_special_tokens(observation, tokenizer)
   if mode == "inline":
     return INLINE_TEMPLATE.format(observation=observation)
   if mode != "chat":
@@ -87,5 +108,6 @@ def observation_formatter(mode: str, tokenizer=None, *,
   return functools.partial(format_observation, mode=mode, tokenizer=tokenizer, field=field)
 
 
-__all__ = ["INLINE_TEMPLATE", "OBSERVATION_FORMATS", "TOOL_RESPONSE_TEMPLATE", "format_observation",
-           "observation_formatter", "template_has_tool_role"]
+__all__ = ["INLINE_TEMPLATE", "OBSERVATION_FORMATS", "TOOL_RESPONSE_TEMPLATE", "ZERO_WIDTH_SPACE",
+           "defuse_special_tokens", "format_observation", "observation_formatter",
+           "template_has_tool_role"]
