@@ -134,6 +134,12 @@ class ModelConfig:
       raise CheckpointError(f"rope_local_theta must be a positive RoPE base, got "
                             f"{self.rope_local_theta!r}")
 
+  def __hash__(self):
+    # The config travels in a model's graphdef, a static (hashed) argument of jitted functions
+    # such as the sampler engine's; rope_scaling (a dict) and a list of eos ids, kept as
+    # config.json has them, are hashed by their contents.
+    return hash(tuple(_hashable(getattr(self, field.name)) for field in dataclasses.fields(self)))
+
   def layer_rope(self, layer_type: str) -> tuple[float, dict | None]:
     """(RoPE base, RoPE scaling) of the layers of `layer_type` ("full_attention" or
     "sliding_attention"): Gemma 3's local layers keep the short-context base unscaled, its global
@@ -221,8 +227,9 @@ class ModelConfig:
             f"{source}: use_bidirectional_attention=true (an encoder variant of Gemma 3) is not "
             "supported; this decoder attends causally")
       if layer_types is None:
-        pattern = int(hf.get("sliding_window_pattern") or GEMMA3_SLIDING_WINDOW_PATTERN)
-        if pattern < 1:
+        pattern = hf.get("sliding_window_pattern")
+        pattern = GEMMA3_SLIDING_WINDOW_PATTERN if pattern is None else pattern
+        if not isinstance(pattern, int) or pattern < 1:
           raise CheckpointError(f"{source}: sliding_window_pattern must be ≥ 1, got {pattern}")
         layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                        for i in range(kwargs["num_layers"])]
@@ -295,7 +302,7 @@ class ModelConfig:
     if self.model_type in ("gemma2", "gemma3"):
       hf.update(
           hidden_activation=hf["hidden_act"],
-          query_pre_attn_scalar=self.query_pre_attn_scalar,
+          query_pre_attn_scalar=_whole_as_int(self.query_pre_attn_scalar),
           attn_logit_softcapping=self.attn_logit_softcap,
           final_logit_softcapping=self.final_logit_softcap,
           sliding_window=self.sliding_window,
@@ -324,3 +331,19 @@ def _gemma3_rope(hf: dict[str, Any], source: str) -> tuple[dict[str, Any], float
     local_theta = local.get("rope_theta", hf.get("rope_local_base_freq", 10000.0))
     return dict(rope.get("full_attention") or {}), float(local_theta)
   return rope, float(hf.get("rope_local_base_freq", 10000.0))
+
+
+def _whole_as_int(value):
+  """A whole-valued float as an int: transformers' Gemma 3 config accepts only an int
+  query_pre_attn_scalar (its strict dataclass refuses 256.0)."""
+  if isinstance(value, float) and value.is_integer():
+    return int(value)
+  return value
+
+
+def _hashable(value):
+  if isinstance(value, dict):
+    return tuple(sorted((key, _hashable(item)) for key, item in value.items()))
+  if isinstance(value, list):
+    return tuple(_hashable(item) for item in value)
+  return value

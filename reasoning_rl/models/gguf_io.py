@@ -4,6 +4,14 @@ The `gguf` package reads the file and dequantises every quantisation type. llama
 permutes the rows of the q and k projections of Llama-architecture models (its RoPE pairs adjacent
 elements, Hugging Face's pairs the two halves); that permutation is undone here so the weights match
 the Hugging Face layout the rest of the loader uses. Qwen2 GGUFs are written without the permutation.
+
+Gemma 3 (`gemma3`, Gemma Team 2025) GGUFs differ from its Hugging Face checkpoints in three ways,
+all from llama.cpp's converter and loader: every RMSNorm weight is stored as w + 1 (the converter
+folds Gemma's (1 + w) into the weight; undone here), the sandwich norms have their own names
+(`post_attention_norm`, `ffn_norm` is the pre-feed-forward norm, `post_ffw_norm`), and the file
+records neither the local layers' RoPE base nor the attention scale, which llama.cpp fixes: base
+10,000 on the local layers, five local layers per global one, and the scale 1/sqrt(head_dim) except
+for the 62-layer 27B model, whose scale is 1/sqrt(hidden / heads).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from reasoning_rl.errors import CheckpointError
 from reasoning_rl.models.checkpoints import build_model, hf_tensor_name, require_finite
 from reasoning_rl.models.config import ModelConfig
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "gemma3")
 
 # HF tensor-name suffix (after "model.layers.{i}.") -> GGUF name suffix (after "blk.{i}.")
 _LAYER_NAMES = {
@@ -34,6 +42,15 @@ _LAYER_NAMES = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
+# Where Gemma 3's sandwich-normed block names its norms differently (see the module docstring).
+_SANDWICH_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
 _GLOBAL_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
@@ -41,11 +58,20 @@ _GLOBAL_NAMES = {
 }
 
 
-def gguf_tensor_name(hf_name: str) -> str:
+def gguf_tensor_name(hf_name: str, *, sandwich_norms: bool = False) -> str:
+  """The GGUF tensor holding the Hugging Face tensor `hf_name` (Gemma 3's names with
+  `sandwich_norms`)."""
   if hf_name in _GLOBAL_NAMES:
     return _GLOBAL_NAMES[hf_name]
   _, _, layer, suffix = hf_name.split(".", 3)
-  return f"blk.{layer}.{_LAYER_NAMES[suffix]}"
+  names = _SANDWICH_LAYER_NAMES if sandwich_norms else _LAYER_NAMES
+  return f"blk.{layer}.{names[suffix]}"
+
+
+# llama.cpp's Gemma 3 constants (src/llama-model.cpp, LLM_ARCH_GEMMA3): the local layers' RoPE base
+# and the depth of the one size whose attention scale is not 1/sqrt(head_dim).
+_GEMMA3_LOCAL_ROPE_BASE = 10000.0
+_GEMMA3_27B_LAYERS = 62
 
 
 def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -114,10 +140,44 @@ def gguf_model_config(reader, path) -> ModelConfig:
       "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
   }
   scaling_type = _field(reader, f"{arch}.rope.scaling.type")
+  if arch == "gemma3":
+    hf.update(_gemma3_fields(reader, path, hf))
+    scaling_type = None  # read by _gemma3_fields
   if scaling_type not in (None, "none"):
     raise CheckpointError(f"{path}: RoPE scaling {scaling_type!r} in GGUF metadata is not "
                           "supported; load the Hugging Face directory instead")
   return ModelConfig.from_hf_config(hf, source=str(path))
+
+
+def _gemma3_fields(reader, path, hf: dict) -> dict:
+  """The config.json fields of a `gemma3` GGUF beyond the common ones (module docstring)."""
+  window = _field(reader, "gemma3.attention.sliding_window")
+  if not window:
+    raise CheckpointError(f"{path}: metadata key 'gemma3.attention.sliding_window' is missing; "
+                          "Gemma 3's local layers need their window")
+  if hf["num_hidden_layers"] == _GEMMA3_27B_LAYERS:
+    attention_scale_base = hf["hidden_size"] // hf["num_attention_heads"]
+  else:
+    attention_scale_base = hf["head_dim"]
+  fields = {
+      "model_type": "gemma3_text",
+      "hidden_activation": "gelu_pytorch_tanh",  # GeGLU (technical report, section 2)
+      "sliding_window": int(window),
+      "rope_local_base_freq": _GEMMA3_LOCAL_ROPE_BASE,
+      "query_pre_attn_scalar": attention_scale_base,
+      "final_logit_softcapping": _field(reader, "gemma3.final_logit_softcapping"),
+  }
+  scaling_type = _field(reader, "gemma3.rope.scaling.type")
+  if scaling_type == "linear":  # the 4B-27B sizes' global layers (technical report, section 3)
+    factor = _field(reader, "gemma3.rope.scaling.factor")
+    if not factor:
+      raise CheckpointError(f"{path}: 'gemma3.rope.scaling.type' is linear but "
+                            "'gemma3.rope.scaling.factor' is missing")
+    fields["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
+  elif scaling_type not in (None, "none"):
+    raise CheckpointError(f"{path}: RoPE scaling {scaling_type!r} in GGUF metadata is not "
+                          "supported for gemma3 (supported: linear)")
+  return fields
 
 
 def load_gguf_weights(path: str | os.PathLike, *, dtype="float32", weight_dtype=None, mesh=None,
@@ -131,10 +191,11 @@ def load_gguf_weights(path: str | os.PathLike, *, dtype="float32", weight_dtype=
   config = gguf_model_config(reader, path)
   tensors = {t.name: t for t in reader.tensors}
   permuted = config.model_type == "llama"
+  norms_stored_plus_one = config.model_type == "gemma3"  # llama.cpp's converter adds 1
 
   def read(param_path, shape):
     hf_name, to_ours, to_hf = hf_tensor_name(param_path, config)
-    name = gguf_tensor_name(hf_name)
+    name = gguf_tensor_name(hf_name, sandwich_norms=config.sandwich_norms)
     if name not in tensors:
       raise CheckpointError(f"{path}: tensor {name!r} is missing; the file does not match its own "
                             "architecture metadata")
@@ -150,6 +211,8 @@ def load_gguf_weights(path: str | os.PathLike, *, dtype="float32", weight_dtype=
     if permuted and name.endswith(("attn_q.weight", "attn_k.weight")):
       heads = config.num_heads if "attn_q" in name else config.num_kv_heads
       weight = unpermute_rope_rows(weight, heads)
+    if norms_stored_plus_one and name.endswith("norm.weight"):
+      weight = weight - np.float32(1.0)
     expected = to_hf(np.broadcast_to(np.float32(0), shape)).shape
     if weight.shape != tuple(expected):
       raise CheckpointError(f"{path}: tensor {name!r} has shape {weight.shape}, expected "

@@ -121,8 +121,10 @@ class SentencePieceBackend:
 
   def token_to_id(self, token: str) -> int | None:
     token_id = self.processor.piece_to_id(token)
-    # sentencepiece answers unk_id for pieces it does not know.
-    if token_id == self.processor.unk_id() and token != self.processor.id_to_piece(token_id):
+    # sentencepiece answers unk_id for pieces it does not know (−1 when the model has no unknown
+    # piece).
+    if token_id < 0 or (token_id == self.processor.unk_id()
+                        and token != self.processor.id_to_piece(token_id)):
       return None
     return token_id
 

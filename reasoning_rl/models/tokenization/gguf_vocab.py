@@ -171,12 +171,16 @@ def _sentencepiece_proto(
   proto.normalizer_spec.add_dummy_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
   proto.normalizer_spec.remove_extra_whitespaces = False
   proto.normalizer_spec.escape_whitespaces = True
-  for token, score, kind in zip(tokens, scores, token_types):
+  for token_id, (token, score, kind) in enumerate(zip(tokens, scores, token_types)):
     piece = proto.pieces.add()
     piece.piece = token
     piece.score = score
     # GGUF numbers token types like SentencePiece (1 normal … 6 byte); 0 means "not given".
     piece.type = kind or sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL
+    if token_id == special["unk"]:
+      # SentencePiece finds its unknown piece by type; llama.cpp's Gemma 3 files type <unk> as a
+      # control token, which would leave the processor without one (unk_id() == -1).
+      piece.type = sentencepiece_model_pb2.ModelProto.SentencePiece.UNKNOWN
   return proto.SerializeToString()
 
 
