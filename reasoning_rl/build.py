@@ -294,6 +294,24 @@ class Run:
   sampling: Any  # sampler.SamplingParams of the rollouts
   cluster: Any = None  # multihost.cluster.Cluster: roles, exchange, weight transfers
   weight_sync: Any = None  # loop.weight_sync.WeightSync: what the sampler receives, versions
+  episodes: Any = None  # sampler.multiturn.EpisodeSettings (environment.name set), else None
+
+
+def build_episodes(config: ml_collections.ConfigDict, tokenizer):
+  """The multi-turn settings of `config.environment` (None for single-turn rollouts): the
+  environment built with its settings checked, and its observation format checked against the
+  tokenizer, before anything runs."""
+  e = config.environment
+  if not e.name:
+    return None
+  from reasoning_rl import environments  # pylint: disable=import-outside-toplevel
+  from reasoning_rl.sampler import EpisodeSettings  # pylint: disable=import-outside-toplevel
+
+  return EpisodeSettings(
+      environment=environments.build_environment(e.name, e.settings),
+      format_observation=environments.observation_formatter(e.observation_format, tokenizer),
+      max_turns=e.max_turns, turn_tokens=e.turn_tokens or config.rollout.max_new_tokens,
+      step_workers=e.step_workers)
 
 
 def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
@@ -332,6 +350,7 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
   if lora_settings.enabled:
     model = lora.apply_lora(model, lora_settings, seed=config.seed)
   template = build_template(config, tokenizer)
+  episodes = build_episodes(config, tokenizer)
   graphdef, params = nnx.split(model)
   step_fn = TrainStep(graphdef, step_config(config), trainer_mesh)
   cluster = build_cluster(config, topology,
@@ -363,7 +382,8 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
              step_fn=step_fn, state=state, backend=backend,
              engine=getattr(backend, "engine", None), template=template, data=data,
              reward_fn=reward_fn, scorer=scorer, sampling=sampling_params(config),
-             cluster=cluster, weight_sync=weight_sync_lib.WeightSync(step_fn, backend, cluster))
+             cluster=cluster, weight_sync=weight_sync_lib.WeightSync(step_fn, backend, cluster),
+             episodes=episodes)
 
 
 def _compute_dtype(array, config: ml_collections.ConfigDict):
@@ -383,6 +403,7 @@ class Evaluation:
   examples: Sequence[Any]
   scorer: Any
   max_new_tokens: int
+  episodes: Any = None  # sampler.multiturn.EpisodeSettings of a multi-turn config
 
 
 def build_evaluation(config: ml_collections.ConfigDict, checkpoint: str, *,
@@ -396,4 +417,4 @@ def build_evaluation(config: ml_collections.ConfigDict, checkpoint: str, *,
   reward_fn = build_reward_fn(config, redteam=False)
   return Evaluation(engine=engine, tokenizer=tokenizer, template=build_template(config, tokenizer),
                     examples=build_eval_examples(config), scorer=build_scorer(config, reward_fn),
-                    max_new_tokens=max_new_tokens)
+                    max_new_tokens=max_new_tokens, episodes=build_episodes(config, tokenizer))

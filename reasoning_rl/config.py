@@ -100,7 +100,8 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
                               field=f"data.{split}.kind")
   from reasoning_rl.verifiers.rewards import build_parts  # pylint: disable=import-outside-toplevel
 
-  build_parts(config.rewards)  # every part's kind and settings
+  parts = build_parts(config.rewards)  # every part's kind and settings
+  _validate_environment(config, parts, require)
   if config.algo.name == "grpo" and config.stage == "rl":
     require(r.num_samples >= 2, "rollout.num_samples",
             f"group estimator {config.algo.estimator!r} compares samples of one prompt: "
@@ -129,6 +130,30 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
             "every variant is an instruction text containing {prompt}")
   if num_devices is not None:
     _validate_mesh(config, num_devices, num_slices)
+
+
+def _validate_environment(config, parts, require) -> None:
+  """Multi-turn episodes (`config.environment`): the environment's name and settings, and what
+  it cannot be combined with."""
+  e = config.environment
+  if not e.name:
+    require(not any(p.kind == "environment" for p in parts), "rewards",
+            "an 'environment' reward part reads a multi-turn episode's outcome: set "
+            "environment.name, or drop the part")
+    return
+  from reasoning_rl import registry  # pylint: disable=import-outside-toplevel
+
+  # building it checks its settings (ConfigError naming config.environment.settings.<x>)
+  registry.ENVIRONMENTS.get(e.name, field="environment.name").impl(
+      e.settings, field="environment.settings")
+  require(config.stage == "rl", "stage", "multi-turn episodes (environment.name) are RL "
+          "rollouts; use stage='rl'")
+  require(config.algo.name == "grpo", "algo.name", "PPO's value head and GAE would run across "
+          "observation tokens, which the model did not choose; use algo.name='grpo' with "
+          "environment.name")
+  require(e.turn_tokens <= config.rollout.max_new_tokens, "environment.turn_tokens",
+          "one turn cannot be longer than the whole completion (rollout.max_new_tokens, "
+          "observations included)")
 
 
 def _validate_mesh(config, num_devices: int, num_slices: int) -> None:

@@ -222,8 +222,9 @@ SECTIONS: tuple[Section, ...] = (
         Field("turn_tokens", 0, "model tokens per turn",
               _int(0, meaning="0 = rollout.max_new_tokens")),
         Field("observation_format", "inline", "inline (the observation inside the assistant's "
-              "message, ToRL / ReTool style) or chat (a tool turn of the tokenizer's chat "
-              "template)", OneOf(("inline", "chat"))),
+              "message, ToRL / ReTool style), chat (a tool turn of the tokenizer's chat "
+              "template) or raw (the text as it is, e.g. a calculator's value after '=')",
+              OneOf(("inline", "chat", "raw"))),
         Field("step_workers", 8, "environment steps run at once (threads)", _COUNT),
     )),
     Section("rewards", "Rewards: a weighted sum of named parts, each {weight, verifier | kind, "

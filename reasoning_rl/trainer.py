@@ -79,7 +79,7 @@ class Trainer:
     r = run.config.rollout
     collector_kwargs = dict(num_samples=r.num_samples, max_new_tokens=r.max_new_tokens,
                             stop_strings=r.stop_strings, sampling=run.sampling,
-                            seed=run.config.seed)
+                            seed=run.config.seed, episodes=run.episodes)
     if self.cluster.multi_process:  # each sampler replica collects its share
       collector_kwargs["cluster"] = self.cluster
     self.collector = (ShardedCollector if self.cluster.multi_process else RolloutCollector)(
@@ -323,7 +323,8 @@ class Trainer:
           run.backend, run.tokenizer, template, run.data.eval_examples, run.scorer,
           num_samples=c.eval.num_samples, temperature=c.eval.temperature,
           max_new_tokens=eval_max_new_tokens(c), stop_strings=tuple(c.rollout.stop_strings),
-          seed=c.seed, canaries=canaries, should_stop=checkpointing.preemption_requested)
+          seed=c.seed, canaries=canaries, should_stop=checkpointing.preemption_requested,
+          episodes=run.episodes)
 
     def evaluate_all():
       result = evaluate_with(run.template, tuple(c.eval.canaries))

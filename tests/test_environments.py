@@ -240,12 +240,12 @@ def test_guess_number_source_is_deterministic_and_registered():
 
 def test_the_registry_builds_environments_and_refuses_bad_settings_naming_the_field():
   assert registry.ENVIRONMENTS is registries.ENVIRONMENTS
-  assert registries.ENVIRONMENTS.names() == ("guess_number", "python_tool")
+  assert registries.ENVIRONMENTS.names() == ("calculator", "guess_number", "python_tool")
   assert registries.ENVIRONMENTS.get("python_tool").options == tuple(
       s.name for s in python_tool.SETTINGS)
   cases = [
       ("python_toool", {}, "config.environment.name='python_toool': unknown environment; use one "
-       "of ['guess_number', 'python_tool']"),
+       "of ['calculator', 'guess_number', 'python_tool']"),
       ("python_tool", {"max_call": 3}, "config.environment.settings.max_call: not a setting"),
       ("python_tool", {"timeout_s": -1}, "config.environment.settings.timeout_s=-1.0: must be a "
        "number in (0, 60] (default 5.0)"),
@@ -342,5 +342,5 @@ def test_chat_observations_need_a_chat_template_and_modes_are_checked():
                      r"tokenizer \(builtin:debug_arithmetic\) has no chat template; use 'inline'"):
     observation_formatter("chat", debug)
   with pytest.raises(ConfigError, match=r"config\.environment\.observation_format='markdown': "
-                     r"must be one of \['inline', 'chat'\]"):
+                     r"must be one of \['inline', 'chat', 'raw'\]"):
     observation_formatter("markdown", debug)

@@ -64,13 +64,13 @@ def compile_cache(tmp_path_factory):
     yield
 
 
-def kill_mid_step(workdir, step, *, after):
-  """Starts the run and SIGKILLs it while it is parked in `step` (a fresh run's) and `after` (a
-  path) exists."""
+def kill_mid_step(workdir, step, *, after, config="configs/debug_cpu.py", overrides=PPO):
+  """Starts the run of `config` + `overrides` and SIGKILLs it while it is parked in `step` (a
+  fresh run's) and `after` (a path) exists."""
   marker = workdir.parent / f"{workdir.name}.parked"
   command = [sys.executable, "-c", DRIVER, str(step), str(marker),
-             str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
-             f"--config.workdir={workdir}", "--config.logging.progress_bar=False", *PPO]
+             str(REPO / "launch" / "train.py"), f"--config={config}",
+             f"--config.workdir={workdir}", "--config.logging.progress_bar=False", *overrides]
   process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 300

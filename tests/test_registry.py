@@ -26,7 +26,7 @@ from tests.test_config import debug_config
     ("algo.is_correction", "tis", "sampler importance correction",
      ["none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"]),
     ("data.train.kind", "parquet", "task source",
-     ["synthetic_arithmetic", "reasoning_gym", "jsonl", "mixture"]),
+     ["synthetic_arithmetic", "reasoning_gym", "jsonl", "mixture", "guess_number"]),
 ])
 def test_a_misspelt_choice_names_the_field_and_the_valid_names(field, value, kind, names):
   config = debug_config()
@@ -43,7 +43,8 @@ def test_a_misspelt_reward_kind_is_refused_by_validate():
   config = debug_config()
   config.rewards = {"correct": {"weight": 1.0}, "style": {"weight": 0.1, "kind": "formatting"}}
   with pytest.raises(ConfigError, match=r"^config\.rewards\.style\.kind='formatting': unknown "
-                     r"reward part; use one of \['correct', 'format', 'language', 'length'\]"):
+                     r"reward part; use one of \['correct', 'format', 'language', 'length', "
+                     r"'environment'\]"):
     config_lib.validate(config)
 
 
@@ -110,12 +111,12 @@ BUILT_IN = {
     "algo.loss_agg": ["seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"],
     "algo.is_correction": ["none", "sequence-mask", "sequence-truncate", "token-mask",
                            "token-truncate"],
-    "rewards.<name>.kind": ["correct", "format", "language", "length"],
+    "rewards.<name>.kind": ["correct", "environment", "format", "language", "length"],
     "rewards.<name>.verifier": ["auto", "code", "countdown", "math", "reasoning_gym"],
     "data.<split>.kind": ["guess_number", "jsonl", "mixture", "reasoning_gym",
                           "synthetic_arithmetic"],
     "rollout.backend": ["engine"],
-    "environment.name": ["guess_number", "python_tool"],
+    "environment.name": ["calculator", "guess_number", "python_tool"],
 }
 
 

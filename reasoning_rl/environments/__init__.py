@@ -5,6 +5,7 @@ answers, over several turns of one sample (`sampler.multiturn` drives them).
   never raising for the model's text, thread-safe.
 - `python_tool`: `<python>` blocks run in the code sandbox; the task's verifier judges the final
   turn (ToRL, Li et al. 2025; ReTool, Feng et al. 2025).
+- `calculator`: exact arithmetic after "=" (GSM8K's calculator; a tiny debug model plays it).
 - `guess_number`: find a secret integer from higher / lower answers (with its task source).
 - `formatting`: an observation as the exact text appended after the model's turn (inline / chat).
 
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reasoning_rl import registries
-from reasoning_rl.environments import guess_number, python_tool
+from reasoning_rl.environments import calculator, guess_number, python_tool
 from reasoning_rl.environments.base import Environment, Episode, Turn
 from reasoning_rl.environments.formatting import (OBSERVATION_FORMATS, format_observation,
                                                   observation_formatter)
@@ -39,4 +40,5 @@ def build_environment(name: str, settings: Mapping[str, Any] | None = None, *,
 
 
 __all__ = ["Environment", "Episode", "OBSERVATION_FORMATS", "Turn", "build_environment",
-           "format_observation", "guess_number", "observation_formatter", "python_tool"]
+           "calculator", "format_observation", "guess_number", "observation_formatter",
+           "python_tool"]

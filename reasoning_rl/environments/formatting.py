@@ -16,6 +16,8 @@ Modes:
   "<tool_response>\\n{observation}\\n</tool_response>". For SmolLM2:
   "<|im_end|>\\n<|im_start|>user\\n<tool_response>\\n{observation}\\n</tool_response><|im_end|>\\n"
   "<|im_start|>assistant\\n".
+- "raw": the observation as it is, right after the model's text: a tool whose answer continues
+  the sentence, as GSM8K's calculator writes the value after "=" (Cobbe et al. 2021).
 
 Special-token text inside an observation ("<|im_end|>" printed by a program) would be encoded as
 the control token itself, since the sampler encodes the whole appended text with the tokenizer's
@@ -32,7 +34,7 @@ from collections.abc import Callable
 
 from reasoning_rl.errors import ConfigError
 
-OBSERVATION_FORMATS = ("inline", "chat")
+OBSERVATION_FORMATS = ("inline", "chat", "raw")
 INLINE_TEMPLATE = "\n<output>\n{observation}\n</output>\n"
 TOOL_RESPONSE_TEMPLATE = "<tool_response>\n{observation}\n</tool_response>"
 # Stand-ins for the conversation around the observation; the rendered text is cut after the
@@ -81,6 +83,8 @@ def format_observation(observation: str, *, mode: str, tokenizer=None,
   observation = defuse_special_tokens(observation, tokenizer)
   if mode == "inline":
     return INLINE_TEMPLATE.format(observation=observation)
+  if mode == "raw":
+    return observation
   if mode != "chat":
     raise ConfigError(f"config.{field}={mode!r}: must be one of {list(OBSERVATION_FORMATS)}")
   template = getattr(tokenizer, "chat_template", None)

@@ -19,6 +19,9 @@ How it runs on the `Engine` (the same continuous batching as `rollout.stream_gro
 - Observation tokens are context, not actions: they carry loss mask 0 and log-prob 0, and they do
   not count against the model's token budget (they do count against `max_total_tokens`, which
   bounds the whole sequence, and against the cache).
+- The verifiers read the final model turn (`Completion.scored_response`): an observation is not
+  the model's answer. An environment whose observations are trusted results (a calculator) sets
+  `scores_conversation = True`, and they read the whole conversation.
 - The episode ends when the environment says done, after `max_turns` model turns, or when the
   next observation would not fit `max_total_tokens` / the cache; the environment's `finish` then
   gives the outcome's reward parts.
@@ -105,7 +108,7 @@ def stream_episodes(engine: Engine, prompts: Sequence[Sequence[int]], *, example
     step_workers: environment steps run at once (threads).
 
   The completion's `loss_mask` marks model tokens (1) and observation tokens (0); `turns` holds
-  each model turn's text with the observation and info the environment answered;
+  each model turn's text and token count with the observation and info the environment answered;
   `reward_parts` the environment's outcome.
   """
   if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
@@ -145,6 +148,9 @@ def _run_episodes(engine, prepared, prompt_ids, examples, *, environment, format
                                max_new_tokens=max_new_tokens, stop_ids=stop_ids)
 
   stop_set = set(int(i) for i in stop_ids)
+  # what the verifiers read: the final model turn (an observation is not the model's answer), or
+  # the whole conversation where the environment's observations are trusted results
+  scores_conversation = bool(getattr(environment, "scores_conversation", False))
   waiting = collections.deque((p, g) for p in range(len(prepared)) for g in range(num_samples))
   prefixes: dict[int, list] = {}
   running: list[_Episode | None] = [None] * engine.max_concurrent_decodes
@@ -159,12 +165,14 @@ def _run_episodes(engine, prepared, prompt_ids, examples, *, environment, format
     run.sampling_logprobs += run.turn_sampling_logprobs[:length]
     run.model_tokens += length
     text = tokenizer.decode(run.turn[:length], skip_special_tokens=True)
-    run.turns.append({"model_text": text, "finish_reason": reason})
+    run.turns.append({"model_text": text, "num_tokens": length, "finish_reason": reason})
     run.turn, run.turn_logprobs, run.turn_sampling_logprobs = [], [], []
     return text
 
   def finish(run: _Episode, outcome, end: str) -> Completion:
     last = run.turns[-1]
+    scored = (tokenizer.decode(run.tokens, skip_special_tokens=True) if scores_conversation
+              else last["model_text"])
     return Completion(
         prompt_id=run.prompt_id, sample_index=run.sample_index, prompt_tokens=run.prompt_tokens,
         completion_ids=run.tokens, logprobs=run.logprobs,
@@ -172,7 +180,7 @@ def _run_episodes(engine, prepared, prompt_ids, examples, *, environment, format
         finish_reason=last["finish_reason"],
         truncated=last["finish_reason"] == "length" or end == "token_budget",
         policy_version=run.policy_version, loss_mask=run.loss_mask, turns=run.turns,
-        reward_parts=dict(outcome.reward_parts), episode_end=end)
+        reward_parts=dict(outcome.reward_parts), episode_end=end, scored_response=scored)
 
   with concurrent.futures.ThreadPoolExecutor(max_workers=step_workers,
                                              thread_name_prefix="env-step") as pool:

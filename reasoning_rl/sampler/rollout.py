@@ -57,6 +57,9 @@ class Completion:
     reward_parts: multi-turn only: the environment's outcome (e.g. {"correct": 1.0}).
     episode_end: multi-turn only: "done" (the environment ended it), "max_turns", "turn_budget"
       (a model turn used its whole budget) or "token_budget" (the next observation would not fit).
+    scored_response: multi-turn only: the text the verifiers read — the final model turn, or the
+      whole conversation for an environment whose observations are trusted results
+      (`scores_conversation`, e.g. a calculator).
   """
 
   prompt_id: int
@@ -72,6 +75,7 @@ class Completion:
   turns: list[dict] | None = None
   reward_parts: dict[str, float] | None = None
   episode_end: str | None = None
+  scored_response: str | None = None
 
   @property
   def num_model_tokens(self) -> int:
@@ -79,10 +83,9 @@ class Completion:
     return len(self.completion_ids) if self.loss_mask is None else int(sum(self.loss_mask))
 
   def scored_text(self, tokenizer) -> str:
-    """What the verifiers read: the whole completion, or an episode's final model turn (never an
-    observation: a program that prints an answer has not given it)."""
-    if self.turns is not None:
-      return self.turns[-1]["model_text"]
+    """What the verifiers read: the whole completion, or an episode's `scored_response`."""
+    if self.scored_response is not None:
+      return self.scored_response
     return tokenizer.decode(self.completion_ids, skip_special_tokens=True)
 
 
