@@ -19,7 +19,7 @@ import ml_collections
 
 from reasoning_rl import config as config_lib
 from reasoning_rl import config_schema
-from reasoning_rl.errors import ConfigError, SamplingError
+from reasoning_rl.errors import ConfigError, SamplingError, VerifierError
 from reasoning_rl.multihost.exchange import Exchange
 from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
 
@@ -297,6 +297,28 @@ class Run:
   episodes: Any = None  # sampler.multiturn.EpisodeSettings (environment.name set), else None
 
 
+def enforce_environment_redteam(config: ml_collections.ConfigDict, episodes) -> list:
+  """The environment's own red team at start-up (where it has one: `python_tool`), as
+  `verifier.redteam` / `verifier.allow_exploits` say: programs that print the answer, read the
+  task's answer from the host, or sleep to the timeout must earn nothing and stall nothing.
+  Returns the probe results ([] when none ran)."""
+  if episodes is None or not config.verifier.redteam or episodes.environment.name != "python_tool":
+    return []
+  from reasoning_rl.environments.redteam import run_python_tool_redteam  # pylint: disable=import-outside-toplevel
+
+  results = run_python_tool_redteam(episodes.environment)
+  failed = [r for r in results if not r.held]
+  if failed:
+    listing = "\n".join(f"  - [python_tool] {r.name}: {r.why}" for r in failed)
+    if not config.verifier.allow_exploits:
+      raise VerifierError(f"red team: {len(failed)} probe(s) of the python_tool environment did "
+                          f"not hold:\n{listing}\nFix the environment's settings, or set "
+                          "verifier.allow_exploits to train anyway.")
+    log.warning("RED TEAM OVERRIDDEN: the python_tool environment fails %d probe(s):\n%s",
+                len(failed), listing)
+  return results
+
+
 def build_episodes(config: ml_collections.ConfigDict, tokenizer):
   """The multi-turn settings of `config.environment` (None for single-turn rollouts): the
   environment built with its settings checked, and its observation format checked against the
@@ -351,6 +373,7 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
     model = lora.apply_lora(model, lora_settings, seed=config.seed)
   template = build_template(config, tokenizer)
   episodes = build_episodes(config, tokenizer)
+  enforce_environment_redteam(config, episodes)
   graphdef, params = nnx.split(model)
   step_fn = TrainStep(graphdef, step_config(config), trainer_mesh)
   cluster = build_cluster(config, topology,

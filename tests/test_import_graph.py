@@ -52,6 +52,8 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("reasoning_rl.build", "reasoning_rl.data.templates"): _BUILD + "JAX, tokenizers (1.0 s)",
     ("reasoning_rl.build", "reasoning_rl.environments"): _BUILD + "the sandbox client, "
         "math-verify, sympy (0.3 s)",
+    ("reasoning_rl.build", "reasoning_rl.environments.redteam"): _BUILD + "the sandbox client, "
+        "math-verify, sympy (0.3 s)",
     ("reasoning_rl.build", "reasoning_rl.lora"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.loop.weight_sync"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.models"): _BUILD + _JAX + " (0.75 s)",

@@ -1,0 +1,64 @@
+"""The environment red team at a run's start-up (`build.enforce_environment_redteam`)."""
+
+import importlib.util
+import logging
+import sys
+
+import pytest
+
+from reasoning_rl import build
+from reasoning_rl import config as config_lib
+from reasoning_rl.config import base_config
+from reasoning_rl.environments import build_environment
+from reasoning_rl.environments import redteam as env_redteam
+from reasoning_rl.errors import VerifierError
+from reasoning_rl.sampler import EpisodeSettings
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO))  # configs/ import each other as `configs.…`
+
+
+def episodes_of(name, settings=None):
+  return EpisodeSettings(environment=build_environment(name, settings),
+                         format_observation=str, max_turns=2, turn_tokens=8)
+
+
+def test_a_sound_python_tool_passes_its_red_team_at_start_up():
+  config = base_config()
+  results = build.enforce_environment_redteam(config, episodes_of("python_tool",
+                                                                  {"timeout_s": 1.0}))
+  assert len(results) >= 5 and all(r.held for r in results)
+  assert build.enforce_environment_redteam(config, episodes_of("calculator")) == []  # none to run
+  config.verifier.redteam = False
+  assert build.enforce_environment_redteam(config, episodes_of("python_tool")) == []
+
+
+def test_a_probe_that_does_not_hold_stops_the_run_unless_allowed(monkeypatch, caplog):
+  broken = env_redteam.ProbeResult("printed_answer", False, "correct=1.0, not 0.0",
+                                   {"correct": 1.0}, ("42",), 0.1)
+  monkeypatch.setattr(env_redteam, "run_python_tool_redteam", lambda environment: [broken])
+  config = base_config()
+  with pytest.raises(VerifierError, match=r"printed_answer: correct=1.0, not 0.0"):
+    build.enforce_environment_redteam(config, episodes_of("python_tool"))
+  config.verifier.allow_exploits = True
+  with caplog.at_level(logging.WARNING, logger="reasoning_rl"):
+    assert build.enforce_environment_redteam(config, episodes_of("python_tool")) == [broken]
+  assert "RED TEAM OVERRIDDEN" in caplog.text
+
+
+def demo_config(name: str):
+  spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.workdir = "/tmp/unused"
+  return config
+
+
+def test_the_calculator_demo_plays_the_demo_task_with_the_tool_and_validates():
+  config = demo_config("smollm2_calculator")
+  demo = demo_config("smollm2_arithmetic")
+  assert config.data.train == demo.data.train and config.data.eval == demo.data.eval
+  assert (config.environment.name, config.environment.observation_format) == ("calculator", "raw")
+  assert config.rewards == demo.rewards  # the demo's verifier, on the whole conversation
+  config_lib.validate(config, num_devices=8)
