@@ -126,7 +126,9 @@ def stored_completion_record(record: Mapping[str, Any], where: str) -> Completio
       task=record["task"], num_tokens=int(record["num_tokens"]),
       truncated=bool(record["truncated"]), max_new_tokens=sampling["max_new_tokens"],
       prompt=record["task_prompt"],  # the task's own prompt, as training scored it
-      tests=tuple(record["tests"]), metadata=dict(record["metadata"]))
+      tests=tuple(record["tests"]), metadata=dict(record["metadata"]),
+      # a multi-turn episode's outcome, as its environment reported it
+      environment_parts=dict(record.get("environment_parts") or {}))
 
 
 def _read_records(rollouts_dir: pathlib.Path) -> list[tuple[str, int, dict[str, Any]]]:

@@ -123,8 +123,15 @@ def _sample_section(title: str, record: Mapping[str, Any]) -> list[str]:
             + f", {record.get('num_tokens', '?')} tokens"
             + (", truncated" if record.get("truncated") else "")
             + (f", ground truth `{record['ground_truth']}`" if "ground_truth" in record else ""))
-  return [header, "", "Prompt:", "", _fence(_clip(record.get("prompt", ""))), "",
-          "Completion:", "", _fence(_clip(record.get("completion", ""))), ""]
+  lines = [header, "", "Prompt:", "", _fence(_clip(record.get("prompt", ""))), ""]
+  if record.get("turns"):  # a multi-turn episode: every model turn and what answered it
+    lines += [f"Episode ({len(record['turns'])} turns, ended: {record.get('episode_end')}):", ""]
+    for index, turn in enumerate(record["turns"], start=1):
+      lines += [f"Turn {index} (model):", "", _fence(_clip(turn.get("model_text", ""))), ""]
+      if turn.get("observation") is not None:
+        lines += [f"Turn {index} (environment):", "", _fence(_clip(turn["observation"])), ""]
+    return lines + ["Scored text:", "", _fence(_clip(record.get("completion", ""))), ""]
+  return lines + ["Completion:", "", _fence(_clip(record.get("completion", ""))), ""]
 
 
 def write_report(workdir: str | os.PathLike[str], *, num_samples: int = 2):

@@ -62,3 +62,24 @@ def test_the_calculator_demo_plays_the_demo_task_with_the_tool_and_validates():
   assert (config.environment.name, config.environment.observation_format) == ("calculator", "raw")
   assert config.rewards == demo.rewards  # the demo's verifier, on the whole conversation
   config_lib.validate(config, num_devices=8)
+
+
+def test_replay_rescores_an_environment_part_from_the_record(tmp_path):
+  from reasoning_rl.metrics import MetricsWriter  # pylint: disable=import-outside-toplevel
+  from reasoning_rl.replay import replay  # pylint: disable=import-outside-toplevel
+
+  def record(index, correct):
+    return {"step": 1, "prompt_id": index, "group_id": index, "sample_index": 0,
+            "prompt": "p", "task_prompt": "What is the secret?", "completion": "It is 7.",
+            "reward": correct, "reward/correct": correct, "advantage": 0.0, "num_tokens": 4,
+            "truncated": False, "policy_version": 0, "verifier_version": "correct=environment-1",
+            "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 16, "seed": 0},
+            "ground_truth": "7", "task": "guess_number", "metadata": {}, "tests": [],
+            "environment_parts": {"correct": correct}}
+
+  with MetricsWriter(tmp_path, tensorboard=False) as writer:
+    writer.write_rollouts(1, [record(0, 1.0), record(1, 0.0)])
+  rewards = {"correct": {"weight": 1.0, "kind": "environment", "part": "correct"}}
+  assert replay(tmp_path, rewards).changed == []
+  halved = replay(tmp_path, {"correct": dict(rewards["correct"], weight=0.5)})
+  assert [(c.prompt_id, c.old_total, c.new_total) for c in halved.changed] == [(0, 1.0, 0.5)]

@@ -13,6 +13,7 @@ import pytest
 
 from reasoning_rl.data.debug_vocab import debug_arithmetic_tokenizer
 from reasoning_rl.metrics import read_metrics
+from reasoning_rl.replay import replay
 from tests.conftest import REPO
 from tests.test_ppo_resume import compile_cache, final_state, kill_mid_step  # noqa: F401
 from tests.test_trainer import rollouts, stable
@@ -61,6 +62,9 @@ def test_episodes_reach_the_batch_records_and_evaluation(baseline):
       assert len(TOKENIZER.encode(turn["model_text"])) <= turn["num_tokens"]
   result = json.loads(sorted((baseline / "eval").glob("*.json"))[-1].read_text())
   assert result["turns/mean"] >= 1.0
+  # the records hold what the verifiers scored: replaying them changes no reward
+  rewards = json.loads((baseline / "run_config.json").read_text())["rewards"]
+  assert replay(baseline, rewards).changed == []
 
 
 def test_sigkill_mid_step_then_resume_reproduces_the_multi_turn_run(baseline, tmp_path):
