@@ -158,7 +158,8 @@ SECTIONS: tuple[Section, ...] = (
     )),
     Section("model.random", "Shape of the random model (model.path empty); any other "
             "ModelConfig setting may be added.", (
-        Field("model_type", "qwen2", "architecture family (llama, qwen2, qwen3, gemma, gemma2)"),
+        Field("model_type", "qwen2", "architecture family (llama, qwen2, qwen3, gemma, gemma2, "
+              "gemma3)"),
         Field("hidden_size", 64, "model width (residual stream)", _COUNT),
         Field("intermediate_size", 128, "width of the MLP's hidden layer", _COUNT),
         Field("num_layers", 2, "transformer blocks", _COUNT),
