@@ -24,10 +24,11 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 # The launch/train.py runs the tests start as subprocesses (debug configs, resumes, recipes) compile
 # the same programs again and again: they share one persistent compilation cache, which they
 # inherit through this variable, so a run after the first loads its programs instead of compiling
-# them (3 steps of configs/debug_cpu.py: 36 s without, 33 s filling it, 18 s from it; same metrics). Set after this process imported JAX, which reads it at import: the
-# tests themselves compile as they always did. One directory per user and machine, kept between
-# sessions (entries are keyed by the program, the JAX/XLA version and the CPU, so a stale one is
-# never used); a test that wants its own cache sets the variable itself (test_ppo_resume).
+# them (3 steps of configs/debug_cpu.py: 36 s without, 33 s filling it, 18 s from it, same
+# metrics). Set after this process imported JAX, which reads it at import: the tests themselves
+# compile as they always did. One directory per user and machine, kept between sessions (entries
+# are keyed by the program, the JAX/XLA version and the CPU, so a stale one is never used); a test
+# that wants its own cache sets the variable itself (test_ppo_resume).
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
     tempfile.gettempdir(), f"reasoning_rl_test_jax_cache_{os.getuid()}"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
