@@ -5,9 +5,11 @@ happens here at collection time. Everything else in the suite runs on device 0 u
 mesh on purpose.
 """
 
+import hashlib
 import importlib.util
 import os
 import pathlib
+import platform
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -26,11 +28,23 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 # inherit through this variable, so a run after the first loads its programs instead of compiling
 # them (3 steps of configs/debug_cpu.py: 36 s without, 33 s filling it, 18 s from it, same
 # metrics). Set after this process imported JAX, which reads it at import: the tests themselves
-# compile as they always did. One directory per user and machine, kept between sessions (entries
-# are keyed by the program, the JAX/XLA version and the CPU, so a stale one is never used); a test
-# that wants its own cache sets the variable itself (test_ppo_resume).
+# compile as they always did. One directory per user, JAX version and CPU (its name holds a hash
+# of the CPU's model and feature flags: a program compiled for AVX-512 must never be loaded on an
+# AVX2 machine); a test that wants its own cache sets the variable itself (test_ppo_resume).
+
+
+def _machine_key() -> str:
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as handle:
+      lines = [line for line in handle if line.startswith(("model name", "flags"))][:2]
+  except OSError:
+    lines = [platform.processor()]
+  text = jax.__version__ + "".join(lines)
+  return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
-    tempfile.gettempdir(), f"reasoning_rl_test_jax_cache_{os.getuid()}"))
+    tempfile.gettempdir(), f"reasoning_rl_test_jax_cache_{os.getuid()}_{_machine_key()}"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 
