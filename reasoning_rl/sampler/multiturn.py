@@ -41,7 +41,7 @@ from typing import Any
 
 from reasoning_rl.errors import PhaseInterrupted, SamplingError
 from reasoning_rl.sampler.engine import Engine
-from reasoning_rl.sampler.rollout import Completion, find_stop_string
+from reasoning_rl.sampler.rollout import Completion, fill_free_slots, find_stop_string
 from reasoning_rl.sampler.sampling import SamplingParams, sample_key
 
 
@@ -217,26 +217,9 @@ def _run_episodes(engine, prepared, prompt_ids, examples, *, environment, format
         run.logprobs += [0.0] * len(ids)
         run.sampling_logprobs += [0.0] * len(ids)
 
-      free_slots = [slot for slot, run in enumerate(running) if run is None]
-      assigned = [(slot, waiting.popleft()) for slot in free_slots[:len(waiting)]]
-      to_prefill = list(dict.fromkeys(p for _, (p, _) in assigned if p not in prefixes))
-      if to_prefill:
-        for p, _ in waiting:
-          if len(to_prefill) >= engine.max_prefill_batch:
-            break
-          if p not in prefixes and p not in to_prefill:
-            to_prefill.append(p)
-        new_prefixes = engine.prefill_many(
-            params=engine.params, padded_tokens=[prepared[p][0] for p in to_prefill],
-            true_lengths=[prepared[p][1] for p in to_prefill],
-            requests=[request(p, 0) for p in to_prefill])
-        prefixes.update({p: [prefix, num_samples] for p, prefix in zip(to_prefill, new_prefixes)})
-      for slot, (p, g) in assigned:
-        entry = prefixes[p]
-        state = engine.insert(entry[0].with_request(request(p, g)), state, slot)
-        entry[1] -= 1
-        if entry[1] == 0:
-          del prefixes[p]
+      state, assigned = fill_free_slots(engine, state, running, waiting, prefixes, prepared,
+                                        request, num_samples)
+      for slot, p, g in assigned:
         padded, true_length = prepared[p]
         running[slot] = _Episode(prompt_ids[p], g, padded[:true_length].tolist(),
                                  engine.policy_version,

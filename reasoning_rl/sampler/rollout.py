@@ -121,6 +121,38 @@ def find_stop_string(tokenizer, tokens: Sequence[int], stop_strings: Sequence[st
   return low
 
 
+def fill_free_slots(engine: Engine, state, running: list, waiting: collections.deque,
+                    prefixes: dict, prepared, request, num_samples: int):
+  """Inserts the next waiting (prompt, sample) pairs into the free slots (`running[slot] is
+  None`): (new decode state, [(slot, prompt index, sample index)] inserted); the caller records
+  what runs in each. A prompt is prefilled once (`prefixes`: prompt -> [prefix, samples still to
+  insert]), its samples share the prefix."""
+  free_slots = [slot for slot, run in enumerate(running) if run is None]
+  assigned = [(slot, waiting.popleft()) for slot in free_slots[:len(waiting)]]
+  to_prefill = list(dict.fromkeys(p for _, (p, _) in assigned if p not in prefixes))
+  if to_prefill:
+    # Prompts about to be needed join the call, up to max_prefill_batch: one call of several
+    # prompts costs less per prompt than one call each (SmolLM2, 48-token bucket: 47 ms for one,
+    # 229 ms for eight), and slots refilled later find their prefix ready.
+    for p, _ in waiting:
+      if len(to_prefill) >= engine.max_prefill_batch:
+        break
+      if p not in prefixes and p not in to_prefill:
+        to_prefill.append(p)
+    new_prefixes = engine.prefill_many(
+        params=engine.params, padded_tokens=[prepared[p][0] for p in to_prefill],
+        true_lengths=[prepared[p][1] for p in to_prefill],
+        requests=[request(p, 0) for p in to_prefill])
+    prefixes.update({p: [prefix, num_samples] for p, prefix in zip(to_prefill, new_prefixes)})
+  for slot, (p, g) in assigned:
+    entry = prefixes[p]
+    state = engine.insert(entry[0].with_request(request(p, g)), state, slot)
+    entry[1] -= 1
+    if entry[1] == 0:
+      del prefixes[p]
+  return state, [(slot, p, g) for slot, (p, g) in assigned]
+
+
 def stream_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_samples: int = 1,
                   sampling: SamplingParams = SamplingParams(), max_new_tokens: int,
                   stop_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
@@ -202,29 +234,9 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
     if should_stop is not None and should_stop():
       raise PhaseInterrupted(f"sampling stopped on request after {calls} decode calls")
     calls += 1
-    free_slots = [slot for slot, run in enumerate(running) if run is None]
-    assigned = [(slot, waiting.popleft()) for slot in free_slots[:len(waiting)]]
-    to_prefill = list(dict.fromkeys(p for _, (p, _) in assigned if p not in prefixes))
-    if to_prefill:
-      # Prompts about to be needed join the call, up to max_prefill_batch: one call of several
-      # prompts costs less per prompt than one call each (SmolLM2, 48-token bucket: 47 ms for one,
-      # 229 ms for eight), and slots refilled later find their prefix ready.
-      for p, _ in waiting:
-        if len(to_prefill) >= engine.max_prefill_batch:
-          break
-        if p not in prefixes and p not in to_prefill:
-          to_prefill.append(p)
-      new_prefixes = engine.prefill_many(
-          params=engine.params, padded_tokens=[prepared[p][0] for p in to_prefill],
-          true_lengths=[prepared[p][1] for p in to_prefill],
-          requests=[request(p, 0) for p in to_prefill])
-      prefixes.update({p: [prefix, num_samples] for p, prefix in zip(to_prefill, new_prefixes)})
-    for slot, (p, g) in assigned:
-      entry = prefixes[p]
-      state = engine.insert(entry[0].with_request(request(p, g)), state, slot)
-      entry[1] -= 1
-      if entry[1] == 0:
-        del prefixes[p]
+    state, assigned = fill_free_slots(engine, state, running, waiting, prefixes, prepared,
+                                      request, num_samples)
+    for slot, p, g in assigned:
       padded, true_length = prepared[p]
       running[slot] = _Running(prompt_ids[p], g, padded[:true_length].tolist(),
                                engine.policy_version)
