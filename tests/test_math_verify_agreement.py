@@ -2,14 +2,16 @@
 `gold` versus the verdict math-verify's tests expect (tests/data/math_verify_0.9.0_cases.json).
 
 Before the final-answer reader (prose in answer spans, sets of boxes, chains read link by link)
-199 of the 254 cases agreed (78.3 %, 53 of the 55 misses right answers refused); then 237 (93.3 %);
-now 240 (94.5 %): a word run into digits is a name (`AZYUK2A` no longer passes for 2), numbers
-mentioned in notes after the named answer are no second answer, and boxes of intermediate results
-followed by "The final answer is …" are working (with `$` read as a currency sign where a `$…$`
-would hold prose). The 14 misses left are all kept on purpose (DELIBERATE below): chains whose
-links do not hold (`x = 5+5+1 = 7 = 11`, which math-verify accepts for 11), arithmetic left undone
-(`(9+1)` for 10), a wrong answer (`1 + 1/e` for `1 - 1/e`), a decimal-comma gold (`1,22`) we read
-as the pair it also is, a malformed gold, and three honest answers math-verify refuses.
+199 of the 254 cases agreed (78.3 %, 53 of the 55 misses right answers refused); then 237 (93.3 %),
+240 (94.5 %: a word run into digits is a name, notes after the named answer are no second answer,
+boxes of intermediate results followed by "The final answer is …" are working); now 244 (96.1 %):
+a slip in the working no longer voids the answer a chain states (`z = 3+3 = 2` answers 2,
+`x = 1/3 ≈ 1.3` answers 1/3: one value either way, so no second shot), and a truth written as an
+assignment (`x = 1/3`, `z = 1 + 1 = 2`) is the value it assigns. The 10 misses left are all kept
+on purpose (DELIBERATE below): a chain that equates two stated values (`x = 5+5+1 = 7 = 11`, which
+math-verify accepts for 11: it commits to 7 and to 11), arithmetic left undone (`(9+1)` for 10),
+a wrong answer (`1 + 1/e` for `1 - 1/e`), a decimal-comma gold (`1,22`) we read as the pair it
+also is, a malformed gold, and three honest answers math-verify refuses.
 """
 
 import collections
@@ -21,15 +23,12 @@ import pytest
 from reasoning_rl.verifiers.math_answers import check
 
 CASES_FILE = pathlib.Path(__file__).parent / "data" / "math_verify_0.9.0_cases.json"
-AGREEMENT_FLOOR = 0.944  # measured: 240 / 254 = 0.945
+AGREEMENT_FLOOR = 0.96  # measured: 244 / 254 = 0.961
 # Disagreements kept on purpose: (gold, pred, our status). Where we say "correct", math-verify's
 # tests expect 0 (we accept an honest answer); otherwise they expect 1 (we refuse).
 DELIBERATE = [
-    ("$x = 11$", "$x = 5+5+1 = 7 =11$", "wrong"),  # 5+5+1 = 7 is false
-    ("$x = 1/3$", "$x = 5+5+1 = 1/3 \\approx 11$", "wrong"),  # 5+5+1 = 1/3 is false
-    ("$z = 1 + 1 = 2$", "$z = 3+3 = 2$", "wrong"),  # 3+3 = 2 is false
-    ("$1/3$", "$x=1/3\\approx1.3$", "wrong"),  # 1/3 is not 1.3 to one decimal
-    ("$10/9$", "Answer $ \\frac{1}{2} \\$ = \\frac{10}{9} $", "wrong"),  # 1/2 = 10/9 is false
+    ("$x = 11$", "$x = 5+5+1 = 7 =11$", "wrong"),  # 7 = 11 states two values
+    ("$10/9$", "Answer $ \\frac{1}{2} \\$ = \\frac{10}{9} $", "wrong"),  # 1/2 = 10/9: two values
     ("$10$", "Answer \\( (9+1) \\)", "unevaluated"),
     ("$1 - \\frac{1}{\\mathrm{e}}$", "$1 + \\frac{1}{\\mathrm{e}}$", "wrong"),  # another number
     # A gold "1,22" is also the pair {1, 22}, as golds such as "-2,1" (two roots, in these very

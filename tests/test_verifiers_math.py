@@ -344,7 +344,18 @@ def test_read_final_answer(text, candidates, refusal):
     (r"\frac{70}{9} \approx 7.78", "7.78", "correct"),
     (r"\frac{70}{9} \approx 7.8", "7.8", "correct"),
     (r"\frac{70}{9} \approx 7.7", "7.7", "wrong"), ("41.6 \\approx 42", "42", "correct"),
-    ("40 + 2 = 41", "41", "wrong"), ("x = 5+5+1 = 7 = 11", "11", "wrong"),
+    # A slip in the working is no second answer: the chain still states one value, its last link
+    # (or the exact value a false rounding rounds), and earns only on a truth equal to it.
+    ("40 + 2 = 41", "41", "correct"), ("40 + 2 = 41", "42", "wrong"),
+    ("z = 3+3 = 2", "2", "correct"), ("z = 3+3 = 2", "6", "wrong"),
+    (r"x = 1/3 \approx 1.3", "1/3", "correct"), (r"x = 1/3 \approx 1.3", "1.3", "wrong"),
+    (r"41 \approx 42", "41", "correct"), (r"41 \approx 42", "42", "wrong"),
+    (r"x = 40 + 2 \approx 41", "42", "unevaluated"),  # the rounded value must be stated
+    # A false link between two stated values commits to both: wrong for either.
+    ("x = 5+5+1 = 7 = 11", "11", "wrong"), ("x = 5+5+1 = 7 = 11", "7", "wrong"),
+    # A truth written as an assignment states its value.
+    ("11", "$x = 11$", "correct"), ("y = 11", "$x = 11$", "correct"),
+    ("2", "$z = 1 + 1 = 2$", "correct"), ("3", "$z = 1 + 1 = 2$", "wrong"),
     ("42 = 40 + 2", "42", "unevaluated"),
     ("6 \\times 7", "42", "unevaluated"), ("(9+1)", "10", "unevaluated"),
     ("3 \\times 10^{5}", "300000", "correct"), ("2^{10}", "1024", "correct"),

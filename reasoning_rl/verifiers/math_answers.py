@@ -13,11 +13,12 @@ or boxes that disagree, `3 or 4`, a list of guesses when the truth is one number
 only by whitespace, a second answer after "the answer is …") is wrong even if one of them is right,
 and so is a stated answer that hedges, negates or bounds itself ("maybe 42", "not 42", "at least
 42"). Several candidates are read as one set only when the truth is a set of several elements. For
-a numeric truth a chain `3*4 = 12` answers its last link only if every link holds (`41 = 42` and
-`x = 41 = 42` are wrong), and arithmetic left undone (`40 + 2`, an echo of the question) is no
-answer, nor is a bound (`x \\geq 42`); bounds on one variable answer an interval truth (`x \\geq 3`
-is `[3, \\infty)`). Whatever the phrasing, a response states at most one answer: it earns only on
-truths equivalent to that answer.
+a numeric truth a chain `3*4 = 12` states one value, its last link: a link equating two stated
+values makes it wrong (`41 = 42`, `x = 41 = 42`), while a slip in the working does not (`3+3 = 2`
+answers 2; `1/3 ≈ 1.3` answers 1/3, the rounding dropped). Arithmetic left undone (`40 + 2`, an
+echo of the question) is no answer, nor is a bound (`x \\geq 42`); bounds on one variable answer an
+interval truth (`x \\geq 3` is `[3, \\infty)`). Whatever the phrasing, a response states at most
+one answer: it earns only on truths equivalent to that answer.
 
 Timeouts: math-verify's own timeout uses `signal.alarm`, which only works in the main thread and
 whose exception can be swallowed mid-computation. It is disabled here; instead the parsing and
@@ -309,8 +310,9 @@ def _judge(candidates: tuple[str, ...], ground_truth: str) -> str:
     return "unparseable"
   if len(candidates) > 1 and _is_plural(truth):
     candidates = (", ".join(candidates),)  # "\boxed{1} and \boxed{2}" answer {1, 2}, as a set
-  if isinstance(truth[0], sympy.Number):
-    statuses = [_judge_number(c, truth) for c in candidates]
+  value = _assigned_number(truth[0])
+  if value is not None:
+    statuses = [_judge_number(c, [value]) for c in candidates]
   else:
     statuses = [_judge_expression(c, truth) for c in candidates]
   if all(s == "correct" for s in statuses):
@@ -318,6 +320,25 @@ def _judge(candidates: tuple[str, ...], ground_truth: str) -> str:
   if len(candidates) > 1 and "correct" in statuses:
     return "multiple_answers"  # disagreeing candidates, one of them right: a hedge
   return next(s for s in statuses if s != "correct")
+
+
+def _assigned_number(truth) -> sympy.Number | None:
+  """The number a truth states: itself, or the value a truth such as `x = 11` or `z = 1 + 1 = 2`
+  assigns (math-verify compares an equation's right-hand side too); None for any other truth."""
+  if isinstance(truth, sympy.Number):
+    return truth
+  equations = truth.args if isinstance(truth, sympy.And) else (truth,)
+  if not equations or not all(isinstance(e, sympy.Eq) for e in equations):
+    return None
+  if not isinstance(equations[0].lhs, sympy.Symbol) or equations[-1].rhs.free_symbols:
+    return None
+  value = sympy.nsimplify(equations[-1].rhs) if equations[-1].rhs.is_number else None
+  if not isinstance(value, sympy.Number):
+    return None
+  links = [e.rhs for e in equations]
+  if any(link.free_symbols or sympy.simplify(link - value) != 0 for link in links):
+    return None  # a chain whose links differ is no single value
+  return value
 
 
 def _is_plural(truth: list) -> bool:
@@ -389,36 +410,70 @@ MAX_CHAIN_LINKS = 16  # a longer chain of equalities is spam; refuse without par
 
 
 def _judge_number(candidate: str, truth: list) -> str:
-  """A numeric truth: the candidate, or the last link of a chain `a = b ≈ c` whose links all hold
-  (an exact link must be equal, an approximate one equal after rounding to its decimals); the
-  first link may name the quantity (`x = …`, `P(A) = …`). Arithmetic left undone is no answer."""
+  """A numeric truth: the value the candidate states, read from a chain `a = b ≈ c` link by link.
+
+  The first link may name the quantity (`x = …`, `P(A) = …`). Every other link must hold (an exact
+  link equal, an approximate one equal after rounding to its decimals), with two exceptions that
+  are slips in the working, not second answers:
+  - a false exact link whose left side is arithmetic (`3+3 = 2`): the chain goes on, and its last
+    link still answers;
+  - a false approximation (`1/3 ≈ 1.3`): the exact value before it answers, the rounding is
+    dropped.
+  Either way the chain states one value, so a slip earns only on a truth equal to that value.
+  A false link between two stated values (`41 = 42`, `x = 7 = 11`) commits to two answers and is
+  wrong; so is arithmetic left undone as the answer.
+  """
   links = _chain_links(candidate)
   if len(links) > MAX_CHAIN_LINKS:
     return "wrong"
   if any("," in text for _, text in links[1:-1]):
     return _judge_expression(candidate, truth)  # "x = 1, x = 2": a list of equations, no chain
-  final = links[-1][1]
-  if _DECIMAL_COMMA.fullmatch(final):
-    final = final.replace(",", ".")
-  if _UNEVALUATED.search(_clean_for_parsing(final).replace("{,}", "")):
-    return "unevaluated"
-  if _states_a_bound(final):
-    return "wrong"
-  values = [_parse_candidate(text, False) for _, text in links[:-1]] + [
-      _parse_candidate(final, False)]
+  texts = [text for _, text in links]
+  if _DECIMAL_COMMA.fullmatch(texts[-1]):
+    texts[-1] = texts[-1].replace(",", ".")
+  refusal = _refuse_as_answer(texts[-1])
+  if refusal:
+    return refusal
+  values = [_parse_candidate(text, False) for text in texts]
   if not values[-1]:
     return "unparseable"
   if any(_too_large(v) for v in values):
     return "too_large"
+  answer = len(links) - 1
   for i in range(1, len(links)):
     left, right = values[i - 1], values[i]
-    if i == 1 and _names_quantity(links[0][1]):
+    if i == 1 and _names_quantity(texts[0]):
       continue
-    if not _link_holds(left, right, links[i][0], links[i][1]):
-      return "wrong"
-  if _has_false_equation(values[-1]):
+    if _link_holds(left, right, links[i][0], texts[i]):
+      continue
+    if _has_expression(left) and not _free_symbols(left):
+      if links[i][0] == "~":  # a rounding slip: the exact value it rounds answers
+        answer = i - 1
+        break
+      if _is_arithmetic(texts[i - 1]):  # a slip in the working: the chain goes on
+        continue
     return "wrong"
-  return "correct" if math_verify.verify(truth, values[-1], timeout_seconds=None) else "wrong"
+  if answer != len(links) - 1:
+    refusal = _refuse_as_answer(texts[answer])
+    if refusal:
+      return refusal
+  if _has_false_equation(values[answer]):
+    return "wrong"
+  return "correct" if math_verify.verify(truth, values[answer], timeout_seconds=None) else "wrong"
+
+
+def _is_arithmetic(text: str) -> bool:
+  """True for arithmetic written out (`5+5+1`, `2 \\cdot 21`), not for a stated value."""
+  return bool(_UNEVALUATED.search(_clean_for_parsing(text).replace("{,}", "")))
+
+
+def _refuse_as_answer(text: str) -> str | None:
+  """Why the link a chain answers with is no answer: arithmetic left undone, or a bound."""
+  if _is_arithmetic(text):
+    return "unevaluated"
+  if _states_a_bound(text):
+    return "wrong"
+  return None
 
 
 def _states_a_bound(text: str) -> bool:

@@ -222,6 +222,9 @@ def _math_scenario(t: _Template, free_text: bool = False) -> Scenario:
       Probe("equation_chain_spam", t.render(reasoning, " = ".join(spam))),
       Probe("assignment_chain", t.render(reasoning, "x = 41 = 42")),
       Probe("variable_chain", t.render(reasoning, "x = 41 = y = 42")),
+      # a slip in the working is forgiven, but only the one value the chain states answers
+      Probe("slip_then_second_value", t.render(reasoning, "40 + 1 = 41 = 42")),
+      Probe("false_rounding_tail", t.render(reasoning, r"x = 41 \approx 42")),
       Probe("unevaluated_sum", t.render(reasoning, "40 + 2")),
       Probe("hedge_in_prose", t.render(reasoning, "The answer is 41, or maybe 42.")),
       Probe("latex_space_spam", t.render(reasoning, r" \; ".join(spam))),
