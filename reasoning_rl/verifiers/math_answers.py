@@ -45,7 +45,7 @@ from reasoning_rl.verifiers.final_answer import (  # noqa: F401  (published here
     MAX_ANSWER_CHARS, FinalAnswer, boxed_contents, read_final_answer)
 from reasoning_rl.verifiers.format import tag_contents
 
-MATH_VERIFIER_VERSION = "math-2+math_verify-" + importlib.metadata.version("math-verify")
+MATH_VERIFIER_VERSION = "math-3+math_verify-" + importlib.metadata.version("math-verify")
 
 EXTRACT_MODES = ("answer_or_boxed", "answer", "boxed", "last_number", "final_answer")
 # A signed integer or decimal, with optional thousands separators: the final number of free-form
