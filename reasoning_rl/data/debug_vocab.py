@@ -17,6 +17,7 @@ decoder that concatenates tokens), so `Tokenizer.save(dir)` writes a tokenizer.j
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Callable
 
 import tokenizers
@@ -24,7 +25,7 @@ from tokenizers import decoders, models, pre_tokenizers
 
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.tokenization import backends
-from reasoning_rl.models.tokenizers import Tokenizer
+from reasoning_rl.models.tokenizers import Tokenizer, load_tokenizer
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -68,13 +69,18 @@ NAMED_TOKENIZERS: dict[str, Callable[[], Tokenizer]] = {
 
 
 def load_named_tokenizer(name: str) -> Tokenizer:
-  """A built-in tokenizer by name (`config.model.tokenizer` for randomly initialised models).
+  """A built-in tokenizer by name, or the tokenizer at a path (a Hugging Face directory, a
+  tokenizer.json, a SentencePiece .model or a .gguf file): `config.model.tokenizer` for randomly
+  initialised models.
 
   Raises:
-    ConfigError: `name` is not a built-in tokenizer.
+    ConfigError: `name` is neither a built-in tokenizer nor an existing path.
   """
+  if name not in NAMED_TOKENIZERS and pathlib.Path(name).exists():
+    return load_tokenizer(name)
   if name not in NAMED_TOKENIZERS:
     raise ConfigError(
         f"config.model.tokenizer={name!r}: not a built-in tokenizer; use one of "
-        f"{sorted(NAMED_TOKENIZERS)}, or set config.model.path to a model that has its own")
+        f"{sorted(NAMED_TOKENIZERS)} or a tokenizer path, or set config.model.path to a model "
+        "that has its own")
   return NAMED_TOKENIZERS[name]()
