@@ -155,13 +155,19 @@ def build_reward_fn(config: ml_collections.ConfigDict, *, redteam: bool | None =
   return reward_fn
 
 
-def build_scorer(config: ml_collections.ConfigDict, reward_fn, *, inline: bool = False):
+def build_scorer(config: ml_collections.ConfigDict, reward_fn, *, inline: bool = False,
+                 mesh=None, model_parts: bool = True):
   """Inline (`verifier.num_workers` = 0, or `inline`) or pool scorer; both report ok / timeout /
-  error."""
+  error. A reward with model-scored parts (e.g. `judge`) gets them from a
+  `workers.model_parts.ModelPartsScorer` around it, their models loaded now onto `mesh` (the
+  sampler's devices: colocated); `model_parts=False` leaves them out (a process that scores
+  nothing)."""
+  from reasoning_rl.workers.model_parts import with_model_parts
   from reasoning_rl.workers.scorer import make_scorer
 
-  return make_scorer(reward_fn, num_workers=0 if inline else config.verifier.num_workers,
-                     item_timeout_s=config.verifier.item_timeout_s)
+  scorer = make_scorer(reward_fn, num_workers=0 if inline else config.verifier.num_workers,
+                       item_timeout_s=config.verifier.item_timeout_s)
+  return with_model_parts(scorer, mesh=mesh) if model_parts else scorer
 
 
 def eval_max_new_tokens(config: ml_collections.ConfigDict) -> int:
@@ -399,7 +405,8 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
     backend = build_backend(config, sampler_model, mesh=sampler_mesh)
   del params
   # last: nothing after it can fail and leak workers; a process that only trains scores nothing
-  scorer = build_scorer(config, reward_fn, inline=not topology.is_sampler)
+  scorer = build_scorer(config, reward_fn, inline=not topology.is_sampler, mesh=sampler_mesh,
+                        model_parts=topology.is_sampler)
   return Run(config=config, trainer_mesh=trainer_mesh, sampler_mesh=sampler_mesh,
              tokenizer=tokenizer, model_config=model.config, graphdef=graphdef,
              step_fn=step_fn, state=state, backend=backend,
@@ -439,5 +446,6 @@ def build_evaluation(config: ml_collections.ConfigDict, checkpoint: str, *,
   engine = build_engine(config, model, mesh=mesh, max_decode_length=max_new_tokens)
   reward_fn = build_reward_fn(config, redteam=False)
   return Evaluation(engine=engine, tokenizer=tokenizer, template=build_template(config, tokenizer),
-                    examples=build_eval_examples(config), scorer=build_scorer(config, reward_fn),
+                    examples=build_eval_examples(config),
+                    scorer=build_scorer(config, reward_fn, mesh=mesh),
                     max_new_tokens=max_new_tokens, episodes=build_episodes(config, tokenizer))

@@ -47,6 +47,7 @@ from reasoning_rl.errors import VerifierError
 from reasoning_rl.verifiers import format as format_lib
 from reasoning_rl.verifiers import math_answers as math_lib
 from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
+from reasoning_rl.workers.model_parts import with_model_parts
 from reasoning_rl.workers.scorer import InlineScorer, Scorer
 
 EvalResult = dict[str, Any]
@@ -220,9 +221,10 @@ def completion_record(example, text: str, *, num_tokens: int, truncated: bool,
 
 
 def _as_scorer(scorer):
-  """A `workers.scorer.Scorer`; a bare RewardFunction is scored inline."""
+  """A `workers.scorer.Scorer`; a bare RewardFunction is scored inline (its model-scored parts,
+  e.g. a judge, load their models on every such call: pass a built scorer instead)."""
 
-  return scorer if isinstance(scorer, Scorer) else InlineScorer(scorer)
+  return scorer if isinstance(scorer, Scorer) else with_model_parts(InlineScorer(scorer))
 
 
 def _correct_part(reward_fn: RewardFunction):

@@ -36,6 +36,7 @@ from reasoning_rl import storage
 from reasoning_rl.errors import ConfigError, VerifierError
 from reasoning_rl.metrics import ROLLOUT_FORMAT_VERSION, check_rollout_version
 from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
+from reasoning_rl.workers.model_parts import with_model_parts
 from reasoning_rl.workers.scorer import InlineScorer
 
 _ROLLOUT_NAME = re.compile(r"^step_(\d{8})\.jsonl$")
@@ -167,7 +168,8 @@ def replay(workdir: str | os.PathLike[str], rewards_config: Any, *, rel_tol: flo
   """
 
   reward_fn = scorer.reward_fn if scorer is not None else RewardFunction(rewards_config)
-  scorer = scorer if scorer is not None else InlineScorer(reward_fn)
+  # model-scored parts (a judge) are added around the inline scorer; their models load here
+  scorer = scorer if scorer is not None else with_model_parts(InlineScorer(reward_fn))
   entries = _read_records(storage.path(workdir) / "rollouts")
   # every record is checked (stored_completion_record) before anything is scored
   completions = [stored_completion_record(record, f"rollouts/{name}:{line}")

@@ -23,6 +23,14 @@ Settings (all optional except `weight`; defaults in `PART_DEFAULTS`):
   language: script, think_tag, think_open_in_prompt.
   length:   method (dapo | kimi | lcpo | lcpo_max), cache_len, max_len (default: the record's
             max_new_tokens), alpha, delta, target_tokens (default: record.metadata["target_tokens"]).
+  judge:    an LLM judge (model-scored; `reasoning_rl.verifiers.judge`): model, dtype, mode
+            (fallback | alone), fallback_statuses, template (yes_no | score), max_new_tokens,
+            max_prompt_tokens, batch_size, cache_size, extract, answer_tag, timeout_s.
+
+Model-scored parts (a `PartKind` with `make_scorer`, e.g. `judge`) need a model, so they are not
+scored here: `RewardFunction.score_group` skips them (their names are absent from `parts` and they
+add nothing to `total`), and `workers.model_parts.ModelPartsScorer` fills them in on the main
+process and recomputes the totals.
 
 `verifier_version` is derived from every part's name, kind, weight, resolved settings and the
 version constants of the verifiers (and of math-verify / reasoning-gym), so any change shows.
@@ -42,6 +50,7 @@ from reasoning_rl.errors import ConfigError, VerifierError
 from reasoning_rl.plain_data import plain
 from reasoning_rl.verifiers import code_tests as code_lib
 from reasoning_rl.verifiers import format as format_lib
+from reasoning_rl.verifiers import judge as judge_lib
 from reasoning_rl.verifiers import length as length_lib
 from reasoning_rl.verifiers import logic as logic_lib
 from reasoning_rl.verifiers import math_answers as math_lib
@@ -146,6 +155,11 @@ class Part:
   def version(self) -> str:
     return self.behaviour.version(self.settings)
 
+  @property
+  def model_scored(self) -> bool:
+    """Scored by a model on the main process (`workers.model_parts`), not by `RewardFunction`."""
+    return self.behaviour.make_scorer is not None
+
 
 @dataclasses.dataclass(frozen=True)
 class PartKind:
@@ -159,6 +173,10 @@ class PartKind:
   version(settings) -> the verifier version string that goes into `verifier_version`.
   group_level(settings): the part needs the whole group at once (scored per group).
   needs_correctness(settings): the part reads `correct`, so a `correct` part must exist.
+  make_scorer(settings, mesh) -> an object with `score_batch(records, rule_rewards) -> list[float]`
+    (and optionally `metrics() -> dict`): set only for model-scored parts, which
+    `RewardFunction` skips and `workers.model_parts.ModelPartsScorer` scores (its docstring holds
+    the contract); `score` is then never called.
   """
 
   defaults: Mapping[str, Any]
@@ -167,6 +185,7 @@ class PartKind:
   version: Callable[[Mapping[str, Any]], str]
   group_level: Callable[[Mapping[str, Any]], bool] = lambda settings: False
   needs_correctness: Callable[[Mapping[str, Any]], bool] = lambda settings: False
+  make_scorer: Callable[..., Any] | None = None
 
 
 def build_parts(rewards_config: Any) -> list[Part]:
@@ -485,15 +504,41 @@ registries.REWARD_PARTS.add(
     "(environment.name)", options=tuple(PART_DEFAULTS["environment"]))
 
 
+def _model_scored(records, s, correct) -> list[float]:
+  raise VerifierError("a model-scored reward part (e.g. judge) is scored on the main process by "
+                      "workers.model_parts.ModelPartsScorer (build.build_scorer), not here")
+
+
+def _make_judge(settings: Mapping[str, Any], mesh=None):
+  return judge_lib.JudgePart(settings, judge_lib.EngineJudge.load(settings, mesh=mesh))
+
+
+registries.REWARD_PARTS.add(
+    "judge", PartKind(judge_lib.JUDGE_DEFAULTS, judge_lib.validate, _model_scored,
+                      judge_lib.version, make_scorer=_make_judge),
+    summary="an LLM judge's verdict on the final answer (alone, or where the math verifier "
+    "cannot read it); model-scored on the main process", options=tuple(judge_lib.JUDGE_DEFAULTS))
+
+
 class RewardFunction:
   """Computes `Reward`s for completion records according to a `rewards` config.
 
   Picklable (it holds only plain data), so it can be shipped to verifier worker processes.
+  Model-scored parts (`model_parts`) are skipped: see the module docstring.
   """
 
   def __init__(self, rewards_config: Any):
     self.parts = build_parts(rewards_config)
     self.verifier_version = verifier_version(self.parts)
+
+  @property
+  def model_parts(self) -> list[Part]:
+    """The parts a model scores (`workers.model_parts`); absent from `score_group`'s rewards."""
+    return [p for p in self.parts if p.model_scored]
+
+  @property
+  def rule_parts(self) -> list[Part]:
+    return [p for p in self.parts if not p.model_scored]
 
   @property
   def needs_group(self) -> bool:
@@ -513,15 +558,16 @@ class RewardFunction:
     correct_part = next((p for p in self.parts if p.kind == "correct"), None)
     correct = [score_correct(r, correct_part.settings) if correct_part else None for r in records]
     values: dict[str, list[float]] = {}
-    for part in self.parts:
+    rule_parts = self.rule_parts
+    for part in rule_parts:
       if part.kind == "correct":  # scored once above: other parts may depend on it
         values[part.name] = [float(c) for c in correct]
       else:
         values[part.name] = part.behaviour.score(records, part.settings, correct)
     rewards = []
     for i in range(len(records)):
-      parts = {p.name: float(values[p.name][i]) for p in self.parts}
-      total = sum(p.weight * parts[p.name] for p in self.parts)
+      parts = {p.name: float(values[p.name][i]) for p in rule_parts}
+      total = sum(p.weight * parts[p.name] for p in rule_parts)
       rewards.append(Reward(total=float(total), parts=parts,
                             verifier_version=self.verifier_version))
     return rewards
