@@ -10,6 +10,7 @@ half-loaded model is never returned.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -168,11 +169,26 @@ def read_hf_config(directory: pathlib.Path) -> tuple[ModelConfig, dict[str, Any]
   return ModelConfig.from_hf_config(hf, source=str(config_path)), hf
 
 
+def body_config(config: ModelConfig) -> ModelConfig:
+  """`config` for the decoder body alone: built with it, a Transformer holds no `lm_head`
+  parameter (it is marked tied, so its logits would reuse the embedding: meaningless for a
+  checkpoint without an LM head; such a model is used through `hidden_states` only)."""
+  return dataclasses.replace(config, tie_word_embeddings=True)
+
+
 def load_hf_weights(directory: str | os.PathLike, *, dtype="float32", weight_dtype=None,
-                    mesh=None) -> tuple[Transformer, dict[str, Any]]:
-  """Loads the weights of a Hugging Face directory; returns (model, raw config.json dict)."""
+                    mesh=None, lm_head: bool = True) -> tuple[Transformer, dict[str, Any]]:
+  """Loads the weights of a Hugging Face directory; returns (model, raw config.json dict).
+
+  `lm_head=False` loads the decoder body only (`body_config`): no output projection is read, so a
+  checkpoint without `lm_head.weight` (a `*ForSequenceClassification` reward model, whose head is
+  `score.weight`, read by `reasoning_rl.models.reward_model`) loads too; use the model's
+  `hidden_states`, not its logits.
+  """
   directory = pathlib.Path(directory)
   config, hf = read_hf_config(directory)
+  if not lm_head:
+    config = body_config(config)
   files = SafetensorsDirectory(directory)  # memory maps close when the last view is gone
 
   def read(path, shape):
