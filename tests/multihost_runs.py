@@ -1,4 +1,5 @@
-"""Launching a debug_cpu training run as several local processes (the multi-process tests)."""
+"""Launching a debug training run (configs/debug_cpu.py unless told) as several local processes
+(the multi-process tests)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from reasoning_rl.multihost import runtime
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DEVICES_PER_PROCESS = 2
+DEBUG_CONFIG = "configs/debug_cpu.py"
 
 
 def free_port_block(size: int = 8) -> int:
@@ -41,8 +43,9 @@ def _free(port: int) -> bool:
       return False
 
 
-def train_command(workdir, overrides=(), *, port=None, num_processes=1, process_id=0):
-  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
+def train_command(workdir, overrides=(), *, port=None, num_processes=1, process_id=0,
+                  config=DEBUG_CONFIG):
+  command = [sys.executable, str(REPO / "launch" / "train.py"), f"--config={config}",
              f"--config.workdir={workdir}", *overrides]
   if port is not None:
     command += [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={num_processes}",
@@ -58,7 +61,8 @@ def environment(devices: int) -> dict:
   return env
 
 
-def start_processes(workdir, overrides=(), *, num_processes=4, log_dir=None):
+def start_processes(workdir, overrides=(), *, num_processes=4, log_dir=None,
+                    config=DEBUG_CONFIG):
   """Starts the processes of one run; returns [Popen] (stdout+stderr to log files)."""
   port = free_port_block(num_processes + 2)
   log_dir = pathlib.Path(log_dir or workdir).parent
@@ -68,7 +72,7 @@ def start_processes(workdir, overrides=(), *, num_processes=4, log_dir=None):
     log = open(log_dir / f"{pathlib.Path(workdir).name}.p{index}.log", "ab")  # noqa: SIM115
     processes.append(subprocess.Popen(
         train_command(workdir, overrides, port=port, num_processes=num_processes,
-                      process_id=index),
+                      process_id=index, config=config),
         cwd=REPO, env=environment(DEVICES_PER_PROCESS), stdout=log, stderr=subprocess.STDOUT))
   return processes
 
@@ -86,8 +90,10 @@ def wait_all(processes, timeout_s: float = 600) -> list[int]:
   return codes
 
 
-def run_single(workdir, overrides=(), *, devices: int = 8, timeout_s: float = 600):
-  return subprocess.run(train_command(workdir, overrides), cwd=REPO, env=environment(devices),
+def run_single(workdir, overrides=(), *, devices: int = 8, timeout_s: float = 600,
+               config=DEBUG_CONFIG):
+  return subprocess.run(train_command(workdir, overrides, config=config), cwd=REPO,
+                        env=environment(devices),
                         capture_output=True, text=True, timeout=timeout_s)
 
 

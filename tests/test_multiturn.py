@@ -164,13 +164,17 @@ def test_turns_observations_and_outcomes(sampled):
         assert not any(v in turn["model_text"][:-1] for v in VOWELS)
 
 
-def test_episodes_do_not_depend_on_slots_or_waiting(model, sampled):
-  """One slot, and an environment that makes one episode wait: the same episodes."""
+def test_episodes_do_not_depend_on_slots_steps_per_call_or_waiting(model, sampled):
+  """One slot; another number of decode steps per call (the engine draws a different number of
+  tokens past a turn's stop string before the host sees it); an environment that makes one
+  episode wait: the same episodes."""
   episodes, _ = sampled
   one_slot = Engine(model, max_concurrent_decodes=1, max_prefill_length=16,
                     max_decode_length=64, steps_per_call=4)
+  longer_calls = Engine(model, max_concurrent_decodes=3, max_prefill_length=16,
+                        max_decode_length=64, steps_per_call=7)
   slow = CountingEnvironment(delay_for={2: 0.2})
-  for engine in (one_slot,):
+  for engine in (one_slot, longer_calls):
     again = generate_episodes(engine, PROMPTS, environment=slow, num_samples=2, seed=5,
                               sampling=SamplingParams(temperature=1.0), **RUN)
     for a, b in zip(episodes, again):
@@ -232,6 +236,7 @@ def test_bad_arguments_raise_before_decoding(engine, kwargs, field):
 def test_append_to_slot_refuses_what_does_not_fit(engine):
   state = engine.init_decode_state()
   with pytest.raises(SamplingError, match="no room"):
-    engine.append_to_slot(engine.params, state, 0, [1] * 80, start=4, max_new_tokens=4)
+    engine.append_to_slot(engine.params, state, 0, [1] * 80, start=4, max_new_tokens=4,
+                          draws_kept=0)
   with pytest.raises(SamplingError, match="empty"):
-    engine.append_to_slot(engine.params, state, 0, [], start=4, max_new_tokens=4)
+    engine.append_to_slot(engine.params, state, 0, [], start=4, max_new_tokens=4, draws_kept=0)

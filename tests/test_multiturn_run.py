@@ -79,3 +79,28 @@ def test_sigkill_mid_step_then_resume_reproduces_the_multi_turn_run(baseline, tm
   resumed, uninterrupted = final_state(workdir, 4), final_state(baseline, 4)
   for got, want in zip(jax.tree.leaves(resumed), jax.tree.leaves(uninterrupted), strict=True):
     np.testing.assert_array_equal(got, want)
+
+
+def test_multi_turn_episodes_split_over_four_processes_train_like_one(tmp_path):
+  """Trainer on processes 0-1, episode samplers (with their environments) on 2-3: each replica
+  plays its share of the prompts, the turns travel with the rollouts, and steps 1-2 equal the
+  one-process run, records included."""
+  from tests import multihost_runs as runs  # pylint: disable=import-outside-toplevel
+  from tests.test_multihost import assert_same_training  # pylint: disable=import-outside-toplevel
+
+  steps = ["--config.total_steps=2", "--config.eval.num_examples=4",
+           "--config.async_rollouts.enabled=False", "--config.logging.progress_bar=False"]
+  reference = tmp_path / "single"
+  result = runs.run_single(reference, steps, devices=8, config=CONFIG)
+  assert result.returncode == 0, result.stderr[-3000:]
+  workdir = tmp_path / "run"
+  processes = runs.start_processes(workdir, steps + ["--config.mesh.num_trainer_devices=4"],
+                                   config=CONFIG)
+  codes = runs.wait_all(processes)
+  assert codes == [0, 0, 0, 0], "\n".join(
+      p.read_text(errors="replace")[-3000:] for p in sorted(tmp_path.glob("*.log")))
+  rows, want = read_metrics(workdir / "metrics.jsonl"), read_metrics(reference / "metrics.jsonl")
+  assert_same_training(rows, want)
+  assert [r["episode/turns_mean"] for r in rows] == [r["episode/turns_mean"] for r in want]
+  assert max(r["episode/turns_mean"] for r in rows) > 1.0  # the tool was called
+  assert rollouts(workdir) == rollouts(reference)

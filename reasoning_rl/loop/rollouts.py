@@ -48,7 +48,8 @@ class RolloutCollector:
     self.sampling = sampling
     self.seed = seed
     self.episodes = episodes
-    if episodes is not None and not hasattr(backend, "generate_episodes"):
+    # backend is None on trainer-only processes of a split run: they sample nothing
+    if episodes is not None and backend is not None and not hasattr(backend, "generate_episodes"):
       raise ConfigError(f"environment.name={episodes.environment.name!r}: the rollout backend "
                         f"{type(backend).__name__} cannot run multi-turn episodes (it has no "
                         "generate_episodes); use rollout.backend='engine'")

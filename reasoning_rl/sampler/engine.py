@@ -432,15 +432,22 @@ class Engine:
     return self._insert_fn(decode_state, prefix, np.int32(slot))
 
   def append_to_slot(self, params, decode_state: DecodeState, slot: int,
-                     tokens: Sequence[int], *, start: int, max_new_tokens: int) -> DecodeState:
+                     tokens: Sequence[int], *, start: int, max_new_tokens: int,
+                     draws_kept: int) -> DecodeState:
     """Continues a slot's sequence with `tokens` (e.g. a tool's output) and resumes decoding it.
 
     The tokens are written into the slot's KV cache at cache indices start, start + 1, … (their
     positions) by one forward over the new tokens only: the conversation before them is never
     prefilled again. Cache entries at or past `start` that the slot decoded earlier (tokens the
     host cut off after a stop string) are dropped first. The slot is then live again, its next
-    token drawn from the logits after the last new token with its own key stream (the draw
-    counter keeps counting, so no key is reused), and it may draw `max_new_tokens` more tokens.
+    token drawn from the logits after the last new token, and it may draw `max_new_tokens` more.
+
+    `draws_kept` is how many of the slot's drawn tokens the host kept (the sample's model tokens
+    so far): the next token is draw number `draws_kept` of the sample's key stream. Tokens the
+    engine drew past a stop string before the host cut them off depend on how decode steps were
+    batched (`steps_per_call`, other slots), so they must not shift the stream: with this, a
+    sample's tokens depend only on its key and its conversation, and every kept token has its
+    own draw number.
 
     `start` is the length of the conversation the host keeps (prompt + kept tokens): every token
     below it has been through the model already, since a token is fed in the step that draws it.
@@ -459,6 +466,8 @@ class Engine:
           f"{self.cache_length} (the slot needs one free entry to decode); end the episode")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
       raise SamplingError(f"max_new_tokens={max_new_tokens!r}: must be a positive integer")
+    if isinstance(draws_kept, bool) or not isinstance(draws_kept, int) or draws_kept < 0:
+      raise SamplingError(f"draws_kept={draws_kept!r}: must be an integer >= 0")
     # Buckets as for prompts (two per octave), so the append compiles once per bucket.
     bucket = prompt_bucket(tokens.size, self.cache_length, self.min_prefill_bucket)
     padded = np.zeros(bucket, np.int32)
@@ -467,7 +476,8 @@ class Engine:
     positions[:tokens.size] = np.arange(start, start + tokens.size)
     self.num_appends += 1
     return self._append_fn(params, decode_state, np.int32(slot), padded, positions,
-                           np.int32(start), np.int32(tokens.size), np.int32(max_new_tokens))
+                           np.int32(start), np.int32(tokens.size), np.int32(max_new_tokens),
+                           np.int32(draws_kept))
 
   def release(self, decode_state: DecodeState, slot: int) -> DecodeState:
     """Marks `slot` done (e.g. a stop string was found on the host) so it stops decoding."""
@@ -594,7 +604,8 @@ class Engine:
     def release(state: DecodeState, slot):
       return state.replace(done=state.done.at[slot].set(True))
 
-    def append(params, state: DecodeState, slot, tokens, positions, start, count, budget):
+    def append(params, state: DecodeState, slot, tokens, positions, start, count, budget,
+               draws_kept):
       def row_of(buffer):
         return jax.lax.dynamic_slice_in_dim(buffer, slot, 1, axis=0)
 
@@ -617,8 +628,8 @@ class Engine:
       return state.replace(
           cache=cache, next_logits=state.next_logits.at[slot].set(logits),
           position=state.position.at[slot].set(start + count),
-          done=state.done.at[slot].set(False),
-          max_new_tokens=state.max_new_tokens.at[slot].set(state.generated[slot] + budget))
+          done=state.done.at[slot].set(False), generated=state.generated.at[slot].set(draws_kept),
+          max_new_tokens=state.max_new_tokens.at[slot].set(draws_kept + budget))
 
     def decode_steps(params, state: DecodeState, return_on_finish, key_length: int):
       """Up to `steps` decode steps for the rows of `state` (all slots, or a gathered subset),

@@ -26,7 +26,9 @@ How it runs on the `Engine` (the same continuous batching as `rollout.stream_gro
   next observation would not fit `max_total_tokens` / the cache; the environment's `finish` then
   gives the outcome's reward parts.
 - Determinism: token n of sample g of prompt p is drawn with fold_in(sample_key(seed, p, g), n),
-  n counting every token the sample drew across its turns; observations depend on (example,
+  n counting the model tokens the sample kept before it across its turns (tokens drawn past a
+  stop string and cut off do not count: how many there are depends on how decode steps were
+  batched), so an episode does not depend on slots, `steps_per_call` or other samples; observations depend on (example,
   seed, model texts) only (the environments' contract), so an episode is reproducible and a
   resumed run regenerates it exactly.
 """
@@ -211,7 +213,7 @@ def _run_episodes(engine, prepared, prompt_ids, examples, *, environment, format
           continue
         budget = min(max_new_tokens, max_total_tokens - len(run.tokens) - len(ids))
         state = engine.append_to_slot(engine.params, state, slot, ids, start=start,
-                                      max_new_tokens=budget)
+                                      max_new_tokens=budget, draws_kept=run.model_tokens)
         run.tokens += ids
         run.loss_mask += [0] * len(ids)
         run.logprobs += [0.0] * len(ids)
