@@ -36,6 +36,8 @@ ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
 
 # Why a function-local import is left local (cost: seconds / modules it adds when imported last).
 _JAX = "JAX, flax"
+_MODEL_PART = ("verifier worker processes import the reward parts without JAX; a model-scored "
+               "part loads its model on the main process only (JAX, flax: 0.7 s)")
 _BUILD = ("build.py is imported by the launchers before the config is validated and by the "
           "planner (`--dry_run`); it loads the training stack only in the function that needs it: ")
 _CYCLE = "the models.load <-> run_checkpoint cycle in ALLOWED_CYCLE_EDGES"
@@ -68,6 +70,8 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("reasoning_rl.build", "reasoning_rl.verifiers.redteam"): _BUILD + "math-verify, sympy (0.3 s)",
     ("reasoning_rl.build", "reasoning_rl.verifiers.rewards"): _BUILD + "math-verify, sympy (0.3 s)",
     ("reasoning_rl.build", "reasoning_rl.workers.scorer"): _BUILD + "math-verify, sympy (0.3 s)",
+    ("reasoning_rl.build", "reasoning_rl.workers.model_parts"): _BUILD + "math-verify, sympy "
+        "(0.3 s)",
     ("reasoning_rl.config", "reasoning_rl.lora"):
         "config files and `--help` load config.py without JAX; lora loads it (1 s)",
     ("reasoning_rl.config", "reasoning_rl.registry"):
@@ -97,6 +101,11 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         "multihost/topology.py (devices -> roles) loads without JAX (0.5 s)",
     ("reasoning_rl.trainer", "reasoning_rl.report"):
         "matplotlib (0.4 s) loads only when a run ends and writes report.md",
+    ("reasoning_rl.verifiers.judge", "reasoning_rl.models"): _MODEL_PART,
+    ("reasoning_rl.verifiers.judge", "reasoning_rl.sampler"): _MODEL_PART,
+    ("reasoning_rl.verifiers.judge", "reasoning_rl.sampler.rollout"): _MODEL_PART,
+    ("reasoning_rl.verifiers.judge", "reasoning_rl.sampler.sampling"): _MODEL_PART,
+    ("reasoning_rl.verifiers.reward_model_part", "reasoning_rl.models.reward_model"): _MODEL_PART,
     ("reasoning_rl.workdir", "reasoning_rl.checkpointing"):
         "workdir.py loads without JAX and Orbax (0.6 s); only the storage-failure line needs it",
 }

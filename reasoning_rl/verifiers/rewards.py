@@ -26,6 +26,9 @@ Settings (all optional except `weight`; defaults in `PART_DEFAULTS`):
   judge:    an LLM judge (model-scored; `reasoning_rl.verifiers.judge`): model, dtype, mode
             (fallback | alone), fallback_statuses, template (yes_no | score), max_new_tokens,
             max_prompt_tokens, batch_size, cache_size, extract, answer_tag, timeout_s.
+  reward_model: a Hugging Face Llama / Qwen2 *ForSequenceClassification checkpoint's score of
+            (prompt, completion) (model-scored; `reasoning_rl.verifiers.reward_model_part`):
+            model, dtype, label, transform (none | sigmoid), max_tokens, batch_size.
 
 Model-scored parts (a `PartKind` with `make_scorer`, e.g. `judge`) need a model, so they are not
 scored here: `RewardFunction.score_group` skips them (their names are absent from `parts` and they
@@ -54,6 +57,7 @@ from reasoning_rl.verifiers import judge as judge_lib
 from reasoning_rl.verifiers import length as length_lib
 from reasoning_rl.verifiers import logic as logic_lib
 from reasoning_rl.verifiers import math_answers as math_lib
+from reasoning_rl.verifiers import reward_model_part as reward_model_lib
 
 CODE_VERIFIER_VERSION = "code-1"
 LENGTH_METHODS = ("dapo", "kimi", "lcpo", "lcpo_max")
@@ -518,6 +522,14 @@ registries.REWARD_PARTS.add(
                       judge_lib.version, make_scorer=_make_judge),
     summary="an LLM judge's verdict on the final answer (alone, or where the math verifier "
     "cannot read it); model-scored on the main process", options=tuple(judge_lib.JUDGE_DEFAULTS))
+
+registries.REWARD_PARTS.add(
+    "reward_model", PartKind(reward_model_lib.REWARD_MODEL_DEFAULTS, reward_model_lib.validate,
+                             _model_scored, reward_model_lib.version,
+                             make_scorer=reward_model_lib.RewardModelPart.load),
+    summary="a Hugging Face Llama / Qwen2 *ForSequenceClassification reward model's score of "
+    "(prompt, completion); model-scored on the main process",
+    options=tuple(reward_model_lib.REWARD_MODEL_DEFAULTS))
 
 
 class RewardFunction:

@@ -1,0 +1,98 @@
+"""The `reward_model` reward part: a Hugging Face *ForSequenceClassification checkpoint scores
+(prompt, completion) on the main process through workers.model_parts, its values equal to
+transformers' scores of the same text, weighted into the total beside the rule-based parts."""
+
+import math
+
+import numpy as np
+import pytest
+
+from reasoning_rl.errors import ConfigError
+from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
+from reasoning_rl.workers.model_parts import with_model_parts
+from reasoning_rl.workers.scorer import InlineScorer
+from tests.test_reward_model import reference_scores, write_reward_model
+
+RECORDS = [("t5 t6 t7", " t8 t9", "8"), ("t11 t12", " t13", "8"), ("t20", " t21 t22 t23 t24", "3")]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("rm_llama")
+  return directory, write_reward_model("llama", directory, seed=3)
+
+
+def rewards_config(directory, **settings):
+  return {"correct": {"weight": 1.0, "verifier": "math", "extract": "final_answer"},
+          "preference": {"kind": "reward_model", "weight": 0.5, "model": str(directory),
+                         **settings}}
+
+
+def score(reward_fn, group):
+  """The ScoredItem of one group."""
+  scorer = with_model_parts(InlineScorer(reward_fn))
+  try:
+    return scorer.score([("group", group)])["group"]
+  finally:
+    scorer.close()
+
+
+def records():
+  return [CompletionRecord(response=response, ground_truth=truth, prompt=prompt, task="math")
+          for prompt, response, truth in RECORDS]
+
+
+def transformers_scores(torch_model, directory):
+  from reasoning_rl.models.tokenizers import Tokenizer  # pylint: disable=import-outside-toplevel
+  tokenizer = Tokenizer.from_hf_dir(directory)
+  rows = [tokenizer.encode(prompt + response) for prompt, response, _ in RECORDS]
+  return reference_scores(torch_model, rows, pad=0)[:, 0]
+
+
+def test_values_are_transformers_scores_weighted_into_the_total(checkpoint):
+  directory, torch_model = checkpoint
+  reward_fn = RewardFunction(rewards_config(directory))
+  assert [p.name for p in reward_fn.model_parts] == ["preference"]
+  assert "preference=reward_model-1:" in reward_fn.verifier_version
+  item = score(reward_fn, records())
+  assert item.status == "ok", item.error
+  rewards = item.rewards
+  want = transformers_scores(torch_model, directory)
+  got = np.array([r.parts["preference"] for r in rewards])
+  np.testing.assert_allclose(got, want, atol=1e-4)
+  assert len(set(np.round(got, 4))) == 3  # three different texts, three different scores
+  for reward in rewards:
+    assert reward.parts["correct"] == 0.0  # no stated answer in "t8 t9"
+    assert reward.total == pytest.approx(reward.parts["correct"] + 0.5 * reward.parts["preference"])
+
+
+def test_sigmoid_transform_and_truncation_to_the_last_tokens(checkpoint):
+  directory, torch_model = checkpoint
+  raw = transformers_scores(torch_model, directory)
+  reward_fn = RewardFunction(rewards_config(directory, transform="sigmoid"))
+  got = [r.parts["preference"] for r in score(reward_fn, records()).rewards]
+  np.testing.assert_allclose(got, [1 / (1 + math.exp(-x)) for x in raw], atol=1e-5)
+  # max_tokens=2 scores each text's last two tokens only: "t8 t9", "t12 t13", "t23 t24"
+  short = RewardFunction(rewards_config(directory, max_tokens=2))
+  got = [r.parts["preference"] for r in score(short, records()).rewards]
+  rows = [[8, 9], [12, 13], [23, 24]]
+  np.testing.assert_allclose(got, reference_scores(torch_model, rows, pad=0)[:, 0], atol=1e-4)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"model": ""}, r"config\.rewards\.preference\.model is required"),
+    ({"transform": "tanh"}, r"config\.rewards\.preference\.transform='tanh'"),
+    ({"label": -1}, r"config\.rewards\.preference\.label=-1"),
+    ({"dtype": "float16"}, r"config\.rewards\.preference\.dtype='float16'"),
+])
+def test_bad_settings_are_one_config_error(checkpoint, settings, message):
+  directory, _ = checkpoint
+  with pytest.raises(ConfigError, match=message):
+    RewardFunction(rewards_config(directory, **{"model": str(directory), **settings}))
+
+
+def test_a_label_the_head_lacks_is_refused_at_load(checkpoint):
+  directory, _ = checkpoint
+  reward_fn = RewardFunction(rewards_config(directory, label=1))
+  with pytest.raises(ConfigError, match=r"label=1: the checkpoint .* has 1 label"):
+    with_model_parts(InlineScorer(reward_fn))
