@@ -96,3 +96,52 @@ def test_a_label_the_head_lacks_is_refused_at_load(checkpoint):
   reward_fn = RewardFunction(rewards_config(directory, label=1))
   with pytest.raises(ConfigError, match=r"label=1: the checkpoint .* has 1 label"):
     with_model_parts(InlineScorer(reward_fn))
+
+
+def test_a_training_run_logs_the_reward_models_part(tmp_path):
+  """configs/debug_cpu.py plus a reward_model part, 2 steps through launch/train.py: the part's
+  values reach the records and the step's metrics, scored on the main process."""
+  import json  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  from tests.conftest import REPO  # pylint: disable=import-outside-toplevel
+  from tests.test_trainer import rollouts  # pylint: disable=import-outside-toplevel
+
+  from reasoning_rl.data.debug_vocab import debug_arithmetic_tokenizer  # pylint: disable=import-outside-toplevel
+  from reasoning_rl.models.reward_model import RewardModel  # pylint: disable=import-outside-toplevel
+
+  # a reward model that reads the debug task's characters (23 ids < its 97, pad id 0 = <pad>)
+  directory = tmp_path / "rm"
+  write_reward_model("llama", directory, seed=4)
+  (directory / "tokenizer.json").unlink()
+  debug_arithmetic_tokenizer().save(directory)
+  config_file = tmp_path / "with_reward_model.py"
+  config_file.write_text(
+      "import sys\n"
+      f"sys.path.insert(0, {str(REPO)!r})\n"
+      "from configs import debug_cpu\n\n"
+      "def get_config():\n"
+      "  c = debug_cpu.get_config()\n"
+      f"  c.rewards.preference = dict(kind='reward_model', weight=0.5, model={str(directory)!r})\n"
+      "  return c\n")
+  workdir = tmp_path / "run"
+  result = subprocess.run(
+      [sys.executable, str(REPO / "launch" / "train.py"), f"--config={config_file}",
+       f"--config.workdir={workdir}", "--config.total_steps=2", "--config.eval.num_examples=4",
+       "--config.logging.progress_bar=False"],
+      cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  records = rollouts(workdir)
+  assert len(records) == 2 * 4 * 4
+  values = [r["reward/preference"] for r in records]
+  assert len(set(values)) > 4  # different completions, different scores
+  want = RewardModel.load(directory).score_texts([r["task_prompt"] for r in records],
+                                                 [r["completion"] for r in records])
+  np.testing.assert_allclose(values, want, atol=1e-4)
+  for r in records:
+    parts = r["reward/correct"] + r["reward/length"] + 0.5 * r["reward/preference"]
+    assert r["reward"] == pytest.approx(parts, abs=1e-5)
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  # cumulative: the 4 held-out completions scored before step 1, then 16 per step
+  assert [row["verifier/pool/preference/records"] for row in rows] == [20.0, 36.0]
