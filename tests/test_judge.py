@@ -70,7 +70,7 @@ REFERENCE = [
     ("<answer>41</answer>", "wrong", 0.0, 1.0),  # alone: the (fake) judge accepts 41
     ("<answer>40 + 2</answer>", "unevaluated", 1.0, 1.0),
     ("<answer>forty-two</answer>", "no_answer", 1.0, 1.0),  # the raw span goes to the judge
-    ("<answer>maybe 42</answer>", "hedged", 0.0, 0.0),  # refused on purpose; alone: judged "42"
+    ("<answer>maybe 42</answer>", "hedged", 0.0, 0.0),  # refused on purpose: never judged
     ("no tags at all", "no_answer", 0.0, 0.0),  # nothing to show the judge: no call
 ]
 
@@ -87,9 +87,9 @@ def test_fallback_and_alone_route_verdicts_as_the_reference(mode, column):
     assert shown == ["40 + 2", "forty-two"]
     assert part.counters.rule_decided == 3 and part.counters.no_answer == 1
   else:
-    assert shown == ["42", "41", "40 + 2", "forty-two"]
-    assert part.counters.calls == 4  # "42" shown twice (42, maybe 42): asked once
-    assert part.counters.cache_hits == 1 and part.counters.no_answer == 1
+    assert shown == ["42", "41", "40 + 2", "forty-two"]  # not the hedge's "42" a second time
+    assert part.counters.calls == 4 and part.counters.rule_decided == 1
+    assert part.counters.cache_hits == 0 and part.counters.no_answer == 1
   assert len(fake.batches) == 1  # one batch for the whole call
 
 

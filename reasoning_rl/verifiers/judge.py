@@ -13,7 +13,9 @@ Settings of a `judge` part (`config.rewards.<name>`; defaults in `JUDGE_DEFAULTS
     as `config.model.path`. Required.
   dtype: the judge's compute dtype ("float32" | "bfloat16").
   mode: "fallback" (default) | "alone".
-    alone: every record with an extracted answer is judged; value = the judge's verdict.
+    alone: every record with an extracted answer is judged; value = the judge's verdict. Answers
+      the rule reader refuses on purpose (`REFUSED_STATUSES`: hedged, multiple_answers,
+      too_large) score 0.0 without a call: shown to the judge, a hedge would be a second shot.
     fallback: the rule-based math verifier (`math_answers.check` with this part's extract /
       answer_tag / timeout_s) decides first; when its status is in `fallback_statuses` (by
       default unparseable, unevaluated, timeout: it could not read the answer) the judge decides,
@@ -53,11 +55,14 @@ from reasoning_rl.errors import ConfigError
 from reasoning_rl.verifiers import format as format_lib
 from reasoning_rl.verifiers import math_answers as math_lib
 
-JUDGE_VERSION = "judge-1"
+JUDGE_VERSION = "judge-2"
 MODES = ("fallback", "alone")
 STATUSES = ("correct", "wrong", "no_answer", "multiple_answers", "hedged", "unevaluated",
             "unparseable", "too_large", "timeout")
 JUDGEABLE_STATUSES = tuple(s for s in STATUSES if s != "correct")
+# Answers the rule reader refuses on purpose: a hedge ("maybe 42"), several candidates, an absurd
+# number. Shown to a judge they would become a second shot ("42"), so alone mode never asks.
+REFUSED_STATUSES = ("hedged", "multiple_answers", "too_large")
 MAX_QUESTION_CHARS = 2000
 MAX_ANSWER_CHARS = 300
 
@@ -283,6 +288,10 @@ class JudgePart:
       if s["mode"] == "fallback" and result.status not in s["fallback_statuses"]:
         c.rule_decided += 1
         values[i] = 1.0 if result.status == "correct" else 0.0
+        continue
+      if s["mode"] == "alone" and result.status in REFUSED_STATUSES:
+        c.rule_decided += 1
+        values[i] = 0.0
         continue
       answer = self.answer_text(record, result)
       if not answer:
