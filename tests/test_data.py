@@ -334,11 +334,16 @@ def test_debug_tokenizer_saves_and_loads_identically(debug_tokenizer, tmp_path):
   assert loaded.decode(loaded.encode(text)) == text
 
 
-def test_named_tokenizers():
+def test_named_tokenizers(tmp_path):
   tokenizer = debug_vocab.load_named_tokenizer("debug_arithmetic")
   assert tokenizer.encode("3+4=") == debug_vocab.debug_arithmetic_tokenizer().encode("3+4=")
   with pytest.raises(ConfigError, match="config.model.tokenizer='gpt2'"):
     debug_vocab.load_named_tokenizer("gpt2")
+  # a path names a tokenizer too (a random model with a real model's vocabulary)
+  debug_vocab.debug_arithmetic_tokenizer().save(tmp_path)
+  from_path = debug_vocab.load_named_tokenizer(str(tmp_path))
+  assert from_path.vocab_size == tokenizer.vocab_size
+  assert from_path.encode("3+4=") == tokenizer.encode("3+4=")
 
 
 def test_debug_config_prompts_encode_with_the_debug_vocab(debug_tokenizer):
