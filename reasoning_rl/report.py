@@ -130,6 +130,9 @@ def _sample_section(title: str, record: Mapping[str, Any]) -> list[str]:
       lines += [f"Turn {index} (model):", "", _fence(_clip(turn.get("model_text", ""))), ""]
       if turn.get("observation") is not None:
         lines += [f"Turn {index} (environment):", "", _fence(_clip(turn["observation"])), ""]
+      if turn.get("unsent_observation") is not None:
+        lines += [f"Turn {index} (environment, after the episode ended; not shown to the model):",
+                  "", _fence(_clip(turn["unsent_observation"])), ""]
     return lines + ["Scored text:", "", _fence(_clip(record.get("completion", ""))), ""]
   return lines + ["Completion:", "", _fence(_clip(record.get("completion", ""))), ""]
 

@@ -44,7 +44,7 @@ def test_a_misspelt_reward_kind_is_refused_by_validate():
   config.rewards = {"correct": {"weight": 1.0}, "style": {"weight": 0.1, "kind": "formatting"}}
   with pytest.raises(ConfigError, match=r"^config\.rewards\.style\.kind='formatting': unknown "
                      r"reward part; use one of \['correct', 'format', 'language', 'length', "
-                     r"'environment'\]"):
+                     r"'environment', 'judge', 'reward_model'\]"):
     config_lib.validate(config)
 
 
@@ -111,7 +111,8 @@ BUILT_IN = {
     "algo.loss_agg": ["seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"],
     "algo.is_correction": ["none", "sequence-mask", "sequence-truncate", "token-mask",
                            "token-truncate"],
-    "rewards.<name>.kind": ["correct", "environment", "format", "language", "length"],
+    "rewards.<name>.kind": ["correct", "environment", "format", "judge", "language", "length",
+                            "reward_model"],
     "rewards.<name>.verifier": ["auto", "code", "countdown", "math", "reasoning_gym"],
     "data.<split>.kind": ["guess_number", "jsonl", "mixture", "reasoning_gym",
                           "synthetic_arithmetic"],

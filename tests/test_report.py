@@ -94,15 +94,18 @@ def test_an_episode_shows_every_turn_and_what_answered_it(tmp_path):
       {"model_text": "17 + 25 =", "num_tokens": 6, "finish_reason": "stop_string",
        "observation": "42", "info": {"calls": 1}},
       {"model_text": " so the answer is 42.", "num_tokens": 7, "finish_reason": "stop_id",
-       "observation": None, "info": {"calls": 1}}], episode_end="done")
+       "observation": None, "unsent_observation": "Correct.", "info": {"calls": 1}}],
+      episode_end="done")
   with MetricsWriter(tmp_path, tensorboard=False) as writer:
     writer.write(1, {"reward/mean": 1.0})
     writer.write_rollouts(1, [episode])
   text = report.write_report(tmp_path, num_samples=1).read_text()
   expected = ["Episode (2 turns, ended: done):", "Turn 1 (model):", "```\n17 + 25 =\n```",
               "Turn 1 (environment):", "```\n42\n```", "Turn 2 (model):",
-              "```\n so the answer is 42.\n```", "Scored text:",
+              "```\n so the answer is 42.\n```",
+              "Turn 2 (environment, after the episode ended; not shown to the model):",
+              "```\nCorrect.\n```", "Scored text:",
               "```\n17 + 25 =42 so the answer is 42.\n```"]
   at = [text.index(piece) for piece in expected]
   assert at == sorted(at)
-  assert "Turn 2 (environment)" not in text
+  assert "Turn 2 (environment):" not in text

@@ -110,7 +110,9 @@ def stream_episodes(engine: Engine, prompts: Sequence[Sequence[int]], *, example
     step_workers: environment steps run at once (threads).
 
   The completion's `loss_mask` marks model tokens (1) and observation tokens (0); `turns` holds
-  each model turn's text and token count with the observation and info the environment answered;
+  each model turn's text and token count with the observation appended after it (None after the
+  last turn, whose answer the model never sees: that text is `unsent_observation`) and the info
+  the environment answered;
   `reward_parts` the environment's outcome.
   """
   if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
@@ -206,6 +208,12 @@ def _run_episodes(engine, prepared, prompt_ids, examples, *, environment, format
               or start + len(ids) + 1 > engine.cache_length):
             end = "token_budget"
         if end is not None:
+          # The episode ends here: the model never sees this observation, so the turn's
+          # `observation` (what was appended after it) is None and the text is kept apart.
+          last = run.turns[-1]
+          if last["observation"] is not None:
+            last["unsent_observation"] = last["observation"]
+            last["observation"] = None
           if not outcome.done:
             outcome = environment.finish(run.episode)
           running[slot] = None
