@@ -2,16 +2,24 @@
 (prompt, completion) on the main process through workers.model_parts, its values equal to
 transformers' scores of the same text, weighted into the total beside the rule-based parts."""
 
+import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from reasoning_rl.data.debug_vocab import debug_arithmetic_tokenizer
 from reasoning_rl.errors import ConfigError
+from reasoning_rl.models.reward_model import RewardModel
+from reasoning_rl.models.tokenizers import Tokenizer
 from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
 from reasoning_rl.workers.model_parts import with_model_parts
 from reasoning_rl.workers.scorer import InlineScorer
+from tests.conftest import REPO
 from tests.test_reward_model import reference_scores, write_reward_model
+from tests.test_trainer import rollouts
 
 RECORDS = [("t5 t6 t7", " t8 t9", "8"), ("t11 t12", " t13", "8"), ("t20", " t21 t22 t23 t24", "3")]
 
@@ -43,7 +51,6 @@ def records():
 
 
 def transformers_scores(torch_model, directory):
-  from reasoning_rl.models.tokenizers import Tokenizer  # pylint: disable=import-outside-toplevel
   tokenizer = Tokenizer.from_hf_dir(directory)
   rows = [tokenizer.encode(prompt + response) for prompt, response, _ in RECORDS]
   return reference_scores(torch_model, rows, pad=0)[:, 0]
@@ -101,16 +108,6 @@ def test_a_label_the_head_lacks_is_refused_at_load(checkpoint):
 def test_a_training_run_logs_the_reward_models_part(tmp_path):
   """configs/debug_cpu.py plus a reward_model part, 2 steps through launch/train.py: the part's
   values reach the records and the step's metrics, scored on the main process."""
-  import json  # pylint: disable=import-outside-toplevel
-  import subprocess  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
-
-  from tests.conftest import REPO  # pylint: disable=import-outside-toplevel
-  from tests.test_trainer import rollouts  # pylint: disable=import-outside-toplevel
-
-  from reasoning_rl.data.debug_vocab import debug_arithmetic_tokenizer  # pylint: disable=import-outside-toplevel
-  from reasoning_rl.models.reward_model import RewardModel  # pylint: disable=import-outside-toplevel
-
   # a reward model that reads the debug task's characters (23 ids < its 97, pad id 0 = <pad>)
   directory = tmp_path / "rm"
   write_reward_model("llama", directory, seed=4)

@@ -28,9 +28,9 @@ How it runs on the `Engine` (the same continuous batching as `rollout.stream_gro
 - Determinism: token n of sample g of prompt p is drawn with fold_in(sample_key(seed, p, g), n),
   n counting the model tokens the sample kept before it across its turns (tokens drawn past a
   stop string and cut off do not count: how many there are depends on how decode steps were
-  batched), so an episode does not depend on slots, `steps_per_call` or other samples; observations depend on (example,
-  seed, model texts) only (the environments' contract), so an episode is reproducible and a
-  resumed run regenerates it exactly.
+  batched), so an episode does not depend on slots, `steps_per_call` or other samples;
+  observations depend on (example, seed, model texts) only (the environments' contract), so an
+  episode is reproducible and a resumed run regenerates it exactly.
 """
 
 from __future__ import annotations
