@@ -273,7 +273,10 @@ def step_config(config: ml_collections.ConfigDict):
       is_correction=sampler_correction(config),
       # the rebuild costs memory and time (a top-k over the vocabulary per position) and changes
       # nothing when the rollouts sample the model as is
-      truncated_ratio=a.truncated_ratio and config_lib.rollout_rescales(config)))
+      truncated_ratio=a.truncated_ratio and config_lib.rollout_rescales(config),
+      # π_old = μ only when the batch was sampled with the weights being trained
+      old_logprobs_from_sampler=(config.stage == "rl" and config.rollout.exact_logprobs
+                                 and rollout_staleness(config) == 0)))
 
 
 # ------------------------------------------------------------------------------- a whole run

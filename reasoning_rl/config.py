@@ -122,6 +122,13 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "and this rollout rescales or truncates (rollout.temperature / top_p / top_k / min_p): "
           "set algo.packing=False, or algo.truncated_ratio=False to accept the biased "
           "full-softmax ratio")
+  require(not (r.exact_logprobs and config.environment.name), "rollout.exact_logprobs",
+          "exact rollouts verify single-turn completions; multi-turn episodes "
+          f"(environment.name={config.environment.name!r}) are not covered: set "
+          "rollout.exact_logprobs=False")
+  require(not r.exact_logprobs or r.backend == "engine", "rollout.exact_logprobs",
+          f"exact rollouts need this package's engine (rollout.backend={r.backend!r} has no "
+          "canonical forward): set rollout.backend='engine' or rollout.exact_logprobs=False")
   require(config.beta > 0 or math.isinf(config.guards.max_kl), "guards.max_kl",
           "the KL guard measures KL to the reference, which exists only with beta > 0; set "
           "--config.beta or leave max_kl at inf")

@@ -211,6 +211,11 @@ SECTIONS: tuple[Section, ...] = (
               _COUNT),
         Field("max_concurrent_decodes", 16, "decode slots", _COUNT),
         Field("steps_per_call", 16, "decode steps per host round trip", _COUNT),
+        Field("exact_logprobs", False, "zero-mismatch rollouts (sampler/exact.py, "
+              "docs/off_policy.md): every token an exact draw from the training forward's policy "
+              "(drafts verified by Gumbel-max coupling, near-ties repaired) and its log-probs that "
+              "forward's, bit for bit, whatever the batch; synchronous runs then take π_old = μ "
+              "from the sampler without recomputing it. Single-turn, engine backend only"),
     )),
     Section("environment", "Multi-turn rollouts (reasoning_rl/sampler/multiturn.py): the model "
             "acts in an environment (a tool, a game) over several turns; observation tokens are "

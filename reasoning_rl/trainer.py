@@ -86,7 +86,8 @@ class Trainer:
         run.backend, run.tokenizer, run.template, run.scorer, **collector_kwargs)
     if stage is None:
       stage = (RLStage(run, self.collector, staleness=rollout_staleness(run.config),
-                       with_sampler_logprobs=sampler_correction(run.config) != "none")
+                       with_sampler_logprobs=(sampler_correction(run.config) != "none"
+                                              or run.step_fn.config.old_logprobs_from_sampler))
                if run.config.stage == "rl" else SFTStage(run, self.collector, self.workdir))
     self.stage = stage
     # eval.instruction_variants: the held-out set is also evaluated under these templates
@@ -319,8 +320,9 @@ class Trainer:
     start = time.perf_counter()
 
     def evaluate_with(template, canaries=()):
+      # on the bare engine: held-out answers need no exact log-probs (rollout.exact_logprobs)
       return evaluation.run_evaluation(
-          run.backend, run.tokenizer, template, run.data.eval_examples, run.scorer,
+          run.engine if run.engine is not None else run.backend, run.tokenizer, template, run.data.eval_examples, run.scorer,
           num_samples=c.eval.num_samples, temperature=c.eval.temperature,
           max_new_tokens=eval_max_new_tokens(c), stop_strings=tuple(c.rollout.stop_strings),
           seed=c.seed, canaries=canaries, should_stop=checkpointing.preemption_requested,

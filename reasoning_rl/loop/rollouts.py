@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import time
 from typing import Callable, Sequence
 
@@ -48,6 +49,7 @@ class RolloutCollector:
     self.sampling = sampling
     self.seed = seed
     self.episodes = episodes
+    self.exact_totals: list[dict] = []  # this step's ExactStats, one per generate call
     # backend is None on trainer-only processes of a split run: they sample nothing
     if episodes is not None and backend is not None and not hasattr(backend, "generate_episodes"):
       raise ConfigError(f"environment.name={episodes.environment.name!r}: the rollout backend "
@@ -90,6 +92,9 @@ class RolloutCollector:
                             environment_parts=c.reward_parts)
           for text, c in zip(texts, group)])
     sample_s = time.perf_counter() - start
+    exact = getattr(self.backend, "exact_stats", None)
+    if exact is not None and self.episodes is None:  # rollout.exact_logprobs: this call's work
+      self.exact_totals.append(dataclasses.asdict(exact))
     start = time.perf_counter()
     scored = {}
     while len(scored) < len(examples):
@@ -135,6 +140,7 @@ class RolloutCollector:
     """
     kept, sampled = [], []
     sample_s = verify_s = 0.0
+    self.exact_totals = []
     for _ in range(max_rounds if dynamic_sampling else 1):
       groups, s, v = self.collect(take_examples(num_prompts - len(kept)),
                                   should_stop=should_stop)
@@ -147,7 +153,19 @@ class RolloutCollector:
     return SampledBatch(
         groups=tuple(kept), outcome=batching.group_outcome_fractions([g.group for g in sampled]),
         groups_sampled=len(sampled), scoring=scoring, sample_s=sample_s, verify_s=verify_s,
-        policy_version=policy_version)
+        policy_version=policy_version, exact=exact_summary(self.exact_totals))
+
+
+def exact_summary(calls: list[dict]) -> dict | None:
+  """One step's `sampler.exact.ExactStats` over its sampling rounds: counts and seconds summed,
+  the draft mismatch's mean weighted by tokens and its max the largest; None without any."""
+  if not calls:
+    return None
+  total = {name: sum(call[name] for call in calls) for name in calls[0]}
+  tokens = max(total["tokens"], 1)
+  total["draft_mismatch_mean"] = sum(c["draft_mismatch_mean"] * c["tokens"] for c in calls) / tokens
+  total["draft_mismatch_max"] = max(c["draft_mismatch_max"] for c in calls)
+  return total
 
 
 class ShardedCollector(RolloutCollector):

@@ -75,6 +75,8 @@ class SampledBatch:
   scoring: {ok, timeout, error} group counts over every group sampled.
   sample_s / verify_s: seconds decoding / waiting for the scorer after decoding ended.
   policy_version: the policy version that sampled the groups.
+  exact: with `rollout.exact_logprobs`, what verification did on this process's share
+    (`sampler.exact.ExactStats` as a dict, summed over dynamic-sampling rounds); else None.
   """
 
   groups: tuple[GroupRollout, ...]
@@ -84,6 +86,7 @@ class SampledBatch:
   sample_s: float
   verify_s: float
   policy_version: int
+  exact: dict | None = None
 
   def to_json(self) -> dict:
     fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -69,6 +69,9 @@ def rl_metrics(batch: SampledBatch, stats: Mapping[str, float], *, reward_parts:
     row["episode/observation_tokens_mean"] = float(np.mean(
         [len(g.completion_ids[s]) - model_token_count(g, s) for g in groups
          for s in range(g.size)]))
+  if batch.exact:  # rollout.exact_logprobs: repairs and the decode path's mismatch it removed
+    row.update({f"sampler/exact_{key}": value for key, value in batch.exact.items()
+                if not key.endswith("_s")})
   row.update({f"train/{key}": value for key, value in stats.items()
               if key not in TOP_LEVEL_STATS})
   return row
@@ -77,7 +80,9 @@ def rl_metrics(batch: SampledBatch, stats: Mapping[str, float], *, reward_parts:
 def rl_timing(batch: SampledBatch, times: StepTimes, *, asynchronous: bool) -> dict[str, float]:
   """`time/*` keys. With synchronous rollouts the batch was sampled inside this step."""
   sampled_now = 0.0 if asynchronous else batch.sample_s + batch.verify_s
-  return {
+  exact = {f"time/exact_{key}": value for key, value in (batch.exact or {}).items()
+           if key.endswith("_s")}  # parts of sample_s (rollout.exact_logprobs)
+  return {**exact,
       "time/sample_s": batch.sample_s, "time/verify_s": batch.verify_s,
       "time/train_s": times.train_s, "time/sync_s": times.sync_s,
       "time/sample_ahead_s": times.sample_ahead_s, "time/step_s": times.step_s,

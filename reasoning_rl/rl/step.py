@@ -155,6 +155,10 @@ class StepConfig:
     settings (`reasoning_rl.rl.logprobs.TRUNCATION_FIELDS`). Packed batches carry none:
     `host_batch` packs only batches whose every row samples the model's own distribution, where
     π^W = π exactly, and refuses the others.
+  old_logprobs_from_sampler: the batch's behavior_logprobs are π_old itself, bit for bit
+    (`rollout.exact_logprobs` with synchronous rollouts: the sampler reported the canonical
+    forward's log-probs at these very weights, `reasoning_rl.sampler.exact`), so where the step
+    needs π_old (μ·M > 1, PPO) it takes them instead of recomputing them.
   """
 
   # Not config fields: set by `build.step_config` from the stage, the rollout and the model.
@@ -163,6 +167,7 @@ class StepConfig:
   lora: Any = None  # reasoning_rl.lora.LoraSettings when training adapters; None = all weights
   compute_dtype: str | None = None
   truncated_ratio: bool = False  # config.algo.truncated_ratio, applied when the rollout warps
+  old_logprobs_from_sampler: bool = False  # rollout.exact_logprobs with synchronous rollouts
   # The config's own fields, same names and defaults (reasoning_rl/config_schema.py).
   loss_type: str = sourced("algo.loss_type")
   beta: float = sourced("beta")
@@ -584,11 +589,23 @@ class TrainStep:
     c = self.config
     return c.algorithm != "sft" and (c.updates_per_step > 1 or c.algorithm == "ppo")
 
+  def _old_logprobs_from_batch(self, batch) -> bool:
+    """π_old is the sampler's behavior_logprobs (`StepConfig.old_logprobs_from_sampler`)."""
+    if not (self.config.old_logprobs_from_sampler and self._needs_old_logprobs()):
+      return False
+    if "behavior_logprobs" not in batch:
+      raise ConfigError("rollout.exact_logprobs: the step takes π_old from the sampler, but the "
+                        "batch has no behavior_logprobs [B, T]: build it with "
+                        "batching.build_batch(..., with_behavior_logprobs=True)")
+    return True
+
   def _frozen_forwards(self, state: TrainState, batch):
     """π_old log-probs, (ppo) old values and (β > 0) reference log-probs, [B, T] each, computed
     one micro-batch (the rows of one update's micro-batch) at a time."""
     c = self.config
-    needs_old = self._needs_old_logprobs()
+    from_sampler = self._old_logprobs_from_batch(batch)
+    # PPO still needs its old values from this forward; π_old itself then comes from the batch
+    needs_old = self._needs_old_logprobs() and not (from_sampler and c.algorithm != "ppo")
     model_inputs = (("tokens", "positions", "segment_ids", "head_index", "head_targets",
                      "token_index") if packing.is_packed(batch) else ("tokens", "attention_mask"))
     inputs = {k: batch[k] for k in (*model_inputs, "completion_mask")}
@@ -635,6 +652,8 @@ class TrainStep:
     else:
       c.check_batch_size(batch["completion_mask"].shape[0])
     batch = dict(batch, **self._frozen_forwards(state, batch))
+    if self._old_logprobs_from_batch(batch):
+      batch["old_logprobs"] = batch["behavior_logprobs"]
     if c.algorithm == "ppo":
       # GAE per sequence and whitening over every sequence: on [B, T], whatever the layout.
       shape = batch["completion_mask"].shape

@@ -32,10 +32,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import jax
+from flax import nnx
 
 from reasoning_rl import registries
 from reasoning_rl.errors import SamplingError
 from reasoning_rl.sampler.engine import Engine
+from reasoning_rl.sampler.exact import CanonicalScorer, ExactStats, exact_groups
 from reasoning_rl.sampler.multiturn import EpisodeSettings, stream_episodes
 from reasoning_rl.sampler.rollout import Completion, stream_groups
 from reasoning_rl.sampler.sampling import SamplingParams
@@ -89,10 +91,16 @@ class BackendSpec:
 
 class EngineBackend:
   """`RolloutBackend` over this package's `Engine`: prefix-shared groups, continuous batching,
-  the engine's KV cache in slots (`rollout.stream_groups`), weights copied device to device."""
+  the engine's KV cache in slots (`rollout.stream_groups`), weights copied device to device.
 
-  def __init__(self, engine: Engine):
+  With a `scorer` (`rollout.exact_logprobs`), `generate` is `exact.exact_groups`: drafts verified
+  and repaired against the canonical forward, whose log-probs it reports; `exact_stats` then holds
+  the last call's `exact.ExactStats`."""
+
+  def __init__(self, engine: Engine, scorer: CanonicalScorer | None = None):
     self.engine = engine
+    self.scorer = scorer
+    self.exact_stats: ExactStats | None = None
     self._stopped = False
 
   @property
@@ -106,10 +114,13 @@ class EngineBackend:
   def generate(self, prompts, *, prompt_ids, num_samples, sampling, max_new_tokens, stop_ids,
                stop_strings, tokenizer, seed, should_stop=None) -> Iterator[Completion]:
     self._check_running()
-    return stream_groups(self.engine, prompts, num_samples=num_samples, sampling=sampling,
-                         max_new_tokens=max_new_tokens, stop_ids=stop_ids,
-                         stop_strings=stop_strings, tokenizer=tokenizer, seed=seed,
-                         prompt_ids=prompt_ids, should_stop=should_stop)
+    common = dict(num_samples=num_samples, sampling=sampling, max_new_tokens=max_new_tokens,
+                  stop_ids=stop_ids, stop_strings=stop_strings, tokenizer=tokenizer, seed=seed,
+                  prompt_ids=prompt_ids, should_stop=should_stop)
+    if self.scorer is None:
+      return stream_groups(self.engine, prompts, **common)
+    self.exact_stats = ExactStats()
+    return exact_groups(self.engine, self.scorer, prompts, stats=self.exact_stats, **common)
 
   def generate_episodes(self, prompts, *, examples, episodes: EpisodeSettings, prompt_ids,
                         num_samples, sampling, max_new_tokens, stop_ids, tokenizer, seed,
@@ -139,12 +150,17 @@ class EngineBackend:
     "engine", summary="this package's JetStream-API engine: prefix-shared groups, continuous "
     "batching, KV cache in slots, device-to-device weight copies",
     options=("rollout.max_concurrent_decodes", "rollout.max_prefill_length",
-             "rollout.steps_per_call"))
+             "rollout.steps_per_call", "rollout.exact_logprobs"))
 def _engine_backend(spec: BackendSpec) -> EngineBackend:
-  return EngineBackend(Engine(
+  engine = Engine(
       spec.model, mesh=spec.mesh, max_concurrent_decodes=spec.max_concurrent_decodes,
       max_prefill_length=spec.max_prefill_length, max_decode_length=spec.max_decode_length,
-      steps_per_call=spec.steps_per_call, seed=spec.seed))
+      steps_per_call=spec.steps_per_call, seed=spec.seed)
+  scorer = None
+  if spec.config is not None and spec.config.rollout.get("exact_logprobs", False):
+    scorer = CanonicalScorer(nnx.graphdef(spec.model), max_prompt_length=spec.max_prefill_length,
+                             max_completion_length=spec.max_decode_length)
+  return EngineBackend(engine, scorer)
 
 
 def as_backend(sampler: RolloutBackend | Engine) -> RolloutBackend:

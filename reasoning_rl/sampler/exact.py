@@ -1,0 +1,344 @@
+"""Zero-mismatch rollouts (`rollout.exact_logprobs`): every token is an exact draw from the
+policy as the training forward computes it, and its recorded log-probs are that forward's, bit for
+bit, whatever the batch, slot, padding or cache layout it was decoded in.
+
+Why the decode path alone cannot give this: the KV-cached decode step and the trainer's full
+forward compute the same function in different orders (one token against a cache vs. T tokens at
+once, other batch shapes, other reduction splits), so their float results differ in the last bits
+(float32) or more (bfloat16), and so do the log-probs of the same token. Importance ratios then
+carry a mismatch nobody chose (docs/off_policy.md, "Exact mode").
+
+What this module does instead:
+
+1. **A canonical forward** (`CanonicalScorer`). Each sequence is laid out alone in one row of a
+   fixed length L = max_prefill_length + max_decode_length, prompt first at position 0, and the
+   rows are run one after another (`lax.map`) by one compiled program that always takes the same
+   number of rows, so every sequence meets the same machine code with the same shapes whatever
+   else is in the batch. (A program per row count is not enough: XLA compiles a one-row loop
+   differently from a longer one, and SmolLM2's log-probs then differ in the last bit.) Causal attention reads only earlier
+   positions, and masked scores contribute exact zeros, so a position's logits depend on the
+   sequence's own tokens up to it and nothing else. The forward is the training one
+   (`Transformer.hidden_states` + the vocabulary head, the model's dtype and attention kernel).
+   Its outputs at each completion position t: the full-softmax log-prob of the token there, its
+   log-prob under the sampler's warped distribution (`sampling.truncated_logprobs`, the function
+   the trainer rebuilds π^W with), and the token the sampler's own rule (`sampling.sample_tokens`:
+   Gumbel-max with the key fold_in(sample_key, t), or argmax when greedy) draws from these logits.
+
+2. **Verify and repair** (`exact_groups`). The engine decodes as usual (the draft). The scorer then
+   replays every draft: with Gumbel-max coupling (the same noise g_t at each position), a draft
+   token that equals the canonical draw is exactly the token canonical sampling would have drawn
+   after that prefix. At the first position where they differ (a near-tie the decode path's
+   rounding resolved differently) the canonical token replaces the draft's, and the engine
+   continues the sequence from there (`Engine.append_to_slot`, with the draw counter at t + 1 so
+   the noise stream continues). Repeating until every position agrees yields, for each sample,
+   exactly the sequence C(g) that autoregressive sampling from the canonical forward produces with
+   noise g — a deterministic function of independent Gumbel noise, hence an exact sample of the
+   canonical policy (the argument of speculative decoding with a coupled draft, Leviathan et al.
+   2023, arXiv:2211.17192, with Gumbel-max coupling instead of rejection sampling).
+
+So μ (what the sampler drew from) is the canonical policy at the sampler's weights, the recorded
+log-probs are its log-probs, and a trainer with the same weights needs no recomputation of π_old
+and no correction: π_old = μ exactly (`rl.step.StepConfig.old_logprobs_from_sampler`).
+
+Cost (benchmarks/RESULTS.md, "Exact log-probs"): one canonical forward over every completion per
+round, plus the Gumbel noise of every position again, plus a continuation per repair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from reasoning_rl.errors import PhaseInterrupted, SamplingError
+from reasoning_rl.sampler import sampling as sampling_lib
+from reasoning_rl.sampler.engine import Engine
+from reasoning_rl.sampler.rollout import Completion, find_stop_string, stream_groups
+from reasoning_rl.sampler.sampling import SamplingParams, sample_key
+
+
+@dataclasses.dataclass(frozen=True)
+class CanonicalScores:
+  """The canonical forward's view of N sequences, [N, T] each (T = the scorer's completion
+  length; positions past a sequence's end hold values for padding tokens: ignore them).
+
+  draws: the token the sampler's rule draws at each position after the sequence's prefix.
+  logprobs: full-softmax log p of the sequence's own token there.
+  sampling_logprobs: its log-prob under the warped, renormalised distribution (π^W).
+  """
+
+  draws: np.ndarray
+  logprobs: np.ndarray
+  sampling_logprobs: np.ndarray
+
+
+class CanonicalScorer:
+  """The batch-invariant forward of `exact_logprobs` (module docstring, point 1).
+
+  Args:
+    graphdef: the policy's NNX graph definition (its parameters are passed to `score`).
+    max_prompt_length, max_completion_length: the layout's row is their sum, fixed for a run:
+      a sequence's scores depend on this length too, so sampler and trainer must share one scorer
+      configuration.
+    rows_per_call: sequences per call of the compiled program (the last call is padded): fixed,
+      so one program scores everything.
+  """
+
+  def __init__(self, graphdef, *, max_prompt_length: int, max_completion_length: int,
+               rows_per_call: int = 4):
+    self.max_prompt_length = int(max_prompt_length)
+    self.max_completion_length = int(max_completion_length)
+    self.rows_per_call = int(rows_per_call)
+    self.length = self.max_prompt_length + self.max_completion_length
+    self.num_scored = 0
+    length, completion = self.length, self.max_completion_length
+
+    def score(params, tokens, prompt_lengths, keys, temperature, top_p, top_k, min_p):
+      model = nnx.merge(graphdef, params)
+      settings = tuple(jnp.broadcast_to(x, (completion,))
+                       for x in (temperature, top_p, top_k, min_p))
+
+      def one_sequence(args):
+        row, prompt_length, key = args
+        hidden = model.hidden_states(row[None], jnp.ones((1, length), jnp.int32))[0]
+        # the hidden state at position p + t - 1 predicts completion token t
+        hidden = jax.lax.dynamic_slice_in_dim(hidden, prompt_length - 1, completion, axis=0)
+        targets = jax.lax.dynamic_slice_in_dim(row, prompt_length, completion, axis=0)
+        logits = model.logits_from_hidden(hidden).astype(jnp.float32)  # [T, V]
+        log_norm = jax.nn.logsumexp(logits, axis=-1)
+        full = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0] - log_norm
+        warped = sampling_lib.truncated_logprobs(logits, targets, *settings)
+        draw_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+            key, jnp.arange(completion, dtype=jnp.int32))
+        draws, _, _ = sampling_lib.sample_tokens(logits, draw_keys, *settings)
+        return draws, full, warped
+
+      return jax.lax.map(one_sequence, (tokens, prompt_lengths, keys))
+
+    self._score_fn = jax.jit(score)
+
+  def layout(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]):
+    """(tokens [R, L] int32, prompt lengths [R] int32) of the canonical layout, R the sequence
+    count rounded up to a multiple of `rows_per_call` (padding rows: one token)."""
+    rows = -(-len(prompts) // self.rows_per_call) * self.rows_per_call
+    tokens = np.zeros((rows, self.length), np.int32)
+    prompt_lengths = np.ones(rows, np.int32)
+    for index, (prompt, completion) in enumerate(zip(prompts, completions)):
+      if not 1 <= len(prompt) <= self.max_prompt_length:
+        raise SamplingError(f"prompt {index}: {len(prompt)} tokens; the canonical layout holds "
+                            f"1..{self.max_prompt_length}")
+      if len(completion) > self.max_completion_length:
+        raise SamplingError(f"completion {index}: {len(completion)} tokens exceed the canonical "
+                            f"layout's {self.max_completion_length}")
+      sequence = list(prompt) + list(completion)
+      tokens[index, :len(sequence)] = sequence
+      prompt_lengths[index] = len(prompt)
+    return tokens, prompt_lengths
+
+  def score(self, params, prompts: Sequence[Sequence[int]],
+            completions: Sequence[Sequence[int]], keys: Sequence[jax.Array],
+            sampling: SamplingParams) -> CanonicalScores:
+    """Canonical draws and log-probs of each (prompt, completion), the n-th sequence's draws
+    made with keys[n] (its `sample_key`; token t with fold_in(keys[n], t))."""
+    if not len(prompts) == len(completions) == len(keys):
+      raise SamplingError(f"score: {len(prompts)} prompts, {len(completions)} completions and "
+                          f"{len(keys)} keys; pass one of each per sequence")
+    if not prompts:
+      empty = np.zeros((0, self.max_completion_length), np.float32)
+      return CanonicalScores(empty.astype(np.int32), empty, empty)
+    tokens, prompt_lengths = self.layout(prompts, completions)
+    rows, chunk = tokens.shape[0], self.rows_per_call
+    key_rows = jnp.stack(list(keys) + [keys[0]] * (rows - len(keys)))
+    settings = (np.float32(sampling.temperature), np.float32(sampling.top_p),
+                np.int32(sampling.top_k), np.float32(sampling.min_p))
+    # dispatched together, fetched once: the calls queue on the device back to back
+    outputs = [self._score_fn(params, tokens[i:i + chunk], prompt_lengths[i:i + chunk],
+                              key_rows[i:i + chunk], *settings) for i in range(0, rows, chunk)]
+    draws, logprobs, warped = (np.concatenate(parts)[:len(prompts)]
+                               for parts in zip(*jax.device_get(outputs)))
+    self.num_scored += len(prompts)
+    return CanonicalScores(draws, logprobs, warped)
+
+
+@dataclasses.dataclass
+class ExactStats:
+  """What one `exact_groups` call did (logged as sampler/exact_*).
+
+  draft_mismatch_mean / _max: mean and largest |log-prob the decode path reported − canonical
+  log-prob| over the drafts' tokens before any repair (the mismatch the mode removes).
+  """
+
+  sequences: int = 0
+  tokens: int = 0
+  repairs: int = 0
+  repaired_sequences: int = 0
+  rounds: int = 0
+  draft_mismatch_mean: float = 0.0
+  draft_mismatch_max: float = 0.0
+  score_s: float = 0.0
+  repair_s: float = 0.0
+
+
+@dataclasses.dataclass
+class _Pending:
+  """A sequence on its way to being exact: `completion` verified below `verified`."""
+
+  draft: Completion
+  key: jax.Array
+  completion: list[int]
+  reason: str
+  verified: int = 0
+
+
+def _ending(tokens: Sequence[int], *, stop_set, max_new_tokens, tokenizer, stop_strings):
+  """Why a sequence of completion tokens has ended ("stop_id", "stop_string", "length"), with
+  the length it ends at, or (None, len): it continues."""
+  if tokens and tokens[-1] in stop_set:
+    return "stop_id", len(tokens)
+  cut = find_stop_string(tokenizer, tokens, stop_strings) if stop_strings else None
+  if cut is not None:
+    return "stop_string", cut
+  if len(tokens) >= max_new_tokens:
+    return "length", len(tokens)
+  return None, len(tokens)
+
+
+def continue_sequences(engine: Engine, items: Sequence[tuple[list[int], list[int], jax.Array]],
+                       *, sampling: SamplingParams, max_new_tokens: int, stop_ids: Sequence[int],
+                       stop_strings: Sequence[str], tokenizer,
+                       should_stop: Callable[[], bool] | None = None) -> list[list[int]]:
+  """Decodes each (prompt, completion so far, sample key) on from its end: the completion's tokens
+  are appended after the prefilled prompt (`Engine.append_to_slot`) and the next draw is number
+  len(completion) of the key's stream. Returns each whole completion (the given tokens first),
+  ended by a stop id, a stop string (cut after it) or the budget. Runs in waves of the engine's
+  slots."""
+  results: list[list[int]] = []
+  slots = engine.max_concurrent_decodes
+  for start in range(0, len(items), slots):
+    wave = items[start:start + slots]
+    prepared = [engine.prepare_prompt(prompt) for prompt, _, _ in wave]
+    prefixes = engine.prefill_many(
+        params=engine.params, padded_tokens=[padded for padded, _ in prepared],
+        true_lengths=[length for _, length in prepared],
+        requests=[engine.make_request(key=key, sampling=sampling, max_new_tokens=max_new_tokens,
+                                      stop_ids=stop_ids) for _, _, key in wave])
+    state = engine.init_decode_state()
+    tokens = []
+    for slot, ((prompt, completion, _), prefix) in enumerate(zip(wave, prefixes)):
+      state = engine.insert(prefix, state, slot)
+      state = engine.append_to_slot(engine.params, state, slot, completion, start=len(prompt),
+                                    max_new_tokens=max_new_tokens - len(completion),
+                                    draws_kept=len(completion))
+      tokens.append(list(completion))
+    live = set(range(len(wave)))
+    while live:
+      if should_stop is not None and should_stop():
+        raise PhaseInterrupted("exact rollouts: stopped on request while repairing")
+      state, result = engine.generate(engine.params, state)
+      result = result.to_host()
+      for slot in sorted(live):
+        new = result.tokens[slot][result.valid[slot]].tolist()
+        tokens[slot] += new
+        cut = (find_stop_string(tokenizer, tokens[slot], stop_strings)
+               if stop_strings and new else None)
+        if cut is not None:
+          tokens[slot] = tokens[slot][:cut]
+          if not result.done[slot]:
+            state = engine.release(state, slot)
+          live.discard(slot)
+        elif result.done[slot]:
+          live.discard(slot)
+    results += tokens
+  return results
+
+
+def exact_groups(engine: Engine, scorer: CanonicalScorer, prompts: Sequence[Sequence[int]], *,
+                 num_samples: int, sampling: SamplingParams, max_new_tokens: int,
+                 stop_ids: Sequence[int] = (), stop_strings: Sequence[str] = (), tokenizer=None,
+                 seed: int = 0, prompt_ids: Sequence[int] | None = None,
+                 should_stop: Callable[[], bool] | None = None,
+                 stats: ExactStats | None = None, target_params=None) -> Iterator[Completion]:
+  """`rollout.stream_groups`, made exact (module docstring, point 2): yields every completion once
+  all of them are verified, each with the canonical forward's `logprobs` and `sampling_logprobs`
+  (None when the sampling settings leave the model's distribution as it is).
+
+  `stats`, when given, is filled in (`ExactStats`). `target_params`: the weights the canonical
+  forward scores with (default: the engine's own). Other weights make the engine a draft model
+  (speculative decoding): the output is still exact sampling of the target, with more repairs."""
+  if max_new_tokens > scorer.max_completion_length:
+    raise SamplingError(f"max_new_tokens={max_new_tokens} exceeds the canonical layout's "
+                        f"{scorer.max_completion_length} completion tokens")
+  stats = stats if stats is not None else ExactStats()
+  target = engine.params if target_params is None else target_params
+  drafts = list(stream_groups(
+      engine, prompts, num_samples=num_samples, sampling=sampling, max_new_tokens=max_new_tokens,
+      stop_ids=stop_ids, stop_strings=stop_strings, tokenizer=tokenizer, seed=seed,
+      prompt_ids=prompt_ids, should_stop=should_stop))
+  stop_set = {int(i) for i in stop_ids}
+  ending = dict(stop_set=stop_set, max_new_tokens=max_new_tokens, tokenizer=tokenizer,
+                stop_strings=list(stop_strings))
+  pending = [_Pending(draft=c, key=sample_key(seed, c.prompt_id, c.sample_index),
+                      completion=list(c.completion_ids), reason=c.finish_reason)
+             for c in drafts]
+  stats.sequences += len(pending)
+  finished: list[Completion] = []
+  first_round = True
+  while pending:
+    stats.rounds += 1
+    start = time.perf_counter()
+    scores = scorer.score(target, [p.draft.prompt_tokens for p in pending],
+                          [p.completion for p in pending], [p.key for p in pending], sampling)
+    stats.score_s += time.perf_counter() - start
+    if first_round:
+      gaps = np.concatenate([np.abs(np.asarray(p.draft.logprobs) - scores.logprobs[i, :len(
+          p.completion)]) for i, p in enumerate(pending)] or [np.zeros(0)])
+      if gaps.size:
+        stats.draft_mismatch_mean = float(gaps.mean())
+        stats.draft_mismatch_max = float(gaps.max())
+      first_round = False
+    to_continue = []
+    for index, p in enumerate(pending):
+      n = len(p.completion)
+      wrong = np.flatnonzero(scores.draws[index, :n] != np.asarray(p.completion, np.int32))
+      if not wrong.size:
+        stats.tokens += n
+        finished.append(dataclasses.replace(
+            p.draft, completion_ids=p.completion,
+            logprobs=scores.logprobs[index, :n].tolist(),
+            sampling_logprobs=(scores.sampling_logprobs[index, :n].tolist()
+                               if sampling.changes_distribution else None),
+            finish_reason=p.reason, truncated=p.reason == "length"))
+        continue
+      t = int(wrong[0])
+      stats.repairs += 1
+      stats.repaired_sequences += p.verified == 0
+      p.completion = p.completion[:t] + [int(scores.draws[index, t])]
+      p.verified = t + 1
+      reason, length = _ending(p.completion, **ending)
+      if reason is None:
+        to_continue.append(p)
+      else:
+        p.completion, p.reason = p.completion[:length], reason
+    if to_continue:
+      start = time.perf_counter()
+      continued = continue_sequences(
+          engine, [(p.draft.prompt_tokens, p.completion, p.key) for p in to_continue],
+          sampling=sampling, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
+          stop_strings=stop_strings, tokenizer=tokenizer, should_stop=should_stop)
+      stats.repair_s += time.perf_counter() - start
+      for p, completion in zip(to_continue, continued):
+        p.completion = completion
+        p.reason = _ending(completion, **ending)[0] or "length"
+    done_ids = {(c.prompt_id, c.sample_index) for c in finished}
+    pending = [p for p in pending
+               if (p.draft.prompt_id, p.draft.sample_index) not in done_ids]
+  yield from finished
+
+
+__all__ = ["CanonicalScorer", "CanonicalScores", "ExactStats", "continue_sequences",
+           "exact_groups"]
