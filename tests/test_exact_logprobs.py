@@ -195,6 +195,15 @@ def test_the_step_takes_pi_old_from_the_sampler(packed):
                              np.asarray(batch["behavior_logprobs"])[mask], atol=1e-5)
 
 
+@pytest.mark.parametrize("asynchronous, expected", [(False, True), (True, False)])
+def test_only_synchronous_steps_take_pi_old_from_the_sampler(asynchronous, expected):
+  from reasoning_rl.build import step_config
+  config = debug_config(**{"rollout.exact_logprobs": True,
+                           "async_rollouts.enabled": asynchronous})
+  assert step_config(config).old_logprobs_from_sampler is expected
+  assert step_config(debug_config()).old_logprobs_from_sampler is False
+
+
 def test_exact_mode_refuses_what_it_does_not_cover():
   with pytest.raises(ConfigError, match=r"config\.rollout\.exact_logprobs=True: exact rollouts "
                                         r"verify single-turn"):

@@ -129,6 +129,22 @@ def test_packed_training_matches_the_padded_run(baseline, tmp_path):
   assert packed[0]["loss"] == pytest.approx(padded[0]["loss"], abs=1e-6)
 
 
+def test_exact_logprobs_run_samples_what_the_baseline_samples(baseline, tmp_path):
+  """rollout.exact_logprobs through the real loop: float32 drafts need no repair, so the run
+  samples and trains what the baseline does, and logs what verification found."""
+  train(tmp_path, "--config.rollout.exact_logprobs=True", "--config.total_steps=2")
+  exact, plain = read_metrics(tmp_path / "metrics.jsonl"), read_metrics(
+      baseline / "metrics.jsonl")
+  for row, reference in zip(exact, plain[:2]):
+    assert row["sampler/exact_sequences"] == 16 and row["sampler/exact_rounds"] == 1
+    assert row["sampler/exact_repairs"] == 0
+    assert 0 < row["sampler/exact_draft_mismatch_max"] < 1e-4  # what the mode removed
+    assert row["reward/mean"] == reference["reward/mean"]
+    assert row["response_length/mean"] == reference["response_length/mean"]
+    assert row["loss"] == pytest.approx(reference["loss"], abs=1e-6)
+  assert "sampler/exact_repairs" not in plain[0]
+
+
 def test_async_with_staleness_applies_importance_correction(tmp_path):
   train(tmp_path, "--config.async_rollouts.enabled=True",
         "--config.async_rollouts.max_staleness=1", "--config.total_steps=6",
