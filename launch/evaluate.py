@@ -62,6 +62,9 @@ def main(argv):
     print("error: --checkpoint is required", file=sys.stderr)
     return ExitCode.BAD_INPUT
   try:
+    from reasoning_rl import compile_cache
+
+    compile_cache.enable()  # the next run reuses compiled programs (REASONING_RL_COMPILATION_CACHE)
     runtime.initialize(_PROCESS_FLAGS())
     share = data_parallel.current_share()
     checkpoint = storage.path(_CHECKPOINT.value)

@@ -69,6 +69,9 @@ def main(argv):
       if process_flags.num_slices and process_flags.num_slices > 1 and not config.mesh.num_slices:
         # the stand-ins' devices carry no slice_index: the environment's slices are the run's
         config.mesh.num_slices = process_flags.num_slices
+    from reasoning_rl import compile_cache
+
+    compile_cache.enable()  # the next run reuses compiled programs (REASONING_RL_COMPILATION_CACHE)
     runtime.initialize(process_flags)
     exit_code = train(config)
     runtime.finish()  # every process ended normally: none of them is "lost" when it exits

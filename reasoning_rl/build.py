@@ -212,6 +212,10 @@ def load_checkpoint(checkpoint: str, *, dtype: str, mesh=None):
   return model, tokenizer
 
 
+# Cache entries up to which a sized engine attends over the whole cache (`build_sized_engine`).
+SHORT_CACHE = 512
+
+
 def build_sized_engine(model, *, longest_prompt: int, max_new_tokens: int, num_sequences: int,
                        max_concurrent_decodes: int, steps_per_call: int, mesh=None):
   """An engine sized for a known set of prompts (launch/generate.py): no more decode slots than
@@ -221,11 +225,15 @@ def build_sized_engine(model, *, longest_prompt: int, max_new_tokens: int, num_s
   from reasoning_rl.sampler.engine import prefill_bucket
 
   limit = model.config.max_position_embeddings - max_new_tokens
+  prefill_length = prefill_bucket(longest_prompt, max_prefill_length=limit)
   return Engine(model, mesh=mesh,
                 max_concurrent_decodes=max(1, min(max_concurrent_decodes, num_sequences)),
-                max_prefill_length=prefill_bucket(longest_prompt, max_prefill_length=limit),
-                max_decode_length=max_new_tokens,
-                steps_per_call=min(steps_per_call, max_new_tokens))
+                max_prefill_length=prefill_length, max_decode_length=max_new_tokens,
+                steps_per_call=min(steps_per_call, max_new_tokens),
+                # Each live-length bucket is one more compile of the decode loop (~4 s for
+                # SmolLM2 on 2 cores) for attention that is a few % of a step over a short cache:
+                # worth it only for long ones (benchmarks/RESULTS.md, "launch/generate.py").
+                live_length_attention=prefill_length + max_new_tokens > SHORT_CACHE)
 
 
 def sampling_params(config: ml_collections.ConfigDict):

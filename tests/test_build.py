@@ -1,6 +1,7 @@
 """reasoning_rl.build: the one place configs and checkpoints become objects."""
 
 import ast
+import dataclasses
 import pathlib
 
 import pytest
@@ -39,6 +40,14 @@ def test_sized_engine_fits_the_prompts_it_was_built_for():
   assert capped.max_concurrent_decodes == 16
   assert capped.max_prefill_length == 216  # the context minus the decode budget caps the bucket
   assert capped.steps_per_call == 8
+  # a short cache (128 + 40 entries) is attended whole: one decode-loop compile, not one per
+  # live-length bucket; a long one keeps the buckets
+  assert not engine.live_length_attention
+  long_context = create_model(dataclasses.replace(model.config, max_position_embeddings=4096),
+                              seed=0)
+  assert build_sized_engine(long_context, longest_prompt=70, max_new_tokens=1024,
+                            num_sequences=6, max_concurrent_decodes=16,
+                            steps_per_call=64).live_length_attention
 
 
 def test_a_checkpoint_without_tokenizer_is_refused_by_name(tmp_path, monkeypatch):
