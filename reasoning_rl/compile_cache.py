@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import warnings
 
 ENV_VAR = "REASONING_RL_COMPILATION_CACHE"
 _OFF = ("off", "0", "false", "no", "disabled")
@@ -72,6 +73,11 @@ def enable(environ=None) -> str | None:
   import jax  # pylint: disable=import-outside-toplevel
 
   jax.config.update("jax_compilation_cache_dir", path)
+  # A cache entry that cannot be read or written (a full disk, a file-size limit) costs one
+  # compile and nothing else; JAX warns on stderr, which would join the launcher's one-line error
+  # of the failure that matters (the checkpoint's, say, on that same full disk).
+  warnings.filterwarnings("ignore", message=r"Error (reading|writing) persistent compilation "
+                          r"cache", category=UserWarning)
   return path
 
 

@@ -136,9 +136,10 @@ def _train_with_file_size_limit(workdir, limit_kib, *overrides):
              "--config.logging.progress_bar=False", *overrides]
   if limit_kib:
     command = ["sh", "-c", f'ulimit -f {limit_kib} && exec "$@"', "sh", *command]
-  # without the tests' compilation cache: its writes would fail under the cap too, and JAX's
-  # warnings about them would join the one line of stderr these tests check
+  # the launcher's own compilation cache, in this test's directory: its writes fail under the cap
+  # too, and the launcher must keep JAX's warnings about them off the one line of stderr checked
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  env["REASONING_RL_COMPILATION_CACHE"] = str(pathlib.Path(workdir).parent / "jax_cache")
   return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
                         env=env)
 
