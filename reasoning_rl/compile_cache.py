@@ -6,7 +6,7 @@ step ~4 s, `launch/generate.py` 18 s in all), minutes for a large model on a TPU
 on every resume after a preemption. JAX can keep compiled executables on disk and load them in
 the next process instead (`jax_compilation_cache_dir`). The launchers turn that on by default:
 
-- Where: `$REASONING_RL_COMPILATION_CACHE` if it names a directory (local or gs://), else
+- Where: `$REASONING_RL_COMPILATION_CACHE` if it names a local directory, else
   `$XDG_CACHE_HOME/reasoning_rl/jax` (`~/.cache/...`); `off` (or `0`, `false`) turns it off, and a
   `JAX_COMPILATION_CACHE_DIR` the user set is left to JAX as it is.
 - One subdirectory per machine kind (`machine_key`): an entry is native code, and XLA:CPU loads an

@@ -321,8 +321,9 @@ class Trainer:
 
     def evaluate_with(template, canaries=()):
       # on the bare engine: held-out answers need no exact log-probs (rollout.exact_logprobs)
+      sampler = run.engine if run.engine is not None else run.backend
       return evaluation.run_evaluation(
-          run.engine if run.engine is not None else run.backend, run.tokenizer, template, run.data.eval_examples, run.scorer,
+          sampler, run.tokenizer, template, run.data.eval_examples, run.scorer,
           num_samples=c.eval.num_samples, temperature=c.eval.temperature,
           max_new_tokens=eval_max_new_tokens(c), stop_strings=tuple(c.rollout.stop_strings),
           seed=c.seed, canaries=canaries, should_stop=checkpointing.preemption_requested,

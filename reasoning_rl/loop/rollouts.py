@@ -163,7 +163,8 @@ def exact_summary(calls: list[dict]) -> dict | None:
     return None
   total = {name: sum(call[name] for call in calls) for name in calls[0]}
   tokens = max(total["tokens"], 1)
-  total["draft_mismatch_mean"] = sum(c["draft_mismatch_mean"] * c["tokens"] for c in calls) / tokens
+  total["draft_mismatch_mean"] = sum(
+      c["draft_mismatch_mean"] * c["tokens"] for c in calls) / tokens
   total["draft_mismatch_max"] = max(c["draft_mismatch_max"] for c in calls)
   return total
 

@@ -599,11 +599,11 @@ class TrainStep:
                         "batching.build_batch(..., with_behavior_logprobs=True)")
     return True
 
-  def _frozen_forwards(self, state: TrainState, batch):
+  def _frozen_forwards(self, state: TrainState, batch, from_sampler: bool):
     """π_old log-probs, (ppo) old values and (β > 0) reference log-probs, [B, T] each, computed
-    one micro-batch (the rows of one update's micro-batch) at a time."""
+    one micro-batch (the rows of one update's micro-batch) at a time; with `from_sampler`
+    (`_old_logprobs_from_batch`) π_old is the batch's, and only PPO's old values are computed."""
     c = self.config
-    from_sampler = self._old_logprobs_from_batch(batch)
     # PPO still needs its old values from this forward; π_old itself then comes from the batch
     needs_old = self._needs_old_logprobs() and not (from_sampler and c.algorithm != "ppo")
     model_inputs = (("tokens", "positions", "segment_ids", "head_index", "head_targets",
@@ -651,8 +651,9 @@ class TrainStep:
       c.check_packed_slices(batch["tokens"].shape[1])
     else:
       c.check_batch_size(batch["completion_mask"].shape[0])
-    batch = dict(batch, **self._frozen_forwards(state, batch))
-    if self._old_logprobs_from_batch(batch):
+    from_sampler = self._old_logprobs_from_batch(batch)
+    batch = dict(batch, **self._frozen_forwards(state, batch, from_sampler))
+    if from_sampler:
       batch["old_logprobs"] = batch["behavior_logprobs"]
     if c.algorithm == "ppo":
       # GAE per sequence and whitening over every sequence: on [B, T], whatever the layout.

@@ -15,10 +15,11 @@ What this module does instead:
    rows are run one after another (`lax.map`) by one compiled program that always takes the same
    number of rows, so every sequence meets the same machine code with the same shapes whatever
    else is in the batch. (A program per row count is not enough: XLA compiles a one-row loop
-   differently from a longer one, and SmolLM2's log-probs then differ in the last bit.) Causal attention reads only earlier
-   positions, and masked scores contribute exact zeros, so a position's logits depend on the
-   sequence's own tokens up to it and nothing else. The forward is the training one
-   (`Transformer.hidden_states` + the vocabulary head, the model's dtype and attention kernel).
+   differently from a longer one, and SmolLM2's log-probs then differ in the last bit.) Causal
+   attention reads only earlier positions, and masked scores contribute exact zeros, so a
+   position's logits depend on the sequence's own tokens up to it and nothing else. The forward
+   is the training one (`Transformer.hidden_states` + the vocabulary head, the model's dtype and
+   attention kernel).
    Its outputs at each completion position t: the full-softmax log-prob of the token there, its
    log-prob under the sampler's warped distribution (`sampling.truncated_logprobs`, the function
    the trainer rebuilds π^W with), and the token the sampler's own rule (`sampling.sample_tokens`:
@@ -95,7 +96,6 @@ class CanonicalScorer:
     self.max_completion_length = int(max_completion_length)
     self.rows_per_call = int(rows_per_call)
     self.length = self.max_prompt_length + self.max_completion_length
-    self.num_scored = 0
     length, completion = self.length, self.max_completion_length
 
     def score(params, tokens, prompt_lengths, keys, temperature, top_p, top_k, min_p):
@@ -161,7 +161,6 @@ class CanonicalScorer:
                               key_rows[i:i + chunk], *settings) for i in range(0, rows, chunk)]
     draws, logprobs, warped = (np.concatenate(parts)[:len(prompts)]
                                for parts in zip(*jax.device_get(outputs)))
-    self.num_scored += len(prompts)
     return CanonicalScores(draws, logprobs, warped)
 
 
@@ -301,7 +300,7 @@ def exact_groups(engine: Engine, scorer: CanonicalScorer, prompts: Sequence[Sequ
         stats.draft_mismatch_mean = float(gaps.mean())
         stats.draft_mismatch_max = float(gaps.max())
       first_round = False
-    to_continue = []
+    unverified, to_continue = [], []
     for index, p in enumerate(pending):
       n = len(p.completion)
       wrong = np.flatnonzero(scores.draws[index, :n] != np.asarray(p.completion, np.int32))
@@ -319,6 +318,7 @@ def exact_groups(engine: Engine, scorer: CanonicalScorer, prompts: Sequence[Sequ
       stats.repaired_sequences += p.verified == 0
       p.completion = p.completion[:t] + [int(scores.draws[index, t])]
       p.verified = t + 1
+      unverified.append(p)
       reason, length = _ending(p.completion, **ending)
       if reason is None:
         to_continue.append(p)
@@ -334,9 +334,7 @@ def exact_groups(engine: Engine, scorer: CanonicalScorer, prompts: Sequence[Sequ
       for p, completion in zip(to_continue, continued):
         p.completion = completion
         p.reason = _ending(completion, **ending)[0] or "length"
-    done_ids = {(c.prompt_id, c.sample_index) for c in finished}
-    pending = [p for p in pending
-               if (p.draft.prompt_id, p.draft.sample_index) not in done_ids]
+    pending = unverified
   yield from finished
 
 
