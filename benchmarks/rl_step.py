@@ -14,7 +14,7 @@ measured steps' means.
 Needs TRL: pip install -e '.[test,bench]' (pinned; torch stays the CPU wheel).
 Usage: python -m benchmarks.rl_step [--steps 5] [--warmup_steps 1] [--beta 0,0.04]
          [--prompts 4] [--samples 8] [--max_new_tokens 128] [--micro_batches 4]
-         [--learning_rate 2e-5] [--layouts padded,packed] [--packed_micro_batches M]
+         [--learning_rate 2e-5] [--layouts auto] [--packed_micro_batches M]
          [--skip_trl]
 
 How each step is split:
@@ -110,8 +110,10 @@ class ForeignLoad:
     return max(0.0, (after[1] - before[1]) / max(after[0] - before[0], 1e-9))
 
 
-def demo_config(args, beta: float, workdir: str, packing: bool = False):
-  """configs/smollm2_arithmetic.py with the benchmark's settings (`packing`: padding-free rows)."""
+def demo_config(args, beta: float, workdir: str, layout: str = "auto"):
+  """configs/smollm2_arithmetic.py with the benchmark's settings. `layout`: our training rows,
+  "auto" (what the program picks for this machine, `reasoning_rl.step_layout`: the config's
+  default), "padded" (--micro_batches) or "packed" (padding-free, --packed_micro_batches)."""
   spec = importlib.util.spec_from_file_location("smollm2_arithmetic", DEMO_CONFIG)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -128,8 +130,10 @@ def demo_config(args, beta: float, workdir: str, packing: bool = False):
   c.optim.learning_rate = args.learning_rate
   c.optim.warmup_steps = 0
   c.optim.final_lr_fraction = 1.0  # a constant rate, as TRL's lr_scheduler_type="constant"
-  c.algo.num_micro_batches = args.packed_micro_batches if packing else args.micro_batches
-  c.algo.packing = packing
+  if layout != "auto":
+    packing = layout == "packed"
+    c.algo.num_micro_batches = args.packed_micro_batches if packing else args.micro_batches
+    c.algo.packing = packing
   c.verifier.redteam = False  # a start-up check, not part of a step
   c.checkpoint.every_steps = c.total_steps  # the loop's final save only, after the last step
   c.logging.tensorboard = False
@@ -166,9 +170,10 @@ class ScoringTimer:
       self.seconds.append(time.perf_counter() - start)
 
 
-def run_ours(args, beta: float, examples: list, load: ForeignLoad, packing: bool
+def run_ours(args, beta: float, examples: list, load: ForeignLoad, layout: str
              ) -> tuple[list[StepSplit], list[list[int]]]:
-  """(split of every step, the prompt ids of `examples` as our template encodes them)."""
+  """(split of every step, the prompt ids of `examples` as our template encodes them); the
+  layout the run used is printed."""
   import jax
 
   from reasoning_rl import metrics as metrics_lib
@@ -181,8 +186,10 @@ def run_ours(args, beta: float, examples: list, load: ForeignLoad, packing: bool
       return {"accuracy": float("nan")}
 
   with tempfile.TemporaryDirectory(prefix="rl_step_ours-") as workdir:
-    config = demo_config(args, beta, workdir, packing)
+    config = demo_config(args, beta, workdir, layout)
     run = build(config)
+    print(f"ours ({layout}): algo.packing={config.algo.packing}, "
+          f"algo.num_micro_batches={config.algo.num_micro_batches}", flush=True)
     prompt_ids = [list(run.template.encode(example)) for _, example in examples]
     timer = ScoringTimer(run.scorer.reward_fn)
     run.scorer.reward_fn = timer
@@ -442,9 +449,10 @@ def main():
   # 8 rows per micro-batch: 32 rows of ~170 tokens in one would hold >10 GiB of activations
   parser.add_argument("--micro_batches", type=int, default=4)
   parser.add_argument("--learning_rate", type=float, default=2e-5)
-  parser.add_argument("--layouts", default="padded,packed",
-                      help="our training rows, comma-separated: padded and/or packed "
-                           "(algo.packing, padding-free)")
+  parser.add_argument("--layouts", default="auto",
+                      help="our training rows, comma-separated: auto (what the program picks: "
+                           "a user's default), padded and/or packed (algo.packing, "
+                           "padding-free)")
   parser.add_argument("--packed_micro_batches", type=int, default=None,
                       help="micro-batches of the packed layout (default: --micro_batches); "
                            "packed micro-batches hold as many positions as padded ones, and "
@@ -482,10 +490,10 @@ def main():
   for beta in betas:
     ours_by_layout = {}
     for layout in layouts:
-      if layout not in ("padded", "packed"):
-        raise SystemExit(f"--layouts: {layout!r} is neither 'padded' nor 'packed'")
+      if layout not in ("auto", "padded", "packed"):
+        raise SystemExit(f"--layouts: {layout!r} is not 'auto', 'padded' or 'packed'")
       start = time.perf_counter()
-      ours, prompt_ids = run_ours(args, beta, examples, load, packing=layout == "packed")
+      ours, prompt_ids = run_ours(args, beta, examples, load, layout)
       print_steps(f"β={beta:g} ours, {layout} rows", ours, time.perf_counter() - start)
       ours_by_layout[layout] = steady_state(ours, args.warmup_steps)
     if args.skip_trl:

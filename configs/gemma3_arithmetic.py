@@ -57,9 +57,8 @@ def get_config():
   c.algo.estimator = "grpo"
   c.algo.loss_agg = "token-mean"
   c.algo.logprob_chunk = 64
-  # A 262,144-token vocabulary (5.5× SmolLM2's): four micro-batches of 8 rows keep the step's
-  # temporaries near the demo's (not measured on a full run here).
-  c.algo.num_micro_batches = 4
+  # Micro-batches and packing are left to the machine (reasoning_rl/step_layout.py): the planner
+  # counts the 262,144-token vocabulary's log-prob buffers (5.5× SmolLM2's) in what must fit.
   c.optim.learning_rate = 2e-5
   c.optim.warmup_steps = 2
   c.beta = 0.0

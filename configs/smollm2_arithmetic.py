@@ -52,9 +52,9 @@ def get_config():
   c.algo.estimator = "grpo"
   c.algo.loss_agg = "token-mean"
   c.algo.logprob_chunk = 64
-  # Two micro-batches of 16 rows (the same update, accumulated): one of 32 rows held ~10 GB of
-  # step temporaries, and a clean-clone run of this demo was OOM-killed at 24 GB on a 24 GiB machine.
-  c.algo.num_micro_batches = 2
+  # algo.packing and algo.num_micro_batches are left to the machine (reasoning_rl/step_layout.py):
+  # on a 2-core CPU, packed rows in 4 micro-batches of 8 (one of 32 rows held ~10 GB of step
+  # temporaries and was OOM-killed at 24 GB); on a TPU / GPU, as few as fit.
   c.optim.learning_rate = 2e-5
   c.optim.warmup_steps = 2
   c.beta = 0.0

@@ -111,11 +111,15 @@ def train(config) -> int:
 
   import jax
 
-  from reasoning_rl import sharding
+  from reasoning_rl import sharding, step_layout
 
+  # The fingerprint keeps what was asked for: a field left to the machine (step_layout) may be
+  # chosen differently on a resume elsewhere.
+  requested = config.to_dict()
+  num_slices = sharding.count_slices(jax.devices(), config.mesh.num_slices)
+  chosen = step_layout.resolve(config, machine=step_layout.this_machine(num_slices))
   # before the workdir is touched
-  config_lib.validate(config, num_devices=jax.device_count(),
-                      num_slices=sharding.count_slices(jax.devices(), config.mesh.num_slices))
+  config_lib.validate(config, num_devices=jax.device_count(), num_slices=num_slices)
   # process 0 owns the workdir's files (lock, logs, fingerprint); every process trains
   primary = jax.process_index() == 0
   if primary:
@@ -123,10 +127,11 @@ def train(config) -> int:
   with workdir_lib.WorkdirLock(config.workdir) if primary else contextlib.nullcontext():
     if primary:
       send_logs_to_workdir(config.workdir, verbose=_VERBOSE.value)
+    step_layout.log_choices(chosen)
     run = build(config, validated=True)  # validated above, before the workdir was touched
     try:
       if primary:
-        workdir_lib.check_or_write_fingerprint(config.workdir, config.to_dict(),
+        workdir_lib.check_or_write_fingerprint(config.workdir, requested,
                                                allow_changes=tuple(config.resume.allow_changes))
     except ReasoningRLError:
       run.scorer.close()

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import ml_collections
 
 from reasoning_rl import config as config_lib
-from reasoning_rl import config_schema
+from reasoning_rl import config_schema, step_layout
 from reasoning_rl.errors import ConfigError, SamplingError, VerifierError
 from reasoning_rl.multihost.exchange import Exchange
 from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
@@ -271,6 +271,11 @@ def step_config(config: ml_collections.ConfigDict):
   from reasoning_rl.lora import LoraSettings
 
   a = config.algo
+  if step_layout.is_open(config):
+    raise ConfigError(
+        f"config.algo.packing={a.packing!r} / num_micro_batches={a.num_micro_batches!r}: chosen "
+        "for the machine at start-up; call reasoning_rl.step_layout.resolve(config) (build() "
+        "does) before the step's configuration, or set both fields")
   lora_settings = LoraSettings.from_config(config)
   return StepConfig(**config_schema.values_of(
       StepConfig, config,
@@ -366,10 +371,12 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
   from reasoning_rl.loop import weight_sync as weight_sync_lib
   from reasoning_rl.rl.step import TrainStep
 
+  num_slices = sharding_lib.count_slices(jax.devices(), config.mesh.num_slices)
+  # what the config leaves to the machine (packing, micro-batches), written into it
+  step_layout.log_choices(step_layout.resolve(config,
+                                              machine=step_layout.this_machine(num_slices)))
   if not validated:
-    config_lib.validate(config, num_devices=jax.device_count(),
-                        num_slices=sharding_lib.count_slices(jax.devices(),
-                                                             config.mesh.num_slices))
+    config_lib.validate(config, num_devices=jax.device_count(), num_slices=num_slices)
   from reasoning_rl import precision
 
   warning = precision.pure_low_precision_warning(config.model.weight_dtype,

@@ -76,7 +76,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     require(bool(config.sft.data_path), "sft.data_path", "the sft stage needs a JSONL file of "
             "{prompt, completion} rows")
   if config.stage != "rl":
-    require(config.sft.batch_size % config.algo.num_micro_batches == 0, "sft.batch_size",
+    require(config.sft.batch_size % max(config.algo.num_micro_batches, 1) == 0, "sft.batch_size",
             "must be divisible by algo.num_micro_batches")
   if config.stage != "rl":
     require(config.beta == 0, "beta", "SFT stages have no KL term; set beta=0")
@@ -107,7 +107,8 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
             f"group estimator {config.algo.estimator!r} compares samples of one prompt: "
             "needs at least 2")
   batch = r.num_prompts * r.num_samples
-  mini, micro = config.algo.num_mini_batches, config.algo.num_micro_batches
+  # 0 micro-batches: chosen at start-up (step_layout), always a divisor of the mini-batch
+  mini, micro = config.algo.num_mini_batches, max(config.algo.num_micro_batches, 1)
   require(config.stage != "rl" or batch % (mini * micro) == 0,
           "algo.num_micro_batches" if mini == 1 else "algo.num_mini_batches",
           f"num_mini_batches x num_micro_batches = {mini} x {micro} must divide the batch of "

@@ -263,17 +263,21 @@ SECTIONS: tuple[Section, ...] = (
         Field("num_mini_batches", 1, "M: optimizer updates per pass, each on a disjoint 1/M of "
               "the batch's rows (PPO mini-batches); the learning-rate schedule advances per "
               "update, warmup_steps / total_steps stay in RL steps (scaled by μ·M)", _COUNT),
-        Field("num_micro_batches", 1, "gradient accumulation inside each update (memory, not "
-              "maths)", _COUNT),
+        Field("num_micro_batches", 0, "gradient accumulation inside each update (memory, not "
+              "maths); 0 = chosen at start-up for the machine (reasoning_rl/step_layout.py): on "
+              "TPU / GPU the fewest whose step fits the device's memory, on a CPU micro-batches "
+              "of at most ~1k positions", _int(0, meaning="0 = chosen for the machine")),
         Field("logprob_chunk", 128, "time steps projected to the vocabulary at once", _COUNT),
         Field("remat", "none", "what the backward pass recomputes (Chen et al. 2016): none "
               "(every block's activations kept) | full (only each block's input kept, the "
               "block rebuilt: one layer's activations in memory, about one more forward) | "
               "save_matmuls (the projections' outputs kept; norms, attention scores and "
               "activations rebuilt)", OneOf(REMAT_POLICIES)),
-        Field("packing", False, "padding-free training (rl/packing.py): sequences packed into "
+        Field("packing", None, "padding-free training (rl/packing.py): sequences packed into "
               "rows with segment ids; positions a batch's tokens do not reach are skipped and "
-              "the vocabulary head runs only at completion tokens. Same loss and gradients"),
+              "the vocabulary head runs only at completion tokens. Same loss and gradients. "
+              "None = chosen at start-up (reasoning_rl/step_layout.py): on for RL stages unless "
+              "the truncated ratio needs each row's sampling settings", kind=bool, typed_none=True),
         Field("packed_row_factor", 1, "k: packed rows are k × (max_prefill_length + "
               "max_new_tokens) long (R / k per micro-batch): long sequences waste less of a "
               "row, attention costs k times more per token", _COUNT),
@@ -479,12 +483,18 @@ def values_of(view_class, config, **derived) -> dict[str, Any]:
   return out
 
 
-def sourced(dotted: str, *, default_factory: Callable | None = None):
-  """A typed view's field that IS config field `dotted`: same default, read by `values_of`."""
+_UNSET = object()
+
+
+def sourced(dotted: str, *, default_factory: Callable | None = None, default: Any = _UNSET):
+  """A typed view's field that IS config field `dotted`: same default, read by `values_of`.
+  `default` replaces the config's where the config's means "chosen at start-up"
+  (`step_layout`): a view holds resolved values only."""
   declared = field(dotted)
   if default_factory is not None:
     return dataclasses.field(default_factory=default_factory, metadata={"source": dotted})
-  return dataclasses.field(default=declared.default, metadata={"source": dotted})
+  value = declared.default if default is _UNSET else default
+  return dataclasses.field(default=value, metadata={"source": dotted})
 
 
 def _kind_name(item: Field) -> str:

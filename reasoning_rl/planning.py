@@ -47,6 +47,7 @@ time are not counted.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import textwrap
@@ -57,7 +58,7 @@ import numpy as np
 from jax.sharding import AbstractMesh
 
 from reasoning_rl import flops as flops_lib
-from reasoning_rl import kernels, storage
+from reasoning_rl import kernels, step_layout, storage
 from reasoning_rl.build import random_model_config, rollouts_ahead, step_config
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.lora import PROJECTIONS, LoraSettings
@@ -264,6 +265,7 @@ class Plan:
   target_name: str = ""  # of one slice
   num_processes: int = 1
   num_slices: int = 1
+  step_layout: tuple[str, ...] = ()  # what the config left open, as chosen for the target
 
   @property
   def fits(self) -> bool:
@@ -308,6 +310,7 @@ class Plan:
              f"Target: {self.num_devices} x {c.name}{name}{hosts} ({c.hbm_bytes / GIB:.1f} GiB "
              f"HBM, {c.peak_flops / 1e12:.1f} TFLOP/s, {c.hbm_bandwidth / 1e9:.0f} GB/s per "
              "device)"]
+    lines += [f"Chosen for this target: {line}" for line in self.step_layout]
     for s in self.slices:
       shape = " ".join(f"{k}={v}" for k, v in s.mesh.shape.items())
       plural = "s" if s.num_devices > 1 else ""
@@ -382,10 +385,12 @@ class Plan:
 def _chip(target) -> tuple[ChipSpec, int]:
   """The chip and device count of `target`; `target["devices_per_host"]`, when given, overrides
   the chip's devices per host (e.g. a CPU target laid out as several processes)."""
-  tpu, num_devices = target["tpu"], target["num_devices"]
+  tpu, num_devices = target.get("tpu"), target["num_devices"]
   if not isinstance(num_devices, int) or num_devices < 1:
     raise ConfigError(f"target.num_devices={num_devices!r}: must be an integer >= 1")
-  if tpu == "cpu":
+  if "chip" in target:  # a measured device (`step_layout.this_machine`)
+    chip = target["chip"]
+  elif tpu == "cpu":
     m = CPU_MACHINE
     chip = ChipSpec(m.name, m.hbm_bytes / num_devices, m.peak_flops / num_devices,
                     m.hbm_bandwidth / num_devices, backend=m.backend)
@@ -557,6 +562,11 @@ def param_bytes_per_device(shapes: Sequence[tuple[tuple, tuple, float]],
 def _split(mesh: AbstractMesh, axis: str, size: int) -> int:
   """How many ways a dimension of `size` with logical `axis` is split on `mesh`."""
   return size // shard_size((axis,), (size,), mesh)
+
+
+def batch_split(mesh: AbstractMesh, rows: int) -> int:
+  """How many ways `rows` rows of a batch are split over `mesh`'s devices."""
+  return _split(mesh, "batch", rows)
 
 
 def _layer_weight_bytes(shapes: Sequence[tuple[tuple, tuple, int]], mesh: AbstractMesh,
@@ -936,6 +946,13 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
     raise ConfigError(f"target.num_slices={num_slices!r}: must be an integer >= 1")
   num_devices = num_slices * slice_devices
   layout = plan_layout(config, num_devices, chip.devices_per_host, num_slices)
+  chosen = ()
+  if step_layout.is_open(config):  # as a run on the target would choose them
+    config = copy.deepcopy(config)
+    chosen = tuple(step_layout.resolve(config, model_config=model_config, machine=(
+        step_layout.Machine(backend=chip.backend, device_bytes=chip.hbm_bytes,
+                            num_devices=num_devices, devices_per_host=chip.devices_per_host,
+                            num_slices=num_slices))))
   precision = Precision.of(config)
   shapes = ModelShapes.of(config, model_config)
   r = config.rollout
@@ -975,8 +992,9 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
       save_s=saved / a.checkpoint_bytes_per_s_per_device)
   return Plan(chip=chip, num_devices=num_devices, model_summary=summary, slices=slices,
               throughput=speed, assumptions=a, advice=advice, preemption=preemption,
-              target_name=slice_name(str(target["tpu"]), slice_devices),
-              num_processes=layout.num_processes, num_slices=num_slices)
+              target_name=(chip.name if "chip" in target
+                           else slice_name(str(target["tpu"]), slice_devices)),
+              num_processes=layout.num_processes, num_slices=num_slices, step_layout=chosen)
 
 
 def dry_run_model_config(config) -> ModelConfig:

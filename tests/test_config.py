@@ -125,7 +125,8 @@ def test_every_numeric_field_refuses_values_outside_its_range(dotted):
 
 @pytest.mark.parametrize("dotted, value, message", [
     ("optim.learning_rate", -0.1, "config.optim.learning_rate=-0.1: must be a number >= 0"),
-    ("algo.num_micro_batches", 0, "config.algo.num_micro_batches=0: must be an integer >= 1"),
+    ("algo.num_micro_batches", -1, "config.algo.num_micro_batches=-1: must be an integer >= 0 "
+     "(0 = chosen for the machine)"),
     ("eval.num_examples", 0, "config.eval.num_examples=0: must be an integer >= 1"),
     ("rollout.top_p", 0.0, "config.rollout.top_p=0.0: must be a number in (0, 1]"),
     ("guards.max_kl", 0.0, "config.guards.max_kl=0.0: must be a number > 0 (inf allowed; "

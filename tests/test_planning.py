@@ -26,6 +26,7 @@ def _config():
   c.rollout.max_prefill_length, c.rollout.max_new_tokens = 32, 16  # rows of S = 48 tokens
   c.rollout.max_concurrent_decodes = 8
   c.algo.num_micro_batches = 2
+  c.algo.packing = False  # the layout is set: step_flops reads the step's configuration
   c.algo.logprob_chunk = 8
   c.mesh.num_trainer_devices = 8
   c.mesh.trainer = (1, 4, 2)
@@ -463,6 +464,7 @@ def test_planned_memory_is_what_xla_holds_per_device(case):
   c.rollout.num_prompts, c.rollout.num_samples = prompts, 8
   c.rollout.max_prefill_length, c.rollout.max_new_tokens = 64, 64
   c.algo.num_micro_batches, c.beta, c.algo.logprob_chunk = micro, beta, 64
+  c.algo.packing = False  # XLA's figures below are of the padded step
   truncating = "top_p" in case
   c.rollout.top_p = 0.9 if truncating else 1.0
   devices = mesh_shape[0] * mesh_shape[1] * mesh_shape[2]

@@ -53,6 +53,13 @@ NOT_THE_STEPS = {
 }
 
 
+def _base():
+  """The defaults, with the layout the machine would choose (step_layout) set by hand."""
+  config = base_config()
+  config.algo.packing, config.algo.num_micro_batches = False, 1
+  return config
+
+
 def _set(config, dotted, value):
   *parents, leaf = dotted.split(".")
   node = config
@@ -63,10 +70,10 @@ def _set(config, dotted, value):
 
 @pytest.mark.parametrize("field", sorted(MAPPING))
 def test_each_field_reaches_its_step_field_and_no_other(field):
-  baseline = dataclasses.asdict(step_config(base_config()))
+  baseline = dataclasses.asdict(step_config(_base()))
   target, value = MAPPING[field]
   assert baseline[target] != value, f"{field}: pick a value that differs from the default"
-  config = base_config()
+  config = _base()
   _set(config, field, value)
   changed = {k: v for k, v in dataclasses.asdict(step_config(config)).items()
              if v != baseline[k]}
@@ -75,7 +82,7 @@ def test_each_field_reaches_its_step_field_and_no_other(field):
 
 def test_the_mapping_covers_every_algo_and_optim_field():
   """A new field under algo / optim must be mapped above (or listed as not the step's)."""
-  config = base_config()
+  config = _base()
   fields = {f"{section}.{key}" for section in ("algo", "optim") for key in config[section]}
   assert fields - set(MAPPING) - NOT_THE_STEPS == set()
   assert {f for f in FIELD_RANGES if f.split(".")[0] in ("algo", "optim")} <= set(MAPPING)
@@ -84,7 +91,7 @@ def test_the_mapping_covers_every_algo_and_optim_field():
 
 
 def test_the_lora_section_reaches_the_step():
-  config = base_config()
+  config = _base()
   assert step_config(config).lora is None
   config.lora.rank, config.lora.alpha = 4, 12.0
   lora = step_config(config).lora
@@ -95,6 +102,6 @@ def test_the_lora_section_reaches_the_step():
                                                 (1.0, True, False), (1.0, False, False)])
 def test_the_truncated_ratio_reaches_the_step_only_when_rollouts_truncate(top_p, field, step):
   # sampling the model as is, both ratios are the same: the step does not pay for the rebuild
-  config = base_config()
+  config = _base()
   config.rollout.top_p, config.algo.truncated_ratio = top_p, field
   assert step_config(config).truncated_ratio is step

@@ -179,12 +179,12 @@ class StepConfig:
   entropy_coef: float = sourced("algo.entropy_coef")
   is_correction: str = sourced("algo.is_correction")
   is_threshold: float = sourced("algo.is_threshold")
-  num_micro_batches: int = sourced("algo.num_micro_batches")
+  num_micro_batches: int = sourced("algo.num_micro_batches", default=1)
   num_iterations: int = sourced("algo.num_iterations")
   num_mini_batches: int = sourced("algo.num_mini_batches")
   logprob_chunk: int = sourced("algo.logprob_chunk")
   remat: bool | str = sourced("algo.remat")
-  packing: bool = sourced("algo.packing")
+  packing: bool = sourced("algo.packing", default=False)
   packed_row_factor: int = sourced("algo.packed_row_factor")
   learning_rate: float = sourced("optim.learning_rate")
   warmup_steps: int = sourced("optim.warmup_steps")
@@ -470,12 +470,15 @@ class TrainStep:
       devices = self.mesh.shape.get("data", 1) * self.mesh.shape.get("fsdp", 1)
     c = self.config
     # The head projects as many positions at once as a padded micro-batch's chunk holds
-    # (rows × logprob_chunk): the same logits memory, and matmuls as large.
-    padded_rows = batch["completion_mask"].shape[0] // (c.num_mini_batches * c.num_micro_batches)
+    # (rows × min(logprob_chunk, completion length)): the same logits memory, and matmuls as
+    # large. (A chunk longer than the completions would project positions no padded step does.)
+    rows, width = batch["completion_mask"].shape
+    padded_rows = rows // (c.num_mini_batches * c.num_micro_batches)
     return packing.pack_batch(batch, num_mini_batches=c.num_mini_batches,
                               num_micro_batches=c.num_micro_batches,
                               row_factor=c.packed_row_factor, row_groups=devices,
-                              head_chunk=c.logprob_chunk * max(1, padded_rows // devices),
+                              head_chunk=min(c.logprob_chunk, width)
+                              * max(1, padded_rows // devices),
                               pad_id=pad_id)
 
   def state_shardings(self, state: TrainState):

@@ -1,0 +1,170 @@
+"""The training step's layout, chosen for the machine when the config leaves it open.
+
+Two fields are "memory and speed, not maths": the update is the same whatever they are.
+Left at their defaults, `resolve` picks them at start-up, before anything is built, and logs
+what it picked and why:
+
+- `algo.packing=None`: packed rows (padding-free, `rl/packing.py`: the same loss and gradients,
+  padding skipped) for RL stages. Padded rows where packing cannot serve: SFT stages, and a step
+  that rebuilds the rollout's truncation per row (`algo.truncated_ratio` under a rollout that
+  rescales or truncates; packed rows carry no per-row sampling settings).
+- `algo.num_micro_batches=0`: the fewest micro-batches (gradient accumulation) that divide the
+  mini-batch and whose step fits one device's memory by the planner's estimate
+  (`planning.plan`, with its headroom; the sampler's memory counted where it shares the devices).
+  On a CPU, in addition, a micro-batch holds at most `CPU_POSITIONS_PER_MICRO_BATCH` positions
+  (rows × (prompt + completion)) per device: XLA:CPU's step runs faster on micro-batches whose
+  activations stay near the caches (measured; benchmarks/RESULTS.md, "Fast by default").
+  TPUs and GPUs take the biggest micro-batch that fits: larger matmuls, fewer passes.
+
+A config that sets either field keeps its value. The resolved values are what the run uses and
+logs; the run's fingerprint keeps what the user asked for (`launch/train.py`), so a resume on
+another kind of machine may choose again.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import os
+
+import ml_collections
+
+from reasoning_rl.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# Positions (rows × sequence length) per micro-batch and device above which a CPU step splits the
+# batch further. Measured on the CPU demo's model and shapes (benchmarks/RESULTS.md "Fast by
+# default"): ~512–1k positions per micro-batch were the fastest, both larger and smaller slower.
+CPU_POSITIONS_PER_MICRO_BATCH = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+  """What the choice depends on: JAX's platform ("cpu", "gpu", "tpu"), the memory of one
+  device in bytes, and how the run's devices are spread."""
+
+  backend: str
+  device_bytes: float
+  num_devices: int
+  devices_per_host: int
+  num_slices: int = 1
+
+
+def this_machine(num_slices: int = 1) -> Machine:
+  """The machine this process runs on: the memory XLA may allocate on the first device (its
+  `memory_stats()`), on a CPU the host's physical memory shared by its local devices."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  device = jax.local_devices()[0]
+  backend = device.platform
+  stats = None if backend == "cpu" else (device.memory_stats() or {})
+  if stats and stats.get("bytes_limit"):
+    device_bytes = float(stats["bytes_limit"])
+  else:
+    device_bytes = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+                    / jax.local_device_count())
+  return Machine(backend=backend, device_bytes=device_bytes, num_devices=jax.device_count(),
+                 devices_per_host=jax.local_device_count(), num_slices=num_slices)
+
+
+def is_open(config: ml_collections.ConfigDict) -> bool:
+  """Whether the config leaves the packing or the micro-batch count to `resolve`."""
+  return config.algo.packing is None or config.algo.num_micro_batches == 0
+
+
+def choose_packing(config: ml_collections.ConfigDict) -> tuple[bool, str]:
+  """(packing, why) for a config that leaves it open (module docstring)."""
+  from reasoning_rl.config import rollout_rescales  # pylint: disable=import-outside-toplevel
+
+  if config.stage != "rl":
+    return False, f"stage {config.stage!r} trains on padded rows"
+  if config.algo.truncated_ratio and rollout_rescales(config):
+    return False, ("the truncated ratio needs each row's sampling settings, which packed rows "
+                   "do not carry")
+  return True, "padding-free rows: the same update, padding skipped"
+
+
+def _fits(config, model_config, machine: Machine) -> bool:
+  from reasoning_rl import planning  # pylint: disable=import-outside-toplevel
+  from reasoning_rl.tpu_chips import ChipSpec  # pylint: disable=import-outside-toplevel
+
+  chip = ChipSpec(f"this {machine.backend}", machine.device_bytes, 1.0, 1.0,
+                  devices_per_host=machine.devices_per_host, backend=machine.backend)
+  target = {"chip": chip, "num_devices": machine.num_devices // machine.num_slices,
+            "num_slices": machine.num_slices}
+  return all(s.fits for s in planning.plan(config, model_config, target=target).slices)
+
+
+def choose_micro_batches(config: ml_collections.ConfigDict, model_config,
+                         machine: Machine) -> tuple[int, str]:
+  """(num_micro_batches, why) for a config that leaves it open (module docstring). The config's
+  packing must already be decided (the planner reads it)."""
+  from reasoning_rl import planning  # pylint: disable=import-outside-toplevel
+
+  if config.stage != "rl":  # the planner sizes RL steps; SFT keeps the old default
+    return 1, f"stage {config.stage!r}: one micro-batch (set the field to split its batch)"
+  r = config.rollout
+  rows = r.num_prompts * r.num_samples // config.algo.num_mini_batches
+  seq = r.max_prefill_length + r.max_new_tokens
+  mesh = planning.plan_layout(config, machine.num_devices, machine.devices_per_host,
+                              machine.num_slices).trainer
+  candidates = [k for k in range(1, rows + 1) if rows % k == 0]
+  if config.algo.packing:
+    factor = config.algo.packed_row_factor
+    candidates = [k for k in candidates if (rows // k) % factor == 0] or candidates
+  trial = copy.deepcopy(config)
+  cap = (f", at most {CPU_POSITIONS_PER_MICRO_BATCH} positions per device on a CPU"
+         if machine.backend == "cpu" else "")
+  for k in candidates:
+    micro_rows = rows // k
+    per_device = -(-micro_rows // planning.batch_split(mesh, micro_rows)) * seq
+    if (machine.backend == "cpu" and per_device > CPU_POSITIONS_PER_MICRO_BATCH
+        and k != candidates[-1]):
+      continue
+    trial.algo.num_micro_batches = k
+    if _fits(trial, model_config, machine):
+      return k, (f"{micro_rows} rows of {seq} positions per micro-batch: the fewest "
+                 f"micro-batches that fit {machine.device_bytes / 2**30:.1f} GiB per "
+                 f"device{cap}")
+  return candidates[-1], (
+      f"the most micro-batches the batch allows, and even that does not fit "
+      f"{machine.device_bytes / 2**30:.1f} GiB per device by the plan: --config.dry_run=True "
+      "shows where the memory goes")
+
+
+def resolve(config: ml_collections.ConfigDict, *, machine: Machine | None = None,
+            model_config=None) -> list[str]:
+  """Writes the chosen `algo.packing` / `algo.num_micro_batches` into `config` where it leaves
+  them open; returns one line per choice ("field = value: why"), for `log_choices`. `machine`: this
+  process's (`this_machine`) unless given; `model_config`: the policy's architecture, read as the
+  dry run reads it (`planning.dry_run_model_config`) unless given."""
+  if not is_open(config):
+    return []
+  lines = []
+  if config.algo.packing is None:
+    packing, why = choose_packing(config)
+    config.algo.packing = packing
+    lines.append(f"algo.packing = {packing}: {why}")
+  if config.algo.num_micro_batches == 0:
+    if model_config is None:
+      from reasoning_rl.planning import dry_run_model_config  # pylint: disable=import-outside-toplevel
+
+      try:
+        model_config = dry_run_model_config(config)
+      except ConfigError as error:
+        raise ConfigError(f"{error}; or set config.algo.num_micro_batches (0 chooses it from "
+                          "the model's memory plan)") from None
+    machine = machine or this_machine()
+    k, why = choose_micro_batches(config, model_config, machine)
+    config.algo.num_micro_batches = k
+    lines.append(f"algo.num_micro_batches = {k}: {why}")
+  return lines
+
+
+def log_choices(lines) -> None:
+  """Logs what `resolve` chose (the run's log: launch/train.py calls this once its log file is
+  open)."""
+  for line in lines:
+    log.info("step layout: %s", line)
