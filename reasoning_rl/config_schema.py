@@ -362,7 +362,8 @@ SECTIONS: tuple[Section, ...] = (
         Field("allow_changes", (), "fields that may differ from the run's first start "
               "(WORKDIR/run_config.json), e.g. (\"total_steps\",) — the schedule then stretches "
               "to the new total — or (\"eval.*\",); display and storage fields (logging.*, "
-              "checkpoint cadence, verifier.num_workers) may always change"),
+              "checkpoint cadence, verifier.num_workers) and the step's layout (algo.packing, "
+              "algo.num_micro_batches) may always change"),
     )),
     Section("checkpoint", "Orbax checkpoints under WORKDIR/checkpoints.", (
         Field("every_steps", 5, "save cadence, in steps", _COUNT),

@@ -40,10 +40,13 @@ FINGERPRINT_FILE = "run_config.json"
 
 # Fields a resume may always change: where the run is written, how it is shown and stored, and
 # the dry-run's planning target. None of them changes the train state or what a step computes.
+# And the step's layout (reasoning_rl/step_layout.py): packing and the micro-batch count change
+# memory and speed, the update only by float summation order; a resume after running out of
+# memory may split the batch further, and an open layout may be chosen differently elsewhere.
 ALWAYS_ALLOWED_CHANGES = (
     "workdir", "dry_run", "keep_freed_host_memory", "logging.*", "checkpoint.every_steps",
     "checkpoint.keep", "checkpoint.async_save", "target.*", "verifier.num_workers",
-    "resume.*",
+    "resume.*", "algo.packing", "algo.num_micro_batches",
 )
 
 

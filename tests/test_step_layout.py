@@ -115,3 +115,18 @@ def test_the_dry_run_plans_with_what_the_target_would_choose():
   fixed.algo.num_micro_batches, fixed.algo.packing = k, True
   same = planning.plan(fixed, TINY, target={"tpu": "v5p", "num_devices": 4})
   assert same.slices == p.slices and p.fits
+
+
+def test_a_resume_may_change_the_layout_and_nothing_else(tmp_path):
+  from reasoning_rl import workdir
+
+  first = base_config()
+  first.algo.packing, first.algo.num_micro_batches = False, 2  # an older run's concrete layout
+  assert workdir.check_or_write_fingerprint(tmp_path, first.to_dict()) == []
+  again = base_config()  # open layout, as today's defaults
+  changed = workdir.check_or_write_fingerprint(tmp_path, again.to_dict())
+  assert sorted(line.split(":")[0] for line in changed) == ["algo.num_micro_batches",
+                                                             "algo.packing"]
+  again.algo.num_iterations = 2  # what a step computes: refused
+  with pytest.raises(ConfigError, match="algo.num_iterations"):
+    workdir.check_or_write_fingerprint(tmp_path, again.to_dict())
