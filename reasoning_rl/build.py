@@ -22,6 +22,9 @@ from reasoning_rl import config_schema, step_layout
 from reasoning_rl.errors import ConfigError, SamplingError, VerifierError
 from reasoning_rl.multihost.exchange import Exchange
 from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
+# re-exported: callers have always found these here
+from reasoning_rl.run_settings import (random_model_config, rollout_staleness,  # noqa: F401
+                                       rollouts_ahead, sampler_correction, step_config)
 
 log = logging.getLogger("reasoning_rl")
 
@@ -94,17 +97,6 @@ def build_policy(config: ml_collections.ConfigDict):
   if c.scan_layers:  # loaded in the files' layout; lora.apply_lora keeps it
     model = stack_layers(model)
   return model.use_attention_kernel(c.attention_kernel), tokenizer
-
-
-def random_model_config(config: ml_collections.ConfigDict):
-  """(ModelConfig, tokenizer) of the random model that `model.random` + `model.tokenizer` name."""
-  from reasoning_rl.data.debug_vocab import load_named_tokenizer
-  from reasoning_rl.models.config import ModelConfig
-
-  tokenizer = load_named_tokenizer(config.model.tokenizer)
-  return ModelConfig(vocab_size=tokenizer.vocab_size, bos_token_id=tokenizer.bos_id,
-                     eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id,
-                     **dict(config.model.random)), tokenizer
 
 
 def build_template(config: ml_collections.ConfigDict, tokenizer, *, instruction: str | None = None):
@@ -242,56 +234,6 @@ def sampling_params(config: ml_collections.ConfigDict):
   return SamplingParams(**config_schema.values_of(SamplingParams, config))
 
 
-def rollout_staleness(config: ml_collections.ConfigDict) -> int:
-  """k: how many policy versions a trained batch may lag (0 = synchronous rollouts)."""
-  return config.async_rollouts.max_staleness if rollouts_ahead(config) else 0
-
-
-def rollouts_ahead(config: ml_collections.ConfigDict) -> bool:
-  """`async_rollouts.enabled`, or when unset (None), whether the run has a sampler slice of its
-  own: split slices overlap sampling with training by default, shared devices cannot."""
-  enabled = config.async_rollouts.enabled
-  if enabled is None:
-    return config.mesh.num_trainer_devices > 0
-  return bool(enabled)
-
-
-def sampler_correction(config: ml_collections.ConfigDict) -> str:
-  """`algo.is_correction`, except that asynchronous rollouts always correct (token-truncate)."""
-  if config.algo.is_correction == "none" and rollout_staleness(config) > 0:
-    return "token-truncate"
-  return config.algo.is_correction
-
-
-def step_config(config: ml_collections.ConfigDict):
-  """The training step's static configuration (`reasoning_rl.rl.step.StepConfig`): its sourced
-  fields read from the config by name, the rest derived here."""
-  from reasoning_rl.rl.step import StepConfig
-
-  from reasoning_rl.lora import LoraSettings
-
-  a = config.algo
-  if step_layout.is_open(config):
-    raise ConfigError(
-        f"config.algo.packing={a.packing!r} / num_micro_batches={a.num_micro_batches!r}: chosen "
-        "for the machine at start-up; call reasoning_rl.step_layout.resolve(config) (build() "
-        "does) before the step's configuration, or set both fields")
-  lora_settings = LoraSettings.from_config(config)
-  return StepConfig(**config_schema.values_of(
-      StepConfig, config,
-      algorithm="sft" if config.stage != "rl" else ("ppo" if a.name == "ppo" else "grpo"),
-      max_completion_length=config.rollout.max_new_tokens,
-      lora=lora_settings if lora_settings.enabled else None,
-      compute_dtype=config.model.dtype,
-      is_correction=sampler_correction(config),
-      # the rebuild costs memory and time (a top-k over the vocabulary per position) and changes
-      # nothing when the rollouts sample the model as is
-      truncated_ratio=a.truncated_ratio and config_lib.rollout_rescales(config),
-      # π_old = μ only when the batch was sampled with the weights being trained
-      old_logprobs_from_sampler=(config.stage == "rl" and config.rollout.exact_logprobs
-                                 and rollout_staleness(config) == 0)))
-
-
 # ------------------------------------------------------------------------------- a whole run
 
 
@@ -371,10 +313,12 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
   from reasoning_rl.loop import weight_sync as weight_sync_lib
   from reasoning_rl.rl.step import TrainStep
 
+  from reasoning_rl import planning
+
   num_slices = sharding_lib.count_slices(jax.devices(), config.mesh.num_slices)
   # what the config leaves to the machine (packing, micro-batches), written into it
-  step_layout.log_choices(step_layout.resolve(config,
-                                              machine=step_layout.this_machine(num_slices)))
+  step_layout.log_choices(planning.resolve_layout(
+      config, machine=step_layout.this_machine(num_slices)))
   if not validated:
     config_lib.validate(config, num_devices=jax.device_count(), num_slices=num_slices)
   from reasoning_rl import precision

@@ -494,8 +494,11 @@ def sourced(dotted: str, *, default_factory: Callable | None = None, default: An
   declared = field(dotted)
   if default_factory is not None:
     return dataclasses.field(default_factory=default_factory, metadata={"source": dotted})
-  value = declared.default if default is _UNSET else default
-  return dataclasses.field(default=value, metadata={"source": dotted})
+  if default is _UNSET:
+    return dataclasses.field(default=declared.default, metadata={"source": dotted})
+  # the config's own default (None / 0: open) is kept beside it for the schema test
+  return dataclasses.field(default=default, metadata={"source": dotted,
+                                                      "open_default": declared.default})
 
 
 def _kind_name(item: Field) -> str:

@@ -59,7 +59,7 @@ from jax.sharding import AbstractMesh
 
 from reasoning_rl import flops as flops_lib
 from reasoning_rl import kernels, step_layout, storage
-from reasoning_rl.build import random_model_config, rollouts_ahead, step_config
+from reasoning_rl.run_settings import random_model_config, rollouts_ahead, step_config
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.lora import PROJECTIONS, LoraSettings
 from reasoning_rl.models.config import ModelConfig
@@ -564,11 +564,6 @@ def _split(mesh: AbstractMesh, axis: str, size: int) -> int:
   return size // shard_size((axis,), (size,), mesh)
 
 
-def batch_split(mesh: AbstractMesh, rows: int) -> int:
-  """How many ways `rows` rows of a batch are split over `mesh`'s devices."""
-  return _split(mesh, "batch", rows)
-
-
 def _layer_weight_bytes(shapes: Sequence[tuple[tuple, tuple, int]], mesh: AbstractMesh,
                         num_layers: int) -> int:
   """Bytes of one layer's weights with the `fsdp` axis gathered (tensor sharding kept)."""
@@ -949,7 +944,7 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
   chosen = ()
   if step_layout.is_open(config):  # as a run on the target would choose them
     config = copy.deepcopy(config)
-    chosen = tuple(step_layout.resolve(config, model_config=model_config, machine=(
+    chosen = tuple(resolve_layout(config, model_config=model_config, machine=(
         step_layout.Machine(backend=chip.backend, device_bytes=chip.hbm_bytes,
                             num_devices=num_devices, devices_per_host=chip.devices_per_host,
                             num_slices=num_slices))))
@@ -997,6 +992,38 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
               num_processes=layout.num_processes, num_slices=num_slices, step_layout=chosen)
 
 
+def resolve_layout(config, *, machine: step_layout.Machine | None = None,
+                   model_config: ModelConfig | None = None) -> list[str]:
+  """`step_layout.resolve` with this planner's memory verdicts: writes the packing and
+  micro-batch count the config leaves open into it, for `machine` (this process's unless
+  given), and returns the lines saying what was chosen and why. `model_config`: the policy's
+  architecture, read as the dry run reads it unless given."""
+  if not step_layout.is_open(config):
+    return []
+  machine = machine or step_layout.this_machine()
+  needs_model = config.algo.num_micro_batches == 0 and config.stage == "rl"
+  if model_config is None and needs_model:
+    try:
+      model_config = dry_run_model_config(config)
+    except ConfigError as error:
+      raise ConfigError(f"{error}; or set config.algo.num_micro_batches (0 chooses it from "
+                        "the model's memory plan)") from None
+  chip = ChipSpec(f"this {machine.backend}", machine.device_bytes, 1.0, 1.0,
+                  devices_per_host=machine.devices_per_host, backend=machine.backend)
+  target = {"chip": chip, "num_devices": machine.num_devices // machine.num_slices,
+            "num_slices": machine.num_slices}
+
+  def fits(trial) -> bool:
+    return plan(trial, model_config, target=target).fits
+
+  def batch_split(rows: int) -> int:
+    mesh = plan_layout(config, machine.num_devices, machine.devices_per_host,
+                       machine.num_slices).trainer
+    return _split(mesh, "batch", rows)
+
+  return step_layout.resolve(config, machine=machine, fits=fits, batch_split=batch_split)
+
+
 def dry_run_model_config(config) -> ModelConfig:
   """The architecture to plan with: model.path's config.json (or GGUF metadata) when readable on
   this machine, else `model.hf_config_for_planning` (a config.json dict in the config file); a
@@ -1009,9 +1036,10 @@ def dry_run_model_config(config) -> ModelConfig:
     return random_model_config(config)[0]
 
   path = storage.path(config.model.path)
-  if (path / "config.json").exists():
-    return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()),
-                                      source=str(path / "config.json"))
+  for directory in (path, path / "model"):  # a Hugging Face directory, or a run's workdir
+    if (directory / "config.json").exists():
+      return ModelConfig.from_hf_config(json.loads((directory / "config.json").read_text()),
+                                        source=str(directory / "config.json"))
   if path.suffix == ".gguf" and not storage.is_remote(path) and path.exists():
 
     return gguf_model_config(open_gguf(path), path)

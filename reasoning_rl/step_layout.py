@@ -1,8 +1,9 @@
 """The training step's layout, chosen for the machine when the config leaves it open.
 
 Two fields are "memory and speed, not maths": the update is the same whatever they are.
-Left at their defaults, `resolve` picks them at start-up, before anything is built, and logs
-what it picked and why:
+Left at their defaults, `resolve` picks them at start-up, before anything is built
+(`planning.resolve_layout` calls it with the planner's memory verdicts), and the run logs what
+it picked and why:
 
 - `algo.packing=None`: packed rows (padding-free, `rl/packing.py`: the same loss and gradients,
   padding skipped) for RL stages. Padded rows where packing cannot serve: SFT stages, and a step
@@ -27,10 +28,11 @@ import copy
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 
 import ml_collections
 
-from reasoning_rl.errors import ConfigError
+from reasoning_rl.config import rollout_rescales
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +78,6 @@ def is_open(config: ml_collections.ConfigDict) -> bool:
 
 def choose_packing(config: ml_collections.ConfigDict) -> tuple[bool, str]:
   """(packing, why) for a config that leaves it open (module docstring)."""
-  from reasoning_rl.config import rollout_rescales  # pylint: disable=import-outside-toplevel
-
   if config.stage != "rl":
     return False, f"stage {config.stage!r} trains on padded rows"
   if config.algo.truncated_ratio and rollout_rescales(config):
@@ -86,78 +86,54 @@ def choose_packing(config: ml_collections.ConfigDict) -> tuple[bool, str]:
   return True, "padding-free rows: the same update, padding skipped"
 
 
-def _fits(config, model_config, machine: Machine) -> bool:
-  from reasoning_rl import planning  # pylint: disable=import-outside-toplevel
-  from reasoning_rl.tpu_chips import ChipSpec  # pylint: disable=import-outside-toplevel
-
-  chip = ChipSpec(f"this {machine.backend}", machine.device_bytes, 1.0, 1.0,
-                  devices_per_host=machine.devices_per_host, backend=machine.backend)
-  target = {"chip": chip, "num_devices": machine.num_devices // machine.num_slices,
-            "num_slices": machine.num_slices}
-  return all(s.fits for s in planning.plan(config, model_config, target=target).slices)
-
-
-def choose_micro_batches(config: ml_collections.ConfigDict, model_config,
-                         machine: Machine) -> tuple[int, str]:
+def choose_micro_batches(config: ml_collections.ConfigDict, machine: Machine, *,
+                         fits: Callable[[ml_collections.ConfigDict], bool],
+                         batch_split: Callable[[int], int]) -> tuple[int, str]:
   """(num_micro_batches, why) for a config that leaves it open (module docstring). The config's
-  packing must already be decided (the planner reads it)."""
-  from reasoning_rl import planning  # pylint: disable=import-outside-toplevel
-
+  packing must already be decided. `fits(trial)`: whether a copy of the config with a concrete
+  count fits the machine (the planner's verdict); `batch_split(rows)`: over how many trainer
+  devices a micro-batch of `rows` rows is split."""
   if config.stage != "rl":  # the planner sizes RL steps; SFT keeps the old default
     return 1, f"stage {config.stage!r}: one micro-batch (set the field to split its batch)"
   r = config.rollout
   rows = r.num_prompts * r.num_samples // config.algo.num_mini_batches
   seq = r.max_prefill_length + r.max_new_tokens
-  mesh = planning.plan_layout(config, machine.num_devices, machine.devices_per_host,
-                              machine.num_slices).trainer
   candidates = [k for k in range(1, rows + 1) if rows % k == 0]
   if config.algo.packing:
     factor = config.algo.packed_row_factor
     candidates = [k for k in candidates if (rows // k) % factor == 0] or candidates
   trial = copy.deepcopy(config)
+  gib = machine.device_bytes / 2**30
   cap = (f", at most {CPU_POSITIONS_PER_MICRO_BATCH} positions per device on a CPU"
          if machine.backend == "cpu" else "")
   for k in candidates:
     micro_rows = rows // k
-    per_device = -(-micro_rows // planning.batch_split(mesh, micro_rows)) * seq
+    per_device = -(-micro_rows // batch_split(micro_rows)) * seq
     if (machine.backend == "cpu" and per_device > CPU_POSITIONS_PER_MICRO_BATCH
         and k != candidates[-1]):
       continue
     trial.algo.num_micro_batches = k
-    if _fits(trial, model_config, machine):
+    if fits(trial):
       return k, (f"{micro_rows} rows of {seq} positions per micro-batch: the fewest "
-                 f"micro-batches that fit {machine.device_bytes / 2**30:.1f} GiB per "
-                 f"device{cap}")
+                 f"micro-batches that fit {gib:.1f} GiB per device{cap}")
   return candidates[-1], (
-      f"the most micro-batches the batch allows, and even that does not fit "
-      f"{machine.device_bytes / 2**30:.1f} GiB per device by the plan: --config.dry_run=True "
-      "shows where the memory goes")
+      f"the most micro-batches the batch allows, and even that does not fit {gib:.1f} GiB per "
+      "device by the plan: --config.dry_run=True shows where the memory goes")
 
 
-def resolve(config: ml_collections.ConfigDict, *, machine: Machine | None = None,
-            model_config=None) -> list[str]:
+def resolve(config: ml_collections.ConfigDict, *, machine: Machine,
+            fits: Callable[[ml_collections.ConfigDict], bool],
+            batch_split: Callable[[int], int]) -> list[str]:
   """Writes the chosen `algo.packing` / `algo.num_micro_batches` into `config` where it leaves
-  them open; returns one line per choice ("field = value: why"), for `log_choices`. `machine`: this
-  process's (`this_machine`) unless given; `model_config`: the policy's architecture, read as the
-  dry run reads it (`planning.dry_run_model_config`) unless given."""
-  if not is_open(config):
-    return []
+  them open; returns one line per choice ("field = value: why"), for `log_choices`. The memory
+  verdicts come from the planner (`planning.resolve_layout` passes `fits` and `batch_split`)."""
   lines = []
   if config.algo.packing is None:
     packing, why = choose_packing(config)
     config.algo.packing = packing
     lines.append(f"algo.packing = {packing}: {why}")
   if config.algo.num_micro_batches == 0:
-    if model_config is None:
-      from reasoning_rl.planning import dry_run_model_config  # pylint: disable=import-outside-toplevel
-
-      try:
-        model_config = dry_run_model_config(config)
-      except ConfigError as error:
-        raise ConfigError(f"{error}; or set config.algo.num_micro_batches (0 chooses it from "
-                          "the model's memory plan)") from None
-    machine = machine or this_machine()
-    k, why = choose_micro_batches(config, model_config, machine)
+    k, why = choose_micro_batches(config, machine, fits=fits, batch_split=batch_split)
     config.algo.num_micro_batches = k
     lines.append(f"algo.num_micro_batches = {k}: {why}")
   return lines

@@ -198,10 +198,11 @@ def test_the_step_takes_pi_old_from_the_sampler(packed):
 @pytest.mark.parametrize("asynchronous, expected", [(False, True), (True, False)])
 def test_only_synchronous_steps_take_pi_old_from_the_sampler(asynchronous, expected):
   from reasoning_rl.build import step_config
+  layout = {"algo.packing": False, "algo.num_micro_batches": 1}
   config = debug_config(**{"rollout.exact_logprobs": True,
-                           "async_rollouts.enabled": asynchronous})
+                           "async_rollouts.enabled": asynchronous, **layout})
   assert step_config(config).old_logprobs_from_sampler is expected
-  assert step_config(debug_config()).old_logprobs_from_sampler is False
+  assert step_config(debug_config(**layout)).old_logprobs_from_sampler is False
 
 
 def test_exact_mode_refuses_what_it_does_not_cover():

@@ -40,6 +40,8 @@ _MODEL_PART = ("verifier worker processes import the reward parts without JAX; a
                "part loads its model on the main process only (JAX, flax: 0.7 s)")
 _BUILD = ("build.py is imported by the launchers before the config is validated and by the "
           "planner (`--dry_run`); it loads the training stack only in the function that needs it: ")
+_SETTINGS = ("run_settings.py is read by the builder and the planner from a bare config; it "
+             "loads the training stack only in the function that needs it: ")
 _CYCLE = "the models.load <-> run_checkpoint cycle in ALLOWED_CYCLE_EDGES"
 _TOKENIZERS = ("the tokenizer libraries (tokenizers, sentencepiece, jinja2: 0.3 s) load with a "
                "model's tokenizer only")
@@ -49,7 +51,6 @@ _TOKENIZERS = ("the tokenizer libraries (tokenizers, sentencepiece, jinja2: 0.3 
 # gone, so this list only shrinks.
 ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("reasoning_rl.build", "reasoning_rl.multihost.cluster"): _BUILD + "numpy (0.06 s)",
-    ("reasoning_rl.build", "reasoning_rl.data.debug_vocab"): _BUILD + "JAX, tokenizers (1.2 s)",
     ("reasoning_rl.build", "reasoning_rl.data.tasks"): _BUILD + "JAX, tokenizers (1.0 s)",
     ("reasoning_rl.build", "reasoning_rl.data.templates"): _BUILD + "JAX, tokenizers (1.0 s)",
     ("reasoning_rl.build", "reasoning_rl.environments"): _BUILD + "the sandbox client, "
@@ -59,11 +60,16 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("reasoning_rl.build", "reasoning_rl.lora"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.loop.weight_sync"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.models"): _BUILD + _JAX + " (0.75 s)",
-    ("reasoning_rl.build", "reasoning_rl.models.config"): _BUILD + _JAX + " (0.75 s)",
     ("reasoning_rl.build", "reasoning_rl.models.transformer"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.multihost.param_sync"): _BUILD + "JAX (0.4 s)",
     ("reasoning_rl.build", "reasoning_rl.precision"): _BUILD + "JAX (0.4 s)",
     ("reasoning_rl.build", "reasoning_rl.rl.step"): _BUILD + _JAX + ", optax (1.5 s)",
+    ("reasoning_rl.build", "reasoning_rl.planning"): _BUILD + _JAX + " (0.7 s)",
+    ("reasoning_rl.run_settings", "reasoning_rl.data.debug_vocab"): _SETTINGS + "JAX, "
+        "tokenizers (1.2 s)",
+    ("reasoning_rl.run_settings", "reasoning_rl.lora"): _SETTINGS + _JAX + " (0.7 s)",
+    ("reasoning_rl.run_settings", "reasoning_rl.models.config"): _SETTINGS + _JAX + " (0.75 s)",
+    ("reasoning_rl.run_settings", "reasoning_rl.rl.step"): _SETTINGS + _JAX + ", optax (1.5 s)",
     ("reasoning_rl.build", "reasoning_rl.sampler"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.sampler.engine"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.sharding"): _BUILD + "JAX (0.4 s)",

@@ -58,6 +58,7 @@ def _config(trainer, replica, micro, beta):
   c.rollout.max_prefill_length, c.rollout.max_new_tokens = 16, 16
   c.rollout.max_concurrent_decodes, c.rollout.steps_per_call = 8, 4
   c.algo.num_micro_batches, c.beta, c.algo.logprob_chunk = micro, beta, 16
+  c.algo.packing = False  # XLA is read on the padded step
   c.mesh.num_trainer_devices, c.mesh.trainer, c.mesh.sampler = 4, trainer, replica
   return c
 
