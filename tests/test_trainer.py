@@ -23,7 +23,10 @@ def train(workdir, *overrides, check=True, timeout=600):
              f"--config.workdir={workdir}", "--config.logging.progress_bar=False", *overrides]
   result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
   if check and result.returncode != 0:
-    raise AssertionError(f"train.py exited {result.returncode}:\n{result.stderr[-3000:]}")
+    # the head too: an abort's cause is printed before the threads' stacks that end stderr
+    err = result.stderr
+    shown = err if len(err) <= 6000 else f"{err[:3000]}\n[...]\n{err[-3000:]}"
+    raise AssertionError(f"train.py exited {result.returncode}:\n{shown}")
   return result
 
 
