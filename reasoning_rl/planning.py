@@ -1016,10 +1016,11 @@ def resolve_layout(config, *, machine: step_layout.Machine | None = None,
   def fits(trial) -> bool:
     return plan(trial, model_config, target=target).fits
 
+  trainer_mesh = plan_layout(config, machine.num_devices, machine.devices_per_host,
+                             machine.num_slices).trainer
+
   def batch_split(rows: int) -> int:
-    mesh = plan_layout(config, machine.num_devices, machine.devices_per_host,
-                       machine.num_slices).trainer
-    return _split(mesh, "batch", rows)
+    return _split(trainer_mesh, "batch", rows)
 
   return step_layout.resolve(config, machine=machine, fits=fits, batch_split=batch_split)
 
