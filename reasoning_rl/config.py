@@ -123,6 +123,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "and this rollout rescales or truncates (rollout.temperature / top_p / top_k / min_p): "
           "set algo.packing=False, or algo.truncated_ratio=False to accept the biased "
           "full-softmax ratio")
+  _validate_partial_rollouts(config, require)
   require(not (r.exact_logprobs and config.environment.name), "rollout.exact_logprobs",
           "exact rollouts verify single-turn completions; multi-turn episodes "
           f"(environment.name={config.environment.name!r}) are not covered: set "
@@ -162,6 +163,37 @@ def _validate_environment(config, parts, require) -> None:
   require(e.turn_tokens <= config.rollout.max_new_tokens, "environment.turn_tokens",
           "one turn cannot be longer than the whole completion (rollout.max_new_tokens, "
           "observations included)")
+
+
+def _validate_partial_rollouts(config, require) -> None:
+  """Partial rollouts (`config.partial_rollouts`) and what they cannot be combined with yet."""
+  p, r = config.partial_rollouts, config.rollout
+  if not p.enabled:
+    return
+  off = "or set partial_rollouts.enabled=False"
+  require(config.stage == "rl", "partial_rollouts.enabled",
+          f"partial rollouts are RL rollouts; use stage='rl' {off}")
+  require(not config.environment.name, "partial_rollouts.enabled",
+          "multi-turn episodes (environment.name) are not continued across steps; set "
+          "environment.name='' " + off)
+  require(not r.exact_logprobs, "partial_rollouts.enabled",
+          "exact rollouts verify each completion under one set of weights, and a continued "
+          f"sample spans several; set rollout.exact_logprobs=False {off}")
+  require(not config.dynamic_sampling.enabled, "partial_rollouts.enabled",
+          "DAPO's dynamic sampling refills a batch by sampling more prompts, which rounds do "
+          f"not (groups with equal rewards are trained on); set dynamic_sampling.enabled=False "
+          f"{off}")
+  ahead = config.async_rollouts.enabled
+  ahead = config.mesh.num_trainer_devices > 0 if ahead is None else ahead
+  require(not ahead, "async_rollouts.enabled",
+          "partial rollouts sample each step's round right before it (the rounds are what "
+          "removes the wait for the longest completion), not batches ahead; set "
+          f"async_rollouts.enabled=False {off}")
+  require(p.groups_in_flight == 0 or p.groups_in_flight > r.num_prompts,
+          "partial_rollouts.groups_in_flight",
+          f"{p.groups_in_flight} groups in flight for {r.num_prompts} trained per step: a round "
+          f"ends only when {r.num_prompts} complete, so with no more in flight it waits for "
+          f"every one; set more than rollout.num_prompts (0 = twice as many)")
 
 
 def _validate_mesh(config, num_devices: int, num_slices: int) -> None:

@@ -341,6 +341,18 @@ SECTIONS: tuple[Section, ...] = (
               "force it", kind=bool, typed_none=True),
         Field("max_staleness", 1, "policy versions a trained batch may lag", _int(0)),
     )),
+    Section("partial_rollouts", "Partial rollouts (reasoning_rl/loop/partial_rollouts.py, "
+            "docs/off_policy.md): a step trains on the first rollout.num_prompts groups to "
+            "complete out of more in flight; samples still running continue under the next "
+            "weights, each token keeping the version that drew it, corrected per token "
+            "(algo.is_correction). Single process, single-turn, synchronous rollouts.", (
+        Field("enabled", False, "on: long completions no longer hold up a step", kind=bool),
+        Field("groups_in_flight", 0, "prompts in flight at once (more than rollout.num_prompts, "
+              "or no round can end before all of them do)",
+              _int(0, meaning="0 = 2 x rollout.num_prompts")),
+        Field("max_lag", 2, "policy versions a trained token may lag the weights training on "
+              "it; a sample holding an older token restarts from its first token", _int(0)),
+    )),
     Section("mesh", "Devices: one list split into trainer and sampler slices, each its own "
             "(data, fsdp, tensor) mesh.", (
         Field("num_trainer_devices", 0, "devices of the trainer slice",

@@ -39,10 +39,17 @@ def rollouts_ahead(config: ml_collections.ConfigDict) -> bool:
 
 
 def sampler_correction(config: ml_collections.ConfigDict) -> str:
-  """`algo.is_correction`, except that asynchronous rollouts always correct (token-truncate)."""
-  if config.algo.is_correction == "none" and rollout_staleness(config) > 0:
+  """`algo.is_correction`, except that asynchronous and partial rollouts always correct
+  (token-truncate): their tokens come from older policies than the one trained."""
+  lagging = rollout_staleness(config) > 0 or partial_rollouts(config)
+  if config.algo.is_correction == "none" and lagging:
     return "token-truncate"
   return config.algo.is_correction
+
+
+def partial_rollouts(config: ml_collections.ConfigDict) -> bool:
+  """Whether steps sample in rounds that carry unfinished samples over (`loop.partial_rollouts`)."""
+  return config.stage == "rl" and bool(config.get("partial_rollouts", {}).get("enabled", False))
 
 
 def step_config(config: ml_collections.ConfigDict):
@@ -71,4 +78,5 @@ def step_config(config: ml_collections.ConfigDict):
       truncated_ratio=a.truncated_ratio and config_lib.rollout_rescales(config),
       # π_old = μ only when the batch was sampled with the weights being trained
       old_logprobs_from_sampler=(config.stage == "rl" and config.rollout.exact_logprobs
-                                 and rollout_staleness(config) == 0)))
+                                 and rollout_staleness(config) == 0
+                                 and not partial_rollouts(config))))

@@ -34,7 +34,10 @@ from reasoning_rl import metrics as metrics_lib
 from reasoning_rl import storage
 from reasoning_rl.build import (Run, build, build_template, eval_max_new_tokens,
                                 rollout_staleness, sampler_correction)
+from reasoning_rl.run_settings import partial_rollouts
 from reasoning_rl.errors import CheckpointError, ExitCode, PhaseInterrupted
+from reasoning_rl.loop.partial_rollouts import (PartialCollector, PartialSettings,
+                                                check_partial_rollouts)
 from reasoning_rl.loop.rl_stage import RLStage
 from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
 from reasoning_rl.loop.sft_stage import SFTStage
@@ -82,8 +85,15 @@ class Trainer:
                             seed=run.config.seed, episodes=run.episodes)
     if self.cluster.multi_process:  # each sampler replica collects its share
       collector_kwargs["cluster"] = self.cluster
-    self.collector = (ShardedCollector if self.cluster.multi_process else RolloutCollector)(
-        run.backend, run.tokenizer, run.template, run.scorer, **collector_kwargs)
+    collector_class = ShardedCollector if self.cluster.multi_process else RolloutCollector
+    if partial_rollouts(run.config):
+      check_partial_rollouts(run.backend, multi_process=self.cluster.multi_process,
+                             backend_name=r.backend)
+      collector_class = PartialCollector
+      collector_kwargs.update(settings=PartialSettings.from_config(run.config),
+                              example_of=run.data.train_source.example)
+    self.collector = collector_class(run.backend, run.tokenizer, run.template, run.scorer,
+                                     **collector_kwargs)
     if stage is None:
       stage = (RLStage(run, self.collector, staleness=rollout_staleness(run.config),
                        with_sampler_logprobs=(sampler_correction(run.config) != "none"

@@ -25,7 +25,8 @@ from reasoning_rl.checkpointing import (CHECKPOINT_FORMAT_VERSION, CHECKSUMS_FIL
                                         MANIFEST_VERSION, CheckpointCorruptError, Checkpointer)
 from reasoning_rl.config import base_config
 from reasoning_rl.errors import CheckpointError, ConfigError, ExitCode
-from reasoning_rl.loop.state import LOOP_STATE_FORMAT_VERSION, LoopState
+from reasoning_rl.loop.state import LOOP_STATE_FORMAT_VERSION, InFlight, InFlightGroup, LoopState
+from reasoning_rl.sampler.rollout import Completion, Unfinished
 from reasoning_rl.metrics import ROLLOUT_FORMAT_VERSION, MetricsWriter
 from reasoning_rl.models import load
 from reasoning_rl.models.run_checkpoint import LORA_FILE_FORMAT_VERSION, read_lora_file
@@ -138,7 +139,7 @@ def test_the_loop_state_records_its_format_version_and_round_trips():
   state = _loop_state(data_position=17, policy_version=4, queue=collections.deque([_batch()]),
                       pending_eval=5)
   meta = json.loads(json.dumps(state.to_meta()))  # what the checkpoint's meta item holds
-  assert meta["format_version"] == LOOP_STATE_FORMAT_VERSION == 1
+  assert meta["format_version"] == LOOP_STATE_FORMAT_VERSION == 2
   restored = _loop_state()
   assert restored.meta_problem(meta, "m.json") is None
   restored.load_meta(meta, "m.json")
@@ -150,12 +151,32 @@ def test_a_loop_state_of_another_format_version_is_refused_before_anything_loads
   meta = {**_loop_state(data_position=17).to_meta(), "format_version": 999}
   state = _loop_state()
   line = ("ckpt/4/meta/metadata: loop state format_version 999, but this reasoning_rl reads "
-          "version 1 only; resume with the reasoning_rl that wrote it, or start a new workdir")
+          "versions 1 and 2 only; resume with the reasoning_rl that wrote it, or start a new "
+          "workdir")
   assert state.meta_problem(meta, "ckpt/4/meta/metadata") == line
   with pytest.raises(CheckpointError) as error:
     state.load_meta(meta, "ckpt/4/meta/metadata")
   assert _one_line(error) == line
   assert state.data_position == 0  # nothing loaded
+
+
+def test_partial_rollouts_in_flight_round_trip_and_version_1_reads_with_none():
+  finished = Completion(prompt_id=7, sample_index=0, prompt_tokens=[1, 2], completion_ids=[3, 4],
+                        logprobs=[-0.5, -0.25], sampling_logprobs=None, finish_reason="stop_id",
+                        truncated=False, policy_version=2, token_versions=[2, 3])
+  in_flight = InFlight([InFlightGroup(
+      7, finished={0: finished}, unfinished={1: Unfinished(7, 1, [5], [-1.0], [-0.5], [3])},
+      scored=None)])
+  state = _loop_state(data_position=9, policy_version=4, in_flight=in_flight)
+  meta = json.loads(json.dumps(state.to_meta()))
+  restored = _loop_state()
+  restored.load_meta(meta, "m.json")
+  assert restored.in_flight == in_flight and restored.to_meta() == state.to_meta()
+  version_1 = {**meta, "format_version": 1}
+  del version_1["in_flight"]
+  old = _loop_state()
+  old.load_meta(version_1, "m.json")
+  assert old.data_position == 9 and old.in_flight == InFlight()
 
 
 def test_a_loop_state_written_before_versions_reads_as_version_1_or_is_refused():
@@ -195,7 +216,7 @@ def test_a_run_refuses_to_resume_a_loop_state_of_another_version(tmp_path,
   assert _trainer(run, ScriptedStage(), []).run() == ExitCode.DONE
   step_dir = tmp_path / "checkpoints" / "4"
   meta_file = step_dir / "meta" / "metadata"
-  assert json.loads(meta_file.read_text())["format_version"] == 1
+  assert json.loads(meta_file.read_text())["format_version"] == 2
   _rewrite_json(meta_file, lambda meta: {**meta, "format_version": 999})
   checkpointing.write_checksums(step_dir)
   (tmp_path / "model" / "config.json").write_text("as the newer run wrote it")

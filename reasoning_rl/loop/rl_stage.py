@@ -15,6 +15,11 @@ version s to the sampler. With k = 0 the queue is empty and every batch is sampl
 the synchronous loop. With k > 0 (or `algo.is_correction` set) the batch carries the sampler's
 log-probs and the loss corrects against them (`rl.losses.importance_weights`). Queued batches
 live in the loop state, so a resume is exact too.
+
+Partial rollouts (`partial_rollouts.enabled`, `loop.partial_rollouts`): each step's batch is a
+round over more groups than it trains on; the round ends once enough groups completed, and the
+rest (unfinished samples, completed groups not trained yet) stays in the loop state's
+`in_flight` for the next step's round, under the weights that step publishes.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from reasoning_rl import flops as flops_lib
 from reasoning_rl.data import tasks
 from reasoning_rl.errors import PhaseInterrupted
 from reasoning_rl.loop import compile_clock, telemetry
+from reasoning_rl.loop.partial_rollouts import PartialCollector
 from reasoning_rl.loop.parts import RunParts
 from reasoning_rl.loop.rollouts import RolloutCollector
 from reasoning_rl.loop.state import LoopState, SampledBatch
@@ -72,6 +78,12 @@ class RLStage:
     c = self.run.config
     position = loop.data_position
     try:
+      if isinstance(self.collector, PartialCollector):  # a round; what is left stays in flight
+        batch, loop.in_flight = self.collector.sample_round(
+            loop.in_flight, lambda count: take_examples(self.run, loop, count),
+            num_prompts=c.rollout.num_prompts, policy_version=loop.policy_version,
+            should_stop=should_stop)
+        return batch
       return self.collector.sample_batch(
           lambda count: take_examples(self.run, loop, count), num_prompts=c.rollout.num_prompts,
           dynamic_sampling=c.dynamic_sampling.enabled, max_rounds=c.dynamic_sampling.max_rounds,

@@ -50,6 +50,7 @@ class RolloutCollector:
     self.seed = seed
     self.episodes = episodes
     self.exact_totals: list[dict] = []  # this step's ExactStats, one per generate call
+    self.decode_totals: list[dict] = []  # this step's DecodeUsage, one per generate call
     # backend is None on trainer-only processes of a split run: they sample nothing
     if episodes is not None and backend is not None and not hasattr(backend, "generate_episodes"):
       raise ConfigError(f"environment.name={episodes.environment.name!r}: the rollout backend "
@@ -95,37 +96,17 @@ class RolloutCollector:
     exact = getattr(self.backend, "exact_stats", None)
     if exact is not None and self.episodes is None:  # rollout.exact_logprobs: this call's work
       self.exact_totals.append(dataclasses.asdict(exact))
+    usage = getattr(self.backend, "decode_usage", None)
+    if usage is not None and self.episodes is None:
+      self.decode_totals.append(dataclasses.asdict(usage))
     start = time.perf_counter()
     scored = {}
     while len(scored) < len(examples):
       item = self.scorer.get()
       scored[item.key] = item
     verify_s = time.perf_counter() - start
-    out = []
-    for index, _ in examples:
-      group, item = finished[index], scored[index]
-      multi_turn = group[0].turns is not None
-      out.append(GroupRollout(
-          data_position=index, responses=responses[index], status=item.status,
-          turns=(tuple({"turns": c.turns, "episode_end": c.episode_end,
-                        "environment_parts": c.reward_parts} for c in group)
-                 if multi_turn else None),
-          group=batching.ScoredGroup(
-              prompt_tokens=list(group[0].prompt_tokens),
-              completion_ids=[list(c.completion_ids) for c in group],
-              logprobs=[[float(x) for x in c.logprobs] for c in group],
-              rewards=[r.total for r in item.rewards],
-              parts={name: [r.parts[name] for r in item.rewards]
-                     for name in item.rewards[0].parts},
-              truncated=[bool(c.truncated) for c in group],
-              # what the trainer needs to rebuild the sampler's truncation (algo.truncated_ratio)
-              sampling_logprobs=[[float(x) for x in (c.sampling_logprobs
-                                                     if c.sampling_logprobs is not None
-                                                     else c.logprobs)] for c in group],
-              sampling={"temperature": float(sampling.temperature),
-                        "top_p": float(sampling.top_p), "top_k": int(sampling.top_k),
-                        "min_p": float(sampling.min_p)},
-              loss_masks=[list(c.loss_mask) for c in group] if multi_turn else None)))
+    out = [scored_group(index, finished[index], responses[index], scored[index], sampling)
+           for index, _ in examples]
     return out, sample_s, verify_s
 
   def sample_batch(self, take_examples: Callable[[int], list], *, num_prompts: int,
@@ -140,7 +121,7 @@ class RolloutCollector:
     """
     kept, sampled = [], []
     sample_s = verify_s = 0.0
-    self.exact_totals = []
+    self.exact_totals, self.decode_totals = [], []
     for _ in range(max_rounds if dynamic_sampling else 1):
       groups, s, v = self.collect(take_examples(num_prompts - len(kept)),
                                   should_stop=should_stop)
@@ -153,7 +134,38 @@ class RolloutCollector:
     return SampledBatch(
         groups=tuple(kept), outcome=batching.group_outcome_fractions([g.group for g in sampled]),
         groups_sampled=len(sampled), scoring=scoring, sample_s=sample_s, verify_s=verify_s,
-        policy_version=policy_version, exact=exact_summary(self.exact_totals))
+        policy_version=policy_version, exact=exact_summary(self.exact_totals),
+        decode={name: sum(call[name] for call in self.decode_totals)
+                for name in self.decode_totals[0]} if self.decode_totals else None)
+
+
+def scored_group(data_position: int, group: Sequence, responses: tuple[str, ...], item,
+                 sampling) -> GroupRollout:
+  """One prompt's `GroupRollout` from its G completions (`sampler.rollout.Completion`, ordered by
+  sample index), the texts the verifiers read and the scorer's item (`workers.scorer.ScoredItem`:
+  its status and one `Reward` per completion)."""
+  multi_turn = group[0].turns is not None
+  return GroupRollout(
+      data_position=data_position, responses=responses, status=item.status,
+      turns=(tuple({"turns": c.turns, "episode_end": c.episode_end,
+                    "environment_parts": c.reward_parts} for c in group)
+             if multi_turn else None),
+      group=batching.ScoredGroup(
+          prompt_tokens=list(group[0].prompt_tokens),
+          completion_ids=[list(c.completion_ids) for c in group],
+          logprobs=[[float(x) for x in c.logprobs] for c in group],
+          rewards=[r.total for r in item.rewards],
+          parts={name: [r.parts[name] for r in item.rewards]
+                 for name in item.rewards[0].parts},
+          truncated=[bool(c.truncated) for c in group],
+          # what the trainer needs to rebuild the sampler's truncation (algo.truncated_ratio)
+          sampling_logprobs=[[float(x) for x in (c.sampling_logprobs
+                                                 if c.sampling_logprobs is not None
+                                                 else c.logprobs)] for c in group],
+          sampling={"temperature": float(sampling.temperature),
+                    "top_p": float(sampling.top_p), "top_k": int(sampling.top_k),
+                    "min_p": float(sampling.min_p)},
+          loss_masks=[list(c.loss_mask) for c in group] if multi_turn else None))
 
 
 def exact_summary(calls: list[dict]) -> dict | None:

@@ -3,11 +3,13 @@
 - `GroupRollout`: one prompt's G completions, sampled and scored.
 - `SampledBatch`: one step's groups plus how they were obtained (sampling rounds, scoring statuses,
   seconds, the policy version that sampled them).
-- `LoopState`: data position, policy version, guard state and the queue of batches sampled ahead
-  (asynchronous rollouts). `to_meta()` / `load_meta()` are its checkpoint metadata (plain JSON,
-  with `format_version` = `LOOP_STATE_FORMAT_VERSION`), saved beside the Orbax train state so that
-  a resume continues bit for bit. A loop state of another version is refused with one line
-  (`CheckpointError`) before anything is loaded.
+- `InFlight`: partial rollouts' groups still in flight between steps (`loop.partial_rollouts`).
+- `LoopState`: data position, policy version, guard state, the queue of batches sampled ahead
+  (asynchronous rollouts) and what partial rollouts hold in flight. `to_meta()` / `load_meta()`
+  are its checkpoint metadata (plain JSON, with `format_version` = `LOOP_STATE_FORMAT_VERSION`),
+  saved beside the Orbax train state so that a resume continues bit for bit. A loop state of
+  another version is refused with one line (`CheckpointError`) before anything is loaded;
+  version 1 (before partial rollouts) reads as version 2 with nothing in flight.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from typing import Any
 from reasoning_rl import guards as guards_lib
 from reasoning_rl.errors import CheckpointError
 from reasoning_rl.rl import batching
+from reasoning_rl.sampler.rollout import Completion, Unfinished
 
 SCORING_STATUSES = ("ok", "timeout", "error")
 # The checkpoint metadata `LoopState.to_meta` writes: the fields of `_META_FIELDS`, each queued
-# batch as `SampledBatch.to_json` (its groups as `GroupRollout.to_json`: 4 items).
-LOOP_STATE_FORMAT_VERSION = 1
+# batch as `SampledBatch.to_json` (its groups as `GroupRollout.to_json`: 4 items), and (version 2)
+# `in_flight` as `InFlight.to_json`.
+LOOP_STATE_FORMAT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)  # version 1 had no in_flight: nothing was
 _META_FIELDS = ("data_position", "policy_version", "guards", "queue", "pending_eval")
 
 
@@ -77,6 +82,11 @@ class SampledBatch:
   policy_version: the policy version that sampled the groups.
   exact: with `rollout.exact_logprobs`, what verification did on this process's share
     (`sampler.exact.ExactStats` as a dict, summed over dynamic-sampling rounds); else None.
+  decode: the decode calls' slot use (`sampler.rollout.DecodeUsage` as a dict, the last
+    sampling round's), when the backend reports it.
+  partial: partial rollouts' round (`loop.partial_rollouts`): groups in flight and carried,
+    tokens resumed, samples restarted, and the trained tokens' lag behind the policy version
+    (policy_version is then the oldest token's version).
   """
 
   groups: tuple[GroupRollout, ...]
@@ -87,6 +97,8 @@ class SampledBatch:
   verify_s: float
   policy_version: int
   exact: dict | None = None
+  decode: dict | None = None
+  partial: dict | None = None
 
   def to_json(self) -> dict:
     fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -105,6 +117,45 @@ class SampledBatch:
 
 
 @dataclasses.dataclass
+class InFlightGroup:
+  """One prompt of partial rollouts not trained yet: its finished samples (sample index ->
+  completion), its unfinished ones (sample index -> what they drew so far; a sample in neither
+  has not started), and once all G finished, the scorer's verdict (`scored`)."""
+
+  data_position: int
+  finished: dict[int, Completion] = dataclasses.field(default_factory=dict)
+  unfinished: dict[int, Unfinished] = dataclasses.field(default_factory=dict)
+  scored: dict | None = None
+
+  def to_json(self) -> dict:
+    return {"data_position": self.data_position,
+            "finished": {str(s): dataclasses.asdict(c) for s, c in self.finished.items()},
+            "unfinished": {str(s): u.to_json() for s, u in self.unfinished.items()},
+            "scored": self.scored}
+
+  @classmethod
+  def from_json(cls, fields: dict) -> "InFlightGroup":
+    return cls(int(fields["data_position"]),
+               {int(s): Completion(**c) for s, c in fields["finished"].items()},
+               {int(s): Unfinished.from_json(u) for s, u in fields["unfinished"].items()},
+               fields["scored"])
+
+
+@dataclasses.dataclass
+class InFlight:
+  """Partial rollouts' groups in flight, in the order they were admitted."""
+
+  groups: list[InFlightGroup] = dataclasses.field(default_factory=list)
+
+  def to_json(self) -> list:
+    return [group.to_json() for group in self.groups]
+
+  @classmethod
+  def from_json(cls, items: list) -> "InFlight":
+    return cls([InFlightGroup.from_json(item) for item in items])
+
+
+@dataclasses.dataclass
 class LoopState:
   """The loop's bookkeeping between steps (the train state itself lives in rl.step.TrainState).
 
@@ -118,6 +169,7 @@ class LoopState:
   queue: batches sampled ahead of their step (asynchronous rollouts), oldest first.
   pending_eval: the step whose held-out evaluation is due and not yet done (a stop request
     interrupted it, or the checkpoint was written first); a resumed run does it before training.
+  in_flight: partial rollouts' groups between steps (empty otherwise).
   """
 
   guards: guards_lib.Guards
@@ -125,11 +177,13 @@ class LoopState:
   policy_version: int = 0
   queue: collections.deque = dataclasses.field(default_factory=collections.deque)
   pending_eval: int | None = None
+  in_flight: InFlight = dataclasses.field(default_factory=InFlight)
 
   def to_meta(self) -> dict[str, Any]:
     return {"format_version": LOOP_STATE_FORMAT_VERSION, "data_position": self.data_position,
             "policy_version": self.policy_version, "guards": self.guards.state_dict(),
-            "queue": [b.to_json() for b in self.queue], "pending_eval": self.pending_eval}
+            "queue": [b.to_json() for b in self.queue], "pending_eval": self.pending_eval,
+            "in_flight": self.in_flight.to_json()}
 
   @staticmethod
   def summary_meta(meta: dict[str, Any]) -> dict[str, Any]:
@@ -150,7 +204,7 @@ class LoopState:
     `where` for a meta of another format version, or one that does not parse; then nothing is
     loaded."""
     (self.data_position, self.policy_version, guards_state, self.queue,
-     self.pending_eval) = self._parse_meta(meta, where)
+     self.pending_eval, self.in_flight) = self._parse_meta(meta, where)
     self.guards.load_state_dict(guards_state)
 
   def _parse_meta(self, meta: dict[str, Any], where: str) -> tuple:
@@ -165,20 +219,21 @@ class LoopState:
             f"{where}: loop state from before format_version 1 (it lacks {missing[0]!r}), "
             "which this reasoning_rl does not resume; start a new workdir, or resume with the "
             "reasoning_rl that wrote it")
-    elif version != LOOP_STATE_FORMAT_VERSION:
+    elif version not in _READABLE_VERSIONS:
       raise CheckpointError(
-          f"{where}: loop state format_version {version!r}, but this reasoning_rl reads version "
-          f"{LOOP_STATE_FORMAT_VERSION} only; resume with the reasoning_rl that wrote it, or "
-          "start a new workdir")
+          f"{where}: loop state format_version {version!r}, but this reasoning_rl reads versions "
+          f"{' and '.join(map(str, _READABLE_VERSIONS))} only; resume with the reasoning_rl that "
+          "wrote it, or start a new workdir")
     try:
       pending = meta["pending_eval"]
       parsed = (int(meta["data_position"]), int(meta["policy_version"]), meta["guards"],
                 collections.deque(SampledBatch.from_json(b) for b in meta["queue"]),
-                None if pending is None else int(pending))
+                None if pending is None else int(pending),
+                InFlight.from_json(meta["in_flight"] if version == 2 else []))
       guards_lib.Guards(self.guards.config).load_state_dict(parsed[2])  # a trial: it parses
     except (KeyError, TypeError, ValueError) as error:
       raise CheckpointError(
-          f"{where}: loop state of format_version {LOOP_STATE_FORMAT_VERSION} does not parse "
+          f"{where}: loop state of format_version {version or 1} does not parse "
           f"({type(error).__name__}: {error}); the checkpoint is damaged, restore an earlier "
           "step") from None
     return parsed

@@ -69,6 +69,8 @@ def rl_metrics(batch: SampledBatch, stats: Mapping[str, float], *, reward_parts:
     row["episode/observation_tokens_mean"] = float(np.mean(
         [len(g.completion_ids[s]) - model_token_count(g, s) for g in groups
          for s in range(g.size)]))
+  if batch.partial:  # partial rollouts: what the round carried over, and the tokens' lag
+    row.update({f"rollout/partial/{key}": value for key, value in batch.partial.items()})
   if batch.exact:  # rollout.exact_logprobs: repairs and the decode path's mismatch it removed
     row.update({f"sampler/exact_{key}": value for key, value in batch.exact.items()
                 if not key.endswith("_s")})
@@ -106,9 +108,15 @@ def rl_throughput(batch: SampledBatch, times: StepTimes, *, trained_tokens: int,
   flops = step_flops(prompts=len(batch.groups), prompt_tokens=prompts,
                      generated_tokens=generated, trained_tokens=trained_tokens)
   seconds = times.step_s if asynchronous else times.step_s + batch.sample_s + batch.verify_s
-  return {"throughput/generated_tokens_per_s": generated / max(batch.sample_s, 1e-9),
-          "throughput/trained_tokens_per_s": trained_tokens / max(seconds, 1e-9),
-          "throughput/rl_mfu": flops / max(seconds, 1e-9) / peak_flops}
+  row = {"throughput/generated_tokens_per_s": generated / max(batch.sample_s, 1e-9),
+         "throughput/trained_tokens_per_s": trained_tokens / max(seconds, 1e-9),
+         "throughput/rl_mfu": flops / max(seconds, 1e-9) / peak_flops}
+  if batch.decode and batch.decode["slot_steps"]:
+    # decode slot-steps with no sample to decode, e.g. waiting for a group's longest completion
+    # (it depends on rollout.steps_per_call, hence a throughput figure, not a deterministic one)
+    row["throughput/decode_idle_slot_frac"] = 1.0 - (batch.decode["live_slot_steps"]
+                                                     / batch.decode["slot_steps"])
+  return row
 
 
 # Decimal places of the per-token advantages in a rollout record: whitened advantages are O(1),

@@ -39,7 +39,7 @@ from reasoning_rl.errors import SamplingError
 from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.exact import CanonicalScorer, ExactStats, exact_groups
 from reasoning_rl.sampler.multiturn import EpisodeSettings, stream_episodes
-from reasoning_rl.sampler.rollout import Completion, stream_groups
+from reasoning_rl.sampler.rollout import Completion, DecodeUsage, Unfinished, stream_groups
 from reasoning_rl.sampler.sampling import SamplingParams
 
 
@@ -101,6 +101,7 @@ class EngineBackend:
     self.engine = engine
     self.scorer = scorer
     self.exact_stats: ExactStats | None = None
+    self.decode_usage: DecodeUsage | None = None  # the last call's (not for exact rollouts)
     self._stopped = False
 
   @property
@@ -118,9 +119,26 @@ class EngineBackend:
                   stop_ids=stop_ids, stop_strings=stop_strings, tokenizer=tokenizer, seed=seed,
                   prompt_ids=prompt_ids, should_stop=should_stop)
     if self.scorer is None:
-      return stream_groups(self.engine, prompts, **common)
+      self.decode_usage = DecodeUsage()
+      return stream_groups(self.engine, prompts, usage=self.decode_usage, **common)
+    self.decode_usage = None
     self.exact_stats = ExactStats()
     return exact_groups(self.engine, self.scorer, prompts, stats=self.exact_stats, **common)
+
+  def generate_round(self, prompts, *, samples: Sequence[tuple[int, int]],
+                     resume: Sequence[Unfinished], round_over: Callable[[], bool],
+                     **common) -> Iterator[Completion | Unfinished]:
+    """One round of partial rollouts (`loop.partial_rollouts`): `generate` for the `samples`
+    (prompt id, sample index) pairs, continuing the `resume` ones where they stopped, until
+    `round_over()` says the round is over; the samples not finished then come out as
+    `Unfinished` (`rollout.stream_groups`)."""
+    self._check_running()
+    if self.scorer is not None:
+      raise SamplingError("partial rollouts continue samples under new weights, which exact "
+                          "rollouts (rollout.exact_logprobs) do not verify; turn one of them off")
+    self.decode_usage = DecodeUsage()
+    return stream_groups(self.engine, prompts, samples=samples, resume=resume,
+                         round_over=round_over, usage=self.decode_usage, **common)
 
   def generate_episodes(self, prompts, *, examples, episodes: EpisodeSettings, prompt_ids,
                         num_samples, sampling, max_new_tokens, stop_ids, tokenizer, seed,

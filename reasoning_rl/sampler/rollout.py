@@ -19,6 +19,14 @@
   fold_in(fold_in(fold_in(key(seed), p), g), n) (see `sampling.sample_key`), so a completion depends
   on (seed, prompt_id, sample_index) and the model only — not on its slot, on the other requests in
   the batch, or on the order prompts are given in.
+- Rounds (partial rollouts, `loop.partial_rollouts`): with `round_over`, the caller may end the
+  call after any `generate` call; every sample not finished by then comes out as an `Unfinished`
+  (its tokens so far, their log-probs and the policy version that drew each). Passed back as
+  `resume`, such a sample continues where it stopped, under whatever weights the engine holds
+  then: its prompt is prefilled (shared by the group as usual), its tokens so far are written into
+  the slot's cache by one forward (`Engine.append_to_slot`) and its next token is draw number
+  len(tokens so far) of its key stream. The tokens it drew are kept as drawn; their KV entries
+  are recomputed with the new weights.
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ class Completion:
     policy_version: the engine's policy version (`loop.state.LoopState.policy_version`) when the
       completion started (if `update_params` runs while it decodes, later tokens come from newer
       weights; this is the oldest version).
+    token_versions: a completion continued over rounds (`resume`): the policy version that drew
+      each token; None when one version drew them all (`policy_version`).
     loss_mask: multi-turn episodes only (`sampler.multiturn`): 1 for each model token, 0 for each
       environment-observation token of `completion_ids` (whose log-probs are 0); None when every
       token is the model's.
@@ -76,6 +86,7 @@ class Completion:
   reward_parts: dict[str, float] | None = None
   episode_end: str | None = None
   scored_response: str | None = None
+  token_versions: list[int] | None = None
 
   @property
   def num_model_tokens(self) -> int:
@@ -90,6 +101,30 @@ class Completion:
 
 
 @dataclasses.dataclass
+class Unfinished:
+  """A sample a round ended before it finished (`stream_groups(..., round_over=...)`).
+
+  completion_ids, logprobs, sampling_logprobs: what it drew so far (possibly nothing: it never had
+    a slot), log-probs as in `Completion` (sampling_logprobs always recorded here).
+  token_versions: the policy version that drew each token.
+  """
+
+  prompt_id: int
+  sample_index: int
+  completion_ids: list[int]
+  logprobs: list[float]
+  sampling_logprobs: list[float]
+  token_versions: list[int]
+
+  def to_json(self) -> dict:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_json(cls, fields: dict) -> "Unfinished":
+    return cls(**fields)
+
+
+@dataclasses.dataclass
 class _Running:
   prompt_id: int
   sample_index: int
@@ -98,6 +133,11 @@ class _Running:
   tokens: list[int] = dataclasses.field(default_factory=list)
   logprobs: list[float] = dataclasses.field(default_factory=list)
   sampling_logprobs: list[float] = dataclasses.field(default_factory=list)
+  versions: list[int] = dataclasses.field(default_factory=list)
+
+  def unfinished(self) -> Unfinished:
+    return Unfinished(self.prompt_id, self.sample_index, list(self.tokens), list(self.logprobs),
+                      list(self.sampling_logprobs), list(self.versions))
 
 
 def find_stop_string(tokenizer, tokens: Sequence[int], stop_strings: Sequence[str]) -> int | None:
@@ -122,11 +162,15 @@ def find_stop_string(tokenizer, tokens: Sequence[int], stop_strings: Sequence[st
 
 
 def fill_free_slots(engine: Engine, state, running: list, waiting: collections.deque,
-                    prefixes: dict, prepared, request, num_samples: int):
+                    prefixes: dict, prepared, request, num_samples: int, resume=None,
+                    max_new_tokens: int = 0):
   """Inserts the next waiting (prompt, sample) pairs into the free slots (`running[slot] is
   None`): (new decode state, [(slot, prompt index, sample index)] inserted); the caller records
   what runs in each. A prompt is prefilled once (`prefixes`: prompt -> [prefix, samples still to
-  insert]), its samples share the prefix."""
+  insert]), its samples share the prefix (`num_samples`: how many of them will be inserted).
+  `resume` ((prompt index, sample) -> tokens drawn before): those tokens follow the prompt in the
+  slot's cache, and the sample goes on from its draw number len(tokens), for at most
+  `max_new_tokens` tokens in all."""
   free_slots = [slot for slot, run in enumerate(running) if run is None]
   assigned = [(slot, waiting.popleft()) for slot in free_slots[:len(waiting)]]
   to_prefill = list(dict.fromkeys(p for _, (p, _) in assigned if p not in prefixes))
@@ -143,13 +187,19 @@ def fill_free_slots(engine: Engine, state, running: list, waiting: collections.d
         params=engine.params, padded_tokens=[prepared[p][0] for p in to_prefill],
         true_lengths=[prepared[p][1] for p in to_prefill],
         requests=[request(p, 0) for p in to_prefill])
-    prefixes.update({p: [prefix, num_samples] for p, prefix in zip(to_prefill, new_prefixes)})
+    prefixes.update({p: [prefix, num_samples if isinstance(num_samples, int) else num_samples[p]]
+                     for p, prefix in zip(to_prefill, new_prefixes)})
   for slot, (p, g) in assigned:
     entry = prefixes[p]
     state = engine.insert(entry[0].with_request(request(p, g)), state, slot)
     entry[1] -= 1
     if entry[1] == 0:
       del prefixes[p]
+    drawn = (resume or {}).get((p, g))
+    if drawn:
+      state = engine.append_to_slot(engine.params, state, slot, drawn, start=prepared[p][1],
+                                    max_new_tokens=max_new_tokens - len(drawn),
+                                    draws_kept=len(drawn))
   return state, [(slot, p, g) for slot, (p, g) in assigned]
 
 
@@ -157,7 +207,11 @@ def stream_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_sampl
                   sampling: SamplingParams = SamplingParams(), max_new_tokens: int,
                   stop_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
                   tokenizer=None, seed: int = 0, prompt_ids: Sequence[int] | None = None,
-                  should_stop: Callable[[], bool] | None = None) -> Iterator[Completion]:
+                  should_stop: Callable[[], bool] | None = None,
+                  samples: Sequence[tuple[int, int]] | None = None,
+                  resume: Sequence[Unfinished] = (),
+                  round_over: Callable[[], bool] | None = None,
+                  usage: "DecodeUsage | None" = None) -> Iterator[Completion | Unfinished]:
   """Yields completions as they finish (G per prompt), continuously batching on `engine`.
 
   Args:
@@ -174,6 +228,15 @@ def stream_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_sampl
     should_stop: asked before every `generate` call; True abandons the whole call (raises
       PhaseInterrupted): a preemption notice then waits for one decode chunk, not for the rest
       of the batch.
+    samples: (prompt_id, sample_index) pairs to run, in order (default: every prompt's G
+      samples, prompt-major); a group partly finished in an earlier round runs the rest.
+    resume: `Unfinished` samples of an earlier round, continued where they stopped (module
+      docstring); each must be one of `samples`.
+    round_over: asked after every `generate` call (once the completions it finished are
+      yielded); True ends the call: every sample still running or waiting is yielded as an
+      `Unfinished`, and the generator returns.
+    usage: a `DecodeUsage` that counts decode steps and live slots (idle slots are the cost of
+      waiting for the longest completion).
 
   Raises:
     SamplingError: bad arguments or prompts — raised before any decoding starts.
@@ -199,14 +262,57 @@ def stream_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_sampl
   if prompts:  # validates max_new_tokens and stop_ids before anything runs
     engine.make_request(key=sample_key(seed, 0, 0), sampling=sampling,
                         max_new_tokens=max_new_tokens, stop_ids=stop_ids)
+  index_of = {prompt_id: index for index, prompt_id in enumerate(prompt_ids)}
+  if samples is None:
+    order = [(p, g) for p in range(len(prepared)) for g in range(num_samples)]
+  else:
+    order = []
+    for prompt_id, g in samples:
+      if prompt_id not in index_of or not 0 <= g < num_samples:
+        raise SamplingError(f"samples: ({prompt_id}, {g}) is not a sample of these prompts "
+                            f"(prompt_ids {prompt_ids}, num_samples={num_samples})")
+      order.append((index_of[prompt_id], g))
+    if len(set(order)) != len(order):
+      raise SamplingError("samples: a (prompt_id, sample_index) pair appears twice")
+  continued = {}
+  for item in resume:
+    key = (index_of.get(item.prompt_id), item.sample_index)
+    if key not in set(order):
+      raise SamplingError(f"resume: sample ({item.prompt_id}, {item.sample_index}) is not one "
+                          "of the samples to run")
+    lengths = {len(item.completion_ids), len(item.logprobs), len(item.sampling_logprobs),
+               len(item.token_versions)}
+    if len(lengths) != 1 or len(item.completion_ids) >= max_new_tokens:
+      raise SamplingError(f"resume: sample ({item.prompt_id}, {item.sample_index}) has "
+                          f"{sorted(lengths)} tokens / log-probs / versions; they must agree and "
+                          f"be fewer than max_new_tokens={max_new_tokens}")
+    continued[key] = item
   return _run_groups(engine, prepared, prompt_ids, num_samples=num_samples, sampling=sampling,
                      max_new_tokens=max_new_tokens, stop_ids=stop_ids,
                      stop_strings=stop_strings, tokenizer=tokenizer, seed=seed,
-                     should_stop=should_stop)
+                     should_stop=should_stop, order=order, continued=continued,
+                     round_over=round_over, usage=usage)
+
+
+@dataclasses.dataclass
+class DecodeUsage:
+  """What a `stream_groups` call's decoding used: `generate` calls, decode steps, and slot-steps
+  (slots × steps) of which `live_slot_steps` decoded a sample. 1 − live / slot-steps is the
+  share of the decode batch that idled (e.g. waiting for a group's longest completion)."""
+
+  calls: int = 0
+  steps: int = 0
+  slot_steps: int = 0
+  live_slot_steps: int = 0
+
+  @property
+  def idle_fraction(self) -> float:
+    return 1.0 - self.live_slot_steps / self.slot_steps if self.slot_steps else 0.0
 
 
 def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, max_new_tokens,
-                stop_ids, stop_strings, tokenizer, seed, should_stop) -> Iterator[Completion]:
+                stop_ids, stop_strings, tokenizer, seed, should_stop, order, continued,
+                round_over, usage) -> Iterator[Completion | Unfinished]:
   """The decoding loop of `stream_groups` (arguments already validated)."""
 
   def request(prompt_index: int, sample_index: int):
@@ -215,19 +321,24 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
                                stop_ids=stop_ids)
 
   stop_set = set(int(i) for i in stop_ids)
-  waiting = collections.deque((p, g) for p in range(len(prepared)) for g in range(num_samples))
+  waiting = collections.deque(order)
+  per_prompt = collections.Counter(p for p, _ in order)
   prefixes: dict[int, list] = {}  # prompt index -> [prefix, samples still to insert]
   running: list[_Running | None] = [None] * engine.max_concurrent_decodes
   state = engine.init_decode_state()
+  resume_tokens = {key: item.completion_ids for key, item in continued.items()
+                   if item.completion_ids}
 
   def finish(run: _Running, length: int, reason: str) -> Completion:
+    mixed = len(set(run.versions[:length])) > 1
     return Completion(
         prompt_id=run.prompt_id, sample_index=run.sample_index, prompt_tokens=run.prompt_tokens,
         completion_ids=run.tokens[:length], logprobs=run.logprobs[:length],
         sampling_logprobs=(run.sampling_logprobs[:length] if sampling.changes_distribution
                            else None),
         finish_reason=reason, truncated=reason == "length",
-        policy_version=run.policy_version)
+        policy_version=min(run.versions[:length], default=run.policy_version),
+        token_versions=run.versions[:length] if mixed else None)
 
   calls = 0
   while waiting or any(run is not None for run in running):
@@ -235,14 +346,26 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
       raise PhaseInterrupted(f"sampling stopped on request after {calls} decode calls")
     calls += 1
     state, assigned = fill_free_slots(engine, state, running, waiting, prefixes, prepared,
-                                      request, num_samples)
+                                      request, per_prompt, resume=resume_tokens,
+                                      max_new_tokens=max_new_tokens)
     for slot, p, g in assigned:
       padded, true_length = prepared[p]
-      running[slot] = _Running(prompt_ids[p], g, padded[:true_length].tolist(),
-                               engine.policy_version)
+      run = running[slot] = _Running(prompt_ids[p], g, padded[:true_length].tolist(),
+                                     engine.policy_version)
+      before = continued.get((p, g))
+      if before is not None:
+        run.tokens, run.logprobs = list(before.completion_ids), list(before.logprobs)
+        run.sampling_logprobs = list(before.sampling_logprobs)
+        run.versions = list(before.token_versions)
 
-    state, result = engine.generate(engine.params, state, return_on_finish=bool(waiting))
+    state, result = engine.generate(engine.params, state,
+                                    return_on_finish=bool(waiting) or round_over is not None)
     result = result.to_host()
+    if usage is not None:
+      steps = int(result.num_steps)
+      usage.calls, usage.steps = usage.calls + 1, usage.steps + steps
+      usage.slot_steps += steps * len(running)
+      usage.live_slot_steps += int(result.valid.sum())
     for slot, run in enumerate(running):
       if run is None:
         continue
@@ -251,6 +374,7 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
       run.tokens += new_tokens
       run.logprobs += result.logprobs[slot][valid].tolist()
       run.sampling_logprobs += result.sampling_logprobs[slot][valid].tolist()
+      run.versions += [engine.policy_version] * len(new_tokens)
       cut = (find_stop_string(tokenizer, run.tokens, stop_strings)
              if stop_strings and new_tokens else None)
       if cut is not None:
@@ -262,6 +386,15 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
         running[slot] = None
         ended_by_stop_id = bool(run.tokens) and run.tokens[-1] in stop_set
         yield finish(run, len(run.tokens), "stop_id" if ended_by_stop_id else "length")
+    if round_over is not None and (waiting or any(r is not None for r in running)) \
+        and round_over():
+      for run in running:
+        if run is not None:
+          yield run.unfinished()
+      for p, g in waiting:
+        before = continued.get((p, g))
+        yield before if before is not None else Unfinished(prompt_ids[p], g, [], [], [], [])
+      return
 
 
 def generate_groups(engine: Engine, prompts: Sequence[Sequence[int]], **kwargs) -> list[Completion]:
@@ -270,4 +403,5 @@ def generate_groups(engine: Engine, prompts: Sequence[Sequence[int]], **kwargs) 
   return sorted(completions, key=lambda c: (c.prompt_id, c.sample_index))
 
 
-__all__ = ["Completion", "find_stop_string", "generate_groups", "stream_groups"]
+__all__ = ["Completion", "DecodeUsage", "Unfinished", "find_stop_string", "generate_groups",
+           "stream_groups"]
