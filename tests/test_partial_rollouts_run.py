@@ -3,11 +3,8 @@ across weight updates, every trained token's lag is bounded and corrected, and a
 any step (or stopped in the middle of a round) resumes to the metrics of the uninterrupted run."""
 
 import os
-import random
 import signal
-import subprocess
 import sys
-import time
 
 import pytest
 
@@ -16,11 +13,15 @@ from reasoning_rl.config import base_config
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.metrics import read_metrics
 from tests.conftest import REPO
+from tests.test_kill_anywhere import killed_then_resumed
 from tests.test_trainer import own_signal_handlers, stable, train  # noqa: F401 (a fixture)
 
 STEPS = 6
+# steps_per_call=4: several decode calls per round. Where a round cuts its samples depends on the
+# decode chunking (stop strings are found on the host after each call), so every run here uses it.
 PARTIAL = ("--config.partial_rollouts.enabled=True", f"--config.total_steps={STEPS}",
-           "--config.checkpoint.every_steps=2", "--config.eval.every_steps=0")
+           "--config.checkpoint.every_steps=2", "--config.eval.every_steps=0",
+           "--config.rollout.steps_per_call=4")
 
 
 @pytest.fixture(scope="module")
@@ -49,34 +50,20 @@ def test_rounds_carry_samples_over_and_bound_and_correct_their_lag(partial_run):
 
 
 def test_max_lag_zero_restarts_every_stale_sample(tmp_path):
-  train(tmp_path, *PARTIAL[:-2], "--config.total_steps=3", "--config.partial_rollouts.max_lag=0",
-        "--config.checkpoint.every_steps=100", "--config.eval.every_steps=0")
+  train(tmp_path, *PARTIAL, "--config.total_steps=3", "--config.partial_rollouts.max_lag=0",
+        "--config.checkpoint.every_steps=100")
   rows = read_metrics(tmp_path / "metrics.jsonl")
   assert all(r["rollout/partial/token_lag_max"] == 0 for r in rows)
   assert all(r["rollout/partial/stale_token_frac"] == 0 for r in rows)
   assert sum(r["rollout/partial/samples_restarted"] for r in rows[1:]) > 0
 
 
-def test_sigkill_then_resume_reproduces_the_partial_run(partial_run, tmp_path):
-  kill_after = random.Random(20261127).randint(2, STEPS - 1)  # seeded: a failure reproduces
-  print(f"SIGKILL after {kill_after} metric rows")
-  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
-             f"--config.workdir={tmp_path}", "--config.logging.progress_bar=False", *PARTIAL]
-  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-  metrics = tmp_path / "metrics.jsonl"
-  deadline = time.time() + 300
-  while time.time() < deadline and process.poll() is None:
-    if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
-      os.kill(process.pid, signal.SIGKILL)
-      break
-    time.sleep(0.01)
-  process.wait()
-  assert process.returncode == -signal.SIGKILL, f"run ended before step {kill_after}"
-  train(tmp_path, *PARTIAL)
-  resumed = read_metrics(metrics)
-  assert [r["step"] for r in resumed] == list(range(1, STEPS + 1)), kill_after
-  assert stable(resumed) == stable(read_metrics(partial_run / "metrics.jsonl")), kill_after
+def test_sigkill_mid_round_then_resume_reproduces_the_partial_run(partial_run, tmp_path):
+  """Killed inside step 4's round (its second decode call), with step 2's checkpoint holding
+  the samples in flight after step 2; the rerun redoes steps 3 and 4 from them."""
+  resumed = killed_then_resumed(tmp_path, "generate", 3, *PARTIAL)
+  assert [r["step"] for r in resumed] == list(range(1, STEPS + 1))
+  assert stable(resumed) == stable(read_metrics(partial_run / "metrics.jsonl"))
 
 
 def test_a_stop_in_the_middle_of_a_round_keeps_what_was_in_flight(
@@ -95,6 +82,7 @@ def test_a_stop_in_the_middle_of_a_round_keeps_what_was_in_flight(
   config.logging.progress_bar = False
   config.partial_rollouts.enabled = True
   config.total_steps, config.checkpoint.every_steps, config.eval.every_steps = STEPS, 2, 0
+  config.rollout.steps_per_call = 4
   run = build(config)
   generate, calls = run.engine.generate, []
 

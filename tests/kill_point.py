@@ -1,0 +1,57 @@
+"""Runs launch/train.py in this process and SIGKILLs it the moment it reaches a named point.
+
+  python tests/kill_point.py POINT VERSION [CALL] -- [train.py flags]
+
+POINT is where, with the sampler holding policy VERSION:
+- `generate`: inside the CALL-th decode call (default 2) of that version, i.e. mid-generation
+  (with asynchronous rollouts that is sampling ahead, while a step trains);
+- `scoring`: on entering the wait for the verifiers after that version's decoding, with groups
+  still with the verifier workers.
+
+The kill is a real SIGKILL of this process (nothing is flushed or saved); a run that never
+reaches the point finishes normally, which the caller sees as exit code 0 instead of -9.
+"""
+
+import os
+import pathlib
+import runpy
+import signal
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+  split = sys.argv.index("--")
+  point, version, *rest = sys.argv[1:split]
+  version, call = int(version), int(rest[0]) if rest else 2
+  sys.path.insert(0, str(REPO))
+  from reasoning_rl.sampler.engine import Engine
+  from reasoning_rl.workers.scorer import Scorer
+
+  seen = {"calls": 0, "version": None}
+  generate, get = Engine.generate, Scorer.get
+
+  def kill():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+  def generate_then_kill(self, *args, **kwargs):
+    seen["version"] = self.policy_version
+    if self.policy_version == version:
+      seen["calls"] += 1
+      if point == "generate" and seen["calls"] == call:
+        kill()
+    return generate(self, *args, **kwargs)
+
+  def get_then_kill(self, *args, **kwargs):
+    if point == "scoring" and seen["version"] == version:
+      kill()
+    return get(self, *args, **kwargs)
+
+  Engine.generate, Scorer.get = generate_then_kill, get_then_kill
+  sys.argv = [str(REPO / "launch" / "train.py"), *sys.argv[split + 1:]]
+  runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,66 @@
+"""A SIGKILL at any moment of a step, then a rerun, gives the metrics of the uninterrupted run:
+killed mid-generation, while sampling ahead (asynchronous rollouts) and while the verifier
+workers still hold groups (tests/kill_point.py kills the process at that point). What was in
+flight is either in the checkpoint (batches sampled ahead, partial rollouts' samples) or redone
+from it: completions depend only on (seed, data position, sample index) and the weights, and
+the weights and data position are the checkpoint's."""
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from reasoning_rl.metrics import read_metrics
+from tests.conftest import REPO
+from tests.test_trainer import stable, train
+
+SHORT = ("--config.total_steps=4", "--config.checkpoint.every_steps=2",
+         "--config.eval.every_steps=0", "--config.verifier.num_workers=2",
+         "--config.rollout.steps_per_call=4")  # several decode calls per step
+ASYNC = ("--config.async_rollouts.enabled=True", "--config.async_rollouts.max_staleness=1")
+
+
+def killed_then_resumed(workdir, point, version, *overrides):
+  command = [sys.executable, str(REPO / "tests" / "kill_point.py"), point, str(version), "--",
+             "--config=configs/debug_cpu.py", f"--config.workdir={workdir}",
+             "--config.logging.progress_bar=False", *overrides]
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert result.returncode == -signal.SIGKILL, (
+      f"never reached {point} at version {version} (exit {result.returncode}):\n"
+      f"{result.stderr[-3000:]}")
+  rows = read_metrics(workdir / "metrics.jsonl")
+  assert [r["step"] for r in rows] == list(range(1, version + 1))  # it died inside step v + 1
+  train(workdir, *overrides)
+  return read_metrics(workdir / "metrics.jsonl")
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("sync")
+  train(workdir, *SHORT)
+  return read_metrics(workdir / "metrics.jsonl")
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("async")
+  train(workdir, *SHORT, *ASYNC)
+  return read_metrics(workdir / "metrics.jsonl")
+
+
+def test_killed_mid_generation(sync_run, tmp_path):
+  # step 4 samples with version 3; the checkpoint holds step 2
+  assert stable(killed_then_resumed(tmp_path, "generate", 3, *SHORT)) == stable(sync_run)
+
+
+def test_killed_while_the_verifiers_hold_groups(sync_run, tmp_path):
+  assert stable(killed_then_resumed(tmp_path, "scoring", 3, *SHORT)) == stable(sync_run)
+
+
+def test_killed_while_sampling_ahead(async_run, tmp_path):
+  # step 3 trains while batch 4 is sampled with version 2; the checkpoint of step 2 holds batch
+  # 3, sampled ahead with version 1, in its queue
+  resumed = killed_then_resumed(tmp_path, "generate", 2, *SHORT, *ASYNC)
+  assert stable(resumed) == stable(async_run)
+  assert [r["policy_lag"] for r in resumed] == [0, 1, 1, 1]
