@@ -1,0 +1,34 @@
+"""A second task for the CPU demo's model: GRPO on SmolLM2-135M-Instruct for reasoning-gym lcm.
+
+Least common multiple of two numbers from 1 to 20 ("Find the Least Common Multiple (LCM) of these
+numbers: 4, 16"). The task's wording leaves room to work before answering (reasoning-gym's gcd
+asks for "only the GCD", and trained a policy that answered first and guessed: RESULTS.md).
+Everything else is the arithmetic demo (configs/smollm2_arithmetic.py): free-text answers read by
+the math verifier (`extract="final_answer"`), 40 steps of 4 prompts × 8 samples, held-out 100
+examples greedy under the task's own wording and two rewordings. Completions get 128 tokens
+instead of 64: the untrained model's working runs 55 tokens on average and 15 % of it is cut at
+128.
+
+The held-out answers are spread out (the most common, 12, 16, 30 and 60, are 7 % each), so a
+constant answer scores at most 7 %; the untrained model scores 13 %.
+
+  python launch/train.py --config=configs/smollm2_lcm.py --config.workdir=runs/lcm
+"""
+
+from configs import smollm2_arithmetic
+
+LCM = dict(min_value=1, max_value=20)
+
+
+def get_config():
+  c = smollm2_arithmetic.get_config()
+  c.data.train = dict(kind="reasoning_gym", name="lcm", seed=1, size=100_000, params=LCM)
+  c.data.eval = dict(kind="reasoning_gym", name="lcm", seed=987_654, size=100, params=LCM)
+  c.rollout.max_prefill_length = 96  # 48-50 tokens in the chat template, 63-65 reworded
+  c.rollout.max_new_tokens = 128
+  c.eval.canaries = ("Find the Least Common Multiple (LCM) of these numbers: 6, 8",)
+  c.eval.instruction_variants = (
+      "Solve this problem and state the final result as a number.\n\n{prompt}",
+      "{prompt}\nWork it out, then finish with: The answer is <number>.",
+  )
+  return c

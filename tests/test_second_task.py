@@ -1,0 +1,91 @@
+"""The second demo task (configs/smollm2_lcm.py: reasoning-gym lcm on SmolLM2-135M) and its debug
+variant (configs/debug_lcm.py: the same data, template and verifier on a tiny random model with
+SmolLM2's tokenizer), run through launch/train.py."""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from reasoning_rl import config as config_lib
+from reasoning_rl.data import tasks
+from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
+from tests.conftest import REPO
+from tests.test_trainer import rollouts
+
+
+def load_config(name):
+  spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.workdir = "/tmp/unused"
+  return config
+
+
+@pytest.fixture(scope="module")
+def debug_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("lcm") / "run"
+  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_lcm.py",
+             f"--config.workdir={workdir}", "--config.total_steps=2",
+             "--config.logging.progress_bar=False"]
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, f"train.py exited {result.returncode}:\n{result.stderr[-3000:]}"
+  return workdir
+
+
+def test_the_lcm_demo_is_the_arithmetic_demo_on_another_task():
+  lcm, demo = load_config("smollm2_lcm"), load_config("smollm2_arithmetic")
+  assert (lcm.data.train.name, lcm.data.eval.name) == ("lcm", "lcm")
+  assert lcm.data.train.seed != lcm.data.eval.seed
+  for field in ("rewards", "algo", "optim", "total_steps", "model"):
+    assert lcm[field] == demo[field], field
+  assert (lcm.rollout.num_prompts, lcm.rollout.num_samples) == (
+      demo.rollout.num_prompts, demo.rollout.num_samples)
+  assert lcm.rollout.max_new_tokens == 2 * demo.rollout.max_new_tokens  # room to work it out
+  config_lib.validate(lcm, num_devices=1)
+  debug = load_config("debug_lcm")
+  assert debug.model.path == "" and debug.model.tokenizer == lcm.model.path
+  assert (debug.data.train, debug.data.eval, debug.rewards) == (
+      lcm.data.train, lcm.data.eval, lcm.rewards)
+
+
+def test_the_demo_verifier_grades_lcm_answers_in_free_text():
+  config = load_config("smollm2_lcm")
+  reward_fn = RewardFunction(config.rewards)
+  source = tasks.build_source(config.data.eval, field="data.eval")
+  examples = [source.example(i) for i in range(12)]
+  for example in examples:
+    a, b = example.metadata["numbers"]
+    truth = math.lcm(a, b)
+    assert example.answer == str(truth)
+
+    def score(text, example=example):
+      return reward_fn(CompletionRecord(response=text, ground_truth=example.answer,
+                                        task=example.task, prompt=example.prompt)).parts["correct"]
+
+    assert score(f"The LCM of {a} and {b} is {truth}.") == 1.0
+    assert score(f"The least common multiple is $\\boxed{{{truth}}}$") == 1.0
+    assert score(f"{a} × {b // math.gcd(a, b)} = {truth}") == 1.0  # a chain that holds
+    assert score(f"The LCM is {truth + 1}.") == 0.0
+    assert score(f"The LCM is {truth} or {truth + 1}.") == 0.0  # a hedge earns nothing
+    assert score(f"{a} and {b}") == 0.0  # echoing the numbers is no answer
+
+
+def test_the_debug_variant_runs_the_task_through_training_and_evaluation(debug_run):
+  records = rollouts(debug_run)
+  assert {r["step"] for r in records} == {1, 2} and len(records) == 2 * 4 * 4
+  for record in records:
+    assert record["task"] == "lcm" and "Least Common Multiple" in record["task_prompt"]
+    assert record["prompt"].startswith("<|im_start|>system")  # SmolLM2's chat template
+    a, b = record["metadata"]["numbers"]
+    assert record["ground_truth"] == str(math.lcm(a, b))
+    assert record["verifier_version"].startswith("correct=math-3")
+  evals = sorted((debug_run / "eval").glob("step_*.json"))
+  assert [p.name for p in evals] == ["step_00000000.json", "step_00000002.json"]
+  result = json.loads(evals[-1].read_text())
+  assert result["num_examples"] == 4
+  assert all(e["uid"].startswith("lcm/987654/") for e in result["examples"])
