@@ -10,7 +10,12 @@ instead of 64: the untrained model's working runs 55 tokens on average and 15 % 
 128.
 
 The held-out answers are spread out (the most common, 12, 16, 30 and 60, are 7 % each), so a
-constant answer scores at most 7 %; the untrained model scores 13 %.
+constant answer scores at most 7 %; the untrained model scores 13 %. But in 42 of the 100 held-out
+pairs one number divides the other, so "the larger number" is right there. Measured
+(benchmarks/RESULTS.md): 40 steps take held-out accuracy from 13 % to 33 %, every correct answer
+before and after on those 42 pairs and none on the other 58. The policy learned that shortcut
+(answering in 13 tokens instead of 55), not the LCM: this config does not yet pass as a second
+task that learns. It is also the long-tail workload of benchmarks/partial_rollouts.py.
 
   python launch/train.py --config=configs/smollm2_lcm.py --config.workdir=runs/lcm
 """
