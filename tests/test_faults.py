@@ -130,12 +130,13 @@ def test_a_save_that_fails_in_the_background_is_one_checkpoint_error(tmp_path, m
 def _train_with_file_size_limit(workdir, limit_kib, *overrides):
   """launch/train.py with every file it writes capped at `limit_kib` KiB (the shell's
   `ulimit -f`, RLIMIT_FSIZE: writes past it fail with EFBIG, as writes to a full disk fail with
-  ENOSPC; Python ignores the SIGXFSZ that comes with it)."""
+  ENOSPC; Python ignores the SIGXFSZ that comes with it). sh's `ulimit -f` counts 512-byte
+  blocks, hence twice the KiB."""
   command = [sys.executable, str(REPO_ROOT / "launch" / "train.py"),
              "--config=configs/debug_cpu.py", f"--config.workdir={workdir}",
              "--config.logging.progress_bar=False", *overrides]
   if limit_kib:
-    command = ["sh", "-c", f'ulimit -f {limit_kib} && exec "$@"', "sh", *command]
+    command = ["sh", "-c", f'ulimit -f {2 * limit_kib} && exec "$@"', "sh", *command]
   # the launcher's own compilation cache, in this test's directory: its writes fail under the cap
   # too, and the launcher must keep JAX's warnings about them off the one line of stderr checked
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
@@ -145,9 +146,10 @@ def _train_with_file_size_limit(workdir, limit_kib, *overrides):
 
 
 @pytest.mark.parametrize("limit_kib, overrides, first_line", [
-    # the first checkpoint's data files exceed 290 KiB: Orbax's background save fails
-    (290, ["--config.total_steps=12"], "error: CheckpointError: checkpoint "),
-    # no checkpoint before the last step; a file of rollouts / metrics reaches 8 KiB first
+    # the first checkpoint's data files exceed 145 KiB: Orbax's background save fails
+    (145, ["--config.total_steps=12"], "error: CheckpointError: checkpoint "),
+    # no checkpoint before the last step; a file of rollouts / metrics reaches 8 KiB first (the
+    # run's config, 4.2 KiB, fits)
     (8, ["--config.total_steps=12", "--config.checkpoint.every_steps=100"],
      "error: StorageError: "),
 ])
