@@ -149,7 +149,7 @@ def _train_with_file_size_limit(workdir, limit_kib, *overrides):
     # the first checkpoint's data files exceed 145 KiB: Orbax's background save fails
     (145, ["--config.total_steps=12"], "error: CheckpointError: checkpoint "),
     # no checkpoint before the last step; a file of rollouts / metrics reaches 8 KiB first (the
-    # run's config, 4.2 KiB, fits)
+    # run's config, about 4 KiB, fits)
     (8, ["--config.total_steps=12", "--config.checkpoint.every_steps=100"],
      "error: StorageError: "),
 ])
