@@ -15,7 +15,7 @@ pairs one number divides the other, so "the larger number" is right there. Measu
 (benchmarks/RESULTS.md): 40 steps take held-out accuracy from 13 % to 33 %, every correct answer
 before and after on those 42 pairs and none on the other 58. The policy learned that shortcut
 (answering in 13 tokens instead of 55), not the LCM: this config does not yet pass as a second
-task that learns. It is also the long-tail workload of benchmarks/partial_rollouts.py.
+task that learns; it stays as the starting point of that work.
 
   python launch/train.py --config=configs/smollm2_lcm.py --config.workdir=runs/lcm
 """
