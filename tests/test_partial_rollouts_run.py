@@ -2,8 +2,6 @@
 across weight updates, every trained token's lag is bounded and corrected, and a run killed at
 any step (or stopped in the middle of a round) resumes to the metrics of the uninterrupted run."""
 
-import os
-import signal
 import sys
 
 import pytest
@@ -14,7 +12,8 @@ from reasoning_rl.errors import ConfigError
 from reasoning_rl.metrics import read_metrics
 from tests.conftest import REPO
 from tests.test_kill_anywhere import killed_then_resumed
-from tests.test_trainer import own_signal_handlers, stable, train  # noqa: F401 (a fixture)
+from tests.test_trainer import (own_signal_handlers, sigterm_in_first_decode_call,  # noqa: F401
+                                stable, train)
 
 STEPS = 6
 # steps_per_call=4: several decode calls per round. Where a round cuts its samples depends on the
@@ -84,16 +83,7 @@ def test_a_stop_in_the_middle_of_a_round_keeps_what_was_in_flight(
   config.total_steps, config.checkpoint.every_steps, config.eval.every_steps = STEPS, 2, 0
   config.rollout.steps_per_call = 4
   run = build(config)
-  generate, calls = run.engine.generate, []
-
-  def generate_then_sigterm(*args, **kwargs):
-    if run.engine.policy_version == 2:  # step 3's round
-      calls.append(1)
-      if len(calls) == 1:
-        os.kill(os.getpid(), signal.SIGTERM)
-    return generate(*args, **kwargs)
-
-  run.engine.generate = generate_then_sigterm
+  calls = sigterm_in_first_decode_call(run, version=2)  # step 3's round
   assert Trainer(run).run() == 143
   assert len(calls) == 1
   assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]

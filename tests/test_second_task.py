@@ -2,7 +2,6 @@
 variant (configs/debug_lcm.py: the same data, template and verifier on a tiny random model with
 SmolLM2's tokenizer), run through launch/train.py."""
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -14,16 +13,8 @@ from reasoning_rl import config as config_lib
 from reasoning_rl.data import tasks
 from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
 from tests.conftest import REPO
+from tests.test_environments_wiring import demo_config
 from tests.test_trainer import rollouts
-
-
-def load_config(name):
-  spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
-  config.workdir = "/tmp/unused"
-  return config
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +29,7 @@ def debug_run(tmp_path_factory):
 
 
 def test_the_lcm_demo_is_the_arithmetic_demo_on_another_task():
-  lcm, demo = load_config("smollm2_lcm"), load_config("smollm2_arithmetic")
+  lcm, demo = demo_config("smollm2_lcm"), demo_config("smollm2_arithmetic")
   assert (lcm.data.train.name, lcm.data.eval.name) == ("lcm", "lcm")
   assert lcm.data.train.seed != lcm.data.eval.seed
   for field in ("rewards", "algo", "optim", "total_steps", "model"):
@@ -47,14 +38,14 @@ def test_the_lcm_demo_is_the_arithmetic_demo_on_another_task():
       demo.rollout.num_prompts, demo.rollout.num_samples)
   assert lcm.rollout.max_new_tokens == 2 * demo.rollout.max_new_tokens  # room to work it out
   config_lib.validate(lcm, num_devices=1)
-  debug = load_config("debug_lcm")
+  debug = demo_config("debug_lcm")
   assert debug.model.path == "" and debug.model.tokenizer == lcm.model.path
   assert (debug.data.train, debug.data.eval, debug.rewards) == (
       lcm.data.train, lcm.data.eval, lcm.rewards)
 
 
 def test_the_demo_verifier_grades_lcm_answers_in_free_text():
-  config = load_config("smollm2_lcm")
+  config = demo_config("smollm2_lcm")
   reward_fn = RewardFunction(config.rewards)
   source = tasks.build_source(config.data.eval, field="data.eval")
   examples = [source.example(i) for i in range(12)]

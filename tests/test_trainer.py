@@ -309,6 +309,22 @@ def test_two_iterations_clip_and_sampler_correction_is_logged(tmp_path, own_sign
   assert rows[0]["loss"] == pytest.approx(expected["loss"], rel=1e-4, abs=1e-6)
 
 
+def sigterm_in_first_decode_call(run, *, version):
+  """Makes `run`'s engine send this process SIGTERM inside its first decode call with policy
+  `version`; returns the list that gets one entry per decode call of that version."""
+  generate, calls = run.engine.generate, []
+
+  def generate_then_sigterm(*args, **kwargs):
+    if run.engine.policy_version == version:
+      calls.append(1)
+      if len(calls) == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return generate(*args, **kwargs)
+
+  run.engine.generate = generate_then_sigterm
+  return calls
+
+
 @pytest.fixture
 def own_signal_handlers():
   """Puts SIGTERM / SIGINT handling and the stop flag back after an in-process preempted run
@@ -340,16 +356,7 @@ def test_sigterm_while_sampling_stops_at_the_next_decode_call_and_resumes_exactl
   config.logging.progress_bar = False
   config.rollout.steps_per_call = 2
   run = build(config)
-  generate, calls = run.engine.generate, []
-
-  def generate_then_sigterm(*args, **kwargs):
-    if run.engine.policy_version == 2:  # sampling step 3
-      calls.append(1)
-      if len(calls) == 1:
-        os.kill(os.getpid(), signal.SIGTERM)
-    return generate(*args, **kwargs)
-
-  run.engine.generate = generate_then_sigterm
+  calls = sigterm_in_first_decode_call(run, version=2)  # sampling step 3
   assert Trainer(run).run() == 143
   assert len(calls) == 1  # the second decode call of step 3 never ran
   assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]

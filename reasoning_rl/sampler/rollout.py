@@ -274,10 +274,10 @@ def stream_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_sampl
       order.append((index_of[prompt_id], g))
     if len(set(order)) != len(order):
       raise SamplingError("samples: a (prompt_id, sample_index) pair appears twice")
-  continued = {}
+  continued, to_run = {}, set(order)
   for item in resume:
     key = (index_of.get(item.prompt_id), item.sample_index)
-    if key not in set(order):
+    if key not in to_run:
       raise SamplingError(f"resume: sample ({item.prompt_id}, {item.sample_index}) is not one "
                           "of the samples to run")
     lengths = {len(item.completion_ids), len(item.logprobs), len(item.sampling_logprobs),
