@@ -17,6 +17,11 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
   os.environ["XLA_FLAGS"] = (
       os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
   ).strip()
+# Twice as many XLA CPU threads as devices, so a sharded program's collectives cannot deadlock
+# (reasoning_rl/cpu_threads.py); the train.py runs the tests start inherit it.
+from reasoning_rl.cpu_threads import reserve_collective_threads  # noqa: E402
+
+reserve_collective_threads()
 
 import jax  # noqa: E402,F401  (imported before the cache variable below: see there)
 import pytest  # noqa: E402
