@@ -23,6 +23,12 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from reasoning_rl.cpu_threads import reserve_collective_threads  # noqa: E402
+
+# Before JAX starts its CPU client: a simulated multi-device CPU mesh needs more threads than
+# XLA gives it for its collectives not to deadlock (reasoning_rl/cpu_threads.py).
+reserve_collective_threads()
+
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 

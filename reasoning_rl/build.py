@@ -168,15 +168,17 @@ def eval_max_new_tokens(config: ml_collections.ConfigDict) -> int:
 
 def build_engine(config: ml_collections.ConfigDict, model, *, mesh=None,
                  max_decode_length: int | None = None):
-  """The sampler engine for `model` with the config's slot, prefill and chunk sizes."""
-  from reasoning_rl.sampler import Engine
+  """The sampler engine for `model` with the config's slot, prefill and chunk sizes and KV
+  cache (paged with `rollout.kv_page_size`)."""
+  from reasoning_rl.sampler.paged import make_engine
 
   r = config.rollout
-  return Engine(model, mesh=mesh, max_concurrent_decodes=r.max_concurrent_decodes,
-                max_prefill_length=r.max_prefill_length,
-                max_decode_length=max_decode_length or max(r.max_new_tokens,
-                                                           eval_max_new_tokens(config)),
-                steps_per_call=r.steps_per_call, seed=config.seed)
+  return make_engine(model, kv_page_size=r.kv_page_size, kv_pages=r.kv_pages, mesh=mesh,
+                     max_concurrent_decodes=r.max_concurrent_decodes,
+                     max_prefill_length=r.max_prefill_length,
+                     max_decode_length=max_decode_length or max(r.max_new_tokens,
+                                                                eval_max_new_tokens(config)),
+                     steps_per_call=r.steps_per_call, seed=config.seed)
 
 
 def build_backend(config: ml_collections.ConfigDict, model, *, mesh=None):

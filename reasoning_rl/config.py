@@ -124,6 +124,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "set algo.packing=False, or algo.truncated_ratio=False to accept the biased "
           "full-softmax ratio")
   _validate_partial_rollouts(config, require)
+  _validate_paged_cache(config, require)
   require(not (r.exact_logprobs and config.environment.name), "rollout.exact_logprobs",
           "exact rollouts verify single-turn completions; multi-turn episodes "
           f"(environment.name={config.environment.name!r}) are not covered: set "
@@ -194,6 +195,38 @@ def _validate_partial_rollouts(config, require) -> None:
           f"{p.groups_in_flight} groups in flight for {r.num_prompts} trained per step: a round "
           f"ends only when {r.num_prompts} complete, so with no more in flight it waits for "
           f"every one; set more than rollout.num_prompts (0 = twice as many)")
+
+
+def sampler_cache_length(config) -> int:
+  """Tokens per decode slot: the engine's max_prefill_length + max_decode_length (the longer of
+  the rollouts' and the held-out evaluation's budgets, `build.build_engine`)."""
+  r = config.rollout
+  evaluation = config.get("eval", {}).get("max_new_tokens", 0) or 0
+  return r.max_prefill_length + max(r.max_new_tokens, evaluation)
+
+
+def _validate_paged_cache(config, require) -> None:
+  """rollout.kv_page_size / kv_pages: a pool that holds at least one slot's whole length, on the
+  engine backend (the paged cache is that engine's)."""
+  r = config.rollout
+  require(r.kv_pages == 0 or r.kv_page_size > 0, "rollout.kv_pages",
+          f"{r.kv_pages} pages without a paged cache: set rollout.kv_page_size (e.g. 16), or "
+          "rollout.kv_pages=0")
+  if not r.kv_page_size:
+    return
+  require(r.backend == "engine", "rollout.kv_page_size",
+          f"the paged KV cache is this package's engine's (rollout.backend={r.backend!r}): set "
+          "rollout.backend='engine' or rollout.kv_page_size=0")
+  for field, on, what in (("rollout.exact_logprobs", r.exact_logprobs, "exact rollouts"),
+                          ("environment.name", config.environment.name, "multi-turn episodes")):
+    require(not (on and r.kv_pages), "rollout.kv_pages",
+            f"{what} ({field}) do not preempt samples when the pool runs short; leave "
+            "rollout.kv_pages=0 (room for every slot's whole length)")
+  per_slot = -(-sampler_cache_length(config) // r.kv_page_size)
+  require(r.kv_pages == 0 or r.kv_pages >= per_slot, "rollout.kv_pages",
+          f"{r.kv_pages} pages cannot hold one slot's {sampler_cache_length(config)} cache "
+          f"entries ({per_slot} pages of {r.kv_page_size}); raise it, or 0 for every slot's "
+          "whole length")
 
 
 def _validate_mesh(config, num_devices: int, num_slices: int) -> None:

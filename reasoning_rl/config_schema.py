@@ -211,6 +211,12 @@ SECTIONS: tuple[Section, ...] = (
               _COUNT),
         Field("max_concurrent_decodes", 16, "decode slots", _COUNT),
         Field("steps_per_call", 16, "decode steps per host round trip", _COUNT),
+        Field("kv_page_size", 0, "a paged KV cache (sampler/paged.py): cache entries per page; "
+              "pages are taken as sequences grow and returned when they end, and a group's "
+              "prompt pages are shared by its samples", _int(0, meaning="0 = one contiguous "
+                                                              "cache row per slot")),
+        Field("kv_pages", 0, "pages in the paged cache's pool (with rollout.kv_page_size)",
+              _int(0, meaning="0 = room for every slot's whole length")),
         Field("exact_logprobs", False, "zero-mismatch rollouts (sampler/exact.py, "
               "docs/off_policy.md): every token an exact draw from the training forward's policy "
               "(drafts verified by Gumbel-max coupling, near-ties repaired) and its log-probs that "

@@ -13,8 +13,9 @@ did so in 5 of 18 runs on 8 devices and 2 cores; with 16 threads, in none of 24.
 `reserve_collective_threads()` sets `PJRT_NPROC` to twice the forced device count, so every
 device can hold one thread in a nested collective and one in the next. It does nothing when
 there is one device, when the machine has that many cores anyway, or when the user set
-`PJRT_NPROC`/`NPROC`. It must run before JAX creates its CPU client (the first device query);
-importing `reasoning_rl` calls it.
+`PJRT_NPROC`/`NPROC`. It must run before JAX creates its CPU client (the first device query):
+launch/train.py and launch/evaluate.py call it first thing (and tests/conftest.py, whose
+settings the runs the tests start inherit).
 """
 
 import os

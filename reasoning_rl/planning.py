@@ -59,6 +59,7 @@ from jax.sharding import AbstractMesh
 
 from reasoning_rl import flops as flops_lib
 from reasoning_rl import kernels, step_layout, storage
+from reasoning_rl.config import sampler_cache_length
 from reasoning_rl.run_settings import random_model_config, rollouts_ahead, step_config
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.lora import PROJECTIONS, LoraSettings
@@ -703,22 +704,30 @@ def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, a: Assumptions,
   return items + list(sync)
 
 
-def cache_length(config) -> int:
-  """Tokens per decode slot: the engine's max_prefill_length + max_decode_length (the longer of
-  the rollouts' and the held-out evaluation's budgets, `build.build_engine`)."""
-  r = config.rollout
-  evaluation = config.get("eval", {}).get("max_new_tokens", 0) or 0
-  return r.max_prefill_length + max(r.max_new_tokens, evaluation)
-
-
 def kv_cache_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int) -> int:
   """Per device: K and V [slots, kv_heads, length, head_dim] per layer in the compute dtype,
   sharded as the engine shards them, + the int32 positions [slots, length]."""
-  length, b = cache_length(config), Precision.of(config).compute.itemsize
+  length, b = sampler_cache_length(config), Precision.of(config).compute.itemsize
   kv = shard_size(("batch", "kv_heads", "length", "head_dim"),
                   (slots, m.num_kv_heads, length, m.head_dim), mesh)
   positions = shard_size(("batch", "length"), (slots, length), mesh)
   return 2 * m.num_layers * kv * b + 4 * positions
+
+
+def kv_pool_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int) -> tuple[int, int]:
+  """Per device, the paged cache of `rollout.kv_page_size` (sampler/paged.py): (its pool of
+  `rollout.kv_pages` pages — K and V [pages, kv_heads, page, head_dim] per layer, kv_heads
+  sharded as the engine shards them, pages replicated — and the int32 positions [pages, page];
+  the contiguous rows one decode layer reads them into, [slots, kv_heads, length, head_dim] of
+  K and V)."""
+  r, b = config.rollout, Precision.of(config).compute.itemsize
+  length = sampler_cache_length(config)
+  pages = r.kv_pages or slots * -(-length // r.kv_page_size)
+  pool = shard_size((None, "kv_heads", None, "head_dim"),
+                    (pages, m.num_kv_heads, r.kv_page_size, m.head_dim), mesh)
+  layer_rows = shard_size(("batch", "kv_heads", "length", "head_dim"),
+                          (slots, m.num_kv_heads, length, m.head_dim), mesh)
+  return 2 * m.num_layers * pool * b + 4 * pages * r.kv_page_size, 2 * layer_rows * b
 
 
 def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, weights: int, slots: int,
@@ -730,16 +739,22 @@ def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, weights: int, slot
   then `Engine.update_params`' own copy of them (`sharding.reshard` never aliases), both beside
   the weights in use until the swap."""
   b = Precision.of(config).compute
-  length = cache_length(config)
+  length = sampler_cache_length(config)
   slots_per_device = slots // _split(mesh, "batch", slots)
   heads = m.num_heads // _split(mesh, "kv_heads", m.num_kv_heads)
-  items = [Item(f"weights ({b.name})", weights),
-           Item(f"KV cache ({slots} slots x {length} tokens)", kv_cache_bytes(config, m, mesh,
-                                                                               slots)),
+  temporaries = slots_per_device * (m.vocab_size * 4 + heads * length * (4 + b.itemsize))
+  r = config.rollout
+  if r.kv_page_size:
+    pool, layer_rows = kv_pool_bytes(config, m, mesh, slots)
+    pages = r.kv_pages or slots * -(-length // r.kv_page_size)
+    cache = Item(f"KV cache ({pages} pages x {r.kv_page_size} tokens, paged)", pool)
+    temporaries += layer_rows
+  else:
+    cache = Item(f"KV cache ({slots} slots x {length} tokens)",
+                 kv_cache_bytes(config, m, mesh, slots))
+  items = [Item(f"weights ({b.name})", weights), cache,
            Item("next-token logits (float32)", slots_per_device * m.vocab_size * 4),
-           Item("decode temporaries", slots_per_device * (m.vocab_size * 4
-                                                          + heads * length * (4 + b.itemsize)),
-                "decode")]
+           Item("decode temporaries", temporaries, "decode")]
   if receive_bytes:
     items.append(Item(f"weights received ({b.name})", receive_bytes, "weight sync"))
   if engine_copy_bytes:

@@ -72,6 +72,7 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("reasoning_rl.run_settings", "reasoning_rl.rl.step"): _SETTINGS + _JAX + ", optax (1.5 s)",
     ("reasoning_rl.build", "reasoning_rl.sampler"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.sampler.engine"): _BUILD + _JAX + " (0.7 s)",
+    ("reasoning_rl.build", "reasoning_rl.sampler.paged"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.sharding"): _BUILD + "JAX (0.4 s)",
     ("reasoning_rl.build", "reasoning_rl.verifiers.redteam"): _BUILD + "math-verify, sympy (0.3 s)",
     ("reasoning_rl.build", "reasoning_rl.verifiers.rewards"): _BUILD + "math-verify, sympy (0.3 s)",

@@ -45,11 +45,15 @@ class Turn:
 class CountingEpisode:
   """Answers each turn with text derived from (seed, turn text); done after `turns` turns."""
 
-  def __init__(self, turns: int, seed: int, delay_s: float = 0.0):
-    self.turns, self.seed, self.delay_s, self.seen = turns, seed, delay_s, []
+  def __init__(self, turns: int, seed: int, delay_s: float = 0.0,
+               gate: threading.Event | None = None):
+    self.turns, self.seed, self.delay_s, self.gate, self.seen = turns, seed, delay_s, gate, []
+    self.gate_opened = []  # per step: whether the gate opened (False: it waited 120 s)
 
   def step(self, model_text: str):
     time.sleep(self.delay_s)
+    if self.gate is not None:
+      self.gate_opened.append(self.gate.wait(timeout=120))
     self.seen.append(model_text)
     if len(self.seen) >= self.turns:
       return Turn(None, True, {"correct": float(len(self.seen))}, {"calls": len(self.seen)})
@@ -60,13 +64,18 @@ class CountingEnvironment:
   name = "counting"
   turn_stop_strings = VOWELS
 
-  def __init__(self, delay_for: dict | None = None):
-    self.delay_for = delay_for or {}
-    self.finished = []
+  def __init__(self, delay_for: dict | None = None, gate_for: dict | None = None):
+    self.delay_for = delay_for or {}  # turns -> seconds each step of such episodes sleeps
+    self.gate_for = gate_for or {}  # turns -> a threading.Event each step of such episodes waits on
+    self.finished, self.episodes = [], []
     self.lock = threading.Lock()
 
   def reset(self, example, *, seed):
-    return CountingEpisode(example["turns"], seed, self.delay_for.get(example["turns"], 0.0))
+    turns = example["turns"]
+    episode = CountingEpisode(turns, seed, self.delay_for.get(turns, 0.0),
+                              self.gate_for.get(turns))
+    self.episodes.append(episode)
+    return episode
 
   def finish(self, episode):
     with self.lock:
@@ -183,13 +192,20 @@ def test_episodes_do_not_depend_on_slots_steps_per_call_or_waiting(model, sample
 
 
 def test_other_slots_decode_while_an_environment_step_runs(engine):
-  """Prompt 1's episodes wait 1.5 s per step; the others finish in the meantime."""
-  environment = CountingEnvironment(delay_for={2: 1.5})
-  order = [(e.prompt_id, time.monotonic()) for e in stream_episodes(
-      engine, PROMPTS, environment=environment, num_samples=1, seed=5,
-      sampling=SamplingParams(temperature=1.0), **RUN)]
-  assert [p for p, _ in order][-1] == 1
-  assert order[-2][1] - order[0][1] < 1.0  # the others did not wait for the slow step
+  """Prompt 1's environment steps wait on a gate that opens only once the other prompts'
+  episodes are done: they finish while its step is pending (had the loop waited for that step,
+  the gate would have timed out instead)."""
+  gate = threading.Event()
+  environment = CountingEnvironment(gate_for={2: gate})
+  order = []
+  for episode in stream_episodes(engine, PROMPTS, environment=environment, num_samples=1,
+                                 seed=5, sampling=SamplingParams(temperature=1.0), **RUN):
+    order.append(episode.prompt_id)
+    if sorted(order) == [0, 2]:
+      gate.set()
+  assert order[-1] == 1
+  gated = [e for e in environment.episodes if e.gate is not None]
+  assert gated and all(all(e.gate_opened) for e in gated) and gated[0].gate_opened
 
 
 def test_limits_end_episodes_through_the_environment(engine):

@@ -39,6 +39,7 @@ from flax import nnx
 from flax.nnx.nn import dtypes
 
 from reasoning_rl import kernels
+from reasoning_rl.models import kv_pages
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.sharding import constrain
 
@@ -229,6 +230,14 @@ class KVCache:
   def max_len(self) -> int:
     return self.pos.shape[1]
 
+  def layer(self, index: int):
+    """(k, v) of layer `index`, what `Attention` takes as its cache."""
+    return self.k[index], self.v[index]
+
+  def stack(self):
+    """(k, v) of a stacked cache, what a scanned stack carries."""
+    return self.k, self.v
+
 
 def _scatter_rows(buffer: jax.Array, rows_index: jax.Array, values: jax.Array) -> jax.Array:
   """buffer[b, rows_index[b, t]] = values[b, t]; indices outside the buffer are dropped."""
@@ -306,7 +315,10 @@ class Attention(nnx.Module):
     """Self-attention of x [B, T, D]; with `cache_kv` the new k/v are written into it first
     (into layer `layer` of stacked [L, B, K, S, D] buffers, when given)."""
     q, k, v = self.project_qkv(x, positions, inv_freq)
-    if cache_kv is not None:
+    if cache_kv is not None and len(cache_kv) == 3:  # a paged cache (models/kv_pages.py)
+      new_cache_kv, k, v = kv_pages.write_and_read(cache_kv, k, v, layer)
+      k, v = k.astype(x.dtype), v.astype(x.dtype)
+    elif cache_kv is not None:
       slots = write_index[:, None] + jnp.arange(x.shape[1])[None, :]
       k_all = _scatter_cache(cache_kv[0], slots, k.astype(cache_kv[0].dtype), layer)
       v_all = _scatter_cache(cache_kv[1], slots, v.astype(cache_kv[1].dtype), layer)
@@ -473,7 +485,7 @@ class Transformer(nnx.Module):
       run_block = nnx.remat(run_block, policy=_checkpoint_policy(policy))
     new_k, new_v = [], []
     for layer, block in enumerate(self.layers):
-      cache_kv = None if cache is None else (cache.k[layer], cache.v[layer])
+      cache_kv = None if cache is None else cache.layer(layer)
       x, written = run_block(block, x, cache_kv, inv_freqs[self.config.layer_types[layer]])
       x = constrain(x, residual_axes)
       if written is not None:
@@ -526,9 +538,9 @@ class Transformer(nnx.Module):
         cache_kv = written
       return (x, cache_kv), None
 
-    cache_kv = None if cache is None else (cache.k, cache.v)
+    cache_kv = None if cache is None else cache.stack()
     (x, cache_kv), _ = jax.lax.scan(body, (x, cache_kv), (grouped, jnp.arange(groups)))
-    return x, cache_kv
+    return x, None if cache_kv is None else cache_kv[:2]
 
   # ------------------------------------------------------------------------------- entry points
 
@@ -578,18 +590,29 @@ class Transformer(nnx.Module):
     The caller guarantees every key a query may see lies there (a sampler whose rows are shorter
     than the cache reads less of it); the result is the same up to float summation order, since
     the slots left out would be masked anyway.
+
+    A paged cache (`kv_pages.PagedKVCache`, with the call's page tables) is written and read
+    through its tables instead: write_index still counts a row's entries, which the tables map
+    to pages; each row reads the pages of its read table (key_length is then unused).
     """
     if cache.stacked != self.scan_layers:
       raise ValueError(f"a {'stacked' if cache.stacked else 'per-layer'} KV cache for a model "
                        f"with scan_layers={self.scan_layers}: build it with KVCache.init("
                        f"..., stacked={self.scan_layers})")
-    slots = write_index[:, None] + jnp.arange(token_ids.shape[1])[None, :]
-    cache_pos = _scatter_rows(cache.pos, slots, positions.astype(jnp.int32))
-    key_positions = cache_pos if key_length is None else cache_pos[:, :key_length]
+    if isinstance(cache, kv_pages.PagedKVCache):  # every read through its page tables
+      cache, key_positions = cache.addressed(write_index, token_ids.shape[1]).with_positions(
+          positions)
+      cache_pos = cache.pos
+    else:
+      slots = write_index[:, None] + jnp.arange(token_ids.shape[1])[None, :]
+      cache_pos = _scatter_rows(cache.pos, slots, positions.astype(jnp.int32))
+      key_positions = cache_pos if key_length is None else cache_pos[:, :key_length]
     x, (new_k, new_v) = self.run_blocks(self.embed_tokens(token_ids), positions, key_positions,
                                         cache=cache, write_index=write_index)
     hidden = self.final_norm(x)
-    new_cache = KVCache(k=new_k, v=new_v, pos=cache_pos)
+    new_cache = cache.replace(k=new_k, v=new_v, pos=cache_pos)
+    if isinstance(cache, kv_pages.PagedKVCache):
+      new_cache = new_cache.replace(address=None)
     if return_hidden:
       return hidden, new_cache
     return self.logits_from_hidden(hidden), new_cache

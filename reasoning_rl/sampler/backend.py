@@ -37,6 +37,7 @@ from flax import nnx
 from reasoning_rl import registries
 from reasoning_rl.errors import SamplingError
 from reasoning_rl.sampler.engine import Engine
+from reasoning_rl.sampler.paged import make_engine
 from reasoning_rl.sampler.exact import CanonicalScorer, ExactStats, exact_groups
 from reasoning_rl.sampler.multiturn import EpisodeSettings, stream_episodes
 from reasoning_rl.sampler.rollout import Completion, DecodeUsage, Unfinished, stream_groups
@@ -168,10 +169,14 @@ class EngineBackend:
     "engine", summary="this package's JetStream-API engine: prefix-shared groups, continuous "
     "batching, KV cache in slots, device-to-device weight copies",
     options=("rollout.max_concurrent_decodes", "rollout.max_prefill_length",
-             "rollout.steps_per_call", "rollout.exact_logprobs"))
+             "rollout.steps_per_call", "rollout.kv_page_size", "rollout.kv_pages",
+             "rollout.exact_logprobs"))
 def _engine_backend(spec: BackendSpec) -> EngineBackend:
-  engine = Engine(
-      spec.model, mesh=spec.mesh, max_concurrent_decodes=spec.max_concurrent_decodes,
+  rollout = spec.config.rollout if spec.config is not None else {}
+  engine = make_engine(
+      spec.model, kv_page_size=rollout.get("kv_page_size", 0),
+      kv_pages=rollout.get("kv_pages", 0), mesh=spec.mesh,
+      max_concurrent_decodes=spec.max_concurrent_decodes,
       max_prefill_length=spec.max_prefill_length, max_decode_length=spec.max_decode_length,
       steps_per_call=spec.steps_per_call, seed=spec.seed)
   scorer = None

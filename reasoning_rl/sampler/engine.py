@@ -86,6 +86,9 @@ class Prefix:
   logits: jax.Array
   length: jax.Array
   request: SlotRequest
+  # Which prefill produced it, so a paged engine (`sampler.paged`) can share its pages between
+  # the slots it is inserted into; -1 until such an engine numbers it. `with_request` keeps it.
+  share_id: int = flax.struct.field(pytree_node=False, default=-1)
 
   def with_request(self, request: SlotRequest) -> "Prefix":
     """The same prefilled prompt for another sample (prefix sharing: no new prefill)."""
@@ -169,6 +172,22 @@ def prompt_bucket(length: int, max_prefill_length: int, min_bucket: int = 16) ->
   power = next_power_of_two(length)
   bucket = power * 3 // 4 if power >= 4 and power * 3 // 4 >= length else power
   return min(max(min_bucket, bucket), max_prefill_length)
+
+
+def start_slot(state: DecodeState, prefix: Prefix, slot) -> DecodeState:
+  """`state` with `slot` live on `prefix`'s request: its next-token logits, position, key,
+  sampling parameters, budget and stop ids (the cache is the caller's to fill)."""
+  req = prefix.request
+  return state.replace(
+      next_logits=state.next_logits.at[slot].set(prefix.logits),
+      position=state.position.at[slot].set(prefix.length),
+      generated=state.generated.at[slot].set(0), done=state.done.at[slot].set(False),
+      keys=state.keys.at[slot].set(req.key),
+      temperature=state.temperature.at[slot].set(req.temperature),
+      top_p=state.top_p.at[slot].set(req.top_p), top_k=state.top_k.at[slot].set(req.top_k),
+      min_p=state.min_p.at[slot].set(req.min_p),
+      max_new_tokens=state.max_new_tokens.at[slot].set(req.max_new_tokens),
+      stop_ids=state.stop_ids.at[slot].set(req.stop_ids))
 
 
 class Engine:
@@ -487,6 +506,16 @@ class Engine:
     """Nothing to free: every slot owns a fixed row of the cache."""
     return None
 
+  def has_room_for(self, prefix: Prefix, tokens: int = 0) -> bool:
+    """Whether `insert` can place `prefix` (continued by `tokens` appended ones) now: always,
+    every slot owns a whole row."""
+    return True
+
+  def slots_to_preempt(self, decode_state: DecodeState, newest_first) -> list[int]:
+    """Live slots to take off before the next `generate` call for it to fit in the cache: none,
+    since every slot owns a row that holds its whole length (a paged engine's may not)."""
+    return []
+
   def generate(self, params, decode_state: DecodeState, *, return_on_finish: bool = False):
     """Up to `steps_per_call` decode steps for every live slot: (decode_state, ResultTokens).
 
@@ -510,7 +539,10 @@ class Engine:
     most cache_length). When at most half the slots are live, the call decodes a power-of-two
     number of slots (the live ones, padded with done ones) instead of all of them.
     """
-    done, position = jax.device_get((decode_state.done, decode_state.position))
+    return self.plan_for(*jax.device_get((decode_state.done, decode_state.position)))
+
+  def plan_for(self, done: np.ndarray, position: np.ndarray) -> tuple[np.ndarray | None, int]:
+    """`decode_plan` from the slots' done flags and positions, already on the host."""
     live = np.flatnonzero(~done)
     key_length = self.cache_length
     if self.live_length_attention and live.size:
@@ -589,17 +621,7 @@ class Engine:
       pos_row = jnp.full((1, cache_length), -1, jnp.int32).at[:, :bucket].set(prefix.cache.pos)
       cache = state.cache.map_layers(lambda a, b: put_row(a, b.astype(a.dtype)),
                                      prefix.cache).replace(pos=put_row(state.cache.pos, pos_row))
-      req = prefix.request
-      return state.replace(
-          cache=cache, next_logits=state.next_logits.at[slot].set(prefix.logits),
-          position=state.position.at[slot].set(prefix.length),
-          generated=state.generated.at[slot].set(0), done=state.done.at[slot].set(False),
-          keys=state.keys.at[slot].set(req.key),
-          temperature=state.temperature.at[slot].set(req.temperature),
-          top_p=state.top_p.at[slot].set(req.top_p), top_k=state.top_k.at[slot].set(req.top_k),
-          min_p=state.min_p.at[slot].set(req.min_p),
-          max_new_tokens=state.max_new_tokens.at[slot].set(req.max_new_tokens),
-          stop_ids=state.stop_ids.at[slot].set(req.stop_ids))
+      return start_slot(state.replace(cache=cache), prefix, slot)
 
     def release(state: DecodeState, slot):
       return state.replace(done=state.done.at[slot].set(True))
@@ -615,7 +637,7 @@ class Engine:
       # Entries at or past `start` are tokens the host cut off. Attention would mask them anyway
       # (their positions lie past every query until overwritten); cleared so the cache holds
       # the conversation only.
-      kept = jnp.arange(cache_length)[None, :] < start
+      kept = jnp.arange(state.cache.max_len)[None, :] < start
       row = state.cache.map_layers(row_of).replace(
           pos=jnp.where(kept, row_of(state.cache.pos), -1))
       model = nnx.merge(graphdef, params)
@@ -703,6 +725,8 @@ class Engine:
           logprobs=spread(result.logprobs), sampling_logprobs=spread(result.sampling_logprobs),
           lengths=state.generated, done=state.done)
 
+    # a paged engine (sampler.paged) runs these bodies on the rows it gathers from its pages
+    self._init_body, self._append_body, self._decode_steps = init, append, decode_steps
     self._init_fn = jax.jit(init, out_shardings=state_shardings)
     self._prefill_fn = jax.jit(prefill, out_shardings=replicated)
     self._insert_fn = jax.jit(insert, donate_argnums=0, out_shardings=state_shardings)

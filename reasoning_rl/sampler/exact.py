@@ -250,8 +250,10 @@ def continue_sequences(engine: Engine, items: Sequence[tuple[list[int], list[int
           if not result.done[slot]:
             state = engine.release(state, slot)
           live.discard(slot)
+          engine.free_resource(slot)
         elif result.done[slot]:
           live.discard(slot)
+          engine.free_resource(slot)
     results += tokens
   return results
 

@@ -217,6 +217,7 @@ def _run_episodes(engine, prepared, prompt_ids, examples, *, environment, format
           if not outcome.done:
             outcome = environment.finish(run.episode)
           running[slot] = None
+          engine.free_resource(slot)
           yield finish(run, outcome, end)
           continue
         budget = min(max_new_tokens, max_total_tokens - len(run.tokens) - len(ids))

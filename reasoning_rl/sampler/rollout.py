@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 
 from reasoning_rl.errors import PhaseInterrupted, SamplingError
@@ -124,6 +125,9 @@ class Unfinished:
     return cls(**fields)
 
 
+_INSERTIONS = itertools.count()  # orders runs by when they started (the newest is preempted)
+
+
 @dataclasses.dataclass
 class _Running:
   prompt_id: int
@@ -134,6 +138,7 @@ class _Running:
   logprobs: list[float] = dataclasses.field(default_factory=list)
   sampling_logprobs: list[float] = dataclasses.field(default_factory=list)
   versions: list[int] = dataclasses.field(default_factory=list)
+  inserted_at: int = dataclasses.field(default_factory=lambda: next(_INSERTIONS))
 
   def unfinished(self) -> Unfinished:
     return Unfinished(self.prompt_id, self.sample_index, list(self.tokens), list(self.logprobs),
@@ -189,8 +194,14 @@ def fill_free_slots(engine: Engine, state, running: list, waiting: collections.d
         requests=[request(p, 0) for p in to_prefill])
     prefixes.update({p: [prefix, num_samples if isinstance(num_samples, int) else num_samples[p]]
                      for p, prefix in zip(to_prefill, new_prefixes)})
-  for slot, (p, g) in assigned:
+  inserted = []
+  for index, (slot, (p, g)) in enumerate(assigned):
     entry = prefixes[p]
+    if not engine.has_room_for(entry[0], len((resume or {}).get((p, g)) or ())):
+      # a paged cache without the pages: wait for samples to finish
+      waiting.extendleft(reversed([pair for _, pair in assigned[index:]]))
+      break
+    inserted.append((slot, (p, g)))
     state = engine.insert(entry[0].with_request(request(p, g)), state, slot)
     entry[1] -= 1
     if entry[1] == 0:
@@ -200,7 +211,7 @@ def fill_free_slots(engine: Engine, state, running: list, waiting: collections.d
       state = engine.append_to_slot(engine.params, state, slot, drawn, start=prepared[p][1],
                                     max_new_tokens=max_new_tokens - len(drawn),
                                     draws_kept=len(drawn))
-  return state, [(slot, p, g) for slot, (p, g) in assigned]
+  return state, [(slot, p, g) for slot, (p, g) in inserted]
 
 
 def stream_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_samples: int = 1,
@@ -304,6 +315,7 @@ class DecodeUsage:
   steps: int = 0
   slot_steps: int = 0
   live_slot_steps: int = 0
+  preempted: int = 0  # samples a full paged cache sent back to the queue (continued later)
 
   @property
   def idle_fraction(self) -> float:
@@ -341,6 +353,7 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
         token_versions=run.versions[:length] if mixed else None)
 
   calls = 0
+  sample_in = {}  # slot -> (prompt index, sample index) of its run
   while waiting or any(run is not None for run in running):
     if should_stop is not None and should_stop():
       raise PhaseInterrupted(f"sampling stopped on request after {calls} decode calls")
@@ -352,11 +365,30 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
       padded, true_length = prepared[p]
       run = running[slot] = _Running(prompt_ids[p], g, padded[:true_length].tolist(),
                                      engine.policy_version)
+      sample_in[slot] = (p, g)
       before = continued.get((p, g))
       if before is not None:
         run.tokens, run.logprobs = list(before.completion_ids), list(before.logprobs)
         run.sampling_logprobs = list(before.sampling_logprobs)
         run.versions = list(before.token_versions)
+    # A paged cache short of pages for this call: its newest samples go back to the queue's
+    # front, continued later from their tokens so far (recompute preemption, as vLLM's).
+    newest_first = sorted((s for s, run in enumerate(running) if run is not None),
+                          key=lambda s: -running[s].inserted_at)
+    for slot in engine.slots_to_preempt(state, newest_first):
+      run, (p, g) = running[slot], sample_in[slot]
+      state = engine.release(state, slot)
+      engine.free_resource(slot)
+      running[slot] = None
+      continued[(p, g)] = run.unfinished()
+      resume_tokens[(p, g)] = list(run.tokens)
+      waiting.appendleft((p, g))
+      if p in prefixes:
+        prefixes[p][1] += 1
+      else:  # its prefix is gone: the next prefill of p serves every waiting sample of p
+        per_prompt[p] = sum(1 for q, _ in waiting if q == p)
+      if usage is not None:
+        usage.preempted += 1
 
     state, result = engine.generate(engine.params, state,
                                     return_on_finish=bool(waiting) or round_over is not None)
@@ -381,9 +413,11 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
         if not result.done[slot]:
           state = engine.release(state, slot)
         running[slot] = None
+        engine.free_resource(slot)
         yield finish(run, cut, "stop_string")
       elif result.done[slot]:
         running[slot] = None
+        engine.free_resource(slot)
         ended_by_stop_id = bool(run.tokens) and run.tokens[-1] in stop_set
         yield finish(run, len(run.tokens), "stop_id" if ended_by_stop_id else "length")
     if round_over is not None and (waiting or any(r is not None for r in running)) \
