@@ -22,9 +22,15 @@ reads its rows' pages back (`models.kv_pages`): one layer's contiguous copy at a
 second whole cache. Greedy and sampled tokens are the same as `Engine`'s
 (tests/test_paged_kv.py).
 
+A pool smaller than every slot's whole length (`rollout.kv_pages`) can run short. Before each
+call `slots_to_preempt` names the newest live slots whose pages the others need, and
+`rollout.stream_groups` re-queues their samples; it continues them later from their tokens (a
+prefill and an `append_to_slot`), so the completions do not change (vLLM's recompute
+preemption). Inserts wait until `has_room_for` a prompt. A caller that does neither gets a
+SamplingError naming `rollout.kv_pages` when the free list runs out.
+
 The pool is sharded like the contiguous cache's heads (`kv_heads` over the tensor axis) and
-replicated over the sampler mesh's data axes. When the free list cannot cover a call, the engine
-raises a SamplingError that names the pool size; `rollout.kv_pages` sets it.
+replicated over the sampler mesh's data axes.
 """
 
 from __future__ import annotations
