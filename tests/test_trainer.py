@@ -148,6 +148,22 @@ def test_exact_logprobs_run_samples_what_the_baseline_samples(baseline, tmp_path
   assert "sampler/exact_repairs" not in plain[0]
 
 
+def test_a_paged_cache_run_samples_and_trains_what_the_baseline_does(baseline, tmp_path):
+  """rollout.kv_page_size through the real loop, with a pool of 16 pages of 4 (the 16 slots'
+  whole lengths take 112): samples are preempted and continued, and the run samples and trains
+  what the contiguous baseline does."""
+  train(tmp_path, "--config.rollout.kv_page_size=4", "--config.rollout.kv_pages=16",
+        "--config.total_steps=2")
+  paged, plain = read_metrics(tmp_path / "metrics.jsonl"), read_metrics(
+      baseline / "metrics.jsonl")
+  assert sum(row["throughput/decode_preempted_samples"] for row in paged) > 0
+  assert plain[0]["throughput/decode_preempted_samples"] == 0
+  for row, reference in zip(paged, plain[:2], strict=False):
+    assert row["reward/mean"] == reference["reward/mean"]
+    assert row["response_length/mean"] == reference["response_length/mean"]
+    assert row["loss"] == pytest.approx(reference["loss"], abs=1e-6)
+
+
 def test_async_with_staleness_applies_importance_correction(tmp_path):
   train(tmp_path, "--config.async_rollouts.enabled=True",
         "--config.async_rollouts.max_staleness=1", "--config.total_steps=6",

@@ -116,6 +116,8 @@ def rl_throughput(batch: SampledBatch, times: StepTimes, *, trained_tokens: int,
     # (it depends on rollout.steps_per_call, hence a throughput figure, not a deterministic one)
     row["throughput/decode_idle_slot_frac"] = 1.0 - (batch.decode["live_slot_steps"]
                                                      / batch.decode["slot_steps"])
+    # samples a short paged KV cache sent back to the queue (continued later: same tokens)
+    row["throughput/decode_preempted_samples"] = batch.decode.get("preempted", 0)
   return row
 
 
