@@ -714,6 +714,12 @@ def kv_cache_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int) -> in
   return 2 * m.num_layers * kv * b + 4 * positions
 
 
+def kv_pool_pages(config, slots: int) -> int:
+  """Pages in the paged cache's pool: `rollout.kv_pages`, or every slot's whole length."""
+  r = config.rollout
+  return r.kv_pages or slots * -(-sampler_cache_length(config) // r.kv_page_size)
+
+
 def kv_pool_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int) -> tuple[int, int]:
   """Per device, the paged cache of `rollout.kv_page_size` (sampler/paged.py): (its pool of
   `rollout.kv_pages` pages — K and V [pages, kv_heads, page, head_dim] per layer, kv_heads
@@ -722,7 +728,7 @@ def kv_pool_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int) -> tup
   K and V)."""
   r, b = config.rollout, Precision.of(config).compute.itemsize
   length = sampler_cache_length(config)
-  pages = r.kv_pages or slots * -(-length // r.kv_page_size)
+  pages = kv_pool_pages(config, slots)
   pool = shard_size((None, "kv_heads", None, "head_dim"),
                     (pages, m.num_kv_heads, r.kv_page_size, m.head_dim), mesh)
   layer_rows = shard_size(("batch", "kv_heads", "length", "head_dim"),
@@ -746,7 +752,7 @@ def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, weights: int, slot
   r = config.rollout
   if r.kv_page_size:
     pool, layer_rows = kv_pool_bytes(config, m, mesh, slots)
-    pages = r.kv_pages or slots * -(-length // r.kv_page_size)
+    pages = kv_pool_pages(config, slots)
     cache = Item(f"KV cache ({pages} pages x {r.kv_page_size} tokens, paged)", pool)
     temporaries += layer_rows
   else:

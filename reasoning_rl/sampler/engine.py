@@ -190,6 +190,18 @@ def start_slot(state: DecodeState, prefix: Prefix, slot) -> DecodeState:
       stop_ids=state.stop_ids.at[slot].set(req.stop_ids))
 
 
+def spread_rows(result: ResultTokens, rows, state: DecodeState) -> ResultTokens:
+  """The `ResultTokens` of a call that decoded slots `rows` only, as every slot's (the others'
+  tokens invalid), with lengths and done read from `state`, the whole decode state after it."""
+  def spread(a):
+    return jnp.zeros((state.done.shape[0],) + a.shape[1:], a.dtype).at[rows].set(a)
+
+  return result.replace(
+      tokens=spread(result.tokens), valid=spread(result.valid),
+      logprobs=spread(result.logprobs), sampling_logprobs=spread(result.sampling_logprobs),
+      lengths=state.generated, done=state.done)
+
+
 class Engine:
   """Prefill / insert / generate over a fixed set of decode slots on the sampler mesh.
 
@@ -716,14 +728,7 @@ class Engine:
           pos=state.cache.pos.at[rows, :key_length].set(part.cache.pos))
       state = jax.tree.map(lambda a, b: a.at[rows].set(b), per_slot,
                            part.replace(cache=None)).replace(cache=cache)
-
-      def spread(a):
-        return jnp.zeros((slots,) + a.shape[1:], a.dtype).at[rows].set(a)
-
-      return state, result.replace(
-          tokens=spread(result.tokens), valid=spread(result.valid),
-          logprobs=spread(result.logprobs), sampling_logprobs=spread(result.sampling_logprobs),
-          lengths=state.generated, done=state.done)
+      return state, spread_rows(result, rows, state)
 
     # a paged engine (sampler.paged) runs these bodies on the rows it gathers from its pages
     self._init_body, self._append_body, self._decode_steps = init, append, decode_steps

@@ -44,7 +44,7 @@ from reasoning_rl.errors import SamplingError
 from reasoning_rl.models import kv_pages
 from reasoning_rl.models.kv_pages import PagedKVCache
 from reasoning_rl.models.transformer import KVCache
-from reasoning_rl.sampler.engine import DecodeState, Engine, Prefix, start_slot
+from reasoning_rl.sampler.engine import DecodeState, Engine, Prefix, spread_rows, start_slot
 
 
 def gather_pages(pool: PagedKVCache, table) -> KVCache:
@@ -189,10 +189,10 @@ class PagedEngine(Engine):
       raise SamplingError(f"num_pages={num_pages!r}: must be an integer >= 0 (0: enough for "
                           "every slot's whole length)")
     self.page_size = page_size
-    slots = kwargs.get("max_concurrent_decodes", 8)
-    cache_length = kwargs.get("max_prefill_length", 256) + kwargs.get("max_decode_length", 256)
+    sizes = {**Engine.__init__.__kwdefaults__, **kwargs}  # the pool is sized before Engine runs
+    cache_length = sizes["max_prefill_length"] + sizes["max_decode_length"]
     self.pages_per_slot = -(-cache_length // page_size)
-    self.num_pages = num_pages or slots * self.pages_per_slot
+    self.num_pages = num_pages or sizes["max_concurrent_decodes"] * self.pages_per_slot
     if self.num_pages < self.pages_per_slot:
       raise SamplingError(
           f"num_pages={num_pages}: fewer than the {self.pages_per_slot} pages one slot's "
@@ -239,7 +239,7 @@ class PagedEngine(Engine):
   def has_room_for(self, prefix: Prefix, tokens: int = 0) -> bool:
     """Whether the free pages hold `prefix`'s prompt (its full pages only if no slot shares
     them yet), `tokens` continuing it (a resumed sample's) and one `generate` call's tokens."""
-    entries = min(int(prefix.length) + tokens + self.steps_per_call, self.cache_length)
+    entries = self._after_call(int(prefix.length) + tokens)
     shared = (int(prefix.length) // self.page_size
               if prefix.share_id in self.pages.prefix_pages else 0)
     return -(-entries // self.page_size) - shared <= len(self.pages.free)
@@ -257,6 +257,10 @@ class PagedEngine(Engine):
     """Returns the slot's pages (a shared prompt's once its last slot lets go)."""
     self.pages.release_slot(int(slot))
 
+  def _after_call(self, position: int) -> int:
+    """Cache entries a slot at `position` may hold after one `generate` call."""
+    return min(position + self.steps_per_call, self.cache_length)
+
   def slots_to_preempt(self, decode_state: DecodeState, newest_first) -> list[int]:
     """Live slots whose pages must go back before the next `generate` call can take the pages
     every live slot needs, taken in the order of `newest_first` (the caller's newest samples
@@ -264,9 +268,8 @@ class PagedEngine(Engine):
     continues them later by a prefill and an append, the same tokens)."""
     done, position = jax.device_get((decode_state.done, decode_state.position))
     live = [int(s) for s in np.flatnonzero(~done)]
-    need = {slot: max(0, -(-min(int(position[slot]) + self.steps_per_call, self.cache_length)
-                           // self.page_size) - len(self.pages.slot_pages[slot]))
-            for slot in live}
+    need = {slot: max(0, -(-self._after_call(int(position[slot])) // self.page_size)
+                      - len(self.pages.slot_pages[slot])) for slot in live}
     short = sum(need.values()) - len(self.pages.free)
     evicted = []
     for slot in newest_first:
@@ -287,8 +290,7 @@ class PagedEngine(Engine):
     if rows is None:
       rows = np.arange(self._slots, dtype=np.int32)
     for slot in np.flatnonzero(~done):
-      self.pages.grow(int(slot), min(int(position[slot]) + self.steps_per_call,
-                                     self.cache_length))
+      self.pages.grow(int(slot), self._after_call(int(position[slot])))
     pages = min(-(-key_length // self.page_size), self.pages_per_slot)
     read, write = self.pages.tables(rows, ~done, pages)
     return self._generate_paged_fn(params, decode_state, rows, read, write,
@@ -304,13 +306,12 @@ class PagedEngine(Engine):
                                            cfg.head_dim)
     kv = sharding_lib.sharding_for(axes, shape, self._mesh)
     per_layer = kv if stacked else (kv,) * cfg.num_layers
-    replicated = jax.sharding.NamedSharding(self._mesh, jax.sharding.PartitionSpec())
     return super()._decode_state_shardings().replace(
-        cache=PagedKVCache(k=per_layer, v=per_layer, pos=replicated))
+        cache=PagedKVCache(k=per_layer, v=per_layer, pos=self._replicated))
 
   def _build_functions(self):
     super()._build_functions()
-    cfg, page, slots = self.config, self.page_size, self._slots
+    cfg, page = self.config, self.page_size
     state_shardings, replicated = self._state_shardings, self._replicated
     init_body, append_body, decode_steps = self._init_body, self._append_body, self._decode_steps
 
@@ -354,14 +355,7 @@ class PagedEngine(Engine):
       part, result = decode_steps(params, part, return_on_finish, part.cache.max_len)
       state = jax.tree.map(lambda a, b: a.at[rows].set(b), per_slot,
                            part.replace(cache=None)).replace(cache=part.cache.pool())
-
-      def spread(a):
-        return jnp.zeros((slots,) + a.shape[1:], a.dtype).at[rows].set(a)
-
-      return state, result.replace(
-          tokens=spread(result.tokens), valid=spread(result.valid),
-          logprobs=spread(result.logprobs), sampling_logprobs=spread(result.sampling_logprobs),
-          lengths=state.generated, done=state.done)
+      return state, spread_rows(result, rows, state)
 
     self._init_fn = jax.jit(init, out_shardings=state_shardings)
     self._insert_paged_fn = jax.jit(insert, donate_argnums=0, out_shardings=state_shardings)
