@@ -173,7 +173,8 @@ def build_engine(config: ml_collections.ConfigDict, model, *, mesh=None,
   from reasoning_rl.sampler.paged import make_engine
 
   r = config.rollout
-  return make_engine(model, kv_page_size=r.kv_page_size, kv_pages=r.kv_pages, mesh=mesh,
+  return make_engine(model, kv_page_size=r.kv_page_size, kv_pages=r.kv_pages,
+                     kv_page_kernel=r.kv_page_kernel, mesh=mesh,
                      max_concurrent_decodes=r.max_concurrent_decodes,
                      max_prefill_length=r.max_prefill_length,
                      max_decode_length=max_decode_length or max(r.max_new_tokens,

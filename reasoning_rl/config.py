@@ -212,6 +212,9 @@ def _validate_paged_cache(config, require) -> None:
   require(r.kv_pages == 0 or r.kv_page_size > 0, "rollout.kv_pages",
           f"{r.kv_pages} pages without a paged cache: set rollout.kv_page_size (e.g. 16), or "
           "rollout.kv_pages=0")
+  require(r.kv_page_kernel == "auto" or r.kv_page_size > 0, "rollout.kv_page_kernel",
+          f"{r.kv_page_kernel!r} reads a paged cache, and this run has none: set "
+          "rollout.kv_page_size (e.g. 16), or leave rollout.kv_page_kernel='auto'")
   if not r.kv_page_size:
     return
   require(r.backend == "engine", "rollout.kv_page_size",

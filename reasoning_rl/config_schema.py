@@ -112,6 +112,7 @@ _COUNT = _int(1)
 _DTYPES = ("float32", "bfloat16")
 # The kernels layer's names (reasoning_rl/kernels imports JAX; a test keeps the two equal).
 TRAINING_KERNELS = ("auto", "reference", "splash", "pallas_gpu")
+PAGED_KERNELS = ("auto", "gather", "pallas_tpu")
 # What the backward pass recomputes (models.transformer.REMAT_POLICIES; a test keeps them equal).
 REMAT_POLICIES = ("none", "full", "save_matmuls")
 
@@ -217,6 +218,12 @@ SECTIONS: tuple[Section, ...] = (
                                                               "cache row per slot")),
         Field("kv_pages", 0, "pages in the paged cache's pool (with rollout.kv_page_size)",
               _int(0, meaning="0 = room for every slot's whole length")),
+        Field("kv_page_kernel", "auto", "how decode attention reads the paged cache "
+              "(reasoning_rl/kernels/paged.py): gather copies a layer's rows out of their pages; "
+              "pallas_tpu reads them in place with JAX's Pallas TPU paged-attention kernel (one "
+              "query per row, no sliding window; off a TPU in interpret mode, slow). auto takes "
+              "pallas_tpu on a TPU with a bfloat16 cache (the kernel computes in bfloat16) and "
+              "gather elsewhere", OneOf(PAGED_KERNELS)),
         Field("exact_logprobs", False, "zero-mismatch rollouts (sampler/exact.py, "
               "docs/off_policy.md): every token an exact draw from the training forward's policy "
               "(drafts verified by Gumbel-max coupling, near-ties repaired) and its log-probs that "

@@ -720,30 +720,38 @@ def kv_pool_pages(config, slots: int) -> int:
   return r.kv_pages or slots * -(-sampler_cache_length(config) // r.kv_page_size)
 
 
-def kv_pool_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int) -> tuple[int, int]:
+def kv_pool_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int,
+                  backend: str = "tpu") -> tuple[int, int]:
   """Per device, the paged cache of `rollout.kv_page_size` (sampler/paged.py): (its pool of
-  `rollout.kv_pages` pages — K and V [pages, kv_heads, page, head_dim] per layer, kv_heads
+  `rollout.kv_pages` pages — K and V [kv_heads, pages, page, head_dim] per layer, kv_heads
   sharded as the engine shards them, pages replicated — and the int32 positions [pages, page];
-  the contiguous rows one decode layer reads them into, [slots, kv_heads, length, head_dim] of
-  K and V)."""
-  r, b = config.rollout, Precision.of(config).compute.itemsize
+  the contiguous rows one decode layer gathers them into, [slots, kv_heads, length, head_dim]
+  of K and V, none where the TPU kernel reads every layer's pages in place:
+  `rollout.kv_page_kernel` on `backend`, a model without sliding-window layers)."""
+  r, precision = config.rollout, Precision.of(config)
+  b = precision.compute.itemsize
   length = sampler_cache_length(config)
   pages = kv_pool_pages(config, slots)
-  pool = shard_size((None, "kv_heads", None, "head_dim"),
-                    (pages, m.num_kv_heads, r.kv_page_size, m.head_dim), mesh)
+  pool = shard_size(("kv_heads", None, None, "head_dim"),
+                    (m.num_kv_heads, pages, r.kv_page_size, m.head_dim), mesh)
   layer_rows = shard_size(("batch", "kv_heads", "length", "head_dim"),
                           (slots, m.num_kv_heads, length, m.head_dim), mesh)
+  kernel = kernels.paged.choose_paged_kernel(r.get("kv_page_kernel", "auto"), backend=backend,
+                                             dtype=precision.compute)
+  if kernel == "pallas_tpu" and "sliding_attention" not in m.layer_types:
+    layer_rows = 0
   return 2 * m.num_layers * pool * b + 4 * pages * r.kv_page_size, 2 * layer_rows * b
 
 
 def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, weights: int, slots: int,
-                  receive_bytes: int = 0, engine_copy_bytes: int = 0) -> list[Item]:
+                  receive_bytes: int = 0, engine_copy_bytes: int = 0,
+                  backend: str = "tpu") -> list[Item]:
   """Per-device bytes of one sampler replica on `mesh`: its weights (compute dtype), the KV cache
   of all `slots` and the decode state's next-token logits [slots, vocab] (float32), one decode
   step's temporaries (new logits, attention scores and probabilities over the cache), and the
   weights received during a sync: with several processes the weight sync's unpacked arrays and
   then `Engine.update_params`' own copy of them (`sharding.reshard` never aliases), both beside
-  the weights in use until the swap."""
+  the weights in use until the swap. `backend` decides a paged cache's decode kernel."""
   b = Precision.of(config).compute
   length = sampler_cache_length(config)
   slots_per_device = slots // _split(mesh, "batch", slots)
@@ -751,7 +759,7 @@ def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, weights: int, slot
   temporaries = slots_per_device * (m.vocab_size * 4 + heads * length * (4 + b.itemsize))
   r = config.rollout
   if r.kv_page_size:
-    pool, layer_rows = kv_pool_bytes(config, m, mesh, slots)
+    pool, layer_rows = kv_pool_bytes(config, m, mesh, slots, backend)
     pages = kv_pool_pages(config, slots)
     cache = Item(f"KV cache ({pages} pages x {r.kv_page_size} tokens, paged)", pool)
     temporaries += layer_rows
@@ -978,7 +986,8 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
   sampler_weights = shapes.sampler_weights(layout.replica)
   received = shapes.sent(layout.replica)
   sampler_kwargs = dict(weights=sampler_weights, receive_bytes=received,
-                        engine_copy_bytes=received if layout.multi_process else 0)
+                        engine_copy_bytes=received if layout.multi_process else 0,
+                        backend=chip.backend)
   sample = sampler_items(config, model_config, layout.replica, slots=r.max_concurrent_decodes,
                          **sampler_kwargs)
   make = lambda name, mesh, items, replicas=1: SliceMemory(  # noqa: E731

@@ -221,4 +221,5 @@ def test_schema_names_match_the_modules_that_implement_them():
   from reasoning_rl.models import transformer
 
   assert kernels.TRAINING_KERNELS == config_schema.TRAINING_KERNELS
+  assert kernels.paged.PAGED_KERNELS == config_schema.PAGED_KERNELS
   assert transformer.REMAT_POLICIES == config_schema.REMAT_POLICIES

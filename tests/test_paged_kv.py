@@ -128,7 +128,7 @@ def test_a_full_pool_is_refused_naming_the_field(model):
 
 
 def test_pages_gather_into_rows_and_scatter_back():
-  """gather_pages / scatter_pages against a loop over the page table."""
+  """gather_pages / scatter_pages against a loop over the page table (pools [K, P, page, D])."""
   rng = np.random.default_rng(0)
   pool = PagedKVCache.init(CONFIG, 6, 4, jnp.float32, stacked=False)
   values = rng.normal(size=pool.k[0].shape).astype(np.float32)
@@ -143,7 +143,7 @@ def test_pages_gather_into_rows_and_scatter_back():
       if page < 0:
         assert (got_pos == -1).all()
       else:
-        np.testing.assert_array_equal(got_k, values[page])
+        np.testing.assert_array_equal(got_k, values[:, page])
         np.testing.assert_array_equal(got_pos, np.arange(4 * page, 4 * page + 4))
   changed = view.replace(k=tuple(a + 1 for a in view.k), pos=view.pos + 100)
   write = np.where(table >= 0, table, 6)
@@ -151,7 +151,7 @@ def test_pages_gather_into_rows_and_scatter_back():
   back = scatter_pages(pool, write, changed)
   for page in range(6):
     written = page in (2, 0, 4, 3)
-    np.testing.assert_array_equal(np.asarray(back.k[0][page]), values[page] + written)
+    np.testing.assert_array_equal(np.asarray(back.k[0][:, page]), values[:, page] + written)
     assert (np.asarray(back.pos[page]) >= 100).all() == written
 
 
@@ -216,3 +216,88 @@ def test_paged_cache_settings_are_validated(overrides, field, message):
   config.rollout.update(kv_pages=0, exact_logprobs=False)
   config.rollout.kv_page_size = 16
   config_lib.validate(config)  # a full pool goes with anything the engine backend runs
+
+
+# ------------------------------------------------------------------- the TPU paged-attention kernel
+
+
+def _random_pools(rng, heads, pages, page, dim, layers=None):
+  """K, V pools of values bfloat16 holds exactly, so the kernel's bfloat16 cast is lossless and
+  the two paths differ by summation order only."""
+  shape = (heads, pages, page, dim) if layers is None else (heads, layers, pages, page, dim)
+  return tuple(jnp.asarray(rng.normal(size=shape), jnp.bfloat16).astype(jnp.float32)
+               for _ in range(2))
+
+
+@pytest.mark.parametrize("softcap, stacked_layer, block_keys", [
+    (None, None, 512), (20.0, None, 8), (None, 1, 8)])
+def test_the_tpu_kernel_attends_as_the_gathered_pages(monkeypatch, softcap, stacked_layer,
+                                                      block_keys):
+  """pallas_tpu (Pallas TPU interpret mode) against the gather path on the same pool and tables:
+  grouped heads, rows of 1 to 11 entries in scattered pages, an empty row, a soft-cap, several
+  compute blocks (block_keys 8 = 2 pages of 4 per block), a stacked pool's layer view."""
+  from reasoning_rl import kernels
+  from reasoning_rl.kernels import paged as paged_kernels
+  from reasoning_rl.models import kv_pages
+
+  monkeypatch.setattr(paged_kernels, "BLOCK_KEYS", block_keys)
+  rng = np.random.default_rng(3)
+  heads, kv_heads, page, dim, pages = 4, 2, 4, 16, 9
+  k_pool, v_pool = _random_pools(rng, kv_heads, pages, page, dim, layers=stacked_layer and 3)
+  table = jnp.array([[4, 0, 7, -1], [2, -1, -1, -1], [8, 1, 3, 5], [-1, -1, -1, -1]], jnp.int32)
+  lengths = jnp.array([9, 3, 14, 0], jnp.int32)  # entries after this call's token
+  entries = jnp.arange(4 * page)[None, :]
+  k_pos = jnp.where(entries < lengths[:, None], entries, -1)
+  q_pos = (lengths - 1)[:, None]
+  q = jnp.asarray(rng.normal(size=(4, 1, heads, dim)), jnp.float32)
+  (k_view, offset), (v_view, _) = (kv_pages.layer_view(p, stacked_layer)
+                                   for p in (k_pool, v_pool))
+  options = dict(scale=0.3, softcap=softcap, window=None)
+
+  def run(kernel):
+    address = kv_pages.PageAddress(pages=None, offsets=None, read_table=table, lengths=lengths,
+                                   kernel=kernel)
+    return kernels.paged_decode_attention(q, k_view, v_view, offset, address, q_pos, k_pos,
+                                          **options)
+
+  gathered, kernel = run("gather"), run("pallas_tpu")
+  np.testing.assert_allclose(np.asarray(kernel)[:3], np.asarray(gathered)[:3], atol=2e-5)
+  assert np.isfinite(np.asarray(kernel)).all()  # the empty row too (never read, still finite)
+
+
+def test_the_kernel_choice():
+  from reasoning_rl.errors import ConfigError
+  from reasoning_rl.kernels import paged as paged_kernels
+
+  choose = paged_kernels.choose_paged_kernel
+  assert choose("auto", backend="tpu", dtype=jnp.bfloat16) == "pallas_tpu"
+  assert choose("auto", backend="tpu", dtype=jnp.float32) == "gather"  # it computes in bf16
+  assert choose("auto", backend="gpu", dtype=jnp.bfloat16) == "gather"
+  assert choose("pallas_tpu", backend="cpu", dtype=jnp.float32) == "pallas_tpu"
+  with pytest.raises(ConfigError, match="rollout.kv_page_kernel"):
+    choose("ragged", backend="tpu", dtype=jnp.bfloat16)
+  one, two = jnp.zeros((2, 1, 4, 8)), jnp.zeros((2, 2, 4, 8))
+  assert paged_kernels.runs_kernel("pallas_tpu", one, window=None)
+  assert not paged_kernels.runs_kernel("pallas_tpu", one, window=4)  # Gemma's local layers
+  assert not paged_kernels.runs_kernel("pallas_tpu", two, window=None)  # an append's tokens
+  assert not paged_kernels.runs_kernel("gather", one, window=None)
+  assert paged_kernels._pages_per_block(12, 16) == 12
+  assert paged_kernels._pages_per_block(64, 16) == 32  # 512 keys, a divisor of 64
+
+
+def test_a_bfloat16_engine_decodes_the_same_tokens_through_the_tpu_kernel():
+  """The whole engine with pallas_tpu (interpret mode) against the gather path, a bfloat16
+  model (the kernel's own precision), on a 2-way tensor mesh where the kernel runs per device
+  on its heads (shard_map): the same greedy tokens and log-probs."""
+  from reasoning_rl import sharding
+
+  model = tiny_model(1)
+  model.dtype = jnp.dtype(jnp.bfloat16)
+  mesh = sharding.make_mesh((1, 1, 2), jax.devices()[:2])
+  kwargs = dict(num_samples=1, sampling=GREEDY, max_new_tokens=14, seed=5)
+  out = {}
+  for kernel in ("gather", "pallas_tpu"):
+    engine = PagedEngine(model, page_size=4, kernel=kernel, mesh=mesh, **SIZES)
+    assert engine.kernel == kernel
+    out[kernel] = generate_groups(engine, PROMPTS[:4], **kwargs)
+  assert_same_completions(out["pallas_tpu"], out["gather"], atol=1e-6)

@@ -24,7 +24,9 @@ Under a mesh (`jax.sharding.use_abstract_mesh`, as the training step traces) a k
 query and KV heads alike), because a Pallas call is opaque to XLA's sharding propagation.
 
 Decode attention (the sampler's cached steps) is the reference with a CPU fast path for one query
-per row; the paged KV cache and its kernels are future work.
+per row over a contiguous cache; over the paged cache (`reasoning_rl.models.kv_pages`) it is
+`paged_decode_attention`: the rows' pages gathered into that layout, or read in place by JAX's
+Pallas TPU paged-attention kernel (`reasoning_rl.kernels.paged`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from jax.sharding import PartitionSpec
 
 from reasoning_rl import config_schema
 from reasoning_rl.errors import ConfigError
-from reasoning_rl.kernels import pallas_gpu, reference, splash
+from reasoning_rl.kernels import paged, pallas_gpu, reference, splash
 from reasoning_rl.sharding import logical_to_spec
 
 TRAINING_KERNELS = config_schema.TRAINING_KERNELS  # ("auto", "reference", "splash", "pallas_gpu")
@@ -133,5 +135,25 @@ def decode_attention(q, k_cache, v_cache, q_pos, k_pos, *, scale: float, softcap
   return reference.attention(q, k_cache, v_cache, q_pos, k_pos, kv_heads_first=True, **options)
 
 
-__all__ = ["TRAINING_KERNELS", "choose_training_kernel", "decode_attention", "training_attention",
-           "validate_kernel_name"]
+def paged_decode_attention(q, k_pool, v_pool, page_offset, address, q_pos, k_pos, *,
+                           scale: float, softcap: float | None, window: int | None) -> jax.Array:
+  """Attention of T new tokens per row [B, T, N, D] over the pages of `address.read_table`.
+
+  k_pool, v_pool: one layer's [K, pages, page, D] view (`kv_pages.layer_view`) in which the
+  layer's page 0 is page `page_offset`; address: the call's `kv_pages.PageAddress` (read table
+  [B, n] with −1 for none, lengths [B], and the engine's kernel and mesh); q_pos [B, T] and
+  k_pos [B, n·page] positions (−1: empty). The layers and calls the kernel does not cover
+  (`paged.runs_kernel`) gather their pages and take `decode_attention`.
+  """
+  options = dict(scale=scale, softcap=softcap)
+  table = jnp.where(address.read_table >= 0, address.read_table + page_offset, -1)
+  if paged.runs_kernel(address.kernel, q, window):
+    return paged.kernel_attention(q, k_pool, v_pool, jnp.maximum(table, page_offset),
+                                  address.lengths, mesh=address.mesh, **options)
+  k, v = paged.read_pages(k_pool, table), paged.read_pages(v_pool, table)
+  return decode_attention(q, k.astype(q.dtype), v.astype(q.dtype), q_pos, k_pos, window=window,
+                          **options)
+
+
+__all__ = ["TRAINING_KERNELS", "choose_training_kernel", "decode_attention",
+           "paged_decode_attention", "training_attention", "validate_kernel_name"]

@@ -1,14 +1,23 @@
 """A KV cache in fixed-size pages, read and written through page tables (the sampler's paged
 cache, `reasoning_rl.sampler.paged`).
 
-The pool: k, v per layer [P, K, page_size, D] (one [L, P, K, page_size, D] array each for a
-scanned model) and pos [P, page_size], the position of each entry (−1: empty). A decode call
-comes with two page tables [B, n]: row b's cache entries j·page_size … (j+1)·page_size − 1 are
-in page read_table[b, j] (−1: none yet, read as empty), and its new entries go to
-write_table[b, j] (P: nowhere; a page other rows share is read-only). Each layer writes its new
-keys and values into their pages and reads its row's pages back in the contiguous
-[B, K, n·page_size, D] layout the attention takes: one layer's copy at a time, where gathering
-every layer's before the call would hold a second cache.
+The pool: k, v per layer [K, P, page_size, D] (one [K, L, P, page_size, D] array each for a
+scanned model) and pos [P, page_size], the position of each entry (−1: empty). Heads lead, as in
+the layout of JAX's Pallas TPU paged-attention kernel, so a layer's pool is that kernel's operand
+as it stands (a stacked pool's layers fold into its page axis without a copy: layer l's page p is
+page l·P + p of the [K, L·P, page_size, D] view, `layer_view`).
+
+A decode call comes with two page tables [B, n]: row b's cache entries j·page_size …
+(j+1)·page_size − 1 are in page read_table[b, j] (−1: none yet, read as empty), and its new
+entries go to write_table[b, j] (P: nowhere; a page other rows share is read-only). Each layer
+writes its new keys and values into their pages (`write`), then attends over its rows' pages
+(`kernels.paged_decode_attention`): either gathered into the contiguous [B, K, n·page_size, D]
+layout, one layer's copy at a time (where gathering every layer's before the call would hold a
+second cache), or read in place by the kernel.
+
+A row's entries are contiguous from entry 0 and an entry's position is its index (the engine
+writes a prompt from entry 0 and each token at its position), so `PageAddress.lengths`, the
+entries a row holds once the call's tokens are written, is what the kernel masks by.
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
+
+from reasoning_rl.kernels.paged import read_pages
 
 
 @flax.struct.dataclass
@@ -26,6 +37,9 @@ class PageAddress:
   pages: jax.Array
   offsets: jax.Array
   read_table: jax.Array
+  lengths: jax.Array  # [B] entries each row holds after the call's writes
+  kernel: str = flax.struct.field(pytree_node=False, default="gather")  # kernels.PAGED_KERNELS
+  mesh: object = flax.struct.field(pytree_node=False, default=None)  # the pool's, for a kernel
 
 
 @flax.struct.dataclass
@@ -38,14 +52,18 @@ class PagedKVCache:
   read_table: jax.Array | None = None
   write_table: jax.Array | None = None
   address: PageAddress | None = None  # set by `Transformer.decode` for its blocks
+  # How the attention reads the pool (`kernels.PAGED_KERNELS`), and the mesh it lives on (a
+  # kernel runs per device under it): the engine's static choice, carried to every layer.
+  kernel: str = flax.struct.field(pytree_node=False, default="gather")
+  mesh: object = flax.struct.field(pytree_node=False, default=None)
 
   @classmethod
   def init(cls, config, num_pages: int, page_size: int, dtype, *,
            stacked: bool) -> "PagedKVCache":
-    shape = (num_pages, config.num_kv_heads, page_size, config.head_dim)
+    shape = (config.num_kv_heads, num_pages, page_size, config.head_dim)
     pos = jnp.full((num_pages, page_size), -1, jnp.int32)
     if stacked:
-      shape = (config.num_layers, *shape)
+      shape = (config.num_kv_heads, config.num_layers, *shape[1:])
       return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), pos=pos)
     return cls(k=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
                v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)), pos=pos)
@@ -69,7 +87,7 @@ class PagedKVCache:
 
   def pool(self) -> "PagedKVCache":
     """The pool alone (tables and address dropped), as the engine keeps it between calls."""
-    return PagedKVCache(k=self.k, v=self.v, pos=self.pos)
+    return PagedKVCache(k=self.k, v=self.v, pos=self.pos, kernel=self.kernel, mesh=self.mesh)
 
   def layer(self, index: int):
     """(k, v, address) of layer `index`, what `Attention` takes as its cache."""
@@ -88,7 +106,8 @@ class PagedKVCache:
     pages = jnp.take_along_axis(self.write_table, jnp.minimum(index, n - 1), axis=1)
     return self.replace(address=PageAddress(
         pages=jnp.where(index < n, pages, self.num_pages), offsets=slots % self.page_size,
-        read_table=self.read_table))
+        read_table=self.read_table, lengths=write_index + num_tokens, kernel=self.kernel,
+        mesh=self.mesh))
 
   def with_positions(self, positions: jax.Array) -> tuple["PagedKVCache", jax.Array]:
     """(the cache with the new tokens' positions written, the key positions [B, n·page_size]
@@ -105,31 +124,28 @@ def read_positions(pos: jax.Array, table: jax.Array) -> jax.Array:
   return picked.reshape(rows, n * pos.shape[1])
 
 
-def read_pages(pages: jax.Array, table: jax.Array) -> jax.Array:
-  """One layer's pool [P, K, page, D] read through `table` [B, n]: [B, K, n·page, D] (a −1
-  page reads page 0, which its positions of −1 mask)."""
-  rows, n = table.shape
-  picked = pages[jnp.maximum(table, 0)]  # [B, n, K, page, D]
-  return picked.swapaxes(1, 2).reshape(rows, pages.shape[1], n * pages.shape[2], pages.shape[3])
-
-
-def write_and_read(cache_kv, k: jax.Array, v: jax.Array, layer=None):
+def write(cache_kv, k: jax.Array, v: jax.Array, layer=None):
   """`Attention`'s paged cache step: the new k, v [B, T, K, D] written at their addresses into
-  layer `layer` of the pools (`layer` None: the pools are one layer's), then that layer's rows
-  read back. Returns ((k pool, v pool, address), k rows, v rows [B, K, n·page, D])."""
+  layer `layer` of the pools (`layer` None: the pools are one layer's). Returns
+  (k pool, v pool, address)."""
   k_pool, v_pool, a = cache_kv
   heads = jnp.arange(k.shape[2])[None, None, :]
-  index = (a.pages[:, :, None], heads, a.offsets[:, :, None])
+  index = (heads, a.pages[:, :, None], a.offsets[:, :, None])
   if layer is not None:
-    index = (layer, *index)
+    index = (heads, layer, *index[1:])
   k_pool = k_pool.at[index].set(k.astype(k_pool.dtype), mode="drop")
   v_pool = v_pool.at[index].set(v.astype(v_pool.dtype), mode="drop")
-  k_layer, v_layer = k_pool, v_pool
-  if layer is not None:
-    k_layer = jax.lax.dynamic_index_in_dim(k_pool, layer, 0, keepdims=False)
-    v_layer = jax.lax.dynamic_index_in_dim(v_pool, layer, 0, keepdims=False)
-  return ((k_pool, v_pool, a), read_pages(k_layer, a.read_table),
-          read_pages(v_layer, a.read_table))
+  return k_pool, v_pool, a
 
 
-__all__ = ["PageAddress", "PagedKVCache", "read_pages", "read_positions", "write_and_read"]
+def layer_view(pool: jax.Array, layer=None) -> tuple[jax.Array, jax.Array]:
+  """(a [K, pages, page, D] view of layer `layer` of `pool`, the offset of its page 0 there):
+  a per-layer pool as it is; a stacked [K, L, P, page, D] one as [K, L·P, page, D] with layer
+  l's pages from l·P (a reshape, no copy)."""
+  if layer is None:
+    return pool, jnp.int32(0)
+  heads, layers, pages, page, dim = pool.shape
+  return pool.reshape(heads, layers * pages, page, dim), jnp.asarray(layer, jnp.int32) * pages
+
+
+__all__ = ["PageAddress", "PagedKVCache", "layer_view", "read_pages", "read_positions", "write"]

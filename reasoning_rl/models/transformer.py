@@ -315,10 +315,16 @@ class Attention(nnx.Module):
     """Self-attention of x [B, T, D]; with `cache_kv` the new k/v are written into it first
     (into layer `layer` of stacked [L, B, K, S, D] buffers, when given)."""
     q, k, v = self.project_qkv(x, positions, inv_freq)
+    options = dict(scale=self.config.attention_scale, softcap=self.config.attn_logit_softcap,
+                   window=self.window)
     if cache_kv is not None and len(cache_kv) == 3:  # a paged cache (models/kv_pages.py)
-      new_cache_kv, k, v = kv_pages.write_and_read(cache_kv, k, v, layer)
-      k, v = k.astype(x.dtype), v.astype(x.dtype)
-    elif cache_kv is not None:
+      new_cache_kv = kv_pages.write(cache_kv, k, v, layer)
+      (k_pool, offset), (v_pool, _) = (kv_pages.layer_view(pool, layer)
+                                       for pool in new_cache_kv[:2])
+      attended = kernels.paged_decode_attention(q, k_pool, v_pool, offset, new_cache_kv[2],
+                                                positions, key_positions, **options)
+      return self.output(attended), new_cache_kv
+    if cache_kv is not None:
       slots = write_index[:, None] + jnp.arange(x.shape[1])[None, :]
       k_all = _scatter_cache(cache_kv[0], slots, k.astype(cache_kv[0].dtype), layer)
       v_all = _scatter_cache(cache_kv[1], slots, v.astype(cache_kv[1].dtype), layer)
@@ -332,8 +338,6 @@ class Attention(nnx.Module):
       k, v = k_layer[:, :, :read].astype(x.dtype), v_layer[:, :, :read].astype(x.dtype)
     else:
       new_cache_kv = None
-    options = dict(scale=self.config.attention_scale, softcap=self.config.attn_logit_softcap,
-                   window=self.window)
     if cache_kv is not None:
       attended = kernels.decode_attention(q, k, v, positions, key_positions, **options)
     else:
@@ -593,7 +597,8 @@ class Transformer(nnx.Module):
 
     A paged cache (`kv_pages.PagedKVCache`, with the call's page tables) is written and read
     through its tables instead: write_index still counts a row's entries, which the tables map
-    to pages; each row reads the pages of its read table (key_length is then unused).
+    to pages; each row attends over the pages of its read table, gathered or read in place by a
+    kernel (`kernels.paged_decode_attention`; key_length is then unused).
     """
     if cache.stacked != self.scan_layers:
       raise ValueError(f"a {'stacked' if cache.stacked else 'per-layer'} KV cache for a model "

@@ -170,12 +170,14 @@ class EngineBackend:
     "batching, KV cache in slots, device-to-device weight copies",
     options=("rollout.max_concurrent_decodes", "rollout.max_prefill_length",
              "rollout.steps_per_call", "rollout.kv_page_size", "rollout.kv_pages",
+             "rollout.kv_page_kernel",
              "rollout.exact_logprobs"))
 def _engine_backend(spec: BackendSpec) -> EngineBackend:
   rollout = spec.config.rollout if spec.config is not None else {}
   engine = make_engine(
       spec.model, kv_page_size=rollout.get("kv_page_size", 0),
-      kv_pages=rollout.get("kv_pages", 0), mesh=spec.mesh,
+      kv_pages=rollout.get("kv_pages", 0), kv_page_kernel=rollout.get("kv_page_kernel", "auto"),
+      mesh=spec.mesh,
       max_concurrent_decodes=spec.max_concurrent_decodes,
       max_prefill_length=spec.max_prefill_length, max_decode_length=spec.max_decode_length,
       steps_per_call=spec.steps_per_call, seed=spec.seed)

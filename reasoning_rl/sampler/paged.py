@@ -2,7 +2,7 @@
 
 `Engine` keeps one cache row of max_prefill_length + max_decode_length entries per slot, whatever
 its sequence holds. `PagedEngine` keeps a pool of fixed-size pages instead
-(k, v [pages, kv_heads, page_size, head_dim] per layer, and each entry's position) and a page
+(k, v [kv_heads, pages, page_size, head_dim] per layer, and each entry's position) and a page
 table on the host: slot s's cache entries j·page_size … (j+1)·page_size − 1 live in page
 table[s][j]. Pages are taken from the free list as a sequence grows (before each `generate`
 call, enough for the tokens that call may write) and go back when the caller frees the slot
@@ -18,9 +18,10 @@ A prompt of 48 tokens in pages of 16 shared by 8 samples holds 3 pages instead o
 Decoding reads the pool through page tables: a `generate` call hands the model the pool with
 each row's read table (its pages) and write table (the pages it owns alone; shared prompt pages
 are read-only), and every attention layer writes its new keys and values into their pages and
-reads its rows' pages back (`models.kv_pages`): one layer's contiguous copy at a time, never a
-second whole cache. Greedy and sampled tokens are the same as `Engine`'s
-(tests/test_paged_kv.py).
+attends over its rows' pages (`models.kv_pages`, `kernels.paged_decode_attention`): gathered
+into one layer's contiguous copy at a time (never a second whole cache), or read in place by
+JAX's Pallas TPU paged-attention kernel (`rollout.kv_page_kernel`; the default on a TPU with a
+bfloat16 cache). Greedy and sampled tokens are the same as `Engine`'s (tests/test_paged_kv.py).
 
 A pool smaller than every slot's whole length (`rollout.kv_pages`) can run short. Before each
 call `slots_to_preempt` names the newest live slots whose pages the others need, and
@@ -41,6 +42,7 @@ import numpy as np
 
 from reasoning_rl import sharding as sharding_lib
 from reasoning_rl.errors import SamplingError
+from reasoning_rl.kernels import paged as paged_kernels
 from reasoning_rl.models import kv_pages
 from reasoning_rl.models.kv_pages import PagedKVCache
 from reasoning_rl.models.transformer import KVCache
@@ -50,12 +52,15 @@ from reasoning_rl.sampler.engine import DecodeState, Engine, Prefix, spread_rows
 def gather_pages(pool: PagedKVCache, table) -> KVCache:
   """The contiguous cache [rows, K, n·page_size, D] of page table `table` [rows, n] (an
   append's row, `PagedEngine.append_to_slot`)."""
-  def read(pages):
+  def read(pages):  # [K, P, page, D]
     return kv_pages.read_pages(pages, table)
 
+  def read_stacked(pages):  # [K, L, P, page, D] -> [L, rows, K, n * page, D]
+    return jax.vmap(read, in_axes=1)(pages)
+
   stacked = pool.stacked
-  return KVCache(k=jax.vmap(read)(pool.k) if stacked else tuple(map(read, pool.k)),
-                 v=jax.vmap(read)(pool.v) if stacked else tuple(map(read, pool.v)),
+  return KVCache(k=read_stacked(pool.k) if stacked else tuple(map(read, pool.k)),
+                 v=read_stacked(pool.v) if stacked else tuple(map(read, pool.v)),
                  pos=kv_pages.read_positions(pool.pos, table))
 
 
@@ -65,12 +70,15 @@ def scatter_pages(pool: PagedKVCache, table, cache: KVCache) -> PagedKVCache:
   rows, n = table.shape
   page = pool.page_size
 
-  def write(pages, contiguous):  # pages [P, K, page, D], contiguous [rows, K, n * page, D]
-    split = contiguous.reshape(rows, pages.shape[1], n, page, pages.shape[3]).swapaxes(1, 2)
-    return pages.at[table].set(split.astype(pages.dtype), mode="drop")
+  def write(pages, contiguous):  # pages [K, P, page, D], contiguous [rows, K, n * page, D]
+    split = contiguous.reshape(rows, pages.shape[0], n, page, pages.shape[3])
+    split = split.transpose(1, 0, 2, 3, 4)  # [K, rows, n, page, D]
+    return pages.at[:, table].set(split.astype(pages.dtype), mode="drop")
 
   def per_layer(mine, theirs):
-    return jax.vmap(write)(mine, theirs) if pool.stacked else tuple(map(write, mine, theirs))
+    if pool.stacked:  # [K, L, P, page, D] with [L, rows, K, n * page, D]
+      return jax.vmap(write, in_axes=(1, 0), out_axes=1)(mine, theirs)
+    return tuple(map(write, mine, theirs))
 
   return pool.replace(k=per_layer(pool.k, cache.k), v=per_layer(pool.v, cache.v),
                       pos=pool.pos.at[table].set(cache.pos.reshape(rows, n, page), mode="drop"))
@@ -180,9 +188,12 @@ class PagedEngine(Engine):
     page_size: cache entries per page.
     num_pages: pages in the pool; 0 gives every slot room for its whole length (the contiguous
       cache's memory, with prefix sharing's savings as headroom).
+    kernel: how decode attention reads the pool, one of `kernels.paged.PAGED_KERNELS` ("auto":
+      the TPU kernel on a TPU with a bfloat16 cache, else gathering the rows' pages).
   """
 
-  def __init__(self, model, *, page_size: int = 16, num_pages: int = 0, **kwargs):
+  def __init__(self, model, *, page_size: int = 16, num_pages: int = 0, kernel: str = "auto",
+               **kwargs):
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
       raise SamplingError(f"page_size={page_size!r}: must be a positive integer")
     if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 0:
@@ -198,6 +209,9 @@ class PagedEngine(Engine):
           f"num_pages={num_pages}: fewer than the {self.pages_per_slot} pages one slot's "
           f"{cache_length} tokens take in pages of {page_size}; raise it")
     self._shared_prefixes = 0
+    mesh = kwargs.get("mesh")
+    backend = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    self.kernel = paged_kernels.choose_paged_kernel(kernel, backend=backend, dtype=model.dtype)
     super().__init__(model, **kwargs)
     # pages a generate call may take: each slot, its next steps_per_call entries
     self._fresh_per_call = self._slots * (-(-self.steps_per_call // page_size) + 1)
@@ -301,13 +315,14 @@ class PagedEngine(Engine):
 
   def _decode_state_shardings(self) -> DecodeState:
     cfg, stacked = self.config, self._scan_layers
-    axes = ("layers",) * stacked + (None, "kv_heads", None, "head_dim")
-    shape = (cfg.num_layers,) * stacked + (self.num_pages, cfg.num_kv_heads, self.page_size,
-                                           cfg.head_dim)
+    axes = ("kv_heads",) + ("layers",) * stacked + (None, None, "head_dim")
+    shape = (cfg.num_kv_heads,) + (cfg.num_layers,) * stacked + (self.num_pages, self.page_size,
+                                                                  cfg.head_dim)
     kv = sharding_lib.sharding_for(axes, shape, self._mesh)
     per_layer = kv if stacked else (kv,) * cfg.num_layers
     return super()._decode_state_shardings().replace(
-        cache=PagedKVCache(k=per_layer, v=per_layer, pos=self._replicated))
+        cache=PagedKVCache(k=per_layer, v=per_layer, pos=self._replicated, kernel=self.kernel,
+                           mesh=self._mesh))
 
   def _build_functions(self):
     super()._build_functions()
@@ -316,8 +331,8 @@ class PagedEngine(Engine):
     init_body, append_body, decode_steps = self._init_body, self._append_body, self._decode_steps
 
     def init():
-      return init_body().replace(cache=PagedKVCache.init(cfg, self.num_pages, page, self.dtype,
-                                                         stacked=self._scan_layers))
+      pool = PagedKVCache.init(cfg, self.num_pages, page, self.dtype, stacked=self._scan_layers)
+      return init_body().replace(cache=pool.replace(kernel=self.kernel, mesh=self._mesh))
 
     def insert(state: DecodeState, prefix: Prefix, slot, targets):
       """Writes the prompt's entries into pages `targets` (num_pages: skipped)."""
@@ -371,11 +386,14 @@ class PagedEngine(Engine):
                                  self.pages.take_fresh(self.pages_per_slot))
 
 
-def make_engine(model, *, kv_page_size: int = 0, kv_pages: int = 0, **sizes) -> Engine:
+def make_engine(model, *, kv_page_size: int = 0, kv_pages: int = 0, kv_page_kernel: str = "auto",
+                **sizes) -> Engine:
   """The sampler engine the config asks for: a `PagedEngine` with pages of `kv_page_size`
-  (`kv_pages` of them; 0 = every slot's whole length), or with 0 the contiguous `Engine`."""
+  (`kv_pages` of them; 0 = every slot's whole length) read by `kv_page_kernel`, or with 0 the
+  contiguous `Engine`."""
   if kv_page_size:
-    return PagedEngine(model, page_size=kv_page_size, num_pages=kv_pages, **sizes)
+    return PagedEngine(model, page_size=kv_page_size, num_pages=kv_pages, kernel=kv_page_kernel,
+                       **sizes)
   return Engine(model, **sizes)
 
 
