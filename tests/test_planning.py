@@ -253,6 +253,29 @@ def test_r1zero_dry_run_on_its_target_slices(tpu, chips, replicas, replica_mesh,
     assert "Binding limit: trainer HBM" in reference.table()
 
 
+@pytest.mark.parametrize("kernel", ["auto", "gather"])
+def test_r1zero_dry_run_with_a_paged_cache(kernel):
+  """configs/r1zero_tpu.py on v5p-64 with pages of 64 and a pool of 20,000 (1.28M tokens where
+  the contiguous cache holds 512 x 4,608 = 2.36M): the pool per device by hand; on a TPU with
+  a bf16 cache the paged-attention kernel reads it in place ("auto"), the gather path adds one
+  layer's contiguous rows of every slot to the decode temporaries."""
+  c = _r1zero("v5p", 32)
+  c.rollout.kv_page_size, c.rollout.kv_pages = 64, 20_000
+  c.rollout.kv_page_kernel = kernel
+  p = planning.plan(c, planning.dry_run_model_config(c), target=dict(c.target))
+  sampler = p.slice("sampler")
+  pool = 2 * 28 * (1 * 20_000 * 64 * 128) * 2 + 4 * 20_000 * 64  # 1 of 4 KV heads per device
+  assert sampler.item("KV cache") == pool
+  assert pool / GIB == pytest.approx(17.09, abs=0.01)  # 31.51 GiB contiguous
+  rows = 2 * 512 * 1 * 4608 * 128 * 2  # K and V of one layer, every slot's whole length
+  contiguous = _r1zero("v5p", 32)
+  plain = planning.plan(contiguous, planning.dry_run_model_config(contiguous),
+                        target=dict(contiguous.target)).slice("sampler")
+  extra = sampler.item("decode temporaries") - plain.item("decode temporaries")
+  assert extra == (0 if kernel == "auto" else rows)
+  assert "(20000 pages x 64 tokens, paged)" in p.table()
+
+
 def test_flops_and_times_by_hand():
   # Matmul weights W = 2 layers x (q, o 16x3x4 each + k, v 16x1x4 each = 512, MLP 3 x 16 x 21 =
   # 1008) = 3040; attention 4 x L x H x Dh = 96 FLOPs per query-key pair; output 2 x 16 x 96 = 3072.
