@@ -223,7 +223,7 @@ SECTIONS: tuple[Section, ...] = (
               "pallas_tpu reads them in place with JAX's Pallas TPU paged-attention kernel (one "
               "query per row, no sliding window; off a TPU in interpret mode, slow). auto takes "
               "pallas_tpu on a TPU with a bfloat16 cache (the kernel computes in bfloat16) and "
-              "gather elsewhere", OneOf(PAGED_KERNELS)),
+              "heads of a multiple of 128, and gather elsewhere", OneOf(PAGED_KERNELS)),
         Field("exact_logprobs", False, "zero-mismatch rollouts (sampler/exact.py, "
               "docs/off_policy.md): every token an exact draw from the training forward's policy "
               "(drafts verified by Gumbel-max coupling, near-ties repaired) and its log-probs that "

@@ -737,7 +737,7 @@ def kv_pool_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int,
   layer_rows = shard_size(("batch", "kv_heads", "length", "head_dim"),
                           (slots, m.num_kv_heads, length, m.head_dim), mesh)
   kernel = kernels.paged.choose_paged_kernel(r.get("kv_page_kernel", "auto"), backend=backend,
-                                             dtype=precision.compute)
+                                             dtype=precision.compute, head_dim=m.head_dim)
   if kernel == "pallas_tpu" and "sliding_attention" not in m.layer_types:
     layer_rows = 0
   return 2 * m.num_layers * pool * b + 4 * pages * r.kv_page_size, 2 * layer_rows * b

@@ -269,13 +269,17 @@ def test_the_kernel_choice():
   from reasoning_rl.errors import ConfigError
   from reasoning_rl.kernels import paged as paged_kernels
 
-  choose = paged_kernels.choose_paged_kernel
-  assert choose("auto", backend="tpu", dtype=jnp.bfloat16) == "pallas_tpu"
-  assert choose("auto", backend="tpu", dtype=jnp.float32) == "gather"  # it computes in bf16
-  assert choose("auto", backend="gpu", dtype=jnp.bfloat16) == "gather"
-  assert choose("pallas_tpu", backend="cpu", dtype=jnp.float32) == "pallas_tpu"
+  def choose(kernel, backend, dtype=jnp.bfloat16, head_dim=128):
+    return paged_kernels.choose_paged_kernel(kernel, backend=backend, dtype=dtype,
+                                             head_dim=head_dim)
+
+  assert choose("auto", "tpu") == "pallas_tpu"
+  assert choose("auto", "tpu", dtype=jnp.float32) == "gather"  # it computes in bf16
+  assert choose("auto", "tpu", head_dim=64) == "gather"  # not a lane multiple
+  assert choose("auto", "gpu") == "gather"
+  assert choose("pallas_tpu", "cpu", dtype=jnp.float32, head_dim=16) == "pallas_tpu"
   with pytest.raises(ConfigError, match="rollout.kv_page_kernel"):
-    choose("ragged", backend="tpu", dtype=jnp.bfloat16)
+    choose("ragged", "tpu")
   one, two = jnp.zeros((2, 1, 4, 8)), jnp.zeros((2, 2, 4, 8))
   assert paged_kernels.runs_kernel("pallas_tpu", one, window=None)
   assert not paged_kernels.runs_kernel("pallas_tpu", one, window=4)  # Gemma's local layers

@@ -12,8 +12,8 @@ the pool, one signature.
 
 `auto` takes pallas_tpu on a TPU for the layers it computes exactly as the model asks — one
 query per row (a decode step), no sliding window, a bfloat16 pool (the kernel converts keys and
-values to bfloat16 before its products, so a float32 pool would lose digits) — and gather
-elsewhere. Named explicitly, pallas_tpu runs anywhere (off a TPU in Pallas's TPU interpret mode,
+values to bfloat16 before its products, so a float32 pool would lose digits), heads of a
+multiple of 128 lanes — and gather elsewhere. Named explicitly, pallas_tpu runs anywhere (off a TPU in Pallas's TPU interpret mode,
 how tests/test_paged_kv.py checks it on CPU) on those same layers; the others still gather.
 
 Why not `ragged_paged_attention` (the kernel for mixed prefill and decode batches): JAX 0.10.2's
@@ -53,12 +53,15 @@ def validate_paged_kernel(name: str, field: str = "config.rollout.kv_page_kernel
                       "picks the backend's)")
 
 
-def choose_paged_kernel(requested: str, *, backend: str, dtype) -> str:
-  """The kernel the engine hands its layers (module docstring); per layer, `_runs_kernel` still
-  sends windowed layers and multi-token calls to the gather path (`runs_kernel`)."""
+def choose_paged_kernel(requested: str, *, backend: str, dtype, head_dim: int) -> str:
+  """The kernel the engine hands its layers (module docstring); per layer, `runs_kernel` still
+  sends windowed layers and multi-token calls to the gather path. `auto` also keeps to the
+  shapes the kernel is built for on a TPU, heads of a multiple of 128 lanes (Llama, Qwen,
+  Gemma; SmolLM2's 64 gather)."""
   validate_paged_kernel(requested)
   if requested == "auto":
-    return "pallas_tpu" if backend == "tpu" and jnp.dtype(dtype) == jnp.bfloat16 else "gather"
+    native = backend == "tpu" and jnp.dtype(dtype) == jnp.bfloat16 and head_dim % 128 == 0
+    return "pallas_tpu" if native else "gather"
   return requested
 
 

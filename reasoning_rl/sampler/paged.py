@@ -211,7 +211,8 @@ class PagedEngine(Engine):
     self._shared_prefixes = 0
     mesh = kwargs.get("mesh")
     backend = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-    self.kernel = paged_kernels.choose_paged_kernel(kernel, backend=backend, dtype=model.dtype)
+    self.kernel = paged_kernels.choose_paged_kernel(kernel, backend=backend, dtype=model.dtype,
+                                                     head_dim=model.config.head_dim)
     super().__init__(model, **kwargs)
     # pages a generate call may take: each slot, its next steps_per_call entries
     self._fresh_per_call = self._slots * (-(-self.steps_per_call // page_size) + 1)
