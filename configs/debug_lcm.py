@@ -9,16 +9,4 @@ from configs import debug_cpu, smollm2_lcm
 
 
 def get_config():
-  c = debug_cpu.get_config()
-  demo = smollm2_lcm.get_config()
-  c.model.tokenizer = demo.model.path  # SmolLM2's tokenizer around a random model.random
-  c.data.train = demo.data.train
-  c.data.eval = demo.data.eval
-  c.data.template = demo.data.template
-  c.data.instruction = demo.data.instruction
-  c.rollout.max_prefill_length = demo.rollout.max_prefill_length
-  c.rollout.max_new_tokens = 8
-  c.rollout.stop_strings = demo.rollout.stop_strings
-  c.rewards = demo.rewards
-  c.eval.num_examples = 4
-  return c
+  return debug_cpu.on_demo_task(smollm2_lcm.get_config())

@@ -44,6 +44,18 @@ def test_the_lcm_demo_is_the_arithmetic_demo_on_another_task():
       lcm.data.train, lcm.data.eval, lcm.rewards)
 
 
+def test_the_aiw_config_is_the_arithmetic_demo_on_aiw():
+  """configs/smollm2_aiw.py (a candidate that did not learn yet, RESULTS.md) stays valid."""
+  aiw, demo = demo_config("smollm2_aiw"), demo_config("smollm2_arithmetic")
+  assert (aiw.data.train.name, aiw.data.eval.name) == ("aiw", "aiw")
+  assert aiw.data.train.seed != aiw.data.eval.seed
+  for field in ("rewards", "algo", "optim", "total_steps", "model"):
+    assert aiw[field] == demo[field], field
+  config_lib.validate(aiw, num_devices=1)
+  example = tasks.build_source(aiw.data.eval, field="data.eval").example(0)
+  assert example.prompt.startswith("Susan has 5 sisters") and example.answer == "6"
+
+
 def test_the_demo_verifier_grades_lcm_answers_in_free_text():
   config = demo_config("smollm2_lcm")
   reward_fn = RewardFunction(config.rewards)
