@@ -28,16 +28,24 @@ def debug_run(tmp_path_factory):
   return workdir
 
 
-def test_the_lcm_demo_is_the_arithmetic_demo_on_another_task():
-  lcm, demo = demo_config("smollm2_lcm"), demo_config("smollm2_arithmetic")
-  assert (lcm.data.train.name, lcm.data.eval.name) == ("lcm", "lcm")
-  assert lcm.data.train.seed != lcm.data.eval.seed
+def arithmetic_demo_on(task: str):
+  """configs/smollm2_TASK.py, checked to be the arithmetic demo on reasoning-gym TASK (its own
+  training and held-out seeds, the same rewards, algorithm, optimiser, length and model) and
+  valid; returned with the demo's config."""
+  config, demo = demo_config(f"smollm2_{task}"), demo_config("smollm2_arithmetic")
+  assert (config.data.train.name, config.data.eval.name) == (task, task)
+  assert config.data.train.seed != config.data.eval.seed
   for field in ("rewards", "algo", "optim", "total_steps", "model"):
-    assert lcm[field] == demo[field], field
+    assert config[field] == demo[field], field
+  config_lib.validate(config, num_devices=1)
+  return config, demo
+
+
+def test_the_lcm_demo_is_the_arithmetic_demo_on_another_task():
+  lcm, demo = arithmetic_demo_on("lcm")
   assert (lcm.rollout.num_prompts, lcm.rollout.num_samples) == (
       demo.rollout.num_prompts, demo.rollout.num_samples)
   assert lcm.rollout.max_new_tokens == 2 * demo.rollout.max_new_tokens  # room to work it out
-  config_lib.validate(lcm, num_devices=1)
   debug = demo_config("debug_lcm")
   assert debug.model.path == "" and debug.model.tokenizer == lcm.model.path
   assert (debug.data.train, debug.data.eval, debug.rewards) == (
@@ -46,12 +54,7 @@ def test_the_lcm_demo_is_the_arithmetic_demo_on_another_task():
 
 def test_the_aiw_config_is_the_arithmetic_demo_on_aiw():
   """configs/smollm2_aiw.py (a candidate that did not learn yet, RESULTS.md) stays valid."""
-  aiw, demo = demo_config("smollm2_aiw"), demo_config("smollm2_arithmetic")
-  assert (aiw.data.train.name, aiw.data.eval.name) == ("aiw", "aiw")
-  assert aiw.data.train.seed != aiw.data.eval.seed
-  for field in ("rewards", "algo", "optim", "total_steps", "model"):
-    assert aiw[field] == demo[field], field
-  config_lib.validate(aiw, num_devices=1)
+  aiw, _ = arithmetic_demo_on("aiw")
   example = tasks.build_source(aiw.data.eval, field="data.eval").example(0)
   assert example.prompt.startswith("Susan has 5 sisters") and example.answer == "6"
 

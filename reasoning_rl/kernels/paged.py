@@ -13,8 +13,9 @@ the pool, one signature.
 `auto` takes pallas_tpu on a TPU for the layers it computes exactly as the model asks — one
 query per row (a decode step), no sliding window, a bfloat16 pool (the kernel converts keys and
 values to bfloat16 before its products, so a float32 pool would lose digits), heads of a
-multiple of 128 lanes — and gather elsewhere. Named explicitly, pallas_tpu runs anywhere (off a TPU in Pallas's TPU interpret mode,
-how tests/test_paged_kv.py checks it on CPU) on those same layers; the others still gather.
+multiple of 128 lanes — and gather elsewhere. Named explicitly, pallas_tpu runs anywhere (off a
+TPU in Pallas's TPU interpret mode, how tests/test_paged_kv.py checks it on CPU) on those same
+layers; the others still gather.
 
 Why not `ragged_paged_attention` (the kernel for mixed prefill and decode batches): JAX 0.10.2's
 TPU interpreter cannot run it (its reshape of a VMEM buffer reference is unsupported there), so
@@ -65,6 +66,12 @@ def choose_paged_kernel(requested: str, *, backend: str, dtype, head_dim: int) -
   return requested
 
 
+def backend_of(mesh) -> str:
+  """The platform the engine's mesh lives on (JAX's default backend without one): what the
+  kernel choice is made for, and whether the kernel runs natively or interpreted."""
+  return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+
+
 def runs_kernel(kernel: str, q, window) -> bool:
   """Whether the kernel computes this layer's call: pallas_tpu, one query per row, no window."""
   return kernel == "pallas_tpu" and q.shape[1] == 1 and not window
@@ -79,12 +86,11 @@ def _pages_per_block(pages_per_row: int, page_size: int) -> int:
   return best
 
 
-def _tpu_kernel(q, k_pool, v_pool, table, lengths, *, scale, softcap):
+def _tpu_kernel(q, k_pool, v_pool, table, lengths, *, scale, softcap, interpret):
   """q [B, N, D] (scaled here); pools [K, P, page, D]; table [B, n] of valid pages."""
   run = functools.partial(
       paged_attention, attn_logits_soft_cap=softcap,
       pages_per_compute_block=_pages_per_block(table.shape[1], k_pool.shape[2]))
-  interpret = jax.default_backend() != "tpu"
   with pltpu.force_tpu_interpret_mode() if interpret else contextlib.nullcontext():
     return run((q.astype(jnp.float32) * scale).astype(q.dtype), k_pool, v_pool, lengths, table)
 
@@ -119,7 +125,8 @@ def kernel_attention(q, k_pool, v_pool, table, lengths, *, mesh, scale: float,
                      softcap: float | None) -> jax.Array:
   """The pallas_tpu path: q [B, 1, N, D]; pools [K, P, page, D]; table [B, n] of pages in the
   pools (every entry a valid page); lengths [B] entries per row. Returns [B, 1, N, D]."""
-  run = functools.partial(_tpu_kernel, scale=scale, softcap=softcap)
+  run = functools.partial(_tpu_kernel, scale=scale, softcap=softcap,
+                          interpret=backend_of(mesh) != "tpu")
   # rows no call writes (done or empty slots) still run: a length of at least 1 keeps their
   # softmax defined; their outputs are never read
   lengths = jnp.maximum(lengths, 1).astype(jnp.int32)
@@ -127,5 +134,5 @@ def kernel_attention(q, k_pool, v_pool, table, lengths, *, mesh, scale: float,
   return out[:, None].astype(q.dtype)
 
 
-__all__ = ["BLOCK_KEYS", "PAGED_KERNELS", "choose_paged_kernel", "kernel_attention",
-           "read_pages", "runs_kernel", "validate_paged_kernel"]
+__all__ = ["BLOCK_KEYS", "PAGED_KERNELS", "backend_of", "choose_paged_kernel",
+           "kernel_attention", "read_pages", "runs_kernel", "validate_paged_kernel"]

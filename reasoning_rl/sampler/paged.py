@@ -209,8 +209,7 @@ class PagedEngine(Engine):
           f"num_pages={num_pages}: fewer than the {self.pages_per_slot} pages one slot's "
           f"{cache_length} tokens take in pages of {page_size}; raise it")
     self._shared_prefixes = 0
-    mesh = kwargs.get("mesh")
-    backend = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    backend = paged_kernels.backend_of(kwargs.get("mesh"))
     self.kernel = paged_kernels.choose_paged_kernel(kernel, backend=backend, dtype=model.dtype,
                                                      head_dim=model.config.head_dim)
     super().__init__(model, **kwargs)
