@@ -117,12 +117,6 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           or (batch // (mini * micro)) % config.algo.packed_row_factor == 0,
           "algo.packed_row_factor", f"packed rows {config.algo.packed_row_factor} times as long "
           f"must evenly share the {batch // max(mini * micro, 1)} rows of a micro-batch")
-  require(not (config.stage == "rl" and config.algo.truncated_ratio and config.algo.packing
-               and rollout_rescales(config)), "algo.truncated_ratio",
-          "packed batches do not carry the per-row sampling settings the truncated ratio needs, "
-          "and this rollout rescales or truncates (rollout.temperature / top_p / top_k / min_p): "
-          "set algo.packing=False, or algo.truncated_ratio=False to accept the biased "
-          "full-softmax ratio")
   _validate_partial_rollouts(config, require)
   _validate_paged_cache(config, require)
   require(not (r.exact_logprobs and config.environment.name), "rollout.exact_logprobs",

@@ -289,8 +289,8 @@ SECTIONS: tuple[Section, ...] = (
         Field("packing", None, "padding-free training (rl/packing.py): sequences packed into "
               "rows with segment ids; positions a batch's tokens do not reach are skipped and "
               "the vocabulary head runs only at completion tokens. Same loss and gradients. "
-              "None = chosen at start-up (reasoning_rl/step_layout.py): on for RL stages unless "
-              "the truncated ratio needs each row's sampling settings", kind=bool, typed_none=True),
+              "None = chosen at start-up (reasoning_rl/step_layout.py): on for RL stages",
+              kind=bool, typed_none=True),
         Field("packed_row_factor", 1, "k: packed rows are k × (max_prefill_length + "
               "max_new_tokens) long (R / k per micro-batch): long sequences waste less of a "
               "row, attention costs k times more per token", _COUNT),
@@ -308,7 +308,7 @@ SECTIONS: tuple[Section, ...] = (
               "(docs/off_policy.md): π_θ and π_old after the rollout's temperature / top_k / "
               "top_p / min_p, renormalised — exact for the policy actually sampled; False: the "
               "full-softmax ratio, biased when the rollout warps. Applied only when the rollout "
-              "does; not with algo.packing then"),
+              "does (packed rows carry each position's settings)"),
         Field("vf_coef", 0.5, "ppo: value-loss weight (Schulman et al. 2017)", _NON_NEGATIVE),
         Field("value_clip", 0.2, "ppo: value clip ε_v", _POSITIVE),
         Field("gamma", 1.0, "ppo: discount γ (GAE, Schulman et al. 2016)", _FRACTION),

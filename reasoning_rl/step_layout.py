@@ -6,9 +6,7 @@ Left at their defaults, `resolve` picks them at start-up, before anything is bui
 it picked and why:
 
 - `algo.packing=None`: packed rows (padding-free, `rl/packing.py`: the same loss and gradients,
-  padding skipped) for RL stages. Padded rows where packing cannot serve: SFT stages, and a step
-  that rebuilds the rollout's truncation per row (`algo.truncated_ratio` under a rollout that
-  rescales or truncates; packed rows carry no per-row sampling settings).
+  padding skipped) for RL stages; padded rows for SFT stages.
 - `algo.num_micro_batches=0`: the fewest micro-batches (gradient accumulation) that divide the
   mini-batch and whose step fits one device's memory by the planner's estimate
   (`planning.plan`, with its headroom; the sampler's memory counted where it shares the devices).
@@ -32,7 +30,6 @@ from collections.abc import Callable
 
 import ml_collections
 
-from reasoning_rl.config import rollout_rescales
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +77,6 @@ def choose_packing(config: ml_collections.ConfigDict) -> tuple[bool, str]:
   """(packing, why) for a config that leaves it open (module docstring)."""
   if config.stage != "rl":
     return False, f"stage {config.stage!r} trains on padded rows"
-  if config.algo.truncated_ratio and rollout_rescales(config):
-    return False, ("the truncated ratio needs each row's sampling settings, which packed rows "
-                   "do not carry")
   return True, "padding-free rows: the same update, padding skipped"
 
 

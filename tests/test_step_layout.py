@@ -29,10 +29,7 @@ def _open_config(prompts=4, samples=8, prompt=64, completion=64):
 def test_packing_is_chosen_where_it_serves():
   c = _open_config()
   assert step_layout.choose_packing(c)[0] is True
-  c.rollout.top_p = 0.9  # the truncated ratio needs each row's sampling settings
-  packing, why = step_layout.choose_packing(c)
-  assert packing is False and "sampling settings" in why
-  c.algo.truncated_ratio = False
+  c.rollout.top_p = 0.9  # packed rows carry each head position's sampling settings
   assert step_layout.choose_packing(c)[0] is True
   c.stage = "sft"
   assert step_layout.choose_packing(c)[0] is False

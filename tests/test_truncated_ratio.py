@@ -19,7 +19,7 @@ from reasoning_rl.config import validate
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import create_model
-from reasoning_rl.rl import batching, losses
+from reasoning_rl.rl import batching, losses, packing
 from reasoning_rl.rl.logprobs import TRUNCATION_FIELDS, completion_logprobs
 from reasoning_rl.rl.stats import finalize
 from reasoning_rl.rl.step import StepConfig, TrainStep
@@ -274,26 +274,77 @@ def test_build_batch_carries_each_rows_settings_and_sampling_logprobs():
                          completion_length=3, pad_id=0, truncation=True)
 
 
-def test_packing_takes_only_untruncated_rows():
+def test_packing_carries_the_settings_only_where_a_row_truncates():
   groups = [group({"temperature": 1.0, "top_p": 0.9, "top_k": 0, "min_p": 0.0}),
             group({"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0})]
   graphdef, _ = nnx.split(create_model(CONFIG, seed=0))
-  step = TrainStep(graphdef, StepConfig(truncated_ratio=True, packing=True))
+  step = TrainStep(graphdef, StepConfig(truncated_ratio=True, packing=True, logprob_chunk=4))
   build = lambda gs: batching.build_batch(  # noqa: E731
       gs, None, num_groups=1, group_size=2, prompt_length=2, completion_length=3, pad_id=0,
       truncation=True)
-  with pytest.raises(ConfigError, match="algo.packing=False"):
-    step.host_batch(build(groups[:1]))
-  packed = step.host_batch(build(groups[1:]))  # π^W = π for every row: packed without them
+  packed = step.host_batch(build(groups[:1]))
   assert not set(TRUNCATION_FIELDS) & set(packed)
+  top_p = packed["head_sampling_top_p"]
+  assert top_p.shape == packed["head_targets"].shape
+  # the 2 x 2 completion tokens' head positions hold the rows' 0.9, the others the full softmax
+  np.testing.assert_allclose(np.sort(top_p.ravel())[:4], 0.9)
+  assert (np.sort(top_p.ravel())[4:] == 1.0).all()
+  assert ((top_p < 1) == (packed["head_targets"] >= 0)).all()
+  untouched = step.host_batch(build(groups[1:]))  # π^W = π for every row: packed without them
+  assert not (set(TRUNCATION_FIELDS) | set(packing.HEAD_TRUNCATION_FIELDS)) & set(untouched)
+  step = TrainStep(graphdef, StepConfig(truncated_ratio=False, packing=True))
+  assert not set(packing.HEAD_TRUNCATION_FIELDS) & set(step.host_batch(build(groups[:1])))
 
 
-def test_config_refuses_packing_with_a_truncating_rollout():
-  config = debug_config(**{"algo.packing": True, "rollout.temperature": 1.0,
-                           "rollout.top_p": 1.0, "rollout.top_k": 0})
-  validate(config)  # the default rollout samples the model as is: nothing to truncate
-  config.rollout.top_p = 0.9
-  with pytest.raises(ConfigError, match="algo.truncated_ratio"):
-    validate(config)
-  config.algo.truncated_ratio = False
-  validate(config)
+def ragged(batch):
+  """The sampled batch cut to prompts of 1–4 and completions of 1–6 tokens, so that packed rows
+  hold several sequences of different settings."""
+  batch = {k: np.array(v) for k, v in batch.items()}
+  for row, (p, c) in enumerate(zip([4, 1, 2, 3, 4, 2, 1, 3], [6, 2, 3, 6, 1, 4, 5, 2])):
+    batch["attention_mask"][row, :P - p] = 0
+    batch["attention_mask"][row, P + c:] = 0
+    batch["completion_mask"][row, c:] = 0
+  return batch
+
+
+def probed_step(graphdef, params, config, batch):
+  """(the update's gradient as flat float64 leaves, finalized stats): one SGD step at rate 1."""
+  step = TrainStep(graphdef, config)
+  step.optimizer = __import__("optax").sgd(lambda count: 1.0)
+  state, stats = step(step.init_state(jax.tree.map(jnp.copy, params)), step.host_batch(batch))
+  grads = [np.asarray(b, np.float64) - np.asarray(a, np.float64)
+           for b, a in zip(jax.tree.leaves(params), jax.tree.leaves(state.params))]
+  return grads, finalize(jax.device_get(stats))
+
+
+PACKED_CASES = {"one update, 2 micro-batches": dict(num_micro_batches=2),
+                "2 epochs (pi_old from its own forward)": dict(num_iterations=2)}
+
+
+@pytest.mark.parametrize("overrides", PACKED_CASES.values(), ids=PACKED_CASES.keys())
+def test_packed_step_truncates_like_the_padded_step(overrides):
+  """Rows of six different settings (greedy among them) packed together: each head position is
+  truncated with its own sequence's settings, so loss, ratio, mismatch and gradient are the
+  padded step's."""
+  graphdef, params = nnx.split(create_model(CONFIG, seed=0))
+  batch = ragged(sampled_batch(graphdef, params))
+  common = dict(truncated_ratio=True, is_correction="token-truncate", logprob_chunk=4,
+                learning_rate=1.0, **overrides)
+  padded, padded_stats = probed_step(graphdef, params, StepConfig(packing=False, **common), batch)
+  packed, packed_stats = probed_step(graphdef, params, StepConfig(packing=True, **common), batch)
+  scale = max(np.abs(e).max() for e in padded)
+  for a, e in zip(packed, padded, strict=True):
+    np.testing.assert_allclose(a, e, rtol=0, atol=1e-4 * scale)
+  for name in ("loss", "entropy", "ratio/min", "ratio/max", "mismatch/truncated/abs_log_diff",
+               "mismatch/full/abs_log_diff", "tis/weight"):
+    np.testing.assert_allclose(packed_stats[name], padded_stats[name], rtol=1e-4, atol=1e-6)
+  # the settings matter: the full-softmax ratio on the same packed rows is another update
+  full, _ = probed_step(graphdef, params,
+                        StepConfig(packing=True, **{**common, "truncated_ratio": False}), batch)
+  assert max(np.abs(f - e).max() for f, e in zip(full, padded)) > 1e-2 * scale
+
+
+def test_config_accepts_packing_with_a_truncating_rollout():
+  config = debug_config(**{"algo.packing": True, "rollout.top_p": 0.9,
+                           "rollout.temperature": 0.7})
+  validate(config)  # the packed rows carry each head position's settings

@@ -99,7 +99,10 @@ def pad_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[in
 
 
 # Sampling settings under which the sampler draws from the model's own distribution.
-_UNTRUNCATED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+UNTRUNCATED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+# The batch's per-row sampling settings [B] that `algo.truncated_ratio` reads, in the order
+# `reasoning_rl.sampler.sampling.truncated_logprobs` takes them.
+TRUNCATION_FIELDS = tuple(f"sampling_{name}" for name in UNTRUNCATED)
 
 
 def build_batch(groups: Sequence[ScoredGroup], advantages: np.ndarray | None, *, num_groups: int,
@@ -148,7 +151,7 @@ def build_batch(groups: Sequence[ScoredGroup], advantages: np.ndarray | None, *,
     batch["rewards"] = rewards.reshape(-1)
   if truncation:
     settings = {name: np.full(rows, value, np.int32 if name == "top_k" else np.float32)
-                for name, value in _UNTRUNCATED.items()}
+                for name, value in UNTRUNCATED.items()}
     behavior_rows = []
     for g, group in enumerate(groups):
       if group.sampling is None or group.sampling_logprobs is None:
@@ -156,7 +159,7 @@ def build_batch(groups: Sequence[ScoredGroup], advantages: np.ndarray | None, *,
                          "which truncation=True (algo.truncated_ratio) needs: collect it with "
                          "loop.rollouts.RolloutCollector, which records them")
       for name, values in settings.items():
-        values[g * group_size:(g + 1) * group_size] = group.sampling.get(name, _UNTRUNCATED[name])
+        values[g * group_size:(g + 1) * group_size] = group.sampling.get(name, UNTRUNCATED[name])
       greedy = group.sampling["temperature"] <= 0
       behavior_rows += group.logprobs if greedy else group.sampling_logprobs
     for name, values in settings.items():

@@ -16,7 +16,8 @@ settings (`TRUNCATION_FIELDS`), `completion_logprobs` returns log π^W — the l
 under the distribution the sampler draws from (temperature, top-k, top-p, min-p, renormalised),
 rebuilt on the trainer's own logits by `reasoning_rl.sampler.sampling.truncated_logprobs` — and,
 alongside, the full-softmax log-prob (for the mismatch metrics). The entropy stays the full
-softmax's.
+softmax's. Packed rows carry the settings per head position (`packing.HEAD_TRUNCATION_FIELDS`,
+each its sequence's): one packed row may hold sequences sampled under different settings.
 """
 
 from __future__ import annotations
@@ -25,12 +26,9 @@ import jax
 import jax.numpy as jnp
 
 from reasoning_rl.models.transformer import Transformer
+from reasoning_rl.rl.batching import TRUNCATION_FIELDS  # noqa: F401 (where the step reads it)
 from reasoning_rl.sampler.sampling import THRESHOLD_NAME, truncated_logprobs
 
-# The batch's per-row sampling settings [B] that `algo.truncated_ratio` reads, in the order
-# `truncated_logprobs` takes them (written by `reasoning_rl.rl.batching.build_batch`).
-TRUNCATION_FIELDS = ("sampling_temperature", "sampling_top_p", "sampling_top_k",
-                     "sampling_min_p")
 
 
 def _chunk_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array,
@@ -115,13 +113,13 @@ def head_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array, chu
   policy = (None if truncation is None
             else jax.checkpoint_policies.save_only_these_names(THRESHOLD_NAME))
   project = jax.checkpoint(lambda args: _chunk_logprobs(model, *args), policy=policy)
-  if truncation is not None and skip_empty:
-    raise ValueError("truncated log-probs are not available for packed rows")
   if skip_empty:
+    outputs = 2 if truncation is None else 3
+
     def one_chunk(args):
-      empty = jnp.zeros(args[1].shape, jnp.float32)
-      return jax.lax.cond(jnp.any(args[1] >= 0), project, lambda _: (empty, empty),
-                          (args[0], jnp.maximum(args[1], 0)))
+      empty = (jnp.zeros(args[1].shape, jnp.float32),) * outputs
+      return jax.lax.cond(jnp.any(args[1] >= 0), project, lambda _: empty,
+                          (args[0], jnp.maximum(args[1], 0), *args[2:]))
   else:
     one_chunk = project
   outputs = jax.lax.map(one_chunk, inputs)
@@ -129,7 +127,7 @@ def head_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array, chu
 
 
 def packed_completion_logprobs(model: Transformer, packed, *, return_hidden: bool = False,
-                               remat: bool = False):
+                               remat: bool = False, truncation=None):
   """`completion_logprobs` of one packed micro-batch (`reasoning_rl.rl.packing`).
 
   The transformer runs on the packed rows [R, W] (segment ids keep sequences apart). The
@@ -138,8 +136,13 @@ def packed_completion_logprobs(model: Transformer, packed, *, return_hidden: boo
   on the device) and sets the chunk size; chunks without any are skipped. The results are then laid out per sequence, [N, T]
   (`token_index`), where the losses read them.
 
-  Returns (logprobs [N, T], entropy [N, T]) float32 (+ the hidden states at those positions,
-  [N, T, D], when asked); padding positions hold 0.
+  `truncation`: None, or the four sampling settings per head position, each shaped like
+  `head_targets` (`packing.HEAD_TRUNCATION_FIELDS`); then the log-probs are log π^W, and the
+  full-softmax ones follow the entropy, as in `completion_logprobs`.
+
+  Returns (logprobs [N, T], entropy [N, T]) float32 (+ with `truncation` the full-softmax
+  log-probs [N, T]) (+ the hidden states at those positions, [N, T, D], when asked); padding
+  positions hold 0.
   """
   hidden = model.hidden_states(packed["tokens"], positions=packed["positions"],
                                segment_ids=packed["segment_ids"], remat=remat)
@@ -148,12 +151,15 @@ def packed_completion_logprobs(model: Transformer, packed, *, return_hidden: boo
   hidden = hidden.reshape(groups, rows // groups * width, dim)
   head_index = packed["head_index"].reshape(groups, -1)
   hidden = jnp.take_along_axis(hidden, head_index[..., None], axis=1)  # [G, H, D]
-  logprobs, entropy = head_logprobs(model, hidden, packed["head_targets"].reshape(groups, -1),
-                                    chunk, skip_empty=True)
+  if truncation is not None:
+    truncation = tuple(x.reshape(groups, -1) for x in truncation)
+  out = head_logprobs(model, hidden, packed["head_targets"].reshape(groups, -1), chunk,
+                      skip_empty=True, truncation=truncation)
   per_sequence = lambda x: unpack_tokens(x, packed["token_index"])
+  out = tuple(per_sequence(x) for x in out)
   if return_hidden:
-    return per_sequence(logprobs), per_sequence(entropy), per_sequence(hidden)
-  return per_sequence(logprobs), per_sequence(entropy)
+    return (*out, per_sequence(hidden))
+  return out
 
 
 def unpack_tokens(values: jax.Array, token_index: jax.Array) -> jax.Array:

@@ -20,6 +20,9 @@ of a run (the step compiles once) and work that follows the real token count:
   lists them, `head_targets` holds the tokens (−1 past the end; the step skips chunks of the head
   that hold none). `token_index` [N, T] then lays the results out per sequence for the losses,
   which keep their [N, T] form (N sequence slots per micro-batch).
+- Sampling settings (`algo.truncated_ratio`): a padded batch's per-row settings become
+  per-head-position ones (`HEAD_TRUNCATION_FIELDS`, laid out as `head_targets`), since one packed
+  row may hold sequences sampled with different settings.
 
 Leaves are [rows | groups | slots, S, …] with S = M·m slices (mini-batch k's micro-batch j is slice
 k·m + j): the leading axis is the one sharded over the trainer's data devices (G of them). Each
@@ -36,6 +39,12 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+
+from reasoning_rl.rl.batching import TRUNCATION_FIELDS, UNTRUNCATED
+
+# A padded batch's sampling settings in a packed one: per head position, laid out as
+# `head_targets`; a position without a sequence holds the untruncated settings.
+HEAD_TRUNCATION_FIELDS = tuple(f"head_{name}" for name in TRUNCATION_FIELDS)
 
 SEQUENCE_FIELDS = ("completion_mask", "advantages", "rewards", "behavior_logprobs")
 
@@ -73,7 +82,8 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
 
   Args:
     batch: `batching.build_batch`'s arrays: tokens, attention_mask [B, P + T], completion_mask
-      [B, T], advantages [B] and optionally rewards [B], behavior_logprobs [B, T].
+      [B, T], advantages [B] and optionally rewards [B], behavior_logprobs [B, T] and the
+      sampling settings (`TRUNCATION_FIELDS`, [B] each; packed per head position).
     num_mini_batches, num_micro_batches: M and m of the step; B must be divisible by M·m.
     row_factor: k, packed rows hold k padded rows' positions (k·W), R / k of them per
       micro-batch: the same positions per micro-batch, and long sequences leave less unusable
@@ -135,6 +145,12 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
     if name in batch:
       value = np.asarray(batch[name])
       out[name] = np.zeros((num_slots, num_slices, *value.shape[1:]), value.dtype)
+  settings = [(name, head_name, default) for name, head_name, default
+              in zip(TRUNCATION_FIELDS, HEAD_TRUNCATION_FIELDS, UNTRUNCATED.values())
+              if name in batch]
+  for name, head_name, default in settings:
+    out[head_name] = np.full((row_groups, num_slices, group_width), default,
+                             np.asarray(batch[name]).dtype)
   row_of_slot = np.full((num_slices, num_slots), -1, np.int64)
   for s, rows in enumerate(slices):
     slot = 0
@@ -155,6 +171,8 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
         out["head_index"][group, s, head] = (
             row_in_group * width + start + n_prompt - 1 + np.arange(n_completion))
         out["head_targets"][group, s, head] = sequence[n_prompt:]
+        for name, head_name, _ in settings:
+          out[head_name][group, s, head] = batch[name][i]
         out["token_index"][slot, s, :n_completion] = group * group_width + np.arange(
             head.start, head.stop)
         for name in SEQUENCE_FIELDS:
@@ -164,7 +182,7 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
         start += len(sequence)
         heads[group] += n_completion
         slot += 1
-  for name in ("head_index", "head_targets"):
+  for name in ("head_index", "head_targets", *(head_name for _, head_name, _ in settings)):
     out[name] = out[name].reshape(row_groups, num_slices, -1, head_chunk)
   layout = PackedLayout(row_of_slot=row_of_slot, micro_batches_used=np.array(used),
                         tokens=int(sum(lengths)), rows=sum(len(rows) for rows in slices))

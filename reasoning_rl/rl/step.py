@@ -152,9 +152,10 @@ class StepConfig:
     LoRA adapters (float32 masters) are cast to it for the forward pass; None = no casts.
   truncated_ratio: π_θ and π_old are the sampler's truncated, renormalised distribution π^W
     (module docstring, docs/off_policy.md); padded batches must then carry each row's sampling
-    settings (`reasoning_rl.rl.logprobs.TRUNCATION_FIELDS`). Packed batches carry none:
-    `host_batch` packs only batches whose every row samples the model's own distribution, where
-    π^W = π exactly, and refuses the others.
+    settings (`reasoning_rl.rl.batching.TRUNCATION_FIELDS`), packed ones each head position's
+    (`packing.HEAD_TRUNCATION_FIELDS`). `host_batch` packs them only where some row's sampling
+    distribution is not the model's own: elsewhere π^W = π exactly, and the full softmax is
+    cheaper (no sort of the vocabulary).
   old_logprobs_from_sampler: the batch's behavior_logprobs are π_old itself, bit for bit
     (`rollout.exact_logprobs` with synchronous rollouts: the sampler reported the canonical
     forward's log-probs at these very weights, `reasoning_rl.sampler.exact`), so where the step
@@ -239,11 +240,15 @@ class StepConfig:
     return "none", self.is_threshold
 
   def truncation(self, batch) -> tuple | None:
-    """The per-row sampling settings the log-probs are truncated with, or None (full softmax):
-    with `truncated_ratio`, a padded batch must carry them; a packed one never does (`host_batch`
-    packs only rows whose sampling distribution is the model's own, π^W = π)."""
-    if not self.truncated_ratio or self.algorithm == "sft" or packing.is_packed(batch):
+    """The sampling settings the log-probs are truncated with, or None (full softmax): with
+    `truncated_ratio`, a padded batch must carry each row's; a packed one carries each head
+    position's where some row truncates or rescales (`host_batch`), and none where π^W = π."""
+    if not self.truncated_ratio or self.algorithm == "sft":
       return None
+    if packing.is_packed(batch):
+      if not all(name in batch for name in packing.HEAD_TRUNCATION_FIELDS):
+        return None
+      return tuple(batch[name] for name in packing.HEAD_TRUNCATION_FIELDS)
     missing = [name for name in TRUNCATION_FIELDS if name not in batch]
     if missing:
       raise ConfigError(
@@ -356,23 +361,20 @@ def _no_stats(shapes) -> stats_lib.Stats:
   return out
 
 
-def _untruncated(batch: dict) -> dict:
-  """The padded batch without its sampling settings, for packing: refused (ConfigError) unless
-  every row's sampling distribution is the model's own (temperature 1 or greedy, no filter), where
-  the truncated log-probs equal the full-softmax ones exactly."""
+def _settings_to_pack(batch: dict, truncated_ratio: bool) -> dict:
+  """The padded batch, for packing, with its sampling settings only where the packed step needs
+  them: `truncated_ratio` on and some row's sampling distribution not the model's own. Where
+  every row samples the model as is (temperature 1 or greedy, no filter), the truncated log-probs
+  equal the full-softmax ones exactly, and the step skips the truncation's vocabulary sort."""
   if not all(name in batch for name in TRUNCATION_FIELDS):
     return batch
-  temperature, top_p, top_k, min_p = (np.asarray(batch[name]) for name in TRUNCATION_FIELDS)
-  rows = np.asarray(batch["completion_mask"]).any(axis=-1)
-  untouched = (((temperature == 1.0) | (temperature <= 0)) & (top_p >= 1.0) & (top_k <= 0)
-               & (min_p <= 0))
-  if not untouched[rows].all():
-    raise ConfigError(
-        "config.algo.truncated_ratio=True with config.algo.packing=True: packed batches do not "
-        "carry the per-row sampling settings, and these rollouts truncate or rescale the "
-        "model's distribution (rollout.temperature / top_p / top_k / min_p): set "
-        "algo.packing=False, or algo.truncated_ratio=False to train with the biased "
-        "full-softmax ratio")
+  if truncated_ratio:
+    temperature, top_p, top_k, min_p = (np.asarray(batch[name]) for name in TRUNCATION_FIELDS)
+    rows = np.asarray(batch["completion_mask"]).any(axis=-1)
+    untouched = (((temperature == 1.0) | (temperature <= 0)) & (top_p >= 1.0) & (top_k <= 0)
+                 & (min_p <= 0))
+    if not untouched[rows].all():
+      return batch
   return {k: v for k, v in batch.items() if k not in TRUNCATION_FIELDS}
 
 
@@ -463,8 +465,8 @@ class TrainStep:
     the padded rows (`packing.unpack_sequences`, for per-sequence outputs); None when padded."""
     if not self.config.packing:
       return batch, None
-    if self.config.truncated_ratio and self.config.algorithm != "sft":
-      batch = _untruncated(batch)
+    batch = _settings_to_pack(batch, self.config.truncated_ratio
+                              and self.config.algorithm != "sft")
     devices = 1
     if self.mesh is not None:
       devices = self.mesh.shape.get("data", 1) * self.mesh.shape.get("fsdp", 1)
@@ -526,9 +528,10 @@ class TrainStep:
 
   def _logprobs(self, model, micro, *, return_hidden=False, remat=False, truncation=None):
     """Completion log-probs and entropies [N, T] of a padded or a packed micro-batch (with
-    `truncation`, a padded one's: log π^W, entropy, then the full-softmax log-probs)."""
+    `truncation`, its sampling settings: log π^W, entropy, then the full-softmax log-probs)."""
     if packing.is_packed(micro):  # its head chunks come with it (`TrainStep.host_batch`)
-      return packed_completion_logprobs(model, micro, return_hidden=return_hidden, remat=remat)
+      return packed_completion_logprobs(model, micro, return_hidden=return_hidden, remat=remat,
+                                        truncation=truncation)
     return completion_logprobs(model, micro["tokens"], micro["attention_mask"],
                                micro["completion_mask"].shape[1],
                                chunk_size=self.config.logprob_chunk,
@@ -575,7 +578,7 @@ class TrainStep:
         is_correction=is_correction, is_threshold=is_threshold, entropy=entropy,
         entropy_coef=c.entropy_coef, max_completion_length=c.max_completion_length,
         **normalizers)
-    if c.truncated_ratio and behavior_logprobs is not None and not packing.is_packed(micro):
+    if c.truncated_ratio and behavior_logprobs is not None:
       stats = dict(stats, **losses.truncation_mismatch_stats(
           jax.lax.stop_gradient(full_logprobs), jax.lax.stop_gradient(logprobs),
           behavior_logprobs, micro["completion_mask"]))
@@ -613,7 +616,8 @@ class TrainStep:
                      "token_index") if packing.is_packed(batch) else ("tokens", "attention_mask"))
     inputs = {k: batch[k] for k in (*model_inputs, "completion_mask")}
     if c.truncation(batch) is not None:  # π_old truncated like π_θ: each row's settings
-      inputs.update({k: batch[k] for k in TRUNCATION_FIELDS})
+      inputs.update({k: batch[k] for k in (packing.HEAD_TRUNCATION_FIELDS if packing.is_packed(
+          batch) else TRUNCATION_FIELDS)})
 
     def forward(micro):
       out = {}
