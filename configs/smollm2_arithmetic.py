@@ -32,7 +32,7 @@ def smollm2_path() -> str:
 
 def get_config():
   c = base_config()
-  c.total_steps = 40
+  c.total_steps = 30
   c.model.path = smollm2_path()
   c.data.train = dict(kind="reasoning_gym", name="basic_arithmetic", seed=1, size=100_000,
                       params=ARITHMETIC)
