@@ -103,7 +103,6 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
@@ -153,9 +152,9 @@ class StepConfig:
   truncated_ratio: π_θ and π_old are the sampler's truncated, renormalised distribution π^W
     (module docstring, docs/off_policy.md); padded batches must then carry each row's sampling
     settings (`reasoning_rl.rl.batching.TRUNCATION_FIELDS`), packed ones each head position's
-    (`packing.HEAD_TRUNCATION_FIELDS`). `host_batch` packs them only where some row's sampling
-    distribution is not the model's own: elsewhere π^W = π exactly, and the full softmax is
-    cheaper (no sort of the vocabulary).
+    (`packing.HEAD_TRUNCATION_FIELDS`, which `host_batch` writes). A run sets it only where the
+    rollout warps (`config.rollout_rescales`): elsewhere π^W = π exactly, and the full softmax
+    is cheaper (no sort of the vocabulary).
   old_logprobs_from_sampler: the batch's behavior_logprobs are π_old itself, bit for bit
     (`rollout.exact_logprobs` with synchronous rollouts: the sampler reported the canonical
     forward's log-probs at these very weights, `reasoning_rl.sampler.exact`), so where the step
@@ -241,8 +240,8 @@ class StepConfig:
 
   def truncation(self, batch) -> tuple | None:
     """The sampling settings the log-probs are truncated with, or None (full softmax): with
-    `truncated_ratio`, a padded batch must carry each row's; a packed one carries each head
-    position's where some row truncates or rescales (`host_batch`), and none where π^W = π."""
+    `truncated_ratio`, a padded batch must carry each row's, a packed one each head position's
+    (`host_batch`); a packed batch without them is read with the full softmax."""
     if not self.truncated_ratio or self.algorithm == "sft":
       return None
     if packing.is_packed(batch):
@@ -362,19 +361,13 @@ def _no_stats(shapes) -> stats_lib.Stats:
 
 
 def _settings_to_pack(batch: dict, truncated_ratio: bool) -> dict:
-  """The padded batch, for packing, with its sampling settings only where the packed step needs
-  them: `truncated_ratio` on and some row's sampling distribution not the model's own. Where
-  every row samples the model as is (temperature 1 or greedy, no filter), the truncated log-probs
-  equal the full-softmax ones exactly, and the step skips the truncation's vocabulary sort."""
-  if not all(name in batch for name in TRUNCATION_FIELDS):
+  """The padded batch, for packing, with its sampling settings only where the step truncates
+  (`truncated_ratio`, which a run turns on only under a rollout that warps). The choice follows
+  the config, never the rows: a batch of a run always has the same arrays, or the compiled step
+  would refuse the next one (a batch of fully masked rows, where dynamic sampling came up short,
+  has no settings to read)."""
+  if truncated_ratio or not all(name in batch for name in TRUNCATION_FIELDS):
     return batch
-  if truncated_ratio:
-    temperature, top_p, top_k, min_p = (np.asarray(batch[name]) for name in TRUNCATION_FIELDS)
-    rows = np.asarray(batch["completion_mask"]).any(axis=-1)
-    untouched = (((temperature == 1.0) | (temperature <= 0)) & (top_p >= 1.0) & (top_k <= 0)
-                 & (min_p <= 0))
-    if not untouched[rows].all():
-      return batch
   return {k: v for k, v in batch.items() if k not in TRUNCATION_FIELDS}
 
 

@@ -1,0 +1,42 @@
+"""A second task for the CPU demo's model: GRPO on SmolLM2-135M-Instruct for reasoning-gym
+number_format.
+
+Pick the largest or the smallest of 2–3 numbers from 1 to 1000 written in different notations
+("pick the smallest number of the following candidates: 5.619080000000000e+02 556.269"): reading
+scientific notation and comparing magnitudes, not arithmetic. Everything else is the arithmetic
+demo (configs/smollm2_arithmetic.py): free-text answers read by the math verifier
+(`extract="final_answer"`; the answer may be written in any notation of the same value), 4
+prompts × 8 samples, held-out 100 examples greedy under the task's own wording and two
+rewordings. Prompts run ~100 tokens in the chat template.
+
+Untrained, greedy, 100 held-out, 128 new tokens: 23 %, completions of 30 tokens on average (1 %
+cut at 128), so 64 new tokens leave room. Picking one candidate at random would score ~42 % (a
+half or a third per question), so the held-out accuracy is read beside how often the answer is
+one of the candidates at all, and how often that candidate is the right one
+(benchmarks/RESULTS.md).
+
+  python launch/train.py --config=configs/smollm2_number_format.py --config.workdir=runs/nf
+"""
+
+from configs import smollm2_arithmetic
+
+NUMBER_FORMAT = dict(min_num_candidates=2, max_num_candidates=3, min_n=1, max_n=1000)
+
+
+def get_config():
+  c = smollm2_arithmetic.get_config()
+  c.total_steps = 40
+  c.data.train = dict(kind="reasoning_gym", name="number_format", seed=1, size=100_000,
+                      params=NUMBER_FORMAT)
+  c.data.eval = dict(kind="reasoning_gym", name="number_format", seed=987_654, size=100,
+                     params=NUMBER_FORMAT)
+  c.rollout.max_prefill_length = 160
+  c.eval.canaries = ("Your task is to pick the largest/smallest number out of several options."
+                     "\n\nYour output should be only the number of interest.\n\nNow, pick the "
+                     "largest number of the following candidates: 3.512000000000000e+01 "
+                     "29.870000\n",)
+  c.eval.instruction_variants = (
+      "Compare the numbers below and answer with the one asked for.\n\n{prompt}",
+      "{prompt}\nThink it through, then finish with: The answer is <number>.",
+  )
+  return c
