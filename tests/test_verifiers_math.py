@@ -382,6 +382,9 @@ def test_several_candidates_answer_a_set(response, truth, expected):
     ("1 000", "1000", True), ("12 345 678", "12345678", True), ("41 420", "41420", True),
     ("1000,99", "1000.99", True), ("41,42", "41.42", True), ("41,42", "42", False),
     (r"1 - \frac{1}{\mathrm{e}}", r"1 - \frac{1}{e}", True), (r"x \in [-2,7]", "[-2, 7]", True),
+    # scientific notation as programs print it: the number, not a product with Euler's e
+    ("5.619080000000000e+02", "561.908", True), ("1e-3", "0.001", True), ("-2.5E+01", "-25", True),
+    ("5.6e+02", "561.908", False), ("2e", "2", False),
 ])
 def test_number_notations(answer, truth, expected):
   assert is_correct(_respond(answer), truth) is expected

@@ -30,6 +30,7 @@ absurd are still refused before evaluation, so they cost no helper restart.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import functools
 import importlib.metadata
 import logging
@@ -45,7 +46,7 @@ from reasoning_rl.verifiers.final_answer import (  # noqa: F401  (published here
     MAX_ANSWER_CHARS, FinalAnswer, boxed_contents, read_final_answer)
 from reasoning_rl.verifiers.format import tag_contents
 
-MATH_VERIFIER_VERSION = "math-3+math_verify-" + importlib.metadata.version("math-verify")
+MATH_VERIFIER_VERSION = "math-4+math_verify-" + importlib.metadata.version("math-verify")
 
 EXTRACT_MODES = ("answer_or_boxed", "answer", "boxed", "last_number", "final_answer")
 # A signed integer or decimal, with optional thousands separators: the final number of free-form
@@ -145,13 +146,18 @@ _LATEX_SPACE = re.compile(r"\\(?:quad|qquad|[,;:! ])|~")
 # Logical "or" that math-verify does not turn into a set: "x = 41 \lor x = 42" parses as 42.
 _DISJUNCTION = re.compile(r"\\(?:lor|vee|parallel)(?![A-Za-z])|\|\|")
 _NUMERIC_LITERAL = re.compile(r"\d+(?:[.,]\d+)*")
+# Scientific notation as programs print it ("5.619080000000000e+02", "1e-3"), which math-verify
+# reads as a product with Euler's number e.
+_E_NOTATION = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?[eE][+-]?\d{1,3}(?![\w.])")
 
 
 def _clean_for_parsing(candidate: str) -> str:
   """Before parsing: thousands written with (LaTeX) spaces as plain digits ("1\\,000", "1 000" →
-  "1000") and upright single letters as letters ("\\mathrm{x}" → "x"). Not a canonical form (that
-  is `evaluation.normalise_answer`, for voting): only what math-verify would misread."""
+  "1000"), upright single letters as letters ("\\mathrm{x}" → "x") and scientific notation
+  written out ("5.6e+02" → "560"). Not a canonical form (that is `evaluation.normalise_answer`,
+  for voting): only what math-verify would misread."""
   candidate = _UPRIGHT_LETTER.sub(r"\1", _THOUSANDS_SPACE.sub("", candidate))
+  candidate = _E_NOTATION.sub(lambda m: format(decimal.Decimal(m.group()), "f"), candidate)
   return _THOUSANDS_PLAIN_SPACE.sub(lambda m: m.group().replace(" ", ""), candidate)
 
 
