@@ -2,6 +2,7 @@
 
 Usage: python -m benchmarks.packing [--repeats 3] [--rows 32] [--prompt_length 64]
          [--completion_length 128] [--micro_batches 4] [--betas 0,0.04] [--seed 0]
+         [--temperature 1.0]
 
 The batch is an RL batch of the CPU demo's shape: `rows` completions of a `completion_length`
 budget after prompts left-padded to `prompt_length`; prompt lengths 30–45 tokens (the demo's chat
@@ -11,7 +12,9 @@ rest uniform in 8 … budget), random token ids. Each layout runs the same batch
 `repeats` times, interleaved padded / packed so load on the machine hits both alike; the table
 gives medians, the positions each layout computes (rows × width of the micro-batches it runs),
 the positions the vocabulary head projects (whole chunks when packed), and the loss of
-both (equal to float tolerance: the same update).
+both (equal to float tolerance: the same update). With `--temperature` other than 1 the rows
+were sampled at that temperature: the batch carries each row's sampling settings and the step
+rebuilds them (`algo.truncated_ratio`), padded rows per row, packed rows per head position.
 """
 
 from __future__ import annotations
@@ -40,8 +43,14 @@ def ragged_batch(args, vocab_size: int):
     tokens[row, p - n_p:p + n_c] = rng.randint(1, vocab_size, n_p + n_c)
     attention[row, p - n_p:p + n_c] = 1
     completion[row, :n_c] = 1
-  return {"tokens": tokens, "attention_mask": attention, "completion_mask": completion,
-          "advantages": rng.randn(rows).astype(np.float32)}
+  batch = {"tokens": tokens, "attention_mask": attention, "completion_mask": completion,
+           "advantages": rng.randn(rows).astype(np.float32)}
+  if args.temperature != 1.0:  # what batching.build_batch(..., truncation=True) adds
+    batch.update(sampling_temperature=np.full(rows, args.temperature, np.float32),
+                 sampling_top_p=np.ones(rows, np.float32), sampling_top_k=np.zeros(rows, np.int32),
+                 sampling_min_p=np.zeros(rows, np.float32),
+                 behavior_logprobs=(-rng.rand(rows, t) * completion).astype(np.float32))
+  return batch
 
 
 def main():
@@ -54,6 +63,8 @@ def main():
   parser.add_argument("--betas", default="0,0.04")
   parser.add_argument("--row_factors", default="1,2", help="packed_row_factor values to run")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--temperature", type=float, default=1.0,
+                      help="the rows' sampling temperature (not 1: the truncated ratio)")
   args = parser.parse_args()
 
   from reasoning_rl.host_memory import keep_freed_memory
@@ -69,7 +80,8 @@ def main():
   real = int(batch["attention_mask"].sum())
   print(f"SmolLM2-135M, {args.rows} rows of {args.prompt_length} + {args.completion_length}, "
         f"{real:,} real tokens ({batch['completion_mask'].sum():,} completion tokens), "
-        f"jax {jax.__version__}, {args.repeats} timed runs per layout (medians)")
+        f"sampled at temperature {args.temperature:g}, jax {jax.__version__}, {args.repeats} "
+        "timed runs per layout (medians)")
   print("| β | m | layout | s / step | micro-batches run | positions computed | head positions "
         "| loss |")
   print("|---|---|---|---|---|---|---|---|")
@@ -81,7 +93,8 @@ def main():
       steps, runs = {}, {}
       for name, factor in layouts:
         config = StepConfig(beta=beta, learning_rate=1e-6, num_micro_batches=micro,
-                            packing=factor > 0, packed_row_factor=max(factor, 1))
+                            packing=factor > 0, packed_row_factor=max(factor, 1),
+                            truncated_ratio=args.temperature != 1.0)
         step = TrainStep(graphdef, config)
         copy = lambda: jax.tree.map(lambda x: x.copy(), params)
         state = step.init_state(copy(), ref_params=copy() if beta > 0 else None)
