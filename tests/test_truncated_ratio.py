@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from reasoning_rl import sharding
 from reasoning_rl.config import validate
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.config import ModelConfig
@@ -309,22 +310,26 @@ def ragged(batch):
   return batch
 
 
-def probed_step(graphdef, params, config, batch):
+def probed_step(graphdef, params, config, batch, mesh=None):
   """(the update's gradient as flat float64 leaves, finalized stats): one SGD step at rate 1."""
-  step = TrainStep(graphdef, config)
+  step = TrainStep(graphdef, config, mesh)
   step.optimizer = __import__("optax").sgd(lambda count: 1.0)
-  state, stats = step(step.init_state(jax.tree.map(jnp.copy, params)), step.host_batch(batch))
+  start = jax.tree.map(jnp.copy, params)
+  if mesh is not None:
+    start = sharding.reshard(start, sharding.param_shardings(start, mesh))
+  state, stats = step(step.init_state(start), step.host_batch(batch))
   grads = [np.asarray(b, np.float64) - np.asarray(a, np.float64)
            for b, a in zip(jax.tree.leaves(params), jax.tree.leaves(state.params))]
   return grads, finalize(jax.device_get(stats))
 
 
-PACKED_CASES = {"one update, 2 micro-batches": dict(num_micro_batches=2),
-                "2 epochs (pi_old from its own forward)": dict(num_iterations=2)}
+PACKED_CASES = {"one update, 2 micro-batches": (dict(num_micro_batches=2), None),
+                "2 epochs (pi_old from its own forward)": (dict(num_iterations=2), None),
+                "2 data x 4 tensor devices": (dict(), {"data": 2, "fsdp": 1, "tensor": 4})}
 
 
-@pytest.mark.parametrize("overrides", PACKED_CASES.values(), ids=PACKED_CASES.keys())
-def test_packed_step_truncates_like_the_padded_step(overrides):
+@pytest.mark.parametrize("overrides, mesh_shape", PACKED_CASES.values(), ids=PACKED_CASES.keys())
+def test_packed_step_truncates_like_the_padded_step(overrides, mesh_shape):
   """Rows of six different settings (greedy among them) packed together: each head position is
   truncated with its own sequence's settings, so loss, ratio, mismatch and gradient are the
   padded step's."""
@@ -333,13 +338,17 @@ def test_packed_step_truncates_like_the_padded_step(overrides):
   common = dict(truncated_ratio=True, is_correction="token-truncate", logprob_chunk=4,
                 learning_rate=1.0, **overrides)
   padded, padded_stats = probed_step(graphdef, params, StepConfig(packing=False, **common), batch)
-  packed, packed_stats = probed_step(graphdef, params, StepConfig(packing=True, **common), batch)
+  mesh = sharding.make_mesh(mesh_shape) if mesh_shape else None
+  packed, packed_stats = probed_step(graphdef, params, StepConfig(packing=True, **common), batch,
+                                     mesh)
   scale = max(np.abs(e).max() for e in padded)
   for a, e in zip(packed, padded, strict=True):
     np.testing.assert_allclose(a, e, rtol=0, atol=1e-4 * scale)
   for name in ("loss", "entropy", "ratio/min", "ratio/max", "mismatch/truncated/abs_log_diff",
                "mismatch/full/abs_log_diff", "tis/weight"):
     np.testing.assert_allclose(packed_stats[name], padded_stats[name], rtol=1e-4, atol=1e-6)
+  if mesh is not None:
+    return
   # the settings matter: the full-softmax ratio on the same packed rows is another update
   full, _ = probed_step(graphdef, params,
                         StepConfig(packing=True, **{**common, "truncated_ratio": False}), batch)
