@@ -23,7 +23,7 @@ from reasoning_rl.rl import losses
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.stats import finalize
-from reasoning_rl.rl.step import StepConfig, TrainStep
+from reasoning_rl.rl.step import StepConfig, TrainStep, applied_updates
 
 CONFIG = ModelConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, attention_bias=True)
@@ -213,6 +213,25 @@ def test_non_finite_loss_skips_the_update():
   assert int(state.skipped_updates) == 1 and stats["skipped_update"] == 1.0
   for a, b in zip(before, flat_params(state)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_an_update_without_completion_tokens_moves_nothing():
+  """After a real update AdamW has momentum; a batch with no completion token (dynamic sampling
+  came back empty) would still move every weight along it. It is not applied, nor skipped."""
+  graphdef, params = fresh_params()
+  step = TrainStep(graphdef, StepConfig(learning_rate=1e-2))
+  state, _ = step(step.init_state(params), make_batch())
+  after_first = [np.asarray(x) for x in flat_params(state)]
+  count = int(applied_updates(state.opt_state))
+  empty = make_batch(1)
+  empty["completion_mask"] = jnp.zeros_like(empty["completion_mask"])
+  state, stats = step(state, empty)
+  for a, b in zip(after_first, flat_params(state)):
+    np.testing.assert_array_equal(a, b)
+  assert int(applied_updates(state.opt_state)) == count == 1
+  assert int(state.skipped_updates) == 0 and float(stats["skipped_update"][0]) == 0.0
+  state, _ = step(state, make_batch(1))  # a batch with tokens moves them again
+  assert any((a != b).any() for a, b in zip(after_first, flat_params(state)))
 
 
 # ------------------------------------------------------------------------------ learning

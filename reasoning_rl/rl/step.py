@@ -92,7 +92,9 @@ adapters are float32 masters too, cast to `compute_dtype` where the forward pass
 model casts its own kernels; qwix's adapter product would otherwise promote the activations).
 
 A non-finite loss or gradient norm skips the update (parameters and optimizer state unchanged) and
-counts it in `state.skipped_updates` and the `skipped_update` stat; it is never applied.
+counts it in `state.skipped_updates` and the `skipped_update` stat; it is never applied. An update
+over rows without a completion token (a batch left empty by dynamic sampling) is not applied
+either, nor counted as skipped: AdamW would move the weights along its momentum with no data.
 """
 
 from __future__ import annotations
@@ -726,6 +728,9 @@ class TrainStep:
 
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    # An update over no completion token (dynamic sampling came back with no group of mixed
+    # rewards) is not applied either: AdamW would still move every weight along its momentum.
+    applied = finite & jnp.any(batch["completion_mask"] > 0)
     safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
     updates, new_opt_state = self.optimizer.update(safe_grads, state.opt_state, trainable)
     # float32 gradients meeting bfloat16 moments promote them: keep each leaf's dtype (the
@@ -733,7 +738,7 @@ class TrainStep:
     new_opt_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_opt_state,
                                  state.opt_state)
     new_trainable = optax.apply_updates(trainable, updates)  # in each parameter's dtype
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(applied, a, b), new, old)  # noqa
     new_state = state.replace(
         params=keep(new_trainable["policy"], state.params),
         value_head=(keep(new_trainable["value_head"], state.value_head)
