@@ -331,7 +331,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("dynamic_sampling", "DAPO dynamic sampling: sample extra prompts, drop groups whose "
             "rewards are all equal, refill.", (
         Field("enabled", False, "turn it on"),
-        Field("max_rounds", 3, "sampling rounds per step before training on what is there",
+        Field("max_rounds", 3, "sampling rounds per step before training on what is there "
+              "(nothing: no update)",
               _COUNT),
     )),
     Section("sft", "SFT stages (DeepSeek-AI 2025, §2.3): loss on completion tokens only.", (
