@@ -39,7 +39,8 @@ log = logging.getLogger("reasoning_rl")
 HEARTBEAT_TIMEOUT_S = 30
 _WATCH_PERIOD_S = 1.0
 _LEAVE_GRACE_S = 3.0
-_STOP_WAIT_S = 10.0  # how long process 0 keeps the service up for the others to stop
+_STOP_WAIT_S = 30.0  # how long process 0 keeps the service up for the others to stop (a
+# loaded 2-core machine took over 10 s to get a live process there: it then aborted, not exited 5)
 _stopping = threading.Lock()  # held by the one thread that ends a process for a lost peer
 _finished = threading.Event()  # set once every process reached the end: peers may then leave
 
