@@ -246,17 +246,16 @@ class StepConfig:
     (`host_batch`); a packed batch without them is read with the full softmax."""
     if not self.truncated_ratio or self.algorithm == "sft":
       return None
-    if packing.is_packed(batch):
-      if not all(name in batch for name in packing.HEAD_TRUNCATION_FIELDS):
-        return None
-      return tuple(batch[name] for name in packing.HEAD_TRUNCATION_FIELDS)
-    missing = [name for name in TRUNCATION_FIELDS if name not in batch]
+    fields = truncation_fields(batch)
+    if packing.is_packed(batch) and not all(name in batch for name in fields):
+      return None
+    missing = [name for name in fields if name not in batch]
     if missing:
       raise ConfigError(
           f"config.algo.truncated_ratio=True needs each row's sampling settings, but the batch "
           f"has no {', '.join(missing)} [B]: build it with batching.build_batch(..., "
           "truncation=True), or set algo.truncated_ratio=False")
-    return tuple(batch[name] for name in TRUNCATION_FIELDS)
+    return tuple(batch[name] for name in fields)
 
   @property
   def trains_adapters(self) -> bool:
@@ -360,6 +359,11 @@ def _no_stats(shapes) -> stats_lib.Stats:
     start = {"min": jnp.inf, "max": -jnp.inf, "sum": 0}[stats_lib.reduction_kind(name)]
     out[name] = (jnp.full(value.shape, start, value.dtype), jnp.zeros(count.shape, count.dtype))
   return out
+
+
+def truncation_fields(batch) -> tuple[str, ...]:
+  """Where a batch holds its sampling settings: per row (padded) or per head position (packed)."""
+  return packing.HEAD_TRUNCATION_FIELDS if packing.is_packed(batch) else TRUNCATION_FIELDS
 
 
 def _settings_to_pack(batch: dict, truncated_ratio: bool) -> dict:
@@ -611,8 +615,7 @@ class TrainStep:
                      "token_index") if packing.is_packed(batch) else ("tokens", "attention_mask"))
     inputs = {k: batch[k] for k in (*model_inputs, "completion_mask")}
     if c.truncation(batch) is not None:  # π_old truncated like π_θ: each row's settings
-      inputs.update({k: batch[k] for k in (packing.HEAD_TRUNCATION_FIELDS if packing.is_packed(
-          batch) else TRUNCATION_FIELDS)})
+      inputs.update({k: batch[k] for k in truncation_fields(batch)})
 
     def forward(micro):
       out = {}
