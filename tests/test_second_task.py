@@ -1,6 +1,7 @@
-"""Second demo tasks (configs/smollm2_lcm.py, smollm2_aiw.py, smollm2_number_format.py: reasoning-gym
-tasks on SmolLM2-135M) and lcm's debug variant (configs/debug_lcm.py: the same data, template and verifier on a tiny random model with
-SmolLM2's tokenizer), run through launch/train.py."""
+"""Second demo tasks (configs/smollm2_decimal_chain_sum.py, smollm2_lcm.py, smollm2_aiw.py,
+smollm2_number_format.py: reasoning-gym tasks on SmolLM2-135M) and decimal_chain_sum's debug
+variant (configs/debug_decimal_chain_sum.py: the same data, template, temperature and verifier on
+a tiny random model with SmolLM2's tokenizer), run through launch/train.py."""
 
 import json
 import math
@@ -19,8 +20,8 @@ from tests.test_trainer import rollouts
 
 @pytest.fixture(scope="module")
 def debug_run(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("lcm") / "run"
-  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_lcm.py",
+  workdir = tmp_path_factory.mktemp("decimal") / "run"
+  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_decimal_chain_sum.py",
              f"--config.workdir={workdir}", "--config.total_steps=2",
              "--config.logging.progress_bar=False"]
   result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -47,10 +48,6 @@ def test_the_lcm_demo_is_the_arithmetic_demo_on_another_task():
   assert (lcm.rollout.num_prompts, lcm.rollout.num_samples) == (
       demo.rollout.num_prompts, demo.rollout.num_samples)
   assert lcm.rollout.max_new_tokens == 2 * demo.rollout.max_new_tokens  # room to work it out
-  debug = demo_config("debug_lcm")
-  assert debug.model.path == "" and debug.model.tokenizer == lcm.model.path
-  assert (debug.data.train, debug.data.eval, debug.rewards) == (
-      lcm.data.train, lcm.data.eval, lcm.rewards)
 
 
 def test_the_aiw_config_is_the_arithmetic_demo_on_aiw():
@@ -109,13 +106,48 @@ def test_the_debug_variant_runs_the_task_through_training_and_evaluation(debug_r
   records = rollouts(debug_run)
   assert {r["step"] for r in records} == {1, 2} and len(records) == 2 * 4 * 4
   for record in records:
-    assert record["task"] == "lcm" and "Least Common Multiple" in record["task_prompt"]
+    assert record["task"] == "decimal_chain_sum" and record["sampling"]["temperature"] == 0.7
+    assert record["task_prompt"].startswith("State the final answer to the following arithmetic")
     assert record["prompt"].startswith("<|im_start|>system")  # SmolLM2's chat template
-    a, b = record["metadata"]["numbers"]
-    assert record["ground_truth"] == str(math.lcm(a, b))
+    left, op, right = record["metadata"]["expression"].split()
+    truth = float(left) + float(right) if op == "+" else float(left) - float(right)
+    assert float(record["ground_truth"]) == pytest.approx(truth)
     assert record["verifier_version"].startswith("correct=math-4")
   evals = sorted((debug_run / "eval").glob("step_*.json"))
   assert [p.name for p in evals] == ["step_00000000.json", "step_00000002.json"]
   result = json.loads(evals[-1].read_text())
   assert result["num_examples"] == 4
-  assert all(e["uid"].startswith("lcm/987654/") for e in result["examples"])
+  assert all(e["uid"].startswith("decimal_chain_sum/987654/") for e in result["examples"])
+
+
+def test_the_decimal_chain_sum_config_and_its_answers():
+  """configs/smollm2_decimal_chain_sum.py: the demo on decimal_chain_sum, sampled at temperature
+  0.7; an answer counts in any form of the exact value, and the whole number next to it (what the
+  untrained model tends to write) earns nothing."""
+  config, demo = arithmetic_demo_on("decimal_chain_sum")
+  assert config.rollout.temperature == 0.7 and demo.rollout.temperature == 1.0
+  assert config.rollout.max_new_tokens == demo.rollout.max_new_tokens
+  debug = demo_config("debug_decimal_chain_sum")
+  assert debug.model.path == "" and debug.model.tokenizer == config.model.path
+  assert (debug.data.train, debug.data.eval, debug.rewards, debug.rollout.temperature) == (
+      config.data.train, config.data.eval, config.rewards, config.rollout.temperature)
+  reward_fn = RewardFunction(config.rewards)
+  source = tasks.build_source(config.data.eval, field="data.eval")
+  examples = [source.example(i) for i in range(12)]
+  answers = set()
+  for example in examples:
+    left, op, right = example.metadata["expression"].split()
+    truth = round(float(left) + float(right) if op == "+" else float(left) - float(right), 1)
+    assert float(example.answer) == truth
+    answers.add(example.answer)
+
+    def score(text, example=example):
+      return reward_fn(CompletionRecord(response=text, ground_truth=example.answer,
+                                        task=example.task, prompt=example.prompt)).parts["correct"]
+
+    assert score(f"{left} {op} {right} = {example.answer}") == 1.0
+    assert score(f"The answer is {truth:.2f}.") == 1.0  # 9.20 is 9.2
+    if truth != int(truth):
+      assert score(f"The answer is {int(truth)}.") == 0.0  # the whole part alone
+    assert score(f"The answer is {round(truth + 0.1, 1)}.") == 0.0
+  assert len(answers) >= 10  # spread out: no constant answer pays
