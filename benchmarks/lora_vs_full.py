@@ -2,8 +2,8 @@
 training and weight sync, bytes per sync, peak host memory, and held-out accuracy before → after.
 
 Each side is `launch/train.py` as a user runs it, one after the other on the same machine:
-configs/smollm2_arithmetic.py (full) and configs/smollm2_arithmetic_lora.py (rank-16 LoRA on attention, the
-same task, batch, evaluation and seed). Per-step times are the medians of the metrics rows' `time/*`
+configs/smollm2_arithmetic.py (full) and configs/smollm2_arithmetic_lora.py (rank-16 LoRA on every
+projection; the same task, batch, evaluation and seed). Per-step times are the medians of the metrics rows' `time/*`
 over the steps after the first (which compiles); peak host memory is the process's maximum resident
 set (`wait4`'s ru_maxrss), model load and evaluations included.
 

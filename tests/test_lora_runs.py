@@ -98,7 +98,7 @@ def test_the_lora_demo_config_validates_with_its_adapters():
   demo.workdir = "/tmp/unused"
   config_lib.validate(demo)
   settings = LoraSettings.from_config(demo)
-  assert (settings.rank, settings.target_modules) == (16, r"layers/\d+/attn")
+  assert (settings.rank, settings.target_modules) == (16, r"layers/\d+/(attn|mlp)")
   full = importlib.import_module("configs.smollm2_arithmetic").get_config()
   assert demo.optim.learning_rate == 10 * full.optim.learning_rate  # LoRA's usual 10x
   assert demo.rollout == full.rollout and demo.data.train == full.data.train
