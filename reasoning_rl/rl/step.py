@@ -247,9 +247,9 @@ class StepConfig:
     if not self.truncated_ratio or self.algorithm == "sft":
       return None
     fields = truncation_fields(batch)
-    if packing.is_packed(batch) and not all(name in batch for name in fields):
-      return None
     missing = [name for name in fields if name not in batch]
+    if missing and packing.is_packed(batch):
+      return None
     if missing:
       raise ConfigError(
           f"config.algo.truncated_ratio=True needs each row's sampling settings, but the batch "
