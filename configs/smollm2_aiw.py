@@ -24,16 +24,9 @@ from configs import smollm2_arithmetic
 
 
 def get_config():
-  c = smollm2_arithmetic.get_config()
-  c.total_steps = 40  # as measured (benchmarks/RESULTS.md); the arithmetic demo runs 30
-  c.data.train = dict(kind="reasoning_gym", name="aiw", seed=1, size=100_000)
-  c.data.eval = dict(kind="reasoning_gym", name="aiw", seed=987_654, size=100)
+  c = smollm2_arithmetic.on_task("aiw")
   c.rollout.max_prefill_length = 192  # the colleagues questions, reworded, run to ~150
   c.rollout.max_new_tokens = 160
   c.eval.canaries = ("Mary has 3 sisters and she also has 2 brothers. How many sisters does "
                      "Mary's brother have?",)
-  c.eval.instruction_variants = (
-      "Solve this problem and state the final result as a number.\n\n{prompt}",
-      "{prompt}\nWork it out, then finish with: The answer is <number>.",
-  )
   return c

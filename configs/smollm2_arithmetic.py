@@ -67,3 +67,24 @@ def get_config():
       "{prompt}\nWork it out, then finish with: The answer is <number>.",
   )
   return c
+
+
+# The demo's rewordings without "arithmetic": what a second task's held-out set is read under.
+TASK_REWORDINGS = (
+    "Solve this problem and state the final result as a number.\n\n{prompt}",
+    "{prompt}\nWork it out, then finish with: The answer is <number>.",
+)
+
+
+def on_task(name: str, params: dict | None = None):
+  """This demo on another reasoning-gym task `name` (with `params`, the task's own defaults
+  without): its own training and held-out examples from the demo's seeds and sizes, held-out read
+  under TASK_REWORDINGS too, 40 steps (as the second tasks were measured, benchmarks/RESULTS.md;
+  the arithmetic demo runs 30). Rewards, algorithm, optimiser and model stay the demo's."""
+  c = get_config()
+  c.total_steps = 40
+  task = {} if params is None else {"params": params}
+  c.data.train = dict(kind="reasoning_gym", name=name, seed=1, size=100_000, **task)
+  c.data.eval = dict(kind="reasoning_gym", name=name, seed=987_654, size=100, **task)
+  c.eval.instruction_variants = TASK_REWORDINGS
+  return c

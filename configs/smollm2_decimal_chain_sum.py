@@ -27,17 +27,8 @@ DECIMAL_SUM = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1, min_dec
 
 
 def get_config():
-  c = smollm2_arithmetic.get_config()
-  c.total_steps = 40
-  c.data.train = dict(kind="reasoning_gym", name="decimal_chain_sum", seed=1, size=100_000,
-                      params=DECIMAL_SUM)
-  c.data.eval = dict(kind="reasoning_gym", name="decimal_chain_sum", seed=987_654, size=100,
-                     params=DECIMAL_SUM)
+  c = smollm2_arithmetic.on_task("decimal_chain_sum", DECIMAL_SUM)
   c.rollout.max_prefill_length = 96  # the reworded held-out prompts run to ~70 tokens
   c.rollout.temperature = 0.7
   c.eval.canaries = ("State the final answer to the following arithmetic problem: 4.9 + 4.3 =",)
-  c.eval.instruction_variants = (
-      "Solve this problem and state the final result as a number.\n\n{prompt}",
-      "{prompt}\nWork it out, then finish with: The answer is <number>.",
-  )
   return c

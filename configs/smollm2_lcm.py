@@ -26,15 +26,8 @@ LCM = dict(min_value=1, max_value=20)
 
 
 def get_config():
-  c = smollm2_arithmetic.get_config()
-  c.total_steps = 40  # as measured (benchmarks/RESULTS.md); the arithmetic demo runs 30
-  c.data.train = dict(kind="reasoning_gym", name="lcm", seed=1, size=100_000, params=LCM)
-  c.data.eval = dict(kind="reasoning_gym", name="lcm", seed=987_654, size=100, params=LCM)
+  c = smollm2_arithmetic.on_task("lcm", LCM)
   c.rollout.max_prefill_length = 96  # 48-50 tokens in the chat template, 63-65 reworded
   c.rollout.max_new_tokens = 128
   c.eval.canaries = ("Find the Least Common Multiple (LCM) of these numbers: 6, 8",)
-  c.eval.instruction_variants = (
-      "Solve this problem and state the final result as a number.\n\n{prompt}",
-      "{prompt}\nWork it out, then finish with: The answer is <number>.",
-  )
   return c

@@ -26,12 +26,7 @@ NUMBER_FORMAT = dict(min_num_candidates=2, max_num_candidates=3, min_n=1, max_n=
 
 
 def get_config():
-  c = smollm2_arithmetic.get_config()
-  c.total_steps = 40
-  c.data.train = dict(kind="reasoning_gym", name="number_format", seed=1, size=100_000,
-                      params=NUMBER_FORMAT)
-  c.data.eval = dict(kind="reasoning_gym", name="number_format", seed=987_654, size=100,
-                     params=NUMBER_FORMAT)
+  c = smollm2_arithmetic.on_task("number_format", NUMBER_FORMAT)
   c.rollout.max_prefill_length = 160
   c.eval.canaries = ("Your task is to pick the largest/smallest number out of several options."
                      "\n\nYour output should be only the number of interest.\n\nNow, pick the "

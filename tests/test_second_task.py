@@ -3,6 +3,7 @@ smollm2_number_format.py: reasoning-gym tasks on SmolLM2-135M) and decimal_chain
 variant (configs/debug_decimal_chain_sum.py: the same data, template, temperature and verifier on
 a tiny random model with SmolLM2's tokenizer), run through launch/train.py."""
 
+import functools
 import json
 import math
 import subprocess
@@ -21,12 +22,24 @@ from tests.test_trainer import rollouts
 @pytest.fixture(scope="module")
 def debug_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("decimal") / "run"
-  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_decimal_chain_sum.py",
-             f"--config.workdir={workdir}", "--config.total_steps=2",
-             "--config.logging.progress_bar=False"]
+  command = [sys.executable, str(REPO / "launch" / "train.py"),
+             "--config=configs/debug_decimal_chain_sum.py", f"--config.workdir={workdir}",
+             "--config.total_steps=2", "--config.logging.progress_bar=False"]
   result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, f"train.py exited {result.returncode}:\n{result.stderr[-3000:]}"
   return workdir
+
+
+def correct(reward_fn, example, text: str) -> float:
+  """The demo reward's `correct` part for `text` as the answer to the task example `example`."""
+  return reward_fn(CompletionRecord(response=text, ground_truth=example.answer,
+                                    task=example.task, prompt=example.prompt)).parts["correct"]
+
+
+def decimal_sum(expression: str) -> float:
+  """The value of a decimal_chain_sum expression of two terms ("4.9 - 7.3")."""
+  left, op, right = expression.split()
+  return float(left) + float(right) if op == "+" else float(left) - float(right)
 
 
 def arithmetic_demo_on(task: str):
@@ -69,11 +82,7 @@ def test_the_number_format_config_and_its_answers():
     right = example.metadata["solution"]
     wrong = next(c for c in candidates if c != right)
     assert float(example.answer) == right and right in candidates
-
-    def score(text, example=example):
-      return reward_fn(CompletionRecord(response=text, ground_truth=example.answer,
-                                        task=example.task, prompt=example.prompt)).parts["correct"]
-
+    score = functools.partial(correct, reward_fn, example)
     assert score(f"The {example.metadata['size']} number is {right}.") == 1.0
     assert score(f"The answer is {right:e}") == 1.0  # scientific notation, same value
     assert score(f"The answer is {wrong}.") == 0.0
@@ -89,11 +98,7 @@ def test_the_demo_verifier_grades_lcm_answers_in_free_text():
     a, b = example.metadata["numbers"]
     truth = math.lcm(a, b)
     assert example.answer == str(truth)
-
-    def score(text, example=example):
-      return reward_fn(CompletionRecord(response=text, ground_truth=example.answer,
-                                        task=example.task, prompt=example.prompt)).parts["correct"]
-
+    score = functools.partial(correct, reward_fn, example)
     assert score(f"The LCM of {a} and {b} is {truth}.") == 1.0
     assert score(f"The least common multiple is $\\boxed{{{truth}}}$") == 1.0
     assert score(f"{a} × {b // math.gcd(a, b)} = {truth}") == 1.0  # a chain that holds
@@ -109,8 +114,7 @@ def test_the_debug_variant_runs_the_task_through_training_and_evaluation(debug_r
     assert record["task"] == "decimal_chain_sum" and record["sampling"]["temperature"] == 0.7
     assert record["task_prompt"].startswith("State the final answer to the following arithmetic")
     assert record["prompt"].startswith("<|im_start|>system")  # SmolLM2's chat template
-    left, op, right = record["metadata"]["expression"].split()
-    truth = float(left) + float(right) if op == "+" else float(left) - float(right)
+    truth = decimal_sum(record["metadata"]["expression"])
     assert float(record["ground_truth"]) == pytest.approx(truth)
     assert record["verifier_version"].startswith("correct=math-4")
   evals = sorted((debug_run / "eval").glob("step_*.json"))
@@ -136,16 +140,11 @@ def test_the_decimal_chain_sum_config_and_its_answers():
   examples = [source.example(i) for i in range(12)]
   answers = set()
   for example in examples:
-    left, op, right = example.metadata["expression"].split()
-    truth = round(float(left) + float(right) if op == "+" else float(left) - float(right), 1)
+    truth = round(decimal_sum(example.metadata["expression"]), 1)
     assert float(example.answer) == truth
     answers.add(example.answer)
-
-    def score(text, example=example):
-      return reward_fn(CompletionRecord(response=text, ground_truth=example.answer,
-                                        task=example.task, prompt=example.prompt)).parts["correct"]
-
-    assert score(f"{left} {op} {right} = {example.answer}") == 1.0
+    score = functools.partial(correct, reward_fn, example)
+    assert score(f"{example.metadata['expression']} = {example.answer}") == 1.0
     assert score(f"The answer is {truth:.2f}.") == 1.0  # 9.20 is 9.2
     if truth != int(truth):
       assert score(f"The answer is {int(truth)}.") == 0.0  # the whole part alone
