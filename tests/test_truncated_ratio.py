@@ -317,7 +317,8 @@ def probed_step(graphdef, params, config, batch, mesh=None):
   start = jax.tree.map(jnp.copy, params)
   if mesh is not None:
     start = sharding.reshard(start, sharding.param_shardings(start, mesh))
-  state, stats = step(step.init_state(start), step.host_batch(batch))
+  reference = {"ref_params": jax.tree.map(jnp.copy, params)} if config.beta > 0 else {}
+  state, stats = step(step.init_state(start, **reference), step.host_batch(batch))
   grads = [np.asarray(b, np.float64) - np.asarray(a, np.float64)
            for b, a in zip(jax.tree.leaves(params), jax.tree.leaves(state.params))]
   return grads, finalize(jax.device_get(stats))
@@ -359,3 +360,18 @@ def test_config_accepts_packing_with_a_truncating_rollout():
   config = debug_config(**{"algo.packing": True, "rollout.top_p": 0.9,
                            "rollout.temperature": 0.7})
   validate(config)  # the packed rows carry each head position's settings
+
+
+def test_the_kl_to_the_reference_compares_full_softmax_with_full_softmax():
+  """At θ = θ_ref the KL is 0 and adds no gradient, whatever temperature the rows were sampled
+  at: the policy side of the KL is the full softmax, like the reference's, not the truncated
+  π^W of the ratio (which at T 0.7 / 1.3 differs from the reference it starts equal to)."""
+  graphdef, params = nnx.split(create_model(CONFIG, seed=0))
+  batch = sampled_batch(graphdef, params)
+  common = dict(truncated_ratio=True, is_correction="token-truncate", learning_rate=1.0)
+  with_kl, stats = probed_step(graphdef, params, StepConfig(beta=0.5, **common), batch)
+  without_kl, _ = probed_step(graphdef, params, StepConfig(beta=0.0, **common), batch)
+  assert abs(stats["kl"]) < 1e-6
+  scale = max(np.abs(g).max() for g in without_kl)
+  for a, b in zip(with_kl, without_kl, strict=True):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)

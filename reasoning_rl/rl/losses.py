@@ -457,7 +457,7 @@ def _cispo(logp, logp_old, adv, valid, *, epsilon_low, epsilon_high, dual_clip,
 
 def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
                 loss_type: str = "ppo", ref_logprobs: Any = None, beta: float = 0.0,
-                kl_estimator: str = "k3", epsilon_low: float = 0.2, epsilon_high: float = 0.2,
+                kl_logprobs: Any = None, kl_estimator: str = "k3", epsilon_low: float = 0.2, epsilon_high: float = 0.2,
                 dual_clip: Optional[float] = None, loss_agg: str = "seq-mean-token-mean",
                 behavior_logprobs: Any = None, is_correction: str = "none",
                 is_threshold: float = 2.0, entropy: Any = None, entropy_coef: float = 0.0,
@@ -476,6 +476,10 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
     ref_logprobs: ``[B, T]`` frozen reference log-probs; required when ``beta != 0``; when given
       with ``beta == 0`` the KL is still reported as a metric.
     beta: KL weight β.
+    kl_logprobs: ``[B, T]`` the policy's log-probs the KL compares with ``ref_logprobs`` (with
+      gradient); default ``logprobs``. A step whose ratio uses the sampler's truncated π^W passes
+      the full softmax's here, so that both sides of the KL are the same kind of distribution
+      (at θ = θ_ref the KL is then exactly 0; docs/off_policy.md).
     kl_estimator: ``k1``, ``k2`` or ``k3``.
     epsilon_low, epsilon_high: clip range ``[1 - ε_low, 1 + ε_high]`` of the ratio (``ppo``),
       of the sequence ratio (GSPO) or of the importance weight (``cispo``).
@@ -510,12 +514,14 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
   _check_options(loss_type, beta, ref_logprobs, kl_estimator, epsilon_low, epsilon_high,
                  dual_clip, loss_agg, is_correction, is_threshold, behavior_logprobs,
                  entropy_coef, entropy)
-  optional = [x for x in (ref_logprobs, behavior_logprobs, entropy) if x is not None]
+  optional = [x for x in (ref_logprobs, kl_logprobs, behavior_logprobs, entropy)
+              if x is not None]
   xp = array_namespace(logprobs, old_logprobs, advantages, mask, *optional)
   mask = xp.asarray(mask)
   if mask.ndim != 2:
     raise ValueError(f"mask must have shape [B, T], got {tuple(mask.shape)}")
   named = {"logprobs": logprobs, "old_logprobs": old_logprobs, "ref_logprobs": ref_logprobs,
+           "kl_logprobs": kl_logprobs,
            "behavior_logprobs": behavior_logprobs, "entropy": entropy}
   for name, value in named.items():
     if value is not None and tuple(xp.shape(value)) != tuple(mask.shape):
@@ -569,7 +575,8 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
 
   per_token = pg
   if ref_logprobs is not None:
-    kl = kl_penalty(logp, clean(ref_logprobs), kl_estimator)
+    kl = kl_penalty(logp if kl_logprobs is None else clean(kl_logprobs), clean(ref_logprobs),
+                    kl_estimator)
     if not _is_zero(beta):
       per_token = per_token + beta * kl
     metrics["kl"] = stats_lib.mean_stat(kl, valid)
