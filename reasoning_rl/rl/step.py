@@ -572,7 +572,8 @@ class TrainStep:
     loss, stats = losses.policy_loss(
         logprobs, old_logprobs, micro["advantages"], micro["completion_mask"],
         loss_type=c.loss_type, ref_logprobs=micro.get("ref_logprobs"), beta=c.beta,
-        kl_logprobs=full_logprobs, kl_estimator=c.kl_estimator, epsilon_low=c.epsilon_low, epsilon_high=c.epsilon_high,
+        kl_logprobs=full_logprobs, kl_estimator=c.kl_estimator, epsilon_low=c.epsilon_low,
+        epsilon_high=c.epsilon_high,
         dual_clip=c.dual_clip, loss_agg=c.loss_agg, behavior_logprobs=behavior_logprobs,
         is_correction=is_correction, is_threshold=is_threshold, entropy=entropy,
         entropy_coef=c.entropy_coef, max_completion_length=c.max_completion_length,
