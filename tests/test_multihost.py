@@ -7,6 +7,7 @@ import dataclasses
 import json
 import threading
 import time
+import types
 
 import pytest
 
@@ -249,6 +250,8 @@ def process_of_four(monkeypatch):
     monkeypatch.setattr(jax, "process_count", lambda: 4)
     monkeypatch.setattr(jax, "process_index", lambda: index)
     monkeypatch.setattr(runtime.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    monkeypatch.setattr(runtime, "time", types.SimpleNamespace(
+        monotonic=time.monotonic, sleep=lambda seconds: service.waited.append(seconds)))
     return service
 
   return setup
@@ -278,7 +281,10 @@ def test_process_0_keeps_the_service_until_the_live_processes_stopped(process_of
   service = process_of_four(0, live=[0, 2, 3])
   with pytest.raises(SystemExit):
     runtime.stop_if_a_peer_was_lost()
-  assert service.waited == ["reasoning_rl/stopping/2", "reasoning_rl/stopping/3"]
+  # then it keeps the service up a moment longer: the last announcer may not have had the reply
+  # to its write yet, and a service gone before that aborts it instead of letting it exit 5
+  assert service.waited == ["reasoning_rl/stopping/2", "reasoning_rl/stopping/3",
+                            runtime._LEAVE_GRACE_S]
   assert service.set_keys == []
   assert service.live_calls == 1
 

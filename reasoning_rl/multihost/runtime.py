@@ -280,6 +280,9 @@ def stop_lost_run(reason: str, live: Sequence[int] = ()) -> None:
         if remaining_ms <= 0:
           break
         client.blocking_key_value_get(f"reasoning_rl/stopping/{index}", remaining_ms)
+      # the service records an announcement before its writer has had the reply and exited;
+      # a service gone in between aborts that writer (exit -6, not LOST_PEER: seen in CI)
+      time.sleep(_LEAVE_GRACE_S)
   except Exception:  # pylint: disable=broad-except
     pass  # the service or a peer is gone too: nothing left to wait for
   os._exit(ExitCode.LOST_PEER)  # pylint: disable=protected-access
