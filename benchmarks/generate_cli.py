@@ -91,6 +91,9 @@ def main():
         sys.executable, "-c", TRANSFORMERS_SCRIPT, str(gguf), str(prompts), str(n)]
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   env["REASONING_RL_COMPILATION_CACHE"] = "off" if args.cache == "off" else str(work / "cache")
+  # what changes XLA's CPU client for our side (torch reads neither): a table must say it
+  print("environment: " + ", ".join(f"{k}={env.get(k, '(unset)')}" for k in ("XLA_FLAGS",
+                                                                            "PJRT_NPROC")))
   print(f"| side (our cache: {args.cache}) | walls short s | walls long s | steady tok/s |")
   print("| --- | --- | --- | ---: |")
   for name, command in sides.items():
