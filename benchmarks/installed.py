@@ -2,7 +2,7 @@
 
 Not `tests.conftest`'s helper: importing conftest forces eight simulated CPU devices and a
 16-thread XLA pool into `os.environ`, which the processes a benchmark starts inherit. A
-`launch/generate.py` run so started decoded 15-25 % slower than the same command as a user runs
+`launch/generate.py` run so started decoded 14-24 % slower than the same command as a user runs
 it (benchmarks/RESULTS.md, 2026-11-28), so a benchmark must leave the environment as it found it.
 """
 

@@ -21,7 +21,7 @@ print(json.dumps(changed))
 
 def test_importing_the_decode_benchmarks_changes_no_environment_variable():
   """tests.conftest forces 8 simulated CPU devices and a 16-thread XLA pool; a generate.py that
-  inherited them decoded 15-25 % slower than a user's, which once skewed the comparison."""
+  inherited them decoded 14-24 % slower than a user's, which once skewed the comparison."""
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PJRT_NPROC")}
   result = subprocess.run([sys.executable, "-c", CHECK], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300, check=True)
