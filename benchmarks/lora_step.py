@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from benchmarks.forward import smollm2_path
+from benchmarks.installed import smollm2_gguf
 from benchmarks.train_step import random_batch
 
 
@@ -53,7 +53,7 @@ def main():
   from reasoning_rl.models import load
 
   keep_freed_memory()  # as launch/train.py does
-  model, _ = load(smollm2_path())
+  model, _ = load(smollm2_gguf())
   batch = jax.tree.map(jnp.asarray, random_batch(32, 64, 64))
   rows = [("full fine-tuning", *time_step(model, None, batch, args.repeats))]
   for target in args.targets:

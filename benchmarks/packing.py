@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from benchmarks.forward import smollm2_path
+from benchmarks.installed import smollm2_gguf
 
 
 def ragged_batch(args, vocab_size: int):
@@ -74,7 +74,7 @@ def main():
   from reasoning_rl.rl.stats import finalize
   from reasoning_rl.rl.step import StepConfig, TrainStep
 
-  model, _ = load(smollm2_path())
+  model, _ = load(smollm2_gguf())
   graphdef, params = nnx.split(model)
   batch = ragged_batch(args, model.config.vocab_size)
   real = int(batch["attention_mask"].sum())

@@ -52,7 +52,7 @@ import tempfile
 import threading
 import time
 
-from benchmarks.forward import smollm2_path
+from benchmarks.installed import smollm2_gguf
 
 # Before transformers / datasets are imported: every file both sides need is installed locally.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -118,7 +118,7 @@ def demo_config(args, beta: float, workdir: str, layout: str = "auto"):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config()
-  assert pathlib.Path(c.model.path) == smollm2_path(), (c.model.path, smollm2_path())
+  assert pathlib.Path(c.model.path) == smollm2_gguf(), (c.model.path, smollm2_gguf())
   c.workdir = workdir
   c.total_steps = args.warmup_steps + args.steps
   c.rollout.num_prompts = args.prompts
@@ -260,7 +260,7 @@ def write_trainable_copy(directory: pathlib.Path) -> None:
   import torch
   import transformers
 
-  path = smollm2_path()
+  path = smollm2_gguf()
   loaded = transformers.AutoModelForCausalLM.from_pretrained(
       str(path.parent), gguf_file=path.name, dtype=torch.float32)
   plain_config = copy.deepcopy(loaded.config)

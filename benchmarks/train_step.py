@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from benchmarks.forward import smollm2_path
+from benchmarks.installed import smollm2_gguf
 from reasoning_rl import flops
 
 
@@ -78,7 +78,7 @@ def build_jax_step(args):
   from reasoning_rl.models import load
   from reasoning_rl.rl.step import StepConfig, TrainStep
 
-  model, _ = load(smollm2_path())
+  model, _ = load(smollm2_gguf())
   graphdef, params = nnx.split(model)
   reference = jax.tree.map(jnp.copy, params) if args.beta > 0 else None
   step = TrainStep(graphdef, StepConfig(beta=args.beta, learning_rate=1e-6,
@@ -93,7 +93,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=2)
   args = parser.parse_args()
 
-  path = smollm2_path()
+  path = smollm2_gguf()
   b, p, t = args.completions, args.prompt_length, args.completion_length
   rows = []
   config, step, state = build_jax_step(args)

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import REPO
 
 CHECK = """
-import json, os, sys
+import json, os
 before = dict(os.environ)
 import benchmarks.generate_cli, benchmarks.profile_decode, benchmarks.installed
 changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
