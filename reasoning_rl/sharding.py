@@ -40,6 +40,7 @@ LOGICAL_AXIS_RULES: dict[str, tuple[str, ...] | None] = {
     "head_dim": None,
     "norm": None,
     "layers": None,  # the leading axis of a scanned stack's parameters and KV cache
+    "expert": None,  # the leading axis of a sparse layer's stacked experts
 }
 
 

@@ -34,7 +34,49 @@ FAMILIES = {
             "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0},
             "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
         }),
+    # Mixtures of experts: 4 experts of which each token takes 2, so routing decides something;
+    # Qwen3-MoE with one dense layer (mlp_only_layers) beside a sparse one and renormalised
+    # top-k, OLMoE with its whole-projection QK-norm and plain top-k weights.
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+        **SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        norm_topk_prob=True, mlp_only_layers=[0]),
+    "mixtral": lambda: transformers.MixtralConfig(**SMALL, num_local_experts=4,
+                                                  num_experts_per_tok=2),
+    "olmoe": lambda: transformers.OlmoeConfig(
+        **{k: v for k, v in SMALL.items() if k != "head_dim"}, num_experts=4,
+        num_experts_per_tok=2, eos_token_id=2, pad_token_id=1),
 }
+
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe")
+
+
+def saved_name_grads(torch_model, family: str) -> dict[str, np.ndarray]:
+  """The gradients of `torch_model`'s parameters under the names its checkpoint files use.
+
+  transformers 5 keeps a sparse layer's experts fused in memory (`mlp.experts.gate_up_proj`
+  [E, 2F, D], gate rows first; `mlp.experts.down_proj` [E, D, F]) and writes them one tensor per
+  expert (`mlp.experts.{e}.gate_proj.weight` …; Mixtral's `block_sparse_moe.experts.{e}.w1/w3/w2`
+  and `block_sparse_moe.gate`): split here the way save_pretrained splits the weights."""
+  moe_prefix = "block_sparse_moe" if family == "mixtral" else "mlp"
+  names = ({"gate": "w1", "up": "w3", "down": "w2"} if family == "mixtral"
+           else {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})
+  grads = {}
+  for name, p in torch_model.named_parameters():
+    grad = p.grad.numpy().copy()
+    layer, _, rest = name.partition(".mlp.")
+    if rest == "experts.gate_up_proj":
+      width = grad.shape[1] // 2
+      for e in range(grad.shape[0]):
+        grads[f"{layer}.{moe_prefix}.experts.{e}.{names['gate']}.weight"] = grad[e, :width]
+        grads[f"{layer}.{moe_prefix}.experts.{e}.{names['up']}.weight"] = grad[e, width:]
+    elif rest == "experts.down_proj":
+      for e in range(grad.shape[0]):
+        grads[f"{layer}.{moe_prefix}.experts.{e}.{names['down']}.weight"] = grad[e]
+    elif rest == "gate.weight":
+      grads[f"{layer}.{moe_prefix}.gate.weight"] = grad
+    else:
+      grads[name] = grad
+  return grads
 
 
 def write_tiny_model(family: str, directory: pathlib.Path, seed: int = 0):

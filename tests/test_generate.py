@@ -63,7 +63,12 @@ def run(tmp_path, checkpoint, rows, *flags):
 
 
 def test_greedy_matches_transformers_generate(tmp_path, checkpoint):
-  directory, torch_model = checkpoint
+  assert_greedy_matches_transformers(tmp_path, *checkpoint)
+
+
+def assert_greedy_matches_transformers(tmp_path, directory, torch_model):
+  """launch/generate.py's greedy completions of PROMPTS (in 2 slots) are transformers' greedy
+  `generate` of each prompt alone, token for token, with its log-probs to 1e-3."""
   code, out = run(tmp_path, directory, [{"prompt_ids": p} for p in PROMPTS],
                   "--temperature", "0", "--max_new_tokens", str(NEW_TOKENS), "--ignore_eos",
                   "--max_concurrent_decodes", "2")

@@ -39,8 +39,51 @@ Converter = Callable[[np.ndarray], np.ndarray]
 # ------------------------------------------------------------------------------ layout mapping
 
 
+@dataclasses.dataclass(frozen=True)
+class TensorMap:
+  """How one of our parameters is stored in a Hugging Face checkpoint: as the tensors `names`,
+  `to_ours(list of those tensors) -> our array` and `to_hf(our array) -> list of tensors` (in the
+  order of `names`). A sparse layer's stacked experts are E tensors each (one per expert, as
+  transformers writes them); every other parameter is one tensor."""
+
+  names: tuple[str, ...]
+  to_ours: Callable[[list[np.ndarray]], np.ndarray]
+  to_hf: Callable[[np.ndarray], list[np.ndarray]]
+
+
+# Our names of a sparse layer's parameters -> each family's per-expert HF names (after
+# "model.layers.{i}."), and the router's.
+_EXPERT_NAMES = {
+    "default": {"router": "mlp.gate.weight", "gate_proj": "mlp.experts.{e}.gate_proj.weight",
+                "up_proj": "mlp.experts.{e}.up_proj.weight",
+                "down_proj": "mlp.experts.{e}.down_proj.weight"},
+    "mixtral": {"router": "block_sparse_moe.gate.weight",
+                "gate_proj": "block_sparse_moe.experts.{e}.w1.weight",
+                "up_proj": "block_sparse_moe.experts.{e}.w3.weight",
+                "down_proj": "block_sparse_moe.experts.{e}.w2.weight"},
+}
+
+
+def hf_tensors(path: tuple, config: ModelConfig) -> TensorMap:
+  """For a parameter path of our model: its `TensorMap` (the HF tensors that hold it)."""
+  if path[0] == "layers" and config.layer_is_sparse(path[1]) and path[2] == "mlp":
+    names = _EXPERT_NAMES.get(config.model_type, _EXPERT_NAMES["default"])
+    prefix = f"model.layers.{path[1]}."
+    if path[3] == "router":
+      return TensorMap((prefix + names["router"],), lambda ws: ws[0].T, lambda w: [w.T])
+    template = prefix + names[path[3]]
+    experts = config.moe.num_experts
+    # HF stores each expert's projection as a [fan-out, fan-in] linear weight; ours are stacked
+    # [E, fan-in, fan-out].
+    return TensorMap(tuple(template.format(e=e) for e in range(experts)),
+                     lambda ws: np.stack([w.T for w in ws]), lambda w: [x.T for x in w])
+  name, to_ours, to_hf = hf_tensor_name(path, config)
+  return TensorMap((name,), lambda ws: to_ours(ws[0]), lambda w: [to_hf(w)])
+
+
 def hf_tensor_name(path: tuple, config: ModelConfig) -> tuple[str, Converter, Converter]:
-  """For a parameter path of our model: (HF tensor name, HF->ours converter, ours->HF converter)."""
+  """For a parameter path of our model held in one HF tensor (every one but a sparse layer's
+  experts, `hf_tensors`): (HF tensor name, HF->ours converter, ours->HF converter)."""
   identity = lambda w: w  # noqa: E731
   transpose = lambda w: w.T  # noqa: E731
   if path == ("embed",):
@@ -192,19 +235,22 @@ def load_hf_weights(directory: str | os.PathLike, *, dtype="float32", weight_dty
   files = SafetensorsDirectory(directory)  # memory maps close when the last view is gone
 
   def read(path, shape):
-    name, to_ours, to_hf = hf_tensor_name(path, config)
-    if name not in files:
-      raise CheckpointError(
-          f"{directory}: tensor {name!r} is missing from the safetensors files; the checkpoint "
-          f"does not match config.json (model_type {config.model_type!r})")
-    expected = to_hf(np.broadcast_to(np.float32(0), shape)).shape
-    if tuple(files.shape(name)) != tuple(expected):
-      raise CheckpointError(
-          f"{directory}: tensor {name!r} has shape {files.shape(name)} but config.json implies "
-          f"{expected}; the weights and config.json disagree")
-    tensor = files.tensor(name)
-    require_finite(tensor, tensor=name, source=files.path(name))
-    return to_ours(tensor)
+    mapping = hf_tensors(path, config)
+    expected = mapping.to_hf(np.broadcast_to(np.float32(0), shape))
+    tensors = []
+    for name, expected_tensor in zip(mapping.names, expected):
+      if name not in files:
+        raise CheckpointError(
+            f"{directory}: tensor {name!r} is missing from the safetensors files; the checkpoint "
+            f"does not match config.json (model_type {config.model_type!r})")
+      if tuple(files.shape(name)) != tuple(expected_tensor.shape):
+        raise CheckpointError(
+            f"{directory}: tensor {name!r} has shape {files.shape(name)} but config.json implies "
+            f"{expected_tensor.shape}; the weights and config.json disagree")
+      tensor = files.tensor(name)
+      require_finite(tensor, tensor=name, source=files.path(name))
+      tensors.append(tensor)
+    return mapping.to_ours(tensors)
 
   model = build_model(config, read, dtype=dtype, weight_dtype=weight_dtype, mesh=mesh)
   return model, hf
@@ -238,12 +284,13 @@ def save_hf(model: Transformer, tokenizer, directory: str | os.PathLike, *,
   tensors = {}
   dtype_name = "float32"
   for path, var in _flat_params(state):
-    name, _, to_hf = hf_tensor_name(path, config)
+    mapping = hf_tensors(path, config)
     value = np.asarray(jax.device_get(var[...]))
     if value.dtype == jnp.bfloat16:
       # safetensors' numpy writer has no bfloat16; write float32 (exact) and say so in config.
       value = value.astype(np.float32)
-    tensors[name] = np.ascontiguousarray(to_hf(value))
+    for name, tensor in zip(mapping.names, mapping.to_hf(value)):
+      tensors[name] = np.ascontiguousarray(tensor)
   staging = pathlib.Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
   try:
     save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})

@@ -1,7 +1,9 @@
 """One configuration for every supported decoder-only family.
 
 Llama (incl. SmolLM2 and Llama-3 RoPE scaling), Qwen2/2.5, Qwen3, Gemma, Gemma 2 and Gemma 3 differ
-only in a handful of switches, so they share one `ModelConfig`. `from_hf_config` reads a Hugging Face
+only in a handful of switches, so they share one `ModelConfig`. The mixture-of-experts families
+(Qwen3-MoE, Mixtral, OLMoE) are the same decoder with some or all MLPs replaced by routed experts,
+described by `MoEConfig` (`ModelConfig.moe`; None for a dense model). `from_hf_config` reads a Hugging Face
 `config.json` dict (transformers 4.x `rope_theta`/`rope_scaling` or 5.x `rope_parameters`);
 `to_hf_config` writes one that transformers loads back into the same architecture.
 
@@ -21,7 +23,9 @@ from typing import Any
 
 from reasoning_rl.errors import CheckpointError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "qwen3_moe",
+                         "mixtral", "olmoe")
+MOE_MODEL_TYPES = ("qwen3_moe", "mixtral", "olmoe")
 
 _HF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -30,6 +34,9 @@ _HF_ARCHITECTURES = {
     "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
 }
 
 # Our family name -> the `model_type` transformers writes in config.json (where they differ).
@@ -40,6 +47,55 @@ _FAMILY_OF_HF_MODEL_TYPE = {hf: ours for ours, hf in _HF_MODEL_TYPES.items()}
 # global layer, starting with a local layer as the first layer"); transformers' key for it in
 # configs that predate `layer_types` is `sliding_window_pattern`.
 GEMMA3_SLIDING_WINDOW_PATTERN = 6
+
+
+ROUTER_SCORINGS = ("softmax",)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+  """Routed experts in place of (some of) a decoder's MLPs (Shazeer et al. 2017, "Outrageously
+  Large Neural Networks"; top-k routing as in GShard, Lepikhin et al. 2020, and Mixtral, Jiang et
+  al. 2024).
+
+  Each token's router logits z = x·W_r (computed in float32) give scores s = softmax(z); the
+  token goes to the `experts_per_token` experts of highest score, and their outputs are summed
+  with weights s_i — renormalised to sum 1 over the chosen experts when `normalize_top_k`
+  (Mixtral always; Qwen3-MoE and OLMoE by `norm_topk_prob`). Every chosen expert processes the
+  token (dropless: no capacity, no token dropped), so the layer is a function of the token
+  alone.
+
+  Attributes:
+    num_experts: routed experts per sparse layer (E).
+    experts_per_token: k, the experts each token is sent to.
+    intermediate_size: each expert's MLP width (Qwen3-MoE `moe_intermediate_size`; Mixtral and
+      OLMoE use `intermediate_size`).
+    sparse_layers: per layer, True where the MLP is the routed experts, False where it is a dense
+      MLP of `ModelConfig.intermediate_size` (Qwen3-MoE `decoder_sparse_step` / `mlp_only_layers`).
+    normalize_top_k: renormalise the chosen experts' weights to sum 1.
+    scoring: how scores come from router logits ("softmax").
+  """
+
+  num_experts: int
+  experts_per_token: int
+  intermediate_size: int
+  sparse_layers: tuple[bool, ...]
+  normalize_top_k: bool = False
+  scoring: str = "softmax"
+
+  def __post_init__(self):
+    object.__setattr__(self, "sparse_layers", tuple(bool(s) for s in self.sparse_layers))
+    if not 0 < self.experts_per_token <= self.num_experts:
+      raise CheckpointError(
+          f"experts_per_token={self.experts_per_token} must be in 1..num_experts="
+          f"{self.num_experts}")
+    if self.scoring not in ROUTER_SCORINGS:
+      raise CheckpointError(f"router scoring {self.scoring!r} is not supported "
+                            f"(supported: {ROUTER_SCORINGS})")
+
+  @property
+  def num_sparse_layers(self) -> int:
+    return sum(self.sparse_layers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +116,11 @@ class ModelConfig:
     attention_bias: q/k/v projections carry a bias (Qwen2).
     qk_norm: RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3; with Gemma's
       (1 + w) convention when `norm_plus_one`).
+    qk_norm_per_head: False: the norm spans the whole q (all heads) and k projection instead of
+      each head (OLMoE).
+    clip_qkv: clamp q, k and v to [-clip_qkv, clip_qkv] after projection (and QK-norm), as
+      OLMoE's config may ask; None: no clamp.
+    moe: routed experts (`MoEConfig`), or None for a dense model.
     activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma).
     norm_plus_one: RMSNorm scales by (1 + w) instead of w (Gemma).
     scale_embeddings: multiply embeddings by sqrt(hidden_size) (Gemma).
@@ -89,6 +150,8 @@ class ModelConfig:
   tie_word_embeddings: bool = False
   attention_bias: bool = False
   qk_norm: bool = False
+  qk_norm_per_head: bool = True
+  clip_qkv: float | None = None
   activation: str = "silu"
   norm_plus_one: bool = False
   scale_embeddings: bool = False
@@ -102,6 +165,7 @@ class ModelConfig:
   bos_token_id: int | list[int] | None = None
   eos_token_id: int | list[int] | None = None
   pad_token_id: int | None = None
+  moe: MoEConfig | None = None
 
   def __post_init__(self):
     if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -130,6 +194,12 @@ class ModelConfig:
         raise CheckpointError(
             f"rope_scaling type {kind!r} is not supported (supported: llama3, linear)"
         )
+    if self.moe is not None and len(self.moe.sparse_layers) != self.num_layers:
+      raise CheckpointError(f"moe.sparse_layers has {len(self.moe.sparse_layers)} entries for "
+                            f"{self.num_layers} layers")
+    if (self.model_type in MOE_MODEL_TYPES) != (self.moe is not None):
+      raise CheckpointError(f"model_type {self.model_type!r} with moe={self.moe!r}: the MoE "
+                            f"families {MOE_MODEL_TYPES} need a MoEConfig, the others none")
     if self.rope_local_theta is not None and not self.rope_local_theta > 0:
       raise CheckpointError(f"rope_local_theta must be a positive RoPE base, got "
                             f"{self.rope_local_theta!r}")
@@ -154,16 +224,34 @@ class ModelConfig:
     base = self.query_pre_attn_scalar if self.query_pre_attn_scalar else self.head_dim
     return 1.0 / math.sqrt(base)
 
-  def num_params(self) -> int:
-    """Parameter count (embedding counted once when tied)."""
+  def layer_is_sparse(self, layer: int) -> bool:
+    """Whether layer `layer`'s MLP is routed experts."""
+    return self.moe is not None and self.moe.sparse_layers[layer]
+
+  def num_params(self, *, active: bool = False) -> int:
+    """Parameter count (embedding counted once when tied). `active`: of a MoE model, only the
+    parameters one token uses (its k routed experts of each sparse layer, plus the router), the
+    figure its FLOPs per token follow."""
     d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
     attn = d * h * (self.num_heads * 2 + self.num_kv_heads * 2)
     if self.attention_bias:
       attn += h * (self.num_heads + 2 * self.num_kv_heads)
-    norms = d * (4 if self.sandwich_norms else 2) + (2 * h if self.qk_norm else 0)
-    per_layer = attn + 3 * d * f + norms
+    if not self.qk_norm:
+      qk_norms = 0
+    elif self.qk_norm_per_head:
+      qk_norms = 2 * h
+    else:
+      qk_norms = h * (self.num_heads + self.num_kv_heads)
+    norms = d * (4 if self.sandwich_norms else 2) + qk_norms
+    total = 0
+    for layer in range(self.num_layers):
+      mlp = 3 * d * f
+      if self.layer_is_sparse(layer):
+        experts = self.moe.experts_per_token if active else self.moe.num_experts
+        mlp = experts * 3 * d * self.moe.intermediate_size + d * self.moe.num_experts
+      total += attn + mlp + norms
     embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
-    return self.num_layers * per_layer + embed + d
+    return total + embed + d
 
   # ----------------------------------------------------------------------------- HF interop
 
@@ -233,8 +321,10 @@ class ModelConfig:
           raise CheckpointError(f"{source}: sliding_window_pattern must be ≥ 1, got {pattern}")
         layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                        for i in range(kwargs["num_layers"])]
-    if model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
+    if model_type in ("qwen2", "qwen3", "qwen3_moe") and not hf.get("use_sliding_window", False):
       layer_types = None  # Qwen's sliding window is off unless use_sliding_window says so.
+    if model_type == "mixtral" and hf.get("sliding_window"):
+      layer_types = ["sliding_attention"] * kwargs["num_layers"]  # Mixtral's window is global
     return cls(
         **kwargs,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
@@ -243,7 +333,10 @@ class ModelConfig:
         rope_local_theta=rope_local_theta,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
         attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
-        qk_norm=model_type in ("qwen3", "gemma3"),
+        qk_norm=model_type in ("qwen3", "gemma3", "qwen3_moe", "olmoe"),
+        qk_norm_per_head=model_type != "olmoe",
+        clip_qkv=float(hf["clip_qkv"]) if hf.get("clip_qkv") is not None else None,
+        moe=_moe_from_hf(hf, model_type, kwargs["num_layers"], source),
         activation=act,
         norm_plus_one=gemma,
         scale_embeddings=gemma,
@@ -289,6 +382,10 @@ class ModelConfig:
         "dtype": torch_dtype,
     }
     hf["attention_bias"] = self.attention_bias  # read back by from_hf_config for every type
+    if self.moe is not None:
+      hf.update(_moe_to_hf(self))
+    if self.clip_qkv is not None:
+      hf["clip_qkv"] = self.clip_qkv
     if self.model_type == "gemma3":
       # Per-layer-type RoPE as transformers 5.x writes it; 4.x reads the flat keys beside it.
       hf.update(
@@ -312,6 +409,59 @@ class ModelConfig:
       hf.update(use_sliding_window=True, sliding_window=self.sliding_window,
                 layer_types=list(self.layer_types))
     return hf
+
+
+def _moe_from_hf(hf: dict[str, Any], model_type: str, num_layers: int,
+                 source: str) -> MoEConfig | None:
+  """The routed experts of a MoE family's config.json (None for a dense family).
+
+  Qwen3-MoE: `num_experts`, `moe_intermediate_size`, `norm_topk_prob`; layer i is sparse unless
+  listed in `mlp_only_layers`, and only every `decoder_sparse_step`-th layer ((i + 1) % step == 0).
+  Mixtral: `num_local_experts` experts of `intermediate_size` on every layer, always renormalised.
+  OLMoE: `num_experts` of `intermediate_size` on every layer, `norm_topk_prob`.
+  """
+  if model_type not in MOE_MODEL_TYPES:
+    return None
+  try:
+    # transformers 5 writes Qwen3-MoE's expert count as num_local_experts, 4.x and OLMoE as
+    # num_experts (one is an alias of the other in its config classes).
+    experts = hf.get("num_experts", hf.get("num_local_experts"))
+    if experts is None:
+      raise KeyError("num_experts")
+    experts = int(experts)
+    if model_type == "mixtral":
+      return MoEConfig(num_experts=experts,
+                       experts_per_token=int(hf["num_experts_per_tok"]),
+                       intermediate_size=int(hf["intermediate_size"]),
+                       sparse_layers=(True,) * num_layers, normalize_top_k=True)
+    if model_type == "olmoe":
+      width, sparse = int(hf["intermediate_size"]), (True,) * num_layers
+    else:
+      width = int(hf["moe_intermediate_size"])
+      step = int(hf.get("decoder_sparse_step") or 1)
+      dense = set(hf.get("mlp_only_layers") or ())
+      sparse = tuple(i not in dense and experts > 0 and (i + 1) % step == 0
+                     for i in range(num_layers))
+    return MoEConfig(num_experts=experts, experts_per_token=int(hf["num_experts_per_tok"]),
+                     intermediate_size=width, sparse_layers=sparse,
+                     normalize_top_k=bool(hf.get("norm_topk_prob", False)))
+  except KeyError as e:
+    raise CheckpointError(f"{source}: required field {e.args[0]!r} is missing for "
+                          f"model_type {model_type!r}") from None
+
+
+def _moe_to_hf(config: "ModelConfig") -> dict[str, Any]:
+  """The config.json keys of `config.moe` in its family's spelling (inverse of `_moe_from_hf`)."""
+  moe = config.moe
+  keys = {"num_experts_per_tok": moe.experts_per_token, "output_router_logits": False}
+  if config.model_type == "mixtral":
+    return {**keys, "num_local_experts": moe.num_experts}
+  keys.update(num_experts=moe.num_experts, norm_topk_prob=moe.normalize_top_k)
+  if config.model_type == "olmoe":
+    return keys
+  # Qwen3-MoE: every sparse layer listed by its complement (decoder_sparse_step 1).
+  return {**keys, "moe_intermediate_size": moe.intermediate_size, "decoder_sparse_step": 1,
+          "mlp_only_layers": [i for i, sparse in enumerate(moe.sparse_layers) if not sparse]}
 
 
 def _gemma3_rope(hf: dict[str, Any], source: str) -> tuple[dict[str, Any], float]:

@@ -36,43 +36,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from flax.nnx.nn import dtypes
 
 from reasoning_rl import kernels
 from reasoning_rl.models import kv_pages
+from reasoning_rl.models import moe as moe_lib
 from reasoning_rl.models.config import ModelConfig
+from reasoning_rl.models.primitives import param, project, weight
 from reasoning_rl.sharding import constrain
-
-def _weight(param, dtype):
-  """A projection's kernel in the compute dtype. Through flax's promote_dtype because qwix
-  intercepts it: a quantized base (QLoRA) is passed on as is, for qwix's matmul to consume."""
-  return dtypes.promote_dtype((param[...],), dtype=dtype)[0]
-
-
-def _project(spec: str, x, kernel):
-  """x [B, T, …] through a projection kernel: one `jnp.einsum(spec, …)` over the B·T rows
-  flattened into one axis (`spec` names that axis t), the result reshaped back to [B, T, …].
-
-  Why flat rows: with B and T as two axes, the kernel's gradient contracts two axes of the
-  activations, and XLA:CPU lays the [B, T, F] operand out transposed for it, a strided copy of the
-  MLP's widest activation per projection; with one row axis the contraction is a plain matmul
-  (benchmarks/RESULTS.md, "Training step: projections over flattened rows"). It stays a
-  `jnp.einsum` with the kernel as its second operand, the call qwix intercepts to add LoRA
-  adapters."""
-  batch, length = x.shape[:2]
-  out = jnp.einsum(spec, x.reshape(batch * length, *x.shape[2:]), kernel)
-  return out.reshape(batch, length, *out.shape[1:])
-
-
-def _param(rngs: nnx.Rngs | None, shape, dtype, axes, init: str = "normal", std: float = 0.02):
-  if init == "zeros":
-    value = jnp.zeros(shape, dtype)
-  elif init == "ones":
-    value = jnp.ones(shape, dtype)
-  else:
-    value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
-  return nnx.Param(value, logical_axes=tuple(axes))
-
 
 REMAT_POLICIES = ("none", "full", "save_matmuls")
 
@@ -94,7 +64,7 @@ def _checkpoint_policy(name: str):
 
   full: only each block's input is kept; the whole block is recomputed in the backward pass.
   save_matmuls: the outputs of matmuls without batch dimensions are kept, i.e. every projection
-  (they contract flattened rows, `_project`), while attention scores (batched over heads),
+  (they contract flattened rows, `project`), while attention scores (batched over heads),
   norms and activations are recomputed: most of the recompute FLOPs saved for the memory of the
   projections' outputs (MaxText's "minimal" policy keeps the same set).
   """
@@ -106,11 +76,14 @@ def layer_period(config: ModelConfig) -> int:
   attention type): 1 for uniform models, 2 for Gemma 2's alternating local / global layers, 6 for
   Gemma 3's five local layers per global one when the depth is a multiple of 6 (270M: 18 layers;
   otherwise, e.g. 1B's 26, the whole depth — one scan step, correct but compiled unrolled).
-  The scanned stack runs p blocks per scan step, so each keeps its window and RoPE base static."""
+  The scanned stack runs p blocks per scan step, so each keeps its window and RoPE base static.
+  A MoE model's dense and sparse layers count as different kinds too (their parameters differ).
+  """
   types = config.layer_types or ("full_attention",) * config.num_layers
+  kinds = [(types[i], config.layer_is_sparse(i)) for i in range(config.num_layers)]
   for period in range(1, config.num_layers + 1):
     if config.num_layers % period == 0 and all(
-        types[i] == types[i % period] for i in range(config.num_layers)):
+        kinds[i] == kinds[i % period] for i in range(config.num_layers)):
       return period
   return config.num_layers
 
@@ -124,7 +97,7 @@ class RMSNorm(nnx.Module):
   def __init__(self, dim: int, *, eps: float, plus_one: bool, param_dtype, axes=("norm",)):
     self.eps = eps
     self.plus_one = plus_one
-    self.scale = _param(None, (dim,), param_dtype, axes, init="zeros" if plus_one else "ones")
+    self.scale = param(None, (dim,), param_dtype, axes, init="zeros" if plus_one else "ones")
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
@@ -273,42 +246,52 @@ class Attention(nnx.Module):
     self.config = c
     self.window = _window(c, layer_index)
     self.kernel = "auto"  # training attention kernel; `Transformer.use_attention_kernel` sets it
-    self.q_proj = _param(rngs, (c.hidden_size, c.num_heads, c.head_dim), param_dtype,
+    self.q_proj = param(rngs, (c.hidden_size, c.num_heads, c.head_dim), param_dtype,
                          ("embed", "heads", "head_dim"))
-    self.k_proj = _param(rngs, (c.hidden_size, c.num_kv_heads, c.head_dim), param_dtype,
+    self.k_proj = param(rngs, (c.hidden_size, c.num_kv_heads, c.head_dim), param_dtype,
                          ("embed", "kv_heads", "head_dim"))
-    self.v_proj = _param(rngs, (c.hidden_size, c.num_kv_heads, c.head_dim), param_dtype,
+    self.v_proj = param(rngs, (c.hidden_size, c.num_kv_heads, c.head_dim), param_dtype,
                          ("embed", "kv_heads", "head_dim"))
-    self.o_proj = _param(rngs, (c.num_heads, c.head_dim, c.hidden_size), param_dtype,
+    self.o_proj = param(rngs, (c.num_heads, c.head_dim, c.hidden_size), param_dtype,
                          ("heads", "head_dim", "embed"))
     if c.attention_bias:
-      self.q_bias = _param(rngs, (c.num_heads, c.head_dim), param_dtype, ("heads", "head_dim"))
-      self.k_bias = _param(rngs, (c.num_kv_heads, c.head_dim), param_dtype,
+      self.q_bias = param(rngs, (c.num_heads, c.head_dim), param_dtype, ("heads", "head_dim"))
+      self.k_bias = param(rngs, (c.num_kv_heads, c.head_dim), param_dtype,
                            ("kv_heads", "head_dim"))
-      self.v_bias = _param(rngs, (c.num_kv_heads, c.head_dim), param_dtype,
+      self.v_bias = param(rngs, (c.num_kv_heads, c.head_dim), param_dtype,
                            ("kv_heads", "head_dim"))
     if c.qk_norm:
       # Qwen3 scales by w; Gemma 3 by (1 + w) like its other norms (its checkpoints store w − 1).
-      self.q_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, plus_one=c.norm_plus_one,
+      # OLMoE normalises each whole projection (every head together) instead of each head.
+      q_width, k_width = c.head_dim, c.head_dim
+      if not c.qk_norm_per_head:
+        q_width, k_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+      self.q_norm = RMSNorm(q_width, eps=c.rms_norm_eps, plus_one=c.norm_plus_one,
                             param_dtype=param_dtype)
-      self.k_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, plus_one=c.norm_plus_one,
+      self.k_norm = RMSNorm(k_width, eps=c.rms_norm_eps, plus_one=c.norm_plus_one,
                             param_dtype=param_dtype)
 
   def project_qkv(self, x, positions, inv_freq):
     dtype = x.dtype
-    q = _project("td,dhk->thk", x, _weight(self.q_proj, dtype))
-    k = _project("td,dhk->thk", x, _weight(self.k_proj, dtype))
-    v = _project("td,dhk->thk", x, _weight(self.v_proj, dtype))
+    q = project("td,dhk->thk", x, weight(self.q_proj, dtype))
+    k = project("td,dhk->thk", x, weight(self.k_proj, dtype))
+    v = project("td,dhk->thk", x, weight(self.v_proj, dtype))
     if self.config.attention_bias:
       q = q + self.q_bias[...].astype(dtype)
       k = k + self.k_bias[...].astype(dtype)
       v = v + self.v_bias[...].astype(dtype)
-    if self.config.qk_norm:
+    if self.config.qk_norm and self.config.qk_norm_per_head:
       q, k = self.q_norm(q), self.k_norm(k)
+    elif self.config.qk_norm:
+      q = self.q_norm(q.reshape(*q.shape[:2], -1)).reshape(q.shape)
+      k = self.k_norm(k.reshape(*k.shape[:2], -1)).reshape(k.shape)
+    if self.config.clip_qkv is not None:
+      clip = self.config.clip_qkv
+      q, k, v = (jnp.clip(a, -clip, clip) for a in (q, k, v))
     return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
   def output(self, attended):
-    return _project("thk,hkd->td", attended, _weight(self.o_proj, attended.dtype))
+    return project("thk,hkd->td", attended, weight(self.o_proj, attended.dtype))
 
   def __call__(self, x, positions, key_positions, inv_freq, cache_kv=None, write_index=None,
                segment_ids=None, layer=None):
@@ -352,25 +335,26 @@ class MLP(nnx.Module):
   def __init__(self, config: ModelConfig, *, param_dtype, rngs):
     d, f = config.hidden_size, config.intermediate_size
     self.activation = config.activation
-    self.gate_proj = _param(rngs, (d, f), param_dtype, ("embed", "mlp"))
-    self.up_proj = _param(rngs, (d, f), param_dtype, ("embed", "mlp"))
-    self.down_proj = _param(rngs, (f, d), param_dtype, ("mlp", "embed"))
+    self.gate_proj = param(rngs, (d, f), param_dtype, ("embed", "mlp"))
+    self.up_proj = param(rngs, (d, f), param_dtype, ("embed", "mlp"))
+    self.down_proj = param(rngs, (f, d), param_dtype, ("mlp", "embed"))
 
   def __call__(self, x):
     dtype = x.dtype
-    gate = constrain(_project("td,df->tf", x, _weight(self.gate_proj, dtype)),
+    gate = constrain(project("td,df->tf", x, weight(self.gate_proj, dtype)),
                      ("batch", "length", "mlp"))
-    up = constrain(_project("td,df->tf", x, _weight(self.up_proj, dtype)),
+    up = constrain(project("td,df->tf", x, weight(self.up_proj, dtype)),
                    ("batch", "length", "mlp"))
     if self.activation == "silu":
       hidden = jax.nn.silu(gate) * up
     else:
       hidden = jax.nn.gelu(gate, approximate=True) * up
-    return _project("tf,fd->td", hidden, _weight(self.down_proj, dtype))
+    return project("tf,fd->td", hidden, weight(self.down_proj, dtype))
 
 
 class Block(nnx.Module):
-  """Pre-norm residual block; Gemma 2 and Gemma 3 add a norm after attention and after the MLP."""
+  """Pre-norm residual block; Gemma 2 and Gemma 3 add a norm after attention and after the MLP.
+  The MLP of a MoE model's sparse layers is routed experts (`reasoning_rl.models.moe.MoE`)."""
 
   def __init__(self, config: ModelConfig, layer_index: int, *, param_dtype, rngs):
     def norm():
@@ -380,23 +364,61 @@ class Block(nnx.Module):
     self.attn_norm = norm()
     self.attn = Attention(config, layer_index, param_dtype=param_dtype, rngs=rngs)
     self.mlp_norm = norm()
-    self.mlp = MLP(config, param_dtype=param_dtype, rngs=rngs)
+    self.sparse = config.layer_is_sparse(layer_index)
+    if self.sparse:
+      self.mlp = moe_lib.MoE(config, param_dtype=param_dtype, rngs=rngs)
+    else:
+      self.mlp = MLP(config, param_dtype=param_dtype, rngs=rngs)
     self.sandwich = config.sandwich_norms
     if self.sandwich:
       self.attn_post_norm = norm()
       self.mlp_post_norm = norm()
 
   def __call__(self, x, positions, key_positions, inv_freq, cache_kv=None, write_index=None,
-               segment_ids=None, layer=None):
+               segment_ids=None, layer=None, routing: "Routing | None" = None):
+    """(x after the block, its layer's new (k, v) or None, its `RouterStats` or None)."""
     attn_out, new_cache_kv = self.attn(self.attn_norm(x), positions, key_positions, inv_freq,
                                        cache_kv, write_index, segment_ids, layer)
     if self.sandwich:
       attn_out = self.attn_post_norm(attn_out)
     x = x + attn_out
-    mlp_out = self.mlp(self.mlp_norm(x))
+    stats = None
+    if self.sparse:
+      routing = routing or Routing(token_mask=positions >= 0)
+      mlp_out, stats = self.mlp(self.mlp_norm(x), routing.token_mask, routing.recorded,
+                                routing.replay)
+    else:
+      mlp_out = self.mlp(self.mlp_norm(x))
     if self.sandwich:
       mlp_out = self.mlp_post_norm(mlp_out)
-    return x + mlp_out, new_cache_kv
+    return x + mlp_out, new_cache_kv, stats
+
+
+@flax.struct.dataclass
+class Routing:
+  """What a forward tells its sparse layers besides x (MoE models only).
+
+  token_mask [B, T]: the real tokens (router statistics count only these).
+  recorded: [B, T, k] int32 of one layer inside a block, or [L_sparse, B, T, k] for the whole
+    stack (`Transformer.run_blocks`): the experts a sampler chose; None when unknown.
+  replay (static): route every token to `recorded` instead of the router's own top-k (R3).
+  """
+
+  token_mask: jax.Array
+  recorded: jax.Array | None = None
+  replay: bool = flax.struct.field(pytree_node=False, default=False)
+
+  def for_layer(self, sparse_index) -> "Routing":
+    if self.recorded is None:
+      return self
+    return self.replace(recorded=self.recorded[sparse_index])
+
+
+def _stack_stats(stats: list) -> moe_lib.RouterStats | None:
+  """Per-layer `RouterStats` stacked on a leading axis (None for no sparse layer)."""
+  if not stats:
+    return None
+  return jax.tree.map(lambda *layers: jnp.stack(layers), *stats)
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
@@ -418,15 +440,30 @@ class Transformer(nnx.Module):
     self.config = c
     self.dtype = jnp.dtype(dtype)
     self.param_dtype = jnp.dtype(param_dtype)
-    self.embed = _param(rngs, (c.vocab_size, c.hidden_size), param_dtype, ("vocab", "embed"))
+    self.embed = param(rngs, (c.vocab_size, c.hidden_size), param_dtype, ("vocab", "embed"))
     # Built block by block in both layouts, so a seed gives the same weights either way.
     blocks = [Block(c, i, param_dtype=param_dtype, rngs=rngs) for i in range(c.num_layers)]
+    if scan_layers and len({block.sparse for block in blocks}) > 1:
+      raise ValueError("scan_layers: this MoE model mixes dense and sparse layers, whose "
+                       "parameters differ, and a scanned stack needs every layer alike; use "
+                       "the loop layout (scan_layers=False)")
     self.scan_layers = scan_layers
     self.layers = _stack_blocks(blocks) if scan_layers else nnx.List(blocks)
     self.final_norm = RMSNorm(c.hidden_size, eps=c.rms_norm_eps, plus_one=c.norm_plus_one,
                               param_dtype=param_dtype)
     if not c.tie_word_embeddings:
-      self.lm_head = _param(rngs, (c.hidden_size, c.vocab_size), param_dtype, ("embed", "vocab"))
+      self.lm_head = param(rngs, (c.hidden_size, c.vocab_size), param_dtype, ("embed", "vocab"))
+
+  def use_grouped_matmul(self, implementation: str) -> "Transformer":
+    """Computes the experts of sparse layers with `implementation` (one of
+    `reasoning_rl.kernels.grouped_matmul.GROUPED_MATMULS`); a static choice in the graphdef."""
+    from reasoning_rl.kernels.grouped_matmul import resolve
+
+    resolve(implementation)  # validates the name
+    for block in [self.layers] if self.scan_layers else self.layers:
+      if block.sparse:
+        block.mlp.grouped_matmul = implementation
+    return self
 
   def use_attention_kernel(self, kernel: str) -> "Transformer":
     """Computes training attention with `kernel` (one of `reasoning_rl.kernels.TRAINING_KERNELS`;
@@ -452,7 +489,7 @@ class Transformer(nnx.Module):
 
   def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
     """Final-normed hidden [..., D] → logits [..., V] in float32 (soft-capped for Gemma 2)."""
-    # Rows flattened into one axis, as in `_project`: a plain matmul for the kernel's gradient.
+    # Rows flattened into one axis, as in `project`: a plain matmul for the kernel's gradient.
     rows = hidden.reshape(-1, hidden.shape[-1])
     logits = jnp.dot(rows, self.output_kernel().astype(hidden.dtype),
                      preferred_element_type=jnp.float32).reshape(*hidden.shape[:-1], -1)
@@ -464,13 +501,16 @@ class Transformer(nnx.Module):
   # ------------------------------------------------------------------------------- the block stack
 
   def run_blocks(self, x, positions, key_positions, *, cache: KVCache | None = None,
-                 write_index=None, remat: bool | str = False, segment_ids=None):
+                 write_index=None, remat: bool | str = False, segment_ids=None,
+                 routing: Routing | None = None):
     """The stack of blocks over embedded x [B, T, D]: (x after the last block, (keys, values) of
-    every layer written into `cache`, or None without one).
+    every layer written into `cache` or None without one, the sparse layers' `RouterStats`
+    stacked on a leading axis or None for a dense model).
 
     Both entry points run their blocks here, so this one method holds every projection the model
     makes; `reasoning_rl.lora` intercepts it (qwix) to add adapters to the full forward and to
-    decoding alike. `remat`: a name of REMAT_POLICIES or a bool (`remat_policy`).
+    decoding alike. `remat`: a name of REMAT_POLICIES or a bool (`remat_policy`). `routing`: the
+    real tokens and any recorded experts (MoE models; default: real tokens are positions ≥ 0).
     """
     # One table per attention type: Gemma 3's local and global layers rotate with different bases.
     inv_freqs = {kind: rope_inverse_frequencies(self.config, kind)
@@ -478,27 +518,36 @@ class Transformer(nnx.Module):
     policy = remat_policy(remat)
     residual_axes = ("batch", "length", None)  # batch-sharded, full width (FSDP-style)
     x = constrain(x, residual_axes)
+    if routing is None and self.config.moe is not None:
+      routing = Routing(token_mask=positions >= 0)
     if self.scan_layers:
       return self._run_scanned(x, positions, key_positions, inv_freqs, cache, write_index,
-                               policy, segment_ids)
+                               policy, segment_ids, routing)
 
-    def run_block(block, x, cache_kv, inv_freq):
-      return block(x, positions, key_positions, inv_freq, cache_kv, write_index, segment_ids)
+    def run_block(block, x, cache_kv, inv_freq, layer_routing):
+      return block(x, positions, key_positions, inv_freq, cache_kv, write_index, segment_ids,
+                   routing=layer_routing)
 
     if policy != "none":
       run_block = nnx.remat(run_block, policy=_checkpoint_policy(policy))
-    new_k, new_v = [], []
+    new_k, new_v, stats = [], [], []
     for layer, block in enumerate(self.layers):
       cache_kv = None if cache is None else cache.layer(layer)
-      x, written = run_block(block, x, cache_kv, inv_freqs[self.config.layer_types[layer]])
+      layer_routing = routing.for_layer(len(stats)) if block.sparse else None
+      x, written, layer_stats = run_block(block, x, cache_kv,
+                                          inv_freqs[self.config.layer_types[layer]],
+                                          layer_routing)
       x = constrain(x, residual_axes)
       if written is not None:
         new_k.append(written[0])
         new_v.append(written[1])
-    return x, (None if cache is None else (tuple(new_k), tuple(new_v)))
+      if layer_stats is not None:
+        stats.append(layer_stats)
+    kv = None if cache is None else (tuple(new_k), tuple(new_v))
+    return x, kv, _stack_stats(stats)
 
   def _run_scanned(self, x, positions, key_positions, inv_freqs, cache, write_index, policy,
-                   segment_ids):
+                   segment_ids, routing):
     """`run_blocks` of the scanned layout: one `jax.lax.scan` step per `layer_period` blocks.
 
     The stacked parameters are the scan's input, read one group of p layers per step; x and,
@@ -514,11 +563,11 @@ class Transformer(nnx.Module):
     graphdef, state = nnx.split(self.layers)
     grouped = jax.tree.map(lambda a: a.reshape(groups, period, *a.shape[1:]), state)
 
-    def run_block(block_state, x, cache_kv, layer, window, inv_freq):
+    def run_block(block_state, x, cache_kv, layer, layer_routing, window, inv_freq):
       block = nnx.merge(graphdef, block_state)
       block.attn.window = window
       return block(x, positions, key_positions, inv_freq, cache_kv, write_index, segment_ids,
-                   layer)
+                   layer, routing=layer_routing)
 
     runners = []
     for j in range(period):
@@ -531,26 +580,43 @@ class Transformer(nnx.Module):
         runner = jax.checkpoint(runner, policy=_checkpoint_policy(policy), prevent_cse=False)
       runners.append(runner)
 
+    # Sparse layers per group, and where each of the group's layers sits among them.
+    sparse = [config.layer_is_sparse(j) for j in range(period)]
+    per_group = sum(sparse)
+
     def body(carry, inputs):
       x, cache_kv = carry
       group_state, group = inputs
+      group_stats = []
       for j in range(period):
         layer = group * period + j
-        x, written = runners[j](jax.tree.map(lambda a, j=j: a[j], group_state), x, cache_kv,
-                                layer)
+        layer_routing = None
+        if sparse[j]:
+          layer_routing = routing.for_layer(group * per_group + sum(sparse[:j]))
+        x, written, layer_stats = runners[j](jax.tree.map(lambda a, j=j: a[j], group_state), x,
+                                             cache_kv, layer, layer_routing)
         x = constrain(x, residual_axes)
         cache_kv = written
-      return (x, cache_kv), None
+        if layer_stats is not None:
+          group_stats.append(layer_stats)
+      return (x, cache_kv), _stack_stats(group_stats)
 
     cache_kv = None if cache is None else cache.stack()
-    (x, cache_kv), _ = jax.lax.scan(body, (x, cache_kv), (grouped, jnp.arange(groups)))
-    return x, None if cache_kv is None else cache_kv[:2]
+    (x, cache_kv), stats = jax.lax.scan(body, (x, cache_kv), (grouped, jnp.arange(groups)))
+    if stats is not None:  # [groups, per_group, …] → [L_sparse, …], in layer order
+      stats = jax.tree.map(lambda a: a.reshape(groups * per_group, *a.shape[2:]), stats)
+    return x, None if cache_kv is None else cache_kv[:2], stats
 
   # ------------------------------------------------------------------------------- entry points
 
   def hidden_states(self, token_ids, attention_mask=None, *, positions=None,
-                    remat: bool | str = False, segment_ids=None):
+                    remat: bool | str = False, segment_ids=None, recorded_experts=None,
+                    replay_experts: bool = False, with_router_stats: bool = False):
     """Final-normed hidden states [B, T, D] of a full forward (no cache).
+
+    MoE models: `recorded_experts` [L_sparse, B, T, k] are the experts a sampler chose for these
+    tokens; `replay_experts` routes by them instead of the router's own top-k (routing replay,
+    `reasoning_rl.models.moe`); `with_router_stats` returns (hidden, stacked `RouterStats`).
 
     `segment_ids` [B, T] (0 = padding, 1, 2, … = the sequences of a packed row, each with its own
     `positions` from 0) confines attention to each sequence: a packed row computes for each of
@@ -571,9 +637,18 @@ class Transformer(nnx.Module):
     if positions is None:
       positions = positions_from_mask(attention_mask)
     key_positions = jnp.where(attention_mask > 0, positions, -1)
-    x, _ = self.run_blocks(self.embed_tokens(token_ids), positions, key_positions, remat=remat,
-                           segment_ids=segment_ids)
-    return self.final_norm(x)
+    routing = self._routing(attention_mask > 0, recorded_experts, replay_experts)
+    x, _, stats = self.run_blocks(self.embed_tokens(token_ids), positions, key_positions,
+                                  remat=remat, segment_ids=segment_ids, routing=routing)
+    hidden = self.final_norm(x)
+    return (hidden, stats) if with_router_stats else hidden
+
+  def _routing(self, token_mask, recorded_experts, replay: bool) -> Routing | None:
+    if self.config.moe is None:
+      if recorded_experts is not None or replay:
+        raise ValueError("recorded experts / routing replay given to a dense model")
+      return None
+    return Routing(token_mask=token_mask, recorded=recorded_experts, replay=replay)
 
   def __call__(self, token_ids, attention_mask=None, *, positions=None):
     """Logits [B, T, V] (float32) of a batch that may be left- or right-padded."""
@@ -581,7 +656,7 @@ class Transformer(nnx.Module):
         self.hidden_states(token_ids, attention_mask, positions=positions))
 
   def decode(self, token_ids, positions, cache: KVCache, write_index, *, return_hidden=False,
-             key_length: int | None = None):
+             key_length: int | None = None, with_router_stats: bool = False):
     """Runs T new tokens per row through the KV cache.
 
     token_ids, positions [B, T] (position −1 marks padding inside a bucketed prefill);
@@ -599,6 +674,9 @@ class Transformer(nnx.Module):
     through its tables instead: write_index still counts a row's entries, which the tables map
     to pages; each row attends over the pages of its read table, gathered or read in place by a
     kernel (`kernels.paged_decode_attention`; key_length is then unused).
+
+    with_router_stats (MoE models): a third result, the sparse layers' `RouterStats` of the new
+    tokens (their `experts` are what a rollout records for routing replay).
     """
     if cache.stacked != self.scan_layers:
       raise ValueError(f"a {'stacked' if cache.stacked else 'per-layer'} KV cache for a model "
@@ -612,15 +690,15 @@ class Transformer(nnx.Module):
       slots = write_index[:, None] + jnp.arange(token_ids.shape[1])[None, :]
       cache_pos = _scatter_rows(cache.pos, slots, positions.astype(jnp.int32))
       key_positions = cache_pos if key_length is None else cache_pos[:, :key_length]
-    x, (new_k, new_v) = self.run_blocks(self.embed_tokens(token_ids), positions, key_positions,
-                                        cache=cache, write_index=write_index)
+    x, (new_k, new_v), stats = self.run_blocks(
+        self.embed_tokens(token_ids), positions, key_positions, cache=cache,
+        write_index=write_index, routing=self._routing(positions >= 0, None, False))
     hidden = self.final_norm(x)
     new_cache = cache.replace(k=new_k, v=new_v, pos=cache_pos)
     if isinstance(cache, kv_pages.PagedKVCache):
       new_cache = new_cache.replace(address=None)
-    if return_hidden:
-      return hidden, new_cache
-    return self.logits_from_hidden(hidden), new_cache
+    out = hidden if return_hidden else self.logits_from_hidden(hidden)
+    return (out, new_cache, stats) if with_router_stats else (out, new_cache)
 
 
 def create_model(config: ModelConfig, *, seed: int = 0, dtype=jnp.float32,
