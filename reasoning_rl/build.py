@@ -339,6 +339,10 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
   data = build_data(config)  # before the model: a bad task file fails in seconds
   reward_fn = build_reward_fn(config)
   model, tokenizer = build_policy(config)
+  if config.algo.routing_replay and model.config.moe is None:
+    raise ConfigError(f"config.algo.routing_replay=True: the policy ({model.config.model_type}) "
+                      "has no routed experts to replay; set it for mixture-of-experts models "
+                      "only")
   lora_settings = LoraSettings.from_config(config)
   if lora_settings.enabled:
     model = lora.apply_lora(model, lora_settings, seed=config.seed)

@@ -126,6 +126,13 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
   require(not r.exact_logprobs or r.backend == "engine", "rollout.exact_logprobs",
           f"exact rollouts need this package's engine (rollout.backend={r.backend!r} has no "
           "canonical forward): set rollout.backend='engine' or rollout.exact_logprobs=False")
+  require(not (config.algo.routing_replay and config.environment.name), "algo.routing_replay",
+          "multi-turn episodes append the environment's tokens without recording their "
+          f"routing (environment.name={config.environment.name!r}), so there is nothing to "
+          "replay for them: set algo.routing_replay=False")
+  require(not (config.algo.routing_replay and r.backend != "engine"), "algo.routing_replay",
+          f"the rollout backend {r.backend!r} does not record each token's experts; routing "
+          "replay needs rollout.backend='engine'")
   require(config.beta > 0 or math.isinf(config.guards.max_kl), "guards.max_kl",
           "the KL guard measures KL to the reference, which exists only with beta > 0; set "
           "--config.beta or leave max_kl at inf")

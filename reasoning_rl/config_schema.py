@@ -313,6 +313,18 @@ SECTIONS: tuple[Section, ...] = (
         Field("value_clip", 0.2, "ppo: value clip ε_v", _POSITIVE),
         Field("gamma", 1.0, "ppo: discount γ (GAE, Schulman et al. 2016)", _FRACTION),
         Field("gae_lambda", 0.95, "ppo: GAE λ", _FRACTION),
+        Field("routing_replay", False, "mixture-of-experts models: the trainer's π_θ and π_old "
+              "forwards send each token to the experts the sampler chose for it instead of "
+              "their own top-k (rollout routing replay, R3: Ma et al. 2025, arXiv:2510.11370); "
+              "the weights of those experts still come from the trainer's router, which keeps "
+              "its gradient. Under rollout.exact_logprobs the sampler's experts are the "
+              "canonical forward's and are always replayed (docs/moe.md)"),
+        Field("moe_load_balance_coef", 0.0, "mixture-of-experts models: weight of the load-"
+              "balancing loss E·Σ_i f_i·P_i (Switch Transformer, Fedus et al. 2021) averaged over "
+              "sparse layers; RL usually trains without it", Range(float, 0, meaning="0 = off")),
+        Field("moe_router_z_coef", 0.0, "mixture-of-experts models: weight of the router "
+              "z-loss, mean logsumexp(router logits)² (ST-MoE, Zoph et al. 2022)",
+              Range(float, 0, meaning="0 = off")),
     )),
     Section("optim", "AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay, "
             "after clipping the global gradient norm.", (
@@ -415,6 +427,10 @@ SECTIONS: tuple[Section, ...] = (
     Section("logging", "What the run writes for people.", (
         Field("rollouts_every_steps", 1, "cadence of WORKDIR/rollouts/ records",
               _int(0, meaning="0 = never")),
+        Field("rollout_experts", True, "mixture-of-experts models: each rollout record keeps "
+              "the experts the sampler routed its prompt and completion tokens to (`experts`: "
+              "[tokens, sparse layers, k] as base64 bytes, docs/moe.md); ~1 byte per token, "
+              "layer and k: turn off for long completions of large models"),
         Field("tensorboard", True, "write WORKDIR/tensorboard/"),
         Field("progress_bar", True, "one live progress line on the terminal"),
         Field("peak_flops_per_device", 4e11, "peak FLOP/s of one device, the denominator of "
@@ -437,6 +453,11 @@ SECTIONS: tuple[Section, ...] = (
               "more than accuracy over the last length_growth_evals evaluations",
               Range(float, 0, low_open=True, infinite_ok=True, meaning="inf = off")),
         Field("length_growth_evals", 2, "window of the length-growth guard", _COUNT),
+        Field("max_routing_collapse", 0.95, "mixture-of-experts models: a step whose busiest "
+              "expert (in any sparse layer, over the step's tokens) took this share of the most "
+              "it could take (max/mean tokens per expert divided by E/k; 1 = every token sent "
+              "to the same k experts) stops the run", Range(float, 0, 1, low_open=True,
+                                                            meaning="1 = off")),
     )),
 )
 

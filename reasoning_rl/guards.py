@@ -31,6 +31,14 @@ Guards (thresholds under `config.guards`; off at their defaults except the verif
   g_L − max(g_A, 0) > max_length_growth, i.e. length grew by that much more (relatively) than
   accuracy did. Skipped while L_b <= 0.
 
+- `max_routing_collapse` (default 0.95; mixture-of-experts models): trips when a step's
+  `train/routing/collapse` is > the threshold: in some sparse layer, over the step's tokens, the
+  busiest expert took that share of the most it could (its tokens over the mean per expert,
+  divided by the ceiling E/k; 1 = every token sent to the same k experts,
+  `reasoning_rl.rl.routing`). A router collapsed onto a few experts leaves the others untrained
+  and the model's capacity unused (Shazeer et al. 2017 describe the self-reinforcing imbalance);
+  1.0 turns it off.
+
 Training rewards are only remembered when `heldout_drop_evals` > 0, and only back to the oldest
 evaluation that guard still compares with. A guard whose metric is absent from a step's metrics does not check that step. The guard state
 (counters, evaluation history, recent rewards) is JSON-able (`state_dict` / `load_state_dict`) and
@@ -60,6 +68,7 @@ SKIPPED_KEY = "skipped_update"
 TRAIN_REWARD_KEY = "reward/mean"
 ACCURACY_KEY = "accuracy"
 LENGTH_KEY = "response_length/mean"
+ROUTING_COLLAPSE_KEY = "train/routing/collapse"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +83,7 @@ class GuardConfig:
   heldout_drop_evals: int = 0
   max_length_growth: float = math.inf
   length_growth_evals: int = 2
+  max_routing_collapse: float = 0.95
 
   def __post_init__(self):
 
@@ -174,6 +184,14 @@ class Guards:
         return Trip(name, f"{rate:.1%} of the groups scored at step {step} {what} (zero rewards), "
                     f"above guards.{name}={limit:.6g}; see WORKDIR/logs/train.log", step,
                     {key: rate, name: limit})
+    collapse = _number(metrics, ROUTING_COLLAPSE_KEY)
+    if collapse is not None and c.max_routing_collapse < 1 and collapse > c.max_routing_collapse:
+      return Trip("max_routing_collapse",
+                  f"routing collapsed at step {step}: the busiest expert of a sparse layer took "
+                  f"{collapse:.1%} of the most it could take (train/routing/collapse), above "
+                  f"guards.max_routing_collapse={c.max_routing_collapse:.6g}", step,
+                  {ROUTING_COLLAPSE_KEY: collapse,
+                   "max_routing_collapse": c.max_routing_collapse})
     if c.max_skipped_updates > 0 and self._consecutive_skipped >= c.max_skipped_updates:
       return Trip("max_skipped_updates",
                   f"{self._consecutive_skipped} consecutive steps skipped their update (non-finite "

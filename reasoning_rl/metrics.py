@@ -50,8 +50,8 @@ SAMPLING_FIELDS = ("temperature", "top_p", "max_new_tokens", "seed")
 # Stamped into every rollout record by `MetricsWriter.write_rollouts`: the fields above plus those
 # the RL loop adds (loop.telemetry.rollout_records: task_prompt, ground_truth, task, metadata,
 # tests, scoring_status, reward/<part>, under PPO token_advantages, and for multi-turn episodes
-# turns, episode_end, environment_parts, observation_tokens: optional, so version 1 holds records
-# with and without them, and no reader needs them).
+# turns, episode_end, environment_parts, observation_tokens, and for mixture-of-experts models
+# experts: optional, so version 1 holds records with and without them, and no reader needs them).
 ROLLOUT_FORMAT_VERSION = 1
 
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}

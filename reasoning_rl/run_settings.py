@@ -16,12 +16,17 @@ from reasoning_rl.errors import ConfigError
 def random_model_config(config: ml_collections.ConfigDict):
   """(ModelConfig, tokenizer) of the random model that `model.random` + `model.tokenizer` name."""
   from reasoning_rl.data.debug_vocab import load_named_tokenizer
-  from reasoning_rl.models.config import ModelConfig
+  from reasoning_rl.models.config import ModelConfig, MoEConfig
 
   tokenizer = load_named_tokenizer(config.model.tokenizer)
+  shape = dict(config.model.random)
+  if shape.get("moe") is not None:  # routed experts: MoEConfig's fields, every layer sparse
+    moe = dict(shape["moe"])         # unless sparse_layers says otherwise
+    moe.setdefault("sparse_layers", (True,) * shape.get("num_layers", 2))
+    shape["moe"] = MoEConfig(**moe)
   return ModelConfig(vocab_size=tokenizer.vocab_size, bos_token_id=tokenizer.bos_id,
                      eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id,
-                     **dict(config.model.random)), tokenizer
+                     **shape), tokenizer
 
 
 def rollout_staleness(config: ml_collections.ConfigDict) -> int:
@@ -76,6 +81,9 @@ def step_config(config: ml_collections.ConfigDict):
       # the rebuild costs memory and time (a top-k over the vocabulary per position) and changes
       # nothing when the rollouts sample the model as is
       truncated_ratio=a.truncated_ratio and config_lib.rollout_rescales(config),
+      # exact rollouts record the canonical forward's experts, which the trainer replays
+      # (sampler/exact.py); a dense model ignores the switch
+      routing_replay=a.routing_replay or (config.stage == "rl" and config.rollout.exact_logprobs),
       # π_old = μ only when the batch was sampled with the weights being trained
       old_logprobs_from_sampler=(config.stage == "rl" and config.rollout.exact_logprobs
                                  and rollout_staleness(config) == 0

@@ -201,7 +201,8 @@ def test_model_forward_reports_stats_per_sparse_layer_and_replays():
   ids, mask = _batch(config.vocab_size, seed=6)
   hidden, stats = model.hidden_states(ids, mask, with_router_stats=True)
   assert stats.experts.shape == (2, 3, 9, 2) and stats.tokens.tolist() == [24.0, 24.0]
-  again = model.hidden_states(ids, mask, recorded_experts=stats.experts, replay_experts=True)
+  recorded = jnp.moveaxis(stats.experts, 0, 2).astype(jnp.uint8)  # [B, T, L, k], as a batch
+  again = model.hidden_states(ids, mask, recorded_experts=recorded, replay_experts=True)
   np.testing.assert_array_equal(np.asarray(again), np.asarray(hidden))
 
 

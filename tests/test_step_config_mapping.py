@@ -45,6 +45,9 @@ MAPPING = {
     "optim.b1": ("b1", 0.81),
     "optim.b2": ("b2", 0.987),
     "optim.eps": ("eps", 3e-7),
+    "algo.routing_replay": ("routing_replay", True),
+    "algo.moe_load_balance_coef": ("moe_load_balance_coef", 0.0123),
+    "algo.moe_router_z_coef": ("moe_router_z_coef", 0.00071),
 }
 # Fields of the algo / optim sections that the step does not read, with the reason.
 NOT_THE_STEPS = {

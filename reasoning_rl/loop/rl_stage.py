@@ -121,7 +121,8 @@ class RLStage:
           group_size=c.rollout.num_samples, prompt_length=c.rollout.max_prefill_length,
           completion_length=c.rollout.max_new_tokens, pad_id=run.tokenizer.pad_id,
           with_rewards=ppo, with_behavior_logprobs=self.with_sampler_logprobs,
-          truncation=run.step_fn.config.truncated_ratio)
+          truncation=run.step_fn.config.truncated_ratio,
+          with_routing=routes_recorded(run.model_config, c))
     train_start = time.perf_counter()
     token_advantages = None
     if cluster.is_trainer:
@@ -187,7 +188,8 @@ class RLStage:
         decode=run.tokenizer.decode, verifier_version=run.reward_fn.verifier_version,
         sampling={"temperature": c.rollout.temperature, "top_p": c.rollout.top_p,
                   "top_k": c.rollout.top_k, "max_new_tokens": c.rollout.max_new_tokens,
-                  "seed": c.seed}, token_advantages=token_advantages)
+                  "seed": c.seed}, token_advantages=token_advantages,
+        with_experts=c.logging.rollout_experts)
 
   def _padded_token_advantages(self, values, layout, padded_shape):
     """PPO's per-token advantages as the step used them, [groups, G, T] on the host: fetched
@@ -198,3 +200,10 @@ class RLStage:
       values = packing.unpack_sequences(values, layout, padded_shape[0])
     r = self.run.config.rollout
     return values.reshape(r.num_prompts, r.num_samples, padded_shape[1])
+
+
+def routes_recorded(model_config, config) -> bool:
+  """Whether the run's batches carry the sampler's experts (`recorded_experts`): for a
+  mixture-of-experts policy, except in multi-turn episodes, whose observation tokens the engine
+  appends without recording their routing (`algo.routing_replay` is refused there)."""
+  return model_config.moe is not None and not config.environment.name

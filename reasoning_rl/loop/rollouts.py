@@ -165,7 +165,10 @@ def scored_group(data_position: int, group: Sequence, responses: tuple[str, ...]
           sampling={"temperature": float(sampling.temperature),
                     "top_p": float(sampling.top_p), "top_k": int(sampling.top_k),
                     "min_p": float(sampling.min_p)},
-          loss_masks=[list(c.loss_mask) for c in group] if multi_turn else None))
+          loss_masks=[list(c.loss_mask) for c in group] if multi_turn else None,
+          # MoE models: each sample's routing in the sampler (what routing replay trains with)
+          experts=([c.experts for c in group] if all(c.experts is not None for c in group)
+                   else None)))
 
 
 def exact_summary(calls: list[dict]) -> dict | None:

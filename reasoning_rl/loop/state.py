@@ -21,7 +21,8 @@ from typing import Any
 from reasoning_rl import guards as guards_lib
 from reasoning_rl.errors import CheckpointError
 from reasoning_rl.rl import batching
-from reasoning_rl.sampler.rollout import Completion, Unfinished
+from reasoning_rl.sampler.rollout import (Completion, Unfinished, routes_from_json,
+                                           routes_to_json)
 
 SCORING_STATUSES = ("ok", "timeout", "error")
 # The checkpoint metadata `LoopState.to_meta` writes: the fields of `_META_FIELDS`, each queued
@@ -51,7 +52,10 @@ class GroupRollout:
   turns: tuple[dict, ...] | None = None
 
   def to_json(self) -> list:
-    item = [self.data_position, dataclasses.asdict(self.group), list(self.responses), self.status]
+    group = dataclasses.asdict(self.group)
+    if self.group.experts is not None:  # MoE routing: arrays, as base64 (routes_to_json)
+      group["experts"] = [routes_to_json(e) for e in self.group.experts]
+    item = [self.data_position, group, list(self.responses), self.status]
     return item + [list(self.turns)] if self.turns is not None else item
 
   def summary(self) -> "GroupRollout":
@@ -67,6 +71,8 @@ class GroupRollout:
   @classmethod
   def from_json(cls, item: list) -> "GroupRollout":
     position, fields, responses, status, *turns = item
+    if fields.get("experts") is not None:
+      fields = dict(fields, experts=[routes_from_json(e) for e in fields["experts"]])
     return cls(int(position), batching.ScoredGroup(**fields), tuple(responses), status,
                tuple(turns[0]) if turns else None)
 
@@ -129,14 +135,14 @@ class InFlightGroup:
 
   def to_json(self) -> dict:
     return {"data_position": self.data_position,
-            "finished": {str(s): dataclasses.asdict(c) for s, c in self.finished.items()},
+            "finished": {str(s): c.to_json() for s, c in self.finished.items()},
             "unfinished": {str(s): u.to_json() for s, u in self.unfinished.items()},
             "scored": self.scored}
 
   @classmethod
   def from_json(cls, fields: dict) -> "InFlightGroup":
     return cls(int(fields["data_position"]),
-               {int(s): Completion(**c) for s, c in fields["finished"].items()},
+               {int(s): Completion.from_json(c) for s, c in fields["finished"].items()},
                {int(s): Unfinished.from_json(u) for s, u in fields["unfinished"].items()},
                fields["scored"])
 

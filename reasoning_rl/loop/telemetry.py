@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from reasoning_rl.loop.state import SampledBatch
+from reasoning_rl.sampler.rollout import routes_to_json
 
 # Keys of the step's own statistics that are promoted to the top level of the row.
 TOP_LEVEL_STATS = ("loss", "kl", "entropy", "clip_frac", "skipped_update")
@@ -139,7 +140,8 @@ def _sequence_advantage(advantages: np.ndarray | None, token_advantages: np.ndar
 def rollout_records(step: int, batch: SampledBatch, advantages: np.ndarray | None, *,
                     examples: Callable[[int], Any], decode: Callable[[list[int]], str],
                     verifier_version: str, sampling: Mapping[str, Any],
-                    token_advantages: np.ndarray | None = None) -> list[dict[str, Any]]:
+                    token_advantages: np.ndarray | None = None,
+                    with_experts: bool = True) -> list[dict[str, Any]]:
   """One record per completion (the rollout-record contract in docs/architecture.md).
 
   `prompt` is the prompt as the policy saw it (the template's text); `task_prompt` is the task's
@@ -150,6 +152,10 @@ def rollout_records(step: int, batch: SampledBatch, advantages: np.ndarray | Non
   `outputs["token_advantages"]`), and the record then holds `token_advantages` (one per completion
   token, rounded to TOKEN_ADVANTAGE_DECIMALS places) and `advantage`, their mean (null for a
   completion without tokens). With neither, `advantage` is null.
+
+  Mixture-of-experts models (`with_experts`, `logging.rollout_experts`): `experts` holds the
+  experts the sampler routed each prompt and completion token to (`rollout.routes_to_json`:
+  shape [tokens, sparse layers, k], dtype, base64 bytes).
   """
   out = []
   for g, rollout in enumerate(batch.groups):
@@ -169,6 +175,8 @@ def rollout_records(step: int, batch: SampledBatch, advantages: np.ndarray | Non
           "metadata": dict(example.metadata), "tests": list(example.tests),
       }
       record.update({f"reward/{name}": values[s] for name, values in group.parts.items()})
+      if with_experts and group.experts is not None:
+        record["experts"] = routes_to_json(group.experts[s])
       if rollout.turns is not None:  # multi-turn: every turn, and how the episode ended
         record.update(rollout.turns[s])
         record["observation_tokens"] = len(group.completion_ids[s]) - num_tokens

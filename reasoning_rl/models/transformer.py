@@ -614,9 +614,10 @@ class Transformer(nnx.Module):
                     replay_experts: bool = False, with_router_stats: bool = False):
     """Final-normed hidden states [B, T, D] of a full forward (no cache).
 
-    MoE models: `recorded_experts` [L_sparse, B, T, k] are the experts a sampler chose for these
-    tokens; `replay_experts` routes by them instead of the router's own top-k (routing replay,
-    `reasoning_rl.models.moe`); `with_router_stats` returns (hidden, stacked `RouterStats`).
+    MoE models: `recorded_experts` [B, T, L_sparse, k] (any integer type) are the experts a
+    sampler chose for these tokens; `replay_experts` routes by them instead of the router's own
+    top-k (routing replay, `reasoning_rl.models.moe`); `with_router_stats` returns (hidden, the
+    `RouterStats` stacked over sparse layers, each field [L_sparse, …]).
 
     `segment_ids` [B, T] (0 = padding, 1, 2, … = the sequences of a packed row, each with its own
     `positions` from 0) confines attention to each sequence: a packed row computes for each of
@@ -644,10 +645,14 @@ class Transformer(nnx.Module):
     return (hidden, stats) if with_router_stats else hidden
 
   def _routing(self, token_mask, recorded_experts, replay: bool) -> Routing | None:
+    """The forward's `Routing`; recorded_experts [B, T, L_sparse, k] become the layer-major
+    int32 [L_sparse, B, T, k] the stack indexes by sparse layer."""
     if self.config.moe is None:
       if recorded_experts is not None or replay:
         raise ValueError("recorded experts / routing replay given to a dense model")
       return None
+    if recorded_experts is not None:
+      recorded_experts = jnp.moveaxis(recorded_experts.astype(jnp.int32), 2, 0)
     return Routing(token_mask=token_mask, recorded=recorded_experts, replay=replay)
 
   def __call__(self, token_ids, attention_mask=None, *, positions=None):

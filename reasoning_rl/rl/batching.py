@@ -33,6 +33,9 @@ class ScoredGroup:
     loss_masks: per sample, 1 for each token the model chose and 0 for each environment-observation
       token of a multi-turn episode (`sampler.multiturn`); None when every token is the model's.
       Observation tokens stay in the sequence (attended to) but out of the loss, KL and counts.
+    experts: mixture-of-experts models: per sample, the experts the sampler routed each prompt and
+      completion token to, [len(prompt) + len(completion), L_sparse, k] (`Completion.experts`);
+      None when not recorded.
   """
 
   prompt_tokens: list[int]
@@ -44,6 +47,7 @@ class ScoredGroup:
   sampling_logprobs: list[list[float]] | None = None
   sampling: dict | None = None
   loss_masks: list[list[int]] | None = None
+  experts: list[np.ndarray] | None = None
 
   @property
   def size(self) -> int:
@@ -98,6 +102,31 @@ def pad_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[in
   return tokens, attention, completion_mask
 
 
+def routing_rows(groups: Sequence[ScoredGroup], num_rows: int, prompt_length: int,
+                 completion_length: int) -> np.ndarray:
+  """The groups' recorded experts laid out as `pad_rows` lays out their tokens: [num_rows,
+  prompt_length + completion_length, L_sparse, k], prompts left-padded (their last
+  prompt_length tokens kept), completions right-padded, zeros elsewhere."""
+  routed = [(g, e) for g, group in enumerate(groups) for e in (group.experts or [None])]
+  missing = [g for g, experts in routed if experts is None]
+  if missing:
+    raise ValueError(f"group {missing[0]} has no recorded experts, which a mixture-of-experts "
+                     "batch needs (algo.routing_replay, routing metrics): sample it with the "
+                     "engine backend, which records them")
+  sample = routed[0][1]
+  out = np.zeros((num_rows, prompt_length + completion_length, *sample.shape[1:]), sample.dtype)
+  row = 0
+  for group in groups:
+    prompt = len(group.prompt_tokens)
+    for completion, experts in zip(group.completion_ids, group.experts):
+      kept_prompt = experts[:prompt][-prompt_length:]
+      kept_completion = experts[prompt:prompt + len(completion)][:completion_length]
+      out[row, prompt_length - len(kept_prompt):prompt_length] = kept_prompt
+      out[row, prompt_length:prompt_length + len(kept_completion)] = kept_completion
+      row += 1
+  return out
+
+
 # Sampling settings under which the sampler draws from the model's own distribution.
 UNTRUNCATED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 # The batch's per-row sampling settings [B] that `algo.truncated_ratio` reads, in the order
@@ -108,7 +137,7 @@ TRUNCATION_FIELDS = tuple(f"sampling_{name}" for name in UNTRUNCATED)
 def build_batch(groups: Sequence[ScoredGroup], advantages: np.ndarray | None, *, num_groups: int,
                 group_size: int, prompt_length: int, completion_length: int, pad_id: int,
                 with_rewards: bool = False, with_behavior_logprobs: bool = False,
-                truncation: bool = False) -> dict[str, np.ndarray]:
+                truncation: bool = False, with_routing: bool = False) -> dict[str, np.ndarray]:
   """The arrays of `TrainStep` for the scored groups and their advantages.
 
   `advantages` [num_groups, G]: the advantage stage's (`rl.advantages.batch_advantages`), or None
@@ -126,6 +155,10 @@ def build_batch(groups: Sequence[ScoredGroup], advantages: np.ndarray | None, *,
   sampling_top_k [R] int32 (fully masked rows: temperature 1, no filter), and behavior_logprobs
   are always there and are the sampler's log-probs under the distribution it drew from (a greedy
   group's: the model's own, the point mass having no log-prob to correct with).
+
+  With `with_routing` (mixture-of-experts models) the batch also holds recorded_experts
+  [R, prompt_length + completion_length, L_sparse, k]: each token's experts as the sampler chose
+  them, laid out like `tokens` (0 at padding).
   """
   groups = list(groups[:num_groups])
   rows = num_groups * group_size
@@ -164,6 +197,8 @@ def build_batch(groups: Sequence[ScoredGroup], advantages: np.ndarray | None, *,
       behavior_rows += group.logprobs if greedy else group.sampling_logprobs
     for name, values in settings.items():
       batch[f"sampling_{name}"] = values
+  if with_routing:
+    batch["recorded_experts"] = routing_rows(groups, rows, prompt_length, completion_length)
   if with_behavior_logprobs or truncation:
     behavior = np.zeros((rows, completion_length), np.float32)
     for row, logprobs in enumerate(behavior_rows if truncation

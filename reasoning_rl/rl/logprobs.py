@@ -18,6 +18,10 @@ rebuilt on the trainer's own logits by `reasoning_rl.sampler.sampling.truncated_
 alongside, the full-softmax log-prob (for the mismatch metrics). The entropy stays the full
 softmax's. Packed rows carry the settings per head position (`packing.HEAD_TRUNCATION_FIELDS`,
 each its sequence's): one packed row may hold sequences sampled under different settings.
+
+Mixture-of-experts models (`routing`, a `RoutingInputs`): the forward may be given the experts
+the sampler chose for every token of the rows (laid out like `tokens`), replay them (routing
+replay, `reasoning_rl.models.moe`) and hand back its `RouterStats` as the last output.
 """
 
 from __future__ import annotations
@@ -25,10 +29,38 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+import dataclasses
+
 from reasoning_rl.models.transformer import Transformer
 from reasoning_rl.rl.batching import TRUNCATION_FIELDS  # noqa: F401 (where the step reads it)
 from reasoning_rl.sampler.sampling import THRESHOLD_NAME, truncated_logprobs
 
+
+@dataclasses.dataclass(frozen=True)
+class RoutingInputs:
+  """What a MoE forward of these functions takes besides the tokens.
+
+  recorded: [rows, width, L_sparse, k] integers laid out like the rows' tokens (padded or packed),
+    the sampler's experts for each token; None when the batch carries none.
+  replay: route by `recorded` (R3) instead of the router's own top-k.
+  with_stats: append the forward's `RouterStats` to the outputs.
+  """
+
+  recorded: jax.Array | None = None
+  replay: bool = False
+  with_stats: bool = False
+
+  def forward_kwargs(self) -> dict:
+    return dict(recorded_experts=self.recorded, replay_experts=self.replay,
+                with_router_stats=self.with_stats)
+
+
+def _hidden(model, tokens, routing: RoutingInputs | None, **kwargs):
+  """(hidden states, RouterStats or None) of a full forward."""
+  if routing is None:
+    return model.hidden_states(tokens, **kwargs), None
+  out = model.hidden_states(tokens, **kwargs, **routing.forward_kwargs())
+  return out if routing.with_stats else (out, None)
 
 
 def _chunk_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array,
@@ -47,7 +79,8 @@ def _chunk_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array,
 
 def completion_logprobs(model: Transformer, tokens: jax.Array, attention_mask: jax.Array,
                         completion_length: int, *, chunk_size: int = 128,
-                        return_hidden: bool = False, remat: bool = False, truncation=None):
+                        return_hidden: bool = False, remat: bool = False, truncation=None,
+                        routing: RoutingInputs | None = None):
   """Log-probs and entropies of the last `completion_length` tokens of each row.
 
   Args:
@@ -63,17 +96,19 @@ def completion_logprobs(model: Transformer, tokens: jax.Array, attention_mask: j
     truncation: None, or each row's sampling settings (temperature, top_p, top_k, min_p), [B]
       each (`TRUNCATION_FIELDS`): then the log-probs are the truncated ones, log π^W (module
       docstring).
+    routing: MoE models: `RoutingInputs` (module docstring).
 
   Returns:
     (logprobs [B, T], entropy [B, T]) in float32 (+ with `truncation` the full-softmax log-probs
-    [B, T]) (+ hidden when asked). Values at padding positions are finite but meaningless; mask
-    them.
+    [B, T]) (+ hidden when asked) (+ the RouterStats with `routing.with_stats`). Values at
+    padding positions are finite but meaningless; mask them.
   """
   prompt_length = tokens.shape[1] - completion_length
   if prompt_length < 1:
     raise ValueError(f"rows of length {tokens.shape[1]} leave no prompt before "
                      f"{completion_length} completion tokens")
-  hidden = model.hidden_states(tokens, attention_mask, remat=remat)
+  hidden, router_stats = _hidden(model, tokens, routing, attention_mask=attention_mask,
+                                 remat=remat)
   hidden = hidden[:, prompt_length - 1: prompt_length - 1 + completion_length]
   if truncation is not None:  # one row's settings at each of its positions
     truncation = tuple(jnp.broadcast_to(x[:, None], (x.shape[0], completion_length))
@@ -81,8 +116,8 @@ def completion_logprobs(model: Transformer, tokens: jax.Array, attention_mask: j
   out = head_logprobs(model, hidden, tokens[:, prompt_length:], chunk_size,
                       truncation=truncation)
   if return_hidden:
-    return (*out, hidden)
-  return out
+    out = (*out, hidden)
+  return (*out, router_stats) if routing is not None and routing.with_stats else out
 
 
 def head_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array, chunk_size: int,
@@ -127,7 +162,8 @@ def head_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array, chu
 
 
 def packed_completion_logprobs(model: Transformer, packed, *, return_hidden: bool = False,
-                               remat: bool = False, truncation=None):
+                               remat: bool = False, truncation=None,
+                               routing: RoutingInputs | None = None):
   """`completion_logprobs` of one packed micro-batch (`reasoning_rl.rl.packing`).
 
   The transformer runs on the packed rows [R, W] (segment ids keep sequences apart). The
@@ -141,11 +177,13 @@ def packed_completion_logprobs(model: Transformer, packed, *, return_hidden: boo
   full-softmax ones follow the entropy, as in `completion_logprobs`.
 
   Returns (logprobs [N, T], entropy [N, T]) float32 (+ with `truncation` the full-softmax
-  log-probs [N, T]) (+ the hidden states at those positions, [N, T, D], when asked); padding
-  positions hold 0.
+  log-probs [N, T]) (+ the hidden states at those positions, [N, T, D], when asked) (+ the
+  RouterStats with `routing.with_stats`; `routing.recorded` laid out like the packed tokens);
+  padding positions hold 0.
   """
-  hidden = model.hidden_states(packed["tokens"], positions=packed["positions"],
-                               segment_ids=packed["segment_ids"], remat=remat)
+  hidden, router_stats = _hidden(model, packed["tokens"], routing,
+                                 positions=packed["positions"],
+                                 segment_ids=packed["segment_ids"], remat=remat)
   rows, width, dim = hidden.shape
   groups, _, chunk = packed["head_index"].shape
   hidden = hidden.reshape(groups, rows // groups * width, dim)
@@ -158,8 +196,8 @@ def packed_completion_logprobs(model: Transformer, packed, *, return_hidden: boo
   per_sequence = lambda x: unpack_tokens(x, packed["token_index"])
   out = tuple(per_sequence(x) for x in out)
   if return_hidden:
-    return (*out, per_sequence(hidden))
-  return out
+    out = (*out, per_sequence(hidden))
+  return (*out, router_stats) if routing is not None and routing.with_stats else out
 
 
 def unpack_tokens(values: jax.Array, token_index: jax.Array) -> jax.Array:

@@ -23,6 +23,8 @@ of a run (the step compiles once) and work that follows the real token count:
 - Sampling settings (`algo.truncated_ratio`): a padded batch's per-row settings become
   per-head-position ones (`HEAD_TRUNCATION_FIELDS`, laid out as `head_targets`), since one packed
   row may hold sequences sampled with different settings.
+- Recorded experts (mixture-of-experts models, `recorded_experts`) follow their tokens: [R, S, W,
+  L_sparse, k] laid out like `tokens`.
 
 Leaves are [rows | groups | slots, S, …] with S = M·m slices (mini-batch k's micro-batch j is slice
 k·m + j): the leading axis is the one sharded over the trainer's data devices (G of them). Each
@@ -141,6 +143,11 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
       "token_index": np.full((num_slots, num_slices, completion_length),
                              row_groups * group_width, np.int32),
   }
+  routed = "recorded_experts" in batch
+  if routed:
+    experts = np.asarray(batch["recorded_experts"])
+    out["recorded_experts"] = np.zeros((rows_per_micro, num_slices, width, *experts.shape[2:]),
+                                       experts.dtype)
   for name in SEQUENCE_FIELDS:
     if name in batch:
       value = np.asarray(batch[name])
@@ -166,6 +173,10 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
         out["tokens"][r, s, span] = sequence
         out["positions"][r, s, span] = np.arange(len(sequence))
         out["segment_ids"][r, s, span] = segment
+        if routed:
+          out["recorded_experts"][r, s, span] = np.concatenate(
+              [experts[i, :prompt_length][attention[i, :prompt_length] > 0],
+               experts[i, prompt_length:prompt_length + n_completion]])
         # Completion token t is predicted by the hidden state of the token before it.
         head = slice(heads[group], heads[group] + n_completion)
         out["head_index"][group, s, head] = (

@@ -114,6 +114,7 @@ from reasoning_rl import sharding as sharding_lib
 from reasoning_rl.config_schema import sourced
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import losses, packing
+from reasoning_rl.rl import routing as routing_lib
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl import value as value_lib
 from reasoning_rl.rl.logprobs import (TRUNCATION_FIELDS, completion_logprobs,
@@ -149,6 +150,10 @@ class StepConfig:
     AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to
     `final_lr_fraction`·lr, after clipping the global gradient norm.
   vf_coef, value_clip, gamma, gae_lambda: PPO value loss weight, value clip ε_v, GAE γ and λ.
+  routing_replay, moe_load_balance_coef, moe_router_z_coef: mixture-of-experts models: replay
+    the batch's `recorded_experts` in the π_θ and π_old forwards (R3), and the weights of the
+    router's auxiliary losses (`reasoning_rl.models.moe`); the routing metrics
+    (`routing_metrics`) are logged for every MoE model.
   compute_dtype: the model's compute dtype: the sampler decodes with weights cast to it, and
     LoRA adapters (float32 masters) are cast to it for the forward pass; None = no casts.
   truncated_ratio: π_θ and π_old are the sampler's truncated, renormalised distribution π^W
@@ -201,6 +206,9 @@ class StepConfig:
   value_clip: float = sourced("algo.value_clip")
   gamma: float = sourced("algo.gamma")
   gae_lambda: float = sourced("algo.gae_lambda")
+  routing_replay: bool = sourced("algo.routing_replay")
+  moe_load_balance_coef: float = sourced("algo.moe_load_balance_coef")
+  moe_router_z_coef: float = sourced("algo.moe_router_z_coef")
 
   def __post_init__(self):
     if self.algorithm not in ("grpo", "ppo", "sft"):
@@ -525,47 +533,64 @@ class TrainStep:
       return params
     return precision.cast_floating(params, self.config.compute_dtype)
 
-  def _logprobs(self, model, micro, *, return_hidden=False, remat=False, truncation=None):
+  def _logprobs(self, model, micro, *, return_hidden=False, remat=False, truncation=None,
+                routing=None):
     """Completion log-probs and entropies [N, T] of a padded or a packed micro-batch (with
-    `truncation`, its sampling settings: log π^W, entropy, then the full-softmax log-probs)."""
+    `truncation`, its sampling settings: log π^W, entropy, then the full-softmax log-probs;
+    MoE models: `routing`, a `logprobs.RoutingInputs`)."""
     if packing.is_packed(micro):  # its head chunks come with it (`TrainStep.host_batch`)
       return packed_completion_logprobs(model, micro, return_hidden=return_hidden, remat=remat,
-                                        truncation=truncation)
+                                        truncation=truncation, routing=routing)
     return completion_logprobs(model, micro["tokens"], micro["attention_mask"],
                                micro["completion_mask"].shape[1],
                                chunk_size=self.config.logprob_chunk,
-                               return_hidden=return_hidden, remat=remat, truncation=truncation)
+                               return_hidden=return_hidden, remat=remat, truncation=truncation,
+                               routing=routing)
 
   def _policy_outputs(self, params, value_head, batch, frozen_params=None, *,
-                      with_full=False):
+                      with_full=False, with_router_stats=False):
     """(logprobs, entropy, values or None) of the policy; the log-probs are π^W's with
     `truncated_ratio` (`StepConfig.truncation`). `with_full` appends the full-softmax log-probs
-    (the same array when nothing is truncated)."""
+    (the same array when nothing is truncated), `with_router_stats` the forward's `RouterStats`
+    (None for a dense model). A MoE policy replays the batch's recorded experts with
+    `routing_replay` (`reasoning_rl.rl.routing`)."""
     model = self.model(params, frozen_params)
     truncation = self.config.truncation(batch)
+    routing = routing_lib.forward_routing(
+        model.config.moe is not None, batch, replay=self.config.routing_replay,
+        with_stats=with_router_stats)
     out = self._logprobs(model, batch, return_hidden=value_head is not None,
-                         remat=self.config.remat, truncation=truncation)
+                         remat=self.config.remat, truncation=truncation, routing=routing)
+    router_stats = None
+    if routing is not None and with_router_stats:
+      out, router_stats = out[:-1], out[-1]
     logprobs, entropy = out[0], out[1]
     full = out[2] if truncation is not None else logprobs
     values = None
     if value_head is not None:
       values = out[-1].astype(jnp.float32) @ value_head["kernel"] + value_head["bias"]
-    if with_full:
-      return logprobs, entropy, values, full
-    return logprobs, entropy, values
+    result = (logprobs, entropy, values) + ((full,) if with_full else ())
+    return result + ((router_stats,) if with_router_stats else ())
 
   def _micro_loss(self, trainable, micro, normalizers, frozen_params=None):
     """Loss of one micro-batch. Without `old_logprobs` in the batch (μ = 1, GRPO), π_old is the
     current policy, so its log-probs are this forward's own, held constant (module docstring)."""
     c = self.config
-    logprobs, entropy, values, full_logprobs = self._policy_outputs(
-        trainable["policy"], trainable.get("value_head"), micro, frozen_params, with_full=True)
+    logprobs, entropy, values, full_logprobs, router_stats = self._policy_outputs(
+        trainable["policy"], trainable.get("value_head"), micro, frozen_params, with_full=True,
+        with_router_stats=True)
+    router_loss, router_metrics = 0.0, {}
+    if router_stats is not None:
+      router_loss, router_metrics = routing_lib.auxiliary_loss_and_stats(
+          router_stats, balance_coef=c.moe_load_balance_coef, z_coef=c.moe_router_z_coef,
+          recorded=routing_lib.RECORDED_EXPERTS in micro)
     if c.algorithm == "sft":
       mask = micro["completion_mask"]
       loss = losses.aggregate_loss(-logprobs, mask, c.loss_agg,
                                    max_completion_length=c.max_completion_length, **normalizers)
-      return loss, {"nll": stats_lib.mean_stat(-logprobs, mask > 0),
-                    "entropy": stats_lib.mean_stat(entropy, mask > 0)}
+      return loss + router_loss, {"nll": stats_lib.mean_stat(-logprobs, mask > 0),
+                                  "entropy": stats_lib.mean_stat(entropy, mask > 0),
+                                  **router_metrics}
     old_logprobs = micro.get("old_logprobs", jax.lax.stop_gradient(logprobs))
     behavior_logprobs = micro.get("behavior_logprobs")
     is_correction, is_threshold = c.sampler_correction(behavior_logprobs is not None)
@@ -589,7 +614,7 @@ class TrainStep:
           max_completion_length=c.max_completion_length, **normalizers)
       loss = loss + c.vf_coef * v_loss
       stats = stats_lib.merge(stats, v_stats)
-    return loss, stats
+    return loss + router_loss, dict(stats, **router_metrics)
 
   def _needs_old_logprobs(self) -> bool:
     c = self.config
@@ -614,6 +639,8 @@ class TrainStep:
     needs_old = self._needs_old_logprobs() and not (from_sampler and c.algorithm != "ppo")
     model_inputs = (("tokens", "positions", "segment_ids", "head_index", "head_targets",
                      "token_index") if packing.is_packed(batch) else ("tokens", "attention_mask"))
+    if routing_lib.RECORDED_EXPERTS in batch:
+      model_inputs += (routing_lib.RECORDED_EXPERTS,)
     inputs = {k: batch[k] for k in (*model_inputs, "completion_mask")}
     if c.truncation(batch) is not None:  # π_old truncated like π_θ: each row's settings
       inputs.update({k: batch[k] for k in truncation_fields(batch)})
@@ -776,8 +803,10 @@ class TrainStep:
           slice_major(batch))
       if c.updates_per_step == 1:
         batch = jax.tree.map(lambda x: x[0], batch)
+    experts_per_token = self._experts_per_token(state)
     if c.updates_per_step == 1:
       state, stats = self._update_on(state, batch)
+      stats = routing_lib.summarize_expert_load(stats, experts_per_token)
       return state.replace(step=state.step + 1), stats, outputs
     mini_batches = batch if packed else split_rows(batch, c.num_mini_batches)
 
@@ -790,7 +819,14 @@ class TrainStep:
     order = jnp.tile(jnp.arange(c.num_mini_batches, dtype=jnp.int32), c.num_iterations)
     shapes = jax.eval_shape(lambda s: update((s, {}), order[0])[0][1], state)
     (state, stats), _ = jax.lax.scan(update, (state, _no_stats(shapes)), order)
+    stats = routing_lib.summarize_expert_load(stats, experts_per_token)
     return state.replace(step=state.step + 1), stats, outputs
+
+  def _experts_per_token(self, state: TrainState) -> int:
+    """k of the policy's sparse layers (0 for a dense model), read off its static config."""
+    model = nnx.merge(self.graphdef, state.params) if state.frozen_params is None else \
+        self.model(state.params, state.frozen_params)
+    return model.config.moe.experts_per_token if model.config.moe is not None else 0
 
   def _step_on_mesh(self, state: TrainState, batch):
     """`_step` traced under the trainer mesh, so the model's activation pins

@@ -13,6 +13,10 @@ interleaves for continuous batching:
 This engine keeps its own types (no JetStream import; `jetstream_adapter.py` bridges to JetStream's
 orchestrator) and adds what RL rollouts need: per-slot sampling parameters and PRNG keys, stop ids,
 a `max_new_tokens` budget, both log-probs of every token, and `update_params` for weight sync.
+For a mixture-of-experts model it also records, for every token it runs through the model (the
+prompt in `prefill`, each drawn token in `generate`), the experts each sparse layer sent it to
+(`Prefix.experts`, `ResultTokens.experts`): what routing replay trains with
+(`reasoning_rl.models.moe`).
 
 Decode state: one KV cache [slots, kv_heads, cache_length, head_dim] per layer, preallocated on the
 sampler mesh and donated to every jitted call, so it is updated in place. Each slot holds the logits
@@ -86,6 +90,8 @@ class Prefix:
   logits: jax.Array
   length: jax.Array
   request: SlotRequest
+  # MoE models: [bucket, L_sparse, k] int32, the experts each prompt position was routed to.
+  experts: jax.Array | None = None
   # Which prefill produced it, so a paged engine (`sampler.paged`) can share its pages between
   # the slots it is inserted into; -1 until such an engine numbers it. `with_request` keeps it.
   share_id: int = flax.struct.field(pytree_node=False, default=-1)
@@ -129,7 +135,8 @@ class ResultTokens:
   tokens, valid, logprobs, sampling_logprobs: [S, steps]; a token is valid iff its slot was live when
   it was drawn. lengths [S]: tokens emitted so far by each slot's request. done [S]: the slot
   finished (stop id, budget or cache full) during or before this call. num_steps: decode steps the
-  call ran (columns past it hold no valid token).
+  call ran (columns past it hold no valid token). experts (MoE models, else None):
+  [S, steps, L_sparse, k] int32, the experts each drawn token was routed to when it was fed.
   """
 
   tokens: jax.Array
@@ -140,6 +147,7 @@ class ResultTokens:
   done: jax.Array
   num_steps: jax.Array
   samples_per_slot: int = flax.struct.field(pytree_node=False, default=1)
+  experts: jax.Array | None = None
 
   def to_host(self) -> "ResultTokens":
     """A copy whose arrays are numpy (one transfer per field)."""
@@ -199,7 +207,8 @@ def spread_rows(result: ResultTokens, rows, state: DecodeState) -> ResultTokens:
   return result.replace(
       tokens=spread(result.tokens), valid=spread(result.valid),
       logprobs=spread(result.logprobs), sampling_logprobs=spread(result.sampling_logprobs),
-      lengths=state.generated, done=state.done)
+      lengths=state.generated, done=state.done,
+      experts=None if result.experts is None else spread(result.experts))
 
 
 class Engine:
@@ -589,6 +598,11 @@ class Engine:
     slots, cache_length, steps = self._slots, self.cache_length, self.steps_per_call
     state_shardings, replicated = self._state_shardings, self._replicated
     stacked = self._scan_layers
+    routed = cfg.moe is not None  # record each token's experts (module docstring)
+
+    def token_major(experts):
+      """[L_sparse, B, T, k] (how the model stacks them) → [B, T, L_sparse, k]."""
+      return jnp.moveaxis(experts, 0, 2)
 
     def init():
       return DecodeState(
@@ -607,14 +621,16 @@ class Engine:
       index = jnp.arange(length)[None, :]
       positions = jnp.where(index < true_lengths[:, None], index, -1)
       cache = KVCache.init(cfg, rows, length, self.dtype, stacked=stacked)
-      hidden, cache = model.decode(tokens, positions, cache, jnp.zeros(rows, jnp.int32),
-                                   return_hidden=True)
+      hidden, cache, *stats = model.decode(tokens, positions, cache, jnp.zeros(rows, jnp.int32),
+                                           return_hidden=True, with_router_stats=routed)
+      experts = token_major(stats[0].experts) if routed else None
       last = jnp.take_along_axis(hidden, (true_lengths - 1)[:, None, None], axis=1)[:, 0]
       logits = model.logits_from_hidden(last)
       prefixes = tuple(
           Prefix(cache=cache.map_layers(lambda a, r=r: a[r:r + 1]).replace(
                      pos=cache.pos[r:r + 1]), logits=logits[r],
-                 length=true_lengths[r], request=requests[r]) for r in range(rows))
+                 length=true_lengths[r], request=requests[r],
+                 experts=None if experts is None else experts[r]) for r in range(rows))
       request = jax.tree.map(lambda *fields: jnp.stack(fields), *requests)
       token, logprob, sampling_logprob = sampling_lib.sample_tokens(
           logits, jax.vmap(jax.random.fold_in)(request.key, jnp.zeros(rows, jnp.int32)),
@@ -674,6 +690,9 @@ class Engine:
                      valid=jnp.zeros((rows, steps), bool),
                      logprobs=jnp.zeros((rows, steps), jnp.float32),
                      sampling_logprobs=jnp.zeros((rows, steps), jnp.float32))
+      if routed:
+        buffers["experts"] = jnp.zeros(
+            (rows, steps, cfg.moe.num_sparse_layers, cfg.moe.experts_per_token), jnp.int32)
 
       def step(carry):
         state, i, buffers = carry
@@ -689,15 +708,18 @@ class Engine:
         # merged inside the loop body: a LoRA model (qwix) records on its modules while it runs,
         # which a module from outside the loop's trace refuses
         model = nnx.merge(graphdef, params)
-        logits, cache = model.decode(
+        logits, cache, *stats = model.decode(
             tokens[:, None], state.position[:, None], state.cache, state.position,
-            key_length=key_length if key_length < state.cache.max_len else None)
+            key_length=key_length if key_length < state.cache.max_len else None,
+            with_router_stats=routed)
         continuing = live & ~finished
         state = state.replace(
             cache=cache, next_logits=logits[:, 0], generated=generated,
             position=state.position + continuing.astype(jnp.int32), done=state.done | finished)
         column = dict(tokens=tokens, valid=live, logprobs=logprobs,
                       sampling_logprobs=sampling_logprobs)
+        if routed:
+          column["experts"] = token_major(stats[0].experts)[:, 0]
         buffers = {name: buffers[name].at[:, i].set(column[name]) for name in buffers}
         return state, i + 1, buffers
 

@@ -41,6 +41,13 @@ So μ (what the sampler drew from) is the canonical policy at the sampler's weig
 log-probs are its log-probs, and a trainer with the same weights needs no recomputation of π_old
 and no correction: π_old = μ exactly (`rl.step.StepConfig.old_logprobs_from_sampler`).
 
+Mixture-of-experts models: the canonical forward also reports the experts every sparse layer
+chose for each token of the sequence, and those are the completion's recorded routing
+(`Completion.experts`): the routing of the canonical policy, i.e. of μ. The trainer's own forward
+computes router logits in another order, so a near-tie can pick another expert there; a run in
+exact mode therefore always replays the recorded experts (`algo.routing_replay` is implied), and
+the trainer routes every token exactly as μ did.
+
 Cost (benchmarks/RESULTS.md, "Exact log-probs"): one canonical forward over every completion per
 round, plus the Gumbel noise of every position again, plus a continuation per repair.
 """
@@ -59,7 +66,8 @@ from flax import nnx
 from reasoning_rl.errors import PhaseInterrupted, SamplingError
 from reasoning_rl.sampler import sampling as sampling_lib
 from reasoning_rl.sampler.engine import Engine
-from reasoning_rl.sampler.rollout import Completion, find_stop_string, stream_groups
+from reasoning_rl.sampler.rollout import (Completion, find_stop_string, routing_dtype,
+                                           stream_groups)
 from reasoning_rl.sampler.sampling import SamplingParams, sample_key
 
 
@@ -76,6 +84,9 @@ class CanonicalScores:
   draws: np.ndarray
   logprobs: np.ndarray
   sampling_logprobs: np.ndarray
+  # MoE models: [N, L, L_sparse, k] int32, the experts of every position of each canonical row
+  # (prompt first); None for a dense model.
+  experts: np.ndarray | None = None
 
 
 class CanonicalScorer:
@@ -103,9 +114,13 @@ class CanonicalScorer:
       settings = tuple(jnp.broadcast_to(x, (completion,))
                        for x in (temperature, top_p, top_k, min_p))
 
+      routed = model.config.moe is not None
+
       def one_sequence(args):
         row, prompt_length, key = args
-        hidden = model.hidden_states(row[None], jnp.ones((1, length), jnp.int32))[0]
+        hidden, *stats = model.hidden_states(row[None], jnp.ones((1, length), jnp.int32),
+                                             with_router_stats=routed)
+        hidden = hidden[0]
         # the hidden state at position p + t - 1 predicts completion token t
         hidden = jax.lax.dynamic_slice_in_dim(hidden, prompt_length - 1, completion, axis=0)
         targets = jax.lax.dynamic_slice_in_dim(row, prompt_length, completion, axis=0)
@@ -116,6 +131,8 @@ class CanonicalScorer:
         draw_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
             key, jnp.arange(completion, dtype=jnp.int32))
         draws, _, _ = sampling_lib.sample_tokens(logits, draw_keys, *settings)
+        if routed:  # [L_sparse, 1, L, k] → [L, L_sparse, k]
+          return draws, full, warped, jnp.moveaxis(stats[0].experts[:, 0], 0, 1)
         return draws, full, warped
 
       return jax.lax.map(one_sequence, (tokens, prompt_lengths, keys))
@@ -159,9 +176,9 @@ class CanonicalScorer:
     # dispatched together, fetched once: the calls queue on the device back to back
     outputs = [self._score_fn(params, tokens[i:i + chunk], prompt_lengths[i:i + chunk],
                               key_rows[i:i + chunk], *settings) for i in range(0, rows, chunk)]
-    draws, logprobs, warped = (np.concatenate(parts)[:len(prompts)]
-                               for parts in zip(*jax.device_get(outputs)))
-    return CanonicalScores(draws, logprobs, warped)
+    draws, logprobs, warped, *experts = (np.concatenate(parts)[:len(prompts)]
+                                         for parts in zip(*jax.device_get(outputs)))
+    return CanonicalScores(draws, logprobs, warped, experts[0] if experts else None)
 
 
 @dataclasses.dataclass
@@ -308,12 +325,16 @@ def exact_groups(engine: Engine, scorer: CanonicalScorer, prompts: Sequence[Sequ
       wrong = np.flatnonzero(scores.draws[index, :n] != np.asarray(p.completion, np.int32))
       if not wrong.size:
         stats.tokens += n
+        experts = None
+        if scores.experts is not None:  # the canonical routing of the prompt and completion
+          experts = scores.experts[index, :len(p.draft.prompt_tokens) + n].astype(
+              routing_dtype(engine.config.moe.num_experts))
         finished.append(dataclasses.replace(
             p.draft, completion_ids=p.completion,
             logprobs=scores.logprobs[index, :n].tolist(),
             sampling_logprobs=(scores.sampling_logprobs[index, :n].tolist()
                                if sampling.changes_distribution else None),
-            finish_reason=p.reason, truncated=p.reason == "length"))
+            finish_reason=p.reason, truncated=p.reason == "length", experts=experts))
         continue
       t = int(wrong[0])
       stats.repairs += 1

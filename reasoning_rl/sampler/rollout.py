@@ -27,14 +27,21 @@
   the slot's cache by one forward (`Engine.append_to_slot`) and its next token is draw number
   len(tokens so far) of its key stream. The tokens it drew are kept as drawn; their KV entries
   are recomputed with the new weights.
+- Routing (mixture-of-experts models): each completion carries the experts every sparse layer
+  chose for each of its prompt and completion tokens when the engine ran them (`experts`), what
+  routing replay trains with. A sample continued after a preemption keeps the routing of the
+  tokens it drew before.
 """
 
 from __future__ import annotations
 
+import base64
 import collections
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
 
 from reasoning_rl.errors import PhaseInterrupted, SamplingError
 from reasoning_rl.sampler.engine import Engine
@@ -71,6 +78,9 @@ class Completion:
     scored_response: multi-turn only: the text the verifiers read — the final model turn, or the
       whole conversation for an environment whose observations are trusted results
       (`scores_conversation`, e.g. a calculator).
+    experts: mixture-of-experts models: [len(prompt_tokens) + len(completion_ids), L_sparse, k]
+      (uint8, or uint16 past 256 experts), the experts each sparse layer sent each token to in
+      the sampler (`routing_dtype`); None for a dense model.
   """
 
   prompt_id: int
@@ -88,6 +98,16 @@ class Completion:
   episode_end: str | None = None
   scored_response: str | None = None
   token_versions: list[int] | None = None
+  experts: np.ndarray | None = None
+
+  def to_json(self) -> dict:
+    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    fields["experts"] = routes_to_json(self.experts)
+    return fields
+
+  @classmethod
+  def from_json(cls, fields: dict) -> "Completion":
+    return cls(**dict(fields, experts=routes_from_json(fields.get("experts"))))
 
   @property
   def num_model_tokens(self) -> int:
@@ -108,6 +128,8 @@ class Unfinished:
   completion_ids, logprobs, sampling_logprobs: what it drew so far (possibly nothing: it never had
     a slot), log-probs as in `Completion` (sampling_logprobs always recorded here).
   token_versions: the policy version that drew each token.
+  experts: MoE models: the routing of the tokens drawn so far ([n, L_sparse, k], as
+    `Completion.experts` without the prompt).
   """
 
   prompt_id: int
@@ -116,13 +138,39 @@ class Unfinished:
   logprobs: list[float]
   sampling_logprobs: list[float]
   token_versions: list[int]
+  experts: np.ndarray | None = None
 
   def to_json(self) -> dict:
-    return dataclasses.asdict(self)
+    fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+    fields["experts"] = routes_to_json(self.experts)
+    return fields
 
   @classmethod
   def from_json(cls, fields: dict) -> "Unfinished":
-    return cls(**fields)
+    return cls(**dict(fields, experts=routes_from_json(fields.get("experts"))))
+
+
+def routing_dtype(num_experts: int) -> np.dtype:
+  """The smallest unsigned integer type that holds an expert index."""
+  return np.dtype(np.uint8 if num_experts <= 256 else np.uint16)
+
+
+def routes_to_json(experts: np.ndarray | None) -> dict | None:
+  """A routing array as JSON (shape, dtype and its bytes in base64: a list of lists of a long
+  completion's routing would be ten times the size)."""
+  if experts is None:
+    return None
+  experts = np.ascontiguousarray(experts)
+  return {"shape": list(experts.shape), "dtype": experts.dtype.name,
+          "data": base64.b64encode(experts.tobytes()).decode("ascii")}
+
+
+def routes_from_json(item: dict | None) -> np.ndarray | None:
+  """Inverse of `routes_to_json`."""
+  if item is None:
+    return None
+  data = base64.b64decode(item["data"])
+  return np.frombuffer(data, np.dtype(item["dtype"])).reshape(item["shape"]).copy()
 
 
 _INSERTIONS = itertools.count()  # orders runs by when they started (the newest is preempted)
@@ -139,10 +187,14 @@ class _Running:
   sampling_logprobs: list[float] = dataclasses.field(default_factory=list)
   versions: list[int] = dataclasses.field(default_factory=list)
   inserted_at: int = dataclasses.field(default_factory=lambda: next(_INSERTIONS))
+  # MoE models: the prompt's routing [P, L, k], then one [n, L, k] block per generate call
+  experts: list[np.ndarray] | None = None
 
   def unfinished(self) -> Unfinished:
     return Unfinished(self.prompt_id, self.sample_index, list(self.tokens), list(self.logprobs),
-                      list(self.sampling_logprobs), list(self.versions))
+                      list(self.sampling_logprobs), list(self.versions),
+                      experts=(np.concatenate(self.experts[1:]) if self.experts is not None
+                               and len(self.experts) > 1 else None))
 
 
 def find_stop_string(tokenizer, tokens: Sequence[int], stop_strings: Sequence[str]) -> int | None:
@@ -168,14 +220,15 @@ def find_stop_string(tokenizer, tokens: Sequence[int], stop_strings: Sequence[st
 
 def fill_free_slots(engine: Engine, state, running: list, waiting: collections.deque,
                     prefixes: dict, prepared, request, num_samples: int, resume=None,
-                    max_new_tokens: int = 0):
+                    max_new_tokens: int = 0, prompt_routes: dict | None = None):
   """Inserts the next waiting (prompt, sample) pairs into the free slots (`running[slot] is
   None`): (new decode state, [(slot, prompt index, sample index)] inserted); the caller records
   what runs in each. A prompt is prefilled once (`prefixes`: prompt -> [prefix, samples still to
   insert]), its samples share the prefix (`num_samples`: how many of them will be inserted).
   `resume` ((prompt index, sample) -> tokens drawn before): those tokens follow the prompt in the
   slot's cache, and the sample goes on from its draw number len(tokens), for at most
-  `max_new_tokens` tokens in all."""
+  `max_new_tokens` tokens in all. `prompt_routes` (MoE models): gets prompt index -> the routing
+  of its true tokens [P, L, k] (host copy) for each prompt prefilled here."""
   free_slots = [slot for slot, run in enumerate(running) if run is None]
   assigned = [(slot, waiting.popleft()) for slot in free_slots[:len(waiting)]]
   to_prefill = list(dict.fromkeys(p for _, (p, _) in assigned if p not in prefixes))
@@ -194,6 +247,10 @@ def fill_free_slots(engine: Engine, state, running: list, waiting: collections.d
         requests=[request(p, 0) for p in to_prefill])
     prefixes.update({p: [prefix, num_samples if isinstance(num_samples, int) else num_samples[p]]
                      for p, prefix in zip(to_prefill, new_prefixes)})
+    if prompt_routes is not None:
+      for p, prefix in zip(to_prefill, new_prefixes):
+        if prefix.experts is not None:
+          prompt_routes[p] = np.asarray(prefix.experts)[:prepared[p][1]]
   inserted = []
   for index, (slot, (p, g)) in enumerate(assigned):
     entry = prefixes[p]
@@ -341,6 +398,17 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
   resume_tokens = {key: item.completion_ids for key, item in continued.items()
                    if item.completion_ids}
 
+  route_type = (routing_dtype(engine.config.moe.num_experts)
+                if engine.config.moe is not None else None)
+  prompt_routes: dict[int, np.ndarray] = {}
+
+  def routes(run: _Running, length: int) -> np.ndarray | None:
+    """The routing of the prompt and the first `length` completion tokens."""
+    if run.experts is None:
+      return None
+    prompt = len(run.prompt_tokens)
+    return np.concatenate(run.experts)[:prompt + length].astype(route_type)
+
   def finish(run: _Running, length: int, reason: str) -> Completion:
     mixed = len(set(run.versions[:length])) > 1
     return Completion(
@@ -350,7 +418,7 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
                            else None),
         finish_reason=reason, truncated=reason == "length",
         policy_version=min(run.versions[:length], default=run.policy_version),
-        token_versions=run.versions[:length] if mixed else None)
+        token_versions=run.versions[:length] if mixed else None, experts=routes(run, length))
 
   calls = 0
   sample_in = {}  # slot -> (prompt index, sample index) of its run
@@ -360,17 +428,26 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
     calls += 1
     state, assigned = fill_free_slots(engine, state, running, waiting, prefixes, prepared,
                                       request, per_prompt, resume=resume_tokens,
-                                      max_new_tokens=max_new_tokens)
+                                      max_new_tokens=max_new_tokens, prompt_routes=prompt_routes)
     for slot, p, g in assigned:
       padded, true_length = prepared[p]
       run = running[slot] = _Running(prompt_ids[p], g, padded[:true_length].tolist(),
                                      engine.policy_version)
       sample_in[slot] = (p, g)
+      if route_type is not None:
+        run.experts = [prompt_routes[p]]
       before = continued.get((p, g))
       if before is not None:
         run.tokens, run.logprobs = list(before.completion_ids), list(before.logprobs)
         run.sampling_logprobs = list(before.sampling_logprobs)
         run.versions = list(before.token_versions)
+        if run.experts is not None and before.completion_ids:
+          if before.experts is None:
+            raise SamplingError(
+                f"resume: sample ({before.prompt_id}, {before.sample_index}) of a "
+                "mixture-of-experts model has no routing for its tokens so far (an earlier "
+                "round's samples keep it only within one stream_groups call)")
+          run.experts.append(before.experts)
     # A paged cache short of pages for this call: its newest samples go back to the queue's
     # front, continued later from their tokens so far (recompute preemption, as vLLM's).
     newest_first = sorted((s for s, run in enumerate(running) if run is not None),
@@ -407,6 +484,8 @@ def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, 
       run.logprobs += result.logprobs[slot][valid].tolist()
       run.sampling_logprobs += result.sampling_logprobs[slot][valid].tolist()
       run.versions += [engine.policy_version] * len(new_tokens)
+      if run.experts is not None:
+        run.experts.append(result.experts[slot][valid])
       cut = (find_stop_string(tokenizer, run.tokens, stop_strings)
              if stop_strings and new_tokens else None)
       if cut is not None:

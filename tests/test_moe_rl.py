@@ -1,0 +1,236 @@
+"""RL on a mixture of experts: the sampler records each token's experts, exact rollouts record the
+canonical forward's, batches (padded and packed) carry them beside their tokens, the training
+step replays them (R3) and reports routing disagreement, load and collapse, and the guard stops a
+collapsed run."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from reasoning_rl import guards as guards_lib
+from reasoning_rl.models.config import ModelConfig, MoEConfig
+from reasoning_rl.models.transformer import create_model
+from reasoning_rl.rl import batching, packing
+from reasoning_rl.rl.stats import finalize
+from reasoning_rl.rl.step import StepConfig, TrainStep
+from reasoning_rl.sampler.engine import Engine
+from reasoning_rl.sampler.exact import CanonicalScorer, exact_groups
+from reasoning_rl.sampler.rollout import generate_groups, routes_from_json, routes_to_json
+from reasoning_rl.sampler.sampling import SamplingParams, sample_key
+
+CONFIG = ModelConfig(
+    model_type="qwen3_moe", vocab_size=61, hidden_size=32, intermediate_size=48, num_layers=2,
+    num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
+    moe=MoEConfig(num_experts=4, experts_per_token=2, intermediate_size=24,
+                  sparse_layers=(True, True), normalize_top_k=True))
+PROMPTS = [[1, 2, 3, 4, 5], [10, 11, 12, 13, 14, 15, 16]]
+SAMPLING = SamplingParams(temperature=1.0)
+NEW_TOKENS = 6
+
+
+@jax.jit
+def _routing_of(model, tokens, mask):
+  return model.hidden_states(tokens, mask, with_router_stats=True)[1].experts
+
+
+def _own_routing(model, sequence, width: int = 16) -> np.ndarray:
+  """[len, L_sparse, k]: the full forward's own experts for one sequence, left-padded to
+  `width` (one compiled program for every sequence; a left-padded row computes what the
+  sequence computes alone)."""
+  tokens, mask = np.zeros((1, width), np.int32), np.zeros((1, width), np.int32)
+  tokens[0, width - len(sequence):], mask[0, width - len(sequence):] = sequence, 1
+  experts = _routing_of(model, jnp.asarray(tokens), jnp.asarray(mask))
+  return np.moveaxis(np.asarray(experts)[:, 0, width - len(sequence):], 0, 1)
+
+
+def _engine(model):
+  return Engine(model, max_concurrent_decodes=4, max_prefill_length=8,
+                max_decode_length=NEW_TOKENS, steps_per_call=NEW_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def sampled():
+  """(model, engine, the engine's completions of PROMPTS, two samples each)."""
+  model = create_model(CONFIG, seed=2)
+  engine = _engine(model)
+  return model, engine, generate_groups(engine, PROMPTS, num_samples=2, sampling=SAMPLING,
+                                        max_new_tokens=NEW_TOKENS, seed=3)
+
+
+def test_engine_records_the_experts_of_every_prompt_and_completion_token(sampled):
+  model, _, completions = sampled
+  for c in completions:
+    sequence = c.prompt_tokens + c.completion_ids
+    assert c.experts.shape == (len(sequence), 2, 2) and c.experts.dtype == np.uint8
+    # the cached decode path routes as the full forward does (sets: top-k order may differ
+    # only between equal scores)
+    np.testing.assert_array_equal(np.sort(c.experts, -1), np.sort(_own_routing(model, sequence),
+                                                                  -1))
+    again = routes_from_json(routes_to_json(c.experts))
+    assert again.dtype == np.uint8 and np.array_equal(again, c.experts)
+
+
+def test_exact_rollouts_record_the_canonical_routing_and_logprobs(sampled):
+  """In exact mode each completion's experts and log-probs are the canonical forward's, bit for
+  bit (re-scored here); the trainer's own forward at the same weights routes every token the same
+  way (disagreement 0), and the decode path's recorded routing is compared for the record."""
+  model, engine, completions = sampled
+  scorer = CanonicalScorer(nnx.graphdef(model), max_prompt_length=8,
+                           max_completion_length=NEW_TOKENS, rows_per_call=4)
+  exact = list(exact_groups(engine, scorer, PROMPTS, num_samples=2, sampling=SAMPLING,
+                            max_new_tokens=NEW_TOKENS, seed=3))
+  drafts = {(c.prompt_id, c.sample_index): c for c in completions}
+  scores = scorer.score(engine.params, [c.prompt_tokens for c in exact],
+                        [c.completion_ids for c in exact],
+                        [sample_key(3, c.prompt_id, c.sample_index) for c in exact], SAMPLING)
+  disagree = total = 0
+  for index, c in enumerate(exact):
+    n, length = len(c.completion_ids), len(c.prompt_tokens) + len(c.completion_ids)
+    np.testing.assert_array_equal(c.experts, scores.experts[index, :length].astype(np.uint8))
+    assert c.logprobs == scores.logprobs[index, :n].tolist()
+    sequence = c.prompt_tokens + c.completion_ids
+    own = np.sort(_own_routing(model, sequence), -1)
+    assert np.array_equal(own, np.sort(c.experts, -1))
+    draft = drafts[(c.prompt_id, c.sample_index)]
+    if draft.completion_ids == c.completion_ids:
+      differs = np.any(np.sort(draft.experts, -1) != np.sort(c.experts, -1), axis=-1)
+      disagree, total = disagree + int(differs.sum()), total + differs.size
+  assert total > 0 and 0 <= disagree / total <= 0.05
+
+
+def _group(prompt, completions, experts_width=2, k=2, seed=0):
+  rng = np.random.RandomState(seed)
+  experts = [rng.randint(0, 4, (len(prompt) + len(c), experts_width, k)).astype(np.uint8)
+             for c in completions]
+  return batching.ScoredGroup(prompt_tokens=list(prompt), completion_ids=[list(c) for c in
+                                                                          completions],
+                              logprobs=[[0.0] * len(c) for c in completions],
+                              rewards=[float(i) for i in range(len(completions))],
+                              parts={}, truncated=[False] * len(completions), experts=experts)
+
+
+def test_batches_padded_and_packed_carry_each_tokens_experts():
+  groups = [_group([5, 6, 7], [[1, 2], [3, 4, 8, 9]], seed=1),
+            _group([9, 10, 11, 12, 13, 14], [[1], [2, 3, 4]], seed=2)]  # prompt cut to 4
+  batch = batching.build_batch(groups, np.zeros((2, 2), np.float32), num_groups=2, group_size=2,
+                               prompt_length=4, completion_length=3, pad_id=0, with_routing=True)
+  experts = batch["recorded_experts"]
+  assert experts.shape == (4, 7, 2, 2) and experts.dtype == np.uint8
+  g0 = groups[0].experts[1]  # prompt of 3 (left-padded by one), completion of 4 cut to 3
+  np.testing.assert_array_equal(experts[1, 1:4], g0[:3])
+  np.testing.assert_array_equal(experts[1, 4:7], g0[3:6])
+  assert not experts[1, 0].any()
+  g1 = groups[1].experts[0]  # prompt of 6 keeps its last 4, completion of 1 then padding
+  np.testing.assert_array_equal(experts[2, :4], g1[2:6])
+  np.testing.assert_array_equal(experts[2, 4], g1[6])
+  assert not experts[2, 5:].any()
+  packed, _ = packing.pack_batch(batch, row_groups=1, head_chunk=8)
+  # every real token keeps its experts: packed positions with a segment hold the experts of the
+  # padded position with the same token of the same sequence
+  for r, s in np.argwhere(packed["segment_ids"].any(-1)):
+    for p in np.flatnonzero(packed["segment_ids"][r, s]):
+      token = packed["tokens"][r, s, p]
+      assert token in batch["tokens"]
+  seq_experts = [np.concatenate([experts[i, :4][batch["attention_mask"][i, :4] > 0],
+                                 experts[i, 4:4 + batch["attention_mask"][i, 4:].sum()]])
+                 for i in range(4)]
+  packed_seqs = []
+  for r in range(packed["tokens"].shape[0]):
+    ids = packed["segment_ids"][r, 0]
+    for segment in range(1, ids.max() + 1):
+      packed_seqs.append(packed["recorded_experts"][r, 0][ids == segment])
+  assert sorted(map(lambda a: a.tobytes(), packed_seqs)) == sorted(
+      map(lambda a: a.tobytes(), seq_experts))
+
+
+def _step_batch(model, seed=0, replace_tokens=()):
+  """A padded batch of 4 rows with the model's own routing recorded; `replace_tokens`
+  [(row, position)] get another expert set recorded."""
+  rng = np.random.RandomState(seed)
+  tokens = rng.randint(1, CONFIG.vocab_size, (4, 9))
+  attention = np.ones((4, 9), np.int32)
+  attention[0, :2] = 0
+  _, stats = model.hidden_states(jnp.asarray(tokens), jnp.asarray(attention),
+                                 with_router_stats=True)
+  recorded = np.moveaxis(np.asarray(stats.experts), 0, 2).astype(np.uint8)  # [B, T, L, k]
+  for row, position in replace_tokens:
+    for layer in range(2):
+      own = set(recorded[row, position, layer].tolist())
+      recorded[row, position, layer] = [e for e in range(4) if e not in own][:2]
+  return dict(tokens=jnp.asarray(tokens), attention_mask=jnp.asarray(attention),
+              completion_mask=jnp.ones((4, 4), jnp.int32),
+              advantages=jnp.asarray([1.0, -1.0, 0.5, -0.5], jnp.float32),
+              recorded_experts=jnp.asarray(recorded))
+
+
+_STEPS = {}  # one compiled step per configuration, shared by the tests
+
+
+def _step(batch, *, replay, **fields):
+  model = create_model(CONFIG, seed=4)
+  graphdef, params = nnx.split(model)
+  config = StepConfig(routing_replay=replay, **fields)
+  if config not in _STEPS:
+    _STEPS[config] = TrainStep(graphdef, config)
+    _STEPS[config].optimizer = optax.sgd(lambda count: 1.0)  # update = −gradient, read as is
+  step = _STEPS[config]
+  state = step.init_state(jax.tree.map(jnp.array, params))  # a copy: the step donates it
+  new_state, stats = step(state, batch)
+  grads = [np.asarray(a) - np.asarray(b) for a, b in zip(jax.tree.leaves(new_state.params),
+                                                         jax.tree.leaves(params))]
+  return grads, finalize(jax.device_get(stats))
+
+
+def test_step_replays_recorded_experts_and_reports_routing():
+  model = create_model(CONFIG, seed=4)
+  own = _step_batch(model)
+  base, stats = _step(own, replay=False)
+  replayed, replay_stats = _step(own, replay=True)
+  # replaying the forward's own choice changes nothing, and nothing disagrees
+  for a, b in zip(base, replayed):
+    np.testing.assert_array_equal(a, b)
+  assert stats["routing/disagreement"] == 0 == replay_stats["routing/disagreement"]
+  assert stats["loss"] == replay_stats["loss"]
+  # 3 tokens (of 34 real ones, 2 sparse layers each) recorded with other experts: the replaying
+  # step trains through those experts (another gradient); both report the disagreement
+  moved = _step_batch(model, replace_tokens=((0, 3), (1, 7), (3, 8)))
+  plain, plain_stats = _step(moved, replay=False)
+  forced, forced_stats = _step(moved, replay=True)
+  for a, b in zip(base, plain):
+    np.testing.assert_array_equal(a, b)  # without replay the recorded experts are only read
+  assert any(not np.array_equal(a, b) for a, b in zip(base, forced))
+  expected = 6 / 68
+  assert abs(plain_stats["routing/disagreement"] - expected) < 1e-7
+  assert abs(forced_stats["routing/disagreement"] - expected) < 1e-7
+  for key in ("routing/entropy", "routing/balance_loss", "routing/z_loss",
+              "routing/max_load_over_mean", "routing/collapse"):
+    assert np.isfinite(stats[key]), key
+  assert 0.5 <= stats["routing/collapse"] <= 1.0  # between uniform (k/E) and total collapse
+  assert stats["routing/max_load_over_mean"] == 2 * stats["routing/collapse"]  # E / k = 2
+
+
+def test_auxiliary_losses_enter_the_gradient_only_when_weighted():
+  model = create_model(CONFIG, seed=4)
+  batch = _step_batch(model)
+  base, stats = _step(batch, replay=False)
+  weighted, weighted_stats = _step(batch, replay=False, moe_load_balance_coef=0.5,
+                                   moe_router_z_coef=0.1)
+  router_changed = [not np.array_equal(a, b) for a, b in zip(base, weighted)]
+  assert any(router_changed)
+  assert abs(weighted_stats["loss"] - stats["loss"]
+             - (0.5 * stats["routing/balance_loss"] + 0.1 * stats["routing/z_loss"])) < 1e-5
+
+
+def test_routing_collapse_guard():
+  guards = guards_lib.Guards({"max_routing_collapse": 0.9})
+  assert guards.check_step(1, {guards_lib.ROUTING_COLLAPSE_KEY: 0.89}) is None
+  trip = guards.check_step(2, {guards_lib.ROUTING_COLLAPSE_KEY: 0.93})
+  assert trip.guard == "max_routing_collapse" and trip.step == 2
+  assert guards_lib.Guards({"max_routing_collapse": 1.0}).check_step(
+      1, {guards_lib.ROUTING_COLLAPSE_KEY: 1.0}) is None
+
