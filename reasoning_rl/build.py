@@ -94,6 +94,11 @@ def build_policy(config: ml_collections.ConfigDict):
   else:
     model_config, tokenizer = random_model_config(config)
     model = create_model(model_config, seed=config.seed, dtype=c.dtype, param_dtype=weight_dtype)
+  if c.upcycle.num_experts:  # a run's own checkpoints then restore the upcycled weights
+    from reasoning_rl.models.upcycle import upcycle
+
+    model = upcycle(model, num_experts=c.upcycle.num_experts,
+                    experts_per_token=c.upcycle.experts_per_token, seed=config.seed)
   if c.scan_layers:  # loaded in the files' layout; lora.apply_lora keeps it
     model = stack_layers(model)
   return model.use_attention_kernel(c.attention_kernel), tokenizer

@@ -157,6 +157,14 @@ SECTIONS: tuple[Section, ...] = (
               "layers\"). Same numbers; HF / GGUF / PEFT files and LoRA target names are "
               "unchanged; a run's checkpoints hold its own layout (a resume keeps it)"),
     )),
+    Section("model.upcycle", "Sparse upcycling (Komatsuzaki et al. 2022, reasoning_rl/models/"
+            "upcycle.py): the loaded dense model becomes a mixture of experts, each layer's MLP "
+            "copied into num_experts experts behind a new router; it computes what the dense "
+            "model computes until training makes the experts differ. Llama becomes Mixtral, "
+            "Qwen3 becomes Qwen3-MoE (what save_hf writes).", (
+        Field("num_experts", 0, "experts per layer (E)", _int(0, meaning="0 = off")),
+        Field("experts_per_token", 2, "experts each token is sent to (k)", _COUNT),
+    )),
     Section("model.random", "Shape of the random model (model.path empty); any other "
             "ModelConfig setting may be added.", (
         Field("model_type", "qwen2", "architecture family (llama, qwen2, qwen3, gemma, gemma2, "

@@ -221,9 +221,11 @@ def test_scanned_moe_stack_equals_loop():
     create_model(mixed, scan_layers=True)
 
 
-def test_megablox_kernel_in_interpret_mode_equals_ragged_dot():
-  """JAX's Pallas TPU grouped matmul (run in interpret mode here), forward and gradient, against
-  XLA's ragged_dot, with an empty group and a row count that is not a multiple of the tile."""
+@pytest.mark.parametrize("implementation", ["megablox", "tiled"])
+def test_grouped_matmuls_equal_ragged_dot(implementation):
+  """JAX's Pallas TPU grouped matmul (run in interpret mode here) and the tiled one, forward and
+  gradient, against XLA's ragged_dot, with an empty group and a row count that is not a multiple
+  of the tile."""
   rng = np.random.RandomState(0)
   lhs = jnp.asarray(rng.randn(37, 16), jnp.float32)
   rhs = jnp.asarray(rng.randn(4, 16, 8), jnp.float32)
@@ -236,7 +238,7 @@ def test_megablox_kernel_in_interpret_mode_equals_ragged_dot():
   (_, ref), ref_grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
       lhs, rhs, "ragged_dot")
   (_, got), got_grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
-      lhs, rhs, "megablox")
+      lhs, rhs, implementation)
   np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-6, atol=1e-5)
   for g, r in zip(got_grads, ref_grads):
     np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-5, atol=1e-4)
@@ -244,3 +246,28 @@ def test_megablox_kernel_in_interpret_mode_equals_ragged_dot():
                              np.asarray(lhs[10:30]) @ np.asarray(rhs[2]),
                              np.asarray(lhs[30:]) @ np.asarray(rhs[3])])
   np.testing.assert_allclose(np.asarray(ref), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_upcycled_model_computes_the_dense_one_and_saves_as_mixtral(tmp_path):
+  """Sparse upcycling: 4 copies of each MLP behind a random router, top-2 renormalised, give the
+  dense model's logits (to float rounding) whatever the router chooses; save_hf writes a
+  Mixtral checkpoint that transformers loads with our logits."""
+  from reasoning_rl.models.upcycle import upcycle
+
+  write_tiny_model("llama", tmp_path / "dense")
+  dense, _ = load_hf_weights(tmp_path / "dense")
+  moe = upcycle(dense, num_experts=4, experts_per_token=2, seed=1)
+  assert moe.config.model_type == "mixtral" and moe.config.moe.num_experts == 4
+  ids, mask = _batch(dense.config.vocab_size, seed=9)
+  expected = np.asarray(dense(ids, mask))
+  got = np.asarray(moe(ids, mask))
+  valid = np.asarray(mask) > 0
+  np.testing.assert_allclose(got[valid], expected[valid], atol=2e-5, rtol=0)
+  # the router is not a constant: tokens go to different expert pairs
+  _, stats = moe.hidden_states(ids, mask, with_router_stats=True)
+  assert len({tuple(sorted(p)) for p in np.asarray(stats.experts).reshape(-1, 2).tolist()}) > 1
+  save_hf(moe, None, tmp_path / "mixtral")
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "mixtral").eval()
+  assert type(reloaded).__name__ == "MixtralForCausalLM"
+  for row, ref in enumerate(reference_logits(reloaded, np.asarray(ids), np.asarray(mask))):
+    np.testing.assert_allclose(got[row][valid[row]], ref, atol=1e-4, rtol=0)

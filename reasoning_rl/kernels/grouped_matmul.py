@@ -8,13 +8,20 @@ token is dropped and no FLOP is spent on padding).
 
   implementation  backend  what it is
   --------------  -------  ---------------------------------------------------------------
-  ragged_dot      any      `jax.lax.ragged_dot`, lowered by XLA for the backend
+  ragged_dot      any      `jax.lax.ragged_dot`, lowered by XLA for the backend (XLA:CPU
+                           lowers it to a dense masked product over every group: G times
+                           the FLOPs)
+  tiled           any      the rows of each group padded to whole tiles of `TILE_ROWS`, and
+                           one [tile, K]·[K, N] matmul per tile with its group's matrix
+                           (`lax.map`): the grouped FLOPs plus at most G tiles of padding
   megablox        TPU      JAX's Pallas TPU grouped-matmul kernel (megablox `gmm`, with its
                            custom VJP); elsewhere run in Pallas interpret mode (tests)
 
-`auto` takes megablox on TPU and ragged_dot elsewhere. Both compute each output row as one dot
-product of the row with its group's matrix, so a row's result does not depend on which other rows
-share the call (what routing-exact rollouts rely on: `reasoning_rl.models.moe`).
+`auto` takes megablox on TPU, ragged_dot on GPU and tiled on CPU (benchmarks/RESULTS.md,
+"Grouped matmul on CPU": ragged_dot 3.5x and tiled 1.8x the time of one dense matmul of the same
+FLOPs). Each computes an output row as the dot product of the row with its group's matrix in a
+program of fixed shapes, so a row's result does not depend on which other rows share the call
+(what routing-exact rollouts rely on: `reasoning_rl.models.moe`).
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-GROUPED_MATMULS = ("auto", "ragged_dot", "megablox")
+GROUPED_MATMULS = ("auto", "ragged_dot", "tiled", "megablox")
+TILE_ROWS = 256  # rows per tile of the tiled implementation
 
 # megablox's (m, k, n) tile; rows are padded to a multiple of the m tile.
 _MEGABLOX_TILING = (128, 128, 128)
@@ -34,18 +42,25 @@ def resolve(implementation: str, backend: str | None = None) -> str:
     raise ValueError(f"grouped matmul {implementation!r}: use one of {GROUPED_MATMULS}")
   if implementation != "auto":
     return implementation
-  return "megablox" if (backend or jax.default_backend()) == "tpu" else "ragged_dot"
+  backend = backend or jax.default_backend()
+  if backend == "tpu":
+    return "megablox"
+  return "tiled" if backend == "cpu" else "ragged_dot"
 
 
 def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
-                   implementation: str = "auto", tiling=_MEGABLOX_TILING) -> jax.Array:
+                   implementation: str = "auto", tiling=None) -> jax.Array:
   """lhs [M, K] (rows sorted by group, sum(group_sizes) == M) times rhs [G, K, N] → [M, N] in
-  lhs's dtype (float32 accumulation)."""
+  lhs's dtype (float32 accumulation). `tiling`: megablox's (m, k, n) tile; its m is also the
+  tiled implementation's rows per tile (default: `_MEGABLOX_TILING`, `TILE_ROWS`)."""
   implementation = resolve(implementation)
   group_sizes = group_sizes.astype(jnp.int32)
   if implementation == "ragged_dot":
     return jax.lax.ragged_dot(lhs, rhs, group_sizes,
                               preferred_element_type=jnp.float32).astype(lhs.dtype)
+  if implementation == "tiled":
+    return _tiled(lhs, rhs, group_sizes, tiling[0] if tiling else TILE_ROWS)
+  tiling = tiling or _MEGABLOX_TILING
   from jax.experimental.pallas.ops.tpu.megablox import ops  # TPU kernels: imported when used
 
   interpret = jax.default_backend() != "tpu"
@@ -60,6 +75,33 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
     group_sizes = group_sizes.at[-1].add(padded - rows)
   out = ops.gmm(lhs, rhs, group_sizes, jnp.float32, tiling, None, None, False, interpret)
   return out[:rows].astype(lhs.dtype)
+
+
+def _tiled(lhs, rhs, group_sizes, tile_rows: int):
+  """The tiled implementation (module docstring). Rows move to a buffer where each group starts
+  on a tile boundary; tiles past the last group hold zeros and use the last group's matrix."""
+  rows, width = lhs.shape
+  groups = rhs.shape[0]
+  tile = min(tile_rows, _round_up(rows, 8))
+  num_tiles = -(-rows // tile) + groups  # each group wastes less than one tile
+  ends = jnp.cumsum(group_sizes)
+  starts = ends - group_sizes
+  padded = -(-group_sizes // tile) * tile
+  padded_ends = jnp.cumsum(padded)
+  index = jnp.arange(rows)
+  group_of_row = jnp.searchsorted(ends, index, side="right")
+  destination = padded_ends[group_of_row] - padded[group_of_row] + index - starts[group_of_row]
+  buffer = jnp.zeros((num_tiles * tile, width), lhs.dtype).at[destination].set(
+      lhs, unique_indices=True)
+  tile_group = jnp.minimum(
+      jnp.searchsorted(padded_ends, jnp.arange(num_tiles) * tile, side="right"), groups - 1)
+
+  def one_tile(args):
+    block, group = args
+    return jnp.dot(block, rhs[group], preferred_element_type=jnp.float32).astype(lhs.dtype)
+
+  out = jax.lax.map(one_tile, (buffer.reshape(num_tiles, tile, width), tile_group))
+  return out.reshape(num_tiles * tile, -1)[destination]
 
 
 def _round_up(value: int, multiple: int) -> int:
