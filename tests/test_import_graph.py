@@ -61,6 +61,7 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("reasoning_rl.build", "reasoning_rl.loop.weight_sync"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.models"): _BUILD + _JAX + " (0.75 s)",
     ("reasoning_rl.build", "reasoning_rl.models.transformer"): _BUILD + _JAX + " (0.7 s)",
+    ("reasoning_rl.build", "reasoning_rl.models.upcycle"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.multihost.param_sync"): _BUILD + "JAX (0.4 s)",
     ("reasoning_rl.build", "reasoning_rl.precision"): _BUILD + "JAX (0.4 s)",
     ("reasoning_rl.build", "reasoning_rl.rl.step"): _BUILD + _JAX + ", optax (1.5 s)",

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from reasoning_rl import kernels
+from reasoning_rl.kernels import grouped_matmul
 from reasoning_rl.models import kv_pages
 from reasoning_rl.models import moe as moe_lib
 from reasoning_rl.models.config import ModelConfig
@@ -457,9 +458,7 @@ class Transformer(nnx.Module):
   def use_grouped_matmul(self, implementation: str) -> "Transformer":
     """Computes the experts of sparse layers with `implementation` (one of
     `reasoning_rl.kernels.grouped_matmul.GROUPED_MATMULS`); a static choice in the graphdef."""
-    from reasoning_rl.kernels.grouped_matmul import resolve
-
-    resolve(implementation)  # validates the name
+    grouped_matmul.resolve(implementation)  # validates the name
     for block in [self.layers] if self.scan_layers else self.layers:
       if block.sparse:
         block.mlp.grouped_matmul = implementation
