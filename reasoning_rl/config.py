@@ -239,10 +239,12 @@ def _validate_mesh(config, num_devices: int, num_slices: int) -> None:
   counts = sharding.slice_device_counts(config.mesh.num_trainer_devices, num_devices,
                                         field="config.mesh.num_trainer_devices")
   trainer_slices = sharding.slices_spanned(counts[0], num_devices, num_slices)
-  data, fsdp, _ = sharding.multi_slice_mesh_shape(tuple(config.mesh.trainer), counts[0],
-                                                  trainer_slices, field="config.mesh.trainer")
+  trainer_shape = tuple(config.mesh.trainer)
+  sizes = dict(zip(sharding.mesh_axes_of(trainer_shape), sharding.multi_slice_mesh_shape(
+      trainer_shape, counts[0], trainer_slices, field="config.mesh.trainer")))
+  split = {axis: sizes[axis] for axis in sharding.BATCH_MESH_AXES if axis in sizes}
   sharding.resolve_mesh_shape(tuple(config.mesh.sampler), counts[1], field="config.mesh.sampler")
-  # The step's batch is split row-wise over the trainer mesh's data x fsdp devices
+  # The step's batch is split row-wise over the trainer mesh's data x fsdp (x expert) devices
   # (sharding.batch_sharding): a row count they do not divide fails in JAX only once the first
   # batch is placed, after the model load and the step-0 evaluation.
   if config.stage == "rl":
@@ -251,11 +253,11 @@ def _validate_mesh(config, num_devices: int, num_slices: int) -> None:
   else:
     field, rows = "sft.batch_size", config.sft.batch_size
     what = f"{rows} examples"
-  if rows % (data * fsdp):
+  if rows % math.prod(split.values()):
     raise ConfigError(
         f"config.{field}={_field(config, field)!r}: the batch of {what} is split over the "
-        f"trainer mesh's data x fsdp = {data} x {fsdp} devices, which must divide it; change "
-        f"the batch or config.mesh.trainer")
+        f"trainer mesh's {' x '.join(split)} = {' x '.join(map(str, split.values()))} devices, "
+        "which must divide it; change the batch or config.mesh.trainer")
 
 
 def check_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> None:

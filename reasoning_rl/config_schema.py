@@ -391,7 +391,9 @@ SECTIONS: tuple[Section, ...] = (
             "(data, fsdp, tensor) mesh.", (
         Field("num_trainer_devices", 0, "devices of the trainer slice",
               _int(0, meaning="0 = every device does both")),
-        Field("trainer", (1, -1, 1), "trainer mesh (data, fsdp, tensor); -1 = the rest"),
+        Field("trainer", (1, -1, 1), "trainer mesh (data, fsdp, tensor), or (data, fsdp, "
+              "expert, tensor) to split a mixture of experts' experts (and the batch) over an "
+              "expert axis (docs/moe.md); -1 = the rest"),
         Field("sampler", (1, 1, -1), "sampler mesh (data, fsdp, tensor); -1 = the rest"),
         Field("num_slices", 0, "TPU Multislice slices; N > 1 on devices without slices "
               "simulates N; on several slices mesh.trainer is one slice's mesh and the slices "

@@ -1,11 +1,18 @@
 """Device meshes, the trainer / sampler slices, and the one table of partition rules.
 
 Every array dimension in the project is named with a logical axis (`batch`, `vocab`, `embed`, `mlp`,
-`heads`, `kv_heads`, `head_dim`, `norm`, `length`, `layers`); `LOGICAL_AXIS_RULES` maps each to mesh axes
-(`data`, `fsdp`, `tensor`). Parameters are sharded FSDP-style over `fsdp` on their embedding
-dimension and Megatron-style over `tensor` on heads / MLP / vocabulary; activations split their batch
-over `data` × `fsdp`. A dimension that a mesh axis does not divide stays replicated on that axis (e.g.
-SmolLM2's 3 KV heads on a tensor axis of 2), so any model fits any mesh.
+`heads`, `kv_heads`, `head_dim`, `norm`, `length`, `layers`, `expert`); `LOGICAL_AXIS_RULES` maps each
+to mesh axes (`data`, `fsdp`, `tensor`, and `expert` where the mesh has one). Parameters are sharded
+FSDP-style over `fsdp` on their embedding dimension and Megatron-style over `tensor` on heads / MLP /
+vocabulary; activations split their batch over `data` × `fsdp` (× `expert`). A dimension that a mesh
+axis does not divide stays replicated on that axis (e.g. SmolLM2's 3 KV heads on a tensor axis of 2),
+so any model fits any mesh.
+
+Expert parallelism (mixture-of-experts models): a mesh given with an `expert` size (a dict with
+"expert", or four sizes in `EXPERT_MESH_AXES` order) has the axes (data, fsdp, expert, tensor). A
+sparse layer's stacked experts are split over `expert`, and so is the batch: every device computes
+the dense parts for its own tokens, and each sparse layer exchanges tokens with the other devices
+of its `expert` group (`reasoning_rl.models.moe`). Meshes without it keep the three axes.
 
 Several slices (TPU "Multislice": slices joined by the data-center network, DCN, whose bandwidth
 is a small fraction of the chips' own interconnect, ICI): a mesh shape then describes one slice,
@@ -27,10 +34,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from reasoning_rl.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
+EXPERT_MESH_AXES = ("data", "fsdp", "expert", "tensor")
+BATCH_MESH_AXES = ("data", "fsdp", "expert")  # what the batch is split over, where present
 
 # logical axis -> mesh axes (a tuple shards over several mesh axes, None replicates).
 LOGICAL_AXIS_RULES: dict[str, tuple[str, ...] | None] = {
-    "batch": ("data", "fsdp"),
+    "batch": BATCH_MESH_AXES,
     "length": None,
     "vocab": ("tensor",),
     "embed": ("fsdp",),
@@ -40,24 +49,35 @@ LOGICAL_AXIS_RULES: dict[str, tuple[str, ...] | None] = {
     "head_dim": None,
     "norm": None,
     "layers": None,  # the leading axis of a scanned stack's parameters and KV cache
-    "expert": None,  # the leading axis of a sparse layer's stacked experts
+    "expert": ("expert",),  # the leading axis of a sparse layer's stacked experts
 }
 
 
-def resolve_mesh_shape(shape: Sequence[int] | dict[str, int], num_devices: int, *,
-                       field: str = "mesh") -> tuple[int, int, int]:
-  """(data, fsdp, tensor) sizes for `num_devices`: a dict by axis name or a sequence in MESH_AXES
-  order, one size may be -1 to take whatever the others leave. ConfigError names `field`."""
+def mesh_axes_of(shape: Sequence[int] | dict[str, int]) -> tuple[str, ...]:
+  """The axis names a mesh given as `shape` has: EXPERT_MESH_AXES for a dict naming "expert" or
+  four sizes, MESH_AXES otherwise."""
   if isinstance(shape, dict):
-    unknown = set(shape) - set(MESH_AXES)
+    return EXPERT_MESH_AXES if "expert" in shape else MESH_AXES
+  return EXPERT_MESH_AXES if len(tuple(shape)) == len(EXPERT_MESH_AXES) else MESH_AXES
+
+
+def resolve_mesh_shape(shape: Sequence[int] | dict[str, int], num_devices: int, *,
+                       field: str = "mesh") -> tuple[int, ...]:
+  """The sizes of `mesh_axes_of(shape)` for `num_devices`: (data, fsdp, tensor), or (data, fsdp,
+  expert, tensor) with expert parallelism; `shape` a dict by axis name or a sequence in that
+  order, one size may be -1 to take whatever the others leave. ConfigError names `field`."""
+  axes = mesh_axes_of(shape)
+  if isinstance(shape, dict):
+    unknown = set(shape) - set(EXPERT_MESH_AXES)
     if unknown:
-      raise ConfigError(f"{field}: unknown mesh axes {sorted(unknown)}; use {MESH_AXES}")
-    sizes = [int(shape.get(axis, 1)) for axis in MESH_AXES]
+      raise ConfigError(f"{field}: unknown mesh axes {sorted(unknown)}; use {EXPERT_MESH_AXES}")
+    sizes = [int(shape.get(axis, 1)) for axis in axes]
   else:
     sizes = [int(s) for s in shape]
-  if len(sizes) != len(MESH_AXES) or sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+  if len(sizes) != len(axes) or sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
     raise ConfigError(f"{field}={tuple(sizes)}: give {len(MESH_AXES)} positive sizes for "
-                      f"{MESH_AXES}, at most one of them -1")
+                      f"{MESH_AXES} (or {len(EXPERT_MESH_AXES)} for {EXPERT_MESH_AXES}), at most "
+                      "one of them -1")
   if -1 in sizes:
     known = math.prod(s for s in sizes if s != -1)
     if num_devices % known:
@@ -67,7 +87,7 @@ def resolve_mesh_shape(shape: Sequence[int] | dict[str, int], num_devices: int, 
     sizes[sizes.index(-1)] = num_devices // known
   if math.prod(sizes) != num_devices:
     raise ConfigError(
-        f"{field}: mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices but "
+        f"{field}: mesh {dict(zip(axes, sizes))} needs {math.prod(sizes)} devices but "
         f"{num_devices} are available; change the sizes so their product is {num_devices} "
         "(or use -1 for one axis)")
   return tuple(sizes)
@@ -86,18 +106,19 @@ def slice_device_counts(num_trainer: int, num_devices: int, *,
 
 
 def multi_slice_mesh_shape(shape: Sequence[int] | dict[str, int], num_devices: int,
-                           num_slices: int = 1, *, field: str = "mesh") -> tuple[int, int, int]:
-  """(data, fsdp, tensor) sizes of a mesh over `num_devices` on `num_slices` slices: `shape` is
-  resolved against one slice's devices, then `data` is multiplied by the slice count."""
+                           num_slices: int = 1, *, field: str = "mesh") -> tuple[int, ...]:
+  """The sizes (`resolve_mesh_shape`) of a mesh over `num_devices` on `num_slices` slices: `shape`
+  is resolved against one slice's devices, then `data` is multiplied by the slice count."""
   if num_slices < 1 or num_devices % num_slices:
     raise ConfigError(f"{field}: {num_devices} devices do not form {num_slices} equal slices")
-  data, fsdp, tensor = resolve_mesh_shape(shape, num_devices // num_slices, field=field)
-  return data * num_slices, fsdp, tensor
+  data, *rest = resolve_mesh_shape(shape, num_devices // num_slices, field=field)
+  return (data * num_slices, *rest)
 
 
 def make_mesh(shape: Sequence[int] | dict[str, int], devices: Sequence[jax.Device] | None = None,
               *, field: str = "mesh", num_slices: int = 1) -> Mesh:
-  """A mesh with axes (data, fsdp, tensor) over `devices` (default: all); see resolve_mesh_shape.
+  """A mesh with axes (data, fsdp, tensor), or (data, fsdp, expert, tensor) (`mesh_axes_of`), over
+  `devices` (default: all); see resolve_mesh_shape.
 
   With `num_slices` > 1, `devices` lists the slices one after another (slice-major: process-major
   order is, since processes are numbered slice by slice) and `shape` is one slice's mesh; the
@@ -105,7 +126,7 @@ def make_mesh(shape: Sequence[int] | dict[str, int], devices: Sequence[jax.Devic
   """
   devices = list(jax.devices() if devices is None else devices)
   sizes = multi_slice_mesh_shape(shape, len(devices), num_slices, field=field)
-  return Mesh(np.asarray(devices, dtype=object).reshape(sizes), MESH_AXES)
+  return Mesh(np.asarray(devices, dtype=object).reshape(sizes), mesh_axes_of(shape))
 
 
 def device_slice_ids(devices: Sequence[jax.Device], num_slices: int = 0, *,
@@ -188,6 +209,8 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh
       raise ValueError(f"logical axis {name!r} has no rule in LOGICAL_AXIS_RULES")
     chosen = []
     for mesh_axis in (LOGICAL_AXIS_RULES.get(name) or ()) if name else ():
+      if mesh_axis not in mesh.shape:  # `expert` on a mesh without expert parallelism
+        continue
       factor = math.prod(mesh.shape[a] for a in chosen) * mesh.shape[mesh_axis]
       if mesh_axis not in used and mesh.shape[mesh_axis] > 1 and size % factor == 0:
         chosen.append(mesh_axis)
@@ -236,6 +259,16 @@ def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, logical_to_spec(axes, x.shape, mesh))
 
 
+def batch_axes(mesh) -> tuple[str, ...]:
+  """The mesh axes a batch is split over: data, fsdp and, with expert parallelism, expert."""
+  return tuple(axis for axis in BATCH_MESH_AXES if axis in mesh.shape)
+
+
+def batch_devices(mesh) -> int:
+  """How many ways a batch is split (the product of `batch_axes`)."""
+  return math.prod(mesh.shape[axis] for axis in batch_axes(mesh))
+
+
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-  """Activations / data: batch over (data, fsdp), the rest replicated."""
-  return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
+  """Activations / data: batch over `batch_axes`, the rest replicated."""
+  return NamedSharding(mesh, PartitionSpec(batch_axes(mesh), *([None] * (ndim - 1))))

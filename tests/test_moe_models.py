@@ -271,3 +271,17 @@ def test_upcycled_model_computes_the_dense_one_and_saves_as_mixtral(tmp_path):
   assert type(reloaded).__name__ == "MixtralForCausalLM"
   for row, ref in enumerate(reference_logits(reloaded, np.asarray(ids), np.asarray(mask))):
     np.testing.assert_allclose(got[row][valid[row]], ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("implementation", ["ragged_dot", "tiled", "megablox"])
+def test_rows_past_the_groups_leave_the_grouped_rows_exact(implementation):
+  """An expert-parallel shard computes only its own experts' rows (sum(group_sizes) < M): the
+  grouped rows are those of the full call, whatever the rows after them hold."""
+  rng = np.random.RandomState(1)
+  lhs = jnp.asarray(rng.randn(37, 16), jnp.float32)
+  rhs = jnp.asarray(rng.randn(3, 16, 8), jnp.float32)
+  sizes = jnp.asarray([10, 0, 20], jnp.int32)
+  out = grouped_matmul(lhs, rhs, sizes, implementation=implementation, tiling=(8, 16, 8))
+  expected = np.concatenate([np.asarray(lhs[:10]) @ np.asarray(rhs[0]),
+                             np.asarray(lhs[10:30]) @ np.asarray(rhs[2])])
+  np.testing.assert_allclose(np.asarray(out[:30]), expected, rtol=1e-5, atol=1e-5)

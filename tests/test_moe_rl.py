@@ -234,3 +234,47 @@ def test_routing_collapse_guard():
   assert guards_lib.Guards({"max_routing_collapse": 1.0}).check_step(
       1, {guards_lib.ROUTING_COLLAPSE_KEY: 1.0}) is None
 
+
+
+def test_experts_split_four_ways_over_an_expert_axis_equal_one_device():
+  """8 simulated devices as data 2 × expert 4: each device holds 2 of the 8 experts and a quarter
+  of its data shard's tokens; the step's loss, gradient (SGD update) and routing metrics equal
+  one device's to float rounding, and the expert weights really are split."""
+  from reasoning_rl import sharding
+
+  config = dataclasses.replace(CONFIG, moe=dataclasses.replace(CONFIG.moe, num_experts=8))
+  model = create_model(config, seed=6)
+  graphdef, params = nnx.split(model)
+  rng = np.random.RandomState(7)
+  tokens = rng.randint(1, config.vocab_size, (8, 9))
+  attention = np.ones((8, 9), np.int32)
+  attention[0, :2] = 0
+  batch = dict(tokens=jnp.asarray(tokens), attention_mask=jnp.asarray(attention),
+               completion_mask=jnp.ones((8, 4), jnp.int32),
+               advantages=jnp.asarray(rng.randn(8).astype(np.float32)))
+  mesh = sharding.make_mesh((2, 1, 4, 1))
+  results = []
+  for on_mesh in (None, mesh):
+    step = TrainStep(graphdef, StepConfig(), on_mesh)
+    step.optimizer = optax.sgd(lambda count: 1.0)
+    start = jax.tree.map(jnp.array, params)
+    if on_mesh is not None:
+      start = sharding.reshard(start, sharding.param_shardings(start, on_mesh))
+    state = step.init_state(start)
+    if on_mesh is not None:
+      gate = next(v for p, v in nnx.to_flat_state(state.params) if p[-1] == "gate_proj")
+      assert gate[...].sharding.spec[0] == "expert"
+    new_state, stats = step(state, batch)
+    update = [np.asarray(a) - np.asarray(b) for a, b in
+              zip(jax.tree.leaves(new_state.params), jax.tree.leaves(params))]
+    results.append((update, finalize(jax.device_get(stats))))
+  (single, single_stats), (split, split_stats) = results
+  assert abs(single_stats["loss"] - split_stats["loss"]) < 1e-6
+  for key in ("routing/entropy", "routing/max_load_over_mean", "routing/balance_loss"):
+    assert abs(single_stats[key] - split_stats[key]) < 1e-5, key
+  # update = new − old parameters: both sides carry the rounding of that subtraction (a few ulp
+  # of the parameter), beside the gradient's own float-order differences (1e-5 of its scale)
+  for a, b, old in zip(single, split, jax.tree.leaves(params)):
+    ulp = np.spacing(np.float32(np.abs(np.asarray(old)).max()))
+    np.testing.assert_allclose(b, a, atol=4 * ulp + 1e-5 * np.abs(a).max(), rtol=0)
+  assert any(np.abs(a).max() > 0 for a in single)

@@ -50,8 +50,9 @@ def resolve(implementation: str, backend: str | None = None) -> str:
 
 def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
                    implementation: str = "auto", tiling=None) -> jax.Array:
-  """lhs [M, K] (rows sorted by group, sum(group_sizes) == M) times rhs [G, K, N] → [M, N] in
-  lhs's dtype (float32 accumulation). `tiling`: megablox's (m, k, n) tile; its m is also the
+  """lhs [M, K] (rows sorted by group) times rhs [G, K, N] → [M, N] in lhs's dtype (float32
+  accumulation). Rows past sum(group_sizes) belong to no group: their outputs are unspecified
+  (the caller masks them; the tiled implementation does not compute them). `tiling`: megablox's (m, k, n) tile; its m is also the
   tiled implementation's rows per tile (default: `_MEGABLOX_TILING`, `TILE_ROWS`)."""
   implementation = resolve(implementation)
   group_sizes = group_sizes.astype(jnp.int32)
@@ -79,7 +80,8 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
 
 def _tiled(lhs, rhs, group_sizes, tile_rows: int):
   """The tiled implementation (module docstring). Rows move to a buffer where each group starts
-  on a tile boundary; tiles past the last group hold zeros and use the last group's matrix."""
+  on a tile boundary; rows past the groups follow them, and the tiles from there on are not
+  computed (`lax.cond`: zeros)."""
   rows, width = lhs.shape
   groups = rhs.shape[0]
   tile = min(tile_rows, _round_up(rows, 8))
@@ -89,18 +91,26 @@ def _tiled(lhs, rhs, group_sizes, tile_rows: int):
   padded = -(-group_sizes // tile) * tile
   padded_ends = jnp.cumsum(padded)
   index = jnp.arange(rows)
-  group_of_row = jnp.searchsorted(ends, index, side="right")
-  destination = padded_ends[group_of_row] - padded[group_of_row] + index - starts[group_of_row]
+  group_of_row = jnp.minimum(jnp.searchsorted(ends, index, side="right"), groups - 1)
+  grouped = index < ends[-1]
+  destination = jnp.where(
+      grouped, padded_ends[group_of_row] - padded[group_of_row] + index - starts[group_of_row],
+      padded_ends[-1] + index - ends[-1])
   buffer = jnp.zeros((num_tiles * tile, width), lhs.dtype).at[destination].set(
       lhs, unique_indices=True)
-  tile_group = jnp.minimum(
-      jnp.searchsorted(padded_ends, jnp.arange(num_tiles) * tile, side="right"), groups - 1)
+  tile_start = jnp.arange(num_tiles) * tile
+  tile_group = jnp.minimum(jnp.searchsorted(padded_ends, tile_start, side="right"), groups - 1)
+  out_width = rhs.shape[2]
 
   def one_tile(args):
-    block, group = args
-    return jnp.dot(block, rhs[group], preferred_element_type=jnp.float32).astype(lhs.dtype)
+    block, group, live = args
+    return jax.lax.cond(
+        live,
+        lambda: jnp.dot(block, rhs[group], preferred_element_type=jnp.float32).astype(lhs.dtype),
+        lambda: jnp.zeros((tile, out_width), lhs.dtype))
 
-  out = jax.lax.map(one_tile, (buffer.reshape(num_tiles, tile, width), tile_group))
+  out = jax.lax.map(one_tile, (buffer.reshape(num_tiles, tile, width), tile_group,
+                               tile_start < padded_ends[-1]))
   return out.reshape(num_tiles * tile, -1)[destination]
 
 

@@ -18,6 +18,14 @@ each token to those experts instead of its own top-k, while the weights w_i stil
 forward's router (so the router keeps its gradient). Whether replaying or not, the layer reports
 how many tokens' own top-k set differs from the recorded one (routing disagreement).
 
+Expert parallelism: traced under a mesh with an `expert` axis (`reasoning_rl.sharding`), where
+the experts and the batch are both split over that axis, the layer runs per device
+(`jax.shard_map`): each device gathers the tokens of its `expert` group (all-gather), computes
+its own experts for the tokens routed to them (the rest of the rows are skipped), and the partial
+outputs are summed back onto the devices that own the tokens (reduce-scatter). Every token still
+goes to every expert it chose, so the result is the single-device one up to the order of the k
+additions.
+
 Every layer also reports, as sums over real tokens (`RouterStats`; padding excluded), what the
 trainer logs and the optional auxiliary losses need: tokens per expert, the router's mean
 probabilities, its entropy and the squared log-partition of the z-loss.
@@ -30,6 +38,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jax.sharding import PartitionSpec
+
+from reasoning_rl import sharding
 from reasoning_rl.kernels.grouped_matmul import grouped_matmul
 from reasoning_rl.models.config import ModelConfig, MoEConfig
 from reasoning_rl.models.primitives import param, weight
@@ -105,29 +116,14 @@ class MoE(nnx.Module):
                       self.router[...].astype(jnp.float32))
 
   def experts(self, x: jax.Array, experts: jax.Array, weights: jax.Array) -> jax.Array:
-    """Σ_i w_i · expert_i(x) for x [N, D], experts / weights [N, k]: dropless dispatch."""
-    tokens, k = experts.shape
-    flat = experts.reshape(-1)
-    order = jnp.argsort(flat, stable=True)  # the N·k (token, expert) pairs, by expert
-    rows = x[order // k]
-    sizes = jnp.bincount(flat, length=self.moe.num_experts)
-    dtype = x.dtype
-
-    def matmul(lhs, kernel):
-      return grouped_matmul(lhs, weight(kernel, dtype), sizes,
-                            implementation=self.grouped_matmul)
-
-    gate, up = matmul(rows, self.gate_proj), matmul(rows, self.up_proj)
-    if self.activation == "silu":
-      hidden = jax.nn.silu(gate) * up
-    else:
-      hidden = jax.nn.gelu(gate, approximate=True) * up
-    out = matmul(hidden, self.down_proj)
-    # Back to (token, slot) order by the inverse permutation (a gather: deterministic, and its
-    # gradient is a gather too), then each token's k outputs summed in slot order.
-    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
-    per_slot = out[inverse].reshape(tokens, k, -1)
-    return jnp.sum(per_slot * weights[..., None].astype(dtype), axis=1)
+    """Σ_i w_i · expert_i(x) for x [N, D], experts / weights [N, k]: dropless dispatch, per
+    device under a mesh with an `expert` axis (module docstring)."""
+    kernels = tuple(weight(p, x.dtype) for p in (self.gate_proj, self.up_proj, self.down_proj))
+    options = dict(activation=self.activation, implementation=self.grouped_matmul)
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.shape.get("expert", 1) > 1:
+      return _expert_parallel(x, experts, weights, kernels, mesh, **options)
+    return dispatch(x, experts, weights, kernels, **options)
 
   def __call__(self, x: jax.Array, token_mask: jax.Array, recorded: jax.Array | None = None,
                replay: bool = False) -> tuple[jax.Array, RouterStats]:
@@ -149,6 +145,64 @@ class MoE(nnx.Module):
     out = self.experts(x.reshape(batch * length, width), experts.reshape(batch * length, -1),
                        weights.reshape(batch * length, -1)).reshape(batch, length, width)
     return out, _stats(logits, scores, experts, own, recorded, token_mask, moe)
+
+
+def dispatch(x: jax.Array, experts: jax.Array, weights: jax.Array, kernels, *, activation: str,
+             implementation: str, first_expert=0) -> jax.Array:
+  """Σ_i w_i · expert_i(x) over the experts held in `kernels` (gate, up [E_held, D, F], down
+  [E_held, F, D], experts first_expert … first_expert + E_held − 1): x [N, D], experts and
+  weights [N, k]. A (token, expert) pair whose expert is not held contributes nothing and is
+  not computed: the pairs are sorted by expert, the held ones first, and each held expert
+  multiplies its contiguous rows in one grouped matmul (rows past them are left out, their
+  outputs masked)."""
+  tokens, k = experts.shape
+  held = kernels[0].shape[0]
+  local = experts.reshape(-1) - first_expert
+  mine = (local >= 0) & (local < held)
+  key = jnp.where(mine, local, held)
+  order = jnp.argsort(key, stable=True)  # the N·k (token, expert) pairs, by expert
+  rows = x[order // k]
+  sizes = jnp.bincount(jnp.where(mine, local, 0), weights=mine.astype(jnp.int32), length=held)
+
+  def matmul(lhs, kernel):
+    return grouped_matmul(lhs, kernel, sizes, implementation=implementation)
+
+  gate, up = matmul(rows, kernels[0]), matmul(rows, kernels[1])
+  if activation == "silu":
+    hidden = jax.nn.silu(gate) * up
+  else:
+    hidden = jax.nn.gelu(gate, approximate=True) * up
+  out = matmul(hidden, kernels[2])
+  # Back to (token, slot) order by the inverse permutation (a gather: deterministic, and its
+  # gradient is a gather too), then each token's k outputs summed in slot order.
+  inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+  per_slot = out[inverse].reshape(tokens, k, -1)
+  slot_weights = jnp.where(mine.reshape(tokens, k), weights, 0).astype(x.dtype)
+  per_slot = jnp.where(mine.reshape(tokens, k)[..., None], per_slot, 0)
+  return jnp.sum(per_slot * slot_weights[..., None], axis=1)
+
+
+def _expert_parallel(x, experts, weights, kernels, mesh, **options):
+  """`dispatch` with the experts split over the mesh's `expert` axis (module docstring)."""
+  row_spec = sharding.logical_to_spec(("batch", None), x.shape, mesh)
+  row_axes = row_spec[0] if isinstance(row_spec[0], tuple) else (row_spec[0],)
+  gathered = "expert" in row_axes  # tokens split over expert too: gather, then scatter back
+  expert_spec = PartitionSpec("expert", None, None)
+
+  def per_device(x, experts, weights, gate, up, down):
+    if gathered:
+      x, experts, weights = (jax.lax.all_gather(a, "expert", axis=0, tiled=True)
+                             for a in (x, experts, weights))
+    first = jax.lax.axis_index("expert") * gate.shape[0]
+    partial = dispatch(x, experts, weights, (gate, up, down), first_expert=first, **options)
+    if gathered:
+      return jax.lax.psum_scatter(partial, "expert", scatter_dimension=0, tiled=True)
+    return jax.lax.psum(partial, "expert")
+
+  rows = PartitionSpec(row_spec[0], None)
+  return jax.shard_map(per_device, mesh=mesh,
+                       in_specs=(rows, rows, rows, expert_spec, expert_spec, expert_spec),
+                       out_specs=rows, check_vma=False)(x, experts, weights, *kernels)
 
 
 def _stats(logits, scores, experts, own, recorded, token_mask, moe: MoEConfig) -> RouterStats:

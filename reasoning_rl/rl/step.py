@@ -476,7 +476,7 @@ class TrainStep:
                               and self.config.algorithm != "sft")
     devices = 1
     if self.mesh is not None:
-      devices = self.mesh.shape.get("data", 1) * self.mesh.shape.get("fsdp", 1)
+      devices = sharding_lib.batch_devices(self.mesh)
     c = self.config
     # The head projects as many positions at once as a padded micro-batch's chunk holds
     # (rows × min(logprob_chunk, completion length)): the same logits memory, and matmuls as

@@ -118,8 +118,9 @@ class CanonicalScorer:
 
       def one_sequence(args):
         row, prompt_length, key = args
-        hidden, *stats = model.hidden_states(row[None], jnp.ones((1, length), jnp.int32),
-                                             with_router_stats=routed)
+        out = model.hidden_states(row[None], jnp.ones((1, length), jnp.int32),
+                                  with_router_stats=routed)
+        hidden, stats = out if routed else (out, None)
         hidden = hidden[0]
         # the hidden state at position p + t - 1 predicts completion token t
         hidden = jax.lax.dynamic_slice_in_dim(hidden, prompt_length - 1, completion, axis=0)
@@ -132,7 +133,7 @@ class CanonicalScorer:
             key, jnp.arange(completion, dtype=jnp.int32))
         draws, _, _ = sampling_lib.sample_tokens(logits, draw_keys, *settings)
         if routed:  # [L_sparse, 1, L, k] → [L, L_sparse, k]
-          return draws, full, warped, jnp.moveaxis(stats[0].experts[:, 0], 0, 1)
+          return draws, full, warped, jnp.moveaxis(stats.experts[:, 0], 0, 1)
         return draws, full, warped
 
       return jax.lax.map(one_sequence, (tokens, prompt_lengths, keys))
