@@ -8,7 +8,9 @@ Only matmuls are counted (norms, RoPE, softmax and activations are a few per cen
 tests/test_flops.py bounds the gap against XLA's own count). A forward over a token costs
 - 2·W for the decoder body, W = `matmul_weights(config)` the weights of every layer's q, k, v, o,
   gate, up and down projections (Kaplan et al. 2020, "Scaling Laws for Neural Language Models",
-  §2.1: a forward costs 2 FLOPs per weight per token; the embedding lookup is not a matmul);
+  §2.1: a forward costs 2 FLOPs per weight per token; the embedding lookup is not a matmul); in a
+  mixture of experts' sparse layer, the k experts a token goes to and the router (the active
+  parameters), not all E experts;
 - 2·D·V for the output projection, counted only for tokens that are projected to the vocabulary
   (the training step projects completion positions only, a prefill its last position only);
 - 4·L·H·Dh per key the token's query is scored against: QKᵀ and the probability-weighted sum of V,
@@ -35,11 +37,28 @@ from reasoning_rl.models.config import ModelConfig
 
 def matmul_weights(config: ModelConfig) -> int:
   """Weights one token multiplies through in the decoder body (all layers, no embedding, output
-  projection, norms or biases)."""
+  projection, norms or biases; a sparse layer's k chosen experts and its router)."""
   c = config
   attention = c.hidden_size * c.head_dim * 2 * (c.num_heads + c.num_kv_heads)  # q, o; k, v
-  mlp = 3 * c.hidden_size * c.intermediate_size  # gate, up, down
-  return c.num_layers * (attention + mlp)
+  return c.num_layers * attention + sum(mlp_weights(c, layer) for layer in range(c.num_layers))
+
+
+def mlp_weights(config: ModelConfig, layer: int) -> int:
+  """Weights one token multiplies through in layer `layer`'s MLP: gate, up and down, of the dense
+  MLP or of each of the k experts it is routed to (+ the router)."""
+  c = config
+  if not c.layer_is_sparse(layer):
+    return 3 * c.hidden_size * c.intermediate_size
+  moe = c.moe
+  return (moe.experts_per_token * 3 * c.hidden_size * moe.intermediate_size
+          + c.hidden_size * moe.num_experts)
+
+
+def down_projection_weights(config: ModelConfig, layer: int) -> int:
+  """Weights one token multiplies through in layer `layer`'s down projection(s)."""
+  if config.layer_is_sparse(layer):
+    return config.moe.experts_per_token * config.hidden_size * config.moe.intermediate_size
+  return config.hidden_size * config.intermediate_size
 
 
 def attention_flops_per_key(config: ModelConfig) -> int:
@@ -133,7 +152,7 @@ def training_flops(config: ModelConfig, *, trained_tokens: float, trained_contex
   if passes.remat:
     # Every block's forward again, except each MLP's down projection: the backward pass needs a
     # matmul's inputs, not the output of the block's last one, so JAX never recomputes it.
-    down = 2.0 * config.num_layers * config.hidden_size * config.intermediate_size
+    down = 2.0 * sum(down_projection_weights(config, layer) for layer in range(config.num_layers))
     recomputed_per_update += one_forward - logits - down * trained_tokens
   return forwards * one_forward, passes.epochs * recomputed_per_update
 

@@ -66,7 +66,8 @@ from reasoning_rl.lora import PROJECTIONS, LoraSettings
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.gguf_io import gguf_model_config, open_gguf
 from reasoning_rl.models.transformer import abstract_model
-from reasoning_rl.sharding import (MESH_AXES, count_slices, logical_to_spec,
+from reasoning_rl.sharding import (MESH_AXES, batch_devices, count_slices, logical_to_spec,
+                                   mesh_axes_of,
                                    multi_slice_mesh_shape, resolve_mesh_shape,
                                    slice_device_counts, slices_spanned)
 from reasoning_rl.tpu_chips import CPU_MACHINE, GIB, TPU_CHIPS, ChipSpec, slice_name
@@ -230,6 +231,10 @@ class Throughput:
   dcn_reductions: int = 0
   dcn_bytes_per_device: float = 0.0
   dcn_s: float = 0.0
+  # Expert parallelism: bytes one trainer device receives per step over ICI exchanging tokens
+  # along the `expert` axis, and their seconds (in train_s): `expert_exchange_traffic`.
+  expert_bytes_per_device: float = 0.0
+  expert_s: float = 0.0
 
   @property
   def steps_per_hour(self) -> float:
@@ -337,7 +342,7 @@ class Plan:
               f"steps x {t.decode_step_s * 1e3:.2f} ms = {t.sample_s:.1f} s",
               f"  training   {t.flops.training / 1e12:12.1f} TFLOP   {t.train_s:.1f} s (+ "
               f"{t.flops.recomputation / 1e12:.1f} TFLOP recomputed)",
-              *self._dcn_lines(),
+              *self._dcn_lines(), *self._expert_lines(),
               f"  step (sync: sample, then train) {t.step_s_sync:.1f} s -> "
               f"{t.steps_per_hour:.1f} steps/hour" + ("" if t.overlapped else "   <- this config")]
     if t.step_s_async is not None:
@@ -359,6 +364,16 @@ class Plan:
     return [f"             of which {t.dcn_s:.2f} s: {t.dcn_reductions} gradient all-reduce(s) "
             f"across slices over DCN, {t.dcn_bytes_per_device / GIB:.2f} GiB per device at "
             f"{c.dcn_bandwidth * 8 / 1e9:.0f} Gb/s per chip{source}"]
+
+  def _expert_lines(self) -> list[str]:
+    t = self.throughput
+    if not t.expert_bytes_per_device:
+      return []
+    time = (f"{t.expert_s:.2f} s" if t.expert_s
+            else "seconds not estimated (no published ICI figure for this chip)")
+    return [f"             of which {time}: tokens exchanged along the expert axis (all-gather + "
+            f"reduce-scatter per sparse layer and pass), {t.expert_bytes_per_device / GIB:.2f} "
+            "GiB received per device over ICI"]
 
   def _preemption_lines(self) -> list[str]:
     p, a = self.preemption, self.assumptions
@@ -406,8 +421,9 @@ def _chip(target) -> tuple[ChipSpec, int]:
 
 
 def abstract_mesh(shape: Sequence[int], num_devices: int, *, field: str) -> AbstractMesh:
-  """A (data, fsdp, tensor) AbstractMesh of `num_devices`; one size may be -1 (the rest)."""
-  return AbstractMesh(resolve_mesh_shape(shape, num_devices, field=field), MESH_AXES)
+  """A (data, fsdp, tensor) AbstractMesh of `num_devices`, or (data, fsdp, expert, tensor) for
+  four sizes (`sharding.mesh_axes_of`); one size may be -1 (the rest)."""
+  return AbstractMesh(resolve_mesh_shape(shape, num_devices, field=field), mesh_axes_of(shape))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -464,7 +480,7 @@ def plan_layout(config, num_devices: int, devices_per_host: int = 0, num_slices:
   trainer_slices = slices_spanned(trainer_count, num_devices, num_slices, field=field)
   trainer = AbstractMesh(multi_slice_mesh_shape(config.mesh.trainer, trainer_count,
                                                 trainer_slices, field="config.mesh.trainer"),
-                         MESH_AXES)
+                         mesh_axes_of(tuple(config.mesh.trainer)))
   return Layout(trainer=trainer,
                 replica=abstract_mesh(config.mesh.sampler, replica_size,
                                       field="config.mesh.sampler"),
@@ -659,7 +675,7 @@ def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, a: Assumptions,
   rows = (r.num_prompts * r.num_samples) // num_micro_batches
   rows_per_device = -(-rows // _split(mesh, "batch", rows))
   heads = m.num_heads // _split(mesh, "kv_heads", m.num_kv_heads)
-  intermediate = m.intermediate_size // _split(mesh, "mlp", m.intermediate_size)
+  intermediate = mlp_width_per_token(m) // _split(mesh, "mlp", mlp_width_per_token(m))
   per_layer = seq * ((a.activation_values_per_hidden * m.hidden_size
                       + a.activation_values_per_intermediate * intermediate) * b
                      + attention_bytes_per_token(config, m, heads, seq, a, backend))
@@ -702,6 +718,46 @@ def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, a: Assumptions,
     items.append(Item("truncation rebuild buffers (algo.truncated_ratio)", int(
         a.truncation_buffers * rows_per_device * chunk * m.vocab_size * 4), "train step"))
   return items + list(sync)
+
+
+def mlp_width_per_token(m: ModelConfig) -> int:
+  """The MLP hidden width one token's activations span, the widest over layers: the dense MLP's,
+  or k experts' of a sparse layer (each token's k rows of the grouped matmuls)."""
+  widths = [m.moe.experts_per_token * m.moe.intermediate_size if m.layer_is_sparse(layer)
+            else m.intermediate_size for layer in range(m.num_layers)]
+  return max(widths)
+
+
+def expert_exchange_traffic(config, m: ModelConfig, layout: Layout, chip: ChipSpec
+                            ) -> tuple[float, float]:
+  """(bytes each trainer device receives, seconds) of one step's token exchange between the
+  devices of an `expert` mesh axis (`reasoning_rl.models.moe`, expert parallelism): per sparse
+  layer and forward, an all-gather of the group's tokens and a reduce-scatter of the partial
+  outputs, (e − 1) · tokens per device · D values each; a backward pass makes both again. Over
+  ICI, at half the chip's bidirectional bandwidth (`ICI_BYTES_PER_S`, per direction); 0 without
+  an expert axis or a MoE model."""
+  ways = layout.trainer.shape.get("expert", 1) if "expert" in layout.trainer.axis_names else 1
+  if m.moe is None or ways == 1:
+    return 0.0, 0.0
+  r = config.rollout
+  rows = r.num_prompts * r.num_samples
+  tokens_per_device = rows * (r.max_prefill_length + r.max_new_tokens) / batch_devices(
+      layout.trainer)
+  passes = flops_lib.TrainingPasses.of_step(step_config(config))
+  forwards = (2 * passes.epochs + int(passes.reference_forward)
+              + int(passes.old_logprob_forward))  # a backward exchanges as much as a forward
+  per_forward = 2 * (ways - 1) * tokens_per_device * m.hidden_size * Precision.of(
+      config).compute.itemsize
+  received = m.moe.num_sparse_layers * forwards * per_forward
+  tpu = next((name for name, spec in TPU_CHIPS.items() if spec.name == chip.name), None)
+  bandwidth = ICI_BYTES_PER_S.get(tpu, 0.0)
+  return received, received / bandwidth if bandwidth else 0.0
+
+
+# Inter-chip interconnect per direction, bytes/s (half the bidirectional figure of the Cloud TPU
+# documentation's chip tables, read 2026-11-28: v5e 1600 Gb/s, v5p 1200 GB/s, v6e 3200 Gb/s);
+# chips without a published figure plan no exchange time.
+ICI_BYTES_PER_S = {"v5e": 100e9, "v5p": 600e9, "v6e": 200e9}
 
 
 def kv_cache_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int) -> int:
@@ -829,8 +885,9 @@ def throughput(config, m: ModelConfig, chip: ChipSpec, layout: Layout, sampler_w
   per_token = flops_lib.forward_flops(m, 1, r.max_prefill_length + r.max_new_tokens)
   trainer, replica, replicas = layout.trainer, layout.replica, layout.num_replicas
   reductions, dcn_bytes, dcn_s = dcn_gradient_traffic(config, layout, gradient_bytes, chip)
+  exchange_bytes, exchange_s = expert_exchange_traffic(config, m, layout, chip)
   train_s = ((step.training + step.recomputation) / (trainer.size * chip.peak_flops * a.train_mfu)
-             + dcn_s)
+             + dcn_s + exchange_s)
   prompts = -(-r.num_prompts // replicas)
   rows = prompts * r.num_samples
   slots = r.max_concurrent_decodes
@@ -848,7 +905,8 @@ def throughput(config, m: ModelConfig, chip: ChipSpec, layout: Layout, sampler_w
                     sample_s=sample_s, train_s=train_s, step_s_sync=sample_s + train_s,
                     step_s_async=None if layout.shared else max(sample_s, train_s),
                     overlapped=rollouts_ahead(config) and not layout.shared,
-                    dcn_reductions=reductions, dcn_bytes_per_device=dcn_bytes, dcn_s=dcn_s)
+                    dcn_reductions=reductions, dcn_bytes_per_device=dcn_bytes, dcn_s=dcn_s,
+                    expert_bytes_per_device=exchange_bytes, expert_s=exchange_s)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -1003,7 +1061,13 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
   speed = throughput(config, model_config, chip, layout, sampler_weights, a,
                      gradient_bytes=trainable)
   weight_name = precision.weights.name
-  summary = (f"{model_config.model_type}, {model_config.num_params() / 1e9:.3f} B params, "
+  params = f"{model_config.num_params() / 1e9:.3f} B params"
+  if model_config.moe is not None:
+    moe = model_config.moe
+    params += (f" ({model_config.num_params(active=True) / 1e9:.3f} B active: top-"
+               f"{moe.experts_per_token} of {moe.num_experts} experts in "
+               f"{moe.num_sparse_layers} sparse layers)")
+  summary = (f"{model_config.model_type}, {params}, "
              f"{model_config.num_layers} layers x hidden {model_config.hidden_size}, "
              f"compute {precision.compute.name}, master weights {weight_name}; "
              f"P={r.num_prompts} x G={r.num_samples}, prompt {r.max_prefill_length} + completion "
