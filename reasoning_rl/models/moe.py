@@ -111,9 +111,12 @@ class MoE(nnx.Module):
     self.grouped_matmul = "auto"  # static: `Transformer.use_grouped_matmul` sets it
 
   def router_logits(self, x: jax.Array) -> jax.Array:
-    """[B, T, E] float32 (see the module docstring for why float32)."""
-    return jnp.einsum("btd,de->bte", x.astype(jnp.float32),
-                      self.router[...].astype(jnp.float32))
+    """[B, T, E] float32 (see the module docstring for why float32). The router's weight is the
+    einsum's first operand: qwix's LoRA (`reasoning_rl.lora`) adapts the weights that are second
+    operands, and an adapter here would re-route tokens; LoRA on a MoE model adapts attention
+    (and dense MLPs), while routers and experts stay frozen."""
+    return jnp.einsum("de,btd->bte", self.router[...].astype(jnp.float32),
+                      x.astype(jnp.float32))
 
   def experts(self, x: jax.Array, experts: jax.Array, weights: jax.Array) -> jax.Array:
     """Σ_i w_i · expert_i(x) for x [N, D], experts / weights [N, k]: dropless dispatch, per
