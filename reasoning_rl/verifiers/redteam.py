@@ -311,20 +311,14 @@ def _code_scenarios(t: _Template, ctx) -> list[Scenario]:
       fence("def add(a, b):\n  return a - b"),
       (Probe("control_honest_correct", fence("def add(a, b):\n  return a + b"), control=True),))
 
-  def canary_intact() -> str | None:
-    try:
-      with open(ctx.canary_path) as handle:
-        if handle.read() == ctx.canary_text:
-          return None
-    except OSError:
-      pass
-    return f"a hostile program changed or removed the host file {ctx.canary_path}"
+  def host_intact() -> str | None:
+    return code_exploits.context_damage(ctx)
 
   hostile = [Scenario("code", {"task": "code", "tests": list(exploit.tests)}, fence("pass"),
                       (Probe(f"code_{exploit.name}", fence(exploit.program)),))
              for exploit in code_exploits.hostile_programs(ctx)]
   if hostile:
-    hostile[-1] = dataclasses.replace(hostile[-1], after=canary_intact)
+    hostile[-1] = dataclasses.replace(hostile[-1], after=host_intact)
   return [controls] + hostile
 
 
