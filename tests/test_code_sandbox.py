@@ -16,6 +16,8 @@ from reasoning_rl.verifiers.sandbox import cgroups, code_exploits
 from reasoning_rl.verifiers.code_tests import run_tests
 
 TIMEOUT_S = 2.0
+# The hostile programs that spread memory over processes scale with the limit: keep it small.
+SMALL = sandbox.SandboxLimits(memory_mb=256)
 _DUMMY_CONTEXT = code_exploits.ExploitContext("m", "/nonexistent", "", 1, "N", "V", "E")
 EXPLOIT_NAMES = [exploit.name for exploit in code_exploits.hostile_programs(_DUMMY_CONTEXT)]
 
@@ -108,7 +110,7 @@ def test_hostile_program_earns_nothing_and_leaves_no_trace(name, targets):
   exploit = next(e for e in code_exploits.hostile_programs(context) if e.name == name)
   pid_before = os.getpid()
   start = time.monotonic()
-  result = run_tests(exploit.program, list(exploit.tests), timeout_s=TIMEOUT_S)
+  result = run_tests(exploit.program, list(exploit.tests), timeout_s=TIMEOUT_S, limits=SMALL)
   elapsed = time.monotonic() - start
 
   assert result.passed == 0, (name, result)
@@ -299,7 +301,7 @@ def test_without_a_cgroup_the_watchdog_bounds_all_processes_together(name, targe
   context, _ = targets
   exploit = next(e for e in code_exploits.hostile_programs(context) if e.name == name)
   with caplog.at_level(logging.WARNING, logger=sandbox.__name__):
-    result = run_tests(exploit.program, list(exploit.tests), timeout_s=TIMEOUT_S)
+    result = run_tests(exploit.program, list(exploit.tests), timeout_s=TIMEOUT_S, limits=SMALL)
   assert (result.passed, result.status) == (0, "killed"), result
   assert "together used more than" in result.detail or "processes" in result.detail
   assert _in_namespace(result.pid_namespace) == []
