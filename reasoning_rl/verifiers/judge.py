@@ -33,7 +33,8 @@ Settings of a `judge` part (`config.rewards.<name>`; defaults in `JUDGE_DEFAULTS
   max_prompt_tokens: the judge engine's prefill length; longer prompts keep their last tokens.
   batch_size: the judge engine's decode slots.
   cache_size: most (question, reference, extracted answer) verdicts kept (least recently used out).
-  extract, answer_tag, timeout_s: how the answer is read, as in the `correct` part (math).
+  extract, answer_tag, think_tag, timeout_s: how the answer is read, as in the `correct` part
+    (math).
 
 A judge output the parser cannot read scores 0.0 and is counted (`unparseable`). The part is
 scored on the main process by `workers.model_parts.ModelPartsScorer` (a model cannot run in the
@@ -70,7 +71,8 @@ JUDGE_DEFAULTS: dict[str, Any] = {
     "model": "", "dtype": "float32", "mode": "fallback",
     "fallback_statuses": ("no_answer", "unparseable", "unevaluated", "timeout"),
     "template": "yes_no", "max_new_tokens": 8, "max_prompt_tokens": 512, "batch_size": 16,
-    "cache_size": 4096, "extract": "answer_or_boxed", "answer_tag": "answer", "timeout_s": 5.0,
+    "cache_size": 4096, "extract": "answer_or_boxed", "answer_tag": "answer", "think_tag": "think",
+    "timeout_s": 5.0,
 }
 
 TEMPLATES = {
@@ -149,6 +151,10 @@ def validate(field: str, s: dict[str, Any]) -> None:
                                                          "cache_size" else ""))
   if s["extract"] not in math_lib.EXTRACT_MODES:
     raise bad("extract", f"choose one of {math_lib.EXTRACT_MODES}")
+  format_lib.check_tag(f"config.{field}.think_tag", s["think_tag"])
+  if s["think_tag"] == s["answer_tag"]:
+    raise bad("think_tag", "must differ from answer_tag (the reasoning tag's content never "
+              "answers)")
   if not isinstance(s["timeout_s"], (int, float)) or s["timeout_s"] <= 0:
     raise bad("timeout_s", "must be a positive number of seconds")
 
@@ -264,13 +270,15 @@ class JudgePart:
   def rule_check(self, record) -> math_lib.MathResult:
     s = self.settings
     return math_lib.check(record.response, record.ground_truth, extract=s["extract"],
-                          timeout_s=s["timeout_s"], answer_tag=s["answer_tag"])
+                          timeout_s=s["timeout_s"], answer_tag=s["answer_tag"],
+                          think_tag=s["think_tag"])
 
   def answer_text(self, record, result: math_lib.MathResult) -> str:
     """What the judge is shown as the answer (module docstring); "" when there is nothing."""
     if result.candidates:
       return " ; ".join(result.candidates)
-    spans = format_lib.tag_contents(record.response, self.settings["answer_tag"])
+    outside = format_lib.outside_tag(record.response, self.settings["think_tag"])
+    spans = format_lib.tag_contents(outside, self.settings["answer_tag"])
     return spans[-1].strip() if spans else ""
 
   def score_batch(self, records: Sequence[Any], rule_results: Sequence[Any] = ()) -> list[float]:
