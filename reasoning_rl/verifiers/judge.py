@@ -28,7 +28,9 @@ Settings of a `judge` part (`config.rewards.<name>`; defaults in `JUDGE_DEFAULTS
   fallback_statuses: the `MathResult.status` values that go to the judge in fallback mode
     (default: no_answer, unparseable, unevaluated, timeout).
   template: "yes_no" (the judge answers Yes/No; parsed 1.0/0.0) | "score" (the judge writes an
-    integer 0–10; parsed and divided by 10). The parser is the template's.
+    integer 0–10; parsed and divided by 10). The parser is the template's
+    (`judge_verdicts.parse_yes_no` / `parse_score`: negations, refusals, hedges, echoes of the
+    question and hypothetical scores never read as a verdict for the student).
   max_new_tokens: the judge's decode budget (a verdict needs a few tokens).
   max_prompt_tokens: the judge engine's prefill length; longer prompts keep their last tokens.
   batch_size: the judge engine's decode slots.
@@ -47,7 +49,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -55,8 +56,9 @@ from typing import Any
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.verifiers import format as format_lib
 from reasoning_rl.verifiers import math_answers as math_lib
+from reasoning_rl.verifiers.judge_verdicts import parse_score, parse_yes_no
 
-JUDGE_VERSION = "judge-2"
+JUDGE_VERSION = "judge-3"
 MODES = ("fallback", "alone")
 STATUSES = ("correct", "wrong", "no_answer", "multiple_answers", "hedged", "unevaluated",
             "unparseable", "too_large", "timeout")
@@ -87,28 +89,6 @@ TEMPLATES = {
         "Question: {question}\nReference answer: {reference}\nStudent's final answer: {answer}\n\n"
         "Reply with one integer from 0 to 10."),
 }
-
-_YES_NO = re.compile(r"\b(yes|no|correct|incorrect)\b", re.IGNORECASE)
-_SCORE = re.compile(r"(?<![\d.-])(\d{1,2})(?:\s*/\s*10)?(?![\d.])")
-
-
-def parse_yes_no(text: str) -> float | None:
-  """1.0 / 0.0 from the first yes / no (or correct / incorrect) word of the judge's output; None
-  when there is none."""
-  match = _YES_NO.search(text)
-  if match is None:
-    return None
-  return 1.0 if match.group(1).lower() in ("yes", "correct") else 0.0
-
-
-def parse_score(text: str) -> float | None:
-  """The first integer 0–10 of the judge's output ("7", "7/10", "Score: 7") divided by 10; None
-  when there is none or it is out of range."""
-  match = _SCORE.search(text)
-  if match is None or int(match.group(1)) > 10:
-    return None
-  return int(match.group(1)) / 10
-
 
 PARSERS: dict[str, Callable[[str], float | None]] = {"yes_no": parse_yes_no, "score": parse_score}
 
