@@ -339,6 +339,8 @@ def precheck_command_line(argv: list[str], *, full: bool = True) -> None:
     hint = next((text for name, text in RETYPED_FIELDS.items() if f"field '{name}'" in str(error)),
                 "python launch/train.py --help lists each field's type")
     raise ConfigError(f"--config={argument}: {error}; {hint}") from None
+  except ConfigError:  # the file's own one-line refusal (a recipe's unknown variant)
+    raise
   except Exception as error:
     raise ConfigError(f"--config={argument}: get_config({', '.join(map(repr, variant))}) raised "
                       f"{_one_line(error)}") from None

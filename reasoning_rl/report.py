@@ -11,9 +11,10 @@ Reads what a run wrote (docs/architecture.md §3.3): `metrics.jsonl` (via `reaso
   groups.png            groups/all_pass_frac and groups/all_fail_frac per step
 
 A quantity that was never logged gets a plot saying "not logged" (and the same words in the
-markdown), never an error. A file that is there but cannot be read (not JSON, not UTF-8, rows of
-the wrong shape) is a ConfigError naming it; nothing is written then. Sample completions: the highest- and lowest-reward records of the last
-logged rollout step, and the canary completions of the last evaluation.
+markdown), never an error. A file that is there but cannot be read (not JSON, not UTF-8, rows of the
+wrong shape) is a ConfigError naming it; nothing is written then. Sample completions: the highest-
+and lowest-reward records of the last logged rollout step, and the canary completions of the last
+evaluation.
 """
 
 from __future__ import annotations

@@ -6,12 +6,12 @@
   never block a restart and taking one over is race-free. The file also records the holder (host,
   PID, start time) for the refusal message; it is emptied on release. Only a refused start that
   created it deletes it (`release(remove=True)`), while still holding it; a taker re-checks after
-  locking that its file is still the one at the path (else it retries on the new one), so a
-  deleter and a taker cannot end up locking two different files. A non-empty file whose flock is
-  free was left by a holder that died: it is taken over with a warning. flock does not reach across hosts on
-  every network file system (some give host-local locks); where it does not, the lock guards
-  against a second trainer on the same host only. A workdir on object storage (gs://) takes no
-  lock: GCS has none to offer, and the batch scheduler running one job per workdir is the guard.
+  locking that its file is still the one at the path (else it retries on the new one), so a deleter
+  and a taker cannot end up locking two different files. A non-empty file whose flock is free was
+  left by a holder that died: it is taken over with a warning. flock does not reach across hosts on
+  every network file system (some give host-local locks); where it does not, the lock guards against
+  a second trainer on the same host only. A workdir on object storage (gs://) takes no lock: GCS has
+  none to offer, and the batch scheduler running one job per workdir is the guard.
 - `check_or_write_fingerprint`: the first start writes `run_config.json` (the resolved config);
   a resume compares against it and refuses changed fields, so one run never mixes two configs.
 - `check_workdir_writable`: one clear ConfigError for a workdir that cannot be written.
@@ -35,6 +35,7 @@ from typing import Any
 
 from reasoning_rl import config_schema
 from reasoning_rl import storage
+from reasoning_rl.console import LOG_DIR, LOG_FILE
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.plain_data import plain
 
@@ -218,8 +219,6 @@ class StartSnapshot:
   log exists before the run syncs anything, and it is what `undo` trims."""
 
   def __init__(self, workdir: str | os.PathLike[str]):
-    from reasoning_rl.console import LOG_DIR, LOG_FILE  # pylint: disable=import-outside-toplevel
-
     self.remote = storage.is_remote(workdir)
     self.workdir = None if self.remote else pathlib.Path(workdir).absolute()
     # the directories this start would create: the workdir and its missing parents, deepest first

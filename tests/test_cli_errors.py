@@ -46,7 +46,8 @@ def _read_only_mount_works() -> bool:
 
 
 needs_read_only_mount = pytest.mark.skipif(
-    not _read_only_mount_works(), reason="no user + mount namespaces here to make a read-only mount")
+    not _read_only_mount_works(),
+    reason="no user + mount namespaces here to make a read-only mount")
 
 
 def read_only(directory: pathlib.Path, populate_from: pathlib.Path | None = None) -> tuple:
@@ -81,7 +82,8 @@ def test_a_config_file_that_does_not_load_is_one_line(tmp_path, source, needle):
 
 def _jsonl_config(tmp_path: pathlib.Path, data: pathlib.Path) -> pathlib.Path:
   config = tmp_path / "jsonl_config.py"
-  config.write_text(f"import sys\nsys.path.insert(0, {str(REPO)!r})\nfrom configs import debug_cpu\n"
+  config.write_text(f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
+                    "from configs import debug_cpu\n"
                     "def get_config():\n  c = debug_cpu.get_config()\n"
                     f"  c.data.train = dict(kind='jsonl', path={str(data)!r})\n  return c\n")
   return config

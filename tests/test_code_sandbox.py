@@ -400,3 +400,14 @@ def test_cgroup_v2_run_groups_go_where_the_memory_controller_is(tmp_path, monkey
     assert isinstance(found, str) and "no memory cgroup" in found
   else:
     assert found == (2, os.path.normpath(str(tmp_path / expected)))
+
+
+def test_the_key_syscall_filter_is_known_per_machine_and_refusal_says_why(monkeypatch):
+  from reasoning_rl.verifiers.sandbox import linux  # pylint: disable=import-outside-toplevel
+
+  # load arch, compare, load nr, (x32 bit,) three key calls, allow, deny: 8 bytes each
+  assert len(linux.key_syscall_filter("x86_64")) == 9 * 8
+  assert len(linux.key_syscall_filter("aarch64")) == 8 * 8
+  assert linux.key_syscall_filter("riscv64") is None
+  monkeypatch.setattr(linux.platform, "machine", lambda: "riscv64")
+  assert "riscv64" in linux.seccomp_unavailable()

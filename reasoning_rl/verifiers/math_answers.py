@@ -1,12 +1,12 @@
 """Math answer checking: extract the final answer, decide equivalence with math-verify.
 
 The answer is read from the `<answer>…</answer>` span(s), the `\\boxed{…}` command(s), or the free
-text of a response (`extract`), always outside the chain of thought: whatever a `<think>` span
-holds (`think_tag`; an unclosed one runs to the end, a `</think>` without an opening ends one the
-prompt opened) never answers, in any mode. A span or free text written as prose states its answer in words
-("So the total cost is 3*4 = 12 dollars."): `final_answer.read_final_answer` finds it. In a span
-or free text, boxes followed by a statement naming the answer ("= \\boxed{200} … The final answer
-is 10,455.") were steps of the working: that statement answers.
+text of a response (`extract`), always outside the chain of thought: whatever a `<think>` span holds
+(`think_tag`; an unclosed one runs to the end, a `</think>` without an opening ends one the prompt
+opened) never answers, in any mode. A span or free text written as prose states its answer in words
+("So the total cost is 3*4 = 12 dollars."): `final_answer.read_final_answer` finds it. In a span or
+free text, boxes followed by a statement naming the answer ("= \\boxed{200} … The final answer is
+10,455.") were steps of the working: that statement answers.
 Equivalence (fractions vs decimals, LaTeX forms, percentages, sets and intervals, units, thousands separators) is decided by
 Hugging Face's math-verify (Kydlíček et al., https://github.com/huggingface/Math-Verify).
 

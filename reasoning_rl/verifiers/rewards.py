@@ -15,9 +15,10 @@ two parts of one kind need distinct names and an explicit `kind`. `parts` of a `
 Settings (all optional except `weight`; defaults in `PART_DEFAULTS`):
   correct:  verifier (a name of `registries.VERIFIERS`: math | countdown | reasoning_gym | code |
             auto, which routes by task kind), extract, timeout_s, answer_tag, think_tag (math:
-            the reasoning tag, whose content never answers), use_each, allow_unary_minus (countdown), success_threshold (reasoning_gym),
-            partial_credit (code: passed/total instead of all-or-nothing), code_isolation
-            (namespaces | rlimits_only: an explicit, logged acceptance of weaker isolation).
+            the reasoning tag, whose content never answers), use_each, allow_unary_minus
+            (countdown), success_threshold (reasoning_gym), partial_credit (code: passed/total
+            instead of all-or-nothing), code_isolation (namespaces | rlimits_only: an explicit,
+            logged acceptance of weaker isolation).
   format:   think_tag, answer_tag, require_nonempty_think, require_nonempty_answer,
             think_open_in_prompt, pattern.
   language: script, think_tag, think_open_in_prompt.
@@ -65,8 +66,9 @@ CODE_TASKS = ("code", "humaneval", "mbpp")
 
 PART_DEFAULTS: dict[str, dict[str, Any]] = {
     "correct": {"verifier": "math", "extract": "answer_or_boxed", "timeout_s": 5.0,
-                "answer_tag": "answer", "think_tag": "think", "use_each": "exactly_once", "allow_unary_minus": False,
-                "success_threshold": 1.0, "partial_credit": False, "code_isolation": "namespaces"},
+                "answer_tag": "answer", "think_tag": "think", "use_each": "exactly_once",
+                "allow_unary_minus": False, "success_threshold": 1.0, "partial_credit": False,
+                "code_isolation": "namespaces"},
     "format": {"think_tag": "think", "answer_tag": "answer", "require_nonempty_think": True,
                "require_nonempty_answer": True, "think_open_in_prompt": False, "pattern": None},
     "language": {"script": "latin", "think_tag": "think", "think_open_in_prompt": False},

@@ -12,7 +12,8 @@ small Python supervisor (`supervisor.py`), so no extra system package is needed:
   namespace (no network, not even the host's loopback), private IPC and UTS namespaces;
 * a fresh anonymous session keyring, and a seccomp filter on the program's process that refuses
   keyctl, add_key and request_key: the caller's keys can be neither read, revoked nor joined by
-  planted ones;
+  planted ones (where the kernel has no seccomp filter, or the machine is neither x86_64 nor
+  aarch64, the sandbox refuses to run and says why);
 * the program's process holds no capabilities (bounding set empty, securebits lock root out),
   has no_new_privs, and runs under rlimits (CPU seconds, address space, file size, processes, open
   files) in a scrubbed environment;
@@ -218,7 +219,8 @@ def run_in_sandbox(program: str, tests: list[str], *, timeout_s: float, isolatio
     if group is not None:
       oom_kills = group.oom_kills()
       group.remove()
-  outcome = _outcome(lines, stderr, nonce, timed_out=time.monotonic() >= deadline)
+  outcome = _outcome(lines, stderr, nonce, timed_out=time.monotonic() >= deadline,
+                     isolation=isolation)
   if oom_kills and outcome.status in ("killed", "error", "failed"):
     outcome = dataclasses.replace(outcome, status="killed", detail=(
         f"the program's processes together used more than memory_mb={limits.memory_mb} MB"))
@@ -301,7 +303,8 @@ def _talk(process: subprocess.Popen, spec: bytes, kill_at: float) -> tuple[list[
   return bytes(out).splitlines(), bytes(err), finished
 
 
-def _outcome(lines: list[bytes], stderr: bytes, nonce: str, timed_out: bool) -> SandboxOutcome:
+def _outcome(lines: list[bytes], stderr: bytes, nonce: str, timed_out: bool,
+             isolation: str = "namespaces") -> SandboxOutcome:
   verdicts, reasons, status, detail, pid_namespace = {}, {}, None, "", ""
   for line in lines:
     try:
@@ -313,7 +316,7 @@ def _outcome(lines: list[bytes], stderr: bytes, nonce: str, timed_out: bool) -> 
     if "pid_namespace" in message:
       pid_namespace = str(message["pid_namespace"])
     elif "memory_cgroup_failed" in message:
-      _warn_memory_once(str(message["memory_cgroup_failed"]), "namespaces")
+      _warn_memory_once(str(message["memory_cgroup_failed"]), isolation)
     elif "test" in message:
       verdicts[message["test"]] = message.get("passed") is True
       reasons[message["test"]] = str(message.get("why", ""))

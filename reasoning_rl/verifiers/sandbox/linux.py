@@ -28,6 +28,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_SECUREBITS = 28
+PR_GET_SECCOMP = 21
 PR_SET_SECCOMP = 22
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
@@ -257,6 +258,17 @@ def key_syscall_filter(machine: str) -> bytes | None:
   program.append(_instruction(_BPF_RETURN, _SECCOMP_RET_ALLOW))
   program.append(_instruction(_BPF_RETURN, _SECCOMP_RET_ERRNO | _EPERM))
   return b"".join(program)
+
+
+def seccomp_unavailable() -> str | None:
+  """Why `refuse_key_syscalls` cannot work here, or None (asked before forking: an error inside
+  the child's pre-exec step reaches the parent without its reason)."""
+  if key_syscall_filter(platform.machine()) is None:
+    return f"no system-call numbers for kernel keys on {platform.machine()} (x86_64, aarch64 only)"
+  if _libc.prctl(PR_GET_SECCOMP, ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                 ctypes.c_ulong(0)) < 0:
+    return f"the kernel has no seccomp ({os.strerror(ctypes.get_errno())})"
+  return None
 
 
 def refuse_key_syscalls() -> None:

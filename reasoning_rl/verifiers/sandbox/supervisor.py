@@ -339,6 +339,10 @@ def main() -> None:
   in_namespace = spec["isolation"] == "namespaces"
   if in_namespace:  # first, so the host learns it even if it must kill us
     reporter.send(pid_namespace=os.readlink("/proc/self/ns/pid"))
+  missing = linux.seccomp_unavailable()
+  if missing is not None:  # the program would hold the caller's key system calls
+    reporter.send(status="error", detail=f"the sandbox needs a seccomp filter: {missing}")
+    os._exit(0)
   process, request_fd, reply_fd = _start_worker(harness_dir, scratch, tmp, spec["limits"])
   cgroup_problem = _join_cgroup(procs_fd, process.pid)
   if spec["cgroup_procs"] and cgroup_problem:
