@@ -47,11 +47,13 @@ def main(argv: list[str]) -> int:
       raise ConfigError("the config has no `rewards` field; add config.rewards = {part: {weight, "
                         "…}}")
     if _OUTPUT.value:  # before the slow part, not after it
-      from reasoning_rl.workdir import check_output_file_writable  # pylint: disable=import-outside-toplevel
+      from reasoning_rl.workdir import (  # pylint: disable=import-outside-toplevel
+          check_output_file_writable)
 
       check_output_file_writable(_OUTPUT.value)
     if "verifier" in config:  # a full training config: score as the run did (pool or inline)
-      from reasoning_rl.build import build_reward_fn, build_scorer  # pylint: disable=import-outside-toplevel
+      from reasoning_rl.build import (  # pylint: disable=import-outside-toplevel
+          build_reward_fn, build_scorer)
 
       scorer = build_scorer(config, build_reward_fn(config, redteam=False))
     report = replay(_WORKDIR.value, config.rewards, scorer=scorer)
