@@ -62,6 +62,11 @@ ISOLATION_MODES = ("namespaces", "rlimits_only")
 _SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "supervisor.py")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _KILL_GRACE_S = 0.5
+# Tests run in the supervisor, under its own memory limit: a numeric library a test imports must
+# not start (and reserve memory for) one thread per core of a large host.
+_SUPERVISOR_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+                   **{name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                             "MKL_NUM_THREADS")}}
 _STDERR_KEEP_BYTES = 4096
 _logger = logging.getLogger(__name__)
 _warned_rlimits_only = False
@@ -91,7 +96,7 @@ class SandboxLimits:
   file_size_mb: int = 16
   open_files: int = 256
   scratch_mb: int = 32
-  supervisor_memory_mb: int = 512
+  supervisor_memory_mb: int = 1024
 
   def validate(self) -> None:
     for field in dataclasses.fields(self):
@@ -207,7 +212,7 @@ def run_in_sandbox(program: str, tests: list[str], *, timeout_s: float, isolatio
   try:
     process = subprocess.Popen(
         _command(isolation), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        stderr=subprocess.PIPE, env=_SUPERVISOR_ENV,
         start_new_session=True, close_fds=True)
     finished = False
     try:
