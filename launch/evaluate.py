@@ -8,7 +8,7 @@ checkpoints/<step> directories, a Hugging Face directory or a .gguf file, local 
 config supplies the held-out data (`data.eval`, `eval.num_examples`), the prompt template, the
 rewards and the sampling limits. Writes the evaluation result (reasoning_rl.evaluation) as JSON to
 --output (default: eval.json beside the checkpoint) and prints the headline numbers. Exit code 2
-on bad input.
+on bad input (one line naming it), 4 when a file cannot be read or the output written.
 
 Several processes (hosts) split the prompts: run the same command on each, with
 `--coordinator_address=HOST:PORT --num_processes=N --process_id=I` where JAX does not detect the
@@ -64,6 +64,9 @@ def main(argv):
   from reasoning_rl.multihost import data_parallel, runtime
   from reasoning_rl.workdir import check_output_file_writable
 
+  from reasoning_rl.console import quiet_until_logs_have_a_file
+
+  quiet_until_logs_have_a_file()  # JAX's backend probing is not for the terminal
   if not _CHECKPOINT.value:
     print("error: --checkpoint is required", file=sys.stderr)
     return ExitCode.BAD_INPUT
@@ -83,11 +86,16 @@ def main(argv):
       check_output_file_writable(output)  # before the slow part, not after it
     result = evaluate(_CHECKPOINT.value, _CONFIG.value, share=share,
                       mesh=data_parallel.local_mesh(tuple(_CONFIG.value.mesh.sampler)))
+    if share.is_primary:
+      storage.atomic_write(output, json.dumps(result, indent=2))
   except ReasoningRLError as error:
     print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
     return ExitCode.BAD_INPUT
+  except OSError as error:  # the checkpoint or data could not be read, or the output written
+    print(f"error: StorageError: {error.filename or _OUTPUT.value or _CHECKPOINT.value}: "
+          f"{error.strerror or error}", file=sys.stderr)
+    return ExitCode.STORAGE
   if share.is_primary:
-    storage.atomic_write(output, json.dumps(result, indent=2))
     print(f"accuracy {result['accuracy']:.4f} on {result['num_examples']} examples "
           f"(reward/mean {result['reward/mean']:.4f}) -> {output}")
   runtime.finish()
@@ -95,8 +103,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from reasoning_rl.config import precheck_or_exit
+  from reasoning_rl.config import absl_flags_or_exit, precheck_or_exit
 
   precheck_or_exit(sys.argv)
   flags.mark_flags_as_required(["config"])
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=absl_flags_or_exit)

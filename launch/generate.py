@@ -48,6 +48,7 @@ from collections.abc import Iterator
 from reasoning_rl.errors import ExitCode, ReasoningRLError, SamplingError
 
 DEFAULT_BATCH_PROMPTS = 64
+MAX_TOKEN_ID = 2**31  # token ids are int32 on the device
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -117,6 +118,10 @@ def read_prompt_rows(path: str | pathlib.Path) -> list[dict]:
       if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
                                               for i in ids):
         raise SamplingError(f"{path}:{number}: 'prompt_ids' must be a list of integers")
+      if any(not 0 <= i < MAX_TOKEN_ID for i in ids):
+        bad = next(i for i in ids if not 0 <= i < MAX_TOKEN_ID)
+        raise SamplingError(f"{path}:{number}: 'prompt_ids' holds {bad}; token ids are integers "
+                            f"from 0 to {MAX_TOKEN_ID - 1} (and below the model's vocabulary size)")
     elif not isinstance(text, str):
       raise SamplingError(f"{path}:{number}: needs 'prompt' (text) or 'prompt_ids' (token ids)")
     rows.append(row)
@@ -179,6 +184,8 @@ def generate_batches(model, tokenizer, rows: list[dict], *, max_new_tokens: int,
     raise SamplingError(f"--max_new_tokens={max_new_tokens}: must be >= 1")
   if batch_prompts < 1:
     raise SamplingError(f"--batch_prompts={batch_prompts}: must be >= 1")
+  if not -2**63 <= seed < 2**63:  # jax.random.key takes a C long
+    raise SamplingError(f"--seed={seed}: must be a signed 64-bit integer (|seed| < 2^63)")
   sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p)
   encoded = [encode_prompt(row, tokenizer, chat_template=chat_template) for row in rows]
   prompts, truncated = fit_to_context(encoded, model.config.max_position_embeddings,
@@ -252,6 +259,15 @@ def json_line(record: dict) -> str:
   return json.dumps(_finite_or_null(record), allow_nan=False) + "\n"
 
 
+def _remove_quietly(path: pathlib.Path) -> None:
+  """Removes a partial output nothing was written to; a file system that refuses (read-only) has
+  none to remove."""
+  try:
+    path.unlink(missing_ok=True)
+  except OSError:
+    pass
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
   from reasoning_rl import storage
@@ -291,24 +307,33 @@ def main(argv=None) -> int:
         written += len(batch)
       runtime.finish()
       return 0
-    with open(partial, "w", encoding="utf-8") as f:
-      for batch in batches:
-        f.writelines(json_line(record) for record in batch)
-        f.flush()
+    handle = None
+    try:
+      for batch in batches:  # the first batch checks every prompt: no file before it is out
+        if handle is None:
+          handle = open(partial, "w", encoding="utf-8")
+        handle.writelines(json_line(record) for record in batch)
+        handle.flush()
         written += len(batch)
-    if remote:
+    finally:
+      if handle is not None:
+        handle.close()
+    if remote:  # read_prompt_rows refuses a file without prompts: there was a batch
       storage.atomic_write(output, partial.read_bytes())
     else:
       os.replace(partial, output)
     runtime.finish()
   except ReasoningRLError as error:
     if not written:
-      partial.unlink(missing_ok=True)
+      _remove_quietly(partial)
     print(f"generate.py: error: {error}", file=sys.stderr)
     return ExitCode.BAD_INPUT
   except OSError as error:
-    print(f"generate.py: error: writing {args.output} failed ({error.strerror or error}); "
-          f"{written} completions are in {partial}", file=sys.stderr)
+    kept = f"{written} completions are in {partial}" if written else "nothing was written"
+    if not written:
+      _remove_quietly(partial)
+    print(f"generate.py: error: {error.filename or args.output}: {error.strerror or error}; "
+          f"{kept}", file=sys.stderr)
     return ExitCode.STORAGE
   print(f"wrote {written} completions to {output}")
   return 0

@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  from reasoning_rl.config import precheck_or_exit
+  from reasoning_rl.config import absl_flags_or_exit, precheck_or_exit
 
-  precheck_or_exit(sys.argv)
-  app.run(main)
+  precheck_or_exit(sys.argv, full=False)
+  app.run(main, flags_parser=absl_flags_or_exit)

@@ -110,7 +110,7 @@ def train(config) -> int:
   from reasoning_rl import config as config_lib
   from reasoning_rl import workdir as workdir_lib
   from reasoning_rl.build import build
-  from reasoning_rl.console import send_logs_to_workdir
+  from reasoning_rl.console import send_logs_to_workdir, stop_logging_to_workdir
   from reasoning_rl.trainer import Trainer
 
   import contextlib
@@ -128,25 +128,39 @@ def train(config) -> int:
   config_lib.validate(config, num_devices=jax.device_count(), num_slices=num_slices)
   # process 0 owns the workdir's files (lock, logs, fingerprint); every process trains
   primary = jax.process_index() == 0
-  if primary:
-    workdir_lib.check_workdir_writable(config.workdir, field="config.workdir")
-  with workdir_lib.WorkdirLock(config.workdir) if primary else contextlib.nullcontext():
+  # a start refused before training (exit 2, or an I/O error) leaves the workdir as it found it
+  start = workdir_lib.StartSnapshot(config.workdir) if primary else None
+  try:
     if primary:
-      send_logs_to_workdir(config.workdir, verbose=_VERBOSE.value)
-    step_layout.log_choices(chosen)
-    run = build(config, validated=True)  # validated above, before the workdir was touched
-    try:
-      if primary:
-        workdir_lib.check_or_write_fingerprint(config.workdir, requested,
-                                               allow_changes=tuple(config.resume.allow_changes))
-    except ReasoningRLError:
-      run.scorer.close()
-      raise
-    return Trainer(run).run()
-
+      workdir_lib.check_workdir_writable(config.workdir, field="config.workdir")
+    lock = workdir_lib.WorkdirLock(config.workdir) if primary else contextlib.nullcontext()
+    with lock:
+      try:
+        if primary:
+          send_logs_to_workdir(config.workdir, verbose=_VERBOSE.value)
+        step_layout.log_choices(chosen)
+        run = build(config, validated=True)  # validated above, before the workdir was touched
+        try:
+          if primary:
+            workdir_lib.check_or_write_fingerprint(config.workdir, requested,
+                                                   allow_changes=tuple(config.resume.allow_changes))
+        except ReasoningRLError:
+          run.scorer.close()
+          raise
+      except BaseException:
+        if primary:
+          stop_logging_to_workdir()
+          lock.release(remove=not start.lock_existed)
+          start.undo(logs=True)
+        raise
+      start = None  # accepted: from here on the workdir is the run's
+      return Trainer(run).run()
+  finally:
+    if start is not None:  # refused before logging (or by another trainer's lock): dirs only
+      start.undo(logs=False)
 
 if __name__ == "__main__":
-  from reasoning_rl.config import precheck_or_exit
+  from reasoning_rl.config import absl_flags_or_exit, precheck_or_exit
 
   precheck_or_exit(sys.argv)
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=absl_flags_or_exit)

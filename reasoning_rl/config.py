@@ -11,6 +11,7 @@ together.
 from __future__ import annotations
 
 import math
+import os
 
 import ml_collections
 
@@ -316,9 +317,11 @@ RETYPED_FIELDS = {"remat": "config.algo.remat takes a name now: 'full' (was True
                            "(was False), or 'save_matmuls'"}
 
 
-def precheck_command_line(argv: list[str]) -> None:
-  """One ConfigError for a missing config file, an unknown field or an unparsable value, before
-  absl parses the flags (whose errors are tracebacks or multi-line)."""
+def precheck_command_line(argv: list[str], *, full: bool = True) -> None:
+  """One ConfigError for a missing config file, one that does not load, an unknown field or an
+  unparsable value, before absl parses the flags (whose errors are tracebacks or multi-line).
+  With `full` (train, evaluate) the config must hold every field of the schema; replay and the
+  red team need only `rewards`."""
   import importlib.util  # pylint: disable=import-outside-toplevel
   import pathlib  # pylint: disable=import-outside-toplevel
 
@@ -332,7 +335,11 @@ def precheck_command_line(argv: list[str]) -> None:
     raise ConfigError(f"--config={argument}: no such config file")
   spec = importlib.util.spec_from_file_location("_config_file", path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except Exception as error:  # a syntax error, a missing module, anything the file raises
+    raise ConfigError(f"--config={argument}: the file cannot be loaded: {_one_line(error)}; fix "
+                      "it (python " + path + " shows the traceback)") from None
   if not hasattr(module, "get_config"):
     raise ConfigError(f"--config={argument}: the file defines no get_config()")
   try:
@@ -341,13 +348,59 @@ def precheck_command_line(argv: list[str]) -> None:
     hint = next((text for name, text in RETYPED_FIELDS.items() if f"field '{name}'" in str(error)),
                 "python launch/train.py --help lists each field's type")
     raise ConfigError(f"--config={argument}: {error}; {hint}") from None
+  except ConfigError:  # the file's own one-line refusal (a recipe's unknown variant)
+    raise
+  except Exception as error:
+    raise ConfigError(f"--config={argument}: get_config({', '.join(map(repr, variant))}) raised "
+                      f"{_one_line(error)}") from None
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigError(f"--config={argument}: get_config() returned a {type(config).__name__}, "
+                      "not an ml_collections.ConfigDict")
+  if full:
+    missing = [dotted for dotted in FIELDS if not _has_field(config, dotted)]
+    if missing:
+      raise ConfigError(f"--config={argument}: the config lacks {len(missing)} field(s) "
+                        f"({', '.join(missing[:5])}{', …' if len(missing) > 5 else ''}); start "
+                        "get_config() from reasoning_rl.config_schema.base_config(), as "
+                        "configs/*.py do")
   check_overrides(config, overrides)
+
+
+def _has_field(config: ml_collections.ConfigDict, dotted: str) -> bool:
+  try:
+    value_at(config, dotted)
+    return True
+  except (KeyError, AttributeError):
+    return False
+
+
+def _one_line(error: BaseException) -> str:
+  """`Type: message` of an exception on one line (a SyntaxError with its file and line)."""
+  if isinstance(error, SyntaxError):
+    where = f" ({os.path.basename(error.filename or '?')}, line {error.lineno})"
+    return f"{type(error).__name__}: {error.msg}{where}"
+  text = " ".join(str(error).split())
+  return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 HELP_FLAGS = ("--help", "-h", "-?", "--helpfull", "--helpshort")
 
 
-def precheck_or_exit(argv: list[str]) -> None:
+def absl_flags_or_exit(argv: list[str]) -> list[str]:
+  """absl's flag parsing for `app.run(main, flags_parser=...)`: an unknown flag or a bad value
+  prints one line and exits 2 (absl's own parser prints two and exits 1)."""
+  import sys  # pylint: disable=import-outside-toplevel
+
+  from absl import flags  # pylint: disable=import-outside-toplevel
+
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(ExitCode.BAD_INPUT)
+
+
+def precheck_or_exit(argv: list[str], *, full: bool = True) -> None:
   """`precheck_command_line` for a launcher's `__main__`: a bad command line prints one line and
   exits 2 (the bad-config exit code)."""
   import sys  # pylint: disable=import-outside-toplevel
@@ -356,7 +409,7 @@ def precheck_or_exit(argv: list[str]) -> None:
     print(help_text())  # absl then prints the launcher's usage and flags, and exits
     return
   try:
-    precheck_command_line(argv)
+    precheck_command_line(argv, full=full)
   except ConfigError as error:
     print(f"error: ConfigError: {error}", file=sys.stderr)
     sys.exit(ExitCode.BAD_INPUT)

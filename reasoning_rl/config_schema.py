@@ -120,7 +120,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("", "The run.", (
         Field("workdir", "", "where metrics.jsonl, tensorboard/, checkpoints/, rollouts/ and "
               "model/ go (a local path or gs://)"),
-        Field("seed", 0, "root of every random stream (sampling, init, data order)", _int(0)),
+        Field("seed", 0, "root of every random stream (sampling, init, data order)",
+              _int(0, 2**63 - 1)),  # a C long: jax.random.key's bound
         Field("total_steps", 10, "RL steps (one rollout batch + its updates each)", _COUNT),
         Field("stage", "rl", "rl | sft (cold-start SFT on sft.data_path) | rejection_sft "
               "(sample from the model, keep verified-correct traces, fine-tune on them). "

@@ -90,6 +90,16 @@ def _log_unraisable(unraisable) -> None:
       exc_info=(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback))
 
 
+def stop_logging_to_workdir() -> None:
+  """Closes the workdir's log file handler (`send_logs_to_workdir`), if any: for a start that is
+  refused and leaves the workdir as it found it."""
+  root = logging.getLogger()
+  for handler in list(root.handlers):
+    if isinstance(handler, _LogFile):
+      root.removeHandler(handler)
+      handler.close()
+
+
 def send_logs_to_workdir(workdir: str | os.PathLike[str], *, verbose: bool = False) -> pathlib.Path:
   """Routes every Python logger (absl's included) to WORKDIR/logs/train.log at INFO; the terminal
   gets WARNING and up, or everything with `verbose`. Returns the log file's path."""

@@ -122,34 +122,44 @@ def stored_completion_record(record: Mapping[str, Any], where: str) -> Completio
   sampling = record["sampling"]
   if not isinstance(sampling, Mapping) or "max_new_tokens" not in sampling:
     raise ConfigError(f"{where}: rollout record lacks 'sampling.max_new_tokens'")
-  return CompletionRecord(
-      response=record["completion"], ground_truth=str(record["ground_truth"]),
-      task=record["task"], num_tokens=int(record["num_tokens"]),
-      truncated=bool(record["truncated"]), max_new_tokens=sampling["max_new_tokens"],
-      prompt=record["task_prompt"],  # the task's own prompt, as training scored it
-      tests=tuple(record["tests"]), metadata=dict(record["metadata"]),
-      # a multi-turn episode's outcome, as its environment reported it
-      environment_parts=dict(record.get("environment_parts") or {}))
+  try:
+    return CompletionRecord(
+        response=record["completion"], ground_truth=str(record["ground_truth"]),
+        task=record["task"], num_tokens=int(record["num_tokens"]),
+        truncated=bool(record["truncated"]), max_new_tokens=sampling["max_new_tokens"],
+        prompt=record["task_prompt"],  # the task's own prompt, as training scored it
+        tests=tuple(record["tests"]), metadata=dict(record["metadata"]),
+        # a multi-turn episode's outcome, as its environment reported it
+        environment_parts=dict(record.get("environment_parts") or {}))
+  except (TypeError, ValueError) as error:
+    raise ConfigError(f"{where}: a field of the rollout record has the wrong type ({error})"
+                      ) from None
 
 
 def _read_records(rollouts_dir: pathlib.Path) -> list[tuple[str, int, dict[str, Any]]]:
   if not rollouts_dir.is_dir():
-    raise FileNotFoundError(f"{rollouts_dir} does not exist; give the workdir of a run that "
-                            "logged rollouts (config.logging.rollouts_every_steps > 0)")
+    raise ConfigError(f"{rollouts_dir} is not a directory; give the workdir of a run that logged "
+                      "rollouts (config.logging.rollouts_every_steps > 0)")
   found = []
   for path in sorted(rollouts_dir.iterdir()):
     if not _ROLLOUT_NAME.match(path.name):
       continue
-    with path.open(encoding="utf-8") as handle:
-      for number, line in enumerate(handle, start=1):
-        if line.strip():
-          where = f"rollouts/{path.name}:{number}"
-          try:
-            record = json.loads(line)
-          except ValueError as error:
-            raise ConfigError(f"{where}: not JSON ({error})") from None
-          check_rollout_version(record, where)
-          found.append((path.name, number, record))
+    with path.open("rb") as handle:
+      for number, raw in enumerate(handle, start=1):
+        where = f"rollouts/{path.name}:{number}"
+        try:
+          line = raw.decode("utf-8")
+          record = json.loads(line) if line.strip() else None
+        except ValueError as error:  # UnicodeDecodeError is one
+          raise ConfigError(f"{where}: not a JSON line ({error}); a rollout file holds one JSON "
+                            "object per line") from None
+        if record is None:
+          continue
+        if not isinstance(record, dict):
+          raise ConfigError(f"{where}: a {type(record).__name__}, not a rollout record (a JSON "
+                            "object)")
+        check_rollout_version(record, where)
+        found.append((path.name, number, record))
   return found
 
 

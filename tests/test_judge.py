@@ -54,6 +54,24 @@ def test_score_parser(text, value):
   assert judge_lib.parse_score(text) == value
 
 
+def test_every_known_judge_reply_reads_as_its_right_verdict():
+  from reasoning_rl.verifiers import judge_verdicts  # pylint: disable=import-outside-toplevel
+
+  KNOWN_REPLIES = judge_verdicts.KNOWN_REPLIES  # pylint: disable=invalid-name
+
+  assert len(KNOWN_REPLIES) >= 30
+  assert {template for template, _, _ in KNOWN_REPLIES} == set(judge_lib.TEMPLATES)
+  misread = [(reply, judge_lib.PARSERS[template](reply), want)
+             for template, reply, want in KNOWN_REPLIES
+             if judge_lib.PARSERS[template](reply) != want]
+  assert misread == []
+  # the negations, refusals and hypotheticals that judge-2's parsers scored as full marks
+  for reply in ("Not correct.", "The student's answer is not correct.",
+                "I cannot say yes to this."):
+    assert judge_lib.parse_yes_no(reply) == 0.0
+  assert judge_lib.parse_score("10/10 would be a perfect answer; this gets 2") == 0.2
+
+
 def test_template_holds_question_reference_answer_and_cuts_long_fields():
   prompt = judge_lib.render_prompt("yes_no", "What is {x}?", "42", "6 * 7")
   assert "Question: What is {x}?" in prompt and "Reference answer: 42" in prompt

@@ -175,3 +175,21 @@ def test_code_exploits_earn_nothing():
   results = _by_name(report, "code")
   assert results["control_honest_correct"].parts["correct"] == 1.0
   assert sum(name.startswith("code_") for name in results) >= 12
+
+
+@pytest.mark.parametrize("template", ["yes_no", "score"])
+def test_the_judge_parser_is_probed_and_a_naive_one_is_caught(template, monkeypatch):
+  from reasoning_rl.verifiers import judge as judge_lib  # pylint: disable=import-outside-toplevel
+
+  config = {"judge": {"weight": 1.0, "model": "judge.gguf", "template": template}}
+  probes = _by_name(run_redteam(config), "judge")
+  assert len(probes) >= 15 and not any(r.flagged for r in probes.values())
+  # judge-2's parsers: the first yes/no word, the first integer
+  naive = {"yes_no": lambda text: 1.0 if text.strip().lower().startswith(("yes", "correct")) or
+           "correct" in text.lower() else 0.0,
+           "score": lambda text: next((int(w) / 10 for w in text.replace("/", " ").split()
+                                       if w.isdigit()), None)}
+  monkeypatch.setitem(judge_lib.PARSERS, template, naive[template])
+  caught = {r.probe: r.reason for r in run_redteam(config).findings if r.verifier == "judge"}
+  assert caught, "a parser that reads negations as a yes must be a finding"
+  assert all("right verdict" in reason for reason in caught.values())

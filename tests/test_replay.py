@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from reasoning_rl.errors import ConfigError
+
 from reasoning_rl.metrics import MetricsWriter
 from reasoning_rl.replay import replay
 from reasoning_rl.verifiers.rewards import RewardFunction
@@ -96,7 +98,7 @@ def test_missing_field_is_named(tmp_path):
        "sampling": {"max_new_tokens": 4}, "step": 1, "group_id": 0}) + "\n")
   with pytest.raises(ValueError, match="step_00000001.jsonl:1: rollout record lacks 'ground_truth'"):
     replay(tmp_path, ORIGINAL)
-  with pytest.raises(FileNotFoundError):
+  with pytest.raises(ConfigError, match="nowhere/rollouts is not a directory"):
     replay(tmp_path / "nowhere", ORIGINAL)
 
 

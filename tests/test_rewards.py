@@ -88,7 +88,7 @@ def test_verifier_version_is_stable_and_tracks_every_setting():
   base = RewardFunction(_config()).verifier_version
   assert RewardFunction(_config().to_dict()).verifier_version == base  # dict or ConfigDict
   assert RewardFunction(_config()).verifier_version == base
-  assert "correct=math-4" in base and "format=format-1" in base
+  assert "correct=math-5" in base and "format=format-1" in base
   variants = [
       _config(format={"weight": 0.2}),
       _config(format={"weight": 0.1, "require_nonempty_think": False}),

@@ -116,7 +116,7 @@ def test_the_debug_variant_runs_the_task_through_training_and_evaluation(debug_r
     assert record["prompt"].startswith("<|im_start|>system")  # SmolLM2's chat template
     truth = decimal_sum(record["metadata"]["expression"])
     assert float(record["ground_truth"]) == pytest.approx(truth)
-    assert record["verifier_version"].startswith("correct=math-4")
+    assert record["verifier_version"].startswith("correct=math-5")
   evals = sorted((debug_run / "eval").glob("step_*.json"))
   assert [p.name for p in evals] == ["step_00000000.json", "step_00000002.json"]
   result = json.loads(evals[-1].read_text())

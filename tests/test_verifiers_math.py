@@ -117,13 +117,46 @@ def test_extraction_modes():
   response = r"<think>maybe \boxed{7}</think><answer>\boxed{5}</answer> \boxed{6}"
   assert extract_candidates(response, "answer_or_boxed") == ["5"]
   assert extract_candidates(response, "answer") == ["5"]
-  assert extract_candidates(response, "boxed") == ["7", "5", "6"]
+  assert extract_candidates(response, "boxed") == ["5", "6"]  # the chain of thought never answers
   no_tags = r"so \boxed{5}"
   assert extract_candidates(no_tags, "answer_or_boxed") == ["5"]
   assert extract_candidates(no_tags, "answer") == []
   assert extract_candidates("<answer> $\\frac{1}{2}$. </answer>") == [r"\frac{1}{2}"]
   assert is_correct(no_tags, "5") and not is_correct(no_tags, "5", extract="answer")
   assert is_correct("<ans>5</ans>", "5", answer_tag="ans")
+
+
+@pytest.mark.parametrize("extract", math_lib.EXTRACT_MODES)
+@pytest.mark.parametrize("response", [
+    r"<think>\boxed{42}</think> The final answer is 41.",
+    r"<think>The answer is 42. <answer>42</answer></think> The final answer is 41.",
+    r"\boxed{42} is what I first thought.</think> The final answer is 41.",  # prompt opened it
+    r"The final answer is 41. <think>but maybe \boxed{42}",  # an unclosed chain of thought
+    r"<think><think>\boxed{42}</think> 42 </think> The final answer is 41.",  # nested
+])
+def test_the_chain_of_thought_never_answers_in_any_mode(response, extract):
+  assert not is_correct(response, "42", extract=extract)
+  assert "42" not in extract_candidates(response, extract)
+
+
+def test_a_custom_think_tag_hides_its_content_and_must_differ_from_the_answer_tag():
+  response = r"<reasoning>\boxed{42}</reasoning> \boxed{41}"
+  assert not is_correct(response, "42", think_tag="reasoning")
+  assert is_correct(response, "41", think_tag="reasoning")
+  with pytest.raises(ConfigError, match="must differ"):
+    is_correct("<answer>1</answer>", "1", think_tag="answer")
+
+
+def test_the_candidate_cap_comes_before_any_candidate_is_cleaned(monkeypatch):
+  cleaned = []
+  real_clean = math_lib._clean_for_parsing
+  monkeypatch.setattr(math_lib, "_clean_for_parsing",
+                      lambda c: cleaned.append(c) or real_clean(c))
+  nested = "\\boxed{" * 2000 + "1" + "}" * 2000  # 2000 distinct nested candidates
+  result = math_lib.check(nested, "1")
+  assert result.status == "multiple_answers"
+  assert len(result.candidates) == math_lib.MAX_CANDIDATES
+  assert len(cleaned) == math_lib.MAX_CANDIDATES  # not one per candidate
 
 
 def test_ground_truth_may_be_a_full_solution():

@@ -243,11 +243,17 @@ class JsonlSource:
     self.path, self.shuffle, self.seed = file, shuffle, seed
     self._epoch_order: tuple[int, np.ndarray | None] = (-1, None)
     self.examples: list[Example] = []
-    with file.open(encoding="utf-8") as lines:
-      for line_number, line in enumerate(lines, start=1):
+    with file.open("rb") as lines:
+      for line_number, raw in enumerate(lines, start=1):
+        where = f"{file}:{line_number}"
+        try:
+          line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+          raise ConfigError(f"{where}: not UTF-8 text (byte {error.start} of the line is "
+                            f"{raw[error.start]:#04x}); give a JSONL file of "
+                            '{"prompt", "answer", ...} rows') from None
         if not line.strip():
           continue
-        where = f"{file}:{line_number}"
         try:
           row = json.loads(line)
         except json.JSONDecodeError as error:

@@ -9,14 +9,15 @@ what it printed comes back as the observation; the model goes on. A turn without
 the FINAL model turn's text only, outside any `<python>` block: a program that prints the answer
 earns nothing unless the model states it.
 
-How a call runs: in the existing sandbox (`verifiers/sandbox`, through `code_tests.run_tests`):
-fresh Linux namespaces, no network, no host files, rlimits (CPU, address space, processes), a
-wall deadline of `timeout_s`. The program is wrapped by a small harness that runs it as
-`__main__`, sends `sys.stdout` and `sys.stderr` (interleaved, as a terminal shows them) into a
-buffer that keeps the first `observation_max_chars` characters and counts the rest, and prints a
-traceback (harness frames left out) for an exception. The sandbox's trusted supervisor reads the
-kept text back in pieces, as the failure messages of tests that raise it (the only channel it has
-to the host), so nothing about the sandbox changes. Output written to the file descriptors
+How a call runs: in the existing sandbox (`verifiers/sandbox`, through `code_tests.run_tests`;
+docs/sandbox.md): fresh Linux namespaces, no network, no host files, no kernel keys, read-only
+device nodes, rlimits (CPU, address space, processes) and `memory_mb` for all the program's
+processes together, a wall deadline of `timeout_s`. The program is wrapped by a small harness that
+runs it as `__main__`, sends `sys.stdout` and `sys.stderr` (interleaved, as a terminal shows them)
+into a buffer that keeps the first `observation_max_chars` characters and counts the rest, and
+prints a traceback (harness frames left out) for an exception. The sandbox's trusted supervisor
+reads the kept text back in pieces, as the failure messages of tests that raise it (the only channel
+it has to the host), so nothing about the sandbox changes. Output written to the file descriptors
 directly (os.write(1, …), subprocesses) is not captured.
 
 Observations (exact texts; `timeout_s` written with `:g`):

@@ -4,15 +4,22 @@ Semantics of a run:
 * The program is executed once, as a module named `solution` (so `if __name__ == "__main__"`
   blocks do not run), in its own process inside the sandbox.
 * Each test is a Python snippet executed afterwards in a fresh namespace of the trusted
-  supervisor, where the program's top-level names are visible (names of builtins excepted: a program
-  cannot redefine `abs` or `AssertionError` for the tests). A test passes when it runs to the end
-  without raising. Typical tests: `assert add(2, 3) == 5`, or a HumanEval `check` function followed
-  by `check(entry_point)`.
+  supervisor, where the program's top-level names are visible, except the names the tests own:
+  builtins (a program cannot redefine `abs` or `AssertionError` for the tests), every name any
+  test of the run binds (a helper one test defines stays the tests' in the others), and `check`,
+  `candidate`, `expected`; a test that uses one of those without binding it gets a NameError,
+  never the program's. A test passes when it runs to the end without raising. Typical tests:
+  `assert add(2, 3) == 5`, or a HumanEval `check` function followed by `check(entry_point)`.
 * Values cross from the program to the tests only as plain data (None, bool, int, float, complex,
-  str, bytes, list, tuple, dict, set, frozenset, and numpy values converted with `tolist`); any
-  other object arrives as a handle that can be called, indexed, iterated, measured with len/bool/
-  str, but is equal only to itself. Arguments are passed by value, so a test cannot observe the
-  program mutating them in place, and tests cannot pass their own functions to the program.
+  str, bytes, list, tuple, dict, set, frozenset, and numpy values converted with `tolist`), in
+  replies of at most 4 MiB; any other object arrives as a handle that can be called, indexed,
+  iterated, measured with len/bool/str and compared by identity (`is`), but comparing it by value
+  (==, !=, <, in) or hashing it raises TypeError: comparisons are made on the plain values the
+  harness rebuilt, never on an object whose answers the program chooses. Arguments are passed by
+  value, so a test cannot observe the program mutating them in place, and tests cannot pass their
+  own functions to the program.
+* A StopIteration (or StopAsyncIteration) that leaves the program anywhere but an iterator's
+  `next` is an error, not the end of the test's loop over it.
 * The program's module state is shared by the tests of one run, in order.
 
 Statuses: `passed` (all tests passed), `failed` (ran to the end, some failed), `timeout` (the wall

@@ -24,7 +24,7 @@ LANGUAGE_VERIFIER_VERSION = "language-1"
 _TAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]*")
 
 
-def _check_tag(field: str, tag: str) -> str:
+def check_tag(field: str, tag: str) -> str:
   if not isinstance(tag, str) or not _TAG_NAME.fullmatch(tag):
     raise ConfigError(
         f"{field}={tag!r} is not a valid tag name; use letters, digits, '_' or '-' (e.g. 'think')"
@@ -34,7 +34,7 @@ def _check_tag(field: str, tag: str) -> str:
 
 def tag_contents(text: str, tag: str = "answer") -> list[str]:
   """The contents of every complete `<tag>…</tag>` span in `text`, in order (non-greedy)."""
-  _check_tag("tag", tag)
+  check_tag("tag", tag)
   # One linear pass over the tag tokens (a non-greedy regex rescans to the end from every unclosed
   # opening tag: quadratic on spam). Same pairing: an opening tag, then the first closing one.
   contents, start = [], None
@@ -46,6 +46,27 @@ def tag_contents(text: str, tag: str = "answer") -> list[str]:
       contents.append(text[start:token.start()])
       start = None
   return contents
+
+
+def outside_tag(text: str, tag: str = "think") -> str:
+  """`text` without what is inside `<tag>` spans: each complete span is removed, an unclosed
+  `<tag>` hides the rest of the text (a truncated chain of thought), and a `</tag>` with no
+  opening before it hides everything before it (a prompt that opened the tag, or a span nested in
+  another). One linear pass, like `tag_contents`."""
+  check_tag("tag", tag)
+  pieces, position, inside = [], 0, False
+  for token in re.finditer(f"<{tag}>|</{tag}>", text):
+    if token.group(0)[1] != "/":
+      if not inside:
+        pieces.append(text[position:token.start()])
+        inside = True
+    elif inside:
+      inside, position = False, token.end()
+    else:
+      pieces, position = [], token.end()
+  if not inside:
+    pieces.append(text[position:])
+  return "".join(pieces)
 
 
 def last_tag_content(text: str, tag: str = "answer") -> str | None:
@@ -78,8 +99,8 @@ class FormatSpec:
   pattern: str | None = None
 
   def __post_init__(self):
-    _check_tag("format.think_tag", self.think_tag)
-    _check_tag("format.answer_tag", self.answer_tag)
+    check_tag("format.think_tag", self.think_tag)
+    check_tag("format.answer_tag", self.answer_tag)
     if self.think_tag == self.answer_tag:
       raise ConfigError("format.think_tag and format.answer_tag must differ")
     if self.pattern is not None:

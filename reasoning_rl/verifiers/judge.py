@@ -28,12 +28,15 @@ Settings of a `judge` part (`config.rewards.<name>`; defaults in `JUDGE_DEFAULTS
   fallback_statuses: the `MathResult.status` values that go to the judge in fallback mode
     (default: no_answer, unparseable, unevaluated, timeout).
   template: "yes_no" (the judge answers Yes/No; parsed 1.0/0.0) | "score" (the judge writes an
-    integer 0–10; parsed and divided by 10). The parser is the template's.
+    integer 0–10; parsed and divided by 10). The parser is the template's
+    (`judge_verdicts.parse_yes_no` / `parse_score`: negations, refusals, hedges, echoes of the
+    question and hypothetical scores never read as a verdict for the student).
   max_new_tokens: the judge's decode budget (a verdict needs a few tokens).
   max_prompt_tokens: the judge engine's prefill length; longer prompts keep their last tokens.
   batch_size: the judge engine's decode slots.
   cache_size: most (question, reference, extracted answer) verdicts kept (least recently used out).
-  extract, answer_tag, timeout_s: how the answer is read, as in the `correct` part (math).
+  extract, answer_tag, think_tag, timeout_s: how the answer is read, as in the `correct` part
+    (math).
 
 A judge output the parser cannot read scores 0.0 and is counted (`unparseable`). The part is
 scored on the main process by `workers.model_parts.ModelPartsScorer` (a model cannot run in the
@@ -46,7 +49,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -54,8 +56,9 @@ from typing import Any
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.verifiers import format as format_lib
 from reasoning_rl.verifiers import math_answers as math_lib
+from reasoning_rl.verifiers.judge_verdicts import parse_score, parse_yes_no
 
-JUDGE_VERSION = "judge-2"
+JUDGE_VERSION = "judge-3"
 MODES = ("fallback", "alone")
 STATUSES = ("correct", "wrong", "no_answer", "multiple_answers", "hedged", "unevaluated",
             "unparseable", "too_large", "timeout")
@@ -70,7 +73,8 @@ JUDGE_DEFAULTS: dict[str, Any] = {
     "model": "", "dtype": "float32", "mode": "fallback",
     "fallback_statuses": ("no_answer", "unparseable", "unevaluated", "timeout"),
     "template": "yes_no", "max_new_tokens": 8, "max_prompt_tokens": 512, "batch_size": 16,
-    "cache_size": 4096, "extract": "answer_or_boxed", "answer_tag": "answer", "timeout_s": 5.0,
+    "cache_size": 4096, "extract": "answer_or_boxed", "answer_tag": "answer", "think_tag": "think",
+    "timeout_s": 5.0,
 }
 
 TEMPLATES = {
@@ -85,28 +89,6 @@ TEMPLATES = {
         "Question: {question}\nReference answer: {reference}\nStudent's final answer: {answer}\n\n"
         "Reply with one integer from 0 to 10."),
 }
-
-_YES_NO = re.compile(r"\b(yes|no|correct|incorrect)\b", re.IGNORECASE)
-_SCORE = re.compile(r"(?<![\d.-])(\d{1,2})(?:\s*/\s*10)?(?![\d.])")
-
-
-def parse_yes_no(text: str) -> float | None:
-  """1.0 / 0.0 from the first yes / no (or correct / incorrect) word of the judge's output; None
-  when there is none."""
-  match = _YES_NO.search(text)
-  if match is None:
-    return None
-  return 1.0 if match.group(1).lower() in ("yes", "correct") else 0.0
-
-
-def parse_score(text: str) -> float | None:
-  """The first integer 0–10 of the judge's output ("7", "7/10", "Score: 7") divided by 10; None
-  when there is none or it is out of range."""
-  match = _SCORE.search(text)
-  if match is None or int(match.group(1)) > 10:
-    return None
-  return int(match.group(1)) / 10
-
 
 PARSERS: dict[str, Callable[[str], float | None]] = {"yes_no": parse_yes_no, "score": parse_score}
 
@@ -149,6 +131,10 @@ def validate(field: str, s: dict[str, Any]) -> None:
                                                          "cache_size" else ""))
   if s["extract"] not in math_lib.EXTRACT_MODES:
     raise bad("extract", f"choose one of {math_lib.EXTRACT_MODES}")
+  format_lib.check_tag(f"config.{field}.think_tag", s["think_tag"])
+  if s["think_tag"] == s["answer_tag"]:
+    raise bad("think_tag", "must differ from answer_tag (the reasoning tag's content never "
+              "answers)")
   if not isinstance(s["timeout_s"], (int, float)) or s["timeout_s"] <= 0:
     raise bad("timeout_s", "must be a positive number of seconds")
 
@@ -264,13 +250,15 @@ class JudgePart:
   def rule_check(self, record) -> math_lib.MathResult:
     s = self.settings
     return math_lib.check(record.response, record.ground_truth, extract=s["extract"],
-                          timeout_s=s["timeout_s"], answer_tag=s["answer_tag"])
+                          timeout_s=s["timeout_s"], answer_tag=s["answer_tag"],
+                          think_tag=s["think_tag"])
 
   def answer_text(self, record, result: math_lib.MathResult) -> str:
     """What the judge is shown as the answer (module docstring); "" when there is nothing."""
     if result.candidates:
       return " ; ".join(result.candidates)
-    spans = format_lib.tag_contents(record.response, self.settings["answer_tag"])
+    outside = format_lib.outside_tag(record.response, self.settings["think_tag"])
+    spans = format_lib.tag_contents(outside, self.settings["answer_tag"])
     return spans[-1].strip() if spans else ""
 
   def score_batch(self, records: Sequence[Any], rule_results: Sequence[Any] = ()) -> list[float]:

@@ -1,10 +1,12 @@
 """Math answer checking: extract the final answer, decide equivalence with math-verify.
 
 The answer is read from the `<answer>…</answer>` span(s), the `\\boxed{…}` command(s), or the free
-text of a response (`extract`). A span or free text written as prose states its answer in words
-("So the total cost is 3*4 = 12 dollars."): `final_answer.read_final_answer` finds it. In a span
-or free text, boxes followed by a statement naming the answer ("= \\boxed{200} … The final answer
-is 10,455.") were steps of the working: that statement answers.
+text of a response (`extract`), always outside the chain of thought: whatever a `<think>` span holds
+(`think_tag`; an unclosed one runs to the end, a `</think>` without an opening ends one the prompt
+opened) never answers, in any mode. A span or free text written as prose states its answer in words
+("So the total cost is 3*4 = 12 dollars."): `final_answer.read_final_answer` finds it. In a span or
+free text, boxes followed by a statement naming the answer ("= \\boxed{200} … The final answer is
+10,455.") were steps of the working: that statement answers.
 Equivalence (fractions vs decimals, LaTeX forms, percentages, sets and intervals, units, thousands separators) is decided by
 Hugging Face's math-verify (Kydlíček et al., https://github.com/huggingface/Math-Verify).
 
@@ -44,9 +46,9 @@ from reasoning_rl.errors import ConfigError
 from reasoning_rl.workers import deadline
 from reasoning_rl.verifiers.final_answer import (  # noqa: F401  (published here too)
     MAX_ANSWER_CHARS, FinalAnswer, boxed_contents, read_final_answer)
-from reasoning_rl.verifiers.format import tag_contents
+from reasoning_rl.verifiers.format import outside_tag, tag_contents
 
-MATH_VERIFIER_VERSION = "math-4+math_verify-" + importlib.metadata.version("math-verify")
+MATH_VERIFIER_VERSION = "math-5+math_verify-" + importlib.metadata.version("math-verify")
 
 EXTRACT_MODES = ("answer_or_boxed", "answer", "boxed", "last_number", "final_answer")
 # A signed integer or decimal, with optional thousands separators: the final number of free-form
@@ -87,8 +89,10 @@ class MathResult:
 
 
 def extract_candidates(response: str, extract: str = "answer_or_boxed",
-                       answer_tag: str = "answer") -> list[str]:
+                       answer_tag: str = "answer", think_tag: str = "think") -> list[str]:
   """Every final-answer candidate of `response`, in order (the last one is "the" answer).
+
+  Read outside the `think_tag` spans (`format.outside_tag`) in every mode:
 
   - `answer`: the final answer of each `<answer>` span (`read_final_answer`: its `\\boxed{}`s, the
     span itself when it is plain math, else the answer its prose states).
@@ -102,13 +106,17 @@ def extract_candidates(response: str, extract: str = "answer_or_boxed",
     number is right ("3 or 4"); `final_answer` does not.
   A response that hedges in words ("maybe 42", "not 42") has no candidates; `check` says why.
   """
-  return list(_extract(response, extract, answer_tag)[0])
+  return list(_extract(response, extract, answer_tag, think_tag)[0])
 
 
-def _extract(response: str, extract: str, answer_tag: str) -> tuple[tuple[str, ...], str | None]:
+def _extract(response: str, extract: str, answer_tag: str,
+             think_tag: str = "think") -> tuple[tuple[str, ...], str | None]:
   """(candidates, refusal): refusal is "hedged" when the stated answer hedges or negates."""
   if extract not in EXTRACT_MODES:
     raise ConfigError(f"math.extract={extract!r} is unknown; choose one of {EXTRACT_MODES}")
+  if think_tag == answer_tag:
+    raise ConfigError(f"math: think_tag and answer_tag are both {think_tag!r}; they must differ")
+  response = outside_tag(response, think_tag)
   if extract == "last_number":
     numbers = _NUMBER.findall(response)
     return ((numbers[-1].replace(",", ""),) if numbers else ()), None
@@ -283,19 +291,26 @@ _RUNNER = deadline.DeadlineRunner(preload=__name__)
 
 
 def check(response: str, ground_truth: str, *, extract: str = "answer_or_boxed",
-          timeout_s: float = 5.0, answer_tag: str = "answer") -> MathResult:
+          timeout_s: float = 5.0, answer_tag: str = "answer",
+          think_tag: str = "think") -> MathResult:
   """Like `is_correct`, but says why (see `MathResult.status`)."""
   if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
     raise ConfigError(f"math.timeout_s={timeout_s!r} must be a positive number of seconds")
-  candidates, refusal = _extract(response, extract, answer_tag)
-  distinct = tuple(dict.fromkeys(_clean_for_parsing(c) for c in candidates))
+  candidates, refusal = _extract(response, extract, answer_tag, think_tag)
+  # The caps apply to the raw candidates, before any is cleaned: cleaning costs time linear in a
+  # candidate's length, and spam brings thousands of them (50k nested boxes took 12.6 s).
+  raw = tuple(dict.fromkeys(candidates))
+  shown = tuple(dict.fromkeys(_clean_for_parsing(c) for c in raw[:MAX_CANDIDATES]))
   if refusal:
-    return MathResult(False, refusal, distinct[:MAX_CANDIDATES])
-  if not distinct:
+    return MathResult(False, refusal, shown)
+  if not raw:
     return MathResult(False, "no_answer")
-  if len(distinct) > MAX_CANDIDATES:
-    return MathResult(False, "multiple_answers", distinct[:MAX_CANDIDATES])
-  if any(len(c) > MAX_ANSWER_CHARS for c in distinct):
+  if len(raw) > MAX_CANDIDATES:
+    return MathResult(False, "multiple_answers", shown)
+  if any(len(c) > MAX_ANSWER_CHARS for c in raw):
+    return MathResult(False, "too_large", shown)
+  distinct = shown
+  if any(len(c) > MAX_ANSWER_CHARS for c in distinct):  # cleaning writes out 1e999
     return MathResult(False, "too_large", distinct)
   if any(_WHITESPACE_SEPARATED_NUMBERS.search(_LATEX_SPACE.sub(" ", c)) for c in distinct):
     return MathResult(False, "multiple_answers", distinct)
@@ -533,7 +548,8 @@ def _link_holds(left: list, right: list, separator: str, right_text: str) -> boo
 
 
 def is_correct(response: str, ground_truth: str, *, extract: str = "answer_or_boxed",
-               timeout_s: float = 5.0, answer_tag: str = "answer") -> bool:
+               timeout_s: float = 5.0, answer_tag: str = "answer",
+               think_tag: str = "think") -> bool:
   """True iff the response's final answer is equivalent to `ground_truth`.
 
   Args:
@@ -545,7 +561,8 @@ def is_correct(response: str, ground_truth: str, *, extract: str = "answer_or_bo
       states) or `last_number` (the last number in the text); see `extract_candidates`.
     timeout_s: wall-clock budget of the whole check; on timeout the answer is judged wrong.
     answer_tag: name of the answer tag.
+    think_tag: name of the reasoning tag, whose content never answers.
   All candidates found must be equivalent to the truth; several different ones earn nothing.
   """
   return check(response, ground_truth, extract=extract, timeout_s=timeout_s,
-               answer_tag=answer_tag).correct
+               answer_tag=answer_tag, think_tag=think_tag).correct

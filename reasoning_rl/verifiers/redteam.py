@@ -11,6 +11,9 @@ nothing, which would otherwise pass every probe.
 Code probes take the hostile programs of `reasoning_rl.verifiers.sandbox.code_exploits` (early
 exit, reading or erasing the tests, fake "passed" output, patched builtins, background daemons, …)
 and run them through the configured reward, i.e. through `reasoning_rl.verifiers.code_tests.run_tests`.
+
+A `judge` part's verdict parser is probed with `judge_verdicts.KNOWN_REPLIES` (no model needed):
+a reply it reads as more reward than its right verdict ("Not correct." as a yes) is a finding.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from reasoning_rl.errors import ReasoningRLError, VerifierError
+from reasoning_rl.verifiers import judge as judge_lib
 from reasoning_rl.verifiers import rewards as rewards_lib
+from reasoning_rl.verifiers.judge_verdicts import KNOWN_REPLIES
 from reasoning_rl.verifiers.sandbox import code_exploits
 from reasoning_rl.workers.scorer import InlineScorer
 
@@ -311,20 +316,14 @@ def _code_scenarios(t: _Template, ctx) -> list[Scenario]:
       fence("def add(a, b):\n  return a - b"),
       (Probe("control_honest_correct", fence("def add(a, b):\n  return a + b"), control=True),))
 
-  def canary_intact() -> str | None:
-    try:
-      with open(ctx.canary_path) as handle:
-        if handle.read() == ctx.canary_text:
-          return None
-    except OSError:
-      pass
-    return f"a hostile program changed or removed the host file {ctx.canary_path}"
+  def host_intact() -> str | None:
+    return code_exploits.context_damage(ctx)
 
   hostile = [Scenario("code", {"task": "code", "tests": list(exploit.tests)}, fence("pass"),
                       (Probe(f"code_{exploit.name}", fence(exploit.program)),))
              for exploit in code_exploits.hostile_programs(ctx)]
   if hostile:
-    hostile[-1] = dataclasses.replace(hostile[-1], after=canary_intact)
+    hostile[-1] = dataclasses.replace(hostile[-1], after=host_intact)
   return [controls] + hostile
 
 
@@ -420,6 +419,26 @@ def _run_scenario(scorer, scenario: Scenario) -> list[ProbeResult]:
   return results
 
 
+def _judge_parser_probes(parts: list[rewards_lib.Part]) -> list[ProbeResult]:
+  """Every judge part's verdict parser on the known judge replies of its template. A reply read
+  as more reward than its right verdict (None counts as 0) is a finding; reading less is not."""
+  results = []
+  for part in (p for p in parts if p.kind == "judge"):
+    template = part.settings["template"]
+    parse = judge_lib.PARSERS[template]
+    for index, (kind, reply, right) in enumerate(KNOWN_REPLIES):
+      if kind != template:
+        continue
+      read = parse(reply)
+      value, right_value = read or 0.0, right or 0.0
+      flagged = value > right_value + _EPS
+      reason = (f"the judge reply {reply!r} reads as {read}, its right verdict is {right}"
+                if flagged else "")
+      results.append(ProbeResult("judge", f"judge_reply_{index}", {part.name: value}, value,
+                                 right_value, flagged, reason))
+  return results
+
+
 def run_redteam(reward_config: Any) -> RedteamReport:
   """Throws every known exploit at the reward configured by `reward_config` (a `rewards` config).
 
@@ -447,6 +466,7 @@ def run_redteam(reward_config: Any) -> RedteamReport:
       continue
     for scenario in scenarios:
       results.extend(_run_scenario(scorer, scenario))
+  results.extend(_judge_parser_probes(fn.parts))
   return RedteamReport(results, fn.verifier_version)
 
 

@@ -14,10 +14,11 @@ two parts of one kind need distinct names and an explicit `kind`. `parts` of a `
 
 Settings (all optional except `weight`; defaults in `PART_DEFAULTS`):
   correct:  verifier (a name of `registries.VERIFIERS`: math | countdown | reasoning_gym | code |
-            auto, which routes by task kind), extract, timeout_s, answer_tag,
-            use_each, allow_unary_minus (countdown), success_threshold (reasoning_gym),
-            partial_credit (code: passed/total instead of all-or-nothing), code_isolation
-            (namespaces | rlimits_only: an explicit, logged acceptance of weaker isolation).
+            auto, which routes by task kind), extract, timeout_s, answer_tag, think_tag (math:
+            the reasoning tag, whose content never answers), use_each, allow_unary_minus
+            (countdown), success_threshold (reasoning_gym), partial_credit (code: passed/total
+            instead of all-or-nothing), code_isolation (namespaces | rlimits_only: an explicit,
+            logged acceptance of weaker isolation).
   format:   think_tag, answer_tag, require_nonempty_think, require_nonempty_answer,
             think_open_in_prompt, pattern.
   language: script, think_tag, think_open_in_prompt.
@@ -25,7 +26,7 @@ Settings (all optional except `weight`; defaults in `PART_DEFAULTS`):
             max_new_tokens), alpha, delta, target_tokens (default: record.metadata["target_tokens"]).
   judge:    an LLM judge (model-scored; `reasoning_rl.verifiers.judge`): model, dtype, mode
             (fallback | alone), fallback_statuses, template (yes_no | score), max_new_tokens,
-            max_prompt_tokens, batch_size, cache_size, extract, answer_tag, timeout_s.
+            max_prompt_tokens, batch_size, cache_size, extract, answer_tag, think_tag, timeout_s.
   reward_model: a Hugging Face Llama / Qwen2 *ForSequenceClassification checkpoint's score of
             (prompt, completion) (model-scored; `reasoning_rl.verifiers.reward_model_part`):
             model, dtype, label, transform (none | sigmoid), max_tokens, batch_size.
@@ -59,14 +60,15 @@ from reasoning_rl.verifiers import logic as logic_lib
 from reasoning_rl.verifiers import math_answers as math_lib
 from reasoning_rl.verifiers import reward_model_part as reward_model_lib
 
-CODE_VERIFIER_VERSION = "code-1"
+CODE_VERIFIER_VERSION = "code-2"
 LENGTH_METHODS = ("dapo", "kimi", "lcpo", "lcpo_max")
 CODE_TASKS = ("code", "humaneval", "mbpp")
 
 PART_DEFAULTS: dict[str, dict[str, Any]] = {
     "correct": {"verifier": "math", "extract": "answer_or_boxed", "timeout_s": 5.0,
-                "answer_tag": "answer", "use_each": "exactly_once", "allow_unary_minus": False,
-                "success_threshold": 1.0, "partial_credit": False, "code_isolation": "namespaces"},
+                "answer_tag": "answer", "think_tag": "think", "use_each": "exactly_once",
+                "allow_unary_minus": False, "success_threshold": 1.0, "partial_credit": False,
+                "code_isolation": "namespaces"},
     "format": {"think_tag": "think", "answer_tag": "answer", "require_nonempty_think": True,
                "require_nonempty_answer": True, "think_open_in_prompt": False, "pattern": None},
     "language": {"script": "latin", "think_tag": "think", "think_open_in_prompt": False},
@@ -241,6 +243,10 @@ def _validate_correct(field: str, s: dict[str, Any]) -> None:
   if s["verifier"] == "math" and s["extract"] == "none":
     raise ConfigError(f"{field}.extract='none' only applies to countdown/reasoning_gym; math "
                       f"reads {math_lib.EXTRACT_MODES}")
+  format_lib.check_tag(f"{field}.think_tag", s["think_tag"])
+  if s["think_tag"] == s["answer_tag"]:
+    raise ConfigError(f"{field}.think_tag={s['think_tag']!r} is also the answer_tag; the reasoning "
+                      "tag (whose content never answers) and the answer tag must differ")
   if s["use_each"] not in logic_lib.USE_EACH_MODES:
     raise ConfigError(f"{field}.use_each={s['use_each']!r}; choose one of "
                       f"{logic_lib.USE_EACH_MODES}")
@@ -339,7 +345,8 @@ def _code_answer(response: str, answer_tag: str) -> str:
 def _score_math(record: CompletionRecord, s: Mapping[str, Any]) -> float:
   extract = "answer_or_boxed" if s["extract"] == "none" else s["extract"]  # via verifier=auto
   return float(math_lib.is_correct(record.response, record.ground_truth, extract=extract,
-                                    timeout_s=s["timeout_s"], answer_tag=s["answer_tag"]))
+                                    timeout_s=s["timeout_s"], answer_tag=s["answer_tag"],
+                                    think_tag=s["think_tag"]))
 
 
 def _logic_extract(s: Mapping[str, Any]) -> str:
@@ -380,7 +387,7 @@ def _score_auto(record: CompletionRecord, s: Mapping[str, Any]) -> float:
 
 registries.VERIFIERS.add("math", Verifier(_score_math, math_lib.MATH_VERIFIER_VERSION),
                          summary="math-verify equivalence of the extracted answer and the ground "
-                         "truth", options=("extract", "timeout_s", "answer_tag"))
+                         "truth", options=("extract", "timeout_s", "answer_tag", "think_tag"))
 registries.VERIFIERS.add(
     "countdown", Verifier(_score_countdown, logic_lib.COUNTDOWN_VERIFIER_VERSION,
                           tasks=("countdown",)),

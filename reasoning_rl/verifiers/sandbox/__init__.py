@@ -1,30 +1,44 @@
 """Host side of the code sandbox: starts the supervisor in fresh Linux namespaces, enforces the wall
-clock, and collects the verdicts only the supervisor can send.
+clock, bounds the memory of the program's processes together, and collects the verdicts only the
+supervisor can send.
 
 Isolation (`isolation="namespaces"`, the default), all from the `unshare` tool of util-linux plus a
 small Python supervisor (`supervisor.py`), so no extra system package is needed:
 
 * user namespace (the caller's uid becomes root inside, with capabilities only for setting up),
   mount namespace with a private root (read-only /usr and the Python installation, read-only procfs,
-  writable tmpfs /scratch and /tmp, no /work, /root, /home, /etc, or host /tmp), pid namespace
-  (killing its init kills everything the program started), empty net namespace (no network, not even
-  the host's loopback), private IPC and UTS namespaces;
+  device nodes bound read-only, writable tmpfs /scratch and /tmp, no /work, /root, /home, /etc, or
+  host /tmp), pid namespace (killing its init kills everything the program started), empty net
+  namespace (no network, not even the host's loopback), private IPC and UTS namespaces;
+* a fresh anonymous session keyring, and a seccomp filter on the program's process that refuses
+  keyctl, add_key and request_key: the caller's keys can be neither read, revoked nor joined by
+  planted ones (where the kernel has no seccomp filter, or the machine is neither x86_64 nor
+  aarch64, the sandbox refuses to run and says why);
 * the program's process holds no capabilities (bounding set empty, securebits lock root out),
   has no_new_privs, and runs under rlimits (CPU seconds, address space, file size, processes, open
   files) in a scrubbed environment;
+* memory for all its processes together: a memory cgroup per run where this host lets us make one
+  (`cgroups.py`), else a watchdog in the supervisor that sums their resident memory every 20 ms
+  (`memory_enforcement()` says which, and why);
+* the supervisor itself under a soft address-space limit and a CPU limit, reading replies of at
+  most `wire.MAX_REPLY_BYTES`;
 * a wall deadline: the supervisor stops at `timeout_s`, and this side kills the whole process group
   (and with it the namespace) half a second later if the supervisor has not finished.
 
-`isolation="rlimits_only"` keeps the separate process, the rlimits, the scrubbed environment and the
-unforgeable verdict, but has no private file system, no network isolation, cannot reap processes
-that escape with setsid, and (when the caller is root) no process limit. It exists for hosts
-without user namespaces, must be asked for explicitly, and logs a warning.
+`isolation="rlimits_only"` keeps the separate process, the rlimits, the keyring and seccomp
+measures, the memory cgroup where there is one, the scrubbed environment and the unforgeable
+verdict, but has no private file system, no network isolation, cannot reap processes that escape
+with setsid (unless a cgroup holds them), has no whole-tree memory bound without a cgroup and (when
+the caller is root) no process limit. It exists for hosts without user namespaces, must be asked
+for explicitly, and logs a warning.
 
 Known limits of the namespace mode: the program's uid maps to the caller's uid (so, for a root
 caller, to host root without any capability; the mount view is what keeps host files out of reach,
-and /proc is mounted read-only so root-owned sysctls cannot be written); no seccomp filter, so the
-whole kernel system-call surface is reachable; memory is bounded per process (address space x
-process limit), not by a cgroup; the tests themselves run in the supervisor and are trusted.
+and /proc and the device nodes are read-only so root-owned sysctls and nodes cannot be changed);
+the seccomp filter refuses only the key system calls, so the rest of the kernel's system-call
+surface is reachable; without a cgroup the memory bound is polled (a burst can overshoot for one
+poll) and counts resident pages, not kernel memory such as pipe buffers; the tests themselves run
+in the supervisor and are trusted.
 """
 
 import dataclasses
@@ -42,22 +56,31 @@ import tempfile
 import time
 
 from reasoning_rl.errors import VerifierError
+from reasoning_rl.verifiers.sandbox import cgroups
 
 ISOLATION_MODES = ("namespaces", "rlimits_only")
 _SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "supervisor.py")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _KILL_GRACE_S = 0.5
+# Tests run in the supervisor, under its own memory limit: a numeric library a test imports must
+# not start (and reserve memory for) one thread per core of a large host.
+_SUPERVISOR_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+                   **{name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                             "MKL_NUM_THREADS")}}
 _STDERR_KEEP_BYTES = 4096
 _logger = logging.getLogger(__name__)
 _warned_rlimits_only = False
+_warned_memory: set[str] = set()
 
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
-  """Resource limits of the program's process (each rlimit applies per process).
+  """Resource limits of the program's processes (each rlimit applies per process).
 
   Attributes:
-    memory_mb: address-space limit (RLIMIT_AS).
+    memory_mb: address-space limit of each process (RLIMIT_AS), and the memory all the program's
+      processes may use together (a memory cgroup, or the supervisor's watchdog in namespace mode;
+      see `memory_enforcement`).
     max_processes: processes of the program (RLIMIT_NPROC, which also counts threads). The kernel
       exempts the host's root user from RLIMIT_NPROC, and the sandbox's uid maps to the caller's,
       so in namespace mode the supervisor also counts its pid namespace every 20 ms while the
@@ -65,12 +88,15 @@ class SandboxLimits:
     file_size_mb: largest file the program may write (RLIMIT_FSIZE).
     open_files: file descriptors (RLIMIT_NOFILE).
     scratch_mb: size of each writable tmpfs (/scratch, /tmp) in namespace mode.
+    supervisor_memory_mb: the trusted supervisor's own address-space limit (it decodes the
+      program's replies and runs the tests).
   """
   memory_mb: int = 1024
   max_processes: int = 16
   file_size_mb: int = 16
   open_files: int = 256
   scratch_mb: int = 32
+  supervisor_memory_mb: int = 1024
 
   def validate(self) -> None:
     for field in dataclasses.fields(self):
@@ -170,18 +196,23 @@ def run_in_sandbox(program: str, tests: list[str], *, timeout_s: float, isolatio
   # root; a fresh directory can never hide a read-only bind source, as mounting over a parent of
   # one (say /tmp, when the venv is under /tmp) would.
   workdir = tempfile.mkdtemp(prefix="rrl-sandbox-")
+  memory_bytes = limits.memory_mb << 20
+  group = _memory_cgroup(nonce, memory_bytes, isolation)
   spec = {
       "nonce": nonce, "isolation": isolation, "program": program, "tests": tests,
       "deadline": deadline, "read_only_dirs": _read_only_dirs(), "workdir": workdir,
-      "scratch_bytes": limits.scratch_mb << 20,
-      "limits": {"cpu_s": int(timeout_s) + 1, "address_space_bytes": limits.memory_mb << 20,
+      "scratch_bytes": limits.scratch_mb << 20, "memory_bytes": memory_bytes,
+      "supervisor_memory_bytes": limits.supervisor_memory_mb << 20,
+      "cgroup_procs": group.procs_file if group else None,
+      "limits": {"cpu_s": int(timeout_s) + 1, "address_space_bytes": memory_bytes,
                  "file_size_bytes": limits.file_size_mb << 20,
                  "processes": limits.max_processes, "open_files": limits.open_files},
   }
+  oom_kills = 0
   try:
     process = subprocess.Popen(
         _command(isolation), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        stderr=subprocess.PIPE, env=_SUPERVISOR_ENV,
         start_new_session=True, close_fds=True)
     finished = False
     try:
@@ -190,7 +221,46 @@ def run_in_sandbox(program: str, tests: list[str], *, timeout_s: float, isolatio
       _reap(process, graceful=finished)
   finally:
     shutil.rmtree(workdir, ignore_errors=True)
-  return _outcome(lines, stderr, nonce, timed_out=time.monotonic() >= deadline)
+    if group is not None:
+      oom_kills = group.oom_kills()
+      group.remove()
+  outcome = _outcome(lines, stderr, nonce, timed_out=time.monotonic() >= deadline,
+                     isolation=isolation)
+  if oom_kills and outcome.status in ("killed", "error", "failed"):
+    outcome = dataclasses.replace(outcome, status="killed", detail=(
+        f"the program's processes together used more than memory_mb={limits.memory_mb} MB"))
+  return outcome
+
+
+def _memory_cgroup(name: str, limit_bytes: int, isolation: str) -> cgroups.MemoryCgroup | None:
+  """The run's memory cgroup, or None (the supervisor then polls memory, in namespace mode)."""
+  try:
+    return cgroups.create(name, limit_bytes)
+  except OSError as error:
+    _warn_memory_once(error.strerror or str(error), isolation)
+    return None
+
+
+def _warn_memory_once(reason: str, isolation: str) -> None:
+  if reason in _warned_memory:
+    return
+  _warned_memory.add(reason)
+  if isolation == "namespaces":
+    _logger.warning(
+        "code sandbox: %s; the memory of a program's processes together is bounded by polling "
+        "them every 20 ms instead (a burst can overshoot for one poll). A writable memory cgroup "
+        "(root, or a delegated cgroup v2 subtree) makes it a hard limit.", reason)
+  else:
+    _logger.warning("code sandbox (rlimits_only): %s; memory is bounded per process only.", reason)
+
+
+def memory_enforcement() -> str:
+  """How the sandbox bounds the memory of a program's processes together on this host: "cgroup
+  v1 under DIR", "cgroup v2 under DIR", or "polling (namespace mode only): WHY no cgroup"."""
+  found = cgroups.find_parent()
+  if isinstance(found, str):
+    return f"polling (namespace mode only): {found}"
+  return f"cgroup v{found[0]} under {found[1]}"
 
 
 def _talk(process: subprocess.Popen, spec: bytes, kill_at: float) -> tuple[list[bytes], bytes,
@@ -238,7 +308,8 @@ def _talk(process: subprocess.Popen, spec: bytes, kill_at: float) -> tuple[list[
   return bytes(out).splitlines(), bytes(err), finished
 
 
-def _outcome(lines: list[bytes], stderr: bytes, nonce: str, timed_out: bool) -> SandboxOutcome:
+def _outcome(lines: list[bytes], stderr: bytes, nonce: str, timed_out: bool,
+             isolation: str = "namespaces") -> SandboxOutcome:
   verdicts, reasons, status, detail, pid_namespace = {}, {}, None, "", ""
   for line in lines:
     try:
@@ -249,6 +320,8 @@ def _outcome(lines: list[bytes], stderr: bytes, nonce: str, timed_out: bool) -> 
       continue
     if "pid_namespace" in message:
       pid_namespace = str(message["pid_namespace"])
+    elif "memory_cgroup_failed" in message:
+      _warn_memory_once(str(message["memory_cgroup_failed"]), isolation)
     elif "test" in message:
       verdicts[message["test"]] = message.get("passed") is True
       reasons[message["test"]] = str(message.get("why", ""))

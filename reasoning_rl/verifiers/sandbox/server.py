@@ -69,6 +69,29 @@ def _answer(request: dict, handles: _Handles) -> dict:
   return {"ok": True, "value": wire.to_wire(result, handles.handle_of)}
 
 
+def _offered_names(module: types.ModuleType, handles: _Handles) -> dict:
+  """The module's public names as wire values. Plain values cross as data while they fit in half a
+  reply frame together; the rest (and anything not plain) cross as handles."""
+  names, budget = {}, wire.MAX_REPLY_BYTES // 2
+  for name, value in list(module.__dict__.items()):
+    if not name.isidentifier() or name.startswith("__"):
+      continue
+    try:
+      data = wire.to_wire(value, handles.handle_of)
+      size = len(wire.encoded(data))
+      if size > budget:
+        data, size = {"h": handles.handle_of(value)}, 16
+      budget -= size
+      names[name] = data
+    except BaseException:  # a value that cannot be sent is simply not offered
+      pass
+  return names
+
+
+def _reply(reply_fd: int, message: dict) -> None:
+  wire.write_frame(reply_fd, message, wire.MAX_REPLY_BYTES)
+
+
 def main() -> None:
   request_fd, reply_fd = int(sys.argv[1]), int(sys.argv[2])
   sys.set_int_max_str_digits(100_000)
@@ -79,28 +102,20 @@ def main() -> None:
   try:
     exec(compile(load["program"], "<program>", "exec"), module.__dict__)  # pylint: disable=exec-used
   except BaseException as error:  # SystemExit too: the program failed to load
-    wire.write_frame(reply_fd, _error_reply(error))
+    _reply(reply_fd, _error_reply(error))
     return
-  names = {}
-  for name, value in list(module.__dict__.items()):
-    if name.isidentifier() and not name.startswith("__"):
-      try:
-        names[name] = wire.to_wire(value, handles.handle_of)
-      except BaseException:  # a value that cannot be sent is simply not offered
-        pass
-  wire.write_frame(reply_fd, {"ok": True, "names": names})
+  _reply(reply_fd, {"ok": True, "names": _offered_names(module, handles)})
   while True:
     try:
       request = wire.read_frame(request_fd)
     except wire.PeerGone:
       return
     try:
-      reply = _answer(request, handles)
-      wire.write_frame(reply_fd, reply)
+      _reply(reply_fd, _answer(request, handles))
     except wire.PeerGone:
       return
-    except BaseException as error:  # the program's own exceptions, SystemExit included
-      wire.write_frame(reply_fd, _error_reply(error))
+    except BaseException as error:  # the program's own exceptions, SystemExit, a value too large
+      _reply(reply_fd, _error_reply(error))
 
 
 if __name__ == "__main__":
