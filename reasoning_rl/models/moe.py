@@ -7,6 +7,14 @@ Lepikhin et al. 2020) and the layer returns Σ_i w_i · expert_i(x), with w_i = 
 over the chosen k when `normalize_top_k` (Mixtral, Jiang et al. 2024). Experts are SwiGLU MLPs
 whose weights are stacked on a leading `expert` axis.
 
+GPT-OSS's variant (OpenAI 2025 model card): the router adds a bias to its logits and weights the
+top k by a softmax over their logits (the renormalised softmax above, the same numbers); each
+expert adds biases after its projections and applies a clamped SwiGLU,
+(clip(up, −l, l) + 1) · g · σ(α·g) with g = min(gate, l) (`MoEConfig.swiglu_limit` l,
+`swiglu_alpha` α). Its gate and up projections are one [E, D, 2F] kernel whose even columns are
+the gate and odd ones the up projection, as its checkpoints store them (`gate_up_proj`), so that
+tensor maps to ours as it stands.
+
 Dispatch is dropless (MegaBlocks, Gale et al. 2023): the N·k (token, expert) pairs are sorted by
 expert and each expert multiplies its contiguous rows in one grouped matmul
 (`reasoning_rl.kernels.grouped_matmul`); nothing is dropped for capacity, so a token's output is a
@@ -85,6 +93,20 @@ def same_sets(a: jax.Array, b: jax.Array) -> jax.Array:
   return jnp.all(jnp.sort(a, axis=-1) == jnp.sort(b, axis=-1), axis=-1)
 
 
+def fuses_gate_up(config: ModelConfig) -> bool:
+  """Whether the experts hold gate and up as one interleaved kernel (GPT-OSS's layout, module
+  docstring) rather than two."""
+  return config.model_type == "gpt_oss"
+
+
+def clamped_swiglu(gate: jax.Array, up: jax.Array, *, limit: float, alpha: float) -> jax.Array:
+  """GPT-OSS's expert activation: (clip(up, −limit, limit) + 1) · g · σ(alpha · g), with
+  g = min(gate, limit)."""
+  gate = jnp.minimum(gate, limit)
+  up = jnp.clip(up, -limit, limit)
+  return (up + 1) * (gate * jax.nn.sigmoid(alpha * gate))
+
+
 class MoE(nnx.Module):
   """Router + E stacked SwiGLU experts of one sparse layer (module docstring)."""
 
@@ -93,16 +115,28 @@ class MoE(nnx.Module):
     d, f, e = config.hidden_size, moe.intermediate_size, moe.num_experts
     self.moe = moe
     self.activation = config.activation
+    self.fused = fuses_gate_up(config)
     self.router = param(rngs, (d, e), param_dtype, ("embed", None))
-    self.gate_proj = param(rngs, (e, d, f), param_dtype, ("expert", "embed", "mlp"))
-    self.up_proj = param(rngs, (e, d, f), param_dtype, ("expert", "embed", "mlp"))
+    if self.fused:
+      self.gate_up_proj = param(rngs, (e, d, 2 * f), param_dtype, ("expert", "embed", "mlp"))
+    else:
+      self.gate_proj = param(rngs, (e, d, f), param_dtype, ("expert", "embed", "mlp"))
+      self.up_proj = param(rngs, (e, d, f), param_dtype, ("expert", "embed", "mlp"))
     self.down_proj = param(rngs, (e, f, d), param_dtype, ("expert", "mlp", "embed"))
+    if moe.router_bias:
+      self.router_bias = param(rngs, (e,), param_dtype, (None,))
+    if moe.expert_bias:  # fused layout only (ModelConfig checks): interleaved as the kernel
+      self.gate_up_bias = param(rngs, (e, 2 * f), param_dtype, ("expert", "mlp"))
+      self.down_bias = param(rngs, (e, d), param_dtype, ("expert", "embed"))
     self.grouped_matmul = "auto"  # static: `Transformer.use_grouped_matmul` sets it
 
   def router_logits(self, x: jax.Array) -> jax.Array:
     """[B, T, E] float32 (see the module docstring for why float32)."""
-    return jnp.einsum("btd,de->bte", x.astype(jnp.float32),
-                      self.router[...].astype(jnp.float32))
+    logits = jnp.einsum("btd,de->bte", x.astype(jnp.float32),
+                        self.router[...].astype(jnp.float32))
+    if self.moe.router_bias:
+      logits = logits + self.router_bias[...].astype(jnp.float32)
+    return logits
 
   def experts(self, x: jax.Array, experts: jax.Array, weights: jax.Array) -> jax.Array:
     """Σ_i w_i · expert_i(x) for x [N, D], experts / weights [N, k]: dropless dispatch."""
@@ -112,17 +146,26 @@ class MoE(nnx.Module):
     rows = x[order // k]
     sizes = jnp.bincount(flat, length=self.moe.num_experts)
     dtype = x.dtype
+    row_expert = flat[order]  # each sorted row's expert: where its biases come from
 
-    def matmul(lhs, kernel):
-      return grouped_matmul(lhs, weight(kernel, dtype), sizes,
-                            implementation=self.grouped_matmul)
+    def matmul(lhs, kernel, bias=None):
+      out = grouped_matmul(lhs, weight(kernel, dtype), sizes,
+                           implementation=self.grouped_matmul)
+      return out if bias is None else out + bias[...].astype(dtype)[row_expert]
 
-    gate, up = matmul(rows, self.gate_proj), matmul(rows, self.up_proj)
-    if self.activation == "silu":
+    biased = self.moe.expert_bias
+    if self.fused:
+      gate_up = matmul(rows, self.gate_up_proj, self.gate_up_bias if biased else None)
+      gate, up = gate_up[:, 0::2], gate_up[:, 1::2]
+    else:
+      gate, up = matmul(rows, self.gate_proj), matmul(rows, self.up_proj)
+    if self.moe.swiglu_limit is not None:
+      hidden = clamped_swiglu(gate, up, limit=self.moe.swiglu_limit, alpha=self.moe.swiglu_alpha)
+    elif self.activation == "silu":
       hidden = jax.nn.silu(gate) * up
     else:
       hidden = jax.nn.gelu(gate, approximate=True) * up
-    out = matmul(hidden, self.down_proj)
+    out = matmul(hidden, self.down_proj, self.down_bias if biased else None)
     # Back to (token, slot) order by the inverse permutation (a gather: deterministic, and its
     # gradient is a gather too), then each token's k outputs summed in slot order.
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
