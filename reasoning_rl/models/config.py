@@ -354,6 +354,13 @@ class ModelConfig:
       scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
       if scaling.get("rope_type", scaling.get("type")) == "default":
         scaling = None
+    if scaling is not None and scaling.get("rope_type", scaling.get("type")) == "yarn":
+      # transformers' reading of a YaRN config that leaves out the pretraining context: the
+      # top-level key if there is one, else max_position_embeddings
+      if hf.get("original_max_position_embeddings") is not None:
+        scaling["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+      scaling.setdefault("original_max_position_embeddings",
+                         hf.get("max_position_embeddings", 8192))
     gemma = model_type in ("gemma", "gemma2", "gemma3")
     softcapped = model_type in ("gemma2", "gemma3")  # Gemma 3 configs say None; read if not
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
