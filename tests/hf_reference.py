@@ -92,10 +92,12 @@ def saved_name_grads(torch_model, family: str) -> dict[str, np.ndarray]:
   return grads
 
 
-def write_tiny_model(family: str, directory: pathlib.Path, seed: int = 0):
-  """Saves a perturbed random model of `family` to `directory`; returns the torch model."""
+def write_tiny_model(family: str, directory: pathlib.Path, seed: int = 0, config=None):
+  """Saves a perturbed random model of `family` (or of the transformers `config` given) to
+  `directory`; returns the torch model."""
   torch.manual_seed(seed)
-  model = transformers.AutoModelForCausalLM.from_config(FAMILIES[family]()).eval()
+  config = FAMILIES[family]() if config is None else config
+  model = transformers.AutoModelForCausalLM.from_config(config).eval()
   with torch.no_grad():
     for p in model.parameters():
       p.add_(torch.randn_like(p) * 0.1)
