@@ -218,7 +218,8 @@ def test_the_model_runs_packed_rows_through_the_chosen_kernel():
 
 
 def test_a_kernel_inside_a_sharded_step_takes_the_unsharded_gradient():
-  # 8 devices: batch over data × fsdp (4), heads over tensor (2); the kernel runs per device
+  # 8 devices: batch over data × fsdp (4), heads over tensor (2); the kernel runs per device,
+  # with the attention sinks of its own heads
   from reasoning_rl import sharding
 
   mesh = sharding.make_mesh((2, 2, 2))
@@ -228,18 +229,19 @@ def test_a_kernel_inside_a_sharded_step_takes_the_unsharded_gradient():
   k, v = (jnp.asarray(rng.normal(size=(batch, 128, 2, 16)), jnp.float32) for _ in "kv")
   positions = jnp.tile(jnp.arange(128, dtype=jnp.int32), (batch, 1))
 
-  def loss(q, k, v, kernel):
+  def loss(q, k, v, sinks, kernel):
     out = kernels.training_attention(q, k, v, positions, positions, scale=0.25, softcap=None,
-                                     window=None, kernel=kernel)
+                                     window=None, sinks=sinks, kernel=kernel)
     return jnp.sum(out * out)
 
-  want = jax.grad(loss, argnums=(0, 1, 2))(q, k, v, "reference")
-  step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)
+  want = jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, SINKS, "reference")
+  step = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)), static_argnums=4)
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), jax.set_mesh(mesh):
     placed = [jax.device_put(x, sharding.sharding_for(axes, x.shape, mesh)) for x, axes in
               ((q, ("batch", "length", "heads", "head_dim")),
                (k, ("batch", "length", "kv_heads", "head_dim")),
-               (v, ("batch", "length", "kv_heads", "head_dim")))]
+               (v, ("batch", "length", "kv_heads", "head_dim")),
+               (SINKS, ("heads",)))]
     got = step(*placed, "splash")
   for g, w in zip(got, want):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
