@@ -251,6 +251,9 @@ def test_gpt_oss_config_checks_and_round_trip():
   assert (config.attention_sinks, config.attention_output_bias, config.moe.router_bias,
           config.moe.expert_bias, config.moe.swiglu_limit) == (True, True, True, True, 1.0)
   assert ModelConfig.from_hf_config(config.to_hf_config()) == config
+  # every parameter counted (sinks, o_proj / router / expert biases included), as torch counts
+  torch_model = transformers.AutoModelForCausalLM.from_config(FAMILIES["gpt_oss"]())
+  assert config.num_params() == sum(p.numel() for p in torch_model.parameters())
   # the published config.json names neither swiglu_alpha nor layer_types: transformers' defaults
   published = {"model_type": "gpt_oss", "vocab_size": 97, "hidden_size": 64,
                "intermediate_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,

@@ -76,12 +76,13 @@ _GPT_OSS_EXPERT_NAMES = {
 
 def hf_tensors(path: tuple, config: ModelConfig) -> TensorMap:
   """For a parameter path of our model: its `TensorMap` (the HF tensors that hold it)."""
-  if path[0] == "layers" and config.model_type == "gpt_oss" and path[2] == "mlp":
+  sparse = path[0] == "layers" and config.layer_is_sparse(path[1]) and path[2] == "mlp"
+  if sparse and config.model_type == "gpt_oss":
     name = f"model.layers.{path[1]}." + _GPT_OSS_EXPERT_NAMES[path[3]]
     if path[3] == "router":
       return TensorMap((name,), lambda ws: ws[0].T, lambda w: [w.T])
     return TensorMap((name,), lambda ws: ws[0], lambda w: [w])
-  if path[0] == "layers" and config.layer_is_sparse(path[1]) and path[2] == "mlp":
+  if sparse:
     names = _EXPERT_NAMES.get(config.model_type, _EXPERT_NAMES["default"])
     prefix = f"model.layers.{path[1]}."
     if path[3] == "router":

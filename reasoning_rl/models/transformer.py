@@ -872,7 +872,7 @@ def logical_axes(state: nnx.State) -> nnx.State:
 
 __all__ = [
     "Attention", "Block", "KVCache", "MLP", "ModelConfig", "REMAT_POLICIES", "RMSNorm",
-    "Transformer", "abstract_model", "apply_rope", "create_model", "layer_period",
-    "logical_axes", "positions_from_mask", "remat_policy", "rope_inverse_frequencies",
-    "stack_layers", "unstack_layers",
+    "RopeTable", "Transformer", "abstract_model", "apply_rope", "create_model", "layer_period",
+    "logical_axes", "positions_from_mask", "remat_policy", "rope_attention_factor",
+    "rope_inverse_frequencies", "stack_layers", "unstack_layers",
 ]
