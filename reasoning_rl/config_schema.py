@@ -149,9 +149,10 @@ SECTIONS: tuple[Section, ...] = (
               "Gradients are summed over micro-batches in float32 either way; with LoRA the "
               "frozen base is held in dtype and the adapters in float32", OneOf(_DTYPES)),
         Field("attention_kernel", "auto", "training attention (reasoning_rl/kernels): auto "
-              "takes the backend's flash kernel (splash on TPU, Pallas/Triton on GPU) and the "
-              "XLA reference on CPU; a kernel named off its backend runs in Pallas interpret "
-              "mode (exact, slow)", OneOf(TRAINING_KERNELS)),
+              "takes the backend's flash kernel (splash on TPU, Pallas/Triton on GPU where it "
+              "supports the model: no window, soft-cap or attention sinks) and the XLA "
+              "reference on CPU; a kernel named off its backend runs in Pallas interpret mode "
+              "(exact, slow)", OneOf(TRAINING_KERNELS)),
         Field("scan_layers", False, "the block stack as one scanned module (parameters and KV "
               "cache stacked on a leading layers axis, run by jax.lax.scan): the step and the "
               "sampler compile one block whatever the depth (benchmarks/RESULTS.md, \"Scanned "
@@ -230,7 +231,8 @@ SECTIONS: tuple[Section, ...] = (
         Field("kv_page_kernel", "auto", "how decode attention reads the paged cache "
               "(reasoning_rl/kernels/paged.py): gather copies a layer's rows out of their pages; "
               "pallas_tpu reads them in place with JAX's Pallas TPU paged-attention kernel (one "
-              "query per row, no sliding window; off a TPU in interpret mode, slow). auto takes "
+              "query per row, no sliding window or attention sinks: other layers gather; off a "
+              "TPU in interpret mode, slow). auto takes "
               "pallas_tpu on a TPU with a bfloat16 cache (the kernel computes in bfloat16) and "
               "heads of a multiple of 128, and gather elsewhere", OneOf(PAGED_KERNELS)),
         Field("exact_logprobs", False, "zero-mismatch rollouts (sampler/exact.py, "

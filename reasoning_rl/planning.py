@@ -650,7 +650,7 @@ def attention_kernel(config, m: ModelConfig, backend: str) -> str:
   window = m.sliding_window if "sliding_attention" in (m.layer_types or ()) else None
   return kernels.choose_training_kernel(config.model.get("attention_kernel", "auto"),
                                         backend=backend, softcap=m.attn_logit_softcap,
-                                        window=window)
+                                        window=window, sinks=m.attention_sinks)
 
 
 def attention_bytes_per_token(config, m: ModelConfig, heads: int, seq: int, a: Assumptions,
@@ -783,7 +783,8 @@ def kv_pool_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int,
   sharded as the engine shards them, pages replicated — and the int32 positions [pages, page];
   the contiguous rows one decode layer gathers them into, [slots, kv_heads, length, head_dim]
   of K and V, none where the TPU kernel reads every layer's pages in place:
-  `rollout.kv_page_kernel` on `backend`, a model without sliding-window layers)."""
+  `rollout.kv_page_kernel` on `backend`, a model without sliding-window layers or attention
+  sinks)."""
   r, precision = config.rollout, Precision.of(config)
   b = precision.compute.itemsize
   length = sampler_cache_length(config)
@@ -794,8 +795,8 @@ def kv_pool_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int,
                           (slots, m.num_kv_heads, length, m.head_dim), mesh)
   kernel = kernels.paged.choose_paged_kernel(r.get("kv_page_kernel", "auto"), backend=backend,
                                              dtype=precision.compute, head_dim=m.head_dim)
-  if kernel == "pallas_tpu" and "sliding_attention" not in m.layer_types:
-    layer_rows = 0
+  if kernel == "pallas_tpu" and "sliding_attention" not in m.layer_types and not m.attention_sinks:
+    layer_rows = 0  # every layer read in place (`kernels.paged.runs_kernel`), none gathered
   return 2 * m.num_layers * pool * b + 4 * pages * r.kv_page_size, 2 * layer_rows * b
 
 

@@ -45,9 +45,19 @@ FAMILIES = {
     "olmoe": lambda: transformers.OlmoeConfig(
         **{k: v for k, v in SMALL.items() if k != "head_dim"}, num_experts=4,
         num_experts_per_tok=2, eos_token_id=2, pad_token_id=1),
+    # GPT-OSS: a local layer (window 3, < the test rows) then a global one, attention sinks,
+    # biases on q/k/v/o, the router and the experts, clamped SwiGLU (its limit low enough that
+    # the perturbed weights reach it), and the published models' YaRN RoPE (factor 32 over a 4k
+    # context, untruncated ramp), whose attention factor scales cos and sin.
+    "gpt_oss": lambda: transformers.GptOssConfig(
+        **{**SMALL, "intermediate_size": 32}, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=3, layer_types=["sliding_attention", "full_attention"], swiglu_limit=1.0,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 4096}),
 }
 
-MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe")
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "gpt_oss")
 
 
 def saved_name_grads(torch_model, family: str) -> dict[str, np.ndarray]:
@@ -56,7 +66,10 @@ def saved_name_grads(torch_model, family: str) -> dict[str, np.ndarray]:
   transformers 5 keeps a sparse layer's experts fused in memory (`mlp.experts.gate_up_proj`
   [E, 2F, D], gate rows first; `mlp.experts.down_proj` [E, D, F]) and writes them one tensor per
   expert (`mlp.experts.{e}.gate_proj.weight` …; Mixtral's `block_sparse_moe.experts.{e}.w1/w3/w2`
-  and `block_sparse_moe.gate`): split here the way save_pretrained splits the weights."""
+  and `block_sparse_moe.gate`): split here the way save_pretrained splits the weights. GPT-OSS
+  writes its fused tensors as they are."""
+  if family == "gpt_oss":
+    return {name: p.grad.numpy().copy() for name, p in torch_model.named_parameters()}
   moe_prefix = "block_sparse_moe" if family == "mixtral" else "mlp"
   names = ({"gate": "w1", "up": "w3", "down": "w2"} if family == "mixtral"
            else {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"})
@@ -79,10 +92,12 @@ def saved_name_grads(torch_model, family: str) -> dict[str, np.ndarray]:
   return grads
 
 
-def write_tiny_model(family: str, directory: pathlib.Path, seed: int = 0):
-  """Saves a perturbed random model of `family` to `directory`; returns the torch model."""
+def write_tiny_model(family: str, directory: pathlib.Path, seed: int = 0, config=None):
+  """Saves a perturbed random model of `family` (or of the transformers `config` given) to
+  `directory`; returns the torch model."""
   torch.manual_seed(seed)
-  model = transformers.AutoModelForCausalLM.from_config(FAMILIES[family]()).eval()
+  config = FAMILIES[family]() if config is None else config
+  model = transformers.AutoModelForCausalLM.from_config(config).eval()
   with torch.no_grad():
     for p in model.parameters():
       p.add_(torch.randn_like(p) * 0.1)

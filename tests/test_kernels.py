@@ -1,7 +1,7 @@
 """Every training-attention kernel against the XLA reference, on values and gradients, for every
-mask the models use (causal over left-padded rows, packed segments, sliding window, soft-cap), in
-Pallas interpret mode on this CPU; then the choice per backend, the model wired to a kernel, and
-a kernel inside a sharded step.
+mask the models use (causal over left-padded rows, packed segments, sliding window, soft-cap,
+attention sinks), in Pallas interpret mode on this CPU; then the choice per backend, the model
+wired to a kernel, and a kernel inside a sharded step.
 """
 
 import functools
@@ -46,49 +46,83 @@ def _inputs(dtype, seed=0):
   return q, k, v, cotangent
 
 
-def _attention_and_grads(kernel, q, k, v, cotangent, rows, options, grads=True):
+def _attention_and_grads(kernel, q, k, v, cotangent, rows, options, grads=True, sinks=None):
+  """(outputs at real tokens, gradients of q, k, v and, when given, of the sinks)."""
   positions, key_positions, segment_ids = (None if x is None else jnp.asarray(x, jnp.int32)
                                            for x in rows)
   real = (key_positions >= 0)[:, :, None, None]
 
-  def loss(q, k, v):
+  def loss(q, k, v, sinks):
     out = kernels.training_attention(q, k, v, positions, key_positions, segment_ids,
-                                     kernel=kernel, **options)
+                                     sinks=sinks, kernel=kernel, **options)
     # padding outputs differ between kernels by design (never read): the loss leaves them out
     return jnp.sum(jnp.where(real, out.astype(jnp.float32) * cotangent, 0.0)), out
 
   if grads:
-    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    argnums = (0, 1, 2) if sinks is None else (0, 1, 2, 3)
+    (_, out), grads = jax.value_and_grad(loss, argnums=argnums, has_aux=True)(q, k, v, sinks)
   else:
-    out = jax.jit(loss)(q, k, v)[1]
+    out = jax.jit(loss)(q, k, v, sinks)[1]
   return np.where(np.asarray(real), np.asarray(out, np.float32), 0), grads
 
 
-CASES = [  # (layout, softcap, window)
-    ("left_padded", None, None),
-    ("packed", None, None),
-    ("packed", None, 16),
-    ("left_padded", 20.0, None),
-    ("packed", 5.0, 16),
+# per query head: a sink well above, near and below the scores' scale (|q·k|/√D ~ 1)
+SINKS = jnp.asarray([3.0, 0.5, -1.0, -4.0], jnp.float32)
+
+CASES = [  # (layout, softcap, window, sinks)
+    ("left_padded", None, None, False),
+    ("packed", None, None, False),
+    ("packed", None, 16, False),
+    ("left_padded", 20.0, None, False),
+    ("packed", 5.0, 16, False),
+    ("packed", None, 16, True),  # GPT-OSS's local layers (its global ones: no window)
 ]
 
 
-@pytest.mark.parametrize("kernel, layout, softcap, window",
+@pytest.mark.parametrize("kernel, layout, softcap, window, sinks",
                          [("splash", *case) for case in CASES]
-                         # the GPU kernel has no soft-cap / window (the dispatcher keeps the
-                         # reference for those layers there)
+                         # the GPU kernel has no soft-cap / window / sinks (the dispatcher keeps
+                         # the reference for those layers there)
                          + [("pallas_gpu", *case) for case in CASES if not any(case[1:])])
-def test_kernel_matches_the_reference_on_values_and_gradients(kernel, layout, softcap, window):
+def test_kernel_matches_the_reference_on_values_and_gradients(kernel, layout, softcap, window,
+                                                              sinks):
   rows = _rows(layout)
   q, k, v, cotangent = _inputs(jnp.float32)
   options = dict(scale=HEAD_DIM ** -0.5, softcap=softcap, window=window)
-  want, want_grads = _attention_and_grads("reference", q, k, v, cotangent, rows, options)
-  got, got_grads = _attention_and_grads(kernel, q, k, v, cotangent, rows, options)
+  sinks = SINKS if sinks else None
+  want, want_grads = _attention_and_grads("reference", q, k, v, cotangent, rows, options,
+                                          sinks=sinks)
+  got, got_grads = _attention_and_grads(kernel, q, k, v, cotangent, rows, options, sinks=sinks)
   np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
-  for name, g, w in zip("qkv", got_grads, want_grads):
+  for name, g, w in zip(("q", "k", "v", "sinks"), got_grads, want_grads):
     scale = np.abs(np.asarray(w)).max()
     assert scale > 0.1, name  # the gradient is not trivially zero
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-4 * scale, err_msg=name)
+
+
+def test_a_sink_takes_its_share_of_each_softmax():
+  """The reference against the definition: p_s = exp(z_s) / (Σ_s' exp(z_s') + exp(sink)) for
+  each head, numpy in float64; a very negative sink is no sink."""
+  rng = np.random.default_rng(7)
+  q, k, v = (rng.normal(size=(1, 5, 4, 8)), rng.normal(size=(1, 5, 2, 8)),
+             rng.normal(size=(1, 5, 2, 8)))
+  positions = jnp.arange(5)[None]
+  sinks = np.array([1.0, -0.5, 2.0, 0.0])
+  got = reference.attention(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)), positions,
+                            positions, scale=0.3, softcap=None, window=None,
+                            sinks=jnp.asarray(sinks, jnp.float32))
+  want = np.zeros(q.shape)
+  for t in range(5):
+    for h in range(4):
+      z = 0.3 * k[0, :t + 1, h // 2] @ q[0, t, h]
+      weights = np.exp(z) / (np.exp(z).sum() + np.exp(sinks[h]))
+      want[0, t, h] = weights @ v[0, :t + 1, h // 2]
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+  options = dict(scale=0.3, softcap=None, window=None)
+  args = [jnp.asarray(x, jnp.float32) for x in (q, k, v)] + [positions, positions]
+  np.testing.assert_allclose(
+      np.asarray(reference.attention(*args, sinks=jnp.full(4, -1e4), **options)),
+      np.asarray(reference.attention(*args, **options)), rtol=1e-6, atol=1e-7)
 
 
 def test_splash_in_bfloat16_accumulates_in_float32():
@@ -104,27 +138,32 @@ def test_splash_in_bfloat16_accumulates_in_float32():
   assert 0 < error < 2 * 2 ** -8 * np.abs(exact).max()
 
 
-@pytest.mark.parametrize("backend, softcap, window, chosen", [
-    ("tpu", None, None, "splash"), ("tpu", 50.0, 4096, "splash"),
-    ("gpu", None, None, "pallas_gpu"), ("cuda", None, None, "pallas_gpu"),
-    ("gpu", 50.0, None, "reference"), ("gpu", None, 4096, "reference"),
-    ("cpu", None, None, "reference"),
+@pytest.mark.parametrize("backend, softcap, window, sinks, chosen", [
+    ("tpu", None, None, False, "splash"), ("tpu", 50.0, 4096, False, "splash"),
+    ("tpu", None, 128, True, "splash"),
+    ("gpu", None, None, False, "pallas_gpu"), ("cuda", None, None, False, "pallas_gpu"),
+    ("gpu", 50.0, None, False, "reference"), ("gpu", None, 4096, False, "reference"),
+    ("gpu", None, None, True, "reference"),
+    ("cpu", None, None, False, "reference"),
 ])
-def test_auto_picks_the_backends_kernel(backend, softcap, window, chosen):
+def test_auto_picks_the_backends_kernel(backend, softcap, window, sinks, chosen):
   assert kernels.choose_training_kernel("auto", backend=backend, softcap=softcap,
-                                        window=window) == chosen
+                                        window=window, sinks=sinks) == chosen
   assert kernels.choose_training_kernel("reference", backend=backend) == "reference"
 
 
 def test_a_bad_kernel_name_or_an_unsupported_layer_is_one_clear_error():
   with pytest.raises(ConfigError, match=r"config.model.attention_kernel='flash'.*auto"):
     kernels.choose_training_kernel("flash", backend="cpu")
-  with pytest.raises(ConfigError, match="no sliding window or logit soft-cap"):
+  with pytest.raises(ConfigError, match="no sliding window, logit soft-cap or attention sinks"):
     kernels.choose_training_kernel("pallas_gpu", backend="gpu", softcap=50.0)
+  with pytest.raises(ConfigError, match="pallas_gpu.*attention sinks.*'auto'"):
+    kernels.choose_training_kernel("pallas_gpu", backend="gpu", sinks=True)
 
 
-@pytest.mark.parametrize("softcap, window", [(None, None), (30.0, 5)])
-def test_one_query_decode_path_equals_the_einsum_path(softcap, window):
+@pytest.mark.parametrize("softcap, window, sinks", [(None, None, None), (30.0, 5, None),
+                                                   (None, 5, (2.0, 0.0, -1.0, 1.0, 0.5, -3.0))])
+def test_one_query_decode_path_equals_the_einsum_path(softcap, window, sinks):
   # a decode step (one query per row) takes the products-and-sums path on a CPU; with two copies
   # of the query the same row takes the einsum path, and each query only sees its own keys
   rng = np.random.RandomState(0)
@@ -133,7 +172,8 @@ def test_one_query_decode_path_equals_the_einsum_path(softcap, window):
   k, v = (jnp.asarray(rng.randn(batch, kv_heads, keys, head_dim), jnp.float32) for _ in "kv")
   k_pos = jnp.asarray(np.where(np.arange(keys) < [[9], [12], [3]], np.arange(keys), -1), jnp.int32)
   q_pos = jnp.asarray([[8], [11], [2]], jnp.int32)
-  options = {"scale": 0.25, "softcap": softcap, "window": window}
+  options = {"scale": 0.25, "softcap": softcap, "window": window,
+             "sinks": None if sinks is None else jnp.asarray(sinks, jnp.float32)}
   one = kernels.decode_attention(q, k, v, q_pos, k_pos, **options)
   two = reference.attention(jnp.concatenate([q, q], 1), k, v, jnp.concatenate([q_pos, q_pos], 1),
                             k_pos, kv_heads_first=True, **options)
@@ -178,7 +218,8 @@ def test_the_model_runs_packed_rows_through_the_chosen_kernel():
 
 
 def test_a_kernel_inside_a_sharded_step_takes_the_unsharded_gradient():
-  # 8 devices: batch over data × fsdp (4), heads over tensor (2); the kernel runs per device
+  # 8 devices: batch over data × fsdp (4), heads over tensor (2); the kernel runs per device,
+  # with the attention sinks of its own heads
   from reasoning_rl import sharding
 
   mesh = sharding.make_mesh((2, 2, 2))
@@ -188,18 +229,19 @@ def test_a_kernel_inside_a_sharded_step_takes_the_unsharded_gradient():
   k, v = (jnp.asarray(rng.normal(size=(batch, 128, 2, 16)), jnp.float32) for _ in "kv")
   positions = jnp.tile(jnp.arange(128, dtype=jnp.int32), (batch, 1))
 
-  def loss(q, k, v, kernel):
+  def loss(q, k, v, sinks, kernel):
     out = kernels.training_attention(q, k, v, positions, positions, scale=0.25, softcap=None,
-                                     window=None, kernel=kernel)
+                                     window=None, sinks=sinks, kernel=kernel)
     return jnp.sum(out * out)
 
-  want = jax.grad(loss, argnums=(0, 1, 2))(q, k, v, "reference")
-  step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)
+  want = jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, SINKS, "reference")
+  step = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)), static_argnums=4)
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), jax.set_mesh(mesh):
     placed = [jax.device_put(x, sharding.sharding_for(axes, x.shape, mesh)) for x, axes in
               ((q, ("batch", "length", "heads", "head_dim")),
                (k, ("batch", "length", "kv_heads", "head_dim")),
-               (v, ("batch", "length", "kv_heads", "head_dim")))]
+               (v, ("batch", "length", "kv_heads", "head_dim")),
+               (SINKS, ("heads",)))]
     got = step(*placed, "splash")
   for g, w in zip(got, want):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)

@@ -5,11 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+import transformers
 from flax import nnx
 
 from reasoning_rl.models import KVCache
 from reasoning_rl.models.checkpoints import hf_tensors, load_hf_weights
-from tests.hf_reference import FAMILIES, reference_logits, saved_name_grads, write_tiny_model
+from reasoning_rl.models.config import ModelConfig
+from tests.hf_reference import (FAMILIES, SMALL, reference_logits, saved_name_grads,
+                                write_tiny_model)
 
 
 def _left_padded_batch(vocab, seed=0):
@@ -92,6 +95,24 @@ def test_kv_cache_prefill_then_decode_equals_full_forward(family_checkpoint):
   cached = np.concatenate(steps, axis=1)
   valid = mask > 0
   np.testing.assert_allclose(cached[valid], full[valid], atol=2e-5, rtol=0, err_msg=family)
+
+
+@pytest.mark.parametrize("family, config", [
+    ("llama", lambda: transformers.LlamaConfig(**SMALL, attention_bias=True)),
+    ("qwen3", lambda: transformers.Qwen3Config(**SMALL, attention_bias=True)),
+])
+def test_attention_bias_reaches_the_output_projection_where_transformers_puts_one(
+    tmp_path, family, config):
+  """Llama's and Qwen3's `attention_bias` biases o_proj too (Qwen2's never does): read from
+  config.json as `attention_output_bias`, loaded, and written back."""
+  torch_model = write_tiny_model(family, tmp_path, config=config())
+  model, _ = load_hf_weights(tmp_path)
+  assert model.config.attention_output_bias
+  ids, mask = _left_padded_batch(model.config.vocab_size)
+  ours = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
+  for row, ref in enumerate(reference_logits(torch_model, ids, mask)):
+    np.testing.assert_allclose(ours[row][mask[row] > 0], ref, atol=1e-4, rtol=0)
+  assert ModelConfig.from_hf_config(model.config.to_hf_config()) == model.config
 
 
 def test_bfloat16_model_tracks_float32(tmp_path):

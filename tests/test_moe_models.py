@@ -50,7 +50,8 @@ def test_save_hf_round_trip(moe_checkpoint, tmp_path):
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
   assert type(reloaded).__name__ == {"qwen3_moe": "Qwen3MoeForCausalLM",
                                      "mixtral": "MixtralForCausalLM",
-                                     "olmoe": "OlmoeForCausalLM"}[family]
+                                     "olmoe": "OlmoeForCausalLM",
+                                     "gpt_oss": "GptOssForCausalLM"}[family]
   ids, mask = _batch(model.config.vocab_size, seed=4)
   ours = np.asarray(model(ids, mask))
   for row, ref in enumerate(reference_logits(reloaded, np.asarray(ids), np.asarray(mask))):
@@ -75,7 +76,7 @@ def test_config_round_trip(family):
 def _tiny_kwargs(family):
   kwargs = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
                 num_attention_heads=4, num_key_value_heads=2, num_experts_per_tok=2)
-  if family == "mixtral":
+  if family in ("mixtral", "gpt_oss"):
     return {**kwargs, "num_local_experts": 4}
   if family == "qwen3_moe":
     return {**kwargs, "num_experts": 4, "moe_intermediate_size": 32, "decoder_sparse_step": 2,

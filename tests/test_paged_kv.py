@@ -285,6 +285,8 @@ def test_the_kernel_choice():
   assert not paged_kernels.runs_kernel("pallas_tpu", one, window=4)  # Gemma's local layers
   assert not paged_kernels.runs_kernel("pallas_tpu", two, window=None)  # an append's tokens
   assert not paged_kernels.runs_kernel("gather", one, window=None)
+  assert not paged_kernels.runs_kernel("pallas_tpu", one, window=None,
+                                       sinks=jnp.zeros(4))  # GPT-OSS's layers
   assert paged_kernels._pages_per_block(12, 16) == 12
   assert paged_kernels._pages_per_block(64, 16) == 32  # 512 keys, a divisor of 64
 
@@ -305,3 +307,51 @@ def test_a_bfloat16_engine_decodes_the_same_tokens_through_the_tpu_kernel():
     assert engine.kernel == kernel
     out[kernel] = generate_groups(engine, PROMPTS[:4], **kwargs)
   assert_same_completions(out["pallas_tpu"], out["gather"], atol=1e-6)
+
+
+def test_a_gpt_oss_model_decodes_through_pages_as_through_the_contiguous_cache():
+  """Attention sinks and alternating sliding-window layers (window 3, shorter than the rows)
+  over pages of 4: the contiguous cache's tokens and log-probs."""
+  from reasoning_rl.models.config import ModelConfig
+  from reasoning_rl.models.transformer import create_model
+  from tests.hf_reference import FAMILIES
+  from tests.test_sampler_engine import perturbed
+
+  config = ModelConfig.from_hf_config(FAMILIES["gpt_oss"]().to_dict())
+  model = perturbed(create_model(config, seed=2), seed=2)
+  kwargs = dict(num_samples=1, sampling=GREEDY, max_new_tokens=8, seed=5)
+  reference = generate_groups(Engine(model, **SIZES), PROMPTS[:2], **kwargs)
+  paged = PagedEngine(model, page_size=4, **SIZES)
+  assert_same_completions(generate_groups(paged, PROMPTS[:2], **kwargs), reference)
+
+
+def test_layers_with_sinks_gather_their_pages_even_when_the_tpu_kernel_is_asked_for():
+  """paged_decode_attention with sinks: pallas_tpu named, the layer still takes the gather path
+  (the kernel has no sinks), which equals the contiguous decode attention with the sinks."""
+  from reasoning_rl import kernels
+  from reasoning_rl.models import kv_pages
+
+  rng = np.random.default_rng(4)
+  k_pool, v_pool = _random_pools(rng, 2, 9, 4, 16)
+  table = jnp.array([[4, 0, 7, -1], [2, -1, -1, -1]], jnp.int32)
+  lengths = jnp.array([9, 3], jnp.int32)
+  entries = jnp.arange(16)[None, :]
+  k_pos = jnp.where(entries < lengths[:, None], entries, -1)
+  q_pos = (lengths - 1)[:, None]
+  q = jnp.asarray(rng.normal(size=(2, 1, 4, 16)), jnp.float32)
+  sinks = jnp.asarray([1.5, -0.5, 0.0, 3.0], jnp.float32)
+  options = dict(scale=0.3, softcap=None, window=None, sinks=sinks)
+  contiguous = kernels.decode_attention(q, kv_pages.read_pages(k_pool, table),
+                                        kv_pages.read_pages(v_pool, table), q_pos, k_pos,
+                                        **options)
+  without = kernels.decode_attention(q, kv_pages.read_pages(k_pool, table),
+                                     kv_pages.read_pages(v_pool, table), q_pos, k_pos,
+                                     **{**options, "sinks": None})
+  assert np.abs(np.asarray(contiguous) - np.asarray(without)).max() > 0.01
+  for kernel in ("gather", "pallas_tpu"):
+    address = kv_pages.PageAddress(pages=None, offsets=None, read_table=table, lengths=lengths,
+                                   kernel=kernel)
+    paged = kernels.paged_decode_attention(q, k_pool, v_pool, jnp.int32(0), address, q_pos,
+                                           k_pos, **options)
+    np.testing.assert_allclose(np.asarray(paged), np.asarray(contiguous), atol=1e-6,
+                               err_msg=kernel)

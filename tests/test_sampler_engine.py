@@ -25,7 +25,11 @@ GREEDY = SamplingParams(temperature=0.0)
 
 def tiny_model(seed: int):
   """A random model whose weights are perturbed by N(0, 0.1²): logits far from ties."""
-  model = create_model(CONFIG, seed=seed)
+  return perturbed(create_model(CONFIG, seed=seed), seed)
+
+
+def perturbed(model, seed: int):
+  """`model` with N(0, 0.1²) added to every weight (in place; returned)."""
   state = nnx.state(model, nnx.Param)
   keys = iter(jax.random.split(jax.random.key(seed + 100), len(jax.tree.leaves(state))))
   nnx.update(model, jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape),

@@ -11,9 +11,9 @@ the pool, one signature.
                         softmax; masks by each row's length
 
 `auto` takes pallas_tpu on a TPU for the layers it computes exactly as the model asks — one
-query per row (a decode step), no sliding window, a bfloat16 pool (the kernel converts keys and
-values to bfloat16 before its products, so a float32 pool would lose digits), heads of a
-multiple of 128 lanes — and gather elsewhere. Named explicitly, pallas_tpu runs anywhere (off a
+query per row (a decode step), no sliding window, no attention sinks (GPT-OSS), a bfloat16 pool
+(the kernel converts keys and values to bfloat16 before its products, so a float32 pool would
+lose digits), heads of a multiple of 128 lanes — and gather elsewhere. Named explicitly, pallas_tpu runs anywhere (off a
 TPU in Pallas's TPU interpret mode, how tests/test_paged_kv.py checks it on CPU) on those same
 layers; the others still gather.
 
@@ -72,9 +72,10 @@ def backend_of(mesh) -> str:
   return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
 
 
-def runs_kernel(kernel: str, q, window) -> bool:
-  """Whether the kernel computes this layer's call: pallas_tpu, one query per row, no window."""
-  return kernel == "pallas_tpu" and q.shape[1] == 1 and not window
+def runs_kernel(kernel: str, q, window, sinks=None) -> bool:
+  """Whether the kernel computes this layer's call: pallas_tpu, one query per row, no window,
+  no attention sinks (the kernel's softmax has no place for them)."""
+  return kernel == "pallas_tpu" and q.shape[1] == 1 and not window and sinks is None
 
 
 def _pages_per_block(pages_per_row: int, page_size: int) -> int:

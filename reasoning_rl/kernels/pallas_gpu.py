@@ -3,8 +3,8 @@
 Flash attention (Dao et al. 2022; the backward of Dao 2023, "FlashAttention-2") computes softmax
 block by block with a running maximum and normaliser, so the [T, T] scores are never held: memory
 per layer is O(T). JAX's kernel takes segment ids (packed rows) and a causal mask; it has no
-sliding window or logit soft-cap, so Gemma 2 layers keep the reference path on GPU (the
-dispatcher decides). Its softmax runs in float32.
+sliding window, logit soft-cap or attention sinks, so Gemma 2 and GPT-OSS layers keep the
+reference path on GPU (the dispatcher decides). Its softmax runs in float32.
 
 Masks are index-based: the caller guarantees consecutive positions within a segment. The kernel
 wants as many KV heads as query heads, so grouped-query keys and values are repeated per group
@@ -37,7 +37,7 @@ def attention(q, k, v, segment_ids, *, scale: float, interpret: bool = False,
                            block_sizes=blocks, interpret=interpret)
 
 
-def supports(*, softcap: float | None, window: int | None) -> bool:
-  """Whether this kernel computes a layer with these options."""
-  return not softcap and not window
+def supports(*, softcap: float | None, window: int | None, sinks: bool = False) -> bool:
+  """Whether this kernel computes a layer with these options (`sinks`: attention sinks)."""
+  return not softcap and not window and not sinks
 

@@ -4,7 +4,10 @@ CPU takes.
 Masks are position-based: query t attends key s iff 0 <= k_pos[s] <= q_pos[t] (a negative position
 marks an empty or padding key), q_pos[t] − k_pos[s] < window for sliding layers, and — with
 `segment_ids`, queries and keys being the same tokens of a packed row — both tokens belong to the
-same sequence. Scores and softmax are float32 whatever the compute dtype. The [B, heads, T, S]
+same sequence. With `sinks` (GPT-OSS), each head's learned sink logit joins every query's softmax
+as one more score and its probability is then dropped: the weights over the keys sum to less
+than 1, and a query may attend to almost nothing. Scores and softmax are float32 whatever the
+compute dtype. The [B, heads, T, S]
 scores are materialised, so memory grows with T·S: fine for a CPU's short rows, not for 32k tokens
 on an accelerator (`reasoning_rl.kernels` picks a flash kernel there).
 """
@@ -33,12 +36,24 @@ def _capped(scores, softcap):
   return jnp.tanh(scores / softcap) * softcap if softcap else scores
 
 
+def softmax(scores, sinks=None) -> jax.Array:
+  """Softmax over the last axis of float32 scores [B, K, G, …, S]; with `sinks` [N = K·G] each
+  head's sink logit joins as one more score whose probability is dropped (module docstring)."""
+  if sinks is None:
+    return jax.nn.softmax(scores, axis=-1)
+  num_kv, group = scores.shape[1:3]
+  sink = sinks.astype(jnp.float32).reshape(1, num_kv, group, *([1] * (scores.ndim - 3)))
+  sink = jnp.broadcast_to(sink, (*scores.shape[:-1], 1))
+  return jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :-1]
+
+
 def attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, window: int | None,
-              kv_heads_first: bool = False, segment_ids=None) -> jax.Array:
+              kv_heads_first: bool = False, segment_ids=None, sinks=None) -> jax.Array:
   """Grouped-query attention (Ainslie et al. 2023) with the module's position-based mask.
 
   q [B, T, N, D]; k, v [B, S, K, D], or [B, K, S, D] with `kv_heads_first` (the KV-cache layout),
-  N a multiple of K; q_pos [B, T]; k_pos [B, S]. Returns [B, T, N, D] in v's dtype.
+  N a multiple of K; q_pos [B, T]; k_pos [B, S]; sinks [N] or None. Returns [B, T, N, D] in v's
+  dtype.
   """
   batch, steps, num_heads, head_dim = q.shape
   num_kv = k.shape[1] if kv_heads_first else k.shape[2]
@@ -47,13 +62,13 @@ def attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, win
   scores = jnp.einsum(f"btkgd,{key_spec}->bkgts", q, k, preferred_element_type=jnp.float32) * scale
   mask = allowed(q_pos, k_pos, window=window, segment_ids=segment_ids)
   scores = jnp.where(mask[:, None, None], _capped(scores, softcap), MASKED_SCORE)
-  probs = jax.nn.softmax(scores, axis=-1)
+  probs = softmax(scores, sinks)
   out = jnp.einsum(f"bkgts,{key_spec}->btkgd", probs.astype(v.dtype), v)
   return out.reshape(batch, steps, num_heads, head_dim)
 
 
 def one_query_attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None,
-                        window: int | None) -> jax.Array:
+                        window: int | None, sinks=None) -> jax.Array:
   """`attention` for one query per row (a decode step) over a [B, K, S, D] cache, written as
   broadcast products and sums instead of matmuls.
 
@@ -68,6 +83,6 @@ def one_query_attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float |
   scores = jnp.sum(products, axis=-1) * scale  # [B, K, G, S]
   mask = allowed(q_pos, k_pos, window=window)[:, 0]  # [B, S]
   scores = jnp.where(mask[:, None, None], _capped(scores, softcap), MASKED_SCORE)
-  probs = jax.nn.softmax(scores, axis=-1)
+  probs = softmax(scores, sinks)
   out = jnp.sum(probs[..., None] * v[:, :, None].astype(jnp.float32), axis=-2)  # [B, K, G, D]
   return out.astype(v.dtype).reshape(batch, 1, num_heads, head_dim)

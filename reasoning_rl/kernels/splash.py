@@ -4,7 +4,10 @@ Splash ("sparse flash") attention is flash attention (Dao et al. 2022, "FlashAtt
 Memory-Efficient Exact Attention with IO-Awareness") for TPU that skips the blocks a static mask
 rules out: scores live only block by block in VMEM, so memory per layer is O(T) instead of O(T²),
 and a causal or sliding-window mask halves (or more) the work. It takes segment ids (packed rows),
-causal and local masks and logit soft-capping, and computes its softmax in float32.
+causal and local masks, logit soft-capping and attention sinks (GPT-OSS: a learned logit per
+query head that joins the softmax, its probability dropped; the kernel starts each row's running
+maximum and normaliser from it, and its backward gives the sinks' gradient), and computes its
+softmax in float32.
 
 Masks are index-based, so the caller (`reasoning_rl.kernels.training_attention`) guarantees that
 positions within a segment are consecutive indices (left-padded rows and packed rows are).
@@ -49,12 +52,13 @@ def _kernel(length: int, group: int, window: int | None, softcap: float | None, 
         attn_logits_soft_cap=softcap, interpret=interpret)
 
 
-def attention(q, k, v, segment_ids, *, scale: float, softcap: float | None, window: int | None,
-              interpret: bool = False) -> jax.Array:
-  """Causal (optionally sliding-window, soft-capped) attention within segments.
+def attention(q, k, v, segment_ids, sinks=None, *, scale: float, softcap: float | None,
+              window: int | None, interpret: bool = False) -> jax.Array:
+  """Causal (optionally sliding-window, soft-capped, with sinks) attention within segments.
 
   q [B, T, N, D]; k, v [B, T, K, D]; segment_ids [B, T] int32 (tokens attend only keys of their
-  own segment). T must be a multiple of LANES (the dispatcher pads). Returns [B, T, N, D].
+  own segment); sinks [N] float32 or None. T must be a multiple of LANES (the dispatcher pads).
+  Returns [B, T, N, D].
   """
   batch, length, num_heads, head_dim = q.shape
   num_kv = k.shape[2]
@@ -67,8 +71,12 @@ def attention(q, k, v, segment_ids, *, scale: float, softcap: float | None, wind
 
   def one_row(q_row, k_row, v_row, ids):
     segments = splash.SegmentIds(q=ids, kv=ids)
-    return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=segments))(
-        q_row, k_row, v_row)
+    if sinks is None:
+      return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=segments))(
+          q_row, k_row, v_row)
+    # each KV head's kernel takes the sinks of its group of query heads, [K, G]
+    return jax.vmap(lambda qh, kh, vh, sh: kernel(qh, kh, vh, segment_ids=segments, sinks=sh))(
+        q_row, k_row, v_row, sinks.astype(jnp.float32).reshape(num_kv, group))
 
   out = jax.vmap(one_row)(q, k, v, segment_ids)  # [B, K, G, T, D]
   return out.transpose(0, 3, 1, 2, 4).reshape(batch, length, num_heads, head_dim)

@@ -5,7 +5,8 @@ time, converts it to this project's layout, and places it directly on its target
 device receives only its own shard (`jax.make_array_from_callback`), never a full host copy per
 device. Every tensor is checked against the shape the architecture expects before anything is
 placed, and every failure raises one `CheckpointError` naming the file or tensor and what to do; a
-half-loaded model is never returned.
+half-loaded model is never returned. GPT-OSS's MXFP4 expert tensors are dequantized as they are
+read (`reasoning_rl.models.mxfp4`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from safetensors.numpy import save_file
 
 from reasoning_rl import sharding as sharding_lib
 from reasoning_rl.errors import CheckpointError
-from reasoning_rl.models import lora_merge
+from reasoning_rl.models import lora_merge, mxfp4
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.safetensors_io import SafetensorsDirectory
 from reasoning_rl.models.transformer import Transformer, abstract_model, unstack_layers
@@ -64,9 +65,24 @@ _EXPERT_NAMES = {
 }
 
 
+# GPT-OSS's sparse layer: one tensor per parameter, experts stacked as ours ([E, fan-in, fan-out],
+# gate and up interleaved in gate_up_proj); only the router's weight is transposed.
+_GPT_OSS_EXPERT_NAMES = {
+    "router": "mlp.router.weight", "router_bias": "mlp.router.bias",
+    "gate_up_proj": "mlp.experts.gate_up_proj", "gate_up_bias": "mlp.experts.gate_up_proj_bias",
+    "down_proj": "mlp.experts.down_proj", "down_bias": "mlp.experts.down_proj_bias",
+}
+
+
 def hf_tensors(path: tuple, config: ModelConfig) -> TensorMap:
   """For a parameter path of our model: its `TensorMap` (the HF tensors that hold it)."""
-  if path[0] == "layers" and config.layer_is_sparse(path[1]) and path[2] == "mlp":
+  sparse = path[0] == "layers" and config.layer_is_sparse(path[1]) and path[2] == "mlp"
+  if sparse and config.model_type == "gpt_oss":
+    name = f"model.layers.{path[1]}." + _GPT_OSS_EXPERT_NAMES[path[3]]
+    if path[3] == "router":
+      return TensorMap((name,), lambda ws: ws[0].T, lambda w: [w.T])
+    return TensorMap((name,), lambda ws: ws[0], lambda w: [w])
+  if sparse:
     names = _EXPERT_NAMES.get(config.model_type, _EXPERT_NAMES["default"])
     prefix = f"model.layers.{path[1]}."
     if path[3] == "router":
@@ -112,6 +128,10 @@ def hf_tensor_name(path: tuple, config: ModelConfig) -> tuple[str, Converter, Co
     name = rest[1]
     if name in ("q_norm", "k_norm"):
       return prefix + f"self_attn.{name}.weight", identity, identity
+    if name == "sinks":
+      return prefix + "self_attn.sinks", identity, identity
+    if name == "o_bias":
+      return prefix + "self_attn.o_proj.bias", identity, identity
     if name in ("q_proj", "k_proj", "v_proj"):
       heads = config.num_heads if name == "q_proj" else config.num_kv_heads
       shape = (d, heads, config.head_dim)
@@ -239,16 +259,24 @@ def load_hf_weights(directory: str | os.PathLike, *, dtype="float32", weight_dty
     expected = mapping.to_hf(np.broadcast_to(np.float32(0), shape))
     tensors = []
     for name, expected_tensor in zip(mapping.names, expected):
-      if name not in files:
+      quantized = mxfp4.is_stored_as_mxfp4(files, name)  # GPT-OSS's published experts
+      if name not in files and not quantized:
         raise CheckpointError(
             f"{directory}: tensor {name!r} is missing from the safetensors files; the checkpoint "
             f"does not match config.json (model_type {config.model_type!r})")
-      if tuple(files.shape(name)) != tuple(expected_tensor.shape):
+      stored_shape = (mxfp4.dequantized_shape(files.shape(name + "_blocks")) if quantized
+                      else files.shape(name))
+      if tuple(stored_shape) != tuple(expected_tensor.shape):
         raise CheckpointError(
-            f"{directory}: tensor {name!r} has shape {files.shape(name)} but config.json implies "
+            f"{directory}: tensor {name!r} has shape {stored_shape} but config.json implies "
             f"{expected_tensor.shape}; the weights and config.json disagree")
-      tensor = files.tensor(name)
-      require_finite(tensor, tensor=name, source=files.path(name))
+      if quantized:
+        tensor = mxfp4.dequantize(files.tensor(name + "_blocks"), files.tensor(name + "_scales"),
+                                  name=f"{directory}: {name}")
+      else:
+        tensor = files.tensor(name)
+      source = files.path(name + "_blocks" if quantized else name)
+      require_finite(tensor, tensor=name, source=source)
       tensors.append(tensor)
     return mapping.to_ours(tensors)
 

@@ -2,10 +2,11 @@
 
 Llama (incl. SmolLM2 and Llama-3 RoPE scaling), Qwen2/2.5, Qwen3, Gemma, Gemma 2 and Gemma 3 differ
 only in a handful of switches, so they share one `ModelConfig`. The mixture-of-experts families
-(Qwen3-MoE, Mixtral, OLMoE) are the same decoder with some or all MLPs replaced by routed experts,
-described by `MoEConfig` (`ModelConfig.moe`; None for a dense model). `from_hf_config` reads a Hugging Face
-`config.json` dict (transformers 4.x `rope_theta`/`rope_scaling` or 5.x `rope_parameters`);
-`to_hf_config` writes one that transformers loads back into the same architecture.
+(Qwen3-MoE, Mixtral, OLMoE, GPT-OSS) are the same decoder with some or all MLPs replaced by routed
+experts, described by `MoEConfig` (`ModelConfig.moe`; None for a dense model). `from_hf_config`
+reads a Hugging Face `config.json` dict (transformers 4.x `rope_theta`/`rope_scaling` or 5.x
+`rope_parameters`); `to_hf_config` writes one that transformers loads back into the same
+architecture.
 
 Gemma 3 is the text decoder of Gemma Team, "Gemma 3 Technical Report" (2025), section 2: Gemma 2's
 sandwich norms and GeGLU, QK-norm in place of Gemma 2's attention soft-cap, five local
@@ -13,6 +14,12 @@ sandwich norms and GeGLU, QK-norm in place of Gemma 2's attention soft-cap, five
 ones (with positional interpolation on the global layers of the long-context sizes). Its family
 name here is "gemma3"; transformers calls the text-only model "gemma3_text" (read and written as
 such), and "gemma3" there is the vision-language wrapper, which is refused.
+
+GPT-OSS (OpenAI, "gpt-oss-120b & gpt-oss-20b Model Card", 2025) is a mixture of experts whose every
+layer is sparse, with a few switches of its own: a learned attention sink per head
+(`attention_sinks`), biases on all four attention projections (`attention_bias`,
+`attention_output_bias`), sliding-window layers alternating with full ones, YaRN RoPE (Peng et
+al. 2023), and experts with biases and a clamped SwiGLU behind a biased router (`MoEConfig`).
 """
 
 from __future__ import annotations
@@ -24,8 +31,8 @@ from typing import Any
 from reasoning_rl.errors import CheckpointError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "qwen3_moe",
-                         "mixtral", "olmoe")
-MOE_MODEL_TYPES = ("qwen3_moe", "mixtral", "olmoe")
+                         "mixtral", "olmoe", "gpt_oss")
+MOE_MODEL_TYPES = ("qwen3_moe", "mixtral", "olmoe", "gpt_oss")
 
 _HF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -37,11 +44,17 @@ _HF_ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "olmoe": "OlmoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 
 # Our family name -> the `model_type` transformers writes in config.json (where they differ).
 _HF_MODEL_TYPES = {"gemma3": "gemma3_text"}
 _FAMILY_OF_HF_MODEL_TYPE = {hf: ours for ours, hf in _HF_MODEL_TYPES.items()}
+
+# GPT-OSS's RoPE when its config.json names none (transformers' GptOssConfig default; the
+# published checkpoints spell the same out): YaRN from a 4k pretraining context to 128k.
+GPT_OSS_DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                        "truncate": False, "original_max_position_embeddings": 4096}
 
 # Gemma 3's local : global layer ratio (technical report, section 2.1: "5 local layers for every
 # global layer, starting with a local layer as the first layer"); transformers' key for it in
@@ -51,6 +64,9 @@ GEMMA3_SLIDING_WINDOW_PATTERN = 6
 
 ROUTER_SCORINGS = ("softmax",)
 
+# YaRN (Peng et al. 2023) interpolates relative to the pretraining context, which it must be told.
+YARN_REQUIRED_KEYS = ("original_max_position_embeddings",)
+
 
 @dataclasses.dataclass(frozen=True)
 class MoEConfig:
@@ -58,22 +74,29 @@ class MoEConfig:
   Large Neural Networks"; top-k routing as in GShard, Lepikhin et al. 2020, and Mixtral, Jiang et
   al. 2024).
 
-  Each token's router logits z = x·W_r (computed in float32) give scores s = softmax(z); the
-  token goes to the `experts_per_token` experts of highest score, and their outputs are summed
-  with weights s_i — renormalised to sum 1 over the chosen experts when `normalize_top_k`
-  (Mixtral always; Qwen3-MoE and OLMoE by `norm_topk_prob`). Every chosen expert processes the
+  Each token's router logits z = x·W_r (+ b_r with `router_bias`; computed in float32) give
+  scores s = softmax(z); the token goes to the `experts_per_token` experts of highest score, and
+  their outputs are summed with weights s_i — renormalised to sum 1 over the chosen experts when
+  `normalize_top_k` (Mixtral always; Qwen3-MoE and OLMoE by `norm_topk_prob`; GPT-OSS takes the
+  top-k logits and a softmax over those, the same weights). Every chosen expert processes the
   token (dropless: no capacity, no token dropped), so the layer is a function of the token
   alone.
 
   Attributes:
     num_experts: routed experts per sparse layer (E).
     experts_per_token: k, the experts each token is sent to.
-    intermediate_size: each expert's MLP width (Qwen3-MoE `moe_intermediate_size`; Mixtral and
-      OLMoE use `intermediate_size`).
+    intermediate_size: each expert's MLP width (Qwen3-MoE `moe_intermediate_size`; Mixtral,
+      OLMoE and GPT-OSS use `intermediate_size`).
     sparse_layers: per layer, True where the MLP is the routed experts, False where it is a dense
       MLP of `ModelConfig.intermediate_size` (Qwen3-MoE `decoder_sparse_step` / `mlp_only_layers`).
     normalize_top_k: renormalise the chosen experts' weights to sum 1.
     scoring: how scores come from router logits ("softmax").
+    router_bias: the router adds a learned bias per expert to its logits (GPT-OSS).
+    expert_bias: each expert's gate / up and down projections add a bias (GPT-OSS, whose fused
+      expert layout is the only one that holds them).
+    swiglu_limit, swiglu_alpha: GPT-OSS's clamped SwiGLU in the experts, both set or neither:
+      with g = min(gate, limit) and u = clip(up, −limit, limit), the hidden activation is
+      (u + 1) · g · σ(alpha · g) instead of silu(gate) · up.
   """
 
   num_experts: int
@@ -82,6 +105,10 @@ class MoEConfig:
   sparse_layers: tuple[bool, ...]
   normalize_top_k: bool = False
   scoring: str = "softmax"
+  router_bias: bool = False
+  expert_bias: bool = False
+  swiglu_limit: float | None = None
+  swiglu_alpha: float | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "sparse_layers", tuple(bool(s) for s in self.sparse_layers))
@@ -92,6 +119,12 @@ class MoEConfig:
     if self.scoring not in ROUTER_SCORINGS:
       raise CheckpointError(f"router scoring {self.scoring!r} is not supported "
                             f"(supported: {ROUTER_SCORINGS})")
+    if (self.swiglu_limit is None) != (self.swiglu_alpha is None):
+      raise CheckpointError(
+          f"swiglu_limit={self.swiglu_limit} and swiglu_alpha={self.swiglu_alpha}: the clamped "
+          "SwiGLU needs both (GPT-OSS: 7.0 and 1.702), a plain SwiGLU neither")
+    if self.swiglu_limit is not None and not self.swiglu_limit > 0:
+      raise CheckpointError(f"swiglu_limit must be positive, got {self.swiglu_limit}")
 
   @property
   def num_sparse_layers(self) -> int:
@@ -108,12 +141,19 @@ class ModelConfig:
       `num_heads % num_kv_heads == 0` (grouped-query attention when they differ).
     rms_norm_eps: epsilon inside RMSNorm.
     rope_theta: RoPE base frequency (of the global layers when `rope_local_theta` is set).
-    rope_scaling: None, or a dict with `rope_type` in {"llama3", "linear"} and its parameters
-      (applied to the global layers only when `rope_local_theta` is set, as Gemma 3 does).
+    rope_scaling: None, or a dict with `rope_type` in {"llama3", "linear", "yarn"} and its
+      parameters (applied to the global layers only when `rope_local_theta` is set, as Gemma 3
+      does; `YARN_REQUIRED_KEYS` for yarn).
     rope_local_theta: RoPE base of the "sliding_attention" layers, unscaled (Gemma 3: 10k local
       against 1M global, technical report section 2.1); None: every layer uses `rope_theta`.
     tie_word_embeddings: the output projection is the transposed input embedding.
     attention_bias: q/k/v projections carry a bias (Qwen2).
+    attention_output_bias: the output projection carries a bias too (transformers' Llama, Qwen3,
+      Gemma, OLMoE and GPT-OSS put one there whenever their `attention_bias` is set; Qwen2 never).
+    attention_sinks: each head has a learned sink logit that joins its softmax and takes its
+      share of the probability mass, its value then dropped (GPT-OSS; Xiao et al. 2023,
+      "Efficient Streaming Language Models with Attention Sinks", learned here instead of a
+      sink token).
     qk_norm: RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3; with Gemma's
       (1 + w) convention when `norm_plus_one`).
     qk_norm_per_head: False: the norm spans the whole q (all heads) and k projection instead of
@@ -149,6 +189,8 @@ class ModelConfig:
   rope_local_theta: float | None = None
   tie_word_embeddings: bool = False
   attention_bias: bool = False
+  attention_output_bias: bool = False
+  attention_sinks: bool = False
   qk_norm: bool = False
   qk_norm_per_head: bool = True
   clip_qkv: float | None = None
@@ -190,13 +232,20 @@ class ModelConfig:
       raise CheckpointError("layer_types uses 'sliding_attention' but sliding_window is not set")
     if self.rope_scaling is not None:
       kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
-      if kind not in ("llama3", "linear", "default"):
+      if kind not in ("llama3", "linear", "yarn", "default"):
         raise CheckpointError(
-            f"rope_scaling type {kind!r} is not supported (supported: llama3, linear)"
+            f"rope_scaling type {kind!r} is not supported (supported: llama3, linear, yarn)"
         )
+      missing = [key for key in YARN_REQUIRED_KEYS if key not in self.rope_scaling]
+      if kind == "yarn" and missing:
+        raise CheckpointError(f"rope_scaling of type 'yarn' lacks {', '.join(missing)} (the "
+                              "context length the model was pretrained at)")
     if self.moe is not None and len(self.moe.sparse_layers) != self.num_layers:
       raise CheckpointError(f"moe.sparse_layers has {len(self.moe.sparse_layers)} entries for "
                             f"{self.num_layers} layers")
+    if self.moe is not None and self.moe.expert_bias and self.model_type != "gpt_oss":
+      raise CheckpointError(f"moe.expert_bias with model_type {self.model_type!r}: expert biases "
+                            "exist in GPT-OSS's fused expert layout only (model_type 'gpt_oss')")
     if (self.model_type in MOE_MODEL_TYPES) != (self.moe is not None):
       raise CheckpointError(f"model_type {self.model_type!r} with moe={self.moe!r}: the MoE "
                             f"families {MOE_MODEL_TYPES} need a MoEConfig, the others none")
@@ -236,6 +285,7 @@ class ModelConfig:
     attn = d * h * (self.num_heads * 2 + self.num_kv_heads * 2)
     if self.attention_bias:
       attn += h * (self.num_heads + 2 * self.num_kv_heads)
+    attn += d * self.attention_output_bias + self.num_heads * self.attention_sinks
     if not self.qk_norm:
       qk_norms = 0
     elif self.qk_norm_per_head:
@@ -247,8 +297,11 @@ class ModelConfig:
     for layer in range(self.num_layers):
       mlp = 3 * d * f
       if self.layer_is_sparse(layer):
-        experts = self.moe.experts_per_token if active else self.moe.num_experts
-        mlp = experts * 3 * d * self.moe.intermediate_size + d * self.moe.num_experts
+        moe = self.moe
+        experts = moe.experts_per_token if active else moe.num_experts
+        f_e = moe.intermediate_size
+        per_expert = 3 * d * f_e + moe.expert_bias * (2 * f_e + d)
+        mlp = experts * per_expert + (d + moe.router_bias) * moe.num_experts
       total += attn + mlp + norms
     embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
     return total + embed + d
@@ -291,13 +344,23 @@ class ModelConfig:
     rope_local_theta = None
     if model_type == "gemma3":
       rope, rope_local_theta = _gemma3_rope(hf, source)
-    rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    gpt_oss = model_type == "gpt_oss"
+    if gpt_oss and not rope and not hf.get("rope_scaling"):
+      rope = dict(GPT_OSS_DEFAULT_ROPE)  # what transformers assumes when config.json names none
+    rope_theta = rope.get("rope_theta", hf.get("rope_theta", 150000.0 if gpt_oss else 10000.0))
     scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default"
                                          else None)
     if scaling is not None:
       scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
       if scaling.get("rope_type", scaling.get("type")) == "default":
         scaling = None
+    if scaling is not None and scaling.get("rope_type", scaling.get("type")) == "yarn":
+      # transformers' reading of a YaRN config that leaves out the pretraining context: the
+      # top-level key if there is one, else max_position_embeddings
+      if hf.get("original_max_position_embeddings") is not None:
+        scaling["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+      scaling.setdefault("original_max_position_embeddings",
+                         hf.get("max_position_embeddings", 8192))
     gemma = model_type in ("gemma", "gemma2", "gemma3")
     softcapped = model_type in ("gemma2", "gemma3")  # Gemma 3 configs say None; read if not
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
@@ -325,6 +388,10 @@ class ModelConfig:
       layer_types = None  # Qwen's sliding window is off unless use_sliding_window says so.
     if model_type == "mixtral" and hf.get("sliding_window"):
       layer_types = ["sliding_attention"] * kwargs["num_layers"]  # Mixtral's window is global
+    if gpt_oss and layer_types is None:  # local and global layers alternate, local first
+      layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention"
+                     for i in range(kwargs["num_layers"])]
+    attention_bias = bool(hf.get("attention_bias", model_type == "qwen2" or gpt_oss))
     return cls(
         **kwargs,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
@@ -332,7 +399,9 @@ class ModelConfig:
         rope_scaling=scaling,
         rope_local_theta=rope_local_theta,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
-        attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
+        attention_bias=attention_bias,
+        attention_output_bias=attention_bias and model_type not in ("qwen2", "mixtral"),
+        attention_sinks=gpt_oss,
         qk_norm=model_type in ("qwen3", "gemma3", "qwen3_moe", "olmoe"),
         qk_norm_per_head=model_type != "olmoe",
         clip_qkv=float(hf["clip_qkv"]) if hf.get("clip_qkv") is not None else None,
@@ -344,7 +413,8 @@ class ModelConfig:
         query_pre_attn_scalar=hf.get("query_pre_attn_scalar") if softcapped else None,
         attn_logit_softcap=hf.get("attn_logit_softcapping") if softcapped else None,
         final_logit_softcap=hf.get("final_logit_softcapping") if softcapped else None,
-        sliding_window=hf.get("sliding_window") if layer_types else None,
+        sliding_window=(hf.get("sliding_window", 128 if gpt_oss else None) if layer_types
+                        else None),
         layer_types=tuple(layer_types) if layer_types else None,
         max_position_embeddings=int(hf.get("max_position_embeddings", 8192)),
         bos_token_id=hf.get("bos_token_id"),
@@ -419,6 +489,9 @@ def _moe_from_hf(hf: dict[str, Any], model_type: str, num_layers: int,
   listed in `mlp_only_layers`, and only every `decoder_sparse_step`-th layer ((i + 1) % step == 0).
   Mixtral: `num_local_experts` experts of `intermediate_size` on every layer, always renormalised.
   OLMoE: `num_experts` of `intermediate_size` on every layer, `norm_topk_prob`.
+  GPT-OSS: `num_local_experts` of `intermediate_size` on every layer, softmax over the top-k
+  logits (renormalised), biased router and experts, `swiglu_limit` / `swiglu_alpha` (defaults
+  7.0 and 1.702 as transformers', whose published configs omit the alpha).
   """
   if model_type not in MOE_MODEL_TYPES:
     return None
@@ -429,6 +502,16 @@ def _moe_from_hf(hf: dict[str, Any], model_type: str, num_layers: int,
     if experts is None:
       raise KeyError("num_experts")
     experts = int(experts)
+    if model_type == "gpt_oss":
+      k = hf.get("num_experts_per_tok", hf.get("experts_per_token"))
+      if k is None:
+        raise KeyError("num_experts_per_tok")
+      return MoEConfig(num_experts=experts, experts_per_token=int(k),
+                       intermediate_size=int(hf["intermediate_size"]),
+                       sparse_layers=(True,) * num_layers, normalize_top_k=True,
+                       router_bias=True, expert_bias=True,
+                       swiglu_limit=float(hf.get("swiglu_limit", 7.0)),
+                       swiglu_alpha=float(hf.get("swiglu_alpha", 1.702)))
     if model_type == "mixtral":
       return MoEConfig(num_experts=experts,
                        experts_per_token=int(hf["num_experts_per_tok"]),
@@ -456,6 +539,9 @@ def _moe_to_hf(config: "ModelConfig") -> dict[str, Any]:
   keys = {"num_experts_per_tok": moe.experts_per_token, "output_router_logits": False}
   if config.model_type == "mixtral":
     return {**keys, "num_local_experts": moe.num_experts}
+  if config.model_type == "gpt_oss":
+    return {**keys, "num_local_experts": moe.num_experts, "swiglu_limit": moe.swiglu_limit,
+            "swiglu_alpha": moe.swiglu_alpha}
   keys.update(num_experts=moe.num_experts, norm_topk_prob=moe.normalize_top_k)
   if config.model_type == "olmoe":
     return keys

@@ -7,6 +7,14 @@ Lepikhin et al. 2020) and the layer returns Σ_i w_i · expert_i(x), with w_i = 
 over the chosen k when `normalize_top_k` (Mixtral, Jiang et al. 2024). Experts are SwiGLU MLPs
 whose weights are stacked on a leading `expert` axis.
 
+GPT-OSS's variant (OpenAI 2025 model card): the router adds a bias to its logits and weights the
+top k by a softmax over their logits (the renormalised softmax above, the same numbers); each
+expert adds biases after its projections and applies a clamped SwiGLU,
+(clip(up, −l, l) + 1) · g · σ(α·g) with g = min(gate, l) (`MoEConfig.swiglu_limit` l,
+`swiglu_alpha` α). Its gate and up projections are one [E, D, 2F] kernel whose even columns are
+the gate and odd ones the up projection, as its checkpoints store them (`gate_up_proj`), so that
+tensor maps to ours as it stands.
+
 Dispatch is dropless (MegaBlocks, Gale et al. 2023): the N·k (token, expert) pairs are sorted by
 expert and each expert multiplies its contiguous rows in one grouped matmul
 (`reasoning_rl.kernels.grouped_matmul`); nothing is dropped for capacity, so a token's output is a
@@ -96,6 +104,20 @@ def same_sets(a: jax.Array, b: jax.Array) -> jax.Array:
   return jnp.all(jnp.sort(a, axis=-1) == jnp.sort(b, axis=-1), axis=-1)
 
 
+def fuses_gate_up(config: ModelConfig) -> bool:
+  """Whether the experts hold gate and up as one interleaved kernel (GPT-OSS's layout, module
+  docstring) rather than two."""
+  return config.model_type == "gpt_oss"
+
+
+def clamped_swiglu(gate: jax.Array, up: jax.Array, *, limit: float, alpha: float) -> jax.Array:
+  """GPT-OSS's expert activation: (clip(up, −limit, limit) + 1) · g · σ(alpha · g), with
+  g = min(gate, limit)."""
+  gate = jnp.minimum(gate, limit)
+  up = jnp.clip(up, -limit, limit)
+  return (up + 1) * (gate * jax.nn.sigmoid(alpha * gate))
+
+
 class MoE(nnx.Module):
   """Router + E stacked SwiGLU experts of one sparse layer (module docstring)."""
 
@@ -104,10 +126,19 @@ class MoE(nnx.Module):
     d, f, e = config.hidden_size, moe.intermediate_size, moe.num_experts
     self.moe = moe
     self.activation = config.activation
+    self.fused = fuses_gate_up(config)
     self.router = param(rngs, (d, e), param_dtype, ("embed", None))
-    self.gate_proj = param(rngs, (e, d, f), param_dtype, ("expert", "embed", "mlp"))
-    self.up_proj = param(rngs, (e, d, f), param_dtype, ("expert", "embed", "mlp"))
+    if self.fused:
+      self.gate_up_proj = param(rngs, (e, d, 2 * f), param_dtype, ("expert", "embed", "mlp"))
+    else:
+      self.gate_proj = param(rngs, (e, d, f), param_dtype, ("expert", "embed", "mlp"))
+      self.up_proj = param(rngs, (e, d, f), param_dtype, ("expert", "embed", "mlp"))
     self.down_proj = param(rngs, (e, f, d), param_dtype, ("expert", "mlp", "embed"))
+    if moe.router_bias:
+      self.router_bias = param(rngs, (e,), param_dtype, (None,))
+    if moe.expert_bias:  # fused layout only (ModelConfig checks): interleaved as the kernel
+      self.gate_up_bias = param(rngs, (e, 2 * f), param_dtype, ("expert", "mlp"))
+      self.down_bias = param(rngs, (e, d), param_dtype, ("expert", "embed"))
     self.grouped_matmul = "auto"  # static: `Transformer.use_grouped_matmul` sets it
 
   def router_logits(self, x: jax.Array) -> jax.Array:
@@ -115,14 +146,35 @@ class MoE(nnx.Module):
     einsum's first operand: qwix's LoRA (`reasoning_rl.lora`) adapts the weights that are second
     operands, and an adapter here would re-route tokens; LoRA on a MoE model adapts attention
     (and dense MLPs), while routers and experts stay frozen."""
-    return jnp.einsum("de,btd->bte", self.router[...].astype(jnp.float32),
-                      x.astype(jnp.float32))
+    logits = jnp.einsum("de,btd->bte", self.router[...].astype(jnp.float32),
+                        x.astype(jnp.float32))
+    if self.moe.router_bias:
+      logits = logits + self.router_bias[...].astype(jnp.float32)
+    return logits
+
+  def expert_kernels(self, dtype) -> dict[str, jax.Array]:
+    """The experts' weights (and biases) in the compute dtype, by role: "gate" and "up", or
+    "gate_up" (GPT-OSS's interleaved kernel), "down", and "gate_up_bias" / "down_bias" where the
+    family has them; each with the leading expert axis."""
+    kernels = {"down": weight(self.down_proj, dtype)}
+    if self.fused:
+      kernels["gate_up"] = weight(self.gate_up_proj, dtype)
+    else:
+      kernels["gate"], kernels["up"] = weight(self.gate_proj, dtype), weight(self.up_proj, dtype)
+    if self.moe.expert_bias:
+      kernels["gate_up_bias"] = self.gate_up_bias[...].astype(dtype)
+      kernels["down_bias"] = self.down_bias[...].astype(dtype)
+    return kernels
 
   def experts(self, x: jax.Array, experts: jax.Array, weights: jax.Array) -> jax.Array:
     """Σ_i w_i · expert_i(x) for x [N, D], experts / weights [N, k]: dropless dispatch, per
     device under a mesh with an `expert` axis (module docstring)."""
-    kernels = tuple(weight(p, x.dtype) for p in (self.gate_proj, self.up_proj, self.down_proj))
-    options = dict(activation=self.activation, implementation=self.grouped_matmul)
+    swiglu = None
+    if self.moe.swiglu_limit is not None:
+      swiglu = (self.moe.swiglu_limit, self.moe.swiglu_alpha)
+    options = dict(activation=self.activation, swiglu=swiglu,
+                   implementation=self.grouped_matmul)
+    kernels = self.expert_kernels(x.dtype)
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty and mesh.shape.get("expert", 1) > 1:
       return _expert_parallel(x, experts, weights, kernels, mesh, **options)
@@ -150,32 +202,42 @@ class MoE(nnx.Module):
     return out, _stats(logits, scores, experts, own, recorded, token_mask, moe)
 
 
-def dispatch(x: jax.Array, experts: jax.Array, weights: jax.Array, kernels, *, activation: str,
-             implementation: str, first_expert=0) -> jax.Array:
-  """Σ_i w_i · expert_i(x) over the experts held in `kernels` (gate, up [E_held, D, F], down
-  [E_held, F, D], experts first_expert … first_expert + E_held − 1): x [N, D], experts and
-  weights [N, k]. A (token, expert) pair whose expert is not held contributes nothing and is
-  not computed: the pairs are sorted by expert, the held ones first, and each held expert
-  multiplies its contiguous rows in one grouped matmul (rows past them are left out, their
-  outputs masked)."""
+def dispatch(x: jax.Array, experts: jax.Array, weights: jax.Array, kernels: dict, *,
+             activation: str, implementation: str, swiglu: tuple[float, float] | None = None,
+             first_expert=0) -> jax.Array:
+  """Σ_i w_i · expert_i(x) over the experts held in `kernels` (`MoE.expert_kernels`: experts
+  first_expert … first_expert + E_held − 1): x [N, D], experts and weights [N, k]. A (token,
+  expert) pair whose expert is not held contributes nothing and is not computed: the pairs are
+  sorted by expert, the held ones first, and each held expert multiplies its contiguous rows in
+  one grouped matmul (rows past them are left out, their outputs masked). `swiglu`: GPT-OSS's
+  (limit, alpha) of `clamped_swiglu`, else the family's `activation`."""
   tokens, k = experts.shape
-  held = kernels[0].shape[0]
+  held = kernels["down"].shape[0]
   local = experts.reshape(-1) - first_expert
   mine = (local >= 0) & (local < held)
   key = jnp.where(mine, local, held)
   order = jnp.argsort(key, stable=True)  # the N·k (token, expert) pairs, by expert
   rows = x[order // k]
   sizes = jnp.bincount(jnp.where(mine, local, 0), weights=mine.astype(jnp.int32), length=held)
+  row_expert = jnp.minimum(key[order], held - 1)  # each sorted row's expert: its biases'
 
-  def matmul(lhs, kernel):
-    return grouped_matmul(lhs, kernel, sizes, implementation=implementation)
+  def matmul(lhs, name):
+    out = grouped_matmul(lhs, kernels[name], sizes, implementation=implementation)
+    bias = kernels.get(name + "_bias")
+    return out if bias is None else out + bias[row_expert]
 
-  gate, up = matmul(rows, kernels[0]), matmul(rows, kernels[1])
-  if activation == "silu":
+  if "gate_up" in kernels:  # interleaved: gate in even columns, up in odd ones
+    gate_up = matmul(rows, "gate_up")
+    gate, up = gate_up[:, 0::2], gate_up[:, 1::2]
+  else:
+    gate, up = matmul(rows, "gate"), matmul(rows, "up")
+  if swiglu is not None:
+    hidden = clamped_swiglu(gate, up, limit=swiglu[0], alpha=swiglu[1])
+  elif activation == "silu":
     hidden = jax.nn.silu(gate) * up
   else:
     hidden = jax.nn.gelu(gate, approximate=True) * up
-  out = matmul(hidden, kernels[2])
+  out = matmul(hidden, "down")
   # Back to (token, slot) order by the inverse permutation (a gather: deterministic, and its
   # gradient is a gather too), then each token's k outputs summed in slot order.
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
@@ -190,22 +252,22 @@ def _expert_parallel(x, experts, weights, kernels, mesh, **options):
   row_spec = sharding.logical_to_spec(("batch", None), x.shape, mesh)
   row_axes = row_spec[0] if isinstance(row_spec[0], tuple) else (row_spec[0],)
   gathered = "expert" in row_axes  # tokens split over expert too: gather, then scatter back
-  expert_spec = PartitionSpec("expert", None, None)
+  expert_specs = {name: PartitionSpec("expert", *(None,) * (kernel.ndim - 1))
+                  for name, kernel in kernels.items()}
 
-  def per_device(x, experts, weights, gate, up, down):
+  def per_device(x, experts, weights, kernels):
     if gathered:
       x, experts, weights = (jax.lax.all_gather(a, "expert", axis=0, tiled=True)
                              for a in (x, experts, weights))
-    first = jax.lax.axis_index("expert") * gate.shape[0]
-    partial = dispatch(x, experts, weights, (gate, up, down), first_expert=first, **options)
+    first = jax.lax.axis_index("expert") * kernels["down"].shape[0]
+    partial = dispatch(x, experts, weights, kernels, first_expert=first, **options)
     if gathered:
       return jax.lax.psum_scatter(partial, "expert", scatter_dimension=0, tiled=True)
     return jax.lax.psum(partial, "expert")
 
   rows = PartitionSpec(row_spec[0], None)
-  return jax.shard_map(per_device, mesh=mesh,
-                       in_specs=(rows, rows, rows, expert_spec, expert_spec, expert_spec),
-                       out_specs=rows, check_vma=False)(x, experts, weights, *kernels)
+  return jax.shard_map(per_device, mesh=mesh, in_specs=(rows, rows, rows, expert_specs),
+                       out_specs=rows, check_vma=False)(x, experts, weights, kernels)
 
 
 def _stats(logits, scores, experts, own, recorded, token_mask, moe: MoEConfig) -> RouterStats:

@@ -1,4 +1,5 @@
-"""A Flax NNX decoder-only transformer covering Llama, Qwen2, Qwen3, Gemma, Gemma 2 and Gemma 3.
+"""A Flax NNX decoder-only transformer covering Llama, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3 and the
+mixtures of experts Qwen3-MoE, Mixtral, OLMoE and GPT-OSS (sparse layers: `reasoning_rl.models.moe`).
 
 The variants differ only by `ModelConfig` switches. Every parameter carries `logical_axes` metadata
 (`vocab`, `embed`, `mlp`, `heads`, `kv_heads`, `head_dim`, `norm`); `reasoning_rl.sharding` maps those
@@ -117,6 +118,12 @@ def rope_inverse_frequencies(config: ModelConfig,
   original_context/low_freq_factor are divided by `factor`, shorter than
   original_context/high_freq_factor are kept, and those in between interpolate smoothly.
   `linear` scaling (Chen et al. 2023, position interpolation) divides every frequency by `factor`.
+  `yarn` (Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models",
+  §3.2 "NTK-by-parts"): frequency pairs that turn more than `beta_fast` times over the original
+  context are kept, those turning fewer than `beta_slow` times are divided by `factor`, and a
+  linear ramp over the pair index blends the two in between (`truncate`, default true, rounds
+  the ramp's ends outwards to whole pairs); its attention temperature is
+  `rope_attention_factor`.
   """
   dim = config.head_dim
   base, scaling = config.layer_rope(layer_type)
@@ -124,6 +131,8 @@ def rope_inverse_frequencies(config: ModelConfig,
   if not scaling:
     return inv_freq
   kind = scaling.get("rope_type", scaling.get("type"))
+  if kind == "yarn":
+    return _yarn_inverse_frequencies(inv_freq, base, dim, scaling, _yarn_factor(config, scaling))
   factor = float(scaling.get("factor", 1.0))
   if kind == "linear":
     return inv_freq / factor
@@ -140,14 +149,79 @@ def rope_inverse_frequencies(config: ModelConfig,
   return inv_freq
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-  """Rotates x [B, T, H, D] by its positions [B, T], halves layout (first half · second half)."""
+def _yarn_factor(config: ModelConfig, scaling: dict) -> float:
+  """YaRN's context extension s: `factor`, or when the config leaves it out, the ratio of the
+  model's context to the pretraining one (as transformers reads DeepSeek-V3's configs)."""
+  if scaling.get("factor") is not None:
+    return float(scaling["factor"])
+  return config.max_position_embeddings / float(scaling["original_max_position_embeddings"])
+
+
+def _yarn_inverse_frequencies(inv_freq, base: float, dim: int, scaling: dict,
+                              factor: float) -> jax.Array:
+  """YaRN's NTK-by-parts frequencies (see `rope_inverse_frequencies`)."""
+  context = float(scaling["original_max_position_embeddings"])
+  beta_fast = float(scaling.get("beta_fast") or 32.0)
+  beta_slow = float(scaling.get("beta_slow") or 1.0)
+
+  def pair_turning(rotations):
+    # the (fractional) pair index whose wavelength fits `rotations` times into the context
+    return dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+  low, high = pair_turning(beta_fast), pair_turning(beta_slow)
+  if scaling.get("truncate", True):
+    low, high = math.floor(low), math.ceil(high)
+  low, high = max(low, 0), min(high, dim - 1)
+  if low == high:
+    high += 0.001  # a ramp of zero width would divide by zero
+  ramp = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0.0, 1.0)
+  # ramp 0: fast pairs, kept (extrapolated); ramp 1: slow pairs, interpolated by the factor
+  return inv_freq / factor * ramp + inv_freq * (1.0 - ramp)
+
+
+def rope_attention_factor(config: ModelConfig, layer_type: str = "full_attention") -> float:
+  """The factor YaRN multiplies cos and sin by (so q·k by its square): the paper's attention
+  temperature, √(1/t) = 0.1·ln(s) + 1 for an extension s (Peng et al. 2023, §3.4), or
+  `attention_factor` when the config gives it, or DeepSeek-V3's ratio of two such terms with
+  `mscale` / `mscale_all_dim`. 1 for every other RoPE."""
+  _, scaling = config.layer_rope(layer_type)
+  if not scaling or scaling.get("rope_type", scaling.get("type")) != "yarn":
+    return 1.0
+  if scaling.get("attention_factor") is not None:
+    return float(scaling["attention_factor"])
+  factor = _yarn_factor(config, scaling)
+
+  def temperature(mscale=1.0):
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+  mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+  if mscale and mscale_all_dim:
+    return temperature(float(mscale)) / temperature(float(mscale_all_dim))
+  return temperature()
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array,
+               attention_factor: float = 1.0) -> jax.Array:
+  """Rotates x [B, T, H, D] by its positions [B, T], halves layout (first half · second half);
+  cos and sin are scaled by `attention_factor` (`rope_attention_factor`)."""
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
   angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-  cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  if attention_factor != 1.0:
+    cos, sin = cos * attention_factor, sin * attention_factor
+  cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
   half = x.shape[-1] // 2
   rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
   return x * cos + rotated * sin
+
+
+@flax.struct.dataclass
+class RopeTable:
+  """What a layer rotates q and k with: inverse frequencies [D/2] and the static factor on cos
+  and sin (`rope_attention_factor`)."""
+
+  inv_freq: jax.Array
+  attention_factor: float = flax.struct.field(pytree_node=False, default=1.0)
 
 
 @flax.struct.dataclass
@@ -271,8 +345,13 @@ class Attention(nnx.Module):
                             param_dtype=param_dtype)
       self.k_norm = RMSNorm(k_width, eps=c.rms_norm_eps, plus_one=c.norm_plus_one,
                             param_dtype=param_dtype)
+    if c.attention_output_bias:
+      self.o_bias = param(rngs, (c.hidden_size,), param_dtype, ("embed",))
+    if c.attention_sinks:
+      # one logit per query head, always used in float32 (it joins the float32 softmax)
+      self.sinks = param(rngs, (c.num_heads,), param_dtype, ("heads",))
 
-  def project_qkv(self, x, positions, inv_freq):
+  def project_qkv(self, x, positions, rope):
     dtype = x.dtype
     q = project("td,dhk->thk", x, weight(self.q_proj, dtype))
     k = project("td,dhk->thk", x, weight(self.k_proj, dtype))
@@ -289,18 +368,23 @@ class Attention(nnx.Module):
     if self.config.clip_qkv is not None:
       clip = self.config.clip_qkv
       q, k, v = (jnp.clip(a, -clip, clip) for a in (q, k, v))
-    return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+    return (apply_rope(q, positions, rope.inv_freq, rope.attention_factor),
+            apply_rope(k, positions, rope.inv_freq, rope.attention_factor), v)
 
   def output(self, attended):
-    return project("thk,hkd->td", attended, weight(self.o_proj, attended.dtype))
+    out = project("thk,hkd->td", attended, weight(self.o_proj, attended.dtype))
+    if self.config.attention_output_bias:
+      out = out + self.o_bias[...].astype(out.dtype)
+    return out
 
-  def __call__(self, x, positions, key_positions, inv_freq, cache_kv=None, write_index=None,
+  def __call__(self, x, positions, key_positions, rope, cache_kv=None, write_index=None,
                segment_ids=None, layer=None):
     """Self-attention of x [B, T, D]; with `cache_kv` the new k/v are written into it first
     (into layer `layer` of stacked [L, B, K, S, D] buffers, when given)."""
-    q, k, v = self.project_qkv(x, positions, inv_freq)
+    q, k, v = self.project_qkv(x, positions, rope)
+    sinks = self.sinks[...].astype(jnp.float32) if self.config.attention_sinks else None
     options = dict(scale=self.config.attention_scale, softcap=self.config.attn_logit_softcap,
-                   window=self.window)
+                   window=self.window, sinks=sinks)
     if cache_kv is not None and len(cache_kv) == 3:  # a paged cache (models/kv_pages.py)
       new_cache_kv = kv_pages.write(cache_kv, k, v, layer)
       (k_pool, offset), (v_pool, _) = (kv_pages.layer_view(pool, layer)
@@ -375,10 +459,10 @@ class Block(nnx.Module):
       self.attn_post_norm = norm()
       self.mlp_post_norm = norm()
 
-  def __call__(self, x, positions, key_positions, inv_freq, cache_kv=None, write_index=None,
+  def __call__(self, x, positions, key_positions, rope, cache_kv=None, write_index=None,
                segment_ids=None, layer=None, routing: "Routing | None" = None):
     """(x after the block, its layer's new (k, v) or None, its `RouterStats` or None)."""
-    attn_out, new_cache_kv = self.attn(self.attn_norm(x), positions, key_positions, inv_freq,
+    attn_out, new_cache_kv = self.attn(self.attn_norm(x), positions, key_positions, rope,
                                        cache_kv, write_index, segment_ids, layer)
     if self.sandwich:
       attn_out = self.attn_post_norm(attn_out)
@@ -512,19 +596,20 @@ class Transformer(nnx.Module):
     real tokens and any recorded experts (MoE models; default: real tokens are positions ≥ 0).
     """
     # One table per attention type: Gemma 3's local and global layers rotate with different bases.
-    inv_freqs = {kind: rope_inverse_frequencies(self.config, kind)
-                 for kind in set(self.config.layer_types)}
+    ropes = {kind: RopeTable(rope_inverse_frequencies(self.config, kind),
+                             rope_attention_factor(self.config, kind))
+             for kind in set(self.config.layer_types)}
     policy = remat_policy(remat)
     residual_axes = ("batch", "length", None)  # batch-sharded, full width (FSDP-style)
     x = constrain(x, residual_axes)
     if routing is None and self.config.moe is not None:
       routing = Routing(token_mask=positions >= 0)
     if self.scan_layers:
-      return self._run_scanned(x, positions, key_positions, inv_freqs, cache, write_index,
+      return self._run_scanned(x, positions, key_positions, ropes, cache, write_index,
                                policy, segment_ids, routing)
 
-    def run_block(block, x, cache_kv, inv_freq, layer_routing):
-      return block(x, positions, key_positions, inv_freq, cache_kv, write_index, segment_ids,
+    def run_block(block, x, cache_kv, rope, layer_routing):
+      return block(x, positions, key_positions, rope, cache_kv, write_index, segment_ids,
                    routing=layer_routing)
 
     if policy != "none":
@@ -534,7 +619,7 @@ class Transformer(nnx.Module):
       cache_kv = None if cache is None else cache.layer(layer)
       layer_routing = routing.for_layer(len(stats)) if block.sparse else None
       x, written, layer_stats = run_block(block, x, cache_kv,
-                                          inv_freqs[self.config.layer_types[layer]],
+                                          ropes[self.config.layer_types[layer]],
                                           layer_routing)
       x = constrain(x, residual_axes)
       if written is not None:
@@ -545,7 +630,7 @@ class Transformer(nnx.Module):
     kv = None if cache is None else (tuple(new_k), tuple(new_v))
     return x, kv, _stack_stats(stats)
 
-  def _run_scanned(self, x, positions, key_positions, inv_freqs, cache, write_index, policy,
+  def _run_scanned(self, x, positions, key_positions, ropes, cache, write_index, policy,
                    segment_ids, routing):
     """`run_blocks` of the scanned layout: one `jax.lax.scan` step per `layer_period` blocks.
 
@@ -553,7 +638,7 @@ class Transformer(nnx.Module):
     when decoding, the whole stacked cache are its carry (each block writes its layer in place).
     The p blocks of a step are merged from the one block graph with their own static window, so
     Gemma 2's alternating local / global layers compile as two blocks, not as a traced switch
-    (Gemma 3's as six, each local one with the local RoPE table, `inv_freqs` by layer type).
+    (Gemma 3's as six, each local one with the local RoPE table, `ropes` by layer type).
     """
     config = self.config
     period = layer_period(config)
@@ -562,17 +647,17 @@ class Transformer(nnx.Module):
     graphdef, state = nnx.split(self.layers)
     grouped = jax.tree.map(lambda a: a.reshape(groups, period, *a.shape[1:]), state)
 
-    def run_block(block_state, x, cache_kv, layer, layer_routing, window, inv_freq):
+    def run_block(block_state, x, cache_kv, layer, layer_routing, window, rope):
       block = nnx.merge(graphdef, block_state)
       block.attn.window = window
-      return block(x, positions, key_positions, inv_freq, cache_kv, write_index, segment_ids,
+      return block(x, positions, key_positions, rope, cache_kv, write_index, segment_ids,
                    layer, routing=layer_routing)
 
     runners = []
     for j in range(period):
       # Layer j of every group has layer j's type (`layer_period`), so its window and RoPE table.
       runner = functools.partial(run_block, window=_window(config, j),
-                                 inv_freq=inv_freqs[config.layer_types[j]])
+                                 rope=ropes[config.layer_types[j]])
       if policy != "none":
         # prevent_cse=False: inside a scan the loop already keeps XLA from merging the
         # recomputation with the forward (jax.checkpoint's documentation)
@@ -791,7 +876,7 @@ def logical_axes(state: nnx.State) -> nnx.State:
 
 __all__ = [
     "Attention", "Block", "KVCache", "MLP", "ModelConfig", "REMAT_POLICIES", "RMSNorm",
-    "Transformer", "abstract_model", "apply_rope", "create_model", "layer_period",
-    "logical_axes", "positions_from_mask", "remat_policy", "rope_inverse_frequencies",
-    "stack_layers", "unstack_layers",
+    "RopeTable", "Transformer", "abstract_model", "apply_rope", "create_model", "layer_period",
+    "logical_axes", "positions_from_mask", "remat_policy", "rope_attention_factor",
+    "rope_inverse_frequencies", "stack_layers", "unstack_layers",
 ]
