@@ -286,3 +286,32 @@ def test_rows_past_the_groups_leave_the_grouped_rows_exact(implementation):
   expected = np.concatenate([np.asarray(lhs[:10]) @ np.asarray(rhs[0]),
                              np.asarray(lhs[10:30]) @ np.asarray(rhs[2])])
   np.testing.assert_allclose(np.asarray(out[:30]), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_lora_on_a_mixture_of_experts_adapts_attention_and_exports_merged(tmp_path):
+  """LoRA on a MoE model adapts the attention projections only (routers and experts stay
+  frozen: an adapter on a router would re-route tokens); with non-zero adapters the merged
+  export is a Qwen3-MoE checkpoint transformers loads with our logits."""
+  from reasoning_rl import lora
+
+  write_tiny_model("qwen3_moe", tmp_path / "base")
+  model, _ = load_hf_weights(tmp_path / "base")
+  settings = lora.LoraSettings(rank=4, alpha=8.0, target_modules=r"layers/\d+/(attn|mlp)",
+                               base_quantization="", quantization_tile=64,
+                               sampler_weights="adapters")
+  adapted = lora.apply_lora(model, settings, seed=1)
+  adapters = nnx.state(adapted, nnx.LoRAParam)
+  adapted_modules = {(path[1], path[2]) for path, _ in nnx.to_flat_state(adapters)}
+  # this Qwen3-MoE's layer 0 is dense (mlp_only_layers): its MLP is adapted, layer 1's experts not
+  assert adapted_modules == {(0, "attn"), (0, "mlp"), (1, "attn")}
+  for path, variable in nnx.to_flat_state(adapters):  # B starts at zero: make the delta real
+    if path[-1].endswith("_lora_b"):
+      variable.set_value(jnp.full(variable.shape, 0.05, variable.dtype))
+  nnx.update(adapted, adapters)
+  ids, mask = _batch(model.config.vocab_size, seed=10)
+  ours = np.asarray(adapted(ids, mask))
+  assert np.abs(ours - np.asarray(model(ids, mask))).max() > 1e-3
+  save_hf(adapted, None, tmp_path / "merged", merged=True)
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+  for row, ref in enumerate(reference_logits(reloaded, np.asarray(ids), np.asarray(mask))):
+    np.testing.assert_allclose(ours[row][np.asarray(mask[row]) > 0], ref, atol=1e-4, rtol=0)
