@@ -11,9 +11,10 @@ token is dropped and no FLOP is spent on padding).
   ragged_dot      any      `jax.lax.ragged_dot`, lowered by XLA for the backend (XLA:CPU
                            lowers it to a dense masked product over every group: G times
                            the FLOPs)
-  tiled           any      the rows of each group padded to whole tiles of `TILE_ROWS`, and
-                           one [tile, K]·[K, N] matmul per tile with its group's matrix
-                           (`lax.map`): the grouped FLOPs plus at most G tiles of padding
+  tiled           any      the rows of each group padded to whole tiles (`TILE_ROWS`, or the
+                           mean group's rows if fewer), and one [tile, K]·[K, N] matmul per
+                           tile with its group's matrix (`lax.map`): the grouped FLOPs plus
+                           at most G tiles of padding
   megablox        TPU      JAX's Pallas TPU grouped-matmul kernel (megablox `gmm`, with its
                            custom VJP); elsewhere run in Pallas interpret mode (tests)
 
@@ -84,7 +85,10 @@ def _tiled(lhs, rhs, group_sizes, tile_rows: int):
   computed (`lax.cond`: zeros)."""
   rows, width = lhs.shape
   groups = rhs.shape[0]
-  tile = min(tile_rows, _round_up(rows, 8))
+  # At most `tile_rows`, and no more than the mean group's rows (a power of two, >= 8): with
+  # many experts (Qwen3-30B-A3B's 128) large tiles would be mostly padding.
+  mean_rows = -(-rows // groups)
+  tile = min(tile_rows, _round_up(rows, 8), max(8, 1 << (mean_rows - 1).bit_length()))
   num_tiles = -(-rows // tile) + groups  # each group wastes less than one tile
   ends = jnp.cumsum(group_sizes)
   starts = ends - group_sizes
