@@ -259,11 +259,44 @@ def ssh(target: str, args: list[str], *, by_node: bool) -> int:
   return max((p.returncode for p in processes), key=abs)
 
 
+def node_pool_create(name: str, args: list[str]) -> int:
+  """GKE: records the node pool's service account and scopes (default: the Compute Engine default
+  account with GKE's default scopes, whose storage scope is read-only), for
+  tests/jobset_runner.py's identity of the pods on it."""
+  pools = STATE / "nodepools"
+  pools.mkdir(exist_ok=True)
+  if (pools / f"{name}.json").exists():
+    print(f"ERROR: (gcloud.container.node-pools.create) node pool {name} exists", file=sys.stderr)
+    return 1
+  record = {"cluster": option(args, "cluster"), "machine_type": option(args, "machine-type"),
+            "tpu_topology": option(args, "tpu-topology"), "num_nodes": option(args, "num-nodes"),
+            "service_account": option(args, "service-account", "default"),
+            "scopes": option(args, "scopes", "gke-default").split(","),
+            "spot": "--spot" in args}
+  (pools / f"{name}.json").write_text(json.dumps(record))
+  return 0
+
+
+def bucket_iam_binding(bucket: str, args: list[str]) -> int:
+  """Cloud Storage: records a (member, role) binding on the bucket."""
+  iam = STATE / "iam"
+  iam.mkdir(exist_ok=True)
+  path = iam / f"{bucket.removeprefix('gs://')}.json"
+  bindings = json.loads(path.read_text()) if path.exists() else []
+  bindings.append({"member": option(args, "member"), "role": option(args, "role")})
+  path.write_text(json.dumps(bindings))
+  return 0
+
+
 def main(args: list[str]) -> int:
   STATE.mkdir(parents=True, exist_ok=True)
   with open(STATE / "calls.log", "a") as log:
     log.write(json.dumps(args) + "\n")
   words = positional(args)
+  if words[:3] == ["container", "node-pools", "create"]:
+    return node_pool_create(words[3], args)
+  if words[:3] == ["storage", "buckets", "add-iam-policy-binding"]:
+    return bucket_iam_binding(words[3], args)
   if words[:3] == ["compute", "tpus", "queued-resources"]:
     verb = words[3]
     if verb == "ssh":
