@@ -9,6 +9,8 @@ commands run as local processes with the variables a TPU host would have.
   gcloud compute tpus queued-resources ssh NAME ... --node=all|K --worker=all|I --command=CMD
   gcloud compute tpus tpu-vm scp SRC NODE:DEST ... --worker=all|I
   gcloud compute tpus tpu-vm ssh NODE ... --worker=all|I --command=CMD
+  gcloud container node-pools create NAME --cluster=C ... [--service-account=SA --scopes=S]
+  gcloud storage buckets add-iam-policy-binding gs://BUCKET --member=M --role=R
 
 A queued resource holds one node (a slice) per --node-id, or N nodes P-0 ... P-(N-1) for a
 multislice request (the TPU API's MultisliceParams naming). Every worker of node K gets
@@ -26,10 +28,16 @@ workers per slice (default 2); $FAKE_GCLOUD_WORKER_ENV a JSON object of extra va
 workers' commands (JAX_PLATFORMS=cpu, XLA_FLAGS, UV_CACHE_DIR ...).
 
 Behaviour copied from the real service where the recipe depends on it: a queued resource is
-PROVISIONING until described once, then ACTIVE; `ssh` / `scp` fail with exit code 255 unless the
-resource is ACTIVE, and an `ssh` whose resource leaves ACTIVE while it runs is cut (exit 255);
-`delete` gives running trainers up to $FAKE_GCLOUD_GRACE_S (default 60) after SIGTERM, as a
-host's shutdown would, then kills them.
+PROVISIONING until described once, then ACTIVE, when each worker runs the startup script it was
+created with (`--metadata-from-file=startup-script=FILE`), as at a VM's boot; `ssh` / `scp` fail
+with exit code 255 unless the resource is ACTIVE, and an `ssh` whose resource leaves ACTIVE while
+it runs is cut (exit 255); a command an ssh started goes on when the ssh itself is killed (a
+dropped connection); `delete` gives every process of the hosts (found by their HOME) up to
+$FAKE_GCLOUD_GRACE_S (default 60) after SIGTERM, as a host's shutdown would, then kills them.
+
+GKE and Cloud Storage, for --mode=jobset_setup: `container node-pools create NAME ...` and
+`storage buckets add-iam-policy-binding gs://B ...` record what they were given under
+$FAKE_GCLOUD_STATE/nodepools/ and iam/.
 """
 
 from __future__ import annotations
@@ -108,13 +116,21 @@ def homes(name: str) -> list[tuple[int, int, pathlib.Path]]:
   return found
 
 
-def trainer_pids(name: str) -> list[int]:
-  pids = []
-  for _, _, home in homes(name):
-    pid_file = home / "reasoning_rl" / "train.pid"
-    if pid_file.exists() and pid_file.read_text().strip():
-      pids.append(int(pid_file.read_text()))
-  return pids
+def host_processes(name: str) -> list[int]:
+  """Every process running on the queued resource's hosts: those whose HOME is a worker's home
+  (every command a worker runs gets it, and its children inherit it), found in /proc."""
+  wanted = {f"HOME={home}".encode() for _, _, home in homes(name)}
+  found = []
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit() or int(entry) == os.getpid():
+      continue
+    try:
+      with open(f"/proc/{entry}/environ", "rb") as environ:
+        if wanted & set(environ.read().split(b"\0")):
+          found.append(int(entry))
+    except OSError:
+      continue
+  return found
 
 
 def alive(pid: int) -> bool:
@@ -144,6 +160,9 @@ def create(name: str, args: list[str]) -> int:
   (node(name) / "incarnation").write_text(str(incarnation))
   (node(name) / "port").write_text(str(free_port()))
   (node(name) / "accelerator").write_text(option(args, "accelerator-type", ""))
+  metadata = option(args, "metadata-from-file", "")
+  if metadata.startswith("startup-script="):
+    shutil.copy(metadata.split("=", 1)[1], node(name) / "startup-script")
   for slice_index, worker, home in homes(name):
     # the VM's "tpu-env" metadata, in its "KEY: 'value'" lines (jax/_src/clusters/
     # cloud_tpu_cluster.py reads it); the tests read what each host was told from there
@@ -161,6 +180,7 @@ def describe(name: str) -> int:
   print(state)
   if state == "PROVISIONING":
     (node(name) / "state").write_text("ACTIVE")
+    boot(name)
   return 0
 
 
@@ -169,17 +189,35 @@ def delete(name: str) -> int:
     print(f"ERROR: (gcloud) NOT_FOUND: queued resource {name}", file=sys.stderr)
     return 1
   (node(name) / "state").write_text("DELETING")
-  pids = [p for p in trainer_pids(name) if alive(p)]
+  pids = host_processes(name)  # a host's shutdown: SIGTERM to every process, then SIGKILL
   for pid in pids:
-    os.kill(pid, signal.SIGTERM)
+    try:
+      os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+      pass
   deadline = time.monotonic() + float(os.environ.get("FAKE_GCLOUD_GRACE_S", "60"))
   while any(alive(p) for p in pids) and time.monotonic() < deadline:
     time.sleep(0.2)
-  for pid in pids:
-    if alive(pid):
+  for pid in host_processes(name):
+    try:
       os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
   (node(name) / "state").unlink()
   return 0
+
+
+def boot(name: str) -> None:
+  """What a worker does when it comes up: run the queued resource's startup script, if it has
+  one (`--metadata-from-file=startup-script=FILE`), in the background, as a TPU VM's boot does."""
+  script = node(name) / "startup-script"
+  if not script.exists():
+    return
+  for k, worker, home in homes(name):
+    with open(home / "startup-script.log", "ab") as log:
+      subprocess.Popen(["bash", str(script)], cwd=home, env=worker_env(name, k, worker, home),
+                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                       start_new_session=True)
 
 
 def tpu_variables(name: str, slice_index: int, worker: int) -> dict:

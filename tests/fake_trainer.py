@@ -9,7 +9,8 @@ MEGASCALE_SLICE_ID as a TPU host has them) appends {"step": s} to W/metrics.json
 step; every process appends "pid step" to W/starts-pN at its start. SIGTERM / SIGINT: the step
 under way ends, process 0 writes the step to W/fake_checkpoint, exit 128 + the signal. A start
 resumes from W/fake_checkpoint. W/crash_at_step holding S: every process exits 1 while training
-step S. $FAKE_TRAINER_EXIT: exit with that code at once.
+step S; W/crash_once_at_step: the same, once per process. $FAKE_TRAINER_EXIT: exit with that code
+at once.
 """
 
 from __future__ import annotations
@@ -44,12 +45,16 @@ def main(argv: list[str]) -> int:
   step = int(checkpoint.read_text()) if checkpoint.exists() else 0
   with open(workdir / f"starts-p{process}", "a") as starts:
     starts.write(f"{os.getpid()} {step}\n")
-  crash_file = workdir / "crash_at_step"
+  crash_file, once_file = workdir / "crash_at_step", workdir / "crash_once_at_step"
+  crashed_once = workdir / f"crashed-p{process}"
   while step < total and not stops:
     time.sleep(step_s)
-    if crash_file.exists() and int(crash_file.read_text()) == step + 1:
-      print(f"fake trainer: crashed in step {step + 1}", flush=True)
-      return 1
+    once = once_file.exists() and not crashed_once.exists()
+    for path in [crash_file] + ([once_file] if once else []):
+      if path.exists() and int(path.read_text()) == step + 1:
+        crashed_once.touch()
+        print(f"fake trainer: crashed in step {step + 1}", flush=True)
+        return 1
     step += 1
     if process == 0:
       with open(workdir / "metrics.jsonl", "a") as metrics:

@@ -139,7 +139,6 @@ def test_multislice_recipe_asks_for_one_queued_resource_of_n_nodes():
   assert ('queued-resources create "$NAME" --node-count=3 --node-prefix="$NAME" '
           "--accelerator-type=v5p-16 \\\n      --runtime-version=v2-alpha-tpuv5 --project=p "
           "--zone=z\n") in script
-  assert "WORKERS=6\n" in script
   assert "tpu-vm ssh" not in script and "--node-id" not in script
   subprocess.run(["bash", "-n"], input=script, text=True, check=True)
 

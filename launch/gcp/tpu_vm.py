@@ -71,8 +71,10 @@ def worker_start(run: str, root: str = WORKER_ROOT) -> str:
   the pid is written, so that ssh returns: ROOT/train.log (the previous one kept as
   train.previous.log), train.pid, and exit_code when it ends."""
   log, pid, code = _files(root)
-  background = (f"{run} > {log} 2>&1 < /dev/null & echo $! > {pid}; wait $!; "
-                f"echo $? > {code}")
+  # this shell outlives a host-wide SIGTERM (trap :, not inherited) to write the exit code
+  background = (f"trap : TERM; {run} > {log} 2>&1 < /dev/null & p=$!; echo $p > {pid}; "
+                "wait $p; c=$?; while kill -0 $p 2> /dev/null; do wait $p; c=$?; done; "
+                f"wait $p; c=$?; echo $c > {code}")
   return (f"if {_alive(root)}; then echo '{STATUS_PREFIX}alive: not started again'; exit 0; fi; "
           f"cd {root}/src && rm -f {code} {pid} && "
           f"{{ [ ! -f {log} ] || mv -f {log} {root}/train.previous.log; }} && "
@@ -156,7 +158,6 @@ def tpu_vm_script(s: SliceShape, *, name, project, zone, source, train, workdir,
   """The driving recipe (module docstring). `lock_python` / `lock_script`: the Python and
   workdir_lock.py of the machine that runs the recipe; `install_script`: install_worker.sh there."""
   g = Gcloud(num_slices, project, zone)
-  workers = num_slices * s.hosts
   flags = ["--allow_code_change"] if allow_code_change else []
   run = supervised_run(train, python=WORKER_PYTHON, flags=flags)
   lock = f'"$LOCK_PYTHON" {shlex.quote(lock_script)}'
@@ -169,7 +170,6 @@ def tpu_vm_script(s: SliceShape, *, name, project, zone, source, train, workdir,
 set -uo pipefail
 NAME={shlex.quote(name)}
 WORKDIR={shlex.quote(workdir)}
-WORKERS={workers}
 MAX_RESTARTS={max_restarts}
 POLL_S="${{POLL_S:-{poll_s}}}"
 SETTLE_S="${{SETTLE_S:-{settle_s}}}"
@@ -249,12 +249,12 @@ while :; do
     installed=0
     continue
   fi
-  found="$(states)"
-  if [ "$(printf '%s\\n' "$found" | grep -c .)" -lt "$WORKERS" ]; then
+  if ! found="$(states)" || [ -z "$found" ]; then
     sleep "$POLL_S"  # a worker did not answer: ask again (the loop notices a queued resource gone)
     continue
   fi
   if printf '%s\\n' "$found" | grep -q '^alive'; then
+    [ "$lines" = +1 ] || echo "following worker 0 again: the trainers are running"
     follow "$lines" || true
     lines=20  # a reconnection shows the last lines, not the whole log again
     sleep "$POLL_S"
@@ -330,7 +330,7 @@ while :; do
   esac
   restarts=$((restarts + 1))
   [ "$restarts" -gt {max_restarts} ] && exit 1
-  sleep 10
+  sleep "${{REASONING_RL_RESTART_DELAY_S:-10}}"  # the other hosts' trainers end meanwhile
 done
 """
 

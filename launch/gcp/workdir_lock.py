@@ -4,15 +4,16 @@ was read, kept alive by a heartbeat, taken over once its heartbeat is older than
   python launch/gcp/workdir_lock.py acquire WORKDIR --owner=WHO [--stale_s=600]
   python launch/gcp/workdir_lock.py heartbeat WORKDIR --owner=WHO [--every_s=60] [--while_pid=P]
   python launch/gcp/workdir_lock.py release WORKDIR --owner=WHO
+  (each also takes --deadline_s: how long a storage call retries, default 120)
 
 The TPU VM recipe (launch/gcp/tpu_vm.py) holds it while it drives a run, so that a second recipe
 started on the same workdir (another terminal, another machine, the same one after a reboot)
 stops with one line instead of starting a second trainer on a live run.
 
-The lock is WORKDIR/launcher/driver.lock, {"owner": WHO, "acquired": t}. On gs:// every write
-carries a generation precondition (Cloud Storage's ifGenerationMatch: 0 to create it only where
-there is none, the generation last read to replace or delete it), so of two drivers racing for
-it exactly one succeeds. Its age is the object's `updated` time, set by Cloud Storage (not by the
+The lock is WORKDIR/launcher/driver.lock, {"owner": WHO, "acquired": t} ({"owner": null} once
+released). On gs:// every write carries a generation precondition (Cloud Storage's
+ifGenerationMatch: 0 to create it only where there is none, the generation last read to replace
+it), so of two drivers racing for it exactly one succeeds. Its age is the object's `updated` time, set by Cloud Storage (not by the
 holder's clock). A local or mounted workdir gets the same rules from a file, its generation
 counted in it, compare-and-swap under an flock.
 
@@ -39,8 +40,10 @@ TIMEOUT_S = 30.0  # every storage request
 
 
 class Store:
-  """The lock object: read() -> (record, generation, age in seconds) or None; create / replace /
-  delete return False when the precondition failed (someone else wrote it first)."""
+  """The lock object: read() -> (record, generation, age in seconds) or None; create / replace
+  return False when the precondition failed (someone else wrote it first). A released lock is a
+  record without an owner (an overwrite, which carries a precondition; Cloud Storage's deletes
+  take one too, but the emulator the tests use ignores it there)."""
 
   def read(self):
     raise NotImplementedError
@@ -51,16 +54,15 @@ class Store:
   def replace(self, record: dict, generation: int) -> bool:
     raise NotImplementedError
 
-  def delete(self, generation: int) -> bool:
-    raise NotImplementedError
 
 
 class GcsStore(Store):
   """gs://BUCKET/.../launcher/driver.lock with google-cloud-storage (a dependency of gcsfs, hence
   of the project); the emulator where STORAGE_EMULATOR_HOST is set."""
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, deadline_s: float = 120.0):
     from google.cloud import storage  # pylint: disable=import-outside-toplevel
+    from google.cloud.storage.retry import DEFAULT_RETRY  # pylint: disable=import-outside-toplevel
 
     bucket, _, prefix = workdir[len("gs://"):].partition("/")
     name = f"{prefix.rstrip('/')}/{LOCK_NAME}" if prefix else LOCK_NAME
@@ -71,14 +73,16 @@ class GcsStore(Store):
       client = storage.Client()
     self.bucket = client.bucket(bucket)
     self.name = name
+    # each call: requests of TIMEOUT_S, retried (transient errors) until deadline_s has passed
+    self.calls = {"timeout": TIMEOUT_S, "retry": DEFAULT_RETRY.with_deadline(deadline_s)}
 
   def read(self):
-    blob = self.bucket.get_blob(self.name, timeout=TIMEOUT_S)
+    blob = self.bucket.get_blob(self.name, **self.calls)
     if blob is None:
       return None
     try:
       record = json.loads(blob.download_as_bytes(if_generation_match=blob.generation,
-                                                 timeout=TIMEOUT_S))
+                                                 **self.calls))
     except self._precondition_failed():
       return self.read()  # replaced between the two requests
     age = time.time() - blob.updated.timestamp()
@@ -88,7 +92,7 @@ class GcsStore(Store):
     try:
       self.bucket.blob(self.name).upload_from_string(
           json.dumps(record), content_type="application/json", if_generation_match=generation,
-          timeout=TIMEOUT_S)
+          timeout=TIMEOUT_S, retry=self.calls["retry"])
     except self._precondition_failed():
       return False
     return True
@@ -98,15 +102,6 @@ class GcsStore(Store):
 
   def replace(self, record: dict, generation: int) -> bool:
     return self._write(record, generation)
-
-  def delete(self, generation: int) -> bool:
-    from google.api_core import exceptions  # pylint: disable=import-outside-toplevel
-
-    try:
-      self.bucket.blob(self.name).delete(if_generation_match=generation, timeout=TIMEOUT_S)
-    except (self._precondition_failed(), exceptions.NotFound):
-      return False
-    return True
 
   @staticmethod
   def _precondition_failed():
@@ -139,14 +134,11 @@ class FileStore(Store):
     with self._locked():
       return self._current()
 
-  def _swap(self, record: dict | None, expected: int) -> bool:
+  def _swap(self, record: dict, expected: int) -> bool:
     with self._locked():
       current = self._current()
       if (current[1] if current else 0) != expected:
         return False
-      if record is None:
-        self.path.unlink()
-        return True
       tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
       tmp.write_text(json.dumps({"generation": expected + 1, "record": record}))
       os.replace(tmp, self.path)
@@ -158,12 +150,9 @@ class FileStore(Store):
   def replace(self, record: dict, generation: int) -> bool:
     return self._swap(record, generation)
 
-  def delete(self, generation: int) -> bool:
-    return self._swap(None, generation)
 
-
-def store_for(workdir: str) -> Store:
-  return GcsStore(workdir) if workdir.startswith("gs://") else FileStore(workdir)
+def store_for(workdir: str, deadline_s: float = 120.0) -> Store:
+  return GcsStore(workdir, deadline_s) if workdir.startswith("gs://") else FileStore(workdir)
 
 
 class Held(Exception):
@@ -181,6 +170,10 @@ def acquire(store: Store, owner: str, stale_s: float) -> str:
         return "acquired"
       continue
     held, generation, age = found
+    if not held.get("owner"):  # released
+      if store.replace(record, generation):
+        return "acquired"
+      continue
     if held.get("owner") == owner:
       return "already ours" if store.replace(held, generation) else "lost"
     if age > stale_s:
@@ -204,7 +197,13 @@ def release(store: Store, owner: str) -> bool:
   found = store.read()
   if found is None or found[0].get("owner") != owner:
     return False
-  return store.delete(found[1])
+  return store.replace({"owner": None, "released": time.time()}, found[1])
+
+
+def holder(store: Store) -> str | None:
+  """Who holds the lock now (None: nobody)."""
+  found = store.read()
+  return found[0].get("owner") if found else None
 
 
 def alive(pid: int) -> bool:
@@ -225,10 +224,12 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--stale_s", type=float, default=600.0)
   parser.add_argument("--every_s", type=float, default=60.0)
   parser.add_argument("--while_pid", type=int, default=0)
+  parser.add_argument("--deadline_s", type=float, default=120.0,
+                      help="how long a storage call retries transient failures")
   args = parser.parse_args(argv)
   where = f"{args.workdir.rstrip('/')}/{LOCK_NAME}"
   try:
-    store = store_for(args.workdir)
+    store = store_for(args.workdir, args.deadline_s)
     if args.action == "acquire":
       print(f"workdir lock {where}: {acquire(store, args.owner, args.stale_s)}", flush=True)
       return 0
