@@ -879,13 +879,14 @@ def dcn_gradient_traffic(config, layout: Layout, gradient_bytes: float, chip: Ch
 def sampling_rounds(config, a: Assumptions) -> tuple[int, ...]:
   """Prompts sampled in each round of one step: P once; with dynamic sampling (DAPO, Yu et al.
   2025; `loop.rollouts.sample_batch`) each further round refills the groups the round before
-  dropped, `a.dynamic_sampling_dropped` of them, for at most `dynamic_sampling.max_rounds` rounds
-  (the last ones are planned too: a refill whose groups drop again always leads to another)."""
+  dropped, `a.dynamic_sampling_dropped` of them (rounded down), for at most
+  `dynamic_sampling.max_rounds` rounds: a refill whose groups drop again leads to another, until
+  less than one prompt is expected to drop."""
   r, ds = config.rollout, config.dynamic_sampling
   rounds = [r.num_prompts]
   if ds.enabled:
     while len(rounds) < ds.max_rounds:
-      refill = math.ceil(rounds[-1] * a.dynamic_sampling_dropped - 1e-9)
+      refill = math.floor(rounds[-1] * a.dynamic_sampling_dropped + 1e-9)
       if refill < 1:
         break
       rounds.append(refill)
