@@ -265,3 +265,17 @@ def test_workers_drive_themselves(tmp_path):
   assert any(a.startswith("--metadata-from-file=startup-script=") for a in create)
   subprocess.run([sys.executable, "launch/gcp/commands.py", "--mode=down", "--project=p",
                   "--zone=z", "--name=rl"], cwd=REPO, env=env, check=True, timeout=120)
+
+
+def test_ctrl_c_stops_the_run_and_deletes_the_slice(tmp_path):
+  """An explicit Ctrl-C (SIGINT to the terminal's process group) deletes the queued resource:
+  its hosts' shutdown sends SIGTERM to the trainers, which save the step they reached."""
+  source = fake_project(tmp_path / "origin")
+  workdir = tmp_path / "run"
+  driver = Driver(make_recipe(tmp_path, source, workdir), fake_cloud(tmp_path), tmp_path, "d")
+  wait_for(lambda: len(steps(workdir)) >= 2, "step 2", driver)
+  os.killpg(driver.process.pid, signal.SIGINT)
+  assert driver.wait(120) == 130, driver.output[-3000:]
+  assert verbs(tmp_path) == ["create", "delete"]
+  assert not (tmp_path / "cloud" / "rl" / "state").exists()
+  assert int((workdir / "fake_checkpoint").read_text()) == steps(workdir)[-1] < TOTAL_STEPS

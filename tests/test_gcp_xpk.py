@@ -266,3 +266,25 @@ def test_xpks_own_container_script_and_policy(xpk_manifest, tmp_path, trainer_ex
     assert controller.decide([jobset_runner.PodEnd(code, container=name)]) == decision
   if trainer_exit is None:
     assert int((workdir / "fake_checkpoint").read_text()) == metrics_rows(workdir)[-1]["step"]
+
+
+def test_tpu7x_runs_one_container_per_vm(xpk_python, tmp_path):
+  """xpk's TPU7x machines may run 2 containers per VM (its parallel containers); the project runs
+  one process per VM, so the generated command asks for one: xpk's own manifest then has one
+  container with the VM's 4 chips, and the pods are the slice's VMs."""
+  result = subprocess.run(
+      [sys.executable, "launch/gcp/commands.py", "--config=configs/debug_cpu.py", "--mode=xpk",
+       "--accelerator_type=tpu7x-16", "--cluster=c", "--project=p", "--zone=us-central1-a",
+       "--name=rl", "--workdir=gs://b/run", "--image=img:1", "--dry_run"],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr
+  command = shlex.split(result.stdout.splitlines()[1])
+  out = tmp_path / "jobset.yaml"
+  xpk = pathlib.Path(xpk_python).parent / "xpk"
+  made = subprocess.run([str(xpk), *command[1:], "--dry-run", f"--output-manifest-file={out}"],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+  job = yaml.safe_load(out.read_text())["spec"]["replicatedJobs"][0]["template"]["spec"]
+  containers = job["template"]["spec"]["containers"]
+  assert len(containers) == 1 and containers[0]["resources"]["limits"] == {"google.com/tpu": 4}
+  assert job["parallelism"] == gcp.slice_for("tpu7x-16").hosts == 2
