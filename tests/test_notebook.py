@@ -65,7 +65,8 @@ def test_first_cell_finds_the_project_with_no_edit(tmp_path):
                                    f"{home / 'reasoning_rl-main.tar.gz'})")
   assert (home / "reasoning_rl" / "reasoning_rl" / "trainer.py").exists()
   again = run_cell(env, "-S")
-  assert again.returncode == 0 and again.stdout.strip() == f"project at {home / 'reasoning_rl'} (found)"
+  assert again.returncode == 0
+  assert again.stdout.strip() == f"project at {home / 'reasoning_rl'} (found)"
 
   shutil.rmtree(home / "reasoning_rl")
   (home / "reasoning_rl-main.tar.gz").unlink()

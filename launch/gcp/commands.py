@@ -51,15 +51,16 @@ from absl import flags
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from launch.gcp import gke, tpu_vm  # noqa: E402
-from launch.gcp.gke import IMAGE_ROOT, XPK_SCRIPT_DIR, jobset_manifest, xpk_command  # noqa: E402,F401
-from launch.gcp.tpu_vm import WORKER_ROOT, down_command, slices_line  # noqa: E402,F401
+# IMAGE_ROOT, XPK_SCRIPT_DIR: the image's paths, which the tests map onto this machine
+from launch.gcp.gke import (IMAGE_ROOT, XPK_SCRIPT_DIR, jobset_manifest,  # noqa: E402,F401
+                            xpk_command)
+from launch.gcp.tpu_vm import down_command, slices_line  # noqa: E402
 from reasoning_rl.errors import ExitCode  # noqa: E402  (light: no jax)
 from reasoning_rl.tpu_chips import ACCELERATORS, SliceShape, slice_name, slice_shape  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 INSTALL_SCRIPT = HERE / "install_worker.sh"
 LOCK_SCRIPT = HERE / "workdir_lock.py"
-JAX_TPU = "jax[tpu]==0.10.2"  # what install_worker.sh installs (its REASONING_RL_JAX default)
 
 
 def slice_for(accelerator_type: str) -> SliceShape:

@@ -98,8 +98,8 @@ else
   git -C "$SRC" fetch --quiet --depth=1 origin "${REASONING_RL_REF:-HEAD}" \
     || fail "git fetch of $SOURCE ${REASONING_RL_REF:-HEAD} failed"
   git -C "$SRC" reset --quiet --hard FETCH_HEAD
+  COMMIT="$(git -C "$SRC" rev-parse HEAD)"  # what the closing line names (git sources only)
 fi
-COMMIT="$(git -C "$SRC" rev-parse HEAD 2> /dev/null || true)"
 
 # 4. The packages: the project (editable, so an update of ROOT/src is what runs) with every runtime
 #    dependency of setup.cfg, and the pinned jax build.

@@ -244,7 +244,8 @@ lines=+1
 while :; do
   if ! wait_active; then
     preemptions=$((preemptions + 1))
-    echo "preemption $preemptions (not counted toward --max_restarts): queued resource $(state); recreating"
+    echo "preemption $preemptions (not counted toward --max_restarts):" \
+      "queued resource $(state); recreating"
     recreate || sleep "$POLL_S"
     installed=0
     continue
@@ -270,13 +271,16 @@ while :; do
       crash*)
         crashes=$((crashes + 1))
         if [ "$crashes" -gt "$MAX_RESTARTS" ]; then
-          echo "error: the trainers crashed (exit code ${{result#crash }}) $crashes times; gave up (--max_restarts)"
+          echo "error: the trainers crashed (exit code ${{result#crash }}) $crashes times;" \
+            "gave up (--max_restarts)"
           finish 1
         fi
-        echo "restart $crashes/$MAX_RESTARTS: the trainers crashed (exit code ${{result#crash }})" ;;
+        echo "restart $crashes/$MAX_RESTARTS: the trainers crashed" \
+          "(exit code ${{result#crash }})" ;;
       disrupted)
         preemptions=$((preemptions + 1))
-        echo "preemption $preemptions (not counted toward --max_restarts): the trainers were stopped or lost a host" ;;
+        echo "preemption $preemptions (not counted toward --max_restarts):" \
+          "the trainers were stopped or lost a host" ;;
     esac
     # preempted hosts take a while to leave ACTIVE: recreate once they did, else restart in place
     for i in $(seq "$SETTLE_S"); do [ "$(state)" = ACTIVE ] || break; sleep 1; done

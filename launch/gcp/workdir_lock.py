@@ -13,9 +13,9 @@ stops with one line instead of starting a second trainer on a live run.
 The lock is WORKDIR/launcher/driver.lock, {"owner": WHO, "acquired": t} ({"owner": null} once
 released). On gs:// every write carries a generation precondition (Cloud Storage's
 ifGenerationMatch: 0 to create it only where there is none, the generation last read to replace
-it), so of two drivers racing for it exactly one succeeds. Its age is the object's `updated` time, set by Cloud Storage (not by the
-holder's clock). A local or mounted workdir gets the same rules from a file, its generation
-counted in it, compare-and-swap under an flock.
+it), so of two drivers racing for it exactly one succeeds. Its age is the object's `updated` time,
+set by Cloud Storage (not by the holder's clock). A local or mounted workdir gets the same rules
+from a file, its generation counted in it, compare-and-swap under an flock.
 
 acquire: creates the lock, or takes over one whose heartbeat is older than --stale_s, or finds it
 already ours (a restarted driver). heartbeat: rewrites it every --every_s; ends with exit 2 when
@@ -67,8 +67,9 @@ class GcsStore(Store):
     bucket, _, prefix = workdir[len("gs://"):].partition("/")
     name = f"{prefix.rstrip('/')}/{LOCK_NAME}" if prefix else LOCK_NAME
     if os.environ.get("STORAGE_EMULATOR_HOST"):
-      from google.auth.credentials import AnonymousCredentials  # pylint: disable=import-outside-toplevel
-      client = storage.Client(project="emulator", credentials=AnonymousCredentials())
+      from google.auth import credentials  # pylint: disable=import-outside-toplevel
+      client = storage.Client(project="emulator",
+                              credentials=credentials.AnonymousCredentials())
     else:
       client = storage.Client()
     self.bucket = client.bucket(bucket)
