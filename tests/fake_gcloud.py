@@ -51,6 +51,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 STATE = pathlib.Path(os.environ["FAKE_GCLOUD_STATE"])
@@ -284,9 +285,16 @@ def ssh(target: str, args: list[str], *, by_node: bool) -> int:
     return 255
   command = option(args, "command")
   processes = [subprocess.Popen(["bash", "-c", command], cwd=home,
-                                env=worker_env(name, k, worker, home), start_new_session=True)
+                                env=worker_env(name, k, worker, home), start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                for k, worker, home in selected(name, args, target if by_node else None)]
-  while any(p.poll() is None for p in processes):
+  # as ssh: the session ends when its command has exited and everything that holds the
+  # session's output (a background process that kept it) has closed it
+  copies = [threading.Thread(target=copy, args=(stream, out), daemon=True)
+            for p in processes for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr))]
+  for thread in copies:
+    thread.start()
+  while any(p.poll() is None for p in processes) or any(t.is_alive() for t in copies):
     if state_of(name) != "ACTIVE":  # the host went away under the connection
       for p in processes:
         if p.poll() is None:
@@ -295,6 +303,13 @@ def ssh(target: str, args: list[str], *, by_node: bool) -> int:
       return 255
     time.sleep(0.2)
   return max((p.returncode for p in processes), key=abs)
+
+
+def copy(stream, out) -> None:
+  """A worker's output, line by line, to this ssh's own."""
+  for line in iter(stream.readline, b""):
+    out.buffer.write(line)
+    out.flush()
 
 
 def node_pool_create(name: str, args: list[str]) -> int:

@@ -279,3 +279,38 @@ def test_ctrl_c_stops_the_run_and_deletes_the_slice(tmp_path):
   assert verbs(tmp_path) == ["create", "delete"]
   assert not (tmp_path / "cloud" / "rl" / "state").exists()
   assert int((workdir / "fake_checkpoint").read_text()) == steps(workdir)[-1] < TOTAL_STEPS
+
+
+def test_a_worker_never_starts_a_second_trainer(tmp_path):
+  """The start command, run twice on one worker: the second finds the first trainer alive (its
+  recorded pid, running supervise.py) and starts nothing; once it ended, a start works again."""
+  from launch.gcp import tpu_vm
+
+  home = tmp_path / "home"
+  (home / "reasoning_rl" / "src").mkdir(parents=True)
+  sleeper = tmp_path / "launch" / "gcp" / "supervise.py"  # a trainer that runs until told
+  sleeper.parent.mkdir(parents=True)
+  sleeper.write_text("import pathlib, sys, time\n"
+                     "while not pathlib.Path(sys.argv[1]).exists():\n  time.sleep(0.05)\n")
+  stop = tmp_path / "stop"
+  start = tpu_vm.worker_start(f"{sys.executable} {sleeper} {stop}")
+  env = {**os.environ, "HOME": str(home)}
+
+  def run(command):
+    return subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+  assert run(start).returncode == 0
+  first = (home / "reasoning_rl" / "train.pid").read_text().strip()
+  assert run(tpu_vm.worker_status()).stdout == "reasoning_rl worker: alive\n"
+  again = run(start)
+  assert again.stdout == "reasoning_rl worker: alive: not started again\n"
+  assert (home / "reasoning_rl" / "train.pid").read_text().strip() == first
+  stop.touch()
+  wait_for(lambda: run(tpu_vm.worker_status()).stdout == "reasoning_rl worker: exit 0\n",
+           "the trainer's end")
+  assert run(start).returncode == 0
+  assert (home / "reasoning_rl" / "train.pid").read_text().strip() != first
+  (home / "reasoning_rl" / "train.pid").unlink()  # forget it: the status says "none"
+  (home / "reasoning_rl" / "exit_code").unlink(missing_ok=True)
+  assert run(tpu_vm.worker_status()).stdout == "reasoning_rl worker: none\n"

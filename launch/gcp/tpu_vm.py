@@ -75,9 +75,11 @@ def worker_start(run: str, root: str = WORKER_ROOT) -> str:
   background = (f"trap : TERM; {run} > {log} 2>&1 < /dev/null & p=$!; echo $p > {pid}; "
                 "wait $p; c=$?; while kill -0 $p 2> /dev/null; do wait $p; c=$?; done; "
                 f"wait $p; c=$?; echo $c > {code}")
+  # only the nohup command goes to the background, its output away from the session's: ssh
+  # returns once everything holding the session's output has closed it
   return (f"if {_alive(root)}; then echo '{STATUS_PREFIX}alive: not started again'; exit 0; fi; "
-          f"cd {root}/src && rm -f {code} {pid} && "
-          f"{{ [ ! -f {log} ] || mv -f {log} {root}/train.previous.log; }} && "
+          f"cd {root}/src || exit 1; rm -f {code} {pid}; "
+          f"[ ! -f {log} ] || mv -f {log} {root}/train.previous.log; "
           f"nohup bash -c {shlex.quote(background)} > /dev/null 2>&1 < /dev/null & "
           f"until [ -s {pid} ]; do sleep 0.2; done")
 
