@@ -20,6 +20,9 @@ class ExitCode(enum.IntEnum):
   GUARD = 3  # a guard stopped the run: WORKDIR/STOPPED.md says which and why
   STORAGE = 4  # a checkpoint, metrics or log file could not be read or written
   LOST_PEER = 5  # another process of a multi-process run was lost
+  # launch/gcp/supervise.py: the trainer crashed again at the step of its previous crash, so a
+  # restart would repeat it; the launchers stop instead of retrying (docs/cloud_tpu.md)
+  CRASH_REPEATED = 6
   INTERRUPTED = 128 + signal.SIGINT  # 130: Ctrl-C, after saving a checkpoint
   PREEMPTED = 128 + signal.SIGTERM  # 143: SIGTERM, after saving a checkpoint
 

@@ -70,7 +70,8 @@ from reasoning_rl.sharding import (MESH_AXES, batch_devices, count_slices, logic
                                    mesh_axes_of,
                                    multi_slice_mesh_shape, resolve_mesh_shape,
                                    slice_device_counts, slices_spanned)
-from reasoning_rl.tpu_chips import CPU_MACHINE, GIB, TPU_CHIPS, ChipSpec, slice_name
+from reasoning_rl.tpu_chips import (CPU_MACHINE, GIB, TPU_CHIPS, ChipSpec, devices_per_host,
+                                    slice_name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +116,9 @@ class Assumptions:
     to the workdir's storage, per device (0.5 GiB/s = 2 GiB/s for a host of 4 chips to GCS).
   preemption_notice_s: the grace a preempted host gets between SIGTERM and SIGKILL (Cloud TPU
     spot / preemptible VMs and GKE's default termination grace period: 30 s).
+  dynamic_sampling_dropped: with dynamic sampling, the share of a round's groups whose rewards
+    are all equal (dropped and refilled by the next round): a guess, which a run measures as
+    groups/all_pass_frac + groups/all_fail_frac.
   """
 
   headroom: float = 0.10
@@ -130,6 +134,7 @@ class Assumptions:
   decode_bandwidth_utilisation: float = 0.50
   checkpoint_bytes_per_s_per_device: float = 0.5 * GIB
   preemption_notice_s: float = 30.0
+  dynamic_sampling_dropped: float = 0.5
 
 
 PHASES = ("train step", "decode", "weight sync")  # transient phases; never at once on a device
@@ -235,10 +240,19 @@ class Throughput:
   # along the `expert` axis, and their seconds (in train_s): `expert_exchange_traffic`.
   expert_bytes_per_device: float = 0.0
   expert_s: float = 0.0
+  # Dynamic sampling: rounds a step samples (`sampling_rounds`) and the first one's seconds;
+  # sample_s counts them all. One round without dynamic sampling.
+  rounds: int = 1
+  first_round_s: float = 0.0
 
   @property
   def steps_per_hour(self) -> float:
     return 3600.0 / self.step_s_sync
+
+  @property
+  def step_s(self) -> float:
+    """The step of this config: overlapped when it samples ahead, else synchronous."""
+    return self.step_s_async if self.overlapped else self.step_s_sync
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,10 +266,30 @@ class Preemption:
   train_s: float
   checkpoint_bytes_per_device: int  # trainable weights + AdamW moments (the reference is not saved)
   save_s: float
+  # the scheduled saves: checkpoint.every_steps and checkpoint.every_minutes (0: none), and the
+  # step they are counted in
+  every_steps: int = 0
+  every_minutes: float = 0.0
+  step_s: float = 0.0
 
   @property
   def grace_s(self) -> float:
     return max(self.decode_call_s, self.train_s) + self.save_s
+
+  @property
+  def checkpoint_interval_s(self) -> float:
+    """Longest time between two scheduled saves: every_steps steps, or every_minutes rounded up
+    to the step it ends in, whichever comes first (inf: no scheduled save)."""
+    bounds = [self.every_steps * self.step_s] if self.every_steps else []
+    if self.every_minutes:
+      bounds.append(self.every_minutes * 60 + self.step_s)
+    return min(bounds) if bounds else math.inf
+
+  @property
+  def lost_s(self) -> float:
+    """Work a preemption loses when its save does not fit the notice: since the last scheduled
+    save, with the step under way."""
+    return self.checkpoint_interval_s + self.step_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,7 +373,8 @@ class Plan:
               f"  sampling   {t.flops.generation / 1e12:12.1f} TFLOP   per replica "
               f"({t.num_replicas} in parallel): {t.rows_per_replica} completions, "
               f"{t.live_slots} slots live; prefill {t.prefill_s:.2f} s + {t.decode_steps} decode "
-              f"steps x {t.decode_step_s * 1e3:.2f} ms = {t.sample_s:.1f} s",
+              f"steps x {t.decode_step_s * 1e3:.2f} ms = {t.first_round_s:.1f} s",
+              *self._rounds_lines(),
               f"  training   {t.flops.training / 1e12:12.1f} TFLOP   {t.train_s:.1f} s (+ "
               f"{t.flops.recomputation / 1e12:.1f} TFLOP recomputed)",
               *self._dcn_lines(), *self._expert_lines(),
@@ -355,6 +390,13 @@ class Plan:
               "not counted)", ""] + self._preemption_lines() + [
                   "", f"Binding limit: {self.binding()}", f"Verdict: {self.verdict()}"]
     return "\n".join(lines)
+
+  def _rounds_lines(self) -> list[str]:
+    t, a = self.throughput, self.assumptions
+    if t.rounds == 1:
+      return []
+    return [f"             dynamic sampling: {t.rounds} rounds a step (each refills the "
+            f"{a.dynamic_sampling_dropped:.0%} of groups assumed dropped) = {t.sample_s:.1f} s"]
 
   def _dcn_lines(self) -> list[str]:
     t, c = self.throughput, self.chip
@@ -377,6 +419,7 @@ class Plan:
 
   def _preemption_lines(self) -> list[str]:
     p, a = self.preemption, self.assumptions
+    notice = a.preemption_notice_s
     lines = ["Preemption (SIGTERM / SIGINT: acted on between decode calls and after the train "
              "step):",
              f"  longest decode call      {p.decode_call_s:8.2f} s",
@@ -384,15 +427,29 @@ class Plan:
              "interrupted)",
              f"  checkpoint save          {p.save_s:8.2f} s   "
              f"({p.checkpoint_bytes_per_device / GIB:.2f} GiB per trainer device at an assumed "
-             f"{a.checkpoint_bytes_per_s_per_device / GIB:.2f} GiB/s)",
-             f"  grace needed           ~ {p.grace_s:8.2f} s"]
-    if p.grace_s > a.preemption_notice_s:
+             f"{a.checkpoint_bytes_per_s_per_device / GIB:.2f} GiB/s) against a notice of "
+             f"{notice:.0f} s (Spot)",
+             f"  grace needed           ~ {p.grace_s:8.2f} s",
+             f"  scheduled saves          {self._cadence()}"]
+    if p.grace_s > notice:
+      lost = ("everything since the run's start" if math.isinf(p.lost_s)
+              else f"up to {p.lost_s / 60:.1f} min of work")
       lines += textwrap.wrap(
-          f"more than the {a.preemption_notice_s:.0f} s a spot / preemptible TPU VM (or a GKE "
-          "pod, by default) gets: a notice that lands mid-step is cut off before the save, and "
-          "the rerun resumes from the last scheduled checkpoint (keep checkpoint.every_steps "
-          "small, or shorten the step)", width=98, initial_indent="  ", subsequent_indent="  ")
+          f"warning: more than the {notice:.0f} s a Spot / preemptible TPU VM (or a GKE pod, by "
+          "default) gets: a notice that lands mid-step is cut off before the save, and the "
+          f"rerun resumes from the last scheduled checkpoint: {lost} per such preemption (set "
+          "checkpoint.every_minutes to bound it in time, or shorten the step)", width=98,
+          initial_indent="  ", subsequent_indent="  ")
     return lines
+
+  def _cadence(self) -> str:
+    p = self.preemption
+    given = [f"every {p.every_steps} steps" if p.every_steps else "",
+             f"every {p.every_minutes:g} min" if p.every_minutes else ""]
+    if math.isinf(p.checkpoint_interval_s):
+      return "none"
+    return (f"{' or '.join(g for g in given if g)}: at most {p.checkpoint_interval_s / 60:.1f} "
+            "min apart")
 
 
 # --------------------------------------------------------------------------- meshes
@@ -414,7 +471,9 @@ def _chip(target) -> tuple[ChipSpec, int]:
     chip = TPU_CHIPS[tpu]
   else:
     raise ConfigError(f"target.tpu={tpu!r}: use one of {sorted(TPU_CHIPS) + ['cpu']}")
-  per_host = target.get("devices_per_host", 0) or chip.devices_per_host
+  # the launchers' hosts (VMs) for a known slice type (tpu_chips.ACCELERATORS), else the chip's
+  per_host = target.get("devices_per_host", 0) or (
+      devices_per_host(tpu, num_devices) if tpu in TPU_CHIPS else chip.devices_per_host)
   if not isinstance(per_host, int) or per_host < 0:
     raise ConfigError(f"target.devices_per_host={per_host!r}: must be an integer >= 1")
   return dataclasses.replace(chip, devices_per_host=per_host), num_devices
@@ -874,12 +933,30 @@ def dcn_gradient_traffic(config, layout: Layout, gradient_bytes: float, chip: Ch
   return reductions, per_device, per_device / chip.dcn_bandwidth
 
 
+def sampling_rounds(config, a: Assumptions) -> tuple[int, ...]:
+  """Prompts sampled in each round of one step: P once; with dynamic sampling (DAPO, Yu et al.
+  2025; `loop.rollouts.sample_batch`) each further round refills the groups the round before
+  dropped, `a.dynamic_sampling_dropped` of them (rounded down), for at most
+  `dynamic_sampling.max_rounds` rounds: a refill whose groups drop again leads to another, until
+  less than one prompt is expected to drop."""
+  r, ds = config.rollout, config.dynamic_sampling
+  rounds = [r.num_prompts]
+  if ds.enabled:
+    while len(rounds) < ds.max_rounds:
+      refill = math.floor(rounds[-1] * a.dynamic_sampling_dropped + 1e-9)
+      if refill < 1:
+        break
+      rounds.append(refill)
+  return tuple(rounds)
+
+
 def throughput(config, m: ModelConfig, chip: ChipSpec, layout: Layout, sampler_weights: int,
                a: Assumptions, gradient_bytes: float = 0.0) -> Throughput:
   """Roofline times. Each of the R replicas prefills and decodes its share of the prompts
   (ceil(P / R) prompts, every R-th) on its own devices; a decode step reads the replica's weights
-  and the live slots' KV cache from HBM once (memory-bound) unless its FLOPs take longer. On
-  several slices the training time adds the gradient all-reduces over DCN
+  and the live slots' KV cache from HBM once (memory-bound) unless its FLOPs take longer. With
+  dynamic sampling every refill round (`sampling_rounds`) is sampled the same way and adds to
+  the step. On several slices the training time adds the gradient all-reduces over DCN
   (`dcn_gradient_traffic`; `gradient_bytes`: one trainer device's gradient shard)."""
   r = config.rollout
   step = step_flops(config, m)
@@ -889,25 +966,32 @@ def throughput(config, m: ModelConfig, chip: ChipSpec, layout: Layout, sampler_w
   exchange_bytes, exchange_s = expert_exchange_traffic(config, m, layout, chip)
   train_s = ((step.training + step.recomputation) / (trainer.size * chip.peak_flops * a.train_mfu)
              + dcn_s + exchange_s)
-  prompts = -(-r.num_prompts // replicas)
-  rows = prompts * r.num_samples
-  slots = r.max_concurrent_decodes
-  live = min(slots, rows)
-  prefill_s = (step.prefill * prompts / r.num_prompts
-               / (replica.size * chip.peak_flops * a.prefill_mfu))
-  decode_steps = -(-rows // slots) * r.max_new_tokens
-  read = sampler_weights + kv_cache_bytes(config, m, replica, live)
-  memory_s = read / (chip.hbm_bandwidth * a.decode_bandwidth_utilisation)
-  compute_s = live * per_token / (replica.size * chip.peak_flops * a.decode_mfu)
-  decode_step_s = max(memory_s, compute_s)
-  sample_s = prefill_s + decode_steps * decode_step_s
+
+  def one_round(num_prompts: int) -> tuple[int, int, float, int, float]:
+    """(rows per replica, live slots, prefill s, decode steps, decode step s) of one round."""
+    prompts = -(-num_prompts // replicas)
+    rows = prompts * r.num_samples
+    slots = r.max_concurrent_decodes
+    live = min(slots, rows)
+    prefill_s = (step.prefill * prompts / r.num_prompts
+                 / (replica.size * chip.peak_flops * a.prefill_mfu))
+    read = sampler_weights + kv_cache_bytes(config, m, replica, live)
+    memory_s = read / (chip.hbm_bandwidth * a.decode_bandwidth_utilisation)
+    compute_s = live * per_token / (replica.size * chip.peak_flops * a.decode_mfu)
+    return rows, live, prefill_s, -(-rows // slots) * r.max_new_tokens, max(memory_s, compute_s)
+
+  rounds = [one_round(prompts) for prompts in sampling_rounds(config, a)]
+  rows, live, prefill_s, decode_steps, decode_step_s = rounds[0]
+  first_s = prefill_s + decode_steps * decode_step_s
+  sample_s = sum(p + n * t for _, _, p, n, t in rounds)
   return Throughput(flops=step, num_replicas=replicas, rows_per_replica=rows, live_slots=live,
                     prefill_s=prefill_s, decode_steps=decode_steps, decode_step_s=decode_step_s,
                     sample_s=sample_s, train_s=train_s, step_s_sync=sample_s + train_s,
                     step_s_async=None if layout.shared else max(sample_s, train_s),
                     overlapped=rollouts_ahead(config) and not layout.shared,
                     dcn_reductions=reductions, dcn_bytes_per_device=dcn_bytes, dcn_s=dcn_s,
-                    expert_bytes_per_device=exchange_bytes, expert_s=exchange_s)
+                    expert_bytes_per_device=exchange_bytes, expert_s=exchange_s,
+                    rounds=len(rounds), first_round_s=first_s)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -1079,7 +1163,9 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
   preemption = Preemption(
       decode_call_s=min(r.steps_per_call, r.max_new_tokens) * speed.decode_step_s,
       train_s=speed.train_s, checkpoint_bytes_per_device=saved,
-      save_s=saved / a.checkpoint_bytes_per_s_per_device)
+      save_s=saved / a.checkpoint_bytes_per_s_per_device,
+      every_steps=config.checkpoint.every_steps,
+      every_minutes=config.checkpoint.get("every_minutes", 0) or 0, step_s=speed.step_s)
   return Plan(chip=chip, num_devices=num_devices, model_summary=summary, slices=slices,
               throughput=speed, assumptions=a, advice=advice, preemption=preemption,
               target_name=(chip.name if "chip" in target
@@ -1147,6 +1233,30 @@ def dry_run_model_config(config) -> ModelConfig:
   return ModelConfig.from_hf_config(dict(fallback), source="config.model.hf_config_for_planning")
 
 
+def slices_warning(config, model_config: ModelConfig, result: Plan, target: Mapping,
+                   assumptions: Assumptions | None = None) -> str | None:
+  """On several slices: a warning when the extra slices buy little speed for their cost, i.e. the
+  plan's steps per hour are less than 1 + (N - 1) / 2 times one slice's (each slice beyond the
+  first returns under half its cost), with both figures; None when they pay, on one slice, or
+  when the config cannot run on one slice (its trainer spans several)."""
+  n = result.num_slices
+  if n == 1:
+    return None
+  try:
+    one = plan(config, model_config, target={**target, "num_slices": 1}, assumptions=assumptions)
+  except ConfigError:
+    return None
+  speedup = one.throughput.step_s / result.throughput.step_s
+  if speedup >= 1 + (n - 1) / 2:
+    return None
+  t = result.throughput
+  side = "sampling" if t.sample_s >= t.train_s else "training"
+  return (f"warning: {n} slices cost {n}x one slice and plan {speedup:.2f}x its steps/hour "
+          f"({3600 / t.step_s:.1f} vs {3600 / one.throughput.step_s:.1f}): {side} sets the step "
+          f"({max(t.sample_s, t.train_s):.1f} s) and the extra slices do not shorten it much; "
+          "fewer slices cost less for about the same run")
+
+
 def print_dry_run(config) -> Plan:
   """`launch/train.py --config.dry_run=True`: prints the plan of `config.target` and returns it."""
   target = dict(config.target)
@@ -1155,6 +1265,10 @@ def print_dry_run(config) -> Plan:
     slices = count_slices(jax.devices(), config.mesh.num_slices)
     target = {"tpu": target.get("tpu", "cpu"), "num_devices": jax.device_count() // slices,
               "devices_per_host": jax.local_device_count(), "num_slices": slices}
-  result = plan(config, dry_run_model_config(config), target=target)
+  model_config = dry_run_model_config(config)
+  result = plan(config, model_config, target=target)
   print(result.table())
+  warning = slices_warning(config, model_config, result, target)
+  if warning:
+    print(textwrap.fill(warning, width=98))
   return result

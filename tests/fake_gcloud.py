@@ -9,6 +9,8 @@ commands run as local processes with the variables a TPU host would have.
   gcloud compute tpus queued-resources ssh NAME ... --node=all|K --worker=all|I --command=CMD
   gcloud compute tpus tpu-vm scp SRC NODE:DEST ... --worker=all|I
   gcloud compute tpus tpu-vm ssh NODE ... --worker=all|I --command=CMD
+  gcloud container node-pools create NAME --cluster=C ... [--service-account=SA --scopes=S]
+  gcloud storage buckets add-iam-policy-binding gs://BUCKET --member=M --role=R
 
 A queued resource holds one node (a slice) per --node-id, or N nodes P-0 ... P-(N-1) for a
 multislice request (the TPU API's MultisliceParams naming). Every worker of node K gets
@@ -26,10 +28,16 @@ workers per slice (default 2); $FAKE_GCLOUD_WORKER_ENV a JSON object of extra va
 workers' commands (JAX_PLATFORMS=cpu, XLA_FLAGS, UV_CACHE_DIR ...).
 
 Behaviour copied from the real service where the recipe depends on it: a queued resource is
-PROVISIONING until described once, then ACTIVE; `ssh` / `scp` fail with exit code 255 unless the
-resource is ACTIVE, and an `ssh` whose resource leaves ACTIVE while it runs is cut (exit 255);
-`delete` gives running trainers up to $FAKE_GCLOUD_GRACE_S (default 60) after SIGTERM, as a
-host's shutdown would, then kills them.
+PROVISIONING until described once, then ACTIVE, when each worker runs the startup script it was
+created with (`--metadata-from-file=startup-script=FILE`), as at a VM's boot; `ssh` / `scp` fail
+with exit code 255 unless the resource is ACTIVE, and an `ssh` whose resource leaves ACTIVE while
+it runs is cut (exit 255); a command an ssh started goes on when the ssh itself is killed (a
+dropped connection); `delete` gives every process of the hosts (found by their HOME) up to
+$FAKE_GCLOUD_GRACE_S (default 60) after SIGTERM, as a host's shutdown would, then kills them.
+
+GKE and Cloud Storage, for --mode=jobset_setup: `container node-pools create NAME ...` and
+`storage buckets add-iam-policy-binding gs://B ...` record what they were given under
+$FAKE_GCLOUD_STATE/nodepools/ and iam/.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 STATE = pathlib.Path(os.environ["FAKE_GCLOUD_STATE"])
@@ -108,13 +117,21 @@ def homes(name: str) -> list[tuple[int, int, pathlib.Path]]:
   return found
 
 
-def trainer_pids(name: str) -> list[int]:
-  pids = []
-  for _, _, home in homes(name):
-    pid_file = home / "reasoning_rl" / "train.pid"
-    if pid_file.exists() and pid_file.read_text().strip():
-      pids.append(int(pid_file.read_text()))
-  return pids
+def host_processes(name: str) -> list[int]:
+  """Every process running on the queued resource's hosts: those whose HOME is a worker's home
+  (every command a worker runs gets it, and its children inherit it), found in /proc."""
+  wanted = {f"HOME={home}".encode() for _, _, home in homes(name)}
+  found = []
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit() or int(entry) == os.getpid():
+      continue
+    try:
+      with open(f"/proc/{entry}/environ", "rb") as environ:
+        if wanted & set(environ.read().split(b"\0")):
+          found.append(int(entry))
+    except OSError:
+      continue
+  return found
 
 
 def alive(pid: int) -> bool:
@@ -144,6 +161,9 @@ def create(name: str, args: list[str]) -> int:
   (node(name) / "incarnation").write_text(str(incarnation))
   (node(name) / "port").write_text(str(free_port()))
   (node(name) / "accelerator").write_text(option(args, "accelerator-type", ""))
+  metadata = option(args, "metadata-from-file", "")
+  if metadata.startswith("startup-script="):
+    shutil.copy(metadata.split("=", 1)[1], node(name) / "startup-script")
   for slice_index, worker, home in homes(name):
     # the VM's "tpu-env" metadata, in its "KEY: 'value'" lines (jax/_src/clusters/
     # cloud_tpu_cluster.py reads it); the tests read what each host was told from there
@@ -161,6 +181,7 @@ def describe(name: str) -> int:
   print(state)
   if state == "PROVISIONING":
     (node(name) / "state").write_text("ACTIVE")
+    boot(name)
   return 0
 
 
@@ -169,17 +190,35 @@ def delete(name: str) -> int:
     print(f"ERROR: (gcloud) NOT_FOUND: queued resource {name}", file=sys.stderr)
     return 1
   (node(name) / "state").write_text("DELETING")
-  pids = [p for p in trainer_pids(name) if alive(p)]
+  pids = host_processes(name)  # a host's shutdown: SIGTERM to every process, then SIGKILL
   for pid in pids:
-    os.kill(pid, signal.SIGTERM)
+    try:
+      os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+      pass
   deadline = time.monotonic() + float(os.environ.get("FAKE_GCLOUD_GRACE_S", "60"))
   while any(alive(p) for p in pids) and time.monotonic() < deadline:
     time.sleep(0.2)
-  for pid in pids:
-    if alive(pid):
+  for pid in host_processes(name):
+    try:
       os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
   (node(name) / "state").unlink()
   return 0
+
+
+def boot(name: str) -> None:
+  """What a worker does when it comes up: run the queued resource's startup script, if it has
+  one (`--metadata-from-file=startup-script=FILE`), in the background, as a TPU VM's boot does."""
+  script = node(name) / "startup-script"
+  if not script.exists():
+    return
+  for k, worker, home in homes(name):
+    with open(home / "startup-script.log", "ab") as log:
+      subprocess.Popen(["bash", str(script)], cwd=home, env=worker_env(name, k, worker, home),
+                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                       start_new_session=True)
 
 
 def tpu_variables(name: str, slice_index: int, worker: int) -> dict:
@@ -246,9 +285,16 @@ def ssh(target: str, args: list[str], *, by_node: bool) -> int:
     return 255
   command = option(args, "command")
   processes = [subprocess.Popen(["bash", "-c", command], cwd=home,
-                                env=worker_env(name, k, worker, home), start_new_session=True)
+                                env=worker_env(name, k, worker, home), start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                for k, worker, home in selected(name, args, target if by_node else None)]
-  while any(p.poll() is None for p in processes):
+  # as ssh: the session ends when its command has exited and everything that holds the
+  # session's output (a background process that kept it) has closed it
+  copies = [threading.Thread(target=copy, args=(stream, out), daemon=True)
+            for p in processes for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr))]
+  for thread in copies:
+    thread.start()
+  while any(p.poll() is None for p in processes) or any(t.is_alive() for t in copies):
     if state_of(name) != "ACTIVE":  # the host went away under the connection
       for p in processes:
         if p.poll() is None:
@@ -259,11 +305,51 @@ def ssh(target: str, args: list[str], *, by_node: bool) -> int:
   return max((p.returncode for p in processes), key=abs)
 
 
+def copy(stream, out) -> None:
+  """A worker's output, line by line, to this ssh's own."""
+  for line in iter(stream.readline, b""):
+    out.buffer.write(line)
+    out.flush()
+
+
+def node_pool_create(name: str, args: list[str]) -> int:
+  """GKE: records the node pool's service account and scopes (default: the Compute Engine default
+  account with GKE's default scopes, whose storage scope is read-only), for
+  tests/jobset_runner.py's identity of the pods on it."""
+  pools = STATE / "nodepools"
+  pools.mkdir(exist_ok=True)
+  if (pools / f"{name}.json").exists():
+    print(f"ERROR: (gcloud.container.node-pools.create) node pool {name} exists", file=sys.stderr)
+    return 1
+  record = {"cluster": option(args, "cluster"), "machine_type": option(args, "machine-type"),
+            "tpu_topology": option(args, "tpu-topology"), "num_nodes": option(args, "num-nodes"),
+            "service_account": option(args, "service-account", "default"),
+            "scopes": option(args, "scopes", "gke-default").split(","),
+            "spot": "--spot" in args}
+  (pools / f"{name}.json").write_text(json.dumps(record))
+  return 0
+
+
+def bucket_iam_binding(bucket: str, args: list[str]) -> int:
+  """Cloud Storage: records a (member, role) binding on the bucket."""
+  iam = STATE / "iam"
+  iam.mkdir(exist_ok=True)
+  path = iam / f"{bucket.removeprefix('gs://')}.json"
+  bindings = json.loads(path.read_text()) if path.exists() else []
+  bindings.append({"member": option(args, "member"), "role": option(args, "role")})
+  path.write_text(json.dumps(bindings))
+  return 0
+
+
 def main(args: list[str]) -> int:
   STATE.mkdir(parents=True, exist_ok=True)
   with open(STATE / "calls.log", "a") as log:
     log.write(json.dumps(args) + "\n")
   words = positional(args)
+  if words[:3] == ["container", "node-pools", "create"]:
+    return node_pool_create(words[3], args)
+  if words[:3] == ["storage", "buckets", "add-iam-policy-binding"]:
+    return bucket_iam_binding(words[3], args)
   if words[:3] == ["compute", "tpus", "queued-resources"]:
     verb = words[3]
     if verb == "ssh":

@@ -53,22 +53,27 @@ def test_install_script_makes_an_environment_that_trains(tmp_path):
   assert [row["step"] for row in metrics_rows(workdir)] == [1, 2]
 
 
-def fake_uv(tmp_path: pathlib.Path, venv_ok: bool) -> dict:
-  """A `uv` that makes "environments" running this test's Python and installs nothing, so the
-  script's own steps (source handling, idempotence, errors) run in a second."""
-  bin_dir = tmp_path / "fake_bin"
-  bin_dir.mkdir(exist_ok=True)
-  uv = bin_dir / "uv"
+def fake_uv_script(calls: pathlib.Path, venv_ok: bool) -> str:
+  """A `uv` that makes "environments" running this test's Python and installs nothing (its
+  arguments appended to `calls`), so that install_worker.sh's own steps run in a second."""
   make_venv = (f'mkdir -p "$target/bin"; printf "#!/bin/sh\\nexec {sys.executable} \\"\\$@\\"\\n" '
                f'> "$target/bin/python"; chmod +x "$target/bin/python"; exit 0')
-  uv.write_text(f"""#!/bin/bash
-echo "$@" >> {tmp_path}/uv_calls
+  return f"""#!/bin/bash
+echo "$@" >> {calls}
 for target; do :; done  # the last argument
 if [ "$1" = venv ]; then
   {make_venv if venv_ok else 'echo "error: No interpreter found" >&2; exit 2'}
 fi
 exit 0
-""")
+"""
+
+
+def fake_uv(tmp_path: pathlib.Path, venv_ok: bool) -> dict:
+  """The environment of a host whose `uv` is `fake_uv_script`'s."""
+  bin_dir = tmp_path / "fake_bin"
+  bin_dir.mkdir(exist_ok=True)
+  uv = bin_dir / "uv"
+  uv.write_text(fake_uv_script(tmp_path / "uv_calls", venv_ok))
   uv.chmod(0o755)
   return {**os.environ, "HOME": str(tmp_path / "home"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
@@ -121,3 +126,44 @@ def test_a_linked_checkout_is_never_reset_by_a_later_git_source(tmp_path):
   remote = subprocess.run(["git", "-C", str(checkout), "remote", "get-url", "origin"],
                           capture_output=True, text=True, check=True).stdout.strip()
   assert remote == f"file://{REPO}"
+
+
+def test_a_git_source_installs_the_pinned_commit_not_the_newest(tmp_path):
+  """REASONING_RL_REF=<commit> (what the TPU VM recipe pins): the first install and a reinstall
+  after the remote moved on both get that commit, and say so."""
+  env = fake_uv(tmp_path, venv_ok=True)
+  origin = tmp_path / "origin"
+  subprocess.run(["git", "clone", "--quiet", "--depth=1", f"file://{REPO}", str(origin)],
+                 check=True)
+  pinned = subprocess.run(["git", "-C", str(origin), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+  root = tmp_path / "r"
+  pin = {**env, "REASONING_RL_REF": pinned}
+  first = install(f"file://{origin}", root, pin)
+  assert first.returncode == 0, first.stderr
+  assert first.stdout.startswith(f"installed: reasoning_rl from {root}/src at {pinned} on Python")
+  (origin / "NEW_FILE").write_text("x")
+  subprocess.run(["git", "-C", str(origin), "add", "NEW_FILE"], check=True)
+  subprocess.run(["git", "-C", str(origin), "-c", "user.name=t", "-c", "user.email=t@t",
+                  "commit", "--quiet", "-m", "later"], check=True)
+  again = install(f"file://{origin}", root, pin)
+  assert again.returncode == 0, again.stderr
+  assert f" at {pinned} " in again.stdout and not (root / "src" / "NEW_FILE").exists()
+  newest = install(f"file://{origin}", root, env)  # unpinned: the remote's HEAD
+  assert newest.returncode == 0 and (root / "src" / "NEW_FILE").exists()
+
+
+def test_an_archive_with_another_digest_is_refused(tmp_path):
+  env = fake_uv(tmp_path, venv_ok=True)
+  archive = tmp_path / "project.tar.gz"
+  subprocess.run(["git", "archive", "--format=tar.gz", "--prefix=reasoning_rl/", "-o",
+                  str(archive), "HEAD"], cwd=REPO, check=True)
+  import hashlib
+
+  digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+  ok = install(archive, tmp_path / "r", {**env, "REASONING_RL_SHA256": digest})
+  assert ok.returncode == 0, ok.stderr
+  refused = install(archive, tmp_path / "r", {**env, "REASONING_RL_SHA256": "0" * 64})
+  assert refused.returncode == 1 and refused.stderr.count("\n") == 1
+  assert refused.stderr.startswith(f"error: install_worker.sh: archive {archive} has sha256 "
+                                   f"{digest}, not the {'0' * 64} the run was started from")

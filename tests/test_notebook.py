@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import shutil
 
 import nbclient
 import nbformat
@@ -27,36 +28,62 @@ def test_notebook_runs_with_the_debug_config(tmp_path, monkeypatch):
   assert len(images) >= 6
 
 
-def test_first_cell_fetches_the_project_on_a_fresh_runtime(tmp_path):
-  """Opened outside a checkout (a fresh Colab runtime), the first cell unpacks the project from
-  an uploaded archive named by SOURCE and works from there; without SOURCE it says what to set."""
+def test_first_cell_finds_the_project_with_no_edit(tmp_path):
+  """Opened outside a checkout with nothing set (a fresh Colab runtime): the first cell finds an
+  archive of the repository uploaded next to it and unpacks it, finds that the second time, asks
+  for an upload on Colab (a stand-in google.colab here), uses an installed checkout where there
+  is one, and says in one line what to do when there is nothing."""
   import subprocess
   import sys
 
   notebook = nbformat.read(REPO / "colab" / "reasoning_rl_demo.ipynb", as_version=4)
   first_cell = notebook.cells[1].source
+  if pathlib.Path("/content").is_dir():
+    pytest.skip("this machine has /content: the cell would unpack there")
   archive = tmp_path / "upload.tar.gz"
   subprocess.run(["git", "archive", "--format=tar.gz", "--prefix=reasoning_rl-main/",
                   "-o", str(archive), "HEAD"], cwd=REPO, check=True)
   home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
   home.mkdir()
   elsewhere.mkdir()
-  env = {**os.environ, "HOME": str(home), "REASONING_RL_SOURCE": str(archive)}
-  env.pop("REASONING_RL_NOTEBOOK_INSTALL", None)
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("REASONING_RL_", "PYTHON"))} | {"HOME": str(home)}
 
-  def run_cell(environment):
-    return subprocess.run([sys.executable, "-c", first_cell], cwd=elsewhere, env=environment,
-                          capture_output=True, text=True, timeout=120)
+  def run_cell(environment, *flags):
+    # -S: no site-packages, so no installed reasoning_rl (a fresh runtime's Python)
+    return subprocess.run([sys.executable, *flags, "-c", first_cell], cwd=elsewhere,
+                          env=environment, capture_output=True, text=True, timeout=120)
 
-  if pathlib.Path("/content").is_dir():
-    pytest.skip("this machine has /content: the cell would unpack there")
-  result = run_cell(env)
+  missing = run_cell(env, "-S")
+  assert missing.returncode != 0
+  assert missing.stderr.strip().splitlines()[-1].startswith(
+      "RuntimeError: no reasoning_rl project here: open the notebook from a checkout")
+  shutil.copy(archive, home / "reasoning_rl-main.tar.gz")  # uploaded beside the notebook
+  result = run_cell(env, "-S")
   assert result.returncode == 0, result.stderr
-  assert f"project at {home / 'reasoning_rl'} (fetched from SOURCE)" in result.stdout
+  assert result.stdout.strip() == (f"project at {home / 'reasoning_rl'} (fetched from "
+                                   f"{home / 'reasoning_rl-main.tar.gz'})")
   assert (home / "reasoning_rl" / "reasoning_rl" / "trainer.py").exists()
-  again = run_cell(env)  # the second time it finds the unpacked project
-  assert again.returncode == 0 and "project at" in again.stdout
-  env.pop("REASONING_RL_SOURCE")
-  (home / "reasoning_rl" / "setup.cfg").unlink()
-  missing = run_cell(env)
-  assert missing.returncode != 0 and "set SOURCE" in missing.stderr
+  again = run_cell(env, "-S")
+  assert again.returncode == 0
+  assert again.stdout.strip() == f"project at {home / 'reasoning_rl'} (found)"
+
+  shutil.rmtree(home / "reasoning_rl")
+  (home / "reasoning_rl-main.tar.gz").unlink()
+  colab = tmp_path / "fake_colab" / "google" / "colab"
+  colab.mkdir(parents=True)
+  (colab / "__init__.py").write_text("")
+  (colab / "files.py").write_text(
+      f"def upload():\n  print('upload dialog')\n"
+      f"  return {{'mine.tar.gz': open({str(archive)!r}, 'rb').read()}}\n")
+  on_colab = {**env, "PYTHONPATH": str(tmp_path / "fake_colab"),
+              "REASONING_RL_NOTEBOOK_INSTALL": "0"}
+  uploaded = run_cell(on_colab, "-S")
+  assert uploaded.returncode == 0, uploaded.stderr
+  assert "upload dialog" in uploaded.stdout and "(fetched from " in uploaded.stdout
+  assert (home / "reasoning_rl" / "setup.cfg").exists()
+
+  shutil.rmtree(home / "reasoning_rl")
+  installed = run_cell({**env, "PYTHONPATH": str(REPO)})  # an installed (editable) checkout
+  assert installed.returncode == 0, installed.stderr
+  assert installed.stdout.strip() == f"project at {REPO} (found)"

@@ -7,9 +7,11 @@
 #
 #   bash install_worker.sh SOURCE [ROOT]
 #
-# SOURCE: a git URL (REASONING_RL_REF picks a branch/tag, default the remote's HEAD), a local
-#   directory holding the project (used in place: ROOT/src becomes a link to it), or a .tar.gz /
-#   .zip of it.
+# SOURCE: a git URL (REASONING_RL_REF picks a branch, tag or commit, default the remote's HEAD;
+#   the TPU VM recipe pins the commit it resolved when it was made, so that every reinstall of a
+#   run gets the same code), a local directory holding the project (used in place: ROOT/src
+#   becomes a link to it), or a .tar.gz / .zip of it (REASONING_RL_SHA256, when set, must be its
+#   sha256 digest: a changed archive is refused).
 # ROOT: default ~/reasoning_rl. The project is at ROOT/src, the environment at ROOT/venv, so every
 #   host runs `cd ROOT/src && ROOT/venv/bin/python launch/train.py ...`.
 # Environment: REASONING_RL_JAX (default 'jax[tpu]==0.10.2': the jax the project is tested with,
@@ -67,6 +69,11 @@ if [ -d "$SOURCE" ]; then
   fi
 elif [[ "$SOURCE" == *.tar.gz || "$SOURCE" == *.tgz || "$SOURCE" == *.zip ]]; then
   [ -f "$SOURCE" ] || fail "archive $SOURCE not found"
+  if [ -n "${REASONING_RL_SHA256:-}" ]; then
+    digest="$(sha256sum "$SOURCE" | cut -d' ' -f1)"
+    [ "$digest" = "$REASONING_RL_SHA256" ] || fail "archive $SOURCE has sha256 $digest, not" \
+      "the $REASONING_RL_SHA256 the run was started from: give that archive"
+  fi
   unpacked="$(mktemp -d)"
   if [[ "$SOURCE" == *.zip ]]; then
     python3 -m zipfile -e "$SOURCE" "$unpacked"
@@ -80,23 +87,25 @@ elif [[ "$SOURCE" == *.tar.gz || "$SOURCE" == *.tgz || "$SOURCE" == *.zip ]]; th
   rm -rf "$unpacked"
 else
   command -v git > /dev/null 2>&1 || fail "git not found (needed to fetch $SOURCE)"
-  if [ -d "$SRC/.git" ] && [ ! -L "$SRC" ]; then  # our own clone (never a linked checkout)
-    git -C "$SRC" remote set-url origin "$SOURCE"
-    git -C "$SRC" fetch --quiet --depth=1 origin "${REASONING_RL_REF:-HEAD}" \
-      || fail "git fetch of $SOURCE ${REASONING_RL_REF:-HEAD} failed"
-    git -C "$SRC" reset --quiet --hard FETCH_HEAD
-  else
+  if [ ! -d "$SRC/.git" ] || [ -L "$SRC" ]; then  # not our own clone (never a linked checkout)
     rm -rf "$SRC"
-    git clone --quiet --depth=1 ${REASONING_RL_REF:+--branch "$REASONING_RL_REF"} "$SOURCE" "$SRC" \
-      || fail "git clone of $SOURCE failed"
+    git init --quiet "$SRC"
+    git -C "$SRC" remote add origin "$SOURCE"
   fi
+  git -C "$SRC" remote set-url origin "$SOURCE"
+  # a branch, a tag or a commit alike (a commit by its id: git's protocol v2 serves any commit
+  # the remote can reach, GitHub too)
+  git -C "$SRC" fetch --quiet --depth=1 origin "${REASONING_RL_REF:-HEAD}" \
+    || fail "git fetch of $SOURCE ${REASONING_RL_REF:-HEAD} failed"
+  git -C "$SRC" reset --quiet --hard FETCH_HEAD
+  COMMIT="$(git -C "$SRC" rev-parse HEAD)"  # what the closing line names (git sources only)
 fi
 
 # 4. The packages: the project (editable, so an update of ROOT/src is what runs) with every runtime
 #    dependency of setup.cfg, and the pinned jax build.
 "$UV" pip install --quiet --python "$PYTHON" -e "$SRC" "$JAX_SPEC" > "$ROOT/install.log" 2>&1 \
   || fail "package install failed (see $ROOT/install.log)"
-"$PYTHON" -W ignore - "$SRC" << 'EOF' || fail "the environment cannot import the trainer's modules"
+"$PYTHON" -W ignore - "$SRC" "${COMMIT:-}" << 'EOF' || fail "the environment cannot import the trainer's modules"
 import importlib.metadata as metadata
 import sys
 
@@ -108,6 +117,7 @@ try:
   libtpu = metadata.version("libtpu")
 except metadata.PackageNotFoundError:
   libtpu = "none"
-print(f"installed: reasoning_rl from {sys.argv[1]} on Python {sys.version.split()[0]}, "
+at = f" at {sys.argv[2]}" if sys.argv[2] else ""
+print(f"installed: reasoning_rl from {sys.argv[1]}{at} on Python {sys.version.split()[0]}, "
       f"jax {jax.__version__}, libtpu {libtpu}")
 EOF
