@@ -27,6 +27,9 @@ program of fixed shapes, so a row's result does not depend on which other rows s
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -79,31 +82,59 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
   return out[:rows].astype(lhs.dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class _TileLayout:
+  """Where the tiled implementation puts rows: `destination` [M] of each row in a buffer of
+  `num_tiles` tiles of `tile` rows, in which each group starts on a tile boundary and the rows
+  past the groups follow them; `tile_group` [num_tiles] the group whose matrix each tile takes;
+  `live` [num_tiles] whether a tile holds grouped rows (the others are not computed)."""
+
+  tile: int
+  num_tiles: int
+  destination: jax.Array
+  tile_group: jax.Array
+  live: jax.Array
+
+  @classmethod
+  def of(cls, rows: int, group_sizes: jax.Array, tile_rows: int) -> "_TileLayout":
+    groups = group_sizes.shape[0]
+    # At most `tile_rows`, and no more than the mean group's rows (a power of two, >= 8): with
+    # many experts (Qwen3-30B-A3B's 128) large tiles would be mostly padding.
+    mean_rows = -(-rows // groups)
+    tile = min(tile_rows, _round_up(rows, 8), max(8, 1 << (mean_rows - 1).bit_length()))
+    num_tiles = -(-rows // tile) + groups  # each group wastes less than one tile
+    ends = jnp.cumsum(group_sizes)
+    starts = ends - group_sizes
+    padded = -(-group_sizes // tile) * tile
+    padded_ends = jnp.cumsum(padded)
+    index = jnp.arange(rows)
+    group_of_row = jnp.minimum(jnp.searchsorted(ends, index, side="right"), groups - 1)
+    destination = jnp.where(
+        index < ends[-1],
+        padded_ends[group_of_row] - padded[group_of_row] + index - starts[group_of_row],
+        padded_ends[-1] + index - ends[-1])
+    tile_start = jnp.arange(num_tiles) * tile
+    tile_group = jnp.minimum(jnp.searchsorted(padded_ends, tile_start, side="right"), groups - 1)
+    return cls(tile, num_tiles, destination, tile_group, tile_start < padded_ends[-1])
+
+  def tiles(self, rows: jax.Array) -> jax.Array:
+    """rows [M, W] in their tiles: [num_tiles, tile, W], zeros where no row goes."""
+    buffer = jnp.zeros((self.num_tiles * self.tile, rows.shape[1]), rows.dtype)
+    buffer = buffer.at[self.destination].set(rows, unique_indices=True)
+    return buffer.reshape(self.num_tiles, self.tile, -1)
+
+  def rows(self, tiles: jax.Array) -> jax.Array:
+    """Inverse of `tiles`: [num_tiles, tile, W] → [M, W]."""
+    return tiles.reshape(self.num_tiles * self.tile, -1)[self.destination]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _tiled(lhs, rhs, group_sizes, tile_rows: int):
-  """The tiled implementation (module docstring). Rows move to a buffer where each group starts
-  on a tile boundary; rows past the groups follow them, and the tiles from there on are not
-  computed (`lax.cond`: zeros)."""
-  rows, width = lhs.shape
-  groups = rhs.shape[0]
-  # At most `tile_rows`, and no more than the mean group's rows (a power of two, >= 8): with
-  # many experts (Qwen3-30B-A3B's 128) large tiles would be mostly padding.
-  mean_rows = -(-rows // groups)
-  tile = min(tile_rows, _round_up(rows, 8), max(8, 1 << (mean_rows - 1).bit_length()))
-  num_tiles = -(-rows // tile) + groups  # each group wastes less than one tile
-  ends = jnp.cumsum(group_sizes)
-  starts = ends - group_sizes
-  padded = -(-group_sizes // tile) * tile
-  padded_ends = jnp.cumsum(padded)
-  index = jnp.arange(rows)
-  group_of_row = jnp.minimum(jnp.searchsorted(ends, index, side="right"), groups - 1)
-  grouped = index < ends[-1]
-  destination = jnp.where(
-      grouped, padded_ends[group_of_row] - padded[group_of_row] + index - starts[group_of_row],
-      padded_ends[-1] + index - ends[-1])
-  buffer = jnp.zeros((num_tiles * tile, width), lhs.dtype).at[destination].set(
-      lhs, unique_indices=True)
-  tile_start = jnp.arange(num_tiles) * tile
-  tile_group = jnp.minimum(jnp.searchsorted(padded_ends, tile_start, side="right"), groups - 1)
+  """The tiled implementation (module docstring): one matmul per live tile with its group's
+  matrix (`lax.cond`: dead tiles are zeros). Its gradient (`_tiled_backward`) is two more tiled
+  passes instead of what autodiff of `lax.map` gives (a gradient of every group's matrix
+  carried through every tile)."""
+  layout = _TileLayout.of(lhs.shape[0], group_sizes, tile_rows)
   out_width = rhs.shape[2]
 
   def one_tile(args):
@@ -111,11 +142,38 @@ def _tiled(lhs, rhs, group_sizes, tile_rows: int):
     return jax.lax.cond(
         live,
         lambda: jnp.dot(block, rhs[group], preferred_element_type=jnp.float32).astype(lhs.dtype),
-        lambda: jnp.zeros((tile, out_width), lhs.dtype))
+        lambda: jnp.zeros((layout.tile, out_width), lhs.dtype))
 
-  out = jax.lax.map(one_tile, (buffer.reshape(num_tiles, tile, width), tile_group,
-                               tile_start < padded_ends[-1]))
-  return out.reshape(num_tiles * tile, -1)[destination]
+  out = jax.lax.map(one_tile, (layout.tiles(lhs), layout.tile_group, layout.live))
+  return layout.rows(out)
+
+
+def _tiled_forward(lhs, rhs, group_sizes, tile_rows):
+  return _tiled(lhs, rhs, group_sizes, tile_rows), (lhs, rhs, group_sizes)
+
+
+def _tiled_backward(tile_rows, residuals, out_grad):
+  """d lhs = out_grad · rhs[g]ᵀ row by row (the tiled product with the transposed matrices);
+  d rhs[g] = Σ over g's tiles of lhs_tileᵀ · out_grad_tile (dead tiles skipped), summed per
+  group."""
+  lhs, rhs, group_sizes = residuals
+  lhs_grad = _tiled(out_grad, rhs.swapaxes(1, 2), group_sizes, tile_rows)
+  layout = _TileLayout.of(lhs.shape[0], group_sizes, tile_rows)
+  shape = rhs.shape[1:]
+
+  def one_tile(args):
+    block, grad_block, live = args
+    return jax.lax.cond(
+        live,
+        lambda: jnp.dot(block.T, grad_block, preferred_element_type=jnp.float32),
+        lambda: jnp.zeros(shape, jnp.float32))
+
+  per_tile = jax.lax.map(one_tile, (layout.tiles(lhs), layout.tiles(out_grad), layout.live))
+  rhs_grad = jax.ops.segment_sum(per_tile, layout.tile_group, num_segments=rhs.shape[0])
+  return lhs_grad, rhs_grad.astype(rhs.dtype), None
+
+
+_tiled.defvjp(_tiled_forward, _tiled_backward)
 
 
 def _round_up(value: int, multiple: int) -> int:
