@@ -1,0 +1,19 @@
+"""The CPU demo (configs/smollm2_arithmetic.py) on a mixture of experts: SmolLM2-135M-Instruct
+upcycled into 4 experts per layer, each token sent to 2 (Komatsuzaki et al. 2022; the upcycled
+model computes what SmolLM2 computes until training makes the experts differ, docs/moe.md),
+trained with the demo's recipe and rollout routing replay (R3, Ma et al. 2025): the trainer
+routes every token through the experts the sampler chose. Without replay:
+--config.algo.routing_replay=False (benchmarks/RESULTS.md compares the two).
+
+  python launch/train.py --config=configs/smollm2_moe_arithmetic.py --config.workdir=runs/moe
+"""
+
+from configs import smollm2_arithmetic
+
+
+def get_config():
+  c = smollm2_arithmetic.get_config()
+  c.model.upcycle.num_experts = 4
+  c.model.upcycle.experts_per_token = 2
+  c.algo.routing_replay = True
+  return c
