@@ -66,6 +66,7 @@ from reasoning_rl.lora import PROJECTIONS, LoraSettings
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.gguf_io import gguf_model_config, open_gguf
 from reasoning_rl.models.transformer import abstract_model
+from reasoning_rl.models.upcycle import upcycled_config
 from reasoning_rl.sharding import (MESH_AXES, batch_devices, count_slices, logical_to_spec,
                                    mesh_axes_of,
                                    multi_slice_mesh_shape, resolve_mesh_shape,
@@ -1209,7 +1210,18 @@ def resolve_layout(config, *, machine: step_layout.Machine | None = None,
 def dry_run_model_config(config) -> ModelConfig:
   """The architecture to plan with: model.path's config.json (or GGUF metadata) when readable on
   this machine, else `model.hf_config_for_planning` (a config.json dict in the config file); a
-  random model (no model.path) is planned from `model.random`."""
+  random model (no model.path) is planned from `model.random`; upcycled into experts when
+  `model.upcycle` says so (as the run builds it)."""
+  model_config = _loaded_model_config(config)
+  upcycle = config.model.get("upcycle")
+  if upcycle is not None and upcycle.num_experts:
+    model_config = upcycled_config(model_config, num_experts=upcycle.num_experts,
+                                   experts_per_token=upcycle.experts_per_token)
+  return model_config
+
+
+def _loaded_model_config(config) -> ModelConfig:
+  """`dry_run_model_config` before upcycling."""
   import json
 
 

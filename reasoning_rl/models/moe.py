@@ -41,6 +41,8 @@ probabilities, its entropy and the squared log-partition of the z-loss.
 
 from __future__ import annotations
 
+import functools
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -49,7 +51,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 from reasoning_rl import sharding
-from reasoning_rl.kernels.grouped_matmul import grouped_matmul
+from reasoning_rl.kernels import grouped_matmul as gm
 from reasoning_rl.models.config import ModelConfig, MoEConfig
 from reasoning_rl.models.primitives import param, weight
 
@@ -208,8 +210,8 @@ def dispatch(x: jax.Array, experts: jax.Array, weights: jax.Array, kernels: dict
   """Σ_i w_i · expert_i(x) over the experts held in `kernels` (`MoE.expert_kernels`: experts
   first_expert … first_expert + E_held − 1): x [N, D], experts and weights [N, k]. A (token,
   expert) pair whose expert is not held contributes nothing and is not computed: the pairs are
-  sorted by expert, the held ones first, and each held expert multiplies its contiguous rows in
-  one grouped matmul (rows past them are left out, their outputs masked). `swiglu`: GPT-OSS's
+  sorted by expert, the held ones first, and the held experts run their contiguous rows
+  (`expert_mlp`; rows past them are left out, their outputs masked). `swiglu`: GPT-OSS's
   (limit, alpha) of `clamped_swiglu`, else the family's `activation`."""
   tokens, k = experts.shape
   held = kernels["down"].shape[0]
@@ -217,27 +219,9 @@ def dispatch(x: jax.Array, experts: jax.Array, weights: jax.Array, kernels: dict
   mine = (local >= 0) & (local < held)
   key = jnp.where(mine, local, held)
   order = jnp.argsort(key, stable=True)  # the N·k (token, expert) pairs, by expert
-  rows = x[order // k]
   sizes = jnp.bincount(jnp.where(mine, local, 0), weights=mine.astype(jnp.int32), length=held)
-  row_expert = jnp.minimum(key[order], held - 1)  # each sorted row's expert: its biases'
-
-  def matmul(lhs, name):
-    out = grouped_matmul(lhs, kernels[name], sizes, implementation=implementation)
-    bias = kernels.get(name + "_bias")
-    return out if bias is None else out + bias[row_expert]
-
-  if "gate_up" in kernels:  # interleaved: gate in even columns, up in odd ones
-    gate_up = matmul(rows, "gate_up")
-    gate, up = gate_up[:, 0::2], gate_up[:, 1::2]
-  else:
-    gate, up = matmul(rows, "gate"), matmul(rows, "up")
-  if swiglu is not None:
-    hidden = clamped_swiglu(gate, up, limit=swiglu[0], alpha=swiglu[1])
-  elif activation == "silu":
-    hidden = jax.nn.silu(gate) * up
-  else:
-    hidden = jax.nn.gelu(gate, approximate=True) * up
-  out = matmul(hidden, "down")
+  out = expert_mlp(x[order // k], kernels, sizes, activation=activation, swiglu=swiglu,
+                   implementation=implementation)
   # Back to (token, slot) order by the inverse permutation (a gather: deterministic, and its
   # gradient is a gather too), then each token's k outputs summed in slot order.
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
@@ -245,6 +229,112 @@ def dispatch(x: jax.Array, experts: jax.Array, weights: jax.Array, kernels: dict
   slot_weights = jnp.where(mine.reshape(tokens, k), weights, 0).astype(x.dtype)
   per_slot = jnp.where(mine.reshape(tokens, k)[..., None], per_slot, 0)
   return jnp.sum(per_slot * slot_weights[..., None], axis=1)
+
+
+def expert_mlp(rows: jax.Array, kernels: dict, sizes: jax.Array, *, activation: str,
+               swiglu, implementation: str) -> jax.Array:
+  """Each expert's MLP on its rows: rows [M, D] sorted by expert, `sizes` [E_held] rows each
+  (rows past them: unspecified outputs). The tiled implementation runs the whole MLP tile by
+  tile (`_tiled_expert_mlp`); the others make one grouped matmul per projection."""
+  options = dict(fused="gate_up" in kernels, activation=activation, swiglu=swiglu)
+  if gm.resolve(implementation) == "tiled":
+    return _tiled_expert_mlp(rows, kernels, sizes, gm.TILE_ROWS, _freeze(options))
+  held = sizes.shape[0]
+  row_expert = jnp.minimum(jnp.searchsorted(jnp.cumsum(sizes), jnp.arange(rows.shape[0]),
+                                            side="right"), held - 1)
+
+  def project(lhs, name):
+    out = gm.grouped_matmul(lhs, kernels[name], sizes, implementation=implementation)
+    bias = kernels.get(name + "_bias")
+    return out if bias is None else out + bias[row_expert]
+
+  return _expert_forward(rows, project, **options)
+
+
+def _expert_forward(rows, project, *, fused: bool, activation: str, swiglu) -> jax.Array:
+  """An expert MLP on `rows`, each projection made by project(lhs, kernel name): gate and up
+  (GPT-OSS: one interleaved gate_up, gate in the even columns), the activation, down."""
+  if fused:
+    gate_up = project(rows, "gate_up")
+    gate, up = gate_up[..., 0::2], gate_up[..., 1::2]
+  else:
+    gate, up = project(rows, "gate"), project(rows, "up")
+  if swiglu is not None:
+    hidden = clamped_swiglu(gate, up, limit=swiglu[0], alpha=swiglu[1])
+  elif activation == "silu":
+    hidden = jax.nn.silu(gate) * up
+  else:
+    hidden = jax.nn.gelu(gate, approximate=True) * up
+  return project(hidden, "down")
+
+
+def _one_expert(block, kernels, options):
+  """One expert's MLP on a tile of its rows; `kernels` holds that expert's slices."""
+  def project(lhs, name):
+    out = jnp.dot(lhs, kernels[name], preferred_element_type=jnp.float32).astype(lhs.dtype)
+    bias = kernels.get(name + "_bias")
+    return out if bias is None else out + bias
+
+  return _expert_forward(block, project, **options)
+
+
+def _freeze(options: dict) -> tuple:
+  return tuple(sorted(options.items()))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _tiled_expert_mlp(rows, kernels, sizes, tile_rows: int, options):
+  """`expert_mlp` tile by tile (`grouped_matmul.TileLayout`): the rows are laid into tiles once,
+  every live tile runs its expert's whole MLP (dead tiles: zeros), and the outputs come back to
+  row order once. Its gradient (`_tiled_backward`) recomputes each tile's MLP and takes its VJP,
+  adding the tile's weight gradients into one accumulator in place, so a layer keeps only its
+  input rows for the backward pass (per projection, the rows' gathered copies and [tiles, …]
+  products had held gigabytes of a MoE SmolLM2 step)."""
+  options = dict(options)
+  layout = gm.TileLayout.of(rows.shape[0], sizes, tile_rows)
+
+  def one_tile(args):
+    block, group, live = args
+    return jax.lax.cond(live, lambda: _one_expert(block, _slice(kernels, group), options),
+                        lambda: jnp.zeros_like(block))
+
+  out = jax.lax.map(one_tile, (layout.tiles(rows), layout.tile_group, layout.live))
+  return layout.rows(out)
+
+
+def _slice(kernels: dict, group) -> dict:
+  return {name: kernel[group] for name, kernel in kernels.items()}
+
+
+def _tiled_forward(rows, kernels, sizes, tile_rows, options):
+  return _tiled_expert_mlp(rows, kernels, sizes, tile_rows, options), (rows, kernels, sizes)
+
+
+def _tiled_backward(tile_rows, options, residuals, out_grad):
+  rows, kernels, sizes = residuals
+  options = dict(options)
+  layout = gm.TileLayout.of(rows.shape[0], sizes, tile_rows)
+
+  def one_tile(total, args):
+    block, grad, group, live = args
+
+    def backward():
+      _, vjp = jax.vjp(lambda b, w: _one_expert(b, w, options), block, _slice(kernels, group))
+      block_grad, kernel_grads = vjp(grad)
+      return (jax.tree.map(lambda acc, g: acc.at[group].add(g.astype(acc.dtype)), total,
+                           kernel_grads), block_grad)
+
+    return jax.lax.cond(live, backward, lambda: (total, jnp.zeros_like(block)))
+
+  start = jax.tree.map(lambda kernel: jnp.zeros(kernel.shape, jnp.float32), kernels)
+  totals, block_grads = jax.lax.scan(
+      one_tile, start, (layout.tiles(rows), layout.tiles(out_grad), layout.tile_group,
+                        layout.live))
+  kernel_grads = jax.tree.map(lambda g, kernel: g.astype(kernel.dtype), totals, kernels)
+  return layout.rows(block_grads), kernel_grads, None
+
+
+_tiled_expert_mlp.defvjp(_tiled_forward, _tiled_backward)
 
 
 def _expert_parallel(x, experts, weights, kernels, mesh, **options):
