@@ -43,16 +43,17 @@ def test_weight_gradients_match_torch_autograd(family_checkpoint):
   """The backward pass against an independent one: d/dW of a fixed linear function of the logits
   of a left-padded batch, ours (jax.grad) against torch autograd on each row's real tokens alone,
   for every weight (projections, norms, the embedding through both of its uses when tied; a
-  sparse layer's router and each of its experts)."""
+  sparse layer's router, each of its experts and its shared experts). Buffers (DeepSeek-V3's
+  selection bias) are not weights, here as in torch."""
   family, directory, torch_model = family_checkpoint
   model, _ = load_hf_weights(directory)
   ids, mask = _left_padded_batch(model.config.vocab_size, seed=2)
   probe = np.random.RandomState(3).randn(*ids.shape, model.config.vocab_size).astype(np.float32)
   probe *= mask[..., None]
-  graphdef, params = nnx.split(model)
+  graphdef, params, buffers = nnx.split(model, nnx.Param, ...)
 
   def loss(params):
-    logits = nnx.merge(graphdef, params)(jnp.asarray(ids), jnp.asarray(mask))
+    logits = nnx.merge(graphdef, params, buffers)(jnp.asarray(ids), jnp.asarray(mask))
     return jnp.sum(logits * probe)
 
   ours = nnx.to_flat_state(jax.grad(loss)(params))
