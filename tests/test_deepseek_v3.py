@@ -6,7 +6,6 @@ per-token numpy reference, the training step leaving the selection bias alone, a
 softmax-scale correction."""
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -20,11 +19,12 @@ from reasoning_rl.models import KVCache
 from reasoning_rl.models.checkpoints import load_hf_weights
 from reasoning_rl.models.config import MLAConfig, ModelConfig, MoEConfig
 from reasoning_rl.models.mla import softmax_scale
-from reasoning_rl.models.transformer import abstract_model, positions_from_mask, stack_layers
+from reasoning_rl.models.transformer import abstract_model, stack_layers
 from reasoning_rl.rl.step import StepConfig, TrainStep
 from reasoning_rl.sampler import Engine, generate_groups
 from reasoning_rl.sampler.paged import PagedEngine
 from tests.hf_reference import DEEPSEEK_V3, reference_logits, write_tiny_model
+from tests.test_model_parity import decoded_logits, full_logits, left_padded_batch
 from tests.test_sampler_engine import GREEDY, PROMPTS
 from tests.test_train_step import make_batch
 
@@ -58,45 +58,6 @@ def perturbed_model(config: ModelConfig, seed: int = 0):
   return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(fill, state))
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _forward(graphdef, state, ids, mask):
-  return nnx.merge(graphdef, state)(ids, mask)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _decode_step(graphdef, state, ids, positions, cache, write_index):
-  return nnx.merge(graphdef, state).decode(ids, positions, cache, write_index)
-
-
-def _logits(model, ids, mask):
-  """The full forward's logits [B, T, V] (compiled: eager ops take far longer here)."""
-  return np.asarray(_forward(*nnx.split(model), jnp.asarray(ids), jnp.asarray(mask)))
-
-
-def _batch(vocab, seed):
-  rng = np.random.RandomState(seed)
-  ids = rng.randint(0, vocab, size=(3, 10))
-  mask = np.ones_like(ids)
-  mask[0, :3] = 0
-  mask[1, :1] = 0
-  ids[mask == 0] = 0
-  return ids, mask
-
-
-def _decoded(model, ids, mask, cache, prompt_len=4):
-  """Logits of a prefill of prompt_len tokens, then one token at a time, [B, T, V]."""
-  graphdef, state = nnx.split(model)
-  positions = positions_from_mask(jnp.asarray(mask))
-  logits, cache = _decode_step(graphdef, state, jnp.asarray(ids[:, :prompt_len]),
-                               positions[:, :prompt_len], cache, jnp.zeros(len(ids), jnp.int32))
-  steps = [np.asarray(logits)]
-  for t in range(prompt_len, ids.shape[1]):
-    logits, cache = _decode_step(graphdef, state, jnp.asarray(ids[:, t:t + 1]),
-                                 positions[:, t:t + 1], cache, jnp.full(len(ids), t, jnp.int32))
-    steps.append(np.asarray(logits))
-  return np.concatenate(steps, axis=1)
-
-
 def test_plain_query_projection_and_halves_rope_match_transformers(tmp_path):
   """q_lora_rank null (one q_proj) and rope_interleave false, the variant the shared parity
   family does not take: logits ≤ 1e-4 on a left-padded batch, cached decoding = the full
@@ -107,11 +68,12 @@ def test_plain_query_projection_and_halves_rope_match_transformers(tmp_path):
   model, _ = load_hf_weights(tmp_path)
   assert model.config.mla.q_lora_rank is None and not model.config.mla.rope_interleave
   assert model.config.num_params() == sum(p.numel() for p in torch_model.parameters())
-  ids, mask = _batch(model.config.vocab_size, seed=2)
-  full = _logits(model, ids, mask)
+  ids, mask = left_padded_batch(model.config.vocab_size, seed=2)
+  full = full_logits(model, ids, mask)
   for row, ref in enumerate(reference_logits(torch_model, ids, mask)):
     np.testing.assert_allclose(full[row][mask[row] > 0], ref, atol=1e-4, rtol=0)
-  cached = _decoded(model, ids, mask, KVCache.init(model.config, batch=3, max_len=12))
+  cached = decoded_logits(model, ids, mask, KVCache.init(model.config, batch=3, max_len=12),
+                          prompt_len=4)
   np.testing.assert_allclose(cached[mask > 0], full[mask > 0], atol=2e-5, rtol=0)
 
 
@@ -169,12 +131,12 @@ def test_scanned_latent_attention_stack_equals_loop_and_decodes():
   config = tiny_config(sparse_layers=(True, True))
   loop = perturbed_model(config, seed=2)
   scanned = stack_layers(loop)
-  ids, mask = _batch(config.vocab_size, seed=3)
-  full = _logits(loop, ids, mask)
-  np.testing.assert_allclose(_logits(scanned, ids, mask), full, atol=1e-5, rtol=0)
+  ids, mask = left_padded_batch(config.vocab_size, seed=3)
+  full = full_logits(loop, ids, mask)
+  np.testing.assert_allclose(full_logits(scanned, ids, mask), full, atol=1e-5, rtol=0)
   cache = KVCache.init(config, batch=3, max_len=12, stacked=True)
   assert cache.k.shape == (2, 3, 1, 12, 16)
-  cached = _decoded(scanned, ids, mask, cache)
+  cached = decoded_logits(scanned, ids, mask, cache, prompt_len=4)
   np.testing.assert_allclose(cached[mask > 0], full[mask > 0], atol=2e-5, rtol=0)
 
 
@@ -298,3 +260,32 @@ def test_mla_config_json_fields_are_required():
   config = ModelConfig.from_hf_config(transformers.DeepseekV3Config(**DEEPSEEK_V3).to_dict())
   with pytest.raises(CheckpointError, match="head_dim=16"):
     dataclasses.replace(config, head_dim=16)
+
+
+def test_parameter_count_is_the_models():
+  """num_params (the planner's and the FLOPs' count) with the query bottleneck, shared experts
+  and a dense layer: the model's own parameters (the selection bias is a buffer, not counted)."""
+  config = tiny_config()
+  model = perturbed_model(config)
+  assert config.num_params() == sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  per_token = config.num_params(active=True)
+  assert config.num_params() - per_token == 5 * 3 * 32 * 16  # 8 - 3 routed experts idle
+
+
+def test_lora_adapts_the_mlps_and_refuses_the_latent_attention():
+  """The default targets (attention and MLPs) are refused by name; the dense layer's MLP adapts.
+  (A sparse layer's experts are grouped matmuls, which qwix's LoRA does not reach, in every MoE
+  family.)"""
+  from reasoning_rl import lora
+
+  model = perturbed_model(tiny_config(), seed=6)
+  with pytest.raises(ConfigError, match="latent attention"):
+    lora.apply_lora(model, lora.LoraSettings(rank=2, alpha=4.0))
+  adapted = lora.apply_lora(model, lora.LoraSettings(rank=2, alpha=4.0,
+                                                     target_modules="layers/0/mlp"))
+  adapters = [tuple(str(k) for k in path)
+              for path, _ in nnx.to_flat_state(nnx.state(adapted, nnx.LoRAParam))]
+  assert sorted({path[3] for path in adapters}) == [
+      "down_proj_lora_a", "down_proj_lora_b", "gate_proj_lora_a", "gate_proj_lora_b",
+      "up_proj_lora_a", "up_proj_lora_b"]
+  assert all(path[:3] == ("layers", "0", "mlp") for path in adapters)
