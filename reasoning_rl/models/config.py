@@ -128,10 +128,11 @@ class MoEConfig:
     if self.num_groups > 1 and per_group < 2:
       raise CheckpointError(f"n_group={self.num_groups}: groups are ranked by their two best "
                             f"experts, so each needs at least 2 (it has {per_group})")
-    if self.experts_per_token > self.groups_per_token * per_group:
+    reachable = self.groups_per_token * per_group
+    if self.experts_per_token > reachable:
       raise CheckpointError(
-          f"experts_per_token={self.experts_per_token} exceeds the {self.groups_per_token * per_group}"
-          f" experts of the topk_group={self.groups_per_token} groups a token may choose from")
+          f"experts_per_token={self.experts_per_token} exceeds the {reachable} experts of the "
+          f"topk_group={self.groups_per_token} groups a token may choose from")
     if self.num_shared_experts < 0:
       raise CheckpointError(f"n_shared_experts={self.num_shared_experts} must be >= 0")
 
@@ -297,7 +298,7 @@ class ModelConfig:
       self._check_mla()
 
   def _check_mla(self):
-    """What multi-head latent attention (`reasoning_rl.models.mla`) computes and what it does not."""
+    """What latent attention (`reasoning_rl.models.mla`) computes, and what it does not."""
     if (self.model_type in MLA_MODEL_TYPES) != (self.mla is not None):
       raise CheckpointError(f"model_type {self.model_type!r} with mla={self.mla!r}: the "
                             f"latent-attention families {MLA_MODEL_TYPES} need an MLAConfig, "

@@ -14,8 +14,8 @@ Per token x, with H heads:
   YaRN, below), values v_h (v_head_dim), then the output projection.
 
 The full forward (training, scoring) computes exactly that: keys and values of every head, then
-`kernels.training_attention` (v padded with zeros to the query width, the layout flash kernels
-take, and cut back after).
+`kernels.training_attention` (v padded with zeros to the query width: one head width for q, k
+and v, as the kernels take them; cut back after).
 
 The sampler's cache holds what the keys and values are rebuilt from, not them: c_kv in the k
 buffer ([B, 1, S, kv_lora_rank]) and the rotated k_rope in the v buffer ([B, 1, S,
@@ -31,9 +31,11 @@ paged cache (`models/kv_pages.py`) holds the same two buffers in pages and is re
 layer's pages (the TPU paged-attention kernel computes grouped-query attention only).
 
 YaRN (Peng et al. 2023): DeepSeek-V3's config scales RoPE with YaRN and multiplies the softmax
-scale by mscale(factor, mscale_all_dim)², mscale(s, m) = 0.1·m·ln(s) + 1 for s > 1 (`softmax_scale`,
-as transformers' DeepseekV3Attention does). The rotary frequencies and the rotation's own
-attention factor are the RoPE tables' business (`rope_inverse_frequencies`), not this module's.
+scale by mscale(factor, mscale_all_dim)², mscale(s, m) = 0.1·m·ln(s) + 1 for s > 1
+(`softmax_scale`, as transformers' DeepseekV3Attention does). YaRN's rotary frequencies and its
+attention factor (mscale / mscale_all_dim, by which transformers multiplies cos and sin, so in
+MLA q_rope and k_rope only) belong with the RoPE tables (`rope_inverse_frequencies`), not here;
+DeepSeek-V3's published configs set mscale = mscale_all_dim, which makes that factor 1.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ from reasoning_rl import kernels
 from reasoning_rl.kernels import reference
 from reasoning_rl.models import kv_pages
 from reasoning_rl.models.config import ModelConfig
-from reasoning_rl.models.primitives import RMSNorm, apply_rope, param, project, scatter_cache, weight
+from reasoning_rl.models.primitives import (RMSNorm, apply_rope, param, project, scatter_cache,
+                                            weight)
 
 # The bottleneck norms' epsilon: DeepSeek's (and transformers') q_a / kv_a norms are built with
 # their default 1e-6, not the config's rms_norm_eps.
