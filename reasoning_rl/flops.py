@@ -40,6 +40,13 @@ def matmul_weights(config: ModelConfig) -> int:
   projection, norms or biases; a sparse layer's k chosen experts and its router)."""
   c = config
   attention = c.hidden_size * c.head_dim * 2 * (c.num_heads + c.num_kv_heads)  # q, o; k, v
+  if c.mla is not None:  # latent attention's projections (its norms are no matmul)
+    m = c.mla
+    query = (c.hidden_size * c.num_heads * m.qk_head_dim if m.q_lora_rank is None
+             else m.q_lora_rank * (c.hidden_size + c.num_heads * m.qk_head_dim))
+    attention = (query + c.hidden_size * (m.kv_lora_rank + m.qk_rope_head_dim)
+                 + m.kv_lora_rank * c.num_heads * (m.qk_nope_head_dim + m.v_head_dim)
+                 + c.num_heads * m.v_head_dim * c.hidden_size)
   return c.num_layers * attention + sum(mlp_weights(c, layer) for layer in range(c.num_layers))
 
 
@@ -62,7 +69,12 @@ def down_projection_weights(config: ModelConfig, layer: int) -> int:
 
 
 def attention_flops_per_key(config: ModelConfig) -> int:
-  """FLOPs of one query-key pair over all layers: scores plus the weighted sum of values."""
+  """FLOPs of one query-key pair over all layers: scores plus the weighted sum of values (latent
+  attention: scores over qk_nope + qk_rope dimensions, values of v_head_dim, as the training
+  forward rebuilds them)."""
+  if config.mla is not None:
+    m = config.mla
+    return 2 * config.num_layers * config.num_heads * (m.qk_head_dim + m.v_head_dim)
   return 4 * config.num_layers * config.num_heads * config.head_dim
 
 

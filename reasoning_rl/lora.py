@@ -141,6 +141,7 @@ def apply_lora(model, settings: LoraSettings, *, seed: int = 0):
                         "layers and not others, which a scanned stack (config.model.scan_layers) "
                         r"cannot hold: adapt every layer alike (e.g. layers/\d+/attn)") from None
   config = model.config
+  _refuse_latent_attention(config, settings)
   if settings.base_quantization == "nf4" and settings.quantization_tile:
     _check_tiles(config, settings.quantization_tile)
   example = jnp.zeros((1, 1, config.hidden_size), model.dtype)
@@ -163,6 +164,20 @@ def apply_lora(model, settings: LoraSettings, *, seed: int = 0):
       node.set_value(node[...].astype(jnp.float32))
   adapted.lora_settings = settings  # static: merging and export read the scale from it
   return adapted
+
+
+def _refuse_latent_attention(config, settings: LoraSettings) -> None:
+  """qwix adds an adapter where the forward multiplies by the whole kernel; latent attention's
+  cached decoding (models/mla.py, the absorbed form) multiplies by slices of kv_b_proj, which no
+  adapter reaches, so the sampler would decode another model than the one trained."""
+  if config.mla is None:
+    return
+  if any(re.fullmatch(settings.target_modules, f"layers/{i}/attn")
+         for i in range(config.num_layers)):
+    raise ConfigError(
+        f"config.lora.target_modules={settings.target_modules!r} adapts the latent attention "
+        f"of this {config.model_type} model, which LoRA does not support (its cached decoding "
+        r"folds kv_b_proj into queries and outputs): target the MLPs, e.g. layers/\d+/mlp")
 
 
 def _check_tiles(config, tile: int) -> None:

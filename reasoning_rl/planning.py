@@ -821,13 +821,15 @@ ICI_BYTES_PER_S = {"v5e": 100e9, "v5p": 600e9, "v6e": 200e9}
 
 
 def kv_cache_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int) -> int:
-  """Per device: K and V [slots, kv_heads, length, head_dim] per layer in the compute dtype,
-  sharded as the engine shards them, + the int32 positions [slots, length]."""
+  """Per device: K and V [slots, kv_heads, length, head_dim] per layer in the compute dtype
+  (latent attention: its latent and shared RoPE key, `ModelConfig.kv_cache_layout`), sharded as
+  the engine shards them, + the int32 positions [slots, length]."""
   length, b = sampler_cache_length(config), Precision.of(config).compute.itemsize
-  kv = shard_size(("batch", "kv_heads", "length", "head_dim"),
-                  (slots, m.num_kv_heads, length, m.head_dim), mesh)
+  kv = sum(shard_size(("batch", "kv_heads", "length", "head_dim"),
+                      (slots, heads, length, width), mesh)
+           for heads, width in m.kv_cache_layout())
   positions = shard_size(("batch", "length"), (slots, length), mesh)
-  return 2 * m.num_layers * kv * b + 4 * positions
+  return m.num_layers * kv * b + 4 * positions
 
 
 def kv_pool_pages(config, slots: int) -> int:
@@ -844,20 +846,23 @@ def kv_pool_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int,
   the contiguous rows one decode layer gathers them into, [slots, kv_heads, length, head_dim]
   of K and V, none where the TPU kernel reads every layer's pages in place:
   `rollout.kv_page_kernel` on `backend`, a model without sliding-window layers or attention
-  sinks)."""
+  sinks). Latent attention's pool and rows hold its latent and shared RoPE key instead of K and
+  V (`ModelConfig.kv_cache_layout`)."""
   r, precision = config.rollout, Precision.of(config)
   b = precision.compute.itemsize
   length = sampler_cache_length(config)
   pages = kv_pool_pages(config, slots)
-  pool = shard_size(("kv_heads", None, None, "head_dim"),
-                    (m.num_kv_heads, pages, r.kv_page_size, m.head_dim), mesh)
-  layer_rows = shard_size(("batch", "kv_heads", "length", "head_dim"),
-                          (slots, m.num_kv_heads, length, m.head_dim), mesh)
+  layout = m.kv_cache_layout()
+  pool = sum(shard_size(("kv_heads", None, None, "head_dim"),
+                        (heads, pages, r.kv_page_size, width), mesh) for heads, width in layout)
+  layer_rows = sum(shard_size(("batch", "kv_heads", "length", "head_dim"),
+                              (slots, heads, length, width), mesh) for heads, width in layout)
   kernel = kernels.paged.choose_paged_kernel(r.get("kv_page_kernel", "auto"), backend=backend,
-                                             dtype=precision.compute, head_dim=m.head_dim)
+                                             dtype=precision.compute, head_dim=m.head_dim,
+                                             latent_attention=m.mla is not None)
   if kernel == "pallas_tpu" and "sliding_attention" not in m.layer_types and not m.attention_sinks:
     layer_rows = 0  # every layer read in place (`kernels.paged.runs_kernel`), none gathered
-  return 2 * m.num_layers * pool * b + 4 * pages * r.kv_page_size, 2 * layer_rows * b
+  return m.num_layers * pool * b + 4 * pages * r.kv_page_size, layer_rows * b
 
 
 def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, weights: int, slots: int,

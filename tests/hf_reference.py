@@ -1,7 +1,8 @@
 """Tiny random transformers models of every supported family, written with save_pretrained.
 
 Used as the independent reference for parity tests; weights are perturbed away from
-transformers' init (norms included) so that a wrong layout cannot hide behind ones and zeros.
+transformers' init (norms included) so that a wrong layout cannot hide behind ones and zeros, and
+so is DeepSeek-V3's router selection bias (a buffer, zero at init).
 """
 
 import pathlib
@@ -55,9 +56,21 @@ FAMILIES = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
                          "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                          "original_max_position_embeddings": 4096}),
+    # DeepSeek-V3: latent attention with a query bottleneck (q_lora_rank), value heads narrower
+    # than query heads, interleaved RoPE; one dense layer, then a sparse one of 8 experts in 2
+    # groups of which a token may use 1 (so group ranking decides something), sigmoid scores,
+    # the selection bias, one shared expert, renormalised and scaled weights.
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(**DEEPSEEK_V3),
 }
 
-MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "gpt_oss")
+DEEPSEEK_V3 = dict(
+    {k: v for k, v in SMALL.items() if k not in ("head_dim", "num_key_value_heads")},
+    num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
+    n_group=2, topk_group=1, first_k_dense_replace=1, n_shared_experts=1,
+    routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=24, kv_lora_rank=16,
+    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12)
+
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "gpt_oss", "deepseek_v3")
 
 
 def saved_name_grads(torch_model, family: str) -> dict[str, np.ndarray]:
@@ -101,6 +114,9 @@ def write_tiny_model(family: str, directory: pathlib.Path, seed: int = 0, config
   with torch.no_grad():
     for p in model.parameters():
       p.add_(torch.randn_like(p) * 0.1)
+    for name, b in model.named_buffers():
+      if name.endswith("e_score_correction_bias"):
+        b.add_(torch.randn_like(b) * 0.1)
   model.save_pretrained(directory)
   return model
 

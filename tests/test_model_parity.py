@@ -1,4 +1,9 @@
-"""Logit parity with transformers for every family, and the KV-cache path against the full one."""
+"""Logit parity with transformers for every family, and the KV-cache path against the full one.
+
+Our side runs compiled (`jax.jit`): op-by-op dispatch of a whole model takes several times
+longer on this project's shared CPUs."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -11,11 +16,43 @@ from flax import nnx
 from reasoning_rl.models import KVCache
 from reasoning_rl.models.checkpoints import hf_tensors, load_hf_weights
 from reasoning_rl.models.config import ModelConfig
+from reasoning_rl.models.transformer import positions_from_mask
 from tests.hf_reference import (FAMILIES, SMALL, reference_logits, saved_name_grads,
                                 write_tiny_model)
 
 
-def _left_padded_batch(vocab, seed=0):
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, state, ids, mask):
+  return nnx.merge(graphdef, state)(ids, mask)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _decode(graphdef, state, ids, positions, cache, write_index):
+  return nnx.merge(graphdef, state).decode(ids, positions, cache, write_index)
+
+
+def full_logits(model, ids, mask) -> np.ndarray:
+  """model(ids, mask) as numpy, [B, T, V]."""
+  return np.asarray(_forward(*nnx.split(model), jnp.asarray(ids), jnp.asarray(mask)))
+
+
+def decoded_logits(model, ids, mask, cache, prompt_len: int) -> np.ndarray:
+  """The logits of a prefill of each row's first prompt_len entries, then of one token at a time
+  through the KV cache, [B, T, V] (padding entries carry position −1, as the engine's do)."""
+  graphdef, state = nnx.split(model)
+  rows = len(ids)
+  positions = positions_from_mask(jnp.asarray(mask))
+  logits, cache = _decode(graphdef, state, jnp.asarray(ids[:, :prompt_len]),
+                          positions[:, :prompt_len], cache, jnp.zeros(rows, jnp.int32))
+  steps = [np.asarray(logits)]
+  for t in range(prompt_len, ids.shape[1]):
+    logits, cache = _decode(graphdef, state, jnp.asarray(ids[:, t:t + 1]), positions[:, t:t + 1],
+                            cache, jnp.full(rows, t, jnp.int32))
+    steps.append(np.asarray(logits))
+  return np.concatenate(steps, axis=1)
+
+
+def left_padded_batch(vocab, seed=0):
   rng = np.random.RandomState(seed)
   ids = rng.randint(0, vocab, size=(3, 11))
   mask = np.ones_like(ids)
@@ -35,8 +72,8 @@ def family_checkpoint(request, tmp_path_factory):
 def test_left_padded_logits_match_transformers(family_checkpoint):
   family, directory, torch_model = family_checkpoint
   model, _ = load_hf_weights(directory)
-  ids, mask = _left_padded_batch(model.config.vocab_size)
-  ours = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
+  ids, mask = left_padded_batch(model.config.vocab_size)
+  ours = full_logits(model, ids, mask)
   for row, ref in enumerate(reference_logits(torch_model, ids, mask)):
     np.testing.assert_allclose(ours[row][mask[row] > 0], ref, atol=1e-4, rtol=0,
                                err_msg=f"{family} row {row}")
@@ -46,19 +83,20 @@ def test_weight_gradients_match_torch_autograd(family_checkpoint):
   """The backward pass against an independent one: d/dW of a fixed linear function of the logits
   of a left-padded batch, ours (jax.grad) against torch autograd on each row's real tokens alone,
   for every weight (projections, norms, the embedding through both of its uses when tied; a
-  sparse layer's router and each of its experts)."""
+  sparse layer's router, each of its experts and its shared experts). Buffers (DeepSeek-V3's
+  selection bias) are not weights, here as in torch."""
   family, directory, torch_model = family_checkpoint
   model, _ = load_hf_weights(directory)
-  ids, mask = _left_padded_batch(model.config.vocab_size, seed=2)
+  ids, mask = left_padded_batch(model.config.vocab_size, seed=2)
   probe = np.random.RandomState(3).randn(*ids.shape, model.config.vocab_size).astype(np.float32)
   probe *= mask[..., None]
-  graphdef, params = nnx.split(model)
+  graphdef, params, buffers = nnx.split(model, nnx.Param, ...)
 
   def loss(params):
-    logits = nnx.merge(graphdef, params)(jnp.asarray(ids), jnp.asarray(mask))
+    logits = nnx.merge(graphdef, params, buffers)(jnp.asarray(ids), jnp.asarray(mask))
     return jnp.sum(logits * probe)
 
-  ours = nnx.to_flat_state(jax.grad(loss)(params))
+  ours = nnx.to_flat_state(jax.jit(jax.grad(loss))(params))
   torch_model.zero_grad()
   total = sum((torch_model(torch.tensor(row[keep > 0][None])).logits[0]
                * torch.tensor(weights[keep > 0])).sum()
@@ -80,19 +118,10 @@ def test_weight_gradients_match_torch_autograd(family_checkpoint):
 def test_kv_cache_prefill_then_decode_equals_full_forward(family_checkpoint):
   family, directory, _ = family_checkpoint
   model, _ = load_hf_weights(directory)
-  ids, mask = _left_padded_batch(model.config.vocab_size, seed=1)
-  full = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
-  prompt_len = 6
-  positions = jnp.where(jnp.asarray(mask) > 0, jnp.cumsum(jnp.asarray(mask), -1) - 1, -1)
-  cache = KVCache.init(model.config, batch=3, max_len=16)
-  logits, cache = model.decode(jnp.asarray(ids[:, :prompt_len]), positions[:, :prompt_len], cache,
-                               jnp.zeros(3, jnp.int32))
-  steps = [np.asarray(logits)]
-  for t in range(prompt_len, ids.shape[1]):
-    logits, cache = model.decode(jnp.asarray(ids[:, t:t + 1]), positions[:, t:t + 1], cache,
-                                 jnp.full(3, t, jnp.int32))
-    steps.append(np.asarray(logits))
-  cached = np.concatenate(steps, axis=1)
+  ids, mask = left_padded_batch(model.config.vocab_size, seed=1)
+  full = full_logits(model, ids, mask)
+  cached = decoded_logits(model, ids, mask, KVCache.init(model.config, batch=3, max_len=16),
+                          prompt_len=6)
   valid = mask > 0
   np.testing.assert_allclose(cached[valid], full[valid], atol=2e-5, rtol=0, err_msg=family)
 
@@ -121,7 +150,7 @@ def test_bfloat16_model_tracks_float32(tmp_path):
   f32, _ = load_hf_weights(directory, dtype="float32")
   bf16, _ = load_hf_weights(directory, dtype="bfloat16")
   assert bf16.embed[...].dtype == jnp.bfloat16
-  ids, mask = _left_padded_batch(f32.config.vocab_size)
+  ids, mask = left_padded_batch(f32.config.vocab_size)
   a = np.asarray(f32(jnp.asarray(ids), jnp.asarray(mask)))
   b = np.asarray(bf16(jnp.asarray(ids), jnp.asarray(mask)))
   valid = mask > 0

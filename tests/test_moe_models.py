@@ -1,6 +1,6 @@
-"""Mixture-of-experts families (Qwen3-MoE, Mixtral, OLMoE): save_hf round trips, greedy decoding
-through launch/generate.py against transformers, the sparse layer against a per-token numpy
-reference, routing replay, router statistics and the grouped-matmul kernels.
+"""Mixture-of-experts families (Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3): save_hf round trips,
+greedy decoding through launch/generate.py against transformers, the sparse layer against a
+per-token numpy reference, routing replay, router statistics and the grouped-matmul kernels.
 
 Logit and gradient parity with transformers and the KV-cache path are in test_model_parity.py
 (every family of tests/hf_reference.py).
@@ -51,7 +51,8 @@ def test_save_hf_round_trip(moe_checkpoint, tmp_path):
   assert type(reloaded).__name__ == {"qwen3_moe": "Qwen3MoeForCausalLM",
                                      "mixtral": "MixtralForCausalLM",
                                      "olmoe": "OlmoeForCausalLM",
-                                     "gpt_oss": "GptOssForCausalLM"}[family]
+                                     "gpt_oss": "GptOssForCausalLM",
+                                     "deepseek_v3": "DeepseekV3ForCausalLM"}[family]
   ids, mask = _batch(model.config.vocab_size, seed=4)
   ours = np.asarray(model(ids, mask))
   for row, ref in enumerate(reference_logits(reloaded, np.asarray(ids), np.asarray(mask))):
@@ -81,6 +82,10 @@ def _tiny_kwargs(family):
   if family == "qwen3_moe":
     return {**kwargs, "num_experts": 4, "moe_intermediate_size": 32, "decoder_sparse_step": 2,
             "mlp_only_layers": [3]}
+  if family == "deepseek_v3":
+    return {**kwargs, "n_routed_experts": 4, "moe_intermediate_size": 32, "n_group": 2,
+            "topk_group": 1, "first_k_dense_replace": 2, "q_lora_rank": None, "kv_lora_rank": 16,
+            "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8}
   return {**kwargs, "num_experts": 4}
 
 

@@ -54,12 +54,21 @@ def validate_paged_kernel(name: str, field: str = "config.rollout.kv_page_kernel
                       "picks the backend's)")
 
 
-def choose_paged_kernel(requested: str, *, backend: str, dtype, head_dim: int) -> str:
+def choose_paged_kernel(requested: str, *, backend: str, dtype, head_dim: int,
+                        latent_attention: bool = False) -> str:
   """The kernel the engine hands its layers (module docstring); per layer, `runs_kernel` still
   sends windowed layers and multi-token calls to the gather path. `auto` also keeps to the
   shapes the kernel is built for on a TPU, heads of a multiple of 128 lanes (Llama, Qwen,
-  Gemma; SmolLM2's 64 gather)."""
+  Gemma; SmolLM2's 64 gather). A latent-attention model (`models/mla.py`) always gathers: the
+  kernel computes grouped-query attention, not attention over a compressed cache."""
   validate_paged_kernel(requested)
+  if latent_attention:
+    if requested == "pallas_tpu":
+      raise ConfigError("config.rollout.kv_page_kernel='pallas_tpu': the TPU paged-attention "
+                        "kernel computes grouped-query attention, and this model's latent "
+                        "attention (DeepSeek-V3) reads its compressed cache by gathering pages; "
+                        "use 'auto' or 'gather'")
+    return "gather"
   if requested == "auto":
     native = backend == "tpu" and jnp.dtype(dtype) == jnp.bfloat16 and head_dim % 128 == 0
     return "pallas_tpu" if native else "gather"

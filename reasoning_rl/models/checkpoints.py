@@ -53,11 +53,13 @@ class TensorMap:
 
 
 # Our names of a sparse layer's parameters -> each family's per-expert HF names (after
-# "model.layers.{i}."), and the router's.
+# "model.layers.{i}."), the router's, and (DeepSeek-V3) its selection bias and shared experts'.
 _EXPERT_NAMES = {
     "default": {"router": "mlp.gate.weight", "gate_proj": "mlp.experts.{e}.gate_proj.weight",
                 "up_proj": "mlp.experts.{e}.up_proj.weight",
-                "down_proj": "mlp.experts.{e}.down_proj.weight"},
+                "down_proj": "mlp.experts.{e}.down_proj.weight",
+                "selection_bias": "mlp.gate.e_score_correction_bias",
+                "shared_experts": "mlp.shared_experts.{projection}.weight"},
     "mixtral": {"router": "block_sparse_moe.gate.weight",
                 "gate_proj": "block_sparse_moe.experts.{e}.w1.weight",
                 "up_proj": "block_sparse_moe.experts.{e}.w3.weight",
@@ -87,6 +89,11 @@ def hf_tensors(path: tuple, config: ModelConfig) -> TensorMap:
     prefix = f"model.layers.{path[1]}."
     if path[3] == "router":
       return TensorMap((prefix + names["router"],), lambda ws: ws[0].T, lambda w: [w.T])
+    if path[3] == "selection_bias":
+      return TensorMap((prefix + names["selection_bias"],), lambda ws: ws[0], lambda w: [w])
+    if path[3] == "shared_experts":  # one MLP: [fan-out, fan-in] linear weights, like any MLP's
+      name = prefix + names["shared_experts"].format(projection=path[4])
+      return TensorMap((name,), lambda ws: ws[0].T, lambda w: [w.T])
     template = prefix + names[path[3]]
     experts = config.moe.num_experts
     # HF stores each expert's projection as a [fan-out, fan-in] linear weight; ours are stacked
@@ -124,6 +131,8 @@ def hf_tensor_name(path: tuple, config: ModelConfig) -> tuple[str, Converter, Co
   d = config.hidden_size
   if rest[0] == "mlp":
     return prefix + f"mlp.{rest[1]}.weight", transpose, transpose
+  if rest[0] == "attn" and config.mla is not None:
+    return _latent_attention_tensor(rest[1], prefix, config)
   if rest[0] == "attn":
     name = rest[1]
     if name in ("q_norm", "k_norm"):
@@ -147,6 +156,29 @@ def hf_tensor_name(path: tuple, config: ModelConfig) -> tuple[str, Converter, Co
       return (prefix + f"self_attn.{name[0]}_proj.bias", lambda w: w.reshape(shape),
               lambda w: w.reshape(-1))
   raise KeyError(path)
+
+
+def _latent_attention_tensor(name: str, prefix: str,
+                             config: ModelConfig) -> tuple[str, Converter, Converter]:
+  """`hf_tensor_name` of a latent-attention parameter (`reasoning_rl.models.mla`)."""
+  m, d, heads = config.mla, config.hidden_size, config.num_heads
+  norms = {"q_a_norm": "q_a_layernorm", "kv_a_norm": "kv_a_layernorm"}
+  if name in norms:
+    return prefix + f"self_attn.{norms[name]}.weight", (lambda w: w), (lambda w: w)
+  # Our kernels are [fan-in, fan-out axes…] (o_proj: [heads, v, D]); HF's linear weights are
+  # [fan-out, fan-in] with the fan-out (or, for o_proj, the fan-in) axes flattened head-major.
+  kernels = {"q_proj": (d, heads, m.qk_head_dim), "q_a_proj": (d, m.q_lora_rank),
+             "q_b_proj": (m.q_lora_rank, heads, m.qk_head_dim),
+             "kv_a_proj": (d, m.kv_lora_rank + m.qk_rope_head_dim),
+             "kv_b_proj": (m.kv_lora_rank, heads, m.qk_nope_head_dim + m.v_head_dim)}
+  hf_name = prefix + "self_attn." + {"kv_a_proj": "kv_a_proj_with_mqa"}.get(name, name) + ".weight"
+  if name in kernels:
+    shape = kernels[name]
+    return hf_name, lambda w: w.T.reshape(shape), lambda w: w.reshape(shape[0], -1).T
+  if name == "o_proj":
+    shape = (heads, m.v_head_dim, d)
+    return hf_name, lambda w: w.T.reshape(shape), lambda w: w.reshape(-1, d).T
+  raise KeyError((prefix, name))
 
 
 def _is_floating(dtype) -> bool:

@@ -2,11 +2,12 @@
 
 Llama (incl. SmolLM2 and Llama-3 RoPE scaling), Qwen2/2.5, Qwen3, Gemma, Gemma 2 and Gemma 3 differ
 only in a handful of switches, so they share one `ModelConfig`. The mixture-of-experts families
-(Qwen3-MoE, Mixtral, OLMoE, GPT-OSS) are the same decoder with some or all MLPs replaced by routed
-experts, described by `MoEConfig` (`ModelConfig.moe`; None for a dense model). `from_hf_config`
-reads a Hugging Face `config.json` dict (transformers 4.x `rope_theta`/`rope_scaling` or 5.x
-`rope_parameters`); `to_hf_config` writes one that transformers loads back into the same
-architecture.
+(Qwen3-MoE, Mixtral, OLMoE, GPT-OSS, DeepSeek-V3) are the same decoder with some or all MLPs
+replaced by routed experts, described by `MoEConfig` (`ModelConfig.moe`; None for a dense model);
+DeepSeek-V3 also replaces attention by multi-head latent attention, described by `MLAConfig`
+(`ModelConfig.mla`, `reasoning_rl.models.mla`). `from_hf_config` reads a Hugging Face
+`config.json` dict (transformers 4.x `rope_theta`/`rope_scaling` or 5.x `rope_parameters`);
+`to_hf_config` writes one that transformers loads back into the same architecture.
 
 Gemma 3 is the text decoder of Gemma Team, "Gemma 3 Technical Report" (2025), section 2: Gemma 2's
 sandwich norms and GeGLU, QK-norm in place of Gemma 2's attention soft-cap, five local
@@ -31,8 +32,9 @@ from typing import Any
 from reasoning_rl.errors import CheckpointError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "qwen3_moe",
-                         "mixtral", "olmoe", "gpt_oss")
-MOE_MODEL_TYPES = ("qwen3_moe", "mixtral", "olmoe", "gpt_oss")
+                         "mixtral", "olmoe", "gpt_oss", "deepseek_v3")
+MOE_MODEL_TYPES = ("qwen3_moe", "mixtral", "olmoe", "gpt_oss", "deepseek_v3")
+MLA_MODEL_TYPES = ("deepseek_v3",)
 
 _HF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -45,6 +47,7 @@ _HF_ARCHITECTURES = {
     "mixtral": "MixtralForCausalLM",
     "olmoe": "OlmoeForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 
 # Our family name -> the `model_type` transformers writes in config.json (where they differ).
@@ -62,7 +65,7 @@ GPT_OSS_DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, 
 GEMMA3_SLIDING_WINDOW_PATTERN = 6
 
 
-ROUTER_SCORINGS = ("softmax",)
+ROUTER_SCORINGS = ("softmax", "sigmoid")
 
 # YaRN (Peng et al. 2023) interpolates relative to the pretraining context, which it must be told.
 YARN_REQUIRED_KEYS = ("original_max_position_embeddings",)
@@ -75,28 +78,45 @@ class MoEConfig:
   al. 2024).
 
   Each token's router logits z = x·W_r (+ b_r with `router_bias`; computed in float32) give
-  scores s = softmax(z); the token goes to the `experts_per_token` experts of highest score, and
-  their outputs are summed with weights s_i — renormalised to sum 1 over the chosen experts when
-  `normalize_top_k` (Mixtral always; Qwen3-MoE and OLMoE by `norm_topk_prob`; GPT-OSS takes the
-  top-k logits and a softmax over those, the same weights). Every chosen expert processes the
-  token (dropless: no capacity, no token dropped), so the layer is a function of the token
-  alone.
+  scores s = softmax(z), or s = sigmoid(z) (DeepSeek-V3); the token goes to the
+  `experts_per_token` experts of highest score, and their outputs are summed with weights s_i —
+  renormalised to sum 1 over the chosen experts when `normalize_top_k` (Mixtral always; Qwen3-MoE,
+  OLMoE and DeepSeek-V3 by `norm_topk_prob`; GPT-OSS takes the top-k logits and a softmax over
+  those, the same weights), then multiplied by `routed_scale`. Every chosen expert processes the
+  token (dropless: no capacity, no token dropped), so the layer is a function of the token alone.
+
+  DeepSeek-V3 (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", §2.1.2) adds three things:
+  - a selection bias b (`selection_bias`; the checkpoint's `e_score_correction_bias`, tuned by
+    its auxiliary-loss-free balancing, never by gradient descent) added to the scores when
+    experts are chosen only: the weights come from the unbiased s_i;
+  - group-limited routing: the E experts form `num_groups` groups of consecutive experts, each
+    group is ranked by the sum of its two best (biased) scores, and a token chooses its k experts
+    among the `groups_per_token` best groups only (DeepSeek-V2's device-limited routing);
+  - `num_shared_experts` SwiGLU experts of `intermediate_size` each, fused into one MLP of
+    num_shared_experts · intermediate_size, that every token passes through, added to the routed
+    output.
 
   Attributes:
     num_experts: routed experts per sparse layer (E).
     experts_per_token: k, the experts each token is sent to.
-    intermediate_size: each expert's MLP width (Qwen3-MoE `moe_intermediate_size`; Mixtral,
-      OLMoE and GPT-OSS use `intermediate_size`).
+    intermediate_size: each expert's MLP width (Qwen3-MoE and DeepSeek-V3
+      `moe_intermediate_size`; Mixtral, OLMoE and GPT-OSS use `intermediate_size`).
     sparse_layers: per layer, True where the MLP is the routed experts, False where it is a dense
-      MLP of `ModelConfig.intermediate_size` (Qwen3-MoE `decoder_sparse_step` / `mlp_only_layers`).
+      MLP of `ModelConfig.intermediate_size` (Qwen3-MoE `decoder_sparse_step` / `mlp_only_layers`,
+      DeepSeek-V3 `first_k_dense_replace`).
     normalize_top_k: renormalise the chosen experts' weights to sum 1.
-    scoring: how scores come from router logits ("softmax").
+    scoring: how scores come from router logits (ROUTER_SCORINGS).
     router_bias: the router adds a learned bias per expert to its logits (GPT-OSS).
     expert_bias: each expert's gate / up and down projections add a bias (GPT-OSS, whose fused
       expert layout is the only one that holds them).
     swiglu_limit, swiglu_alpha: GPT-OSS's clamped SwiGLU in the experts, both set or neither:
       with g = min(gate, limit) and u = clip(up, −limit, limit), the hidden activation is
       (u + 1) · g · σ(alpha · g) instead of silu(gate) · up.
+    num_groups, groups_per_token: group-limited routing (DeepSeek-V3 `n_group`, `topk_group`);
+      1 and 1: every expert is eligible.
+    selection_bias: the router holds a per-expert bias added to the scores for choosing only.
+    num_shared_experts: always-on experts beside the routed ones (DeepSeek-V3 `n_shared_experts`).
+    routed_scale: the routed experts' weights are multiplied by it (`routed_scaling_factor`).
   """
 
   num_experts: int
@@ -109,6 +129,11 @@ class MoEConfig:
   expert_bias: bool = False
   swiglu_limit: float | None = None
   swiglu_alpha: float | None = None
+  num_groups: int = 1
+  groups_per_token: int = 1
+  selection_bias: bool = False
+  num_shared_experts: int = 0
+  routed_scale: float = 1.0
 
   def __post_init__(self):
     object.__setattr__(self, "sparse_layers", tuple(bool(s) for s in self.sparse_layers))
@@ -125,10 +150,70 @@ class MoEConfig:
           "SwiGLU needs both (GPT-OSS: 7.0 and 1.702), a plain SwiGLU neither")
     if self.swiglu_limit is not None and not self.swiglu_limit > 0:
       raise CheckpointError(f"swiglu_limit must be positive, got {self.swiglu_limit}")
+    if self.num_groups < 1 or self.num_experts % self.num_groups:
+      raise CheckpointError(f"n_group={self.num_groups} must divide the {self.num_experts} "
+                            "routed experts into groups of equal size")
+    if not 1 <= self.groups_per_token <= self.num_groups:
+      raise CheckpointError(f"topk_group={self.groups_per_token} must be in 1..n_group="
+                            f"{self.num_groups}")
+    per_group = self.num_experts // self.num_groups
+    if self.num_groups > 1 and per_group < 2:
+      raise CheckpointError(f"n_group={self.num_groups}: groups are ranked by their two best "
+                            f"experts, so each needs at least 2 (it has {per_group})")
+    reachable = self.groups_per_token * per_group
+    if self.experts_per_token > reachable:
+      raise CheckpointError(
+          f"experts_per_token={self.experts_per_token} exceeds the {reachable} experts of the "
+          f"topk_group={self.groups_per_token} groups a token may choose from")
+    if self.num_shared_experts < 0:
+      raise CheckpointError(f"n_shared_experts={self.num_shared_experts} must be >= 0")
 
   @property
   def num_sparse_layers(self) -> int:
     return sum(self.sparse_layers)
+
+  @property
+  def group_limited(self) -> bool:
+    """Whether some experts are out of a token's reach (groups_per_token < num_groups)."""
+    return self.groups_per_token < self.num_groups
+
+
+@dataclasses.dataclass(frozen=True)
+class MLAConfig:
+  """Multi-head latent attention (DeepSeek-AI 2024, "DeepSeek-V2", §2.1; `reasoning_rl.models.mla`).
+
+  Keys and values of all heads are rebuilt from one compressed latent c_kv of `kv_lora_rank`
+  per token (kv_b_proj: per head a `qk_nope_head_dim` key part and a `v_head_dim` value), plus
+  one RoPE key of `qk_rope_head_dim` shared by every head (decoupled RoPE). Queries come through
+  a low-rank bottleneck of `q_lora_rank` (None: one plain projection). A query / key head is
+  qk_nope_head_dim + qk_rope_head_dim wide. The sampler caches c_kv and the rotated shared key
+  only: kv_lora_rank + qk_rope_head_dim numbers per token and layer.
+
+  rope_interleave: the checkpoint's rotary dimensions pair (x0, x1), (x2, x3), … (DeepSeek's
+  layout) instead of the first half with the second.
+  """
+
+  kv_lora_rank: int
+  qk_nope_head_dim: int
+  qk_rope_head_dim: int
+  v_head_dim: int
+  q_lora_rank: int | None = None
+  rope_interleave: bool = True
+
+  def __post_init__(self):
+    for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+      if getattr(self, name) < 1:
+        raise CheckpointError(f"{name}={getattr(self, name)} must be >= 1")
+    if self.qk_rope_head_dim % 2:
+      raise CheckpointError(f"qk_rope_head_dim={self.qk_rope_head_dim} must be even (RoPE "
+                            "rotates pairs of dimensions)")
+    if self.q_lora_rank is not None and self.q_lora_rank < 1:
+      raise CheckpointError(f"q_lora_rank={self.q_lora_rank} must be >= 1, or null for a plain "
+                            "query projection")
+
+  @property
+  def qk_head_dim(self) -> int:
+    return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +223,9 @@ class ModelConfig:
   Attributes:
     model_type: one of SUPPORTED_MODEL_TYPES; decides the defaults of the switches below.
     vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim: sizes.
-      `num_heads % num_kv_heads == 0` (grouped-query attention when they differ).
+      `num_heads % num_kv_heads == 0` (grouped-query attention when they differ). With `mla`,
+      head_dim is the RoPE'd width `mla.qk_rope_head_dim` (as transformers' DeepseekV3Config
+      sets it: the RoPE tables are built for it) and num_kv_heads is unused.
     rms_norm_eps: epsilon inside RMSNorm.
     rope_theta: RoPE base frequency (of the global layers when `rope_local_theta` is set).
     rope_scaling: None, or a dict with `rope_type` in {"llama3", "linear", "yarn"} and its
@@ -161,6 +248,8 @@ class ModelConfig:
     clip_qkv: clamp q, k and v to [-clip_qkv, clip_qkv] after projection (and QK-norm), as
       OLMoE's config may ask; None: no clamp.
     moe: routed experts (`MoEConfig`), or None for a dense model.
+    mla: multi-head latent attention (`MLAConfig`, DeepSeek-V3) in place of grouped-query
+      attention, or None.
     activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma).
     norm_plus_one: RMSNorm scales by (1 + w) instead of w (Gemma).
     scale_embeddings: multiply embeddings by sqrt(hidden_size) (Gemma).
@@ -208,6 +297,7 @@ class ModelConfig:
   eos_token_id: int | list[int] | None = None
   pad_token_id: int | None = None
   moe: MoEConfig | None = None
+  mla: MLAConfig | None = None
 
   def __post_init__(self):
     if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -252,6 +342,25 @@ class ModelConfig:
     if self.rope_local_theta is not None and not self.rope_local_theta > 0:
       raise CheckpointError(f"rope_local_theta must be a positive RoPE base, got "
                             f"{self.rope_local_theta!r}")
+    if self.mla is not None or self.model_type in MLA_MODEL_TYPES:
+      self._check_mla()
+
+  def _check_mla(self):
+    """What latent attention (`reasoning_rl.models.mla`) computes, and what it does not."""
+    if (self.model_type in MLA_MODEL_TYPES) != (self.mla is not None):
+      raise CheckpointError(f"model_type {self.model_type!r} with mla={self.mla!r}: the "
+                            f"latent-attention families {MLA_MODEL_TYPES} need an MLAConfig, "
+                            "the others none")
+    if self.head_dim != self.mla.qk_rope_head_dim:
+      raise CheckpointError(f"head_dim={self.head_dim}: with latent attention it is the RoPE "
+                            f"width, qk_rope_head_dim={self.mla.qk_rope_head_dim}")
+    unsupported = {"attention_bias": self.attention_bias, "qk_norm": self.qk_norm,
+                   "clip_qkv": self.clip_qkv, "attn_logit_softcap": self.attn_logit_softcap,
+                   "sliding_window layers": "sliding_attention" in self.layer_types}
+    for name, value in unsupported.items():
+      if value:
+        raise CheckpointError(f"{name}={value!r} is not supported with latent attention "
+                              f"(model_type {self.model_type!r})")
 
   def __hash__(self):
     # The config travels in a model's graphdef, a static (hashed) argument of jitted functions
@@ -273,6 +382,22 @@ class ModelConfig:
     base = self.query_pre_attn_scalar if self.query_pre_attn_scalar else self.head_dim
     return 1.0 / math.sqrt(base)
 
+  def kv_cache_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((heads, width) of the cached k, (heads, width) of the cached v), per token and layer.
+
+    Grouped-query attention caches K and V of num_kv_heads × head_dim each. Latent attention
+    caches its compressed c_kv in the k buffer (1 × kv_lora_rank) and the rotated shared RoPE
+    key in the v buffer (1 × qk_rope_head_dim), not the per-head keys and values rebuilt from
+    them (`reasoning_rl.models.mla`)."""
+    if self.mla is not None:
+      return (1, self.mla.kv_lora_rank), (1, self.mla.qk_rope_head_dim)
+    return (self.num_kv_heads, self.head_dim), (self.num_kv_heads, self.head_dim)
+
+  @property
+  def kv_cache_width(self) -> int:
+    """Numbers the sampler's cache holds per token and layer (k and v together)."""
+    return sum(heads * width for heads, width in self.kv_cache_layout())
+
   def layer_is_sparse(self, layer: int) -> bool:
     """Whether layer `layer`'s MLP is routed experts."""
     return self.moe is not None and self.moe.sparse_layers[layer]
@@ -286,6 +411,8 @@ class ModelConfig:
     if self.attention_bias:
       attn += h * (self.num_heads + 2 * self.num_kv_heads)
     attn += d * self.attention_output_bias + self.num_heads * self.attention_sinks
+    if self.mla is not None:
+      attn = self._mla_params()
     if not self.qk_norm:
       qk_norms = 0
     elif self.qk_norm_per_head:
@@ -301,10 +428,23 @@ class ModelConfig:
         experts = moe.experts_per_token if active else moe.num_experts
         f_e = moe.intermediate_size
         per_expert = 3 * d * f_e + moe.expert_bias * (2 * f_e + d)
-        mlp = experts * per_expert + (d + moe.router_bias) * moe.num_experts
+        mlp = ((experts + moe.num_shared_experts) * per_expert
+               + (d + moe.router_bias) * moe.num_experts)
       total += attn + mlp + norms
     embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
     return total + embed + d
+
+  def _mla_params(self) -> int:
+    """One latent-attention layer's parameters: the query path (low-rank with its norm, or
+    plain), kv_a (latent + shared RoPE key) with the latent's norm, kv_b, o."""
+    m, d, heads = self.mla, self.hidden_size, self.num_heads
+    if m.q_lora_rank is None:
+      query = d * heads * m.qk_head_dim
+    else:
+      query = d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * m.qk_head_dim
+    latent = d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+    expand = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+    return query + latent + expand + heads * m.v_head_dim * d
 
   # ----------------------------------------------------------------------------- HF interop
 
@@ -339,6 +479,10 @@ class ModelConfig:
       )
     except KeyError as e:
       raise CheckpointError(f"{source}: required field {e.args[0]!r} is missing") from None
+    mla = _mla_from_hf(hf, model_type, source)
+    if mla is not None:
+      # DeepSeek's own config.json has no head_dim; transformers sets it to the RoPE width.
+      kwargs["head_dim"] = mla.qk_rope_head_dim
 
     rope = hf.get("rope_parameters") or {}
     rope_local_theta = None
@@ -406,6 +550,7 @@ class ModelConfig:
         qk_norm_per_head=model_type != "olmoe",
         clip_qkv=float(hf["clip_qkv"]) if hf.get("clip_qkv") is not None else None,
         moe=_moe_from_hf(hf, model_type, kwargs["num_layers"], source),
+        mla=mla,
         activation=act,
         norm_plus_one=gemma,
         scale_embeddings=gemma,
@@ -454,6 +599,8 @@ class ModelConfig:
     hf["attention_bias"] = self.attention_bias  # read back by from_hf_config for every type
     if self.moe is not None:
       hf.update(_moe_to_hf(self))
+    if self.mla is not None:
+      hf.update(_mla_to_hf(self.mla))
     if self.clip_qkv is not None:
       hf["clip_qkv"] = self.clip_qkv
     if self.model_type == "gemma3":
@@ -492,10 +639,25 @@ def _moe_from_hf(hf: dict[str, Any], model_type: str, num_layers: int,
   GPT-OSS: `num_local_experts` of `intermediate_size` on every layer, softmax over the top-k
   logits (renormalised), biased router and experts, `swiglu_limit` / `swiglu_alpha` (defaults
   7.0 and 1.702 as transformers', whose published configs omit the alpha).
+  DeepSeek-V3: `n_routed_experts` of `moe_intermediate_size` from layer `first_k_dense_replace`
+  on, sigmoid scores with the `e_score_correction_bias`, `n_group` / `topk_group`,
+  `n_shared_experts`, `routed_scaling_factor`, `norm_topk_prob` (as transformers'
+  DeepseekV3TopkRouter computes them whatever `scoring_func` / `topk_method` say).
   """
   if model_type not in MOE_MODEL_TYPES:
     return None
   try:
+    if model_type == "deepseek_v3":
+      dense = int(hf["first_k_dense_replace"])
+      return MoEConfig(
+          num_experts=int(hf["n_routed_experts"]),
+          experts_per_token=int(hf["num_experts_per_tok"]),
+          intermediate_size=int(hf["moe_intermediate_size"]),
+          sparse_layers=tuple(i >= dense for i in range(num_layers)),
+          normalize_top_k=bool(hf["norm_topk_prob"]), scoring="sigmoid",
+          num_groups=int(hf["n_group"]), groups_per_token=int(hf["topk_group"]),
+          selection_bias=True, num_shared_experts=int(hf["n_shared_experts"] or 0),
+          routed_scale=float(hf["routed_scaling_factor"]))
     # transformers 5 writes Qwen3-MoE's expert count as num_local_experts, 4.x and OLMoE as
     # num_experts (one is an alias of the other in its config classes).
     experts = hf.get("num_experts", hf.get("num_local_experts"))
@@ -537,6 +699,8 @@ def _moe_to_hf(config: "ModelConfig") -> dict[str, Any]:
   """The config.json keys of `config.moe` in its family's spelling (inverse of `_moe_from_hf`)."""
   moe = config.moe
   keys = {"num_experts_per_tok": moe.experts_per_token, "output_router_logits": False}
+  if config.model_type == "deepseek_v3":
+    return {**keys, **_deepseek_moe_to_hf(moe)}
   if config.model_type == "mixtral":
     return {**keys, "num_local_experts": moe.num_experts}
   if config.model_type == "gpt_oss":
@@ -548,6 +712,50 @@ def _moe_to_hf(config: "ModelConfig") -> dict[str, Any]:
   # Qwen3-MoE: every sparse layer listed by its complement (decoder_sparse_step 1).
   return {**keys, "moe_intermediate_size": moe.intermediate_size, "decoder_sparse_step": 1,
           "mlp_only_layers": [i for i, sparse in enumerate(moe.sparse_layers) if not sparse]}
+
+
+def _deepseek_moe_to_hf(moe: MoEConfig) -> dict[str, Any]:
+  """DeepSeek-V3's routing keys; its layout (dense layers first, then sparse ones) and router
+  (sigmoid with the selection bias) are the only ones its config.json can state."""
+  dense = moe.sparse_layers.index(True) if any(moe.sparse_layers) else len(moe.sparse_layers)
+  if (moe.sparse_layers[dense:] != (True,) * (len(moe.sparse_layers) - dense)
+      or moe.scoring != "sigmoid" or not moe.selection_bias):
+    raise CheckpointError(
+        f"this DeepSeek-V3 MoE (sparse layers {moe.sparse_layers}, scoring {moe.scoring!r}, "
+        f"selection bias {moe.selection_bias}) cannot be written as config.json: DeepSeek-V3 "
+        "has its dense layers first and sigmoid routing with e_score_correction_bias")
+  return {"n_routed_experts": moe.num_experts, "moe_intermediate_size": moe.intermediate_size,
+          "first_k_dense_replace": dense, "norm_topk_prob": moe.normalize_top_k,
+          "n_group": moe.num_groups, "topk_group": moe.groups_per_token,
+          "n_shared_experts": moe.num_shared_experts,
+          "routed_scaling_factor": moe.routed_scale, "scoring_func": "sigmoid",
+          "topk_method": "noaux_tc"}
+
+
+def _mla_from_hf(hf: dict[str, Any], model_type: str, source: str) -> MLAConfig | None:
+  """The latent attention of a DeepSeek-V3 config.json (None for the other families)."""
+  if model_type not in MLA_MODEL_TYPES:
+    return None
+  try:
+    q_lora_rank = hf["q_lora_rank"]
+    return MLAConfig(kv_lora_rank=int(hf["kv_lora_rank"]),
+                     qk_nope_head_dim=int(hf["qk_nope_head_dim"]),
+                     qk_rope_head_dim=int(hf["qk_rope_head_dim"]),
+                     v_head_dim=int(hf["v_head_dim"]),
+                     q_lora_rank=None if q_lora_rank is None else int(q_lora_rank),
+                     rope_interleave=bool(hf.get("rope_interleave", True)))
+  except KeyError as e:
+    raise CheckpointError(f"{source}: required field {e.args[0]!r} is missing for "
+                          f"model_type {model_type!r}") from None
+
+
+def _mla_to_hf(mla: MLAConfig) -> dict[str, Any]:
+  """The config.json keys of `mla` (inverse of `_mla_from_hf`). No multi-token-prediction
+  module is held or written, so num_nextn_predict_layers is 0."""
+  return {"kv_lora_rank": mla.kv_lora_rank, "q_lora_rank": mla.q_lora_rank,
+          "qk_nope_head_dim": mla.qk_nope_head_dim, "qk_rope_head_dim": mla.qk_rope_head_dim,
+          "v_head_dim": mla.v_head_dim, "rope_interleave": mla.rope_interleave,
+          "num_nextn_predict_layers": 0}
 
 
 def _gemma3_rope(hf: dict[str, Any], source: str) -> tuple[dict[str, Any], float]:

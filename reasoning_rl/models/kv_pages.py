@@ -2,7 +2,8 @@
 cache, `reasoning_rl.sampler.paged`).
 
 The pool: k, v per layer [K, P, page_size, D] (one [K, L, P, page_size, D] array each for a
-scanned model) and pos [P, page_size], the position of each entry (−1: empty). Heads lead, as in
+scanned model; K and D of each from `ModelConfig.kv_cache_layout`) and pos [P, page_size], the
+position of each entry (−1: empty). Heads lead, as in
 the layout of JAX's Pallas TPU paged-attention kernel, so a layer's pool is that kernel's operand
 as it stands (a stacked pool's layers fold into its page axis without a copy: layer l's page p is
 page l·P + p of the [K, L·P, page_size, D] view, `layer_view`).
@@ -60,13 +61,16 @@ class PagedKVCache:
   @classmethod
   def init(cls, config, num_pages: int, page_size: int, dtype, *,
            stacked: bool) -> "PagedKVCache":
-    shape = (config.num_kv_heads, num_pages, page_size, config.head_dim)
     pos = jnp.full((num_pages, page_size), -1, jnp.int32)
+    layers = (config.num_layers,) if stacked else ()
+    # heads and width of k and of v: the config's `kv_cache_layout` (latent attention caches
+    # other things in each)
+    k_shape, v_shape = ((heads, *layers, num_pages, page_size, width)
+                        for heads, width in config.kv_cache_layout())
     if stacked:
-      shape = (config.num_kv_heads, config.num_layers, *shape[1:])
-      return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), pos=pos)
-    return cls(k=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
-               v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)), pos=pos)
+      return cls(k=jnp.zeros(k_shape, dtype), v=jnp.zeros(v_shape, dtype), pos=pos)
+    return cls(k=tuple(jnp.zeros(k_shape, dtype) for _ in range(config.num_layers)),
+               v=tuple(jnp.zeros(v_shape, dtype) for _ in range(config.num_layers)), pos=pos)
 
   @property
   def stacked(self) -> bool:

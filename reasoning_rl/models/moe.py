@@ -15,6 +15,12 @@ expert adds biases after its projections and applies a clamped SwiGLU,
 the gate and odd ones the up projection, as its checkpoints store them (`gate_up_proj`), so that
 tensor maps to ours as it stands.
 
+DeepSeek-V3's router (`MoEConfig`, technical report §2.1.2) scores with s = sigmoid(z) and chooses
+by s + b, b its selection bias (a `Buffer`: set by the checkpoint, never trained), among the
+experts of the `groups_per_token` groups whose two best s + b sum highest; the weights are the
+unbiased s_i of the chosen experts, renormalised, times `routed_scale`; and its shared experts (one
+SwiGLU MLP every token passes through) are added to the routed output.
+
 Dispatch is dropless (MegaBlocks, Gale et al. 2023): the N·k (token, expert) pairs are sorted by
 expert and each expert multiplies its contiguous rows in one grouped matmul
 (`reasoning_rl.kernels.grouped_matmul`); nothing is dropped for capacity, so a token's output is a
@@ -36,7 +42,9 @@ additions.
 
 Every layer also reports, as sums over real tokens (`RouterStats`; padding excluded), what the
 trainer logs and the optional auxiliary losses need: tokens per expert, the router's mean
-probabilities, its entropy and the squared log-partition of the z-loss.
+probabilities, its entropy and the squared log-partition of the z-loss. (Sigmoid scores are not a
+distribution; their probabilities are the scores normalised to sum 1, the form DeepSeek-V3's
+sequence-wise balance loss takes, report eq. 17-20.)
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ from jax.sharding import PartitionSpec
 from reasoning_rl import sharding
 from reasoning_rl.kernels import grouped_matmul as gm
 from reasoning_rl.models.config import ModelConfig, MoEConfig
-from reasoning_rl.models.primitives import param, weight
+from reasoning_rl.models.primitives import buffer, param, weight
 
 
 @flax.struct.dataclass
@@ -65,7 +73,8 @@ class RouterStats:
   own_experts: [B, T, k] int32, this forward's own top-k choice (equal to `experts` unless
     replaying).
   load: [E] float32, real tokens sent to each expert (a token counts once per chosen expert).
-  prob_sum: [E] float32, Σ over real tokens of the router's probabilities (differentiable).
+  prob_sum: [E] float32, Σ over real tokens of the router's probabilities
+    (`router_probabilities`; differentiable).
   entropy_sum: Σ over real tokens of the router distribution's entropy (nats).
   z_sum: Σ over real tokens of logsumexp(z)² (ST-MoE's router z-loss, Zoph et al. 2022, eq. 5).
   disagree_sum: real tokens whose own top-k set differs from the recorded one (0 without one).
@@ -83,9 +92,19 @@ class RouterStats:
 
 
 def router_scores(logits: jax.Array, moe: MoEConfig) -> jax.Array:
-  """Scores [..., E] of float32 router logits; the top-k of these are chosen."""
-  del moe  # one scoring today ("softmax"); MoEConfig validates the name
+  """Scores [..., E] of float32 router logits (`MoEConfig.scoring`); the chosen experts'
+  weights are taken from these."""
+  if moe.scoring == "sigmoid":
+    return jax.nn.sigmoid(logits)
   return jax.nn.softmax(logits, axis=-1)
+
+
+def router_probabilities(scores: jax.Array, moe: MoEConfig) -> jax.Array:
+  """The router's distribution over experts [..., E]: softmax scores as they are, sigmoid scores
+  normalised to sum 1 (what the statistics and auxiliary losses read)."""
+  if moe.scoring == "sigmoid":
+    return scores / jnp.sum(scores, axis=-1, keepdims=True)
+  return scores
 
 
 def top_k_experts(scores: jax.Array, k: int) -> jax.Array:
@@ -93,11 +112,29 @@ def top_k_experts(scores: jax.Array, k: int) -> jax.Array:
   return jax.lax.top_k(scores, k)[1].astype(jnp.int32)
 
 
+def choose_experts(scores: jax.Array, moe: MoEConfig, bias: jax.Array | None = None) -> jax.Array:
+  """A token's own choice [..., k] int32: the top k of scores + bias (bias: the selection bias,
+  or None), among the experts of its `groups_per_token` best groups when routing is
+  group-limited (a group's rank: the sum of its two best biased scores, as DeepSeek-V3 ranks
+  them)."""
+  choice = scores if bias is None else scores + bias.astype(scores.dtype)
+  if moe.group_limited:
+    grouped = choice.reshape(*choice.shape[:-1], moe.num_groups, -1)
+    group_rank = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # [..., G]
+    best = jax.lax.top_k(group_rank, moe.groups_per_token)[1]
+    kept = jnp.sum(jax.nn.one_hot(best, moe.num_groups, dtype=jnp.int32), axis=-2) > 0
+    choice = jnp.where(kept[..., None], grouped, -jnp.inf).reshape(choice.shape)
+  return top_k_experts(choice, moe.experts_per_token)
+
+
 def expert_weights(scores: jax.Array, experts: jax.Array, moe: MoEConfig) -> jax.Array:
-  """w [..., k]: the chosen experts' scores, renormalised to sum 1 when `normalize_top_k`."""
+  """w [..., k]: the chosen experts' scores, renormalised to sum 1 when `normalize_top_k`, times
+  `routed_scale`."""
   chosen = jnp.take_along_axis(scores, experts, axis=-1)
   if moe.normalize_top_k:
     chosen = chosen / jnp.sum(chosen, axis=-1, keepdims=True)
+  if moe.routed_scale != 1.0:
+    chosen = chosen * moe.routed_scale
   return chosen
 
 
@@ -121,11 +158,16 @@ def clamped_swiglu(gate: jax.Array, up: jax.Array, *, limit: float, alpha: float
 
 
 class MoE(nnx.Module):
-  """Router + E stacked SwiGLU experts of one sparse layer (module docstring)."""
+  """Router + E stacked SwiGLU experts of one sparse layer (module docstring), and the layer's
+  shared experts when it has some: `shared_experts`, an MLP module the caller builds (of width
+  num_shared_experts · intermediate_size), whose output is added to the routed one."""
 
-  def __init__(self, config: ModelConfig, *, param_dtype, rngs):
+  def __init__(self, config: ModelConfig, *, param_dtype, rngs, shared_experts=None):
     moe = config.moe
     d, f, e = config.hidden_size, moe.intermediate_size, moe.num_experts
+    if (shared_experts is not None) != (moe.num_shared_experts > 0):
+      raise ValueError(f"num_shared_experts={moe.num_shared_experts}: pass their MLP exactly "
+                       "when the config has some")
     self.moe = moe
     self.activation = config.activation
     self.fused = fuses_gate_up(config)
@@ -141,6 +183,10 @@ class MoE(nnx.Module):
     if moe.expert_bias:  # fused layout only (ModelConfig checks): interleaved as the kernel
       self.gate_up_bias = param(rngs, (e, 2 * f), param_dtype, ("expert", "mlp"))
       self.down_bias = param(rngs, (e, d), param_dtype, ("expert", "embed"))
+    if moe.selection_bias:
+      # float32 whatever the weights' dtype, as transformers keeps it: it decides near-ties
+      self.selection_bias = buffer((e,), jnp.float32, (None,))
+    self.shared_experts = shared_experts
     self.grouped_matmul = "auto"  # static: `Transformer.use_grouped_matmul` sets it
 
   def router_logits(self, x: jax.Array) -> jax.Array:
@@ -194,13 +240,15 @@ class MoE(nnx.Module):
     batch, length, width = x.shape
     logits = self.router_logits(x)
     scores = router_scores(logits, moe)
-    own = top_k_experts(scores, moe.experts_per_token)
+    own = choose_experts(scores, moe, self.selection_bias[...] if moe.selection_bias else None)
     if replay and recorded is None:
       raise ValueError("routing replay needs the recorded experts of every sparse layer")
     experts = recorded.astype(jnp.int32) if replay else own
     weights = expert_weights(scores, experts, moe)
     out = self.experts(x.reshape(batch * length, width), experts.reshape(batch * length, -1),
                        weights.reshape(batch * length, -1)).reshape(batch, length, width)
+    if self.shared_experts is not None:
+      out = out + self.shared_experts(x)
     return out, _stats(logits, scores, experts, own, recorded, token_mask, moe)
 
 
@@ -363,7 +411,8 @@ def _expert_parallel(x, experts, weights, kernels, mesh, **options):
 def _stats(logits, scores, experts, own, recorded, token_mask, moe: MoEConfig) -> RouterStats:
   real = token_mask.astype(jnp.float32)
   chosen = jax.nn.one_hot(experts, moe.num_experts, dtype=jnp.float32).sum(-2)  # [B, T, E]
-  entropy = -jnp.sum(scores * jnp.log(jnp.maximum(scores, 1e-30)), axis=-1)
+  probs = router_probabilities(scores, moe)
+  entropy = -jnp.sum(probs * jnp.log(jnp.maximum(probs, 1e-30)), axis=-1)
   log_partition = jax.nn.logsumexp(logits, axis=-1)
   if recorded is None:
     disagree = jnp.zeros((), jnp.float32)
@@ -373,7 +422,7 @@ def _stats(logits, scores, experts, own, recorded, token_mask, moe: MoEConfig) -
   return RouterStats(
       experts=experts, own_experts=own,
       load=jnp.einsum("bte,bt->e", jax.lax.stop_gradient(chosen), real),
-      prob_sum=jnp.einsum("bte,bt->e", scores, real),
+      prob_sum=jnp.einsum("bte,bt->e", probs, real),
       entropy_sum=jnp.sum(entropy * real), z_sum=jnp.sum(jnp.square(log_partition) * real),
       disagree_sum=disagree, tokens=jnp.sum(real))
 

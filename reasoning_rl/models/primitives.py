@@ -1,5 +1,7 @@
-"""The building blocks every layer of the decoder is made of: parameters with logical axes, a
-projection's kernel in the compute dtype, and projections over flattened rows."""
+"""The building blocks every layer of the decoder is made of: parameters with logical axes (and
+buffers, the variables no optimizer updates), a projection's kernel in the compute dtype,
+projections over flattened rows, RMSNorm, rotary position embeddings, and the write of new
+entries into a contiguous KV cache."""
 
 from __future__ import annotations
 
@@ -38,3 +40,64 @@ def param(rngs: nnx.Rngs | None, shape, dtype, axes, init: str = "normal", std: 
   else:
     value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
   return nnx.Param(value, logical_axes=tuple(axes))
+
+
+class Buffer(nnx.Variable):
+  """A model variable that is part of the function but not trained: it comes from the checkpoint
+  and is written back to it, and no optimizer updates it (`reasoning_rl.rl.step.make_optimizer`
+  leaves every variable that is not an `nnx.Param` as it is). DeepSeek-V3's router selection
+  bias is one (`reasoning_rl.models.moe`): its own balancing rule sets it, not the gradient."""
+
+
+def buffer(shape, dtype, axes) -> Buffer:
+  """A zero-initialised `Buffer` with logical axes (a checkpoint fills it)."""
+  return Buffer(jnp.zeros(shape, dtype), logical_axes=tuple(axes))
+
+
+class RMSNorm(nnx.Module):
+  """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in float32.
+
+  y = x / sqrt(mean(x²) + eps) · w, or · (1 + w) for Gemma (whose checkpoints store w − 1).
+  """
+
+  def __init__(self, dim: int, *, eps: float, plus_one: bool, param_dtype, axes=("norm",)):
+    self.eps = eps
+    self.plus_one = plus_one
+    self.scale = param(None, (dim,), param_dtype, axes, init="zeros" if plus_one else "ones")
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    if self.plus_one:
+      return (normed * (1.0 + self.scale[...].astype(jnp.float32))).astype(x.dtype)
+    return normed.astype(x.dtype) * self.scale[...].astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array,
+               attention_factor: float = 1.0) -> jax.Array:
+  """Rotates x [B, T, H, D] by its positions [B, T], halves layout (first half · second half);
+  cos and sin are scaled by `attention_factor` (YaRN's, `transformer.rope_attention_factor`)."""
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  if attention_factor != 1.0:
+    cos, sin = cos * attention_factor, sin * attention_factor
+  cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  return x * cos + rotated * sin
+
+
+def scatter_cache(buffer: jax.Array, rows_index: jax.Array, values: jax.Array,
+                  layer=None) -> jax.Array:
+  """buffer [B, K, S, D] at [b, :, rows_index[b, t]] = values [B, T, K, D]; drops outside.
+
+  With `layer` (a scanned stack), buffer is [L, B, K, S, D] and only layer `layer` is written, in
+  place: the scan carries the whole cache, and copying a layer out and back would move it twice.
+  """
+  batch = jnp.arange(values.shape[0])[:, None, None]
+  heads = jnp.arange(values.shape[2])[None, :, None]
+  index = (batch, heads, rows_index[:, None, :])
+  if layer is not None:
+    index = (layer, *index)
+  return buffer.at[index].set(values.swapaxes(1, 2), mode="drop")

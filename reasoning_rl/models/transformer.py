@@ -1,5 +1,6 @@
 """A Flax NNX decoder-only transformer covering Llama, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3 and the
-mixtures of experts Qwen3-MoE, Mixtral, OLMoE and GPT-OSS (sparse layers: `reasoning_rl.models.moe`).
+mixtures of experts Qwen3-MoE, Mixtral, OLMoE, GPT-OSS and DeepSeek-V3 (sparse layers:
+`reasoning_rl.models.moe`; DeepSeek-V3's latent attention: `reasoning_rl.models.mla`).
 
 The variants differ only by `ModelConfig` switches. Every parameter carries `logical_axes` metadata
 (`vocab`, `embed`, `mlp`, `heads`, `kv_heads`, `head_dim`, `norm`); `reasoning_rl.sharding` maps those
@@ -41,9 +42,11 @@ from flax import nnx
 from reasoning_rl import kernels
 from reasoning_rl.kernels import grouped_matmul
 from reasoning_rl.models import kv_pages
+from reasoning_rl.models import mla as mla_lib
 from reasoning_rl.models import moe as moe_lib
 from reasoning_rl.models.config import ModelConfig
-from reasoning_rl.models.primitives import param, project, weight
+from reasoning_rl.models.primitives import (RMSNorm, apply_rope, param, project,
+                                            scatter_cache, weight)
 from reasoning_rl.sharding import constrain
 
 REMAT_POLICIES = ("none", "full", "save_matmuls")
@@ -88,25 +91,6 @@ def layer_period(config: ModelConfig) -> int:
         kinds[i] == kinds[i % period] for i in range(config.num_layers)):
       return period
   return config.num_layers
-
-
-class RMSNorm(nnx.Module):
-  """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in float32.
-
-  y = x / sqrt(mean(x²) + eps) · w, or · (1 + w) for Gemma (whose checkpoints store w − 1).
-  """
-
-  def __init__(self, dim: int, *, eps: float, plus_one: bool, param_dtype, axes=("norm",)):
-    self.eps = eps
-    self.plus_one = plus_one
-    self.scale = param(None, (dim,), param_dtype, axes, init="zeros" if plus_one else "ones")
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    if self.plus_one:
-      return (normed * (1.0 + self.scale[...].astype(jnp.float32))).astype(x.dtype)
-    return normed.astype(x.dtype) * self.scale[...].astype(x.dtype)
 
 
 def rope_inverse_frequencies(config: ModelConfig,
@@ -200,21 +184,6 @@ def rope_attention_factor(config: ModelConfig, layer_type: str = "full_attention
   return temperature()
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array,
-               attention_factor: float = 1.0) -> jax.Array:
-  """Rotates x [B, T, H, D] by its positions [B, T], halves layout (first half · second half);
-  cos and sin are scaled by `attention_factor` (`rope_attention_factor`)."""
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
-  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-  cos, sin = jnp.cos(angles), jnp.sin(angles)
-  if attention_factor != 1.0:
-    cos, sin = cos * attention_factor, sin * attention_factor
-  cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
-  half = x.shape[-1] // 2
-  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-  return x * cos + rotated * sin
-
-
 @flax.struct.dataclass
 class RopeTable:
   """What a layer rotates q and k with: inverse frequencies [D/2] and the static factor on cos
@@ -233,6 +202,8 @@ class KVCache:
   that reads the cache in place (a [B, S, K, D] layout made XLA transpose, i.e. copy, the whole
   cache at every decode step). pos [B, S] int32 is the position of each cached token, −1 where
   empty; the attention mask is derived from it, so rows may hold sequences of different lengths.
+  K and D of k and of v are the config's `kv_cache_layout`: num_kv_heads × head_dim for both,
+  or, for latent attention, one head of the latent (k) and one of the shared RoPE key (v).
   """
 
   k: tuple[jax.Array, ...]
@@ -242,14 +213,15 @@ class KVCache:
   @classmethod
   def init(cls, config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32, *,
            stacked: bool = False) -> "KVCache":
-    shape = (batch, config.num_kv_heads, max_len, config.head_dim)
     pos = jnp.full((batch, max_len), -1, jnp.int32)
+    k_shape, v_shape = ((batch, heads, max_len, width)
+                        for heads, width in config.kv_cache_layout())
     if stacked:
-      shape = (config.num_layers, *shape)
-      return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), pos=pos)
-    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
-    return cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
-               pos=pos)
+      layers = (config.num_layers,)
+      return cls(k=jnp.zeros(layers + k_shape, dtype), v=jnp.zeros(layers + v_shape, dtype),
+                 pos=pos)
+    return cls(k=tuple(jnp.zeros(k_shape, dtype) for _ in range(config.num_layers)),
+               v=tuple(jnp.zeros(v_shape, dtype) for _ in range(config.num_layers)), pos=pos)
 
   @property
   def stacked(self) -> bool:
@@ -291,21 +263,6 @@ def _scatter_rows(buffer: jax.Array, rows_index: jax.Array, values: jax.Array) -
   """buffer[b, rows_index[b, t]] = values[b, t]; indices outside the buffer are dropped."""
   batch = jnp.arange(buffer.shape[0])[:, None]
   return buffer.at[batch, rows_index].set(values, mode="drop")
-
-
-def _scatter_cache(buffer: jax.Array, rows_index: jax.Array, values: jax.Array,
-                   layer=None) -> jax.Array:
-  """buffer [B, K, S, D] at [b, :, rows_index[b, t]] = values [B, T, K, D]; drops outside.
-
-  With `layer` (a scanned stack), buffer is [L, B, K, S, D] and only layer `layer` is written, in
-  place: the scan carries the whole cache, and copying a layer out and back would move it twice.
-  """
-  batch = jnp.arange(values.shape[0])[:, None, None]
-  heads = jnp.arange(values.shape[2])[None, :, None]
-  index = (batch, heads, rows_index[:, None, :])
-  if layer is not None:
-    index = (layer, *index)
-  return buffer.at[index].set(values.swapaxes(1, 2), mode="drop")
 
 
 def _window(config: ModelConfig, layer_index: int) -> int | None:
@@ -394,8 +351,8 @@ class Attention(nnx.Module):
       return self.output(attended), new_cache_kv
     if cache_kv is not None:
       slots = write_index[:, None] + jnp.arange(x.shape[1])[None, :]
-      k_all = _scatter_cache(cache_kv[0], slots, k.astype(cache_kv[0].dtype), layer)
-      v_all = _scatter_cache(cache_kv[1], slots, v.astype(cache_kv[1].dtype), layer)
+      k_all = scatter_cache(cache_kv[0], slots, k.astype(cache_kv[0].dtype), layer)
+      v_all = scatter_cache(cache_kv[1], slots, v.astype(cache_kv[1].dtype), layer)
       new_cache_kv = (k_all, v_all)
       # Only the first key_positions.shape[1] cache slots are read (see `Transformer.decode`).
       read = key_positions.shape[1]
@@ -415,10 +372,11 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-  """Gated MLP: down(act(gate(x)) · up(x)); SwiGLU (Shazeer 2020) or GeGLU for Gemma."""
+  """Gated MLP: down(act(gate(x)) · up(x)); SwiGLU (Shazeer 2020) or GeGLU for Gemma. Of width
+  `intermediate_size` (default: the config's; a MoE layer's shared experts have their own)."""
 
-  def __init__(self, config: ModelConfig, *, param_dtype, rngs):
-    d, f = config.hidden_size, config.intermediate_size
+  def __init__(self, config: ModelConfig, *, param_dtype, rngs, intermediate_size=None):
+    d, f = config.hidden_size, intermediate_size or config.intermediate_size
     self.activation = config.activation
     self.gate_proj = param(rngs, (d, f), param_dtype, ("embed", "mlp"))
     self.up_proj = param(rngs, (d, f), param_dtype, ("embed", "mlp"))
@@ -439,7 +397,9 @@ class MLP(nnx.Module):
 
 class Block(nnx.Module):
   """Pre-norm residual block; Gemma 2 and Gemma 3 add a norm after attention and after the MLP.
-  The MLP of a MoE model's sparse layers is routed experts (`reasoning_rl.models.moe.MoE`)."""
+  The MLP of a MoE model's sparse layers is routed experts (`reasoning_rl.models.moe.MoE`, with
+  its shared experts an `MLP`); the attention of a latent-attention model (DeepSeek-V3) is
+  `reasoning_rl.models.mla.LatentAttention`."""
 
   def __init__(self, config: ModelConfig, layer_index: int, *, param_dtype, rngs):
     def norm():
@@ -447,11 +407,16 @@ class Block(nnx.Module):
                      plus_one=config.norm_plus_one, param_dtype=param_dtype)
 
     self.attn_norm = norm()
-    self.attn = Attention(config, layer_index, param_dtype=param_dtype, rngs=rngs)
+    attention = Attention if config.mla is None else mla_lib.LatentAttention
+    self.attn = attention(config, layer_index, param_dtype=param_dtype, rngs=rngs)
     self.mlp_norm = norm()
     self.sparse = config.layer_is_sparse(layer_index)
     if self.sparse:
-      self.mlp = moe_lib.MoE(config, param_dtype=param_dtype, rngs=rngs)
+      shared = None
+      if config.moe.num_shared_experts:
+        width = config.moe.num_shared_experts * config.moe.intermediate_size
+        shared = MLP(config, param_dtype=param_dtype, rngs=rngs, intermediate_size=width)
+      self.mlp = moe_lib.MoE(config, param_dtype=param_dtype, rngs=rngs, shared_experts=shared)
     else:
       self.mlp = MLP(config, param_dtype=param_dtype, rngs=rngs)
     self.sandwich = config.sandwich_norms

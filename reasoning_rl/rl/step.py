@@ -386,10 +386,21 @@ def _settings_to_pack(batch: dict, truncated_ratio: bool) -> dict:
 
 
 def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
+  """Clipped AdamW over the trainable tree. Model variables that are not parameters (a
+  `models.primitives.Buffer`, e.g. DeepSeek-V3's router selection bias) get a zero update:
+  neither the gradient nor AdamW's weight decay moves them."""
   return optax.chain(
       optax.clip_by_global_norm(config.max_grad_norm),
       optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
-                  eps=config.eps, weight_decay=config.weight_decay))
+                  eps=config.eps, weight_decay=config.weight_decay),
+      optax.masked(optax.set_to_zero(), _not_parameters))
+
+
+def _not_parameters(tree):
+  """True at every model variable that is not an `nnx.Param` (the value head's plain arrays and
+  every parameter, LoRA adapters included, are False)."""
+  return jax.tree.map(lambda v: isinstance(v, nnx.Variable) and not isinstance(v, nnx.Param),
+                      tree, is_leaf=lambda v: isinstance(v, nnx.Variable))
 
 
 class TrainStep:

@@ -18,7 +18,8 @@ prompt in `prefill`, each drawn token in `generate`), the experts each sparse la
 (`Prefix.experts`, `ResultTokens.experts`): what routing replay trains with
 (`reasoning_rl.models.moe`).
 
-Decode state: one KV cache [slots, kv_heads, cache_length, head_dim] per layer, preallocated on the
+Decode state: one KV cache [slots, kv_heads, cache_length, head_dim] per layer (latent attention:
+its latent and shared RoPE key, `ModelConfig.kv_cache_layout`), preallocated on the
 sampler mesh and donated to every jitted call, so it is updated in place. Each slot holds the logits
 of its next token; a decode step samples from them, feeds the sampled token through the model and
 stores the new logits. `generate` runs up to `steps_per_call` such steps inside one jitted
@@ -580,14 +581,16 @@ class Engine:
   def _decode_state_shardings(self) -> DecodeState:
     mesh, slots, cfg = self._mesh, self._slots, self.config
     stacked = self._scan_layers
-    kv_shape = (cfg.num_layers,) * stacked + (slots, cfg.num_kv_heads, self.cache_length,
-                                              cfg.head_dim)
-    kv = sharding_lib.sharding_for(KVCache.kv_axes(stacked), kv_shape, mesh)
-    per_layer = kv if stacked else (kv,) * cfg.num_layers
+    k, v = (sharding_lib.sharding_for(
+        KVCache.kv_axes(stacked),
+        (cfg.num_layers,) * stacked + (slots, heads, self.cache_length, width), mesh)
+        for heads, width in cfg.kv_cache_layout())
+    if not stacked:
+      k, v = (k,) * cfg.num_layers, (v,) * cfg.num_layers
     rows = sharding_lib.sharding_for(("batch", "length"), (slots, self.cache_length), mesh)
     vector = sharding_lib.sharding_for(("batch",), (slots,), mesh)
     return DecodeState(
-        cache=KVCache(k=per_layer, v=per_layer, pos=rows),
+        cache=KVCache(k=k, v=v, pos=rows),
         next_logits=sharding_lib.sharding_for(("batch", None), (slots, cfg.vocab_size), mesh),
         position=vector, generated=vector, done=vector, keys=vector, temperature=vector,
         top_p=vector, top_k=vector, min_p=vector, max_new_tokens=vector,

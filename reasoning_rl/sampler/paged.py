@@ -210,8 +210,9 @@ class PagedEngine(Engine):
           f"{cache_length} tokens take in pages of {page_size}; raise it")
     self._shared_prefixes = 0
     backend = paged_kernels.backend_of(kwargs.get("mesh"))
-    self.kernel = paged_kernels.choose_paged_kernel(kernel, backend=backend, dtype=model.dtype,
-                                                     head_dim=model.config.head_dim)
+    self.kernel = paged_kernels.choose_paged_kernel(
+        kernel, backend=backend, dtype=model.dtype, head_dim=model.config.head_dim,
+        latent_attention=model.config.mla is not None)
     super().__init__(model, **kwargs)
     # pages a generate call may take: each slot, its next steps_per_call entries
     self._fresh_per_call = self._slots * (-(-self.steps_per_call // page_size) + 1)
@@ -316,13 +317,13 @@ class PagedEngine(Engine):
   def _decode_state_shardings(self) -> DecodeState:
     cfg, stacked = self.config, self._scan_layers
     axes = ("kv_heads",) + ("layers",) * stacked + (None, None, "head_dim")
-    shape = (cfg.num_kv_heads,) + (cfg.num_layers,) * stacked + (self.num_pages, self.page_size,
-                                                                  cfg.head_dim)
-    kv = sharding_lib.sharding_for(axes, shape, self._mesh)
-    per_layer = kv if stacked else (kv,) * cfg.num_layers
+    k, v = (sharding_lib.sharding_for(
+        axes, (heads,) + (cfg.num_layers,) * stacked + (self.num_pages, self.page_size, width),
+        self._mesh) for heads, width in cfg.kv_cache_layout())
+    if not stacked:
+      k, v = (k,) * cfg.num_layers, (v,) * cfg.num_layers
     return super()._decode_state_shardings().replace(
-        cache=PagedKVCache(k=per_layer, v=per_layer, pos=self._replicated, kernel=self.kernel,
-                           mesh=self._mesh))
+        cache=PagedKVCache(k=k, v=v, pos=self._replicated, kernel=self.kernel, mesh=self._mesh))
 
   def _build_functions(self):
     super()._build_functions()
