@@ -13,7 +13,9 @@ Rows of the first table (one projection, [N·k, D] x [E, D, F], routed as a rand
 - dense per expert (loop): every expert multiplies every row and a mask keeps its own, the
   dense-per-expert baseline (E times the FLOPs).
 The second table times a whole sparse layer (`reasoning_rl.models.moe.MoE`, router included)
-forward and forward + backward against the dense MLP a token runs through k times.
+forward and forward + backward against the dense MLP a token runs through k times; the third a
+small model's whole training step (`rl.step.TrainStep`) and the engine's decoding, MoE against
+the dense model of the same active width.
 Results (date, CPU, command) go in benchmarks/RESULTS.md.
 """
 
@@ -111,6 +113,63 @@ def layer_table(shape, tokens: int, repeats: int):
     print(f"  {name:<26}{fwd * 1e3:12.1f}{both * 1e3:12.1f}")
 
 
+def model_table(repeats: int):
+  """A whole training step and decoding of a small MoE model against the dense model with the same
+  attention and the active MLP width (k experts' worth), on this machine."""
+  import dataclasses
+
+  import optax
+  from flax import nnx
+
+  from reasoning_rl.models.config import ModelConfig, MoEConfig
+  from reasoning_rl.models.transformer import create_model
+  from reasoning_rl.rl.step import StepConfig, TrainStep
+  from reasoning_rl.sampler.engine import Engine
+  from reasoning_rl.sampler.rollout import generate_groups
+  from reasoning_rl.sampler.sampling import SamplingParams
+
+  base = ModelConfig(model_type="qwen3", vocab_size=4096, hidden_size=256, intermediate_size=512,
+                     num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32, qk_norm=True)
+  moe = dataclasses.replace(base, model_type="qwen3_moe", moe=MoEConfig(
+      num_experts=8, experts_per_token=2, intermediate_size=256, sparse_layers=(True,) * 4,
+      normalize_top_k=True))
+  rows, prompt, completion = 16, 64, 64
+  rng = np.random.RandomState(0)
+  batch = dict(tokens=jnp.asarray(rng.randint(1, 4096, (rows, prompt + completion))),
+               attention_mask=jnp.ones((rows, prompt + completion), jnp.int32),
+               completion_mask=jnp.ones((rows, completion), jnp.int32),
+               advantages=jnp.asarray(rng.randn(rows).astype(np.float32)))
+  prompts = [list(rng.randint(1, 4096, 48)) for _ in range(8)]
+  print(f"\nmodel: 4 layers, D 256, 8 heads; dense MLP 512 vs 8 experts of 256 (top-2: the same "
+        f"active width); step on {rows} rows of {prompt} + {completion}; decode of 8 prompts x 4 "
+        "samples x 32 tokens")
+  print(f"  {'model':<26}{'params (M)':>11}{'step s':>9}{'decode tok/s':>14}")
+  for name, config in (("dense", base), ("MoE 8 experts, top-2", moe)):
+    model = create_model(config, seed=0)
+    graphdef, params = nnx.split(model)
+    step = TrainStep(graphdef, StepConfig())
+    step.optimizer = optax.sgd(lambda count: 1e-3)
+    state = [step.init_state(jax.tree.map(jnp.array, params))]
+
+    def run_step():
+      state[0], stats = step(state[0], batch)
+      return stats["loss"]
+
+    step_s = best_seconds(run_step, repeats)
+    engine = Engine(model, max_concurrent_decodes=32, max_prefill_length=64,
+                    max_decode_length=32, steps_per_call=16)
+
+    def decode():
+      return generate_groups(engine, prompts, num_samples=4, max_new_tokens=32,
+                             sampling=SamplingParams(temperature=1.0), seed=1)
+
+    decode()  # compile
+    start = time.perf_counter()
+    tokens = sum(len(c.completion_ids) for c in decode())
+    print(f"  {name:<26}{config.num_params() / 1e6:11.2f}{step_s:9.3f}"
+          f"{tokens / (time.perf_counter() - start):14.0f}")
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2_upcycled")
@@ -122,6 +181,7 @@ def main():
   print(f"backend {jax.default_backend()}, {jax.device_count()} device(s)")
   grouped_table(SHAPES[args.shape], args.tokens, args.repeats, args.megablox)
   layer_table(SHAPES[args.shape], args.tokens, args.repeats)
+  model_table(args.repeats)
 
 
 if __name__ == "__main__":
