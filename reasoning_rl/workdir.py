@@ -44,8 +44,8 @@ FINGERPRINT_FILE = "run_config.json"
 # memory and speed, the update only by float summation order; a resume after running out of
 # memory may split the batch further, and an open layout may be chosen differently elsewhere.
 ALWAYS_ALLOWED_CHANGES = (
-    "workdir", "dry_run", "keep_freed_host_memory", "logging.*", "checkpoint.every_steps",
-    "checkpoint.keep", "checkpoint.async_save", "target.*", "verifier.num_workers",
+    "workdir", "dry_run", "keep_freed_host_memory", "logging.*", "checkpoint.*", "storage.*",
+    "target.*", "verifier.num_workers",
     "resume.*", "algo.packing", "algo.num_micro_batches",
 )
 
