@@ -494,11 +494,11 @@ class Checkpointer:
     with."""
     thread = self._checksum_thread
     if thread is not None:
-      thread.join(deadlines.deadline_for())
+      limit = deadlines.deadline_for(self._saving_bytes)  # a local step is read back whole
+      thread.join(limit)
       if thread.is_alive():
         raise deadlines.timed_out(f"the checksums of checkpoint step {self._saving}",
-                                  str(self.directory / str(self._saving)),
-                                  deadlines.deadline_for())
+                                  str(self.directory / str(self._saving)), limit)
       self._checksum_thread = None
     if self._checksum_error is not None:
       step, error = self._checksum_error

@@ -247,6 +247,8 @@ class Trainer:
     def stop_on_signal(why: str) -> int:
       if completed > 0:
         save(completed)
+        if checkpointer is not None:
+          checkpointer.wait()  # committed before the line says so (and before the report)
       code = checkpointing.interrupt_exit_code()
       saved = f"checkpoint of step {completed} saved" if completed else "nothing trained yet"
       progress.write(f"{_ENDINGS[code]} {why}: {saved}; rerun on the same workdir to resume")

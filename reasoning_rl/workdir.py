@@ -30,7 +30,7 @@ from typing import Any
 
 from reasoning_rl import config_schema
 from reasoning_rl import storage
-from reasoning_rl.errors import ConfigError
+from reasoning_rl.errors import ConfigError, StorageTimeout
 from reasoning_rl.plain_data import plain
 
 log = logging.getLogger("reasoning_rl")
@@ -68,7 +68,7 @@ def check_workdir_writable(path: str | os.PathLike[str], *, field: str = "workdi
     probe = path / f".write_probe_{socket.gethostname()}_{os.getpid()}"
     probe.write_bytes(b"")
     probe.unlink()
-  except ConfigError:
+  except (ConfigError, StorageTimeout):  # a store that does not answer is not a bad config
     raise
   except OSError as error:
     reason = ("read-only file system" if error.errno == errno.EROFS

@@ -80,36 +80,54 @@ class Relay:
         client.close()
         continue
       upstream.settimeout(None)
+      pair = [client, upstream]
       with self._lock:
-        self._sockets += [client, upstream]
+        self._sockets += pair
         self.connections += 1
+      ended = threading.Barrier(2, action=lambda pair=pair: self._release(pair))
       for source, sink in ((client, upstream), (upstream, client)):
-        threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+        threading.Thread(target=self._pump, args=(source, sink, ended), daemon=True).start()
 
-  def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+  def _release(self, pair: list[socket.socket]) -> None:
+    """Both directions of a connection ended: its sockets are closed (a long soak opens
+    thousands)."""
+    with self._lock:
+      for sock in pair:
+        if sock in self._sockets:
+          self._sockets.remove(sock)
+        sock.close()
+
+  def _pump(self, source: socket.socket, sink: socket.socket, ended: threading.Barrier) -> None:
     """Copies source to sink while relaying; holds everything (reads nothing) while silent."""
-    while not self._closed.is_set():
-      mode, rate = self._mode
-      if mode == "silent":
-        time.sleep(0.05)
-        continue
-      try:
-        ready, _, _ = select.select([source], [], [], 0.05)
-        if not ready:
+    readable = select.poll()  # select.select refuses descriptors above 1023
+    readable.register(source, select.POLLIN)
+    try:
+      while not self._closed.is_set():
+        mode, rate = self._mode
+        if mode == "silent":
+          time.sleep(0.05)
           continue
-        data = source.recv(_CHUNK if mode == "relay" else max(1, min(_CHUNK, int(rate / 20))))
-      except OSError:
-        data = b""
-      if not data:
-        self._shut(sink)
-        return
+        try:
+          if not readable.poll(50):
+            continue
+          data = source.recv(_CHUNK if mode == "relay" else max(1, min(_CHUNK, int(rate / 20))))
+        except OSError:
+          data = b""
+        if not data:
+          self._shut(sink)
+          return
+        try:
+          sink.sendall(data)
+        except OSError:
+          self._shut(source)
+          return
+        if mode == "slow":
+          time.sleep(len(data) / rate)
+    finally:
       try:
-        sink.sendall(data)
-      except OSError:
-        self._shut(source)
-        return
-      if mode == "slow":
-        time.sleep(len(data) / rate)
+        ended.wait(timeout=3600)
+      except threading.BrokenBarrierError:
+        pass
 
   @staticmethod
   def _shut(sock: socket.socket) -> None:

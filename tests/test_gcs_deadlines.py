@@ -10,15 +10,12 @@ STORAGE_EMULATOR_HOST is set, as a user would.
 """
 
 import asyncio
-import json
 import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.parse
-import urllib.request
 
 import pytest
 
@@ -180,17 +177,19 @@ def relay(emulator):
   r.close()
 
 
+def test_a_stalled_store_at_start_up_is_exit_4_not_a_bad_workdir(emulator, short_deadlines):
+  """check_workdir_writable turns gcsfs's errors into 'cannot be written' (exit 2); a store that
+  stopped answering is a storage failure (exit 4) instead."""
+  from reasoning_rl.workdir import check_workdir_writable
+
+  with pytest.raises(StorageTimeout):
+    deadlines.call(time.sleep, 30, what="an earlier call", where=f"gs://{BUCKET}/x")
+  with pytest.raises(StorageTimeout, match="an earlier call"):
+    check_workdir_writable(f"gs://{BUCKET}/run", field="config.workdir")
+
+
 def _complete_steps(emulator, prefix: str) -> list[int]:
-  """Checkpoint steps whose CHECKSUMS.json is written, asked of the emulator directly."""
-  url = (f"{emulator.url}/storage/v1/b/{BUCKET}/o?prefix="
-         f"{urllib.parse.quote(prefix + '/checkpoints/')}")
-  try:
-    items = json.loads(urllib.request.urlopen(url, timeout=10).read()).get("items", [])
-  except OSError:
-    return []
-  found = (re.fullmatch(rf"{re.escape(prefix)}/checkpoints/(\d+)/CHECKSUMS\.json", i["name"])
-           for i in items)
-  return sorted(int(m.group(1)) for m in found if m)
+  return emulator.complete_checkpoints(BUCKET, prefix)
 
 
 def _start(workdir, relay, tmp_path, *overrides):
