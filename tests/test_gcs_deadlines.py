@@ -131,6 +131,32 @@ def test_a_stuck_stop_ends_at_the_stop_deadline_with_the_signals_code(signum, co
   assert "never" not in out
 
 
+_STALLED_EXIT = textwrap.dedent("""
+    import concurrent.futures, sys, threading, time
+    from reasoning_rl import deadlines
+    from reasoning_rl.errors import StorageTimeout
+    deadlines.configure(timeout_s=0.5, stop_deadline_s=60)
+    deadlines.enable_process_exit()
+    pool = concurrent.futures.ThreadPoolExecutor(1)  # its worker is joined at exit, as Orbax's
+    pool.submit(threading.Event().wait)  # blocked for good, like a request to a silent store
+    try:
+      deadlines.call(time.sleep, 30, what="a commit", where="gs://b/c")
+    except StorageTimeout as error:
+      print("error:", error, flush=True)
+    sys.exit(4)
+""")
+
+
+def test_after_a_stall_the_exit_does_not_wait_for_threads_blocked_on_storage():
+  start = time.monotonic()
+  child = subprocess.run([sys.executable, "-c", _STALLED_EXIT], cwd=REPO, capture_output=True,
+                         env={**environment(devices=1), "PYTHONPATH": str(REPO)}, text=True,
+                         timeout=120)
+  assert child.returncode == 4, child.stderr
+  assert child.stdout.startswith("error: gs://b/c: storage stalled: a commit did not finish")
+  assert time.monotonic() - start < 30  # not the 60 s stop deadline, not for ever
+
+
 def test_a_library_user_is_never_hard_exited():
   """Without the process owner's `enable_process_exit` (a notebook) a signal only sets the
   stop flag."""
