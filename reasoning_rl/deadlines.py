@@ -193,13 +193,13 @@ async def within(awaitable: Awaitable[T], *, what: str, where: str, nbytes: int 
 
 
 def call(fn: Callable[..., T], *args: Any, what: str, where: str, nbytes: int = 0,
-         timeout_s: float | None = None, **kwargs: Any) -> T:
+         **kwargs: Any) -> T:
   """`fn(*args, **kwargs)` in a helper thread, waited for until the deadline of a storage call
-  moving `nbytes` (or `timeout_s`); its result, or its exception re-raised here (layer 2).
+  moving `nbytes`; its result, or its exception re-raised here (layer 2).
 
   While waiting the calling thread still runs signal handlers (the main thread's SIGTERM)."""
   _check_not_stalled()
-  limit = deadline_for(nbytes) if timeout_s is None else timeout_s
+  limit = deadline_for(nbytes)
   outcome: dict[str, Any] = {}
   done = threading.Event()
   context = contextvars.copy_context()
