@@ -54,6 +54,10 @@ def main(argv):
   from reasoning_rl.console import quiet_until_logs_have_a_file
 
   quiet_until_logs_have_a_file(verbose=_VERBOSE.value)
+  from reasoning_rl import deadlines
+
+  # this process ends itself at the stop and storage deadlines (reasoning_rl/deadlines.py)
+  deadlines.enable_process_exit()
   if config.keep_freed_host_memory:
     # Before anything starts JAX's backend threads: they keep the malloc arena they first use.
     from reasoning_rl.host_memory import keep_freed_memory
@@ -126,6 +130,9 @@ def train(config) -> int:
   chosen = planning.resolve_layout(config, machine=step_layout.this_machine(num_slices))
   # before the workdir is touched
   config_lib.validate(config, num_devices=jax.device_count(), num_slices=num_slices)
+  from reasoning_rl import deadlines
+
+  deadlines.apply_config(config)  # before the workdir is touched: its calls get the deadlines
   # process 0 owns the workdir's files (lock, logs, fingerprint); every process trains
   primary = jax.process_index() == 0
   # a start refused before training (exit 2, or an I/O error) leaves the workdir as it found it

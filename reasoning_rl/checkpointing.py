@@ -46,7 +46,16 @@ checksums it cannot be told from, e.g., running out of memory.
 Stopping: `install_preemption_handler()` turns SIGTERM (preemption) and SIGINT (Ctrl-C) into a flag
 the training loop polls with `preemption_requested()`. The loop then saves (`save(step, …,
 force=True)`), calls `close()` and exits with `interrupt_exit_code()`: 143 for SIGTERM, 130 for
-SIGINT. A second Ctrl-C aborts at once with KeyboardInterrupt.
+SIGINT. A second Ctrl-C aborts at once with KeyboardInterrupt. In a process that allows it
+(`deadlines.enable_process_exit`, launch/train.py) the signal also starts the stop deadline: if the
+orderly path has not ended the process within `checkpoint.stop_deadline_s` (a save stuck on a
+silent store, a step that outlasts a preemption notice), it ends there with the same code and one
+line naming what it was still doing and the checkpoint a rerun resumes from.
+
+Deadlines: every wait on Orbax (opening, saving, committing, restoring, closing) and on the
+checksum thread runs under `deadlines.call` with `storage.timeout_s` plus a second per 10 MiB
+this process moves; past it `StorageTimeout` (exit 4) names the step and the checkpoint a rerun
+resumes from (`Checkpointer.resume_point`, known without asking storage).
 """
 
 from __future__ import annotations
@@ -62,11 +71,13 @@ from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
+from reasoning_rl import deadlines
 from reasoning_rl import storage
-from reasoning_rl.errors import CheckpointError, ExitCode
+from reasoning_rl.errors import CheckpointError, ExitCode, StorageTimeout
 
 log = logging.getLogger("reasoning_rl")
 
@@ -167,7 +178,9 @@ def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
   """
   step_dir = storage.path(step_dir)
   manifest_path = step_dir / CHECKSUMS_FILE
-  if not manifest_path.exists():
+  # on gs:// a fresh listing says whether the manifest exists (a cached one may predate it)
+  stored = storage.stored_checksums(step_dir)
+  if not (manifest_path.exists() if stored is None else CHECKSUMS_FILE in stored):
     return False
   try:
     manifest = json.loads(manifest_path.read_text())
@@ -183,7 +196,6 @@ def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
     entries = {name: _manifest_entry(entry) for name, entry in manifest["files"].items()}
   except (ValueError, KeyError, TypeError, AttributeError) as error:
     raise CheckpointCorruptError(f"{manifest_path} is unreadable ({error!r})") from None
-  stored = storage.stored_checksums(step_dir)
   to_read = {}
   for name in sorted(entries):
     kinds = tuple(kind for kind in entries[name] if kind != "bytes")
@@ -297,6 +309,41 @@ def _check_meta(meta: Mapping[str, Any]) -> None:
         "replace NaN/inf before saving") from error
 
 
+def _local_bytes(tree: Any) -> int:
+  """Bytes of `tree`'s arrays held by this process (what it writes in a save)."""
+  total = 0
+  for leaf in jax.tree_util.tree_leaves(tree):
+    shards = getattr(leaf, "addressable_shards", None)
+    if shards is not None:
+      total += sum(shard.data.nbytes for shard in shards if shard.replica_id == 0)
+    else:
+      total += getattr(leaf, "nbytes", 0)
+  return int(total)
+
+
+def _abstract_bytes(tree: Any) -> int:
+  """Bytes of the arrays `tree` (jax.ShapeDtypeStruct leaves) describes, this process's share."""
+  total = 0
+  for leaf in jax.tree_util.tree_leaves(tree):
+    size = int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is not None and hasattr(sharding, "addressable_devices"):
+      size = size * len(sharding.addressable_devices) // max(1, len(sharding.device_set))
+    total += size
+  return total
+
+
+def _storage_timeout_in(error: BaseException | None) -> StorageTimeout | None:
+  """The StorageTimeout `error` is or was caused by (Orbax wraps its threads' errors)."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if isinstance(error, StorageTimeout):
+      return error
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return None
+
+
 def last_complete_checkpoint(directory: str | os.PathLike[str]) -> str:
   """'step N (PATH)' for the newest committed step directory under `directory`, or 'none yet'.
   Read from the directory names alone (Orbax commits a step by renaming its temporary
@@ -360,10 +407,15 @@ class Checkpointer:
     # Handlers are named up front so a fresh process can read metadata before any save.
     handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler(),
                 "keys": ocp.JsonCheckpointHandler()}
-    self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    self._manager = deadlines.call(
+        ocp.CheckpointManager, self.directory, options=options, item_handlers=handlers,
+        what="Orbax's opening of the checkpoint directory", where=str(self.directory))
     self._checksum_thread: threading.Thread | None = None
     self._checksum_error: tuple[int, BaseException] | None = None
     self._saving: int | None = None  # the newest step a save was started for
+    self._saving_bytes = 0  # this process's bytes in that save
+    steps = self._manager.all_steps()  # listed by Orbax just now
+    self._committed: int | None = max(steps) if steps else None  # newest step known complete
 
   def save(self, step: int, state: Any, meta: Mapping[str, Any], *, force: bool = False) -> bool:
     """Starts saving `state` and `meta` as checkpoint `step`.
@@ -380,23 +432,45 @@ class Checkpointer:
       return False
     # Orbax waits for the previous save here anyway; its checksums are written by then, so a
     # later save's clean-up never deletes a step while it is being hashed.
-    self._finish_checksums()
+    self.wait()
     encoded, key_impls = _encode_state(state)
     args = ocp.args.Composite(
         state=ocp.args.StandardSave(encoded),
         meta=ocp.args.JsonSave(dict(meta)),
         keys=ocp.args.JsonSave({"format_version": CHECKPOINT_FORMAT_VERSION, "impls": key_impls}),
     )
+    nbytes = _local_bytes(encoded)
     try:
-      started = bool(self._manager.save(step, args=args, force=True))
+      # synchronous: the copy to host memory (and, without async_save, the whole write)
+      started = bool(deadlines.call(
+          self._manager.save, step, args=args, force=True, nbytes=nbytes,
+          what=f"Orbax's save of checkpoint step {step}", where=str(self.directory / str(step))))
     except (OSError, ValueError) as error:
       raise self._save_failed(step, error) from error
     if started:
-      self._saving = step
+      self._saving, self._saving_bytes = step, nbytes
       self._start_checksums(step)
     return started
 
+  def saving(self) -> bool:
+    """True while a started save is not complete (its commit or its checksums)."""
+    thread = self._checksum_thread
+    return thread is not None and thread.is_alive()
+
+  def resume_point(self) -> str:
+    """The checkpoint a rerun resumes from, as far as this process knows without any I/O (for
+    messages written while storage may not answer)."""
+    committed = self._committed
+    text = (f"step {committed} ({self.directory / str(committed)})" if committed is not None
+            else "step 0 (no complete checkpoint yet)")
+    if self._saving is not None and self._saving != committed:
+      text += f", or step {self._saving} if its save completed"
+    return text
+
   def _save_failed(self, step: int, error: BaseException) -> CheckpointError:
+    timeout = _storage_timeout_in(error)
+    if timeout is not None:  # its message says what waited, where, and where a rerun resumes
+      return timeout
     return CheckpointError(f"checkpoint {self.directory / str(step)} could not be written "
                            f"({error}); {resume_hint(self.directory)}")
 
@@ -416,9 +490,15 @@ class Checkpointer:
     self._checksum_thread.start()
 
   def _finish_checksums(self) -> None:
-    """Waits for the checksum thread; raises what it failed with."""
-    if self._checksum_thread is not None:
-      self._checksum_thread.join()
+    """Waits for the checksum thread (within a storage call's deadline); raises what it failed
+    with."""
+    thread = self._checksum_thread
+    if thread is not None:
+      limit = deadlines.deadline_for(self._saving_bytes)  # a local step is read back whole
+      thread.join(limit)
+      if thread.is_alive():
+        raise deadlines.timed_out(f"the checksums of checkpoint step {self._saving}",
+                                  str(self.directory / str(self._saving)), limit)
       self._checksum_thread = None
     if self._checksum_error is not None:
       step, error = self._checksum_error
@@ -460,8 +540,10 @@ class Checkpointer:
       log.warning("checkpoint %s has no %s (the run stopped right after saving it); restoring it "
                   "unverified", step_dir, CHECKSUMS_FILE)
     try:
-      keys = self._manager.restore(
-          step, args=ocp.args.Composite(keys=ocp.args.JsonRestore()))["keys"]
+      keys = deadlines.call(self._manager.restore, step,
+                            args=ocp.args.Composite(keys=ocp.args.JsonRestore()),
+                            what=f"the read of checkpoint step {step}'s key layout",
+                            where=str(step_dir))["keys"]
     except (OSError, ValueError, KeyError) as error:
       raise CheckpointError(
           f"{step_dir} has no readable key layout ({_first_line(error)}); it was not written by "
@@ -475,9 +557,17 @@ class Checkpointer:
     target = jax.tree_util.tree_map_with_path(_abstract_leaf, abstract_state)
     self._check_matches(step, abstract_state, target, key_impls)
     try:
-      restored = self._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+      restored = deadlines.call(
+          self._manager.restore, step, args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()),
+          nbytes=_abstract_bytes(target), what=f"Orbax's restore of checkpoint step {step}",
+          where=str(step_dir))
+    except StorageTimeout:
+      raise
     except Exception as error:  # Orbax and TensorStore raise many types for unreadable data
+      timeout = _storage_timeout_in(error)
+      if timeout is not None:
+        raise timeout from error
       raise CheckpointError(f"restoring {step_dir} failed: {_first_line(error)}") from error
     bad = nonfinite_leaves(restored["state"])
     if bad:
@@ -529,7 +619,10 @@ class Checkpointer:
     except OSError as error:
       raise CheckpointError(f"checkpoint {self.directory / str(step)} is corrupt and could not be "
                             f"moved aside ({error.strerror}); move or delete it by hand") from error
-    self._manager.reload()
+    deadlines.call(self._manager.reload, what="Orbax's listing of the checkpoints",
+                   where=str(self.directory))
+    steps = self._manager.all_steps()
+    self._committed = max(steps) if steps else None
     return target
 
   def _check_matches(self, step: int, abstract_state: Any, target: Any,
@@ -537,7 +630,11 @@ class Checkpointer:
     """Raises CheckpointError naming the first leaf whose structure, shape or dtype differs."""
     step_dir = self.directory / str(step)
     try:
-      saved = self._manager.item_metadata(step)["state"]
+      saved = deadlines.call(self._manager.item_metadata, step,
+                             what=f"the read of checkpoint step {step}'s array metadata",
+                             where=str(step_dir))["state"]
+    except StorageTimeout:
+      raise
     except Exception as error:  # Orbax raises many types for unreadable metadata
       raise CheckpointError(f"{step_dir}: unreadable array metadata ({_first_line(error)}); the "
                             "checkpoint is damaged, restore an earlier step") from error
@@ -569,27 +666,42 @@ class Checkpointer:
 
   def wait(self) -> None:
     """Blocks until every started save is complete on disk, its checksums included; a save
-    that failed in the background (a full disk, say) raises CheckpointError here."""
+    that failed in the background (a full disk, say) raises CheckpointError here, one that
+    storage did not finish within its deadline StorageTimeout."""
+    step = self._saving
     try:
-      self._manager.wait_until_finished()
+      deadlines.call(self._manager.wait_until_finished, nbytes=self._saving_bytes,
+                     what="Orbax's commit of " + (f"checkpoint step {step}" if step is not None
+                                                   else "the checkpoints"),
+                     where=str(self.directory if step is None else self.directory / str(step)))
+    except StorageTimeout:
+      raise
     except Exception as error:  # pylint: disable=broad-except  # Orbax re-raises its thread's
       if self._checksum_thread is not None:  # it saw the same failure: one report is enough
-        self._checksum_thread.join()
+        self._checksum_thread.join(deadlines.deadline_for())
         self._checksum_thread = None
       self._checksum_error = None
-      raise self._save_failed(self._saving, error) from error
+      raise self._save_failed(step, error) from error
     self._finish_checksums()
+    if step is not None:
+      self._committed = step if self._committed is None else max(self._committed, step)
 
   def close(self) -> None:
     """Finishes pending saves and releases Orbax's threads. After a failed save the save's
-    CheckpointError is what is raised (closing Orbax then may fail on the same cause)."""
+    CheckpointError is what is raised (closing Orbax then may fail on the same cause); after a
+    StorageTimeout Orbax is left as it is (its threads wait on the store, and closing it would
+    join them)."""
     try:
       self.wait()
+    except StorageTimeout:
+      raise
     except BaseException:
       with contextlib.suppress(Exception):
-        self._manager.close()
+        deadlines.call(self._manager.close, what="closing Orbax's checkpoint manager",
+                       where=str(self.directory))
       raise
-    self._manager.close()
+    deadlines.call(self._manager.close, what="closing Orbax's checkpoint manager",
+                   where=str(self.directory))
 
   def __enter__(self) -> "Checkpointer":
     return self
@@ -622,6 +734,7 @@ def install_preemption_handler(
       return
     _stop_signals[:] = [signum]
     _preemption_event.set()
+    deadlines.exit_by(128 + signum, lambda: _stop_deadline_line(signum))
     if callback is not None:
       callback(signum)
 
@@ -632,6 +745,16 @@ def install_preemption_handler(
       signal.signal(signum, handler)
 
   return uninstall
+
+
+def _stop_deadline_line(signum: int) -> str:
+  """The line of a stop that the orderly path did not finish in time (deadlines.exit_by)."""
+  ending = "preempted" if signum == signal.SIGTERM else "interrupted"
+  doing = deadlines.waiting_on()
+  return (f"{ending} ({signal.Signals(signum).name}): not stopped within "
+          f"checkpoint.stop_deadline_s={deadlines.settings.stop_deadline_s:g} s"
+          + (f" (still {doing})" if doing else "") + "; exiting now without finishing it; a "
+          f"rerun on the same workdir resumes from {deadlines.resume_point()}")
 
 
 def preemption_requested() -> bool:

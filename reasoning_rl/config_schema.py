@@ -418,8 +418,21 @@ SECTIONS: tuple[Section, ...] = (
     )),
     Section("checkpoint", "Orbax checkpoints under WORKDIR/checkpoints.", (
         Field("every_steps", 5, "save cadence, in steps", _COUNT),
+        Field("every_minutes", 0.0, "also save at the first step that ends this long after the "
+              "last save started, unless a save is still in flight (time-based, as MaxText and "
+              "Tunix offer; a resume from any step is exact)", Range(float, 0, meaning="0 = off")),
         Field("keep", 2, "newest checkpoints kept", _COUNT),
         Field("async_save", True, "write in the background while training goes on"),
+        Field("stop_deadline_s", 25.0, "after SIGTERM / SIGINT the run finishes its step, saves "
+              "and exits (143 / 130); still running this long after the signal (a step or a "
+              "save too long for the notice, a store that stopped answering) it exits at once "
+              "with the same code, resuming later from the previous checkpoint; keep it under "
+              "the platform's grace (GKE and Spot TPU: 30 s)", _POSITIVE),
+    )),
+    Section("storage", "Local paths and gs:// (docs/storage.md).", (
+        Field("timeout_s", 120.0, "deadline of one storage call, its retries included (a "
+              "transfer of B bytes gets B / 10 MiB/s more); past it the run exits 4 naming the "
+              "call and the checkpoint a rerun resumes from", _POSITIVE),
     )),
     Section("eval", "Held-out evaluation (data.eval).", (
         Field("every_steps", 0, "cadence in steps",

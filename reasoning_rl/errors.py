@@ -39,6 +39,13 @@ class CheckpointError(ReasoningRLError):
   """A checkpoint or model file cannot be read, or does not match the model it is loaded into."""
 
 
+class StorageTimeout(CheckpointError):
+  """Storage did not answer within its deadline (`storage.timeout_s`, retries included): the
+  message names what was waiting, where, and the checkpoint a rerun resumes from (exit 4).
+  Not an OSError on purpose: code that treats an OSError as "missing" or "not writable" must
+  not mistake a store that stopped answering for either."""
+
+
 class VerifierError(ReasoningRLError):
   """A verifier is misconfigured or cannot run safely (e.g. no sandbox available)."""
 

@@ -15,8 +15,8 @@ Time measurements are the only non-deterministic values; their keys start with `
 (`MetricsWriter` adds `time/unix`, the wall clock when the row was written).
 
 Resuming: `MetricsWriter(workdir, resume_step=s)` keeps the rows and rollout files of steps <= s
-(the work the resumed checkpoint contains) and drops later ones, which a crashed run may have logged
-after its last checkpoint; `resume_step=None` (a start from scratch) drops them all. So after any
+(the work the resumed checkpoint contains, each step's first row) and drops later ones, which a
+crashed run may have logged after its last checkpoint; `resume_step=None` (a start from scratch) drops them all. So after any
 number of crashes and resumes the file holds exactly one row per step.
 """
 
@@ -184,9 +184,15 @@ class MetricsWriter:
                                         filename_suffix=f".{time.time_ns()}")
 
   def _truncate_metrics(self, keep_up_to: int) -> int | None:
-    """Drops rows with step > keep_up_to and a torn last line; returns the last kept step."""
+    """Drops rows with step > keep_up_to, a torn last line, and a row repeating an earlier
+    step (on gs:// an append whose reply was lost is retried: GCS's compose then added the same
+    bytes twice); returns the last kept step."""
     rows, had_partial_tail = _read_complete_rows(self._metrics_local)
-    kept = [row for row in rows if int(row["step"]) <= keep_up_to]
+    kept = []
+    for row in rows:
+      step = int(row["step"])
+      if step <= keep_up_to and (not kept or step > int(kept[-1]["step"])):
+        kept.append(row)
     if had_partial_tail or len(kept) != len(rows):
       storage.replace_staged(self.workdir, METRICS_FILE,
                              "".join(_dumps(row) + "\n" for row in kept).encode())

@@ -36,12 +36,15 @@ local filesystem keeps no checksums, so local files are read and hashed (CRC32C,
 form as GCS's, so a manifest stays checkable after `gcloud storage cp` of a step either way).
 
 Requests: every gcsfs client gets connect and read timeouts (`GCS_CONNECT_TIMEOUT_S`,
-`GCS_READ_TIMEOUT_S`: how long a connection may stay silent, not how long a transfer may take).
-gcsfs sets none by default, and aiohttp then waits forever for a server that stopped answering:
-a run against a stalled store (the emulator once its unread log pipe filled, a half-open
-connection to GCS) hung in `fsspec.asyn.sync` with every thread that touched storage, SIGTERM's
-save included. With them a dead request fails, gcsfs retries it (6 tries with backoff), and the
-run then stops with the storage-failure exit instead of hanging.
+`GCS_READ_TIMEOUT_S`: how long a connection may stay silent, not how long a transfer may take),
+and tensorstore's HTTP client the same through its TENSORSTORE_CURL_* variables (unless set
+already). gcsfs sets none by default, and aiohttp then waits forever for a server that stopped
+answering: a run against a stalled store (the emulator once its unread log pipe filled, a
+half-open connection to GCS) hung in `fsspec.asyn.sync` with every thread that touched storage,
+SIGTERM's save included. With them a dead request fails and is retried on a new connection. On
+top of that, the gcsfs class registered for gs:// runs each request, its retries included,
+under `deadlines.within` (`storage.timeout_s`): past it the run stops with `StorageTimeout`
+(exit 4), and so does every later storage call, at once (reasoning_rl/deadlines.py).
 
 Emulator: with `STORAGE_EMULATOR_HOST=http://HOST:PORT` set (the variable Google's own clients
 honour), `configure_emulator()` also points tensorstore (Orbax's array storage) at it and needs no
@@ -58,13 +61,16 @@ import hashlib
 import logging
 import os
 import pathlib
+import re
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from typing import Any, Union
 
-from reasoning_rl.errors import CheckpointError
+from reasoning_rl import deadlines
+from reasoning_rl.errors import CheckpointError, StorageTimeout
 
 log = logging.getLogger("reasoning_rl")
 
@@ -72,7 +78,7 @@ REMOTE_PREFIXES = ("gs://",)
 SYNC_INTERVAL_S = 5.0
 CACHE_ENV = "REASONING_RL_CACHE"
 GCS_CONNECT_TIMEOUT_S = 30.0  # opening a connection to the store
-GCS_READ_TIMEOUT_S = 60.0  # a connection that sends nothing for this long is given up (retried)
+GCS_READ_TIMEOUT_S = 30.0  # a connection that sends nothing for this long is given up (retried)
 CHECKSUM_KINDS = ("md5", "crc32c")  # what GCS lists per object, in the order they are compared
 
 AnyPath = Union[pathlib.Path, Any]  # pathlib.Path or etils.epath.Path
@@ -86,37 +92,93 @@ def is_remote(value: Any) -> bool:
 
 
 def configure_emulator() -> None:
-  """Points every storage client at `STORAGE_EMULATOR_HOST` when it is set (idempotent; an
-  emulator that moved to another address, as between tests, is picked up), and gives gcsfs
-  clients their request timeouts (module docstring, "Requests")."""
+  """Prepares every storage client before the first remote path is used (idempotent): request
+  timeouts and deadlines for gcsfs, stall detection for tensorstore (module docstring,
+  "Requests"), and with `STORAGE_EMULATOR_HOST` set, every client pointed at the emulator (one
+  that moved to another address, as between tests, is picked up)."""
   global _configured
   import fsspec  # pylint: disable=import-outside-toplevel
   for protocol in ("gs", "gcs"):  # epath asks fsspec for "gcs", this module for "gs"
     fsspec.config.conf.setdefault(protocol, {}).setdefault("requests_timeout", _request_timeout())
+  for name, value in (("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", int(GCS_READ_TIMEOUT_S)),
+                      ("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", 1),
+                      ("TENSORSTORE_CURL_CONNECT_TIMEOUT_SECONDS", int(GCS_CONNECT_TIMEOUT_S))):
+    os.environ.setdefault(name, str(value))
   url = os.environ.get("STORAGE_EMULATOR_HOST") or None
   if url and not url.startswith(("http://", "https://")):
     url = "http://" + url
-  if url == _configured:
+  if url == _configured and _registered is not None:
     return
   previous, _configured = _configured, url
-  if not url:
-    return
-  for name, value in (("TENSORSTORE_GCS_HTTP_URL", url),
-                      ("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator"),
-                      ("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")):
-    if previous is None or name != "TENSORSTORE_GCS_HTTP_URL":
-      os.environ.setdefault(name, value)
-    else:
-      os.environ[name] = value
-  # gcsfs picks its client class when first imported: whoever imported it before this ran (a
-  # library, a test) got the gRPC-probing one, whose every first access to a bucket then
-  # waited out retries against the emulator. The plain JSON-API class is named explicitly.
-  import gcsfs.core  # pylint: disable=import-outside-toplevel
-  for protocol in ("gs", "gcs"):
-    fsspec.config.conf.setdefault(protocol, {}).setdefault("token", "anon")
-    fsspec.register_implementation(protocol, gcsfs.core.GCSFileSystem, clobber=True)
+  if url:
+    for name, value in (("TENSORSTORE_GCS_HTTP_URL", url),
+                        ("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator"),
+                        ("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")):
+      if previous is None or name != "TENSORSTORE_GCS_HTTP_URL":
+        os.environ.setdefault(name, value)
+      else:
+        os.environ[name] = value
+    for protocol in ("gs", "gcs"):
+      fsspec.config.conf.setdefault(protocol, {}).setdefault("token", "anon")
+  _register_client(emulator=bool(url))
   if previous is not None:
     fsspec.filesystem("gs").clear_instance_cache()  # clients bound to the old address
+
+
+_registered: type | None = None  # the gcsfs class registered for gs:// and gcs://
+
+
+def _register_client(*, emulator: bool) -> None:
+  """Registers a gcsfs class whose every request runs under `deadlines.within`.
+
+  Its base: for the emulator, gcsfs's plain JSON-API class, named explicitly (gcsfs picks its
+  default class when first imported, and whoever imported it before this ran got the
+  gRPC-probing one, whose every first access to a bucket waited out retries against the
+  emulator); for GCS, gcsfs's default class."""
+  global _registered
+  import fsspec  # pylint: disable=import-outside-toplevel
+  import gcsfs  # pylint: disable=import-outside-toplevel
+  import gcsfs.core  # pylint: disable=import-outside-toplevel
+  base = gcsfs.core.GCSFileSystem if emulator else gcsfs.GCSFileSystem
+  if _registered is not None and _registered.__mro__[1] is base:
+    return
+  _registered = _deadline_client(base)
+  for protocol in ("gs", "gcs"):
+    fsspec.register_implementation(protocol, _registered, clobber=True)
+  from etils.epath import backend  # pylint: disable=import-outside-toplevel
+  backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
+
+
+def _deadline_client(base: type) -> type:
+  class DeadlineGCSFileSystem(base):
+    """gcsfs with a deadline on each request, all its retries included (deadlines.within)."""
+
+    async def _call(self, method, path, *args, **kwargs):
+      data = kwargs.get("data")
+      nbytes = len(data) if isinstance(data, (bytes, bytearray, memoryview)) else 0
+      return await deadlines.within(super()._call(method, path, *args, **kwargs),
+                                    what=f"a {method} request", where=_request_target(path, args,
+                                                                                     kwargs),
+                                    nbytes=nbytes)
+
+  return DeadlineGCSFileSystem
+
+
+_URL_TARGET = re.compile(r"/b/([^/?]+)(?:/o(?:/([^?]+)|\?name=([^&]+)))?")
+
+
+def _request_target(path: str, args: tuple, kwargs: dict) -> str:
+  """gs://bucket/object of a gcsfs request, as far as its arguments tell (an upload's URL
+  names the bucket and, for a resumable one, the object)."""
+  names = [str(a) for a in args[:2]]
+  if not names:
+    found = _URL_TARGET.search(str(path))
+    if found is None:
+      return str(path)
+    names = [urllib.parse.unquote(part) for part in found.groups() if part]
+  if len(names) == 1 and (kwargs.get("name") or kwargs.get("prefix")):
+    names.append(str(kwargs.get("name") or kwargs["prefix"]))
+  return "gs://" + "/".join(names)
 
 
 def _request_timeout() -> Any:
@@ -136,6 +198,14 @@ def path(value: str | os.PathLike[str]) -> AnyPath:
     from etils import epath  # pylint: disable=import-outside-toplevel
     return epath.Path(str(value))
   return pathlib.Path(value)
+
+
+def _forget_listings(key: str | None = None) -> None:
+  """Drops gcsfs's cached listings of `key` (all if None) in every client of this process:
+  etils.epath keeps its own client beside this module's, and a listing either cached may
+  predate objects another process (or tensorstore) wrote since."""
+  for client in list(getattr(_registered, "_cache", {}).values()):
+    client.invalidate_cache(key)
 
 
 def _fs_and_key(remote: Any) -> tuple[Any, str]:
@@ -176,7 +246,7 @@ def append_remote(target: AnyPath, data: bytes) -> None:
     fs.merge(key, [key, piece])
   finally:
     fs.rm_file(piece)
-  fs.invalidate_cache(key)
+  _forget_listings(key)
 
 
 def move(source: AnyPath, target: AnyPath) -> None:
@@ -186,7 +256,7 @@ def move(source: AnyPath, target: AnyPath) -> None:
     fs, key = _fs_and_key(source)
     _, target_key = _fs_and_key(target)
     fs.mv(key, target_key, recursive=True)
-    fs.invalidate_cache()
+    _forget_listings()
   else:
     os.rename(source, target)
 
@@ -196,7 +266,7 @@ def list_files(directory: AnyPath) -> list[AnyPath]:
   directory = path(directory)
   if is_remote(directory):
     fs, key = _fs_and_key(directory)
-    fs.invalidate_cache(key)
+    _forget_listings(key)
     return [path("gs://" + name) for name in sorted(fs.find(key))]
   return sorted(p for p in directory.rglob("*") if p.is_file())
 
@@ -260,7 +330,7 @@ def file_checksums(directory: AnyPath, names: list[str] | None = None,
     names = [relative_name(f, directory) for f in list_files(directory)]
   if is_remote(directory):
     fs, key = _fs_and_key(directory)
-    fs.invalidate_cache(key)  # listings cached by gcsfs may predate a rewrite
+    _forget_listings(key)  # listings cached by gcsfs may predate a rewrite
   per_name = kinds if isinstance(kinds, dict) else dict.fromkeys(names, tuple(kinds))
   with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
     found = list(pool.map(lambda name: _hash_file(directory / name, per_name[name]), names))
@@ -277,7 +347,7 @@ def stored_checksums(directory: AnyPath) -> dict[str, dict[str, Any]] | None:
     return None
   fs, key = _fs_and_key(directory)
   key = key.rstrip("/")
-  fs.invalidate_cache(key)  # a cached listing may predate a rewrite
+  _forget_listings(key)  # a cached listing may predate a rewrite
   found = {}
   for name, info in fs.find(key, detail=True).items():
     entry: dict[str, Any] = {"bytes": int(info["size"])}
@@ -370,6 +440,9 @@ def sync_staged(*, force: bool = False) -> None:
         continue
       try:
         stage.sync()
+      except StorageTimeout:  # the store stopped answering: the run ends (deadlines.py)
+        stage.failed_forced_sync = True
+        raise
       except Exception as error:  # pylint: disable=broad-except  # gcsfs raises many kinds
         if force:
           stage.failed_forced_sync = True
@@ -386,7 +459,7 @@ def _sync_at_exit() -> None:
   """The last copy of metrics / logs, unless a forced copy already failed: the run stops with
   that error, and trying again against a store that does not answer would hold the exit for
   another round of request timeouts and retries (minutes)."""
-  if any(stage.failed_forced_sync for stage in _stages.values()):
+  if deadlines.stalled() or any(stage.failed_forced_sync for stage in _stages.values()):
     log.error("metrics / logs not copied to the workdir at exit (an earlier copy failed); they "
               "are in %s", ", ".join(str(stage.local_dir) for stage in _stages.values()))
     return
@@ -421,6 +494,7 @@ def local_copy(value: str | os.PathLike[str]) -> pathlib.Path:
   """A local path with the content of `value` (itself if local; a cached download if remote)."""
   if not is_remote(value):
     return pathlib.Path(value)
+  import fsspec.exceptions  # pylint: disable=import-outside-toplevel
   fs, key = _fs_and_key(value)
   key = key.rstrip("/")
   target = _cache_root() / key
@@ -438,7 +512,12 @@ def local_copy(value: str | os.PathLike[str]) -> pathlib.Path:
       continue
     local.parent.mkdir(parents=True, exist_ok=True)
     partial = local.with_name(local.name + f".partial{os.getpid()}")
-    fs.get_file(source, str(partial))
+    limit = deadlines.deadline_for(int(info["size"]))
+    try:
+      fs.get_file(source, str(partial), timeout=limit)  # fsspec cancels it at the deadline
+    except fsspec.exceptions.FSTimeoutError:
+      partial.unlink(missing_ok=True)
+      raise deadlines.timed_out("a download", f"gs://{source}", limit) from None
     os.replace(partial, local)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(str(info.get("crc32c")))

