@@ -45,7 +45,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-from reasoning_rl.errors import ExitCode, ReasoningRLError, SamplingError
+from reasoning_rl.errors import ExitCode, ReasoningRLError, SamplingError, StorageTimeout
 
 DEFAULT_BATCH_PROMPTS = 64
 MAX_TOKEN_ID = 2**31  # token ids are int32 on the device
@@ -327,7 +327,8 @@ def main(argv=None) -> int:
     if not written:
       _remove_quietly(partial)
     print(f"generate.py: error: {error}", file=sys.stderr)
-    return ExitCode.BAD_INPUT
+    # a store that stopped answering is an I/O failure (4), not bad input (2)
+    return ExitCode.STORAGE if isinstance(error, StorageTimeout) else ExitCode.BAD_INPUT
   except OSError as error:
     kept = f"{written} completions are in {partial}" if written else "nothing was written"
     if not written:
