@@ -101,13 +101,11 @@ class Completion:
   experts: np.ndarray | None = None
 
   def to_json(self) -> dict:
-    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-    fields["experts"] = routes_to_json(self.experts)
-    return fields
+    return _fields_as_json(self)
 
   @classmethod
   def from_json(cls, fields: dict) -> "Completion":
-    return cls(**dict(fields, experts=routes_from_json(fields.get("experts"))))
+    return _from_json_fields(cls, fields)
 
   @property
   def num_model_tokens(self) -> int:
@@ -141,18 +139,28 @@ class Unfinished:
   experts: np.ndarray | None = None
 
   def to_json(self) -> dict:
-    fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-    fields["experts"] = routes_to_json(self.experts)
-    return fields
+    return _fields_as_json(self)
 
   @classmethod
   def from_json(cls, fields: dict) -> "Unfinished":
-    return cls(**dict(fields, experts=routes_from_json(fields.get("experts"))))
+    return _from_json_fields(cls, fields)
 
 
 def routing_dtype(num_experts: int) -> np.dtype:
   """The smallest unsigned integer type that holds an expert index."""
   return np.dtype(np.uint8 if num_experts <= 256 else np.uint16)
+
+
+def _fields_as_json(item) -> dict:
+  """A Completion's or Unfinished's fields as JSON: its routing as `routes_to_json` writes it."""
+  fields = {field.name: getattr(item, field.name) for field in dataclasses.fields(item)}
+  fields["experts"] = routes_to_json(item.experts)
+  return fields
+
+
+def _from_json_fields(cls, fields: dict):
+  """Inverse of `_fields_as_json` (a record without routing reads as None)."""
+  return cls(**dict(fields, experts=routes_from_json(fields.get("experts"))))
 
 
 def routes_to_json(experts: np.ndarray | None) -> dict | None:
