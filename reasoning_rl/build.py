@@ -76,11 +76,16 @@ def build_cluster(config: ml_collections.ConfigDict, topology, params):
                  param_sync=ParamSync(params, topology, replica_meshes))
 
 
-def build_policy(config: ml_collections.ConfigDict):
+# Training prompts a sparse upcycling's routers are centred on (`models.upcycle`).
+UPCYCLE_CALIBRATION_PROMPTS = 16
+
+
+def build_policy(config: ml_collections.ConfigDict, *, calibration=None):
   """(model, tokenizer): loaded from `model.path`, or random from `model.random` + a named vocab.
   The model computes in `model.dtype`; its parameters are the trainer's master weights, in
   `model.weight_dtype`, except with LoRA, whose frozen base is never updated and so is held in
-  the compute dtype (the adapters are float32)."""
+  the compute dtype (the adapters are float32). `calibration(tokenizer) -> token rows`: what an
+  upcycled model's routers are centred on (`model.upcycle`); without it they are not."""
   from reasoning_rl.models import load
   from reasoning_rl.models.transformer import create_model, stack_layers
 
@@ -98,7 +103,8 @@ def build_policy(config: ml_collections.ConfigDict):
     from reasoning_rl.models.upcycle import upcycle
 
     model = upcycle(model, num_experts=c.upcycle.num_experts,
-                    experts_per_token=c.upcycle.experts_per_token, seed=config.seed)
+                    experts_per_token=c.upcycle.experts_per_token, seed=config.seed,
+                    calibration=calibration(tokenizer) if calibration else ())
   if c.scan_layers:  # loaded in the files' layout; lora.apply_lora keeps it
     model = stack_layers(model)
   return model.use_attention_kernel(c.attention_kernel), tokenizer
@@ -343,7 +349,12 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
   trainer_mesh, sampler_mesh = build_meshes(config, topology)
   data = build_data(config)  # before the model: a bad task file fails in seconds
   reward_fn = build_reward_fn(config)
-  model, tokenizer = build_policy(config)
+  def calibration(tokenizer):  # the first training prompts, as the policy will see them
+    template = build_template(config, tokenizer)
+    return [template.encode(data.train_source.example(index))
+            for index in range(UPCYCLE_CALIBRATION_PROMPTS)]
+
+  model, tokenizer = build_policy(config, calibration=calibration)
   if config.algo.routing_replay and model.config.moe is None:
     raise ConfigError(f"config.algo.routing_replay=True: the policy ({model.config.model_type}) "
                       "has no routed experts to replay; set it for mixture-of-experts models "

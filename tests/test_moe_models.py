@@ -320,3 +320,31 @@ def test_lora_on_a_mixture_of_experts_adapts_attention_and_exports_merged(tmp_pa
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
   for row, ref in enumerate(reference_logits(reloaded, np.asarray(ids), np.asarray(mask))):
     np.testing.assert_allclose(ours[row][np.asarray(mask[row]) > 0], ref, atol=1e-4, rtol=0)
+
+
+def test_upcycling_with_calibration_centres_each_router_on_its_inputs(tmp_path):
+  """With calibration rows, each layer's router is orthogonal to the mean of its inputs over
+  them (what every token shares cannot decide its route), and the model still computes the dense
+  one's logits."""
+  from reasoning_rl.models.upcycle import upcycle
+
+  write_tiny_model("llama", tmp_path / "dense")
+  dense, _ = load_hf_weights(tmp_path / "dense")
+  rows = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+  moe = upcycle(dense, num_experts=4, experts_per_token=2, seed=1, calibration=rows)
+  plain = upcycle(dense, num_experts=4, experts_per_token=2, seed=1)
+  width = 5
+  tokens = np.zeros((3, width), np.int32)
+  mask = np.zeros((3, width), np.int32)
+  for i, row in enumerate(rows):
+    tokens[i, width - len(row):], mask[i, width - len(row):] = row, 1
+  _, stats = moe.hidden_states(jnp.asarray(tokens), jnp.asarray(mask), with_router_stats=True)
+  means = np.asarray(stats.input_sum) / np.asarray(stats.tokens)[:, None]
+  for layer, (block, before) in enumerate(zip(moe.layers, plain.layers)):
+    router = np.asarray(block.mlp.router[...])
+    assert np.abs(means[layer] @ router).max() < 1e-5 * np.abs(means[layer]).sum()
+    assert np.abs(means[layer] @ np.asarray(before.mlp.router[...])).max() > 1e-3
+  ids, mask = _batch(dense.config.vocab_size, seed=11)
+  valid = np.asarray(mask) > 0
+  np.testing.assert_allclose(np.asarray(moe(ids, mask))[valid],
+                             np.asarray(dense(ids, mask))[valid], atol=2e-5, rtol=0)

@@ -79,6 +79,8 @@ class RouterStats:
   z_sum: Σ over real tokens of logsumexp(z)² (ST-MoE's router z-loss, Zoph et al. 2022, eq. 5).
   disagree_sum: real tokens whose own top-k set differs from the recorded one (0 without one).
   tokens: the number of real tokens.
+  input_sum: [D] float32, Σ over real tokens of the router's input (its mean is the direction
+    sparse upcycling takes out of a fresh router, `reasoning_rl.models.upcycle`).
   """
 
   experts: jax.Array
@@ -89,6 +91,7 @@ class RouterStats:
   z_sum: jax.Array
   disagree_sum: jax.Array
   tokens: jax.Array
+  input_sum: jax.Array
 
 
 def router_scores(logits: jax.Array, moe: MoEConfig) -> jax.Array:
@@ -249,7 +252,10 @@ class MoE(nnx.Module):
                        weights.reshape(batch * length, -1)).reshape(batch, length, width)
     if self.shared_experts is not None:
       out = out + self.shared_experts(x)
-    return out, _stats(logits, scores, experts, own, recorded, token_mask, moe)
+    stats = _stats(logits, scores, experts, own, recorded, token_mask, moe)
+    input_sum = jnp.einsum("btd,bt->d", jax.lax.stop_gradient(x).astype(jnp.float32),
+                           token_mask.astype(jnp.float32))
+    return out, stats.replace(input_sum=input_sum)
 
 
 def dispatch(x: jax.Array, experts: jax.Array, weights: jax.Array, kernels: dict, *,
@@ -424,7 +430,7 @@ def _stats(logits, scores, experts, own, recorded, token_mask, moe: MoEConfig) -
       load=jnp.einsum("bte,bt->e", jax.lax.stop_gradient(chosen), real),
       prob_sum=jnp.einsum("bte,bt->e", probs, real),
       entropy_sum=jnp.sum(entropy * real), z_sum=jnp.sum(jnp.square(log_partition) * real),
-      disagree_sum=disagree, tokens=jnp.sum(real))
+      disagree_sum=disagree, tokens=jnp.sum(real), input_sum=jnp.zeros((), jnp.float32))
 
 
 def load_balancing_loss(stats: RouterStats) -> jax.Array:

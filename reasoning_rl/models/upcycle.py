@@ -6,6 +6,15 @@ With the chosen experts' weights renormalised to sum 1 (`MoEConfig.normalize_top
 output is Σ_i w_i · MLP(x) = MLP(x) whatever the router picks, so the upcycled model computes what
 the dense one computes (up to the rounding of that sum) until training makes the experts differ.
 
+A fresh random router on a trained model's hidden states is all but collapsed: the inputs of a
+layer's MLP share a large common direction (SmolLM2-135M on chat prompts: the mean input's norm
+is 0.55 of the mean norm), its share of every token's logits is the same, and top-k picks the
+same experts for nearly every token (SmolLM2 upcycled into 4 experts, top-2: a layer's busiest
+expert took 0.75 of the most it could on average over layers, 1.0 in the worst, where 0.5 is
+balanced; benchmarks/RESULTS.md). With `calibration` token rows, each layer's router is drawn
+orthogonal to the mean of its inputs over those rows, so only what tells tokens apart routes
+them (0.55 on average, 0.60 at worst, also on tokens the mean was not taken from).
+
 The upcycled model belongs to a mixture-of-experts family with the dense family's attention, so
 `save_hf` writes a checkpoint transformers loads: Llama (SmolLM2 …) becomes Mixtral, Qwen3 becomes
 Qwen3-MoE. Other families have no such counterpart and are refused.
@@ -14,9 +23,11 @@ Qwen3-MoE. Other families have no such counterpart and are refused.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from reasoning_rl.errors import ConfigError
@@ -51,10 +62,11 @@ def upcycled_config(config: ModelConfig, *, num_experts: int,
   return dataclasses.replace(config, model_type=UPCYCLED_FAMILY[config.model_type], moe=moe)
 
 
-def upcycle(model: Transformer, *, num_experts: int, experts_per_token: int,
-            seed: int = 0) -> Transformer:
+def upcycle(model: Transformer, *, num_experts: int, experts_per_token: int, seed: int = 0,
+            calibration: Sequence[Sequence[int]] = ()) -> Transformer:
   """The upcycled mixture of experts of `model` (module docstring), in `model`'s layout and
-  dtypes; routers drawn from N(0, 0.02²) with `seed`."""
+  dtypes; routers drawn from N(0, 0.02²) with `seed`, each orthogonal to the mean of its layer's
+  inputs over the `calibration` token rows when given."""
   dense = unstack_layers(model)
   config = upcycled_config(dense.config, num_experts=num_experts,
                            experts_per_token=experts_per_token)
@@ -76,4 +88,29 @@ def upcycle(model: Transformer, *, num_experts: int, experts_per_token: int,
       value = dense_flat[path][...]
     variable.set_value(jnp.array(value, dtype=variable.dtype))
   upcycled = nnx.merge(graphdef, state)
+  if calibration:
+    upcycled = _centered_routers(upcycled, calibration)
   return stack_layers(upcycled) if model.scan_layers else upcycled
+
+
+def _centered_routers(model: Transformer, rows: Sequence[Sequence[int]]) -> Transformer:
+  """`model` with each router W ← W − μ̂ μ̂ᵀ W, μ̂ the unit mean of its layer's inputs over
+  `rows` (left-padded into one batch). The experts being copies of one MLP, the forward that
+  measures the inputs is the dense model's whatever the routers are."""
+  width = max(len(row) for row in rows)
+  tokens = np.zeros((len(rows), width), np.int32)
+  mask = np.zeros((len(rows), width), np.int32)
+  for index, row in enumerate(rows):
+    tokens[index, width - len(row):], mask[index, width - len(row):] = row, 1
+  _, stats = model.hidden_states(jnp.asarray(tokens), jnp.asarray(mask), with_router_stats=True)
+  means = np.asarray(stats.input_sum) / np.maximum(np.asarray(stats.tokens), 1.0)[:, None]
+  sparse = 0
+  for block in model.layers:
+    if not block.sparse:
+      continue
+    direction = means[sparse] / max(np.linalg.norm(means[sparse]), 1e-12)
+    router = np.asarray(block.mlp.router[...], np.float32)
+    router = router - np.outer(direction, direction @ router)
+    block.mlp.router.set_value(jnp.asarray(router, block.mlp.router.dtype))
+    sparse += 1
+  return model
