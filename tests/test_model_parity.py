@@ -137,7 +137,7 @@ def test_attention_bias_reaches_the_output_projection_where_transformers_puts_on
   torch_model = write_tiny_model(family, tmp_path, config=config())
   model, _ = load_hf_weights(tmp_path)
   assert model.config.attention_output_bias
-  ids, mask = _left_padded_batch(model.config.vocab_size)
+  ids, mask = left_padded_batch(model.config.vocab_size)
   ours = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
   for row, ref in enumerate(reference_logits(torch_model, ids, mask)):
     np.testing.assert_allclose(ours[row][mask[row] > 0], ref, atol=1e-4, rtol=0)
