@@ -149,6 +149,26 @@ def _dumps(value: Any) -> str:
   return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
 
 
+def _summary_writer_class():
+  """tensorboardX's `SummaryWriter`, imported without loading torch.
+
+  tensorboardX's writer module imports torch whenever it is installed, only so that it can
+  accept torch tensors as values: 1.2-1.4 s of every launcher's start-up on a CPU host (measured
+  with `python -X importtime launch/train.py`, 2026-11-28), paid again on each resume. This writer
+  logs Python floats. When nothing has loaded torch yet, the import runs with torch marked
+  absent, and the mark is removed right after, so a later `import torch` works as usual."""
+  if "torch" in sys.modules:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    return SummaryWriter
+  sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX handles
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+  finally:
+    if sys.modules.get("torch", 0) is None:
+      del sys.modules["torch"]
+  return SummaryWriter
+
+
 class MetricsWriter:
   """Writes one row per step to metrics.jsonl and TensorBoard, and rollout files.
 
@@ -174,14 +194,14 @@ class MetricsWriter:
     self._file = open(self._metrics_local, "a", encoding="utf-8")
     self._tensorboard = None
     if tensorboard:
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
       # purge_step makes TensorBoard hide events a crashed attempt wrote for steps being redone.
-      self._tensorboard = SummaryWriter(str(storage.staged(self.workdir, TENSORBOARD_DIR)),
-                                        purge_step=keep_up_to + 1 if resume_step is not None
-                                        else None,
-                                        # Unique per writer: the default name has one-second
-                                        # resolution and a quick restart would overwrite it.
-                                        filename_suffix=f".{time.time_ns()}")
+      writer_class = _summary_writer_class()
+      self._tensorboard = writer_class(
+          str(storage.staged(self.workdir, TENSORBOARD_DIR)),
+          purge_step=keep_up_to + 1 if resume_step is not None else None,
+          # Unique per writer: the default name has one-second resolution and a quick restart
+          # would overwrite it.
+          filename_suffix=f".{time.time_ns()}")
 
   def _truncate_metrics(self, keep_up_to: int) -> int | None:
     """Drops rows with step > keep_up_to, a torn last line, and a row repeating an earlier

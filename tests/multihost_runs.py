@@ -53,9 +53,17 @@ def train_command(workdir, overrides=(), *, port=None, num_processes=1, process_
   return command
 
 
+def xla_flags(devices: int) -> str:
+  """XLA_FLAGS for a subprocess with `devices` simulated CPU devices: the suite's other flags
+  (tests/conftest.py) kept, the device count replaced."""
+  others = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+            if not flag.startswith("--xla_force_host_platform_device_count")]
+  return " ".join(others + [f"--xla_force_host_platform_device_count={devices}"])
+
+
 def environment(devices: int) -> dict:
   env = dict(os.environ)
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["XLA_FLAGS"] = xla_flags(devices)
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONUNBUFFERED"] = "1"
   return env

@@ -9,6 +9,7 @@ import pytest
 from reasoning_rl import config as config_lib
 from reasoning_rl.errors import ConfigError
 from tests.conftest import REPO
+from tests.multihost_runs import xla_flags
 
 
 def debug_config(**overrides):
@@ -205,7 +206,7 @@ def test_train_cli_refuses_an_indivisible_batch_before_touching_the_workdir(tmp_
       [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
        f"--config.workdir={workdir}", "--config.rollout.num_samples=3"],
       cwd=REPO, capture_output=True, text=True, timeout=300,
-      env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+      env={**os.environ, "XLA_FLAGS": xla_flags(8),
            "JAX_PLATFORMS": "cpu"})
   assert result.returncode == 2, result.stderr[-2000:]
   assert result.stderr.strip().splitlines() == [

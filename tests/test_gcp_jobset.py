@@ -22,7 +22,7 @@ from launch.gcp import gke
 from tests import jobset_runner
 from tests.conftest import REPO
 from tests.jobset_runner import PodEnd
-from tests.multihost_runs import free_port_block, metrics_rows, wait_all
+from tests.multihost_runs import free_port_block, metrics_rows, wait_all, xla_flags
 from tests.test_gcp_launch import gcp, run_tool
 
 
@@ -165,7 +165,7 @@ def test_a_preempted_pod_saves_and_the_jobset_resumes_without_counting(tmp_path)
                     max_restarts=0)
   jobset_runner.validate(jobset)
   image = image_layout(tmp_path)
-  env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+  env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(2),
          "PYTHONUNBUFFERED": "1"}
   controller = jobset_runner.Controller(jobset)
   pods = jobset_runner.start_pods(jobset, image, gke.IMAGE_ROOT, env, free_port_block(4),

@@ -24,7 +24,7 @@ import time
 import pytest
 
 from tests.conftest import REPO
-from tests.multihost_runs import metrics_rows
+from tests.multihost_runs import metrics_rows, xla_flags
 
 TOTAL_STEPS = 12  # a step takes ~1 s after the first: the notice lands well before the end
 
@@ -55,7 +55,7 @@ def fake_cloud(tmp_path: pathlib.Path) -> dict:
   shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
   warm_uv_cache(tmp_path, uv_cache_dir())
   worker_env = {"JAX_PLATFORMS": "cpu", "UV_CACHE_DIR": uv_cache_dir(), "UV_OFFLINE": "1",
-                "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+                "XLA_FLAGS": xla_flags(2)}
   return {**os.environ, "PATH": f"{bin_dir}:{pathlib.Path(sys.executable).parent}:"
           f"{os.environ['PATH']}", "FAKE_GCLOUD_STATE": str(tmp_path / "cloud"),
           # one worker per node: 2 slices of v5p-16 as 2 processes, the cost of the one-slice run

@@ -131,6 +131,25 @@ def test_tensorboard_scalars_read_back(tmp_path):
   assert [step for step, _ in scalars["time/unix"]] == [1, 2, 3, 3]
 
 
+def test_the_tensorboard_writer_does_not_load_torch_and_leaves_it_importable(tmp_path):
+  """tensorboardX imports torch when installed (over a second of every start-up); the writer
+  imports it with torch hidden, then torch imports as usual. Fails if the import loaded torch or
+  if the hiding outlived it."""
+  program = (
+      "import sys\n"
+      "from reasoning_rl.metrics import MetricsWriter\n"
+      f"with MetricsWriter({str(tmp_path)!r}) as writer:\n"
+      "  writer.write(1, {'loss': 0.25})\n"
+      "loaded = 'torch' in sys.modules\n"
+      "import torch\n"
+      "print(loaded, torch.tensor([2.0]).sum().item())\n")
+  result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          check=True)
+  assert result.stdout.split() == ["False", "2.0"]
+  scalars, _ = _read_tensorboard(tmp_path / "tensorboard")
+  assert scalars["loss"] == [(1, 0.25)]
+
+
 def _record(step, index):
   return {"step": step, "prompt_id": index // 2, "group_id": index // 2, "sample_index": index % 2,
           "prompt": "1+1=", "completion": "<answer>2</answer>", "reward": 1.0,
