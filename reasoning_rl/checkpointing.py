@@ -183,7 +183,7 @@ def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
   if not (manifest_path.exists() if stored is None else CHECKSUMS_FILE in stored):
     return False
   try:
-    manifest = json.loads(manifest_path.read_text())
+    manifest = json.loads(storage.read_bytes_fresh(manifest_path))
     version = manifest["version"]
   except (OSError, ValueError, KeyError, TypeError) as error:
     raise CheckpointCorruptError(f"{manifest_path} is unreadable ({error!r})") from None

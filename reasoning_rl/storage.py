@@ -216,6 +216,19 @@ def _fs_and_key(remote: Any) -> tuple[Any, str]:
   return fsspec.filesystem("gs"), text[len("gs://"):]
 
 
+def read_bytes_fresh(target: AnyPath) -> bytes:
+  """`target`'s bytes as stored now. On gs:// one GET of the object, past every cached listing:
+  reading through a path first looks the object up in the cached listing of its directory, which
+  may predate the object (seen once in the suite: a manifest a fresh listing had just shown
+  was reported missing)."""
+  target = path(target)
+  if not is_remote(target):
+    return target.read_bytes()
+  fs, key = _fs_and_key(target)
+  _forget_listings(key)
+  return fs.cat_file(key)
+
+
 def atomic_write(target: AnyPath, data: bytes | str) -> None:
   """Replaces `target`'s content with `data` so readers never see a torn file."""
   if isinstance(data, str):

@@ -243,3 +243,19 @@ def test_debug_run_on_gcs_killed_and_resumed_equals_a_local_run(emulator, remote
     np.testing.assert_allclose(np.asarray(got.value), np.asarray(want.value), rtol=1e-5,
                                atol=1e-6, err_msg=str(path))
   assert tokenizer.encode("1+2", add_special_tokens=False)
+
+
+def test_a_fresh_read_finds_an_object_a_cached_listing_predates(remote):
+  """Another process writes an object after this one listed its directory: a read through the
+  path consults the cached listing and reports the object missing (a resume's checksum manifest
+  was, once, in the suite), `read_bytes_fresh` fetches it."""
+  import fsspec
+
+  storage.atomic_write(f"{remote}/step/a.txt", "a")
+  assert [p.name for p in storage.path(f"{remote}/step").iterdir()] == ["a.txt"]  # now cached
+  other_process = fsspec.filesystem("gs", skip_instance_cache=True)
+  other_process.pipe_file(f"{remote[len('gs://'):]}/step/b.txt", b"written elsewhere")
+  with pytest.raises(FileNotFoundError):
+    storage.path(f"{remote}/step/b.txt").read_bytes()
+  assert storage.read_bytes_fresh(f"{remote}/step/b.txt") == b"written elsewhere"
+  assert storage.read_bytes_fresh(f"{remote}/step/a.txt") == b"a"
