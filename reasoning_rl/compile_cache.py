@@ -71,13 +71,14 @@ def cache_dir(environ=None) -> str | None:
 def enable(environ=None) -> str | None:
   """Points JAX's persistent compilation cache at `cache_dir()`; call before the first compile.
   Returns the directory, or None when the cache stays off."""
+  environ = os.environ if environ is None else environ
   path = cache_dir(environ)
   if path is None:
     return None
   import jax  # pylint: disable=import-outside-toplevel
 
   jax.config.update("jax_compilation_cache_dir", path)
-  if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in (environ or os.environ):
+  if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in environ:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   # A cache entry that cannot be read or written (a full disk, a file-size limit) costs one
   # compile and nothing else; JAX warns on stderr, which would join the launcher's one-line error
