@@ -121,13 +121,13 @@ def train(config) -> int:
 
   import jax
 
-  from reasoning_rl import planning, sharding, step_layout
+  from reasoning_rl import memory_plan, sharding, step_layout
 
   # The fingerprint keeps what was asked for: a field left to the machine (step_layout) may be
   # chosen differently on a resume elsewhere.
   requested = config.to_dict()
   num_slices = sharding.count_slices(jax.devices(), config.mesh.num_slices)
-  chosen = planning.resolve_layout(config, machine=step_layout.this_machine(num_slices))
+  chosen = memory_plan.resolve_layout(config, machine=step_layout.this_machine(num_slices))
   # before the workdir is touched
   config_lib.validate(config, num_devices=jax.device_count(), num_slices=num_slices)
   from reasoning_rl import deadlines

@@ -315,8 +315,9 @@ def build_episodes(config: ml_collections.ConfigDict, tokenizer):
 
 
 def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
-  """Validates the config against this machine's devices (unless the caller just did:
-  `validated`), then builds every piece of a run."""
+  """Chooses the step layout the config leaves open and validates the config against this
+  machine's devices (unless the caller just did both: `validated`, as launch/train.py does),
+  then builds every piece of a run."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -327,13 +328,13 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
   from reasoning_rl.loop import weight_sync as weight_sync_lib
   from reasoning_rl.rl.step import TrainStep
 
-  from reasoning_rl import planning
+  from reasoning_rl import memory_plan
 
-  num_slices = sharding_lib.count_slices(jax.devices(), config.mesh.num_slices)
-  # what the config leaves to the machine (packing, micro-batches), written into it
-  step_layout.log_choices(planning.resolve_layout(
-      config, machine=step_layout.this_machine(num_slices)))
   if not validated:
+    num_slices = sharding_lib.count_slices(jax.devices(), config.mesh.num_slices)
+    # what the config leaves to the machine (packing, micro-batches), written into it
+    step_layout.log_choices(memory_plan.resolve_layout(
+        config, machine=step_layout.this_machine(num_slices)))
     config_lib.validate(config, num_devices=jax.device_count(), num_slices=num_slices)
   from reasoning_rl import precision
 

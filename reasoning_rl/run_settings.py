@@ -1,7 +1,7 @@
 """What a config implies, computed from the config alone (nothing is loaded or built): the
 random model's architecture, whether rollouts run ahead and how stale they may be, the sampler
 correction, and the training step's static configuration. The builder (`build.py`) and the
-planner (`planning.py`) both read these, so neither imports the other for them.
+planner (`memory_plan.py`, `planning.py`) read these, so neither imports the other for them.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def step_config(config: ml_collections.ConfigDict):
   if step_layout.is_open(config):
     raise ConfigError(
         f"config.algo.packing={a.packing!r} / num_micro_batches={a.num_micro_batches!r}: chosen "
-        "for the machine at start-up; call reasoning_rl.planning.resolve_layout(config) "
+        "for the machine at start-up; call reasoning_rl.memory_plan.resolve_layout(config) "
         "(build() does) before the step's configuration, or set both fields")
   lora_settings = LoraSettings.from_config(config)
   return StepConfig(**config_schema.values_of(

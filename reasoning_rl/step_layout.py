@@ -2,14 +2,14 @@
 
 Two fields are "memory and speed, not maths": the update is the same whatever they are.
 Left at their defaults, `resolve` picks them at start-up, before anything is built
-(`planning.resolve_layout` calls it with the planner's memory verdicts), and the run logs what
+(`memory_plan.resolve_layout` calls it with the memory model's verdicts), and the run logs what
 it picked and why:
 
 - `algo.packing=None`: packed rows (padding-free, `rl/packing.py`: the same loss and gradients,
   padding skipped) for RL stages; padded rows for SFT stages.
 - `algo.num_micro_batches=0`: the fewest micro-batches (gradient accumulation) that divide the
   mini-batch and whose step fits one device's memory by the planner's estimate
-  (`planning.plan`, with its headroom; the sampler's memory counted where it shares the devices).
+  (`memory_plan.memory_plan`, with its headroom; the sampler's memory counted where it shares the devices).
   On a CPU, in addition, a micro-batch holds at most `CPU_POSITIONS_PER_MICRO_BATCH` positions
   (rows × (prompt + completion)) per device: XLA:CPU's step runs faster on micro-batches whose
   activations stay near the caches (measured; benchmarks/RESULTS.md, "Fast by default").
@@ -120,7 +120,7 @@ def resolve(config: ml_collections.ConfigDict, *, machine: Machine,
             batch_split: Callable[[int], int]) -> list[str]:
   """Writes the chosen `algo.packing` / `algo.num_micro_batches` into `config` where it leaves
   them open; returns one line per choice ("field = value: why"), for `log_choices`. The memory
-  verdicts come from the planner (`planning.resolve_layout` passes `fits` and `batch_split`)."""
+  verdicts come from the memory model (`memory_plan.resolve_layout` passes `fits` and `batch_split`)."""
   lines = []
   if config.algo.packing is None:
     packing, why = choose_packing(config)

@@ -82,7 +82,7 @@ def test_the_cache_holds_the_latent_and_the_shared_rope_key_per_token():
   decode state (its bytes, every layer) and in the planner's count."""
   from ml_collections import ConfigDict
 
-  from reasoning_rl import planning
+  from reasoning_rl import memory_plan
   from reasoning_rl.sharding import make_mesh
 
   config = tiny_config()
@@ -99,7 +99,7 @@ def test_the_cache_holds_the_latent_and_the_shared_rope_key_per_token():
                       model=ConfigDict(dict(dtype="float32", weight_dtype="float32"))))
   mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1]).abstract_mesh
   positions = 2 * engine.cache_length * 4
-  assert planning.kv_cache_bytes(c, config, mesh, 2) == held + positions
+  assert memory_plan.kv_cache_bytes(c, config, mesh, 2) == held + positions
 
 
 def test_paged_engine_decodes_latent_attention_as_the_contiguous_one():

@@ -271,12 +271,12 @@ def test_jobset_manifest_restarts_on_preemption_not_on_config_errors():
 def test_the_plan_runs_one_process_per_host_the_launchers_start(accelerator):
   """One source of chips per host: the planner's processes for a slice are the launchers' VMs
   (tpu_chips.ACCELERATORS), v5e / v6e multi-host slices as VMs of 4 chips."""
-  from reasoning_rl import planning
+  from reasoning_rl import memory_plan, planning
 
   s = gcp.slice_for(accelerator)
   tpu = {"v5litepod": "v5e", "tpu7x": "v7x"}.get(s.generation, s.generation)
   assert planning.slice_name(tpu, s.devices) == accelerator
-  chip, devices = planning._chip({"tpu": tpu, "num_devices": s.devices})
+  chip, devices = memory_plan._chip({"tpu": tpu, "num_devices": s.devices})
   processes = devices // (chip.devices_per_host or devices)
   assert processes == s.hosts, (accelerator, processes, s.hosts)
 

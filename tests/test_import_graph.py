@@ -65,7 +65,7 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("reasoning_rl.build", "reasoning_rl.multihost.param_sync"): _BUILD + "JAX (0.4 s)",
     ("reasoning_rl.build", "reasoning_rl.precision"): _BUILD + "JAX (0.4 s)",
     ("reasoning_rl.build", "reasoning_rl.rl.step"): _BUILD + _JAX + ", optax (1.5 s)",
-    ("reasoning_rl.build", "reasoning_rl.planning"): _BUILD + _JAX + " (0.7 s)",
+    ("reasoning_rl.build", "reasoning_rl.memory_plan"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.run_settings", "reasoning_rl.data.debug_vocab"): _SETTINGS + "JAX, "
         "tokenizers (1.2 s)",
     ("reasoning_rl.run_settings", "reasoning_rl.lora"): _SETTINGS + _JAX + " (0.7 s)",

@@ -224,12 +224,12 @@ def test_telemetry_flops_equal_the_dry_run_plan_at_the_padded_shapes(debug_run_p
   import copy
   import types
 
-  from reasoning_rl import build, planning
+  from reasoning_rl import build, memory_plan, planning
   from reasoning_rl.loop.rl_stage import RLStage
 
   config = copy.deepcopy(debug_run_pieces["config"])
   model_config = build.build_policy(config)[0].config
-  planning.resolve_layout(config, model_config=model_config)  # as build() does
+  memory_plan.resolve_layout(config, model_config=model_config)  # as build() does
   stage = types.SimpleNamespace(run=types.SimpleNamespace(
       config=config, model_config=model_config,
       step_fn=types.SimpleNamespace(config=build.step_config(config))))

@@ -16,8 +16,8 @@ What is compared, per device:
   one replica device's shards in the sampler dtype (its send mesh lays the trainer devices out as
   copies of the replica mesh): checked against the engine's live shards and the sync's buckets.
   (The temporaries of the reshard to the send layout are not planned: see
-  `planning.sync_items`.)
-The activation coefficients (`planning.Assumptions`) are fitted at larger shapes
+  `memory_plan.sync_items`.)
+The activation coefficients (`memory_plan.Assumptions`) are fitted at larger shapes
 (tests/test_planning.py); at these tiny shapes only the step's total is held to 25 % (measured:
 planned 0.94 of XLA's figure). Not held to a ratio: the planned decode temporaries (logits and
 attention scores of one step), tiny here next to XLA's fixed overheads. What the plan relies on
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from reasoning_rl import planning, sharding
+from reasoning_rl import memory_plan, planning, sharding
 from reasoning_rl.build import step_config
 from reasoning_rl.config import base_config
 from reasoning_rl.models.config import ModelConfig
@@ -159,7 +159,7 @@ def test_the_decode_program_updates_the_kv_cache_in_place():
   engine = build_engine(c, create_model(MODEL, seed=0), mesh=mesh)
   state = engine.init_decode_state()
   cache = _shard_bytes(state.cache)
-  assert cache == planning.kv_cache_bytes(c, MODEL, mesh.abstract_mesh, 32)
+  assert cache == memory_plan.kv_cache_bytes(c, MODEL, mesh.abstract_mesh, 32)
   analysis = engine._generate_fn.lower(engine.params, state, jnp.bool_(False),
                                        key_length=engine.cache_length).compile().memory_analysis()
   assert analysis.temp_size_in_bytes < 0.5 * cache, (analysis.temp_size_in_bytes, cache)

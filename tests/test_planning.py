@@ -6,7 +6,7 @@ import pathlib
 import pytest
 from jax.sharding import AbstractMesh
 
-from reasoning_rl import planning
+from reasoning_rl import memory_plan, planning
 from reasoning_rl.config import base_config
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.config import ModelConfig
@@ -52,24 +52,24 @@ def test_param_bytes_per_device_match_a_manual_sum_of_shards():
   # layer 32 + 96 + 32 + 32 + 96 + 12 + 4 + 4 + 3 x 168 = 812  -> 384 + 384 + 16 + 1624 = 2408.
   assert p.slice("sampler").item("weights") == REPLICA * 4
   # On a 1-device mesh the shards are the whole parameters: num_params() x 4 bytes.
-  shapes = planning.parameter_shapes(TINY, "float32")
+  shapes = memory_plan.parameter_shapes(TINY, "float32")
   single = AbstractMesh((1, 1, 1), ("data", "fsdp", "tensor"))
-  assert planning.param_bytes_per_device(shapes, single) == TINY.num_params() * 4
+  assert memory_plan.param_bytes_per_device(shapes, single) == TINY.num_params() * 4
 
 
 def test_the_layout_is_the_runs_hosts_and_replicas():
   """v5p-16 = 4 hosts of 4 chips: 8 trainer chips on hosts 0-1, and one replica per sampler host,
   each on its own (1, 2, 2) mesh; a CPU target is one process, so one replica of every sampler
   device."""
-  layout = planning.plan_layout(_config(), 16, 4)
+  layout = memory_plan.plan_layout(_config(), 16, 4)
   assert (layout.num_processes, layout.num_replicas, layout.replica.size) == (4, 2, 4)
   assert dict(layout.trainer.shape) == {"data": 1, "fsdp": 4, "tensor": 2} and not layout.shared
   c = _config()
   c.mesh.sampler = (2, 2, 2)
-  layout = planning.plan_layout(c, 16)
+  layout = memory_plan.plan_layout(c, 16)
   assert (layout.num_processes, layout.num_replicas, layout.replica.size) == (1, 1, 8)
   c.mesh.num_trainer_devices, c.mesh.trainer, c.mesh.sampler = 0, (1, -1, 1), (1, 1, -1)
-  layout = planning.plan_layout(c, 16, 4)  # colocated: every host samples on its own chips
+  layout = memory_plan.plan_layout(c, 16, 4)  # colocated: every host samples on its own chips
   assert (layout.num_replicas, layout.replica.size, layout.trainer.size) == (4, 4, 16)
   assert layout.shared and layout.replica.shape["tensor"] == 4
 
@@ -173,14 +173,14 @@ def test_kv_cache_formula():
                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4)
   mesh = AbstractMesh((2, 1, 2), ("data", "fsdp", "tensor"))
   c = _config()
-  kv = planning.kv_cache_bytes(c, gqa, mesh, 6)
+  kv = memory_plan.kv_cache_bytes(c, gqa, mesh, 6)
   assert kv == 3 * 48 * 2 * 2 * 1 * 4 * 4 + 3 * 48 * 4  # 3 slots and 1 KV head per device
-  kv = planning.kv_cache_bytes(c, gqa, mesh, 5)
+  kv = memory_plan.kv_cache_bytes(c, gqa, mesh, 5)
   assert kv == 5 * 48 * 2 * 2 * 1 * 4 * 4 + 5 * 48 * 4  # 5 slots do not split over data = 2
   c.model.dtype = "bfloat16"
-  assert planning.kv_cache_bytes(c, gqa, mesh, 6) == 3 * 48 * 2 * 2 * 1 * 4 * 2 + 3 * 48 * 4
+  assert memory_plan.kv_cache_bytes(c, gqa, mesh, 6) == 3 * 48 * 2 * 2 * 1 * 4 * 2 + 3 * 48 * 4
   c.eval.max_new_tokens = 64  # the engine's cache also fits the held-out evaluation's budget
-  assert planning.kv_cache_bytes(c, gqa, mesh, 6) == 3 * 96 * 2 * 2 * 1 * 4 * 2 + 3 * 96 * 4
+  assert memory_plan.kv_cache_bytes(c, gqa, mesh, 6) == 3 * 96 * 2 * 2 * 1 * 4 * 2 + 3 * 96 * 4
   # In a plan: each replica holds all 8 slots, 4 per device over its data x fsdp = 2.
   sampler = planning.plan(_config(), TINY, target=V5P_16).slice("sampler")
   assert sampler.item("KV cache") == 2 * 2 * 4 * 1 * 48 * 4 * 4 + 4 * 48 * 4
@@ -216,7 +216,7 @@ def test_r1zero_dry_run_on_its_target_slices(tpu, chips, replicas, replica_mesh,
   slice: every sampler host is a replica whose engine holds all 512 slots (its mesh (-1, 1, 4)
   on its own chips); figures by hand."""
   c = _r1zero(tpu, chips)
-  p = planning.plan(c, planning.dry_run_model_config(c), target=dict(c.target))
+  p = planning.plan(c, memory_plan.dry_run_model_config(c), target=dict(c.target))
   sampler, trainer = p.slice("sampler"), p.slice("trainer")
   assert (sampler.num_replicas, tuple(sampler.mesh.shape.values())) == (replicas, replica_mesh)
   slots = 512 // replica_mesh[0]  # per device: the replica's data axis splits the slots
@@ -226,7 +226,7 @@ def test_r1zero_dry_run_on_its_target_slices(tpu, chips, replicas, replica_mesh,
     assert kv / GIB == pytest.approx(31.51, abs=0.01)  # the issue's ≈ 31.5 GiB
   # bf16 weights on tensor = 4: all but the norms split 4 ways (28 / 7 heads, 4 KV heads, the
   # MLP 18944 and the vocabulary 152064 all divide by 4).
-  qwen = planning.dry_run_model_config(c)
+  qwen = memory_plan.dry_run_model_config(c)
   weights = 2 * ((qwen.num_params() - QWEN_NORMS) // 4 + QWEN_NORMS)
   assert sampler.item("weights") == weights == trainer.item("weights to send")
   assert trainer.item("weights to send") / GIB == pytest.approx(3.55, abs=0.01)  # the issue's 3.5
@@ -253,7 +253,7 @@ def test_r1zero_dry_run_on_its_target_slices(tpu, chips, replicas, replica_mesh,
     assert "Binding limit: sampler HBM" in text
     assert any(h.startswith("rollout.max_concurrent_decodes=") for h in p.advice)
     c.model.attention_kernel = "reference"
-    reference = planning.plan(c, planning.dry_run_model_config(c), target=dict(c.target))
+    reference = planning.plan(c, memory_plan.dry_run_model_config(c), target=dict(c.target))
     assert not reference.slice("trainer").fits
 
 
@@ -266,14 +266,14 @@ def test_r1zero_dry_run_with_a_paged_cache(kernel):
   c = _r1zero("v5p", 32)
   c.rollout.kv_page_size, c.rollout.kv_pages = 64, 20_000
   c.rollout.kv_page_kernel = kernel
-  p = planning.plan(c, planning.dry_run_model_config(c), target=dict(c.target))
+  p = planning.plan(c, memory_plan.dry_run_model_config(c), target=dict(c.target))
   sampler = p.slice("sampler")
   pool = 2 * 28 * (1 * 20_000 * 64 * 128) * 2 + 4 * 20_000 * 64  # 1 of 4 KV heads per device
   assert sampler.item("KV cache") == pool
   assert pool / GIB == pytest.approx(17.09, abs=0.01)  # 31.51 GiB contiguous
   rows = 2 * 512 * 1 * 4608 * 128 * 2  # K and V of one layer, every slot's whole length
   contiguous = _r1zero("v5p", 32)
-  plain = planning.plan(contiguous, planning.dry_run_model_config(contiguous),
+  plain = planning.plan(contiguous, memory_plan.dry_run_model_config(contiguous),
                         target=dict(contiguous.target)).slice("sampler")
   extra = sampler.item("decode temporaries") - plain.item("decode temporaries")
   assert extra == (0 if kernel == "auto" else rows)
@@ -337,7 +337,7 @@ def test_preemption_grace_by_hand():
   c.rollout.steps_per_call = 64  # a call never decodes past max_new_tokens (16)
   assert planning.plan(c, TINY, target=V5P_16).preemption.decode_call_s == pytest.approx(
       16 * t.decode_step_s)
-  slow = planning.plan(c, TINY, target=V5P_16, assumptions=planning.Assumptions(
+  slow = planning.plan(c, TINY, target=V5P_16, assumptions=memory_plan.Assumptions(
       checkpoint_bytes_per_s_per_device=3 * params / 40))  # a 40 s save
   assert slow.preemption.grace_s > 40 and "more than the 30 s" in slow.table()
 
@@ -349,7 +349,7 @@ def test_dynamic_sampling_rounds_are_in_the_step():
   c = _config()
   c.rollout.num_prompts = 8
   c.dynamic_sampling.enabled, c.dynamic_sampling.max_rounds = True, 3
-  a = planning.Assumptions()
+  a = memory_plan.Assumptions()
   assert planning.sampling_rounds(c, a) == (8, 4, 2)
   result = planning.plan(c, TINY, target=V5P_16)
   t = result.throughput
@@ -367,7 +367,7 @@ def test_dynamic_sampling_rounds_are_in_the_step():
   assert planning.sampling_rounds(c, a) == (8,)
   c.dynamic_sampling.max_rounds = 10  # refills stop when less than one prompt would be dropped
   assert planning.sampling_rounds(c, a) == (8, 4, 2, 1)
-  assert planning.sampling_rounds(c, planning.Assumptions(dynamic_sampling_dropped=0.0)) == (8,)
+  assert planning.sampling_rounds(c, memory_plan.Assumptions(dynamic_sampling_dropped=0.0)) == (8,)
 
 
 def test_scheduled_saves_bound_what_a_preemption_loses():
@@ -375,7 +375,7 @@ def test_scheduled_saves_bound_what_a_preemption_loses():
   every_steps steps, or every_minutes (rounded up to its step), whichever comes first; the plan
   prints the save against the notice and warns with that bound."""
   c = _r1zero("v5p", 32)
-  result = planning.plan(c, planning.dry_run_model_config(c), target=dict(c.target))
+  result = planning.plan(c, memory_plan.dry_run_model_config(c), target=dict(c.target))
   p, step_s = result.preemption, result.throughput.step_s
   assert (p.every_steps, p.every_minutes) == (25, 10) and p.step_s == step_s
   assert p.checkpoint_interval_s == pytest.approx(min(25 * step_s, 600 + step_s))
@@ -385,7 +385,7 @@ def test_scheduled_saves_bound_what_a_preemption_loses():
   assert f"every 25 steps or every 10 min: at most {(600 + step_s) / 60:.1f} min apart" in text
   assert f"up to {p.lost_s / 60:.1f} min of work per such preemption" in text
   c.checkpoint.every_minutes = 0
-  steps_only = planning.plan(c, planning.dry_run_model_config(c), target=dict(c.target))
+  steps_only = planning.plan(c, memory_plan.dry_run_model_config(c), target=dict(c.target))
   assert steps_only.preemption.lost_s == pytest.approx(26 * steps_only.throughput.step_s)
 
 
@@ -394,7 +394,7 @@ def test_slices_that_buy_no_speed_are_named():
   one slice): a warning with both figures. A sampling-bound config whose replicas double with
   the slices (4 waves of 2 slots) pays for its second slice: none."""
   c = _r1zero("v5p", 32)
-  model = planning.dry_run_model_config(c)
+  model = memory_plan.dry_run_model_config(c)
   two = planning.plan(c, model, target={**c.target, "num_slices": 2})
   warning = planning.slices_warning(c, model, two, {**c.target, "num_slices": 2})
   assert warning.startswith("warning: 2 slices cost 2x one slice and plan 1.00x its steps/hour")
@@ -459,7 +459,7 @@ def test_sampler_advice_lowers_the_decode_slots():
   weights = sampler.item("weights")
 
   def peak(s):
-    return planning._total(planning.sampler_items(c, big, sampler.mesh, weights, s,
+    return memory_plan._total(memory_plan.sampler_items(c, big, sampler.mesh, weights, s,
                                                   receive_bytes=weights))
 
   assert peak(slots) <= 0.9 * 16 * GIB < peak(slots + 1)
@@ -468,7 +468,7 @@ def test_sampler_advice_lowers_the_decode_slots():
 def test_meshes_are_abstract_and_match_the_device_count():
   c = _config()
   c.mesh.num_trainer_devices, c.mesh.trainer, c.mesh.sampler = 0, (1, -1, 1), (1, 1, -1)
-  layout = planning.plan_layout(c, 256)  # far more than this machine has
+  layout = memory_plan.plan_layout(c, 256)  # far more than this machine has
   assert layout.trainer.shape["fsdp"] == 256 and layout.replica.shape["tensor"] == 256
   assert layout.shared
 
@@ -497,7 +497,7 @@ def test_bad_targets_raise():
 
 
 def test_cpu_target_splits_the_machine_over_its_devices():
-  chip, n = planning._chip({"tpu": "cpu", "num_devices": 8})
+  chip, n = memory_plan._chip({"tpu": "cpu", "num_devices": 8})
   assert n == 8 and chip.hbm_bytes == 3 * GIB and math.isclose(chip.peak_flops, 50e9)
   assert chip.devices_per_host == 0  # one process
   assert planning.slice_name("v5p", 32) == "v5p-64" and planning.slice_name("v6e", 64) == "v6e-64"
@@ -506,7 +506,7 @@ def test_cpu_target_splits_the_machine_over_its_devices():
 def test_a_tpu7x_chip_is_two_devices_of_half_its_figures():
   # TPU7x: 192 GiB, 2307 TFLOP/s bf16, 7380 GB/s per chip, which JAX shows as two devices; 4
   # chips (8 devices) per VM; the accelerator type counts TensorCores = devices
-  chip, n = planning._chip({"tpu": "v7x", "num_devices": 16})
+  chip, n = memory_plan._chip({"tpu": "v7x", "num_devices": 16})
   assert (chip.hbm_bytes, chip.peak_flops, chip.hbm_bandwidth) == (96 * GIB, 1153.5e12, 3690e9)
   assert chip.devices_per_host == 8 and planning.slice_name("v7x", 16) == "tpu7x-16"
 

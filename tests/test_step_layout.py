@@ -3,7 +3,7 @@ left open by the config, against the planner's own verdicts and hand-computed ca
 
 import pytest
 
-from reasoning_rl import planning, step_layout
+from reasoning_rl import memory_plan, planning, step_layout
 from reasoning_rl.build import step_config
 from reasoning_rl.config import base_config
 from reasoning_rl.errors import ConfigError
@@ -37,16 +37,16 @@ def test_packing_is_chosen_where_it_serves():
 
 def test_a_cpu_splits_the_demo_batch_into_micro_batches_of_about_1k_positions():
   c = _open_config()  # 32 rows of 64 + 64 positions, the CPU demo's shape
-  lines = planning.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
+  lines = memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
   # 8 rows x 128 = 1,024 positions: the cap; 16 rows would be 2,048
   assert c.algo.num_micro_batches == 4 and c.algo.packing is True
   assert lines[0].startswith("algo.packing = True")
   assert lines[1].startswith("algo.num_micro_batches = 4: 8 rows of 128 positions")
   c = _open_config(prompt=32, completion=32)  # 32 rows of 64: 16 rows per micro-batch
-  planning.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
+  memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
   assert c.algo.num_micro_batches == 2
   c = _open_config(prompt=1024, completion=1024)  # a row alone is over the cap: one per step
-  planning.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
+  memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
   assert c.algo.num_micro_batches == 32
 
 
@@ -63,7 +63,7 @@ def _long_rows():
 def test_an_accelerator_takes_the_fewest_micro_batches_that_fit():
   c = _long_rows()
   gpu = step_layout.Machine("gpu", 24 * GIB, num_devices=1, devices_per_host=1)
-  planning.resolve_layout(c, machine=gpu, model_config=TINY)
+  memory_plan.resolve_layout(c, machine=gpu, model_config=TINY)
   # 4 rows (4 micro-batches) hold 24.0 GiB, over 21.6 usable; 2 rows (8) fit
   assert c.algo.num_micro_batches == 8
   target = {"chip": planning.ChipSpec("gpu", 24 * GIB, 1.0, 1.0, backend="gpu"),
@@ -73,14 +73,14 @@ def test_an_accelerator_takes_the_fewest_micro_batches_that_fit():
     assert planning.plan(c, TINY, target=target).fits is fits
   # a device with room for the whole batch takes it in one micro-batch
   c = _long_rows()
-  planning.resolve_layout(c, machine=step_layout.Machine("gpu", 200 * GIB, 1, 1),
+  memory_plan.resolve_layout(c, machine=step_layout.Machine("gpu", 200 * GIB, 1, 1),
                           model_config=TINY)
   assert c.algo.num_micro_batches == 1
 
 
 def test_nothing_fits_takes_the_most_micro_batches_and_says_so():
   c = _long_rows()
-  lines = planning.resolve_layout(c, machine=step_layout.Machine("tpu", 4 * GIB, 1, 1),
+  lines = memory_plan.resolve_layout(c, machine=step_layout.Machine("tpu", 4 * GIB, 1, 1),
                                   model_config=TINY)
   assert c.algo.num_micro_batches == 16
   assert "does not fit" in lines[-1] and "dry_run" in lines[-1]
@@ -91,12 +91,12 @@ def test_set_fields_are_kept_and_an_open_config_has_no_step_config():
   with pytest.raises(ConfigError, match="resolve_layout"):
     step_config(c)
   c.algo.packing, c.algo.num_micro_batches = False, 2
-  assert planning.resolve_layout(c, machine=ONE_CPU, model_config=TINY) == []
+  assert memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY) == []
   assert (c.algo.packing, c.algo.num_micro_batches) == (False, 2)
   assert step_config(c).num_micro_batches == 2
   c = _open_config()
   c.algo.num_micro_batches = 8  # only packing is open
-  assert len(planning.resolve_layout(c, machine=ONE_CPU, model_config=TINY)) == 1
+  assert len(memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)) == 1
   assert (c.algo.packing, c.algo.num_micro_batches) == (True, 8)
 
 
