@@ -417,7 +417,7 @@ class Precision:
   @classmethod
   def of(cls, config) -> "Precision":
     return cls(np.dtype(config.model.dtype),
-               np.dtype(config.model.get("weight_dtype", "float32")))
+               np.dtype(config.model.weight_dtype))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -462,7 +462,7 @@ def _with_itemsize(shapes, itemsize: float) -> list:
 def attention_kernel(config, m: ModelConfig, backend: str) -> str:
   """The training attention kernel the run takes on `backend` (`reasoning_rl.kernels`)."""
   window = m.sliding_window if "sliding_attention" in (m.layer_types or ()) else None
-  return kernels.choose_training_kernel(config.model.get("attention_kernel", "auto"),
+  return kernels.choose_training_kernel(config.model.attention_kernel,
                                         backend=backend, softcap=m.attn_logit_softcap,
                                         window=window, sinks=m.attention_sinks)
 
@@ -579,7 +579,7 @@ def kv_pool_bytes(config, m: ModelConfig, mesh: AbstractMesh, slots: int,
                         (heads, pages, r.kv_page_size, width), mesh) for heads, width in layout)
   layer_rows = sum(shard_size(("batch", "kv_heads", "length", "head_dim"),
                               (slots, heads, length, width), mesh) for heads, width in layout)
-  kernel = kernels.paged.choose_paged_kernel(r.get("kv_page_kernel", "auto"), backend=backend,
+  kernel = kernels.paged.choose_paged_kernel(r.kv_page_kernel, backend=backend,
                                              dtype=precision.compute, head_dim=m.head_dim,
                                              latent_attention=m.mla is not None)
   if kernel == "pallas_tpu" and "sliding_attention" not in m.layer_types and not m.attention_sinks:
@@ -771,8 +771,8 @@ def dry_run_model_config(config) -> ModelConfig:
   random model (no model.path) is planned from `model.random`; upcycled into experts when
   `model.upcycle` says so (as the run builds it)."""
   model_config = _loaded_model_config(config)
-  upcycle = config.model.get("upcycle")
-  if upcycle is not None and upcycle.num_experts:
+  upcycle = config.model.upcycle
+  if upcycle.num_experts:
     model_config = upcycled_config(model_config, num_experts=upcycle.num_experts,
                                    experts_per_token=upcycle.experts_per_token)
   return model_config

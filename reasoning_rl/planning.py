@@ -510,7 +510,7 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
       train_s=speed.train_s, checkpoint_bytes_per_device=saved,
       save_s=saved / a.checkpoint_bytes_per_s_per_device,
       every_steps=config.checkpoint.every_steps,
-      every_minutes=config.checkpoint.get("every_minutes", 0) or 0, step_s=speed.step_s)
+      every_minutes=config.checkpoint.every_minutes, step_s=speed.step_s)
   slice_devices = memory.num_devices // memory.num_slices
   return Plan(chip=chip, num_devices=memory.num_devices, model_summary=summary,
               slices=memory.slices, throughput=speed, assumptions=a, advice=advice,

@@ -54,7 +54,7 @@ def sampler_correction(config: ml_collections.ConfigDict) -> str:
 
 def partial_rollouts(config: ml_collections.ConfigDict) -> bool:
   """Whether steps sample in rounds that carry unfinished samples over (`loop.partial_rollouts`)."""
-  return config.stage == "rl" and bool(config.get("partial_rollouts", {}).get("enabled", False))
+  return config.stage == "rl" and bool(config.partial_rollouts.enabled)
 
 
 def step_config(config: ml_collections.ConfigDict):

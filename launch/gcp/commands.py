@@ -95,7 +95,7 @@ def planned(config):
   """(plan, warnings) of the config's target as launched: the planner's lines a launch should
   not go without (a save that does not fit the notice, slices that buy no speed); (None, [])
   when the config names no target slice."""
-  if not config.target.get("num_devices"):
+  if not config.target.num_devices:
     return None, []
   from reasoning_rl import planning  # pylint: disable=import-outside-toplevel
 
@@ -268,7 +268,7 @@ def load_config(path: str):
 def model_path(config, overrides) -> str:
   """The model.path the trainers will read: the last --override that sets it, else the config's."""
   given = [o.split("=", 1)[1] for o in overrides if o.startswith("--config.model.path=")]
-  return given[-1] if given else config.model.get("path", "")
+  return given[-1] if given else config.model.path
 
 
 def bad_input(message: str) -> int:
@@ -338,7 +338,7 @@ def main(argv) -> int:
     return bad_input("--config: give the training config file, e.g. configs/r1zero_tpu.py")
   config = load_config(value("config"))
   slices_given = value("num_slices") if value("num_slices") is not None else str(
-      config.target.get("num_slices", 1))
+      config.target.num_slices)
   num_slices = parse_num_slices(slices_given)
   if num_slices is None:
     return bad_input(f"--num_slices={slices_given}: give a whole number of slices, 1 or more "
@@ -363,10 +363,10 @@ def main(argv) -> int:
   if config.target.num_devices and s.devices != config.target.num_devices:
     print(f"warning: {value('config')} plans for {config.target.num_devices} devices per slice; "
           f"{s.accelerator_type} has {s.devices}", file=sys.stderr)
-  if num_slices != config.target.get("num_slices", 1):
-    print(f"warning: {value('config')} plans for {config.target.get('num_slices', 1)} slice(s); "
+  if num_slices != config.target.num_slices:
+    print(f"warning: {value('config')} plans for {config.target.num_slices} slice(s); "
           f"launching {num_slices}", file=sys.stderr)
-  if config.target.get("num_devices"):  # the plan and the grace period are for what is launched
+  if config.target.num_devices:  # the plan and the grace period are for what is launched
     config.target.num_slices = num_slices
   plan, warnings = planned(config)
   for warning in warnings:
