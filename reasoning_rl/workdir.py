@@ -35,6 +35,7 @@ from typing import Any
 
 from reasoning_rl import config_schema
 from reasoning_rl import storage
+from reasoning_rl.checkpoint_layout import resume_hint
 from reasoning_rl.console import LOG_DIR, LOG_FILE
 from reasoning_rl.errors import ConfigError, StorageTimeout
 from reasoning_rl.plain_data import plain
@@ -94,8 +95,6 @@ def check_workdir_writable(path: str | os.PathLike[str], *, field: str = "workdi
 def storage_failure_line(error: OSError, workdir: str | os.PathLike[str]) -> str:
   """One line for a run that could not write its files: the path, the errno, and the newest
   checkpoint a rerun resumes from."""
-  from reasoning_rl.checkpointing import resume_hint  # imports JAX; only here
-
   code = errno.errorcode.get(error.errno, "") if error.errno else ""
   what = f"{error.strerror or error} ({code})" if code else str(error)
   where = error.filename or storage.path(workdir)

@@ -19,17 +19,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reasoning_rl import checkpointing
+from reasoning_rl import checkpoint_layout, checkpoint_manifest, stop_signals
 from reasoning_rl import guards as guards_lib
-from reasoning_rl.checkpointing import (CHECKPOINT_FORMAT_VERSION, CHECKSUMS_FILE,
-                                        MANIFEST_VERSION, CheckpointCorruptError, Checkpointer)
+from reasoning_rl.checkpoint_layout import CHECKPOINT_FORMAT_VERSION
+from reasoning_rl.checkpoint_manifest import (CHECKSUMS_FILE, MANIFEST_VERSION,
+                                              CheckpointCorruptError)
+from reasoning_rl.checkpointing import Checkpointer
 from reasoning_rl.config import base_config
 from reasoning_rl.errors import CheckpointError, ConfigError, ExitCode
 from reasoning_rl.loop.state import LOOP_STATE_FORMAT_VERSION, InFlight, InFlightGroup, LoopState
 from reasoning_rl.sampler.rollout import Completion, Unfinished
 from reasoning_rl.metrics import ROLLOUT_FORMAT_VERSION, MetricsWriter
-from reasoning_rl.models import load
-from reasoning_rl.models.run_checkpoint import LORA_FILE_FORMAT_VERSION, read_lora_file
+from reasoning_rl.run_checkpoint import LORA_FILE_FORMAT_VERSION, load_model, read_lora_file
 from reasoning_rl.replay import replay
 from tests.test_faults import _run_workdir
 from tests.test_loop import _batch
@@ -69,7 +70,7 @@ def step_dir(tmp_path):
 def _rewrite_keys(step_dir, change) -> None:
   """Edits the step's `keys` item, then its manifest, so only the edit differs (not corruption)."""
   _rewrite_json(step_dir / "keys" / "metadata", change)
-  checkpointing.write_checksums(step_dir)
+  checkpoint_manifest.write_checksums(step_dir)
 
 
 def test_a_checkpoint_step_records_its_format_version_and_round_trips(step_dir):
@@ -94,23 +95,24 @@ def test_a_checkpoint_of_another_format_version_is_refused_and_kept(step_dir):
       "only; restore the step with the reasoning_rl that wrote it, or start a new workdir")
   assert step_dir.is_dir()  # not moved aside as corrupt: a newer reasoning_rl may read it
   with pytest.raises(CheckpointError, match="checkpoint format_version 999"):
-    checkpointing.check_format(step_dir)  # the file-level check models.run_checkpoint uses
+    checkpoint_layout.check_format(step_dir)  # the file-level check run_checkpoint uses
 
 
 def test_a_checkpoint_written_before_versions_reads_as_version_1(step_dir):
   _rewrite_keys(step_dir, lambda keys: {"impls": keys["impls"]})  # what such a step holds
-  checkpointing.check_format(step_dir)
+  checkpoint_layout.check_format(step_dir)
   with Checkpointer(step_dir.parent) as ckpt:
     assert ckpt.restore(1, _abstract())[1] == {"note": "one"}
 
 
 def test_loading_a_run_checkpoint_of_another_format_version_is_refused(tmp_path):
-  """models.load of a run workdir (evaluate / generate) reads the step past Checkpointer."""
+  """run_checkpoint.load_model of a run workdir (evaluate / generate) reads the step past
+  Checkpointer."""
   workdir = _run_workdir(tmp_path / "run", nan=False)  # test_faults loads it intact
   step_dir = workdir / "checkpoints" / "6"
   _rewrite_keys(step_dir, lambda keys: {**keys, "format_version": 999})
   with pytest.raises(CheckpointError) as error:
-    load(workdir)
+    load_model(workdir)
   assert _one_line(error).startswith(f"{step_dir / 'keys'}: checkpoint format_version 999, ")
 
 
@@ -202,11 +204,11 @@ def test_a_loop_state_written_before_versions_reads_as_version_1_or_is_refused()
 def restore_signal_handlers():
   """Trainer.run installs the stop-request handlers (and keeps them after a stop on a signal)."""
   previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
-  checkpointing.clear_preemption_request()
+  stop_signals.clear_preemption_request()
   yield
   for signum, handler in previous.items():
     signal.signal(signum, handler)
-  checkpointing.clear_preemption_request()
+  stop_signals.clear_preemption_request()
 
 
 def test_a_run_refuses_to_resume_a_loop_state_of_another_version(tmp_path,
@@ -218,7 +220,7 @@ def test_a_run_refuses_to_resume_a_loop_state_of_another_version(tmp_path,
   meta_file = step_dir / "meta" / "metadata"
   assert json.loads(meta_file.read_text())["format_version"] == 2
   _rewrite_json(meta_file, lambda meta: {**meta, "format_version": 999})
-  checkpointing.write_checksums(step_dir)
+  checkpoint_manifest.write_checksums(step_dir)
   (tmp_path / "model" / "config.json").write_text("as the newer run wrote it")
   metrics = (tmp_path / "metrics.jsonl").read_text()
   run, _, _ = _fake_run(tmp_path, total_steps=6)

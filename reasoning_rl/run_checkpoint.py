@@ -1,4 +1,9 @@
-"""Loading the policy from a training run's workdir ("a checkpoint of ours").
+"""Loading a model from a training run's workdir ("a checkpoint of ours"), or from any other path.
+
+`load_model(path)` is the loader of every path a user may name: a training run's workdir or one of
+its `checkpoints/<step>` directories is read here, anything else (a Hugging Face directory, a
+`.gguf` file) by `reasoning_rl.models.load`. It sits above `models/` and `lora`, since a LoRA run's
+policy is its base model (loaded through `load_model` again) with the run's adapters on it.
 
 A run writes `WORKDIR/model/` (config.json + tokenizer files) at start-up and Orbax checkpoints of
 its whole train state under `WORKDIR/checkpoints/<step>/`. Loading reads only the policy
@@ -6,9 +11,10 @@ parameters out of a checkpoint (Orbax partial restore), placed straight on their
 A LoRA run also writes `WORKDIR/model/lora.json` (its settings, where its base came from and the
 base's fingerprint): its checkpoints hold adapters, which are loaded onto that base.
 
-Format versions: a step's own (`checkpointing.CHECKPOINT_FORMAT_VERSION`, its manifest's
-`checkpointing.MANIFEST_VERSION`) and lora.json's `format_version` (`LORA_FILE_FORMAT_VERSION`);
-a file of another version is refused with one line naming it.
+Format versions: a step's own (`checkpoint_layout.CHECKPOINT_FORMAT_VERSION`, its manifest's
+`checkpoint_manifest.MANIFEST_VERSION`), lora.json's `format_version`
+(`LORA_FILE_FORMAT_VERSION`) and run_config.json's (`workdir.RUN_CONFIG_FORMAT_VERSION`); a file
+of another version is refused with one line naming it.
 """
 
 from __future__ import annotations
@@ -18,11 +24,17 @@ import os
 import pathlib
 
 import jax
+import orbax.checkpoint as ocp
 from flax import nnx
 
+from reasoning_rl import lora
+from reasoning_rl import models
 from reasoning_rl import precision
 from reasoning_rl import sharding as sharding_lib
 from reasoning_rl import storage
+from reasoning_rl.checkpoint_layout import check_format
+from reasoning_rl.checkpoint_leaves import nonfinite_leaves
+from reasoning_rl.checkpoint_manifest import CheckpointCorruptError, verify_checksums
 from reasoning_rl.errors import CheckpointError
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import (abstract_model, create_model, stack_layers,
@@ -55,7 +67,6 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
   """(model, tokenizer) from a run: architecture and tokenizer from model/, weights from step,
   cast to `weight_dtype` (default: the compute dtype `dtype`) whatever dtype they were saved in
   (a run's float32 master weights load as bfloat16 for a bfloat16 sampler)."""
-  from reasoning_rl.checkpointing import CheckpointCorruptError, check_format, verify_checksums
   from reasoning_rl.models.tokenizers import Tokenizer
 
   try:
@@ -120,10 +131,6 @@ def read_lora_file(path) -> dict:
 def _restore_params(state, workdir, step_dir, mesh) -> None:
   """Fills every Variable of `state` (abstract or not) with the checkpoint's `params` leaf of the
   same path, placed on its partition-rule sharding (Orbax partial restore)."""
-  import orbax.checkpoint as ocp
-
-  from reasoning_rl.checkpointing import nonfinite_leaves
-
   shardings = dict(nnx.to_flat_state(sharding_lib.param_shardings(state, mesh)))
   flat = list(nnx.to_flat_state(state))
   target: dict = {}
@@ -164,13 +171,10 @@ def _load_lora_run(record, config, workdir, step_dir, *, scanned, dtype, mesh):
   """A LoRA run's policy: its base (model.path, or the random model of its seed), the adapters
   of `step_dir` on it, checked against the base fingerprint the run recorded. Returned merged
   (a plain model: W + α/r · A B) unless the base is quantized (QLoRA), then adapted."""
-  from reasoning_rl import lora
-  from reasoning_rl.models import load
-
   settings = lora.LoraSettings(**record["lora"])
   base = record["base"]
   if base["path"]:
-    model, _ = load(base["path"], dtype=dtype, mesh=mesh)
+    model, _ = load_model(base["path"], dtype=dtype, mesh=mesh)
   else:
     model = create_model(config, seed=int(base["random_seed"]), dtype=dtype, param_dtype=dtype)
   # adapted in the run's layout: the fingerprint and the checkpoint's paths are that layout's
@@ -186,9 +190,21 @@ def _load_lora_run(record, config, workdir, step_dir, *, scanned, dtype, mesh):
   return adapted if settings.base_quantization else lora.merged_model(adapted, settings)
 
 
-def load_from_run(path: str | os.PathLike, *, dtype="float32", weight_dtype=None, mesh=None):
-  """load() for run workdirs; None when `path` is not one."""
-  found = find_run_checkpoint(storage.path(path))
+def load_model(path: str | os.PathLike, *, dtype: str = "float32",
+               weight_dtype: str | None = None, mesh=None):
+  """Loads `(model, tokenizer)` from a training run or from anything `models.load` reads.
+
+  Args:
+    path: a training run's workdir (its newest complete checkpoint) or one of its
+      `checkpoints/<step>` directories; or a Hugging Face directory or a `.gguf` file
+      (`reasoning_rl.models.load`). Local or gs://.
+    dtype, weight_dtype, mesh: as for `reasoning_rl.models.load`; a run's weights are cast to
+      `weight_dtype` (default: `dtype`) whatever dtype they were saved in.
+
+  Raises:
+    CheckpointError: naming the file or tensor at fault and what to do.
+  """
+  found = find_run_checkpoint(storage.path(path))  # Orbax reads gs:// itself
   if found is None:
-    return None
+    return models.load(path, dtype=dtype, weight_dtype=weight_dtype, mesh=mesh)
   return load_run_checkpoint(*found, dtype=dtype, weight_dtype=weight_dtype, mesh=mesh)
