@@ -35,10 +35,11 @@ from reasoning_rl import storage
 from reasoning_rl.checkpoint_layout import check_format
 from reasoning_rl.checkpoint_leaves import nonfinite_leaves
 from reasoning_rl.checkpoint_manifest import CheckpointCorruptError, verify_checksums
-from reasoning_rl.errors import CheckpointError
+from reasoning_rl.errors import CheckpointError, ConfigError
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import (abstract_model, create_model, stack_layers,
                                               unstack_layers)
+from reasoning_rl.workdir import FINGERPRINT_FILE, run_config_fields
 
 LORA_FILE = "lora.json"
 # model/lora.json: {"format_version", "lora": LoraSettings fields, "fingerprint": the base's,
@@ -99,14 +100,21 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
 def scans_layers(workdir) -> bool:
   """Whether a run's checkpoints hold the scanned block stack (its `model.scan_layers`, read from
   run_config.json; a workdir without one was written in the loop layout)."""
-  path = workdir / "run_config.json"
+  path = workdir / FINGERPRINT_FILE
   if not path.exists():
     return False
   try:
-    return bool(json.loads(path.read_text()).get("model", {}).get("scan_layers", False))
+    record = json.loads(path.read_text())
+    if not isinstance(record, dict):
+      raise ValueError(f"a {type(record).__name__}, not an object")
   except (OSError, ValueError) as error:
     raise CheckpointError(f"{path} is unreadable ({error}); it says in which layout the run's "
                           "checkpoints hold their layers: restore it from a backup") from None
+  try:
+    fields = run_config_fields(path, record)
+  except ConfigError as error:  # another format version: a loader's error is a CheckpointError
+    raise CheckpointError(str(error)) from None
+  return bool(fields.get("model", {}).get("scan_layers", False))
 
 
 def read_lora_file(path) -> dict:
