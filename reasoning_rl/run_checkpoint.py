@@ -37,6 +37,7 @@ from reasoning_rl.checkpoint_leaves import nonfinite_leaves
 from reasoning_rl.checkpoint_manifest import CheckpointCorruptError, verify_checksums
 from reasoning_rl.errors import CheckpointError, ConfigError
 from reasoning_rl.models.config import ModelConfig
+from reasoning_rl.models.tokenizers import Tokenizer
 from reasoning_rl.models.transformer import (abstract_model, create_model, stack_layers,
                                               unstack_layers)
 from reasoning_rl.workdir import FINGERPRINT_FILE, run_config_fields
@@ -68,8 +69,6 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
   """(model, tokenizer) from a run: architecture and tokenizer from model/, weights from step,
   cast to `weight_dtype` (default: the compute dtype `dtype`) whatever dtype they were saved in
   (a run's float32 master weights load as bfloat16 for a bfloat16 sampler)."""
-  from reasoning_rl.models.tokenizers import Tokenizer
-
   try:
     verify_checksums(step_dir)
   except CheckpointCorruptError as error:

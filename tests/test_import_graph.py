@@ -49,7 +49,8 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         "math-verify, sympy (0.3 s)",
     ("reasoning_rl.build", "reasoning_rl.lora"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.loop.weight_sync"): _BUILD + _JAX + " (0.7 s)",
-    ("reasoning_rl.build", "reasoning_rl.run_checkpoint"): _BUILD + _JAX + ", Orbax (0.9 s)",
+    ("reasoning_rl.build", "reasoning_rl.run_checkpoint"): _BUILD + _JAX + ", Orbax, tokenizers "
+        "(1.2 s)",
     ("reasoning_rl.build", "reasoning_rl.models.transformer"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.models.upcycle"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.multihost.param_sync"): _BUILD + "JAX (0.4 s)",
@@ -84,7 +85,6 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("reasoning_rl.evaluation", "reasoning_rl.sampler.sampling"):
         "scoring-only users of evaluation (replay, report) do not load JAX (0.8 s)",
     ("reasoning_rl.models", "reasoning_rl.models.tokenizers"): _TOKENIZERS,
-    ("reasoning_rl.run_checkpoint", "reasoning_rl.models.tokenizers"): _TOKENIZERS,
     ("reasoning_rl.multihost.cluster", "reasoning_rl.sharding"):
         "multihost/cluster.py loads without JAX (0.4 s; it imports jax itself inside functions)",
     ("reasoning_rl.multihost.data_parallel", "reasoning_rl.sharding"):
