@@ -1,4 +1,4 @@
-"""The arrays of a checkpoint's `state` as Orbax stores them: leaf names, typed PRNG keys, NaN / inf.
+"""The arrays of a checkpoint's `state` as Orbax stores them: names, typed PRNG keys, NaN / inf.
 
 Typed PRNG keys (`jax.random.key`) cannot be serialised as such, so a save stores each as its raw
 `key_data` and records the leaf's PRNG implementation (`encode_typed_keys`); a restore reads the
