@@ -55,7 +55,7 @@ def main() -> None:
     server = gcs_emulator.start(scratch)
     server.create_bucket("bench")
     os.environ["STORAGE_EMULATOR_HOST"] = server.url
-    from reasoning_rl import checkpointing
+    from reasoning_rl import checkpoint_manifest, checkpointing
 
     state = {"w": jax.random.normal(jax.random.key(0), (args.mib << 18,), jnp.float32)}
     rows = []
@@ -66,8 +66,8 @@ def main() -> None:
         step_dir = f"{where}/1"
         rows.append((where.split(":")[0] if "://" in where else "local",
                      _timed(lambda: _sha256_all(step_dir)),
-                     _timed(lambda: checkpointing.write_checksums(step_dir)),
-                     _timed(lambda: checkpointing.verify_checksums(step_dir))))
+                     _timed(lambda: checkpoint_manifest.write_checksums(step_dir)),
+                     _timed(lambda: checkpoint_manifest.verify_checksums(step_dir))))
     finally:
       server.stop()
   print(f"checkpoint of {args.mib} MiB; seconds")

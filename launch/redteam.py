@@ -5,7 +5,7 @@ Usage:
 
 The config file's `get_config()` must return a ConfigDict with a `rewards` field (see
 reasoning_rl/verifiers/rewards.py). Prints one row per probe; exits 1 when any exploit earns reward,
-0 otherwise. The trainer runs the same check at start-up (reasoning_rl.verifiers.redteam).
+0 otherwise. The trainer runs the same check at start-up (reasoning_rl.reward_redteam).
 """
 
 import pathlib
@@ -18,7 +18,7 @@ from absl import app  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from reasoning_rl.errors import ConfigError  # noqa: E402
-from reasoning_rl.verifiers.redteam import run_redteam  # noqa: E402
+from reasoning_rl.reward_redteam import run_redteam  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a config file whose get_config() has a `rewards` field.",

@@ -86,8 +86,8 @@ def build_policy(config: ml_collections.ConfigDict, *, calibration=None):
   `model.weight_dtype`, except with LoRA, whose frozen base is never updated and so is held in
   the compute dtype (the adapters are float32). `calibration(tokenizer) -> token rows`: what an
   upcycled model's routers are centred on (`model.upcycle`); without it they are not."""
-  from reasoning_rl.models import load
   from reasoning_rl.models.transformer import create_model, stack_layers
+  from reasoning_rl.run_checkpoint import load_model
 
   c = config.model
   weight_dtype = c.dtype if config.lora.rank > 0 else c.weight_dtype
@@ -95,7 +95,7 @@ def build_policy(config: ml_collections.ConfigDict, *, calibration=None):
     if c.tokenizer:
       raise ConfigError("config.model.tokenizer: leave empty when model.path is set (the "
                         "tokenizer comes with the model)")
-    model, tokenizer = load(c.path, dtype=c.dtype, weight_dtype=weight_dtype)
+    model, tokenizer = load_model(c.path, dtype=c.dtype, weight_dtype=weight_dtype)
   else:
     model_config, tokenizer = random_model_config(config)
     model = create_model(model_config, seed=config.seed, dtype=c.dtype, param_dtype=weight_dtype)
@@ -146,12 +146,12 @@ def build_data(config: ml_collections.ConfigDict) -> Data:
 
 def build_reward_fn(config: ml_collections.ConfigDict, *, redteam: bool | None = None):
   """The configured reward. With `verifier.redteam` (or `redteam=True`) it must first survive the
-  known exploits (`reasoning_rl.verifiers.redteam`); `verifier.allow_exploits` overrides that."""
+  known exploits (`reasoning_rl.reward_redteam`); `verifier.allow_exploits` overrides that."""
   from reasoning_rl.verifiers.rewards import RewardFunction
 
   reward_fn = RewardFunction(config.rewards)
   if config.verifier.redteam if redteam is None else redteam:
-    from reasoning_rl.verifiers.redteam import enforce_redteam
+    from reasoning_rl.reward_redteam import enforce_redteam
 
     enforce_redteam(config.rewards, allow_exploits=config.verifier.allow_exploits,
                     log=log.warning)
@@ -210,9 +210,9 @@ def load_checkpoint(checkpoint: str, *, dtype: str, mesh=None):
   """(model, tokenizer) of `checkpoint` (run workdir, checkpoint step, HF dir or GGUF; local or
   gs://) for launchers driven by a path rather than a config; a checkpoint without tokenizer files
   is refused, since prompts and completions are text."""
-  from reasoning_rl.models import load
+  from reasoning_rl.run_checkpoint import load_model
 
-  model, tokenizer = load(checkpoint, dtype=dtype, mesh=mesh)
+  model, tokenizer = load_model(checkpoint, dtype=dtype, mesh=mesh)
   if tokenizer is None:
     raise SamplingError(f"--checkpoint {checkpoint}: has no tokenizer files")
   return model, tokenizer

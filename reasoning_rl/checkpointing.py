@@ -1,40 +1,21 @@
-"""Training checkpoints: a thin layer over Orbax's `CheckpointManager`.
+"""Training checkpoints: `Checkpointer`, a thin layer over Orbax's `CheckpointManager`.
 
-A checkpoint of step `s` holds three items in `DIRECTORY/<s>/`:
-
-- `state`: a pytree of jax arrays (params, optimizer state, counters, RNG keys). Typed PRNG keys
-  (`jax.random.key`) cannot be serialised as such, so they are stored as their raw `key_data` and
-  re-wrapped on restore; the caller never sees the difference.
-- `meta`: a JSON-able dict (data-source position, policy version, dynamic-sampling carry-over,
-  a config snapshot …).
-- `keys`: bookkeeping written by this module: the step's `format_version`
-  (`CHECKPOINT_FORMAT_VERSION`), which `state` leaves were typed keys and their PRNG
-  implementation.
-
-Format versions: `keys` carries the version of this layout (the three items, typed keys stored as
-key data); `CHECKSUMS.json` carries its own (`MANIFEST_VERSION`). A step of any other version is
-refused with one line naming the file (`CheckpointError`, never moved aside as corrupt: it may be
-intact, written by a newer reasoning_rl). What `meta` holds is the caller's format (the trainer's
-loop state carries its own version, `loop.state.LOOP_STATE_FORMAT_VERSION`).
+A checkpoint of step `s` holds the items `state` (a pytree of jax arrays: params, optimizer state,
+counters, RNG keys), `meta` (a JSON-able dict: data-source position, policy version, a config
+snapshot …) and `keys` (bookkeeping: the step's format version and its typed PRNG keys) in
+`DIRECTORY/<s>/`, laid out as checkpoint_layout.py describes. Typed PRNG keys are stored as their
+key data and re-wrapped on restore (checkpoint_leaves.py); the caller never sees the difference.
 
 Atomicity comes from Orbax: a step is written into `<s>.orbax-checkpoint-tmp…` and renamed to `<s>`
 only once every item is on disk, so a crash mid-save leaves a temporary directory that is never
 mistaken for a checkpoint (and is removed when the next `Checkpointer` opens the directory).
 
 Integrity: once Orbax has committed a step, a background thread of process 0 writes
-`<s>/CHECKSUMS.json`, the size and checksums of every file of the step (Orbax itself keeps a
-CRC32C of its shard indices only, not of the array data). Where they come from depends on the
-storage (storage.py, "Checksums"):
-- gs://: Cloud Storage's own MD5 and CRC32C of each object, from one listing. Nothing is read
-  back: at r1zero scale the earlier manifest downloaded ~42 GiB per save to hash it, and a
-  restore downloaded it again before Orbax read it a third time.
-- local: each file is read once and its CRC32C computed (in the form GCS lists, so a step
-  copied to or from a bucket keeps a checkable manifest). A local filesystem keeps no checksums
-  to ask for, and a file just written is normally still in the page cache.
-`restore` compares the step with its manifest the same way (one listing on gs://, where GCS
-computes each object's checksums from its bytes; a read locally) and refuses a step whose files
-are missing, truncated or changed, and non-finite values in floating-point arrays, naming the
-file or the leaf (`CheckpointCorruptError`).
+`<s>/CHECKSUMS.json` (checkpoint_manifest.py). `restore` checks the step against it and refuses a
+step whose files are missing, truncated or changed, and non-finite values in floating-point
+arrays, naming the file or the leaf (`CheckpointCorruptError`); a step of another format version
+(its `keys` item or its manifest) is refused with one line naming the file (`CheckpointError`,
+never moved aside as corrupt: it may be intact, written by a newer reasoning_rl).
 `restore_latest` moves a newest step that fails either check to `corrupt-<s>` (never deleted),
 logs a warning naming it and goes on with the previous step; if every step fails it raises
 `CheckpointError` rather than silently starting from scratch (a rerun then starts from step 0, the
@@ -43,14 +24,8 @@ killed between Orbax's commit and the checksum file) is restored with a warning,
 the finite-values check. A read error on such a step is not treated as corruption: without
 checksums it cannot be told from, e.g., running out of memory.
 
-Stopping: `install_preemption_handler()` turns SIGTERM (preemption) and SIGINT (Ctrl-C) into a flag
-the training loop polls with `preemption_requested()`. The loop then saves (`save(step, …,
-force=True)`), calls `close()` and exits with `interrupt_exit_code()`: 143 for SIGTERM, 130 for
-SIGINT. A second Ctrl-C aborts at once with KeyboardInterrupt. In a process that allows it
-(`deadlines.enable_process_exit`, launch/train.py) the signal also starts the stop deadline: if the
-orderly path has not ended the process within `checkpoint.stop_deadline_s` (a save stuck on a
-silent store, a step that outlasts a preemption notice), it ends there with the same code and one
-line naming what it was still doing and the checkpoint a rerun resumes from.
+Stopping on SIGTERM / SIGINT is stop_signals.py's: the loop saves with `save(step, …,
+force=True)`, calls `close()` and exits.
 
 Deadlines: every wait on Orbax (opening, saving, committing, restoring, closing) and on the
 checksum thread runs under `deadlines.call` with `storage.timeout_s` plus a second per 10 MiB
@@ -65,232 +40,25 @@ import json
 import logging
 import os
 import pathlib
-import signal
 import threading
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
 from reasoning_rl import deadlines
 from reasoning_rl import storage
-from reasoning_rl.errors import CheckpointError, ExitCode, StorageTimeout
+from reasoning_rl.checkpoint_layout import (CHECKPOINT_FORMAT_VERSION, CORRUPT_PREFIX, check_format,
+                                            resume_hint)
+from reasoning_rl.checkpoint_leaves import (decode_typed_keys, encode_typed_keys, is_typed_key,
+                                            leaf_path_name, nonfinite_leaves, restore_target)
+from reasoning_rl.checkpoint_manifest import (CHECKSUMS_FILE, CheckpointCorruptError,
+                                              verify_checksums, write_checksums)
+from reasoning_rl.errors import CheckpointError, StorageTimeout
 
 log = logging.getLogger("reasoning_rl")
-
-CHECKSUMS_FILE = "CHECKSUMS.json"
-CORRUPT_PREFIX = "corrupt-"
-# The layout of a step directory (module docstring), written into its `keys` item.
-CHECKPOINT_FORMAT_VERSION = 1
-# CHECKSUMS.json's own version: {"version": 3, "files": {name: {"bytes", "md5"?, "crc32c"?}}}.
-# It was numbered before the other formats were; versions 1 and 2 (SHA-256 digests) were never
-# released and are refused like any other version.
-MANIFEST_VERSION = 3
-_KNOWN_KINDS = ("md5", "crc32c")  # checksums a manifest entry holds besides its size
-
-_preemption_event = threading.Event()
-_stop_signals: list[int] = []  # the signal that set the flag (first one only)
-
-
-class CheckpointCorruptError(CheckpointError):
-  """A checkpoint's files differ from their checksums, or its arrays hold NaN / inf."""
-
-
-# ------------------------------------------------------------------------------ checksums
-
-
-def _step_files(step_dir) -> list[str]:
-  names = (storage.relative_name(f, step_dir) for f in storage.list_files(step_dir))
-  return [name for name in names if _in_manifest(name)]
-
-
-def write_checksums(step_dir: str | os.PathLike[str]) -> None:
-  """Writes `step_dir/CHECKSUMS.json`: size and checksums of every file of a committed step.
-
-  On gs:// the figures are Cloud Storage's own (size, MD5, CRC32C per object) from one listing:
-  nothing is downloaded. Locally each file is read once and its CRC32C computed.
-  """
-  step_dir = storage.path(step_dir)
-  stored = storage.stored_checksums(step_dir)
-  if stored is not None:
-    entries = {name: stored[name] for name in sorted(stored) if _in_manifest(name)}
-  else:
-    entries = storage.file_checksums(step_dir, _step_files(step_dir))
-  storage.atomic_write(step_dir / CHECKSUMS_FILE,
-                       json.dumps({"version": MANIFEST_VERSION, "files": entries}, indent=1))
-
-
-def _in_manifest(name: str) -> bool:
-  return name != CHECKSUMS_FILE and not name.startswith("." + CHECKSUMS_FILE)
-
-
-def _manifest_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
-  """{"bytes": n, kind: checksum, …}, checked: a size and only the kinds a manifest holds."""
-  figures = {kind: str(value) for kind, value in entry.items() if kind in _KNOWN_KINDS}
-  if len(figures) != len(entry) - 1:
-    raise ValueError(f"unknown checksum kinds in {sorted(entry)}")
-  return {"bytes": int(entry["bytes"]), **figures}
-
-
-def check_format(step_dir: str | os.PathLike[str], keys: Mapping[str, Any] | None = None) -> None:
-  """Raises CheckpointError unless step `step_dir` has CHECKPOINT_FORMAT_VERSION.
-
-  `keys` is the step's `keys` item if already read; otherwise it is read from its file (for
-  readers of a step that go past `Checkpointer`, e.g. models.run_checkpoint).
-  """
-  step_dir = storage.path(step_dir)
-  where = step_dir / "keys"
-  if keys is None:
-    try:  # Orbax's JsonCheckpointHandler writes the item as `<item>/metadata`
-      keys = json.loads((where / "metadata").read_text())
-    except (OSError, ValueError) as error:
-      raise CheckpointError(f"{where} is unreadable ({error}); it was not written by "
-                            "reasoning_rl.checkpointing or is damaged") from None
-  if not isinstance(keys, Mapping):
-    raise CheckpointError(f"{where}: holds a {type(keys).__name__}, not a dict; it was not "
-                          "written by reasoning_rl.checkpointing or is damaged")
-  # A step saved before versions were written holds {"impls": …} alone: its layout is exactly
-  # version 1's (these three items, typed keys as key data), so it reads as version 1.
-  version = keys.get("format_version", 1)
-  if version != CHECKPOINT_FORMAT_VERSION:
-    raise CheckpointError(
-        f"{where}: checkpoint format_version {version!r}, but this reasoning_rl reads version "
-        f"{CHECKPOINT_FORMAT_VERSION} only; restore the step with the reasoning_rl that wrote it, "
-        "or start a new workdir")
-
-
-def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
-  """Checks a step's files against its CHECKSUMS.json.
-
-  Returns True when every listed file has its recorded size and checksums, False when the step
-  has no CHECKSUMS.json (its process was killed before writing it). Raises CheckpointCorruptError
-  naming the first file that is missing, truncated or changed, and CheckpointError when the
-  manifest's version is not MANIFEST_VERSION (not corruption: the step may be intact).
-
-  On gs:// one listing gives every object's size, MD5 and CRC32C: a file whose recorded
-  checksums GCS also keeps is checked without reading it (GCS computes them from the bytes it
-  stored: an object replaced, truncated or rewritten since lists other ones). Only files whose
-  recorded checksums the listing lacks (an MD5 for a composite object, which GCS keeps none of)
-  are downloaded and hashed. Locally every file is read.
-  """
-  step_dir = storage.path(step_dir)
-  manifest_path = step_dir / CHECKSUMS_FILE
-  # on gs:// a fresh listing says whether the manifest exists (a cached one may predate it)
-  stored = storage.stored_checksums(step_dir)
-  if not (manifest_path.exists() if stored is None else CHECKSUMS_FILE in stored):
-    return False
-  try:
-    manifest = json.loads(storage.read_bytes_fresh(manifest_path))
-    version = manifest["version"]
-  except (OSError, ValueError, KeyError, TypeError) as error:
-    raise CheckpointCorruptError(f"{manifest_path} is unreadable ({error!r})") from None
-  if version != MANIFEST_VERSION:
-    raise CheckpointError(
-        f"{manifest_path}: manifest version {version!r}, but this reasoning_rl reads version "
-        f"{MANIFEST_VERSION} only; restore the step with the reasoning_rl that wrote it, or "
-        "delete the file to restore the step unverified")
-  try:
-    entries = {name: _manifest_entry(entry) for name, entry in manifest["files"].items()}
-  except (ValueError, KeyError, TypeError, AttributeError) as error:
-    raise CheckpointCorruptError(f"{manifest_path} is unreadable ({error!r})") from None
-  to_read = {}
-  for name in sorted(entries):
-    kinds = tuple(kind for kind in entries[name] if kind != "bytes")
-    if stored is None:
-      to_read[name] = kinds
-      continue
-    if name not in stored:
-      raise CheckpointCorruptError(f"{step_dir / name} is missing")
-    _compare(step_dir, name, entries[name], stored[name], storage.CHECKSUM_KINDS)
-    if not any(kind in stored[name] for kind in kinds):
-      to_read[name] = kinds
-  try:
-    found = storage.file_checksums(step_dir, list(to_read), kinds=to_read)
-  except FileNotFoundError as error:
-    raise CheckpointCorruptError(f"{error} is missing") from None
-  for name, figures in found.items():
-    _compare(step_dir, name, entries[name], figures, tuple(to_read[name]))
-  return True
-
-
-def _compare(step_dir, name: str, recorded: Mapping[str, Any], found: Mapping[str, Any],
-             kinds: tuple[str, ...]) -> None:
-  """Raises CheckpointCorruptError when `found` (a file's size and checksums now) differs from
-  `recorded` (its manifest entry) in size or in any checksum both hold."""
-  if found["bytes"] != recorded["bytes"]:
-    raise CheckpointCorruptError(f"{step_dir / name} has {found['bytes']} bytes, "
-                                 f"{recorded['bytes']} were written (truncated or overwritten)")
-  for kind in kinds:
-    if kind in recorded and kind in found and recorded[kind] != found[kind]:
-      raise CheckpointCorruptError(f"{step_dir / name} does not match its digest in "
-                                   f"{CHECKSUMS_FILE} (its bytes changed after the save)")
-
-
-@jax.jit
-def _all_finite(leaves: list[jax.Array]) -> list[jax.Array]:
-  return [jnp.isfinite(leaf).all() for leaf in leaves]
-
-
-def nonfinite_leaves(tree: Any) -> list[str]:
-  """Paths ('a/b/0') of the floating-point leaves of `tree` that hold a NaN or an infinity."""
-  named = [(_path_name(path), leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
-           if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jnp.inexact)]
-  if not named:
-    return []
-  flags = jax.device_get(_all_finite([leaf for _, leaf in named]))
-  return [name for (name, _), finite in zip(named, flags) if not finite]
-
-
-def _key_name(key: Any) -> str:
-  for attribute in ("key", "name", "idx"):  # DictKey, GetAttrKey, SequenceKey / FlattenedIndexKey
-    if hasattr(key, attribute):
-      return str(getattr(key, attribute))
-  return str(key)
-
-
-def _path_name(path: tuple[Any, ...]) -> str:
-  """A leaf's path as 'a/b/0/c', the same whether a level is a dict, a dataclass attribute or a
-  list: Orbax stores every level as a dict, so the metadata read back names them differently."""
-  return "/".join(_key_name(k) for k in path) or "<root>"
-
-
-def _is_typed_key(leaf: Any) -> bool:
-  dtype = getattr(leaf, "dtype", None)
-  return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
-
-
-def _encode_state(state: Any) -> tuple[Any, dict[str, str]]:
-  """Replaces typed PRNG keys by their uint32 data; returns the new tree and {leaf: impl}."""
-  key_impls: dict[str, str] = {}
-
-  def encode(path, leaf):
-    if _is_typed_key(leaf):
-      key_impls[_path_name(path)] = str(jax.random.key_impl(leaf))
-      return jax.random.key_data(leaf)
-    return leaf
-
-  return jax.tree_util.tree_map_with_path(encode, state), key_impls
-
-
-def _abstract_leaf(path: tuple[Any, ...], leaf: Any) -> jax.ShapeDtypeStruct:
-  """The restore target of one leaf; typed keys become the abstract form of their key data."""
-  if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
-    raise CheckpointError(
-        f"abstract_state leaf {_path_name(path)} is a {type(leaf).__name__}; pass a pytree of "
-        "jax.ShapeDtypeStruct (or arrays), e.g. jax.eval_shape(init_fn) with shardings set")
-  sharding = getattr(leaf, "sharding", None)
-  if not _is_typed_key(leaf):
-    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
-  data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype))
-  if isinstance(sharding, jax.NamedSharding):
-    # The trailing key-data axes are never split.
-    extra = (None,) * (len(data.shape) - len(leaf.shape))
-    sharding = jax.NamedSharding(sharding.mesh, jax.P(*sharding.spec, *extra))
-  return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
-
 
 def _first_line(error: BaseException) -> str:
   """The gist of a library error for a one-line message (TensorStore appends a long spec dump)."""
@@ -342,24 +110,6 @@ def _storage_timeout_in(error: BaseException | None) -> StorageTimeout | None:
     seen.add(id(error))
     error = error.__cause__ or error.__context__
   return None
-
-
-def last_complete_checkpoint(directory: str | os.PathLike[str]) -> str:
-  """'step N (PATH)' for the newest committed step directory under `directory`, or 'none yet'.
-  Read from the directory names alone (Orbax commits a step by renaming its temporary
-  directory to the bare step number), so it works when nothing else can be read or written."""
-  try:
-    directory = storage.path(directory)
-    steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit()]
-  except Exception:  # pylint: disable=broad-except  # a vanished mount, a bucket gone: say so
-    return f"unknown ({directory} cannot be listed)"
-  return f"step {max(steps)} ({directory / str(max(steps))})" if steps else "none yet"
-
-
-def resume_hint(directory: str | os.PathLike[str]) -> str:
-  """The end of every storage-failure line: where a rerun resumes from, and what to do first."""
-  return (f"last complete checkpoint: {last_complete_checkpoint(directory)}; free space or fix "
-          "the path, then rerun on the same workdir to resume from it")
 
 
 class Checkpointer:
@@ -433,7 +183,7 @@ class Checkpointer:
     # Orbax waits for the previous save here anyway; its checksums are written by then, so a
     # later save's clean-up never deletes a step while it is being hashed.
     self.wait()
-    encoded, key_impls = _encode_state(state)
+    encoded, key_impls = encode_typed_keys(state)
     args = ocp.args.Composite(
         state=ocp.args.StandardSave(encoded),
         meta=ocp.args.JsonSave(dict(meta)),
@@ -554,7 +304,7 @@ class Checkpointer:
     except (KeyError, TypeError) as error:
       raise CheckpointError(f"{step_dir / 'keys'} has no key layout ({error!r}); it was not "
                             "written by reasoning_rl.checkpointing or is damaged") from None
-    target = jax.tree_util.tree_map_with_path(_abstract_leaf, abstract_state)
+    target = restore_target(abstract_state)
     self._check_matches(step, abstract_state, target, key_impls)
     try:
       restored = deadlines.call(
@@ -574,13 +324,7 @@ class Checkpointer:
       raise CheckpointCorruptError(
           f"{step_dir}: leaf {bad[0]} holds NaN or inf"
           + (f" (and {len(bad) - 1} more leaves)" if len(bad) > 1 else ""))
-
-    def decode(path, abstract_leaf, leaf):
-      if _is_typed_key(abstract_leaf):
-        return jax.random.wrap_key_data(leaf, impl=key_impls[_path_name(path)])
-      return leaf
-
-    state = jax.tree_util.tree_map_with_path(decode, abstract_state, restored["state"])
+    state = decode_typed_keys(abstract_state, restored["state"], key_impls)
     return state, dict(restored["meta"])
 
   def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
@@ -640,9 +384,9 @@ class Checkpointer:
                             "checkpoint is damaged, restore an earlier step") from error
     saved = getattr(saved, "tree", saved)  # Orbax wraps the array metadata in a TreeMetadata
     saved_leaves = dict(
-        (_path_name(path), leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(saved))
+        (leaf_path_name(path), leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(saved))
     wanted = dict(
-        (_path_name(path), leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(target))
+        (leaf_path_name(path), leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(target))
     missing = sorted(set(wanted) - set(saved_leaves))
     extra = sorted(set(saved_leaves) - set(wanted))
     if missing or extra:
@@ -651,8 +395,8 @@ class Checkpointer:
           f"checkpoint {missing[:5]}, leaves only in the checkpoint {extra[:5]}; build the model "
           "and optimizer with the config the checkpoint was written with")
     for path, abstract_leaf in jax.tree_util.tree_leaves_with_path(abstract_state):
-      name = _path_name(path)
-      if _is_typed_key(abstract_leaf) != (name in key_impls):
+      name = leaf_path_name(path)
+      if is_typed_key(abstract_leaf) != (name in key_impls):
         raise CheckpointError(
             f"{step_dir}: leaf {name} is a typed PRNG key on one side only; keep key leaves as "
             "jax.random.key arrays (or as raw uint32 data) consistently")
@@ -708,67 +452,3 @@ class Checkpointer:
 
   def __exit__(self, *exc_info) -> None:
     self.close()
-
-
-def install_preemption_handler(
-    callback: Callable[[int], None] | None = None) -> Callable[[], None]:
-  """Makes SIGTERM and SIGINT set the flag `preemption_requested()` reports, then call
-  `callback(signum)`; returns a function that puts the previous handlers back.
-
-  The handler does no I/O itself (a signal can arrive mid-save or mid-print); the loop polls the
-  flag once per step, saves with `force=True`, closes the Checkpointer and exits with
-  `interrupt_exit_code()`. A SIGINT arriving once the flag is set (the second Ctrl-C) raises
-  KeyboardInterrupt at once and restores Python's default SIGINT handling. Must be called from
-  the main thread (a Python rule for signal handlers). The flag is per process: on a multi-host
-  slice the loop must agree on the step to save at across hosts (e.g.
-  `jax.experimental.multihost_utils.reached_preemption_sync_point`) before saving; this function
-  does not do that.
-  """
-
-  def handle(signum, frame):
-    del frame
-    if _preemption_event.is_set():
-      if signum == signal.SIGINT:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        raise KeyboardInterrupt
-      return
-    _stop_signals[:] = [signum]
-    _preemption_event.set()
-    deadlines.exit_by(128 + signum, lambda: _stop_deadline_line(signum))
-    if callback is not None:
-      callback(signum)
-
-  previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGTERM, signal.SIGINT)}
-
-  def uninstall() -> None:
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
-
-  return uninstall
-
-
-def _stop_deadline_line(signum: int) -> str:
-  """The line of a stop that the orderly path did not finish in time (deadlines.exit_by)."""
-  ending = "preempted" if signum == signal.SIGTERM else "interrupted"
-  doing = deadlines.waiting_on()
-  return (f"{ending} ({signal.Signals(signum).name}): not stopped within "
-          f"checkpoint.stop_deadline_s={deadlines.settings.stop_deadline_s:g} s"
-          + (f" (still {doing})" if doing else "") + "; exiting now without finishing it; a "
-          f"rerun on the same workdir resumes from {deadlines.resume_point()}")
-
-
-def preemption_requested() -> bool:
-  """True once SIGTERM or SIGINT has arrived after `install_preemption_handler()`."""
-  return _preemption_event.is_set()
-
-
-def interrupt_exit_code() -> ExitCode:
-  """The exit code for the signal that set the flag: 130 for SIGINT, 143 for SIGTERM (the
-  default when the flag was set without a signal)."""
-  return ExitCode(128 + (_stop_signals[0] if _stop_signals else signal.SIGTERM))
-
-
-def clear_preemption_request() -> None:
-  """Resets the flag (for tests, or a loop that chose to keep going)."""
-  _stop_signals.clear()
-  _preemption_event.clear()

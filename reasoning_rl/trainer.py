@@ -10,7 +10,7 @@ stream derives from (seed, data position of its prompt, sample index), and the l
 checkpointed, so a restart on the same workdir continues bit for bit.
 
 Exit codes of `run()`: 0 finished, 3 a guard stopped the run (STOPPED.md), 130 interrupted (SIGINT)
-or 143 preempted (SIGTERM), both after saving a checkpoint (see reasoning_rl.checkpointing).
+or 143 preempted (SIGTERM), both after saving a checkpoint (see reasoning_rl.stop_signals).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from reasoning_rl import evaluation
 from reasoning_rl import guards as guards_lib
 from reasoning_rl import lora
 from reasoning_rl import metrics as metrics_lib
+from reasoning_rl import stop_signals
 from reasoning_rl import storage
 from reasoning_rl.build import (Run, build, build_template, eval_max_new_tokens,
                                 rollout_staleness, sampler_correction)
@@ -44,7 +45,7 @@ from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
 from reasoning_rl.loop.sft_stage import SFTStage
 from reasoning_rl.loop.state import LoopState
 from reasoning_rl.multihost.bulk import BulkChannel
-from reasoning_rl.models.run_checkpoint import LORA_FILE, LORA_FILE_FORMAT_VERSION
+from reasoning_rl.run_checkpoint import LORA_FILE, LORA_FILE_FORMAT_VERSION
 
 log = logging.getLogger("reasoning_rl")
 
@@ -52,7 +53,7 @@ log = logging.getLogger("reasoning_rl")
 def write_model_files(workdir, model_config, tokenizer, *, lora_record=None) -> None:
   """workdir/model/: config.json + tokenizer files (+ lora.json for a LoRA run: its format_version,
   settings, base, base fingerprint), so checkpoints load without the run's config
-  (`models.run_checkpoint` reads them).
+  (`run_checkpoint` reads them).
 
   Written to a local directory first (tokenizer libraries write local files only), then copied.
   """
@@ -201,7 +202,7 @@ class Trainer:
         active_processes=set(cluster.topology.trainer_processes) if cluster.multi_process
         else None) if cluster.is_trainer else None
     deadlines.set_resume_point(checkpointer.resume_point if checkpointer is not None else None)
-    restore_signal_handlers = checkpointing.install_preemption_handler()
+    restore_signal_handlers = stop_signals.install_preemption_handler()
     try:
       start_step = self._restore(checkpointer)
       if primary:  # after the restore: a refused checkpoint (another format) leaves model/ as is
@@ -249,7 +250,7 @@ class Trainer:
         save(completed)
         if checkpointer is not None:
           checkpointer.wait()  # committed before the line says so (and before the report)
-      code = checkpointing.interrupt_exit_code()
+      code = stop_signals.interrupt_exit_code()
       saved = f"checkpoint of step {completed} saved" if completed else "nothing trained yet"
       progress.write(f"{_ENDINGS[code]} {why}: {saved}; rerun on the same workdir to resume")
       return code
@@ -285,7 +286,7 @@ class Trainer:
         if save_due(step):
           save(step)
         # a signal may reach the processes at different steps: they stop at the same one
-        if cluster.exchange.any("preempted", checkpointing.preemption_requested()):
+        if cluster.exchange.any("preempted", stop_signals.preemption_requested()):
           exit_code = stop_on_signal("after the step")
           break
       if trip is not None:
@@ -355,7 +356,7 @@ class Trainer:
           sampler, run.tokenizer, template, run.data.eval_examples, run.scorer,
           num_samples=c.eval.num_samples, temperature=c.eval.temperature,
           max_new_tokens=eval_max_new_tokens(c), stop_strings=tuple(c.rollout.stop_strings),
-          seed=c.seed, canaries=canaries, should_stop=checkpointing.preemption_requested,
+          seed=c.seed, canaries=canaries, should_stop=stop_signals.preemption_requested,
           episodes=run.episodes)
 
     def evaluate_all():

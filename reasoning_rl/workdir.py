@@ -12,8 +12,9 @@
   every network file system (some give host-local locks); where it does not, the lock guards against
   a second trainer on the same host only. A workdir on object storage (gs://) takes no lock: GCS has
   none to offer, and the batch scheduler running one job per workdir is the guard.
-- `check_or_write_fingerprint`: the first start writes `run_config.json` (the resolved config);
-  a resume compares against it and refuses changed fields, so one run never mixes two configs.
+- `check_or_write_fingerprint`: the first start writes `run_config.json` (the resolved config and
+  its `format_version`); a resume compares against it and refuses changed fields, so one run never
+  mixes two configs.
 - `check_workdir_writable`: one clear ConfigError for a workdir that cannot be written.
 - `StartSnapshot`: what a trainer's start found in the workdir, so that a start refused before
   training (a bad config or data file, exit 2) leaves the workdir as it was: no lock file, no log
@@ -35,6 +36,7 @@ from typing import Any
 
 from reasoning_rl import config_schema
 from reasoning_rl import storage
+from reasoning_rl.checkpoint_layout import resume_hint
 from reasoning_rl.console import LOG_DIR, LOG_FILE
 from reasoning_rl.errors import ConfigError, StorageTimeout
 from reasoning_rl.plain_data import plain
@@ -43,6 +45,10 @@ log = logging.getLogger("reasoning_rl")
 
 LOCK_FILE = "trainer.lock"
 FINGERPRINT_FILE = "run_config.json"
+# run_config.json: {"format_version": 1, <the resolved config's fields, nested as in the config>}.
+# A file written before versions were holds the fields alone, which is version 1's layout, so it
+# reads as version 1 (`run_config_fields`).
+RUN_CONFIG_FORMAT_VERSION = 1
 
 # Fields a resume may always change: where the run is written, how it is shown and stored, and
 # the dry-run's planning target. None of them changes the train state or what a step computes.
@@ -94,8 +100,6 @@ def check_workdir_writable(path: str | os.PathLike[str], *, field: str = "workdi
 def storage_failure_line(error: OSError, workdir: str | os.PathLike[str]) -> str:
   """One line for a run that could not write its files: the path, the errno, and the newest
   checkpoint a rerun resumes from."""
-  from reasoning_rl.checkpointing import resume_hint  # imports JAX; only here
-
   code = errno.errorcode.get(error.errno, "") if error.errno else ""
   what = f"{error.strerror or error} ({code})" if code else str(error)
   where = error.filename or storage.path(workdir)
@@ -288,14 +292,16 @@ def check_or_write_fingerprint(workdir: str | os.PathLike[str], resolved_config:
   path = storage.path(workdir) / FINGERPRINT_FILE
   current = plain(resolved_config, json_safe=True)
   if not path.exists():
-    _write_json(path, current)
+    _write_run_config(path, current)
     return []
   try:
     saved = json.loads(path.read_text())
+    if not isinstance(saved, dict):
+      raise ValueError(f"a {type(saved).__name__}, not an object")
   except (OSError, ValueError) as error:
     raise ConfigError(f"{path}: unreadable ({error}); restore it from a backup, or delete it to "
                       "accept the current config as this run's") from None
-  old, new = _flatten(saved), _flatten(current)
+  old, new = _flatten(run_config_fields(path, saved)), _flatten(current)
   absent = "<absent>"
   lines = {}
   for field in sorted(set(old) | set(new)):
@@ -310,7 +316,7 @@ def check_or_write_fingerprint(workdir: str | os.PathLike[str], resolved_config:
         "Resume with the old values, use a new workdir, or allow these fields explicitly")
   if lines:
     log.warning("resuming %s with changed fields: %s", path.parent, "; ".join(lines.values()))
-    _write_json(path, current)
+    _write_run_config(path, current)
   return list(lines.values())
 
 
@@ -328,5 +334,20 @@ def _in_current_form(field: str, value: Any, absent: str) -> Any:
   return retyped.get(value, value) if isinstance(value, bool) else value
 
 
-def _write_json(path, value: Any) -> None:
-  storage.atomic_write(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+def run_config_fields(path, record: Mapping[str, Any]) -> dict[str, Any]:
+  """The config fields of run_config.json (`record`, the object read from `path`), its
+  `format_version` taken out. Raises ConfigError naming the file when it is of another version
+  (a newer reasoning_rl wrote it)."""
+  fields = dict(record)
+  version = fields.pop("format_version", 1)  # unversioned: version 1's layout (see the constant)
+  if version != RUN_CONFIG_FORMAT_VERSION:
+    raise ConfigError(
+        f"{path}: format_version {version!r}, but this reasoning_rl reads version "
+        f"{RUN_CONFIG_FORMAT_VERSION} only; resume the run with the reasoning_rl that wrote it, or "
+        "use a new workdir")
+  return fields
+
+
+def _write_run_config(path, config: Mapping[str, Any]) -> None:
+  record = {"format_version": RUN_CONFIG_FORMAT_VERSION, **config}
+  storage.atomic_write(path, json.dumps(record, indent=2, sort_keys=True) + "\n")

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reasoning_rl import checkpointing
+from reasoning_rl import stop_signals
 from reasoning_rl.checkpointing import Checkpointer
 from reasoning_rl.errors import ExitCode
 from reasoning_rl.errors import CheckpointError
@@ -170,20 +170,20 @@ _LOOP = textwrap.dedent("""
     import os, sys, time
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     import jax, jax.numpy as jnp
-    from reasoning_rl import checkpointing
+    from reasoning_rl import checkpointing, stop_signals
     workdir = sys.argv[1]
-    checkpointing.install_preemption_handler()
+    stop_signals.install_preemption_handler()
     ckpt = checkpointing.Checkpointer(workdir, keep=2, save_interval_steps=1000)
     state = {"counter": jnp.int32(0), "rng": jax.random.key(0)}
     for step in range(1, 100000):
       state = {"counter": state["counter"] + 1, "rng": jax.random.fold_in(state["rng"], step)}
       if step == 1:
         open(os.path.join(workdir, "running"), "w").close()
-      if checkpointing.preemption_requested():
+      if stop_signals.preemption_requested():
         ckpt.save(step, state, {"preempted_at": step}, force=True)
         ckpt.close()
         print(step, flush=True)
-        sys.exit(checkpointing.interrupt_exit_code())
+        sys.exit(stop_signals.interrupt_exit_code())
       time.sleep(0.005)
     sys.exit(3)
 """)
@@ -217,12 +217,12 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
 
 def test_preemption_flag_in_process():
   seen = []
-  checkpointing.clear_preemption_request()
-  uninstall = checkpointing.install_preemption_handler(seen.append)
+  stop_signals.clear_preemption_request()
+  uninstall = stop_signals.install_preemption_handler(seen.append)
   try:
-    assert not checkpointing.preemption_requested()
+    assert not stop_signals.preemption_requested()
     os.kill(os.getpid(), signal.SIGTERM)
-    assert checkpointing.preemption_requested() and seen == [signal.SIGTERM]
+    assert stop_signals.preemption_requested() and seen == [signal.SIGTERM]
   finally:
     uninstall()
-    checkpointing.clear_preemption_request()
+    stop_signals.clear_preemption_request()

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from reasoning_rl.workers import deadline
+from reasoning_rl.verifiers import deadline
 
 
 def _spin_forever():
@@ -122,7 +122,7 @@ def test_works_inside_a_daemonic_process():
 
 _FORK_SCENARIO = """
 import os, sys
-from reasoning_rl.workers import deadline
+from reasoning_rl.verifiers import deadline
 runner = deadline.DeadlineRunner(preload="os")
 parent_helper = runner.run(os.getpid, timeout_s=60)
 read_end, write_end = os.pipe()

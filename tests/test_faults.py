@@ -20,15 +20,16 @@ import torch
 import transformers
 from flax import nnx
 
-from reasoning_rl import checkpointing
-from reasoning_rl.checkpointing import CHECKSUMS_FILE, CheckpointCorruptError, Checkpointer
+from reasoning_rl import checkpoint_manifest, stop_signals
+from reasoning_rl.checkpoint_manifest import CHECKSUMS_FILE, CheckpointCorruptError
+from reasoning_rl.checkpointing import Checkpointer
 from reasoning_rl.config import base_config
 from reasoning_rl.errors import CheckpointError, ConfigError, ExitCode
-from reasoning_rl.models import load
 from reasoning_rl.models.checkpoints import load_hf_weights
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.gguf_io import load_gguf_weights
 from reasoning_rl.models.transformer import create_model
+from reasoning_rl.run_checkpoint import load_model
 from reasoning_rl.workdir import (FINGERPRINT_FILE, LOCK_FILE, WorkdirLock,
                                   check_or_write_fingerprint, check_output_file_writable,
                                   check_workdir_writable)
@@ -83,7 +84,7 @@ def test_checksums_cover_every_file_of_an_async_save(tmp_path):
     on_disk = {str(p.relative_to(step_dir)) for p in step_dir.rglob("*")
                if p.is_file() and p.name != CHECKSUMS_FILE}
     assert listed == on_disk and any(name.startswith("state/") for name in listed)
-    assert checkpointing.verify_checksums(step_dir)
+    assert checkpoint_manifest.verify_checksums(step_dir)
 
 
 @pytest.mark.parametrize("damage", [_flip_bytes, _truncate])
@@ -288,15 +289,15 @@ def _run_workdir(directory: pathlib.Path, nan: bool):
 
 
 def test_run_checkpoint_with_nan_or_damaged_files_is_refused(tmp_path):
-  model, _ = load(_run_workdir(tmp_path / "intact", nan=False))
+  model, _ = load_model(_run_workdir(tmp_path / "intact", nan=False))
   assert model.config.num_layers == 1
   with pytest.raises(CheckpointError, match=r"parameter final_norm/scale/value holds NaN"):
-    load(_run_workdir(tmp_path / "nan", nan=True))
+    load_model(_run_workdir(tmp_path / "nan", nan=True))
   step_dir = _run_workdir(tmp_path / "damaged", nan=False) / "checkpoints" / "6"
   damaged = _largest_data_file(step_dir)
   _flip_bytes(damaged)
   with pytest.raises(CheckpointError, match=f"{damaged.name} does not match .*load an earlier"):
-    load(step_dir.parent.parent)
+    load_model(step_dir.parent.parent)
 
 
 # ------------------------------------------------------------------------------ signals
@@ -304,11 +305,11 @@ def test_run_checkpoint_with_nan_or_damaged_files_is_refused(tmp_path):
 
 @pytest.fixture
 def stop_handlers():
-  checkpointing.clear_preemption_request()
-  uninstall = checkpointing.install_preemption_handler()
+  stop_signals.clear_preemption_request()
+  uninstall = stop_signals.install_preemption_handler()
   yield
   uninstall()
-  checkpointing.clear_preemption_request()
+  stop_signals.clear_preemption_request()
 
 
 def _deliver(signum):
@@ -318,12 +319,12 @@ def _deliver(signum):
 
 
 def test_sigint_requests_a_stop_with_130_and_a_second_aborts(stop_handlers):
-  assert not checkpointing.preemption_requested()
+  assert not stop_signals.preemption_requested()
   _deliver(signal.SIGINT)
-  assert checkpointing.preemption_requested()
-  assert checkpointing.interrupt_exit_code() == ExitCode.INTERRUPTED == 130
+  assert stop_signals.preemption_requested()
+  assert stop_signals.interrupt_exit_code() == ExitCode.INTERRUPTED == 130
   _deliver(signal.SIGTERM)  # a later SIGTERM neither aborts nor changes the code
-  assert checkpointing.interrupt_exit_code() == 130
+  assert stop_signals.interrupt_exit_code() == 130
   with pytest.raises(KeyboardInterrupt):
     _deliver(signal.SIGINT)
   assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -331,16 +332,16 @@ def test_sigint_requests_a_stop_with_130_and_a_second_aborts(stop_handlers):
 
 def test_sigterm_requests_a_stop_with_143(stop_handlers):
   _deliver(signal.SIGTERM)
-  assert checkpointing.preemption_requested()
-  assert checkpointing.interrupt_exit_code() == ExitCode.PREEMPTED == 143
-  checkpointing.clear_preemption_request()
-  checkpointing._preemption_event.set()  # set without a signal (as tests of the loop do)
-  assert checkpointing.interrupt_exit_code() == 143
+  assert stop_signals.preemption_requested()
+  assert stop_signals.interrupt_exit_code() == ExitCode.PREEMPTED == 143
+  stop_signals.clear_preemption_request()
+  stop_signals._preemption_event.set()  # set without a signal (as tests of the loop do)
+  assert stop_signals.interrupt_exit_code() == 143
 
 
 def test_uninstall_restores_the_previous_handlers():
   before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-  checkpointing.install_preemption_handler()()
+  stop_signals.install_preemption_handler()()
   assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 

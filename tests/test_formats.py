@@ -1,7 +1,8 @@
 """The run's on-disk formats carry a version, and readers refuse any version they do not read.
 
 One group per format (docs/architecture.md §3.3): a checkpoint step (its `keys` item and its
-CHECKSUMS.json), the loop state in a checkpoint's `meta`, model/lora.json, rollout records. For
+CHECKSUMS.json), the loop state in a checkpoint's `meta`, model/lora.json, run_config.json, rollout
+records. For
 each: the version is written, a file of version 999 is refused with one line naming the file, a
 current file round-trips, and a file written before versions existed is read (its content is the
 current format) or refused with one line (an older content).
@@ -19,18 +20,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reasoning_rl import checkpointing
+from reasoning_rl import checkpoint_layout, checkpoint_manifest, stop_signals
 from reasoning_rl import guards as guards_lib
-from reasoning_rl.checkpointing import (CHECKPOINT_FORMAT_VERSION, CHECKSUMS_FILE,
-                                        MANIFEST_VERSION, CheckpointCorruptError, Checkpointer)
+from reasoning_rl.checkpoint_layout import CHECKPOINT_FORMAT_VERSION
+from reasoning_rl.checkpoint_manifest import (CHECKSUMS_FILE, MANIFEST_VERSION,
+                                              CheckpointCorruptError)
+from reasoning_rl.checkpointing import Checkpointer
 from reasoning_rl.config import base_config
 from reasoning_rl.errors import CheckpointError, ConfigError, ExitCode
 from reasoning_rl.loop.state import LOOP_STATE_FORMAT_VERSION, InFlight, InFlightGroup, LoopState
 from reasoning_rl.sampler.rollout import Completion, Unfinished
 from reasoning_rl.metrics import ROLLOUT_FORMAT_VERSION, MetricsWriter
 from reasoning_rl.models import load
-from reasoning_rl.models.run_checkpoint import LORA_FILE_FORMAT_VERSION, read_lora_file
+from reasoning_rl.plain_data import plain
+from reasoning_rl.run_checkpoint import (LORA_FILE_FORMAT_VERSION, load_model, read_lora_file,
+                                         scans_layers)
 from reasoning_rl.replay import replay
+from reasoning_rl.workdir import (FINGERPRINT_FILE, RUN_CONFIG_FORMAT_VERSION,
+                                  check_or_write_fingerprint)
 from tests.test_faults import _run_workdir
 from tests.test_loop import _batch
 from tests.test_replay import COMPLETIONS, ORIGINAL, write_run
@@ -69,7 +76,7 @@ def step_dir(tmp_path):
 def _rewrite_keys(step_dir, change) -> None:
   """Edits the step's `keys` item, then its manifest, so only the edit differs (not corruption)."""
   _rewrite_json(step_dir / "keys" / "metadata", change)
-  checkpointing.write_checksums(step_dir)
+  checkpoint_manifest.write_checksums(step_dir)
 
 
 def test_a_checkpoint_step_records_its_format_version_and_round_trips(step_dir):
@@ -94,23 +101,24 @@ def test_a_checkpoint_of_another_format_version_is_refused_and_kept(step_dir):
       "only; restore the step with the reasoning_rl that wrote it, or start a new workdir")
   assert step_dir.is_dir()  # not moved aside as corrupt: a newer reasoning_rl may read it
   with pytest.raises(CheckpointError, match="checkpoint format_version 999"):
-    checkpointing.check_format(step_dir)  # the file-level check models.run_checkpoint uses
+    checkpoint_layout.check_format(step_dir)  # the file-level check run_checkpoint uses
 
 
 def test_a_checkpoint_written_before_versions_reads_as_version_1(step_dir):
   _rewrite_keys(step_dir, lambda keys: {"impls": keys["impls"]})  # what such a step holds
-  checkpointing.check_format(step_dir)
+  checkpoint_layout.check_format(step_dir)
   with Checkpointer(step_dir.parent) as ckpt:
     assert ckpt.restore(1, _abstract())[1] == {"note": "one"}
 
 
 def test_loading_a_run_checkpoint_of_another_format_version_is_refused(tmp_path):
-  """models.load of a run workdir (evaluate / generate) reads the step past Checkpointer."""
+  """run_checkpoint.load_model of a run workdir (evaluate / generate) reads the step past
+  Checkpointer."""
   workdir = _run_workdir(tmp_path / "run", nan=False)  # test_faults loads it intact
   step_dir = workdir / "checkpoints" / "6"
   _rewrite_keys(step_dir, lambda keys: {**keys, "format_version": 999})
   with pytest.raises(CheckpointError) as error:
-    load(workdir)
+    load_model(workdir)
   assert _one_line(error).startswith(f"{step_dir / 'keys'}: checkpoint format_version 999, ")
 
 
@@ -202,11 +210,11 @@ def test_a_loop_state_written_before_versions_reads_as_version_1_or_is_refused()
 def restore_signal_handlers():
   """Trainer.run installs the stop-request handlers (and keeps them after a stop on a signal)."""
   previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
-  checkpointing.clear_preemption_request()
+  stop_signals.clear_preemption_request()
   yield
   for signum, handler in previous.items():
     signal.signal(signum, handler)
-  checkpointing.clear_preemption_request()
+  stop_signals.clear_preemption_request()
 
 
 def test_a_run_refuses_to_resume_a_loop_state_of_another_version(tmp_path,
@@ -218,7 +226,7 @@ def test_a_run_refuses_to_resume_a_loop_state_of_another_version(tmp_path,
   meta_file = step_dir / "meta" / "metadata"
   assert json.loads(meta_file.read_text())["format_version"] == 2
   _rewrite_json(meta_file, lambda meta: {**meta, "format_version": 999})
-  checkpointing.write_checksums(step_dir)
+  checkpoint_manifest.write_checksums(step_dir)
   (tmp_path / "model" / "config.json").write_text("as the newer run wrote it")
   metrics = (tmp_path / "metrics.jsonl").read_text()
   run, _, _ = _fake_run(tmp_path, total_steps=6)
@@ -258,6 +266,89 @@ def test_a_lora_run_writes_the_version_into_model_lora_json(tmp_path, restore_si
   run, _, _ = _fake_run(tmp_path, **{"lora.rank": 4})
   trainer = _trainer(run, ScriptedStage(), [])
   assert trainer._lora_record()["format_version"] == 1
+
+
+# ------------------------------------------------------------------------------ run_config.json
+
+
+def _resolved_config(**fields):
+  """The base config as launch/train.py hands it to check_or_write_fingerprint."""
+  config = base_config()
+  config.workdir = "/runs/a"
+  config.update_from_flattened_dict(fields)
+  return config.to_dict()
+
+
+def _unversioned_run_config() -> str:
+  """run_config.json as a start wrote it before it carried a version: the config's fields alone."""
+  return json.dumps(plain(_resolved_config(), json_safe=True), indent=2, sort_keys=True) + "\n"
+
+
+def test_run_config_json_records_its_version(tmp_path):
+  assert check_or_write_fingerprint(tmp_path, _resolved_config()) == []
+  path = tmp_path / FINGERPRINT_FILE
+  saved = json.loads(path.read_text())
+  assert saved.pop("format_version") == RUN_CONFIG_FORMAT_VERSION == 1
+  assert saved == json.loads(_unversioned_run_config())
+  assert check_or_write_fingerprint(tmp_path, _resolved_config()) == []  # the key is no change
+  # rewritten after an allowed change: still versioned
+  assert check_or_write_fingerprint(tmp_path, _resolved_config(total_steps=50),
+                                    allow_changes=("total_steps",)) == ["total_steps: 10 -> 50"]
+  saved = json.loads(path.read_text())
+  assert (saved["format_version"], saved["total_steps"]) == (1, 50)
+
+
+def test_a_run_config_written_before_versions_resumes_as_version_1(tmp_path):
+  path = tmp_path / FINGERPRINT_FILE
+  path.write_text(_unversioned_run_config())
+  assert check_or_write_fingerprint(tmp_path, _resolved_config()) == []
+  assert path.read_text() == _unversioned_run_config()  # an unchanged resume rewrites nothing
+  with pytest.raises(ConfigError) as error:  # it is still compared field by field
+    check_or_write_fingerprint(tmp_path, _resolved_config(**{"rollout.num_samples": 8}))
+  assert "changed fields: rollout.num_samples: 4 -> 8. " in _one_line(error)
+  assert check_or_write_fingerprint(tmp_path, _resolved_config(total_steps=50),
+                                    allow_changes=("total_steps",)) == ["total_steps: 10 -> 50"]
+  assert json.loads(path.read_text())["format_version"] == 1  # rewritten in the current form
+
+
+def test_a_run_config_of_another_version_is_refused_and_kept(tmp_path):
+  path = tmp_path / FINGERPRINT_FILE
+  newer = json.dumps({**json.loads(_unversioned_run_config()), "format_version": 2})
+  path.write_text(newer)
+  with pytest.raises(ConfigError) as error:
+    check_or_write_fingerprint(tmp_path, _resolved_config())
+  assert _one_line(error) == (f"{path}: format_version 2, but this reasoning_rl reads version 1 "
+                              "only; resume the run with the reasoning_rl that wrote it, or use a "
+                              "new workdir")
+  assert path.read_text() == newer
+
+
+def test_loading_a_run_reads_run_config_json_of_either_form_and_refuses_a_newer_one(tmp_path):
+  """run_checkpoint reads the run's model.scan_layers from run_config.json."""
+  workdir = _run_workdir(tmp_path / "run", nan=False)  # test_faults loads it intact
+  path = workdir / FINGERPRINT_FILE
+  path.write_text(_unversioned_run_config())
+  model, _ = load_model(workdir)
+  assert model.config.num_layers == 1 and not scans_layers(workdir)
+  path.write_text(json.dumps({"model": {"scan_layers": True}}))
+  assert scans_layers(workdir)
+  path.write_text(json.dumps({"format_version": 1, "model": {"scan_layers": True}}))
+  assert scans_layers(workdir)
+  path.write_text(json.dumps({"format_version": 999, "model": {"scan_layers": False}}))
+  with pytest.raises(CheckpointError) as error:
+    load_model(workdir)
+  assert _one_line(error).startswith(f"{path}: format_version 999, but this reasoning_rl reads ")
+
+
+def test_models_load_points_a_run_at_the_run_loader(tmp_path):
+  """models.load reads Hugging Face directories and GGUF files; a run is run_checkpoint's."""
+  workdir = _run_workdir(tmp_path / "run", nan=False)
+  for path in (workdir, workdir / "checkpoints" / "6"):
+    with pytest.raises(CheckpointError) as error:
+      load(path)
+    assert _one_line(error) == (f"{path}: a training run's workdir or checkpoint step; load it "
+                                "with reasoning_rl.run_checkpoint.load_model")
+  assert load_model(workdir / "checkpoints" / "6")[0].config.num_layers == 1
 
 
 # ------------------------------------------------------------------------------ rollout records

@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reasoning_rl import checkpointing, storage
-from reasoning_rl.checkpointing import CHECKSUMS_FILE, Checkpointer
+from reasoning_rl import checkpoint_manifest, storage
+from reasoning_rl.checkpoint_manifest import CHECKSUMS_FILE
+from reasoning_rl.checkpointing import Checkpointer
 from tests.multihost_runs import REPO, environment
 from tests.test_storage import emulator, remote  # noqa: F401 (fixtures: the emulator, a gs:// dir)
 
@@ -79,7 +80,7 @@ def test_gcs_manifests_are_written_and_checked_without_reading_the_step(remote, 
   assert set(manifest["files"]) == names - {CHECKSUMS_FILE}
 
   reads.clear()
-  assert checkpointing.verify_checksums(step_dir)
+  assert checkpoint_manifest.verify_checksums(step_dir)
   assert [name.rsplit("/", 1)[-1] for name in reads] == [CHECKSUMS_FILE]  # the manifest only
   reads.clear()
   with Checkpointer(directory, keep=3) as ckpt:

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from reasoning_rl import checkpointing, deadlines
+from reasoning_rl import checkpoint_manifest, deadlines
 from reasoning_rl.checkpointing import Checkpointer
 from reasoning_rl.errors import StorageTimeout
 from reasoning_rl.metrics import read_metrics
@@ -99,11 +99,11 @@ def test_a_request_past_its_deadline_is_cancelled(short_deadlines):
 
 _HARD_EXIT = textwrap.dedent("""
     import signal, sys, threading, time
-    from reasoning_rl import checkpointing, deadlines
+    from reasoning_rl import deadlines, stop_signals
     deadlines.configure(stop_deadline_s=float(sys.argv[1]))
     if sys.argv[2] == "owner":
       deadlines.enable_process_exit()
-    checkpointing.install_preemption_handler()
+    stop_signals.install_preemption_handler()
     deadlines.set_resume_point(lambda: "step 3 (/w/checkpoints/3)")
     deadlines.set_phase("saving checkpoint step 4")
     print("ready", flush=True)
@@ -279,7 +279,7 @@ def test_a_run_survives_a_slow_store_a_silent_one_and_stops_losing_no_step(
   with Checkpointer(f"{workdir}/checkpoints") as ckpt:
     assert ckpt.all_steps()[-1] == stopped  # the stop saved the step it was at
     for step in ckpt.all_steps():  # each complete, checksums included, before the exit
-      assert checkpointing.verify_checksums(f"{workdir}/checkpoints/{step}"), step
+      assert checkpoint_manifest.verify_checksums(f"{workdir}/checkpoints/{step}"), step
 
   second = _start(workdir, relay, tmp_path, "--config.storage.timeout_s=10")
   _wait_for_step(second, emulator, prefix, stopped + 1)
@@ -321,4 +321,4 @@ def test_a_run_survives_a_slow_store_a_silent_one_and_stops_losing_no_step(
   assert stable(rows) == stable(reference)
   # every step's checkpoint is complete: those the stops cut short were redone by the reruns
   assert _complete_steps(emulator, prefix) == list(range(1, STEPS + 1))
-  assert checkpointing.verify_checksums(f"{workdir}/checkpoints/{STEPS}")
+  assert checkpoint_manifest.verify_checksums(f"{workdir}/checkpoints/{STEPS}")

@@ -25,15 +25,6 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = "reasoning_rl"
 
-# Edges the cycle check leaves out, as (importer, imported module): why. Each must still exist
-# and still close a cycle (test_allowed_cycle_edges_are_still_needed), so the list only shrinks.
-ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
-    ("reasoning_rl.models", "reasoning_rl.models.run_checkpoint"):
-        "models.load() opens a run's workdir through run_checkpoint, which imports models.load "
-        "(a LoRA run's base) and lora (which builds on models) back; run_checkpoint.py is being "
-        "changed in another change: run loading belongs above models/, reached from the launchers",
-}
-
 # Why a function-local import is left local (cost: seconds / modules it adds when imported last).
 _JAX = "JAX, flax"
 _MODEL_PART = ("verifier worker processes import the reward parts without JAX; a model-scored "
@@ -42,7 +33,6 @@ _BUILD = ("build.py is imported by the launchers before the config is validated 
           "planner (`--dry_run`); it loads the training stack only in the function that needs it: ")
 _SETTINGS = ("run_settings.py is read by the builder and the planner from a bare config; it "
              "loads the training stack only in the function that needs it: ")
-_CYCLE = "the models.load <-> run_checkpoint cycle in ALLOWED_CYCLE_EDGES"
 _TOKENIZERS = ("the tokenizer libraries (tokenizers, sentencepiece, jinja2: 0.3 s) load with a "
                "model's tokenizer only")
 
@@ -59,7 +49,8 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         "math-verify, sympy (0.3 s)",
     ("reasoning_rl.build", "reasoning_rl.lora"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.loop.weight_sync"): _BUILD + _JAX + " (0.7 s)",
-    ("reasoning_rl.build", "reasoning_rl.models"): _BUILD + _JAX + " (0.75 s)",
+    ("reasoning_rl.build", "reasoning_rl.run_checkpoint"): _BUILD + _JAX + ", Orbax, tokenizers "
+        "(1.2 s)",
     ("reasoning_rl.build", "reasoning_rl.models.transformer"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.models.upcycle"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.multihost.param_sync"): _BUILD + "JAX (0.4 s)",
@@ -75,7 +66,7 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("reasoning_rl.build", "reasoning_rl.sampler.engine"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.sampler.paged"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.sharding"): _BUILD + "JAX (0.4 s)",
-    ("reasoning_rl.build", "reasoning_rl.verifiers.redteam"): _BUILD + "math-verify, sympy (0.3 s)",
+    ("reasoning_rl.build", "reasoning_rl.reward_redteam"): _BUILD + "math-verify, sympy (0.3 s)",
     ("reasoning_rl.build", "reasoning_rl.verifiers.rewards"): _BUILD + "math-verify, sympy (0.3 s)",
     ("reasoning_rl.build", "reasoning_rl.workers.scorer"): _BUILD + "math-verify, sympy (0.3 s)",
     ("reasoning_rl.build", "reasoning_rl.workers.model_parts"): _BUILD + "math-verify, sympy "
@@ -93,13 +84,7 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         "scoring-only users of evaluation (replay, report) do not load JAX (0.8 s)",
     ("reasoning_rl.evaluation", "reasoning_rl.sampler.sampling"):
         "scoring-only users of evaluation (replay, report) do not load JAX (0.8 s)",
-    ("reasoning_rl.models", "reasoning_rl.models.run_checkpoint"): _CYCLE + "; and Orbax (0.2 s)",
     ("reasoning_rl.models", "reasoning_rl.models.tokenizers"): _TOKENIZERS,
-    ("reasoning_rl.models.run_checkpoint", "reasoning_rl.checkpointing"):
-        "Orbax and tensorstore (0.2 s) load only for a run's checkpoint",
-    ("reasoning_rl.models.run_checkpoint", "reasoning_rl.lora"): _CYCLE,
-    ("reasoning_rl.models.run_checkpoint", "reasoning_rl.models"): _CYCLE,
-    ("reasoning_rl.models.run_checkpoint", "reasoning_rl.models.tokenizers"): _TOKENIZERS,
     ("reasoning_rl.multihost.cluster", "reasoning_rl.sharding"):
         "multihost/cluster.py loads without JAX (0.4 s; it imports jax itself inside functions)",
     ("reasoning_rl.multihost.data_parallel", "reasoning_rl.sharding"):
@@ -109,13 +94,11 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         "multihost/topology.py (devices -> roles) loads without JAX (0.5 s)",
     ("reasoning_rl.trainer", "reasoning_rl.report"):
         "matplotlib (0.4 s) loads only when a run ends and writes report.md",
-    ("reasoning_rl.verifiers.judge", "reasoning_rl.models"): _MODEL_PART,
+    ("reasoning_rl.verifiers.judge", "reasoning_rl.run_checkpoint"): _MODEL_PART,
     ("reasoning_rl.verifiers.judge", "reasoning_rl.sampler"): _MODEL_PART,
     ("reasoning_rl.verifiers.judge", "reasoning_rl.sampler.rollout"): _MODEL_PART,
     ("reasoning_rl.verifiers.judge", "reasoning_rl.sampler.sampling"): _MODEL_PART,
     ("reasoning_rl.verifiers.reward_model_part", "reasoning_rl.models.reward_model"): _MODEL_PART,
-    ("reasoning_rl.workdir", "reasoning_rl.checkpointing"):
-        "workdir.py loads without JAX and Orbax (0.6 s); only the storage-failure line needs it",
 }
 
 
@@ -275,7 +258,7 @@ def local_imports(edges: list[Edge]) -> set[tuple[str, str]]:
 
 
 def test_reasoning_rl_has_no_import_cycle():
-  edges = [e for e in import_edges() if (e.importer, e.imported) not in ALLOWED_CYCLE_EDGES]
+  edges = import_edges()
   top = [str(e) for e in edges if e.importer == PACKAGE]
   assert not top, f"{PACKAGE}/__init__.py runs before every module, so it imports none: {top}"
   cycles = find_cycles(edges)
@@ -294,19 +277,6 @@ def test_function_local_imports_do_not_grow():
                    "\n".join(f"    {a} -> {b} (line {lines[a, b]})" for a, b in new))
   assert not gone, ("ALLOWED_LOCAL_IMPORTS lists imports that are no longer function-local; "
                     "remove them from the list:\n" + "\n".join(f"    {a} -> {b}" for a, b in gone))
-
-
-def test_allowed_cycle_edges_are_still_needed():
-  edges = import_edges()
-  pairs = {(e.importer, e.imported) for e in edges}
-  for pair in ALLOWED_CYCLE_EDGES:
-    assert pair in pairs, f"{pair} is no longer imported: remove it from ALLOWED_CYCLE_EDGES"
-    others = [e for e in edges
-              if (e.importer, e.imported) == pair or (e.importer, e.imported) not in
-              ALLOWED_CYCLE_EDGES]
-    closes = any(pair in {(e.importer, e.imported) for e in cycle}
-                 for cycle in find_cycles(others))
-    assert closes, f"{pair} closes no cycle any more: remove it from ALLOWED_CYCLE_EDGES"
 
 
 def test_every_allowed_local_import_says_why():

@@ -121,7 +121,7 @@ def test_bf16_run_trains_checkpoints_float32_masters_and_loads_them_for_bf16_sam
   import subprocess
   import sys
 
-  from reasoning_rl.models import load
+  from reasoning_rl.run_checkpoint import load_model
   from tests.conftest import REPO
 
   workdir = tmp_path / "run"
@@ -135,8 +135,8 @@ def test_bf16_run_trains_checkpoints_float32_masters_and_loads_them_for_bf16_sam
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == [1, 2]
   assert all(np.isfinite(r["loss"]) and np.isfinite(r["kl"]) for r in rows)
-  master, _ = load(workdir, dtype="bfloat16", weight_dtype="float32")
-  sampled, _ = load(workdir, dtype="bfloat16")
+  master, _ = load_model(workdir, dtype="bfloat16", weight_dtype="float32")
+  sampled, _ = load_model(workdir, dtype="bfloat16")
   masters = jax.tree.leaves(nnx.state(master))
   assert {x.dtype for x in masters} == {jnp.dtype(jnp.float32)}
   for low, high in zip(jax.tree.leaves(nnx.state(sampled)), masters):

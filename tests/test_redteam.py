@@ -9,7 +9,7 @@ import pytest
 
 from reasoning_rl.errors import VerifierError
 from reasoning_rl.verifiers import math_answers as math_lib
-from reasoning_rl.verifiers.redteam import enforce_redteam, run_redteam
+from reasoning_rl.reward_redteam import enforce_redteam, run_redteam
 from reasoning_rl.verifiers.rewards import RewardFunction
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

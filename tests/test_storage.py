@@ -19,7 +19,8 @@ import pytest
 
 from reasoning_rl import metrics as metrics_lib
 from reasoning_rl import storage
-from reasoning_rl.checkpointing import CHECKSUMS_FILE, Checkpointer
+from reasoning_rl.checkpoint_manifest import CHECKSUMS_FILE
+from reasoning_rl.checkpointing import Checkpointer
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.workdir import check_workdir_writable
 from tests import gcs_emulator
@@ -234,9 +235,9 @@ def test_debug_run_on_gcs_killed_and_resumed_equals_a_local_run(emulator, remote
       storage.size(f"{remote}/logs/train.log") > 0
 
   # the finished run loads straight from gs:// (Orbax reads the weights, model/ is cached locally)
-  from reasoning_rl.models import load
-  model, tokenizer = load(remote)
-  local_model, _ = load(tmp_path / "local")
+  from reasoning_rl.run_checkpoint import load_model
+  model, tokenizer = load_model(remote)
+  local_model, _ = load_model(tmp_path / "local")
   from flax import nnx
   for (path, got), (_, want) in zip(nnx.to_flat_state(nnx.state(model, nnx.Param)),
                                     nnx.to_flat_state(nnx.state(local_model, nnx.Param))):

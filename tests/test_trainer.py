@@ -350,13 +350,13 @@ def sigterm_in_first_decode_call(run, *, version):
 def own_signal_handlers():
   """Puts SIGTERM / SIGINT handling and the stop flag back after an in-process preempted run
   (which keeps the trainer's handlers installed, as a process about to exit does)."""
-  from reasoning_rl import checkpointing
+  from reasoning_rl import stop_signals
 
   before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
   yield
   signal.signal(signal.SIGTERM, before[0])
   signal.signal(signal.SIGINT, before[1])
-  checkpointing.clear_preemption_request()
+  stop_signals.clear_preemption_request()
 
 
 def test_sigterm_while_sampling_stops_at_the_next_decode_call_and_resumes_exactly(

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reasoning_rl import checkpointing
+from reasoning_rl import checkpointing, stop_signals
 from reasoning_rl import guards as guards_lib
 from reasoning_rl.config import base_config
 from reasoning_rl.errors import ExitCode, PhaseInterrupted
@@ -33,7 +33,7 @@ class ScriptedStage:
     loop.data_position += 3
     loop.policy_version += 1
     if step == self.preempt_at:
-      checkpointing._preemption_event.set()  # what the SIGTERM handler does
+      stop_signals._preemption_event.set()  # what the SIGTERM handler does
     state = state.replace(params={"w": state.params["w"] + 1.0}, step=state.step + 1)
     return state, {"loss": float(step), "kl": step / 100, "reward/mean": 0.5,
                    "data_position": loop.data_position, "policy_version": loop.policy_version}
@@ -80,9 +80,9 @@ def _fake_run(workdir, **overrides):
 
 @pytest.fixture(autouse=True)
 def no_pending_preemption():
-  checkpointing.clear_preemption_request()
+  stop_signals.clear_preemption_request()
   yield
-  checkpointing.clear_preemption_request()
+  stop_signals.clear_preemption_request()
 
 
 def _trainer(run, stage, evaluations):
@@ -151,7 +151,7 @@ def test_preemption_saves_then_a_rerun_resumes_the_loop_state(tmp_path):
   assert _trainer(run, ScriptedStage(preempt_at=3), evaluations).run() == \
       ExitCode.PREEMPTED
   assert checkpointing.Checkpointer(tmp_path / "checkpoints").latest_step() == 3
-  checkpointing.clear_preemption_request()
+  stop_signals.clear_preemption_request()
   run, versions, _ = _fake_run(tmp_path)
   stage = ScriptedStage()
   trainer = _trainer(run, stage, evaluations)
@@ -174,7 +174,7 @@ class InterruptedStage(ScriptedStage):
 
   def step(self, step, state, loop):
     if step == self.interrupt_at:
-      checkpointing._preemption_event.set()
+      stop_signals._preemption_event.set()
       raise PhaseInterrupted("sampling stopped on request after 2 decode calls")
     return super().step(step, state, loop)
 
@@ -201,7 +201,7 @@ def test_a_stop_while_sampling_saves_the_previous_step_and_the_rerun_redoes_the_
   assert steps == ([interrupt_at - 1] if interrupt_at > 1 else [])
   assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == \
       list(range(1, interrupt_at))
-  checkpointing.clear_preemption_request()
+  stop_signals.clear_preemption_request()
   run, _, _ = _fake_run(tmp_path / "run")
   trainer = _trainer(run, ScriptedStage(), evaluations)
   assert trainer.run() == ExitCode.DONE
@@ -226,7 +226,7 @@ def test_a_stop_during_an_evaluation_saves_the_step_and_the_rerun_evaluates_firs
 
   def interrupted(step):
     if step == interrupted_eval:
-      checkpointing._preemption_event.set()
+      stop_signals._preemption_event.set()
       raise PhaseInterrupted("sampling stopped on request after 1 decode calls")
     return evaluate(step)
 
@@ -234,7 +234,7 @@ def test_a_stop_during_an_evaluation_saves_the_step_and_the_rerun_evaluates_firs
   assert trainer.run() == ExitCode.PREEMPTED
   checkpointer = checkpointing.Checkpointer(tmp_path / "checkpoints")
   assert checkpointer.latest_step() == interrupted_eval
-  checkpointing.clear_preemption_request()
+  stop_signals.clear_preemption_request()
   run, _, _ = _fake_run(tmp_path)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), run.state)
   assert checkpointer.restore(interrupted_eval, abstract)[1]["pending_eval"] == interrupted_eval

@@ -28,8 +28,8 @@ import time
 
 import jax
 
-from reasoning_rl import checkpointing
 from reasoning_rl import flops as flops_lib
+from reasoning_rl import stop_signals
 from reasoning_rl.data import tasks
 from reasoning_rl.errors import PhaseInterrupted
 from reasoning_rl.loop import compile_clock, telemetry
@@ -107,7 +107,7 @@ class RLStage:
     c, run = self.run.config, self.run
     start, compiled_before = time.perf_counter(), compile_clock.seconds()
     sampled = loop.queue.popleft() if loop.queue else self.sample_batch(
-        loop, should_stop=checkpointing.preemption_requested)
+        loop, should_stop=stop_signals.preemption_requested)
     cluster = run.cluster
     batch = advantages = None  # sampler-only processes hold group summaries: no batch to build
     if cluster.is_trainer:

@@ -2,6 +2,9 @@
 
 `load(path)` accepts a Hugging Face directory (config.json + *.safetensors + tokenizer files) or a
 `.gguf` file and returns `(model, tokenizer)`; `save_hf` writes a directory transformers can load.
+A training run's workdir is loaded one level up, by `reasoning_rl.run_checkpoint.load_model`
+(which falls back to `load` for every other path): a LoRA run's policy needs `lora`, which builds
+on this package.
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ from reasoning_rl.models.transformer import KVCache, Transformer, create_model
 
 def load(path: str | os.PathLike, *, dtype: str = "float32", weight_dtype: str | None = None,
          mesh=None):
-  """Loads `(model, tokenizer)` from a Hugging Face directory, a GGUF file or a training run.
+  """Loads `(model, tokenizer)` from a Hugging Face directory or a GGUF file.
 
   Args:
     path: a directory with config.json, *.safetensors (single or sharded) and tokenizer.json or
       tokenizer.model; or a `.gguf` file (weights dequantised, vocabulary and chat template read
-      from its metadata); or a training run's workdir (its newest complete checkpoint) or one of
-      its `checkpoints/<step>` directories.
+      from its metadata). A training run's workdir is refused, naming
+      `reasoning_rl.run_checkpoint.load_model`, which reads it.
     dtype: compute dtype, "float32" or "bfloat16"; also the parameters' unless `weight_dtype`.
     weight_dtype: the parameters' dtype when it differs from the compute dtype (a trainer's
       float32 master weights under bfloat16 compute: reasoning_rl/precision.py).
@@ -38,12 +41,10 @@ def load(path: str | os.PathLike, *, dtype: str = "float32", weight_dtype: str |
   from reasoning_rl.models import tokenizers
 
   dtypes = {"dtype": dtype, "weight_dtype": weight_dtype or dtype}
+  if _is_training_run(storage.path(path)):
+    raise CheckpointError(f"{path}: a training run's workdir or checkpoint step; load it with "
+                          "reasoning_rl.run_checkpoint.load_model")
   if storage.is_remote(path):
-    from reasoning_rl.models.run_checkpoint import load_from_run
-
-    loaded = load_from_run(path, **dtypes, mesh=mesh)  # Orbax reads gs:// itself
-    if loaded is not None:
-      return loaded
     path = storage.local_copy(path)  # GGUF / safetensors readers memory-map local files
   path = pathlib.Path(path)
   if path.suffix == ".gguf":
@@ -51,11 +52,6 @@ def load(path: str | os.PathLike, *, dtype: str = "float32", weight_dtype: str |
     model, reader = load_gguf_weights(path, **dtypes, mesh=mesh)
     return model, tokenizers.Tokenizer.from_gguf(reader)
   if path.is_dir():
-    from reasoning_rl.models.run_checkpoint import load_from_run
-
-    loaded = load_from_run(path, **dtypes, mesh=mesh)
-    if loaded is not None:
-      return loaded
     # Tokenizer first: it is cheap and its errors should not wait for the weights.
     tokenizer = tokenizers.Tokenizer.from_hf_dir(path) if (path / "config.json").exists() else None
     model, _ = load_hf_weights(path, **dtypes, mesh=mesh)
@@ -64,7 +60,15 @@ def load(path: str | os.PathLike, *, dtype: str = "float32", weight_dtype: str |
     raise CheckpointError(f"{path}: no such file or directory")
   raise CheckpointError(
       f"{path}: not a model this loader knows; pass a Hugging Face directory (config.json + "
-      "*.safetensors + tokenizer files), a .gguf file or a training run's workdir")
+      "*.safetensors + tokenizer files) or a .gguf file")
+
+
+def _is_training_run(path) -> bool:
+  """Whether `path` looks like a training run's workdir (model/config.json beside checkpoints/)
+  or one of its checkpoint steps: what `run_checkpoint.find_run_checkpoint` reads, told apart
+  with a stat or two so that a gs:// run is not downloaded as a model directory first."""
+  return ((path / "model" / "config.json").exists() or
+          (path.name.isdigit() and path.parent.name == "checkpoints" and (path / "state").is_dir()))
 
 
 __all__ = ["CheckpointError", "KVCache", "ModelConfig", "Transformer", "create_model", "load",

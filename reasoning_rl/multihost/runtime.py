@@ -173,7 +173,7 @@ def initialize(flags: ProcessFlags = ProcessFlags()) -> bool:
   if not flags.given and not cluster_detected():
     return False
   jax.config.update("jax_enable_recoverability", True)
-  # SIGTERM is ours (checkpoint, exit 143; reasoning_rl.checkpointing): JAX's preemption service
+  # SIGTERM is ours (checkpoint, exit 143; reasoning_rl.stop_signals): JAX's preemption service
   # would take the signal over, and the processes agree on the stop step through the exchange
   jax.config.update("jax_enable_preemption_service", False)
   if flags.given:

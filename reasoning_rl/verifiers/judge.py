@@ -9,8 +9,8 @@ candidate's extracted final answer), not the reasoning, and decodes greedily on 
 `sampler.Engine`.
 
 Settings of a `judge` part (`config.rewards.<name>`; defaults in `JUDGE_DEFAULTS`):
-  model: the judge model, any path `reasoning_rl.models.load` reads (HF dir, .gguf, run workdir),
-    as `config.model.path`. Required.
+  model: the judge model, any path `reasoning_rl.run_checkpoint.load_model` reads (HF dir,
+    .gguf, run workdir), as `config.model.path`. Required.
   dtype: the judge's compute dtype ("float32" | "bfloat16").
   mode: "fallback" (default) | "alone".
     alone: every record with an extracted answer is judged; value = the judge's verdict. Answers
@@ -191,9 +191,9 @@ class EngineJudge:
 
   @classmethod
   def load(cls, settings: Mapping[str, Any], *, mesh=None) -> "EngineJudge":
-    from reasoning_rl.models import load
+    from reasoning_rl.run_checkpoint import load_model
 
-    model, tokenizer = load(settings["model"], dtype=settings["dtype"], mesh=mesh)
+    model, tokenizer = load_model(settings["model"], dtype=settings["dtype"], mesh=mesh)
     if tokenizer is None:
       raise ConfigError(f"judge model {settings['model']}: has no tokenizer files")
     return cls(model, tokenizer, max_new_tokens=settings["max_new_tokens"],

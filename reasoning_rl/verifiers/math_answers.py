@@ -43,7 +43,7 @@ import math_verify
 import sympy
 
 from reasoning_rl.errors import ConfigError
-from reasoning_rl.workers import deadline
+from reasoning_rl.verifiers import deadline
 from reasoning_rl.verifiers.final_answer import (  # noqa: F401  (published here too)
     MAX_ANSWER_CHARS, FinalAnswer, boxed_contents, read_final_answer)
 from reasoning_rl.verifiers.format import outside_tag, tag_contents

@@ -37,7 +37,7 @@ from typing import Any, Callable, Hashable, Iterator
 import numpy as np
 
 from reasoning_rl.errors import ConfigError, VerifierError
-from reasoning_rl.workers.request_loop import answer_requests
+from reasoning_rl.verifiers.request_loop import answer_requests
 
 _IDLE_TICK_S = 0.1
 _READY = "__ready__"

@@ -1,4 +1,9 @@
-"""Loading the policy from a training run's workdir ("a checkpoint of ours").
+"""Loading a model from a training run's workdir ("a checkpoint of ours"), or from any other path.
+
+`load_model(path)` is the loader of every path a user may name: a training run's workdir or one of
+its `checkpoints/<step>` directories is read here, anything else (a Hugging Face directory, a
+`.gguf` file) by `reasoning_rl.models.load`. It sits above `models/` and `lora`, since a LoRA run's
+policy is its base model (loaded through `load_model` again) with the run's adapters on it.
 
 A run writes `WORKDIR/model/` (config.json + tokenizer files) at start-up and Orbax checkpoints of
 its whole train state under `WORKDIR/checkpoints/<step>/`. Loading reads only the policy
@@ -6,9 +11,10 @@ parameters out of a checkpoint (Orbax partial restore), placed straight on their
 A LoRA run also writes `WORKDIR/model/lora.json` (its settings, where its base came from and the
 base's fingerprint): its checkpoints hold adapters, which are loaded onto that base.
 
-Format versions: a step's own (`checkpointing.CHECKPOINT_FORMAT_VERSION`, its manifest's
-`checkpointing.MANIFEST_VERSION`) and lora.json's `format_version` (`LORA_FILE_FORMAT_VERSION`);
-a file of another version is refused with one line naming it.
+Format versions: a step's own (`checkpoint_layout.CHECKPOINT_FORMAT_VERSION`, its manifest's
+`checkpoint_manifest.MANIFEST_VERSION`), lora.json's `format_version`
+(`LORA_FILE_FORMAT_VERSION`) and run_config.json's (`workdir.RUN_CONFIG_FORMAT_VERSION`); a file
+of another version is refused with one line naming it.
 """
 
 from __future__ import annotations
@@ -18,15 +24,23 @@ import os
 import pathlib
 
 import jax
+import orbax.checkpoint as ocp
 from flax import nnx
 
+from reasoning_rl import lora
+from reasoning_rl import models
 from reasoning_rl import precision
 from reasoning_rl import sharding as sharding_lib
 from reasoning_rl import storage
-from reasoning_rl.errors import CheckpointError
+from reasoning_rl.checkpoint_layout import check_format
+from reasoning_rl.checkpoint_leaves import nonfinite_leaves
+from reasoning_rl.checkpoint_manifest import CheckpointCorruptError, verify_checksums
+from reasoning_rl.errors import CheckpointError, ConfigError
 from reasoning_rl.models.config import ModelConfig
+from reasoning_rl.models.tokenizers import Tokenizer
 from reasoning_rl.models.transformer import (abstract_model, create_model, stack_layers,
                                               unstack_layers)
+from reasoning_rl.workdir import FINGERPRINT_FILE, run_config_fields
 
 LORA_FILE = "lora.json"
 # model/lora.json: {"format_version", "lora": LoraSettings fields, "fingerprint": the base's,
@@ -55,9 +69,6 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
   """(model, tokenizer) from a run: architecture and tokenizer from model/, weights from step,
   cast to `weight_dtype` (default: the compute dtype `dtype`) whatever dtype they were saved in
   (a run's float32 master weights load as bfloat16 for a bfloat16 sampler)."""
-  from reasoning_rl.checkpointing import CheckpointCorruptError, check_format, verify_checksums
-  from reasoning_rl.models.tokenizers import Tokenizer
-
   try:
     verify_checksums(step_dir)
   except CheckpointCorruptError as error:
@@ -88,14 +99,21 @@ def load_run_checkpoint(workdir: pathlib.Path, step_dir: pathlib.Path, *, dtype=
 def scans_layers(workdir) -> bool:
   """Whether a run's checkpoints hold the scanned block stack (its `model.scan_layers`, read from
   run_config.json; a workdir without one was written in the loop layout)."""
-  path = workdir / "run_config.json"
+  path = workdir / FINGERPRINT_FILE
   if not path.exists():
     return False
   try:
-    return bool(json.loads(path.read_text()).get("model", {}).get("scan_layers", False))
+    record = json.loads(path.read_text())
+    if not isinstance(record, dict):
+      raise ValueError(f"a {type(record).__name__}, not an object")
   except (OSError, ValueError) as error:
     raise CheckpointError(f"{path} is unreadable ({error}); it says in which layout the run's "
                           "checkpoints hold their layers: restore it from a backup") from None
+  try:
+    fields = run_config_fields(path, record)
+  except ConfigError as error:  # another format version: a loader's error is a CheckpointError
+    raise CheckpointError(str(error)) from None
+  return bool(fields.get("model", {}).get("scan_layers", False))
 
 
 def read_lora_file(path) -> dict:
@@ -120,10 +138,6 @@ def read_lora_file(path) -> dict:
 def _restore_params(state, workdir, step_dir, mesh) -> None:
   """Fills every Variable of `state` (abstract or not) with the checkpoint's `params` leaf of the
   same path, placed on its partition-rule sharding (Orbax partial restore)."""
-  import orbax.checkpoint as ocp
-
-  from reasoning_rl.checkpointing import nonfinite_leaves
-
   shardings = dict(nnx.to_flat_state(sharding_lib.param_shardings(state, mesh)))
   flat = list(nnx.to_flat_state(state))
   target: dict = {}
@@ -164,13 +178,10 @@ def _load_lora_run(record, config, workdir, step_dir, *, scanned, dtype, mesh):
   """A LoRA run's policy: its base (model.path, or the random model of its seed), the adapters
   of `step_dir` on it, checked against the base fingerprint the run recorded. Returned merged
   (a plain model: W + α/r · A B) unless the base is quantized (QLoRA), then adapted."""
-  from reasoning_rl import lora
-  from reasoning_rl.models import load
-
   settings = lora.LoraSettings(**record["lora"])
   base = record["base"]
   if base["path"]:
-    model, _ = load(base["path"], dtype=dtype, mesh=mesh)
+    model, _ = load_model(base["path"], dtype=dtype, mesh=mesh)
   else:
     model = create_model(config, seed=int(base["random_seed"]), dtype=dtype, param_dtype=dtype)
   # adapted in the run's layout: the fingerprint and the checkpoint's paths are that layout's
@@ -186,9 +197,21 @@ def _load_lora_run(record, config, workdir, step_dir, *, scanned, dtype, mesh):
   return adapted if settings.base_quantization else lora.merged_model(adapted, settings)
 
 
-def load_from_run(path: str | os.PathLike, *, dtype="float32", weight_dtype=None, mesh=None):
-  """load() for run workdirs; None when `path` is not one."""
-  found = find_run_checkpoint(storage.path(path))
+def load_model(path: str | os.PathLike, *, dtype: str = "float32",
+               weight_dtype: str | None = None, mesh=None):
+  """Loads `(model, tokenizer)` from a training run or from anything `models.load` reads.
+
+  Args:
+    path: a training run's workdir (its newest complete checkpoint) or one of its
+      `checkpoints/<step>` directories; or a Hugging Face directory or a `.gguf` file
+      (`reasoning_rl.models.load`). Local or gs://.
+    dtype, weight_dtype, mesh: as for `reasoning_rl.models.load`; a run's weights are cast to
+      `weight_dtype` (default: `dtype`) whatever dtype they were saved in.
+
+  Raises:
+    CheckpointError: naming the file or tensor at fault and what to do.
+  """
+  found = find_run_checkpoint(storage.path(path))  # Orbax reads gs:// itself
   if found is None:
-    return None
+    return models.load(path, dtype=dtype, weight_dtype=weight_dtype, mesh=mesh)
   return load_run_checkpoint(*found, dtype=dtype, weight_dtype=weight_dtype, mesh=mesh)

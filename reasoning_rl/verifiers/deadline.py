@@ -24,7 +24,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
-from reasoning_rl.workers.request_loop import answer_requests
+from reasoning_rl.verifiers.request_loop import answer_requests
 
 # Importing sympy and math-verify in a fresh interpreter takes a second or two, more on a loaded
 # machine; that start-up is not charged to the caller's deadline but it is bounded.
@@ -46,7 +46,8 @@ class _Helper:
     parent_sock, child_sock = socket.socketpair()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-    code = f"from reasoning_rl.workers.deadline import _serve; _serve({child_sock.fileno()}, {preload!r})"
+    code = (f"from reasoning_rl.verifiers.deadline import _serve; "
+            f"_serve({child_sock.fileno()}, {preload!r})")
     self.process = subprocess.Popen([sys.executable, "-c", code], pass_fds=(child_sock.fileno(),),
                                     env=env, stdin=subprocess.DEVNULL)
     child_sock.close()
