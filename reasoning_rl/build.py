@@ -22,6 +22,7 @@ from reasoning_rl import config_schema, step_layout
 from reasoning_rl.errors import ConfigError, SamplingError, VerifierError
 from reasoning_rl.multihost.exchange import Exchange
 from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
+from reasoning_rl.sampler.api import RolloutBackend  # no JAX: the interface only
 # re-exported: callers have always found these here
 from reasoning_rl.run_settings import (random_model_config, rollout_staleness,  # noqa: F401
                                        rollouts_ahead, sampler_correction, step_config)
@@ -264,9 +265,9 @@ class Run:
   graphdef: Any
   step_fn: Any  # rl.step.TrainStep
   state: Any  # rl.step.TrainState, on the trainer mesh (None on a sampler-only process)
-  # sampler.api.RolloutBackend of this process's replica (None: trains only); rollouts and
-  # held-out evaluations decode on it
-  backend: Any
+  # this process's sampler replica (None: trains only); rollouts and held-out evaluations
+  # decode on it
+  backend: RolloutBackend | None
   template: Any
   data: Data
   reward_fn: Any
@@ -414,7 +415,7 @@ class Evaluation:
   """What evaluating a checkpoint on a config's held-out set needs (launch/evaluate.py).
   The caller stops the backend and closes the scorer."""
 
-  backend: Any  # sampler.api.RolloutBackend holding the checkpoint's weights
+  backend: RolloutBackend  # holding the checkpoint's weights
   tokenizer: Any
   template: Any
   examples: Sequence[Any]
@@ -432,7 +433,8 @@ def build_evaluation(config: ml_collections.ConfigDict, checkpoint: str, *,
   max_new_tokens = eval_max_new_tokens(config)
   backend = build_backend(config, model, mesh=mesh, max_decode_length=max_new_tokens)
   reward_fn = build_reward_fn(config, redteam=False)
-  return Evaluation(backend=backend, tokenizer=tokenizer, template=build_template(config, tokenizer),
+  return Evaluation(backend=backend, tokenizer=tokenizer,
+                    template=build_template(config, tokenizer),
                     examples=build_eval_examples(config),
                     scorer=build_scorer(config, reward_fn, mesh=mesh),
                     max_new_tokens=max_new_tokens, episodes=build_episodes(config, tokenizer))

@@ -61,8 +61,8 @@ class PartialSettings:
 
 
 def check_partial_rollouts(*, multi_process: bool) -> None:
-  """ConfigError naming the field when this run cannot sample in rounds (that its backend
-  declares `Capabilities.partial_rounds` config validation checked)."""
+  """ConfigError naming the field when this run cannot sample in rounds (config validation
+  already checked that its backend declares `Capabilities.partial_rounds`)."""
   if multi_process:
     raise ConfigError("partial_rollouts.enabled: rounds run in one process for now (each "
                       "sampler replica would hold its own groups in flight); run one process or "

@@ -234,11 +234,16 @@ class Capabilities:
   validation refuses a config that needs a capability the selected backend lacks
   (`required_capabilities`), before anything is built."""
 
-  partial_rounds: bool = False  # `generate_round`: continue samples across steps (partial_rollouts)
-  exact_logprobs: bool = False  # verify drafts against the canonical forward (rollout.exact_logprobs)
-  multi_turn: bool = False  # `generate_episodes` with an environment (environment.name)
-  paged_kv: bool = False  # a paged KV cache (rollout.kv_page_size, kv_pages, kv_page_kernel)
-  expert_routing: bool = False  # MoE: each token's experts in `Completion.experts` (routing replay)
+  # `generate_round`: continue samples across steps (partial_rollouts.enabled)
+  partial_rounds: bool = False
+  # verify drafts against the canonical forward (rollout.exact_logprobs)
+  exact_logprobs: bool = False
+  # `generate_episodes` with an environment (environment.name)
+  multi_turn: bool = False
+  # a paged KV cache (rollout.kv_page_size, kv_pages, kv_page_kernel)
+  paged_kv: bool = False
+  # MoE models: each token's experts in `Completion.experts` (algo.routing_replay)
+  expert_routing: bool = False
 
   def names(self) -> tuple[str, ...]:
     """The capabilities declared, by field name."""
