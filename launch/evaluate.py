@@ -48,12 +48,13 @@ def evaluate(checkpoint: str, config, *, share=None, mesh=None) -> dict | None:
   parts = build_evaluation(config, checkpoint, mesh=mesh)
   try:
     return evaluation.run_evaluation(
-        parts.engine, parts.tokenizer, parts.template, parts.examples, parts.scorer,
+        parts.backend, parts.tokenizer, parts.template, parts.examples, parts.scorer,
         num_samples=config.eval.num_samples, temperature=config.eval.temperature,
         max_new_tokens=parts.max_new_tokens, stop_strings=tuple(config.rollout.stop_strings),
         seed=config.seed, canaries=tuple(config.eval.canaries), share=share,
         episodes=parts.episodes)
   finally:
+    parts.backend.stop()
     parts.scorer.close()
 
 

@@ -22,6 +22,7 @@ from reasoning_rl import config_schema, step_layout
 from reasoning_rl.errors import ConfigError, SamplingError, VerifierError
 from reasoning_rl.multihost.exchange import Exchange
 from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
+from reasoning_rl.sampler.api import RolloutBackend  # no JAX: the interface only
 # re-exported: callers have always found these here
 from reasoning_rl.run_settings import (random_model_config, rollout_staleness,  # noqa: F401
                                        rollouts_ahead, sampler_correction, step_config)
@@ -180,21 +181,22 @@ def eval_max_new_tokens(config: ml_collections.ConfigDict) -> int:
 def build_engine(config: ml_collections.ConfigDict, model, *, mesh=None,
                  max_decode_length: int | None = None):
   """The sampler engine for `model` with the config's slot, prefill and chunk sizes and KV
-  cache (paged with `rollout.kv_page_size`)."""
-  from reasoning_rl.sampler.paged import make_engine
+  cache (paged with `rollout.kv_page_size`), as the `engine` backend builds it."""
+  from reasoning_rl.sampler import EngineSpec, make_engine
 
-  r = config.rollout
-  return make_engine(model, kv_page_size=r.kv_page_size, kv_pages=r.kv_pages,
-                     kv_page_kernel=r.kv_page_kernel, mesh=mesh,
-                     max_concurrent_decodes=r.max_concurrent_decodes,
-                     max_prefill_length=r.max_prefill_length,
-                     max_decode_length=max_decode_length or max(r.max_new_tokens,
-                                                                eval_max_new_tokens(config)),
-                     steps_per_call=r.steps_per_call, seed=config.seed)
+  return make_engine(model, EngineSpec.of_rollouts(
+      config.rollout, max_decode_length=max_decode_length or rollout_decode_length(config),
+      seed=config.seed), mesh=mesh)
 
 
-def build_backend(config: ml_collections.ConfigDict, model, *, mesh=None):
-  """This process's rollout backend (`sampler.backend.RolloutBackend`): the one registered as
+def rollout_decode_length(config: ml_collections.ConfigDict) -> int:
+  """The longest completion the run's sampler decodes: a rollout's or a held-out evaluation's."""
+  return max(config.rollout.max_new_tokens, eval_max_new_tokens(config))
+
+
+def build_backend(config: ml_collections.ConfigDict, model, *, mesh=None,
+                  max_decode_length: int | None = None):
+  """This process's rollout backend (`sampler.api.RolloutBackend`): the one registered as
   `rollout.backend`, sized as `build_engine` sizes one."""
   from reasoning_rl.sampler import BackendSpec, make_backend
 
@@ -202,7 +204,7 @@ def build_backend(config: ml_collections.ConfigDict, model, *, mesh=None):
   return make_backend(r.backend, BackendSpec(
       model=model, mesh=mesh, max_concurrent_decodes=r.max_concurrent_decodes,
       max_prefill_length=r.max_prefill_length,
-      max_decode_length=max(r.max_new_tokens, eval_max_new_tokens(config)),
+      max_decode_length=max_decode_length or rollout_decode_length(config),
       steps_per_call=r.steps_per_call, seed=config.seed, config=config))
 
 
@@ -227,19 +229,19 @@ def build_sized_engine(model, *, longest_prompt: int, max_new_tokens: int, num_s
   """An engine sized for a known set of prompts (launch/generate.py): no more decode slots than
   `num_sequences` (prompts of one batch x samples), a prefill bucket for the longest prompt, and
   decode room for exactly `max_new_tokens`."""
-  from reasoning_rl.sampler import Engine
+  from reasoning_rl.sampler import EngineSpec, make_engine
   from reasoning_rl.sampler.engine import prefill_bucket
 
   limit = model.config.max_position_embeddings - max_new_tokens
   prefill_length = prefill_bucket(longest_prompt, max_prefill_length=limit)
-  return Engine(model, mesh=mesh,
-                max_concurrent_decodes=max(1, min(max_concurrent_decodes, num_sequences)),
-                max_prefill_length=prefill_length, max_decode_length=max_new_tokens,
-                steps_per_call=min(steps_per_call, max_new_tokens),
-                # Each live-length bucket is one more compile of the decode loop (~4 s for
-                # SmolLM2 on 2 cores) for attention that is a few % of a step over a short cache:
-                # worth it only for long ones (benchmarks/RESULTS.md, "launch/generate.py").
-                live_length_attention=prefill_length + max_new_tokens > SHORT_CACHE)
+  return make_engine(model, EngineSpec(
+      max_concurrent_decodes=max(1, min(max_concurrent_decodes, num_sequences)),
+      max_prefill_length=prefill_length, max_decode_length=max_new_tokens,
+      steps_per_call=min(steps_per_call, max_new_tokens),
+      # Each live-length bucket is one more compile of the decode loop (~4 s for SmolLM2 on 2
+      # cores) for attention that is a few % of a step over a short cache: worth it only for
+      # long ones (benchmarks/RESULTS.md, "launch/generate.py").
+      live_length_attention=prefill_length + max_new_tokens > SHORT_CACHE), mesh=mesh)
 
 
 def sampling_params(config: ml_collections.ConfigDict):
@@ -263,8 +265,9 @@ class Run:
   graphdef: Any
   step_fn: Any  # rl.step.TrainStep
   state: Any  # rl.step.TrainState, on the trainer mesh (None on a sampler-only process)
-  backend: Any  # sampler.backend.RolloutBackend of this process's replica (None: trains only)
-  engine: Any  # the backend's sampler.Engine (evaluations decode on it), None if it has none
+  # this process's sampler replica (None: trains only); rollouts and held-out evaluations
+  # decode on it
+  backend: RolloutBackend | None
   template: Any
   data: Data
   reward_fn: Any
@@ -395,8 +398,7 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
                         model_parts=topology.is_sampler)
   return Run(config=config, trainer_mesh=trainer_mesh, sampler_mesh=sampler_mesh,
              tokenizer=tokenizer, model_config=model.config, graphdef=graphdef,
-             step_fn=step_fn, state=state, backend=backend,
-             engine=getattr(backend, "engine", None), template=template, data=data,
+             step_fn=step_fn, state=state, backend=backend, template=template, data=data,
              reward_fn=reward_fn, scorer=scorer, sampling=sampling_params(config),
              cluster=cluster, weight_sync=weight_sync_lib.WeightSync(step_fn, backend, cluster),
              episodes=episodes)
@@ -411,9 +413,10 @@ def _compute_dtype(array, config: ml_collections.ConfigDict):
 
 @dataclasses.dataclass
 class Evaluation:
-  """What evaluating a checkpoint on a config's held-out set needs (launch/evaluate.py)."""
+  """What evaluating a checkpoint on a config's held-out set needs (launch/evaluate.py).
+  The caller stops the backend and closes the scorer."""
 
-  engine: Any
+  backend: RolloutBackend  # holding the checkpoint's weights
   tokenizer: Any
   template: Any
   examples: Sequence[Any]
@@ -426,12 +429,13 @@ def build_evaluation(config: ml_collections.ConfigDict, checkpoint: str, *,
                      mesh=None) -> Evaluation:
   """The policy at `checkpoint` (run workdir, checkpoint step, HF dir or GGUF) + the config's
   held-out data, template, rewards and sampling limits. No red team: nothing is trained.
-  `mesh` places the weights and the engine (default: the default device)."""
+  `mesh` places the weights and the backend (`rollout.backend`; default: the default device)."""
   model, tokenizer = load_checkpoint(checkpoint, dtype=config.model.dtype, mesh=mesh)
   max_new_tokens = eval_max_new_tokens(config)
-  engine = build_engine(config, model, mesh=mesh, max_decode_length=max_new_tokens)
+  backend = build_backend(config, model, mesh=mesh, max_decode_length=max_new_tokens)
   reward_fn = build_reward_fn(config, redteam=False)
-  return Evaluation(engine=engine, tokenizer=tokenizer, template=build_template(config, tokenizer),
+  return Evaluation(backend=backend, tokenizer=tokenizer,
+                    template=build_template(config, tokenizer),
                     examples=build_eval_examples(config),
                     scorer=build_scorer(config, reward_fn, mesh=mesh),
                     max_new_tokens=max_new_tokens, episodes=build_episodes(config, tokenizer))

@@ -18,6 +18,7 @@ import ml_collections
 from reasoning_rl.config_schema import (FIELDS, OneOf, Range, base_config, help_text,
                                         value_at)
 from reasoning_rl.errors import ConfigError, ExitCode
+from reasoning_rl.sampler import api as sampler_api  # no JAX: the backends' declared capabilities
 
 # The range of every numeric field (derived from the schema; `validate` checks them all).
 FIELD_RANGES: dict[str, Range] = {dotted: item.check for dotted, item in FIELDS.items()
@@ -124,16 +125,11 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "exact rollouts verify single-turn completions; multi-turn episodes "
           f"(environment.name={config.environment.name!r}) are not covered: set "
           "rollout.exact_logprobs=False")
-  require(not r.exact_logprobs or r.backend == "engine", "rollout.exact_logprobs",
-          f"exact rollouts need this package's engine (rollout.backend={r.backend!r} has no "
-          "canonical forward): set rollout.backend='engine' or rollout.exact_logprobs=False")
   require(not (config.algo.routing_replay and config.environment.name), "algo.routing_replay",
           "multi-turn episodes append the environment's tokens without recording their "
           f"routing (environment.name={config.environment.name!r}), so there is nothing to "
           "replay for them: set algo.routing_replay=False")
-  require(not (config.algo.routing_replay and r.backend != "engine"), "algo.routing_replay",
-          f"the rollout backend {r.backend!r} does not record each token's experts; routing "
-          "replay needs rollout.backend='engine'")
+  _validate_backend_capabilities(config, require)
   require(config.beta > 0 or math.isinf(config.guards.max_kl), "guards.max_kl",
           "the KL guard measures KL to the reference, which exists only with beta > 0; set "
           "--config.beta or leave max_kl at inf")
@@ -219,9 +215,6 @@ def _validate_paged_cache(config, require) -> None:
           "rollout.kv_page_size (e.g. 16), or leave rollout.kv_page_kernel='auto'")
   if not r.kv_page_size:
     return
-  require(r.backend == "engine", "rollout.kv_page_size",
-          f"the paged KV cache is this package's engine's (rollout.backend={r.backend!r}): set "
-          "rollout.backend='engine' or rollout.kv_page_size=0")
   for field, on, what in (("rollout.exact_logprobs", r.exact_logprobs, "exact rollouts"),
                           ("environment.name", config.environment.name, "multi-turn episodes")):
     require(not (on and r.kv_pages), "rollout.kv_pages",
@@ -232,6 +225,24 @@ def _validate_paged_cache(config, require) -> None:
           f"{r.kv_pages} pages cannot hold one slot's {sampler_cache_length(config)} cache "
           f"entries ({per_slot} pages of {r.kv_page_size}); raise it, or 0 for every slot's "
           "whole length")
+
+
+def _validate_backend_capabilities(config, require) -> None:
+  """Every field that asks the rollout backend for an optional capability
+  (`sampler.api.CAPABILITY_FIELDS`) needs a backend whose registration declared it."""
+  from reasoning_rl import registry  # pylint: disable=import-outside-toplevel  (imports JAX)
+
+  name = config.rollout.backend
+  declared = sampler_api.capabilities_of(name)
+  for field, capability, what, off in sampler_api.required_capabilities(
+      lambda dotted: _field(config, dotted)):
+    if getattr(declared, capability):
+      continue
+    having = [other for other in registry.ROLLOUT_BACKENDS.names()
+              if getattr(sampler_api.capabilities_of(other), capability)]
+    fix = f"use rollout.backend={having[0]!r}" if having else "register a backend that does"
+    require(False, field, f"needs a rollout backend that {what} (Capabilities.{capability}), "
+            f"and rollout.backend={name!r} does not declare it: {fix}, or set {field}={off}")
 
 
 def _validate_mesh(config, num_devices: int, num_slices: int) -> None:

@@ -207,7 +207,7 @@ SECTIONS: tuple[Section, ...] = (
     )),
     Section("rollout", "Sampling on the sampler slice (reasoning_rl/sampler).", (
         Field("backend", "engine", "the rollout backend that samples the groups (a "
-              "sampler.backend.RolloutBackend registered by name; engine = this package's "
+              "sampler.api.RolloutBackend registered by name; engine = this package's "
               "JetStream-API engine)", OneOf(registry="ROLLOUT_BACKENDS")),
         Field("num_prompts", 4, "P prompts per step", _COUNT),
         Field("num_samples", 4, "G completions per prompt (group size)", _COUNT),

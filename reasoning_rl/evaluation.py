@@ -367,7 +367,7 @@ class CanaryPrompt:
   metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer, *, num_samples: int = 1, temperature: float = 0.0,
+def run_evaluation(backend, tokenizer, template, examples: Sequence[Any], scorer, *, num_samples: int = 1, temperature: float = 0.0,
                    top_p: float = 1.0, max_new_tokens: int, stop_strings: Sequence[str] = (),
                    seed: int = 0, ks: Sequence[int] | None = None,
                    canaries: Sequence[Any] = (), share=None,
@@ -375,8 +375,9 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer,
   """Generates `num_samples` completions per example (and per canary) and evaluates them.
 
   Args:
-    engine: the `reasoning_rl.sampler.RolloutBackend` (or a bare `sampler.Engine`) holding the
-      weights to evaluate.
+    backend: the `sampler.api.RolloutBackend` holding the weights to evaluate (asked for
+      completions `for_training=False`: nothing trains on their log-probs); with `episodes`, a
+      `sampler.api.MultiTurnEpisodes`.
     tokenizer: decodes completions (`decode(ids, skip_special_tokens=True)`); its `eos_ids` stop
       generation.
     template: `.encode(example) -> list[int]` (the prompt as the policy sees it in training).
@@ -399,14 +400,12 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer,
       (they have no task for an environment).
   """
   # Imported here so that scoring-only users (replay, report) do not load JAX.
-  from reasoning_rl.sampler.backend import as_backend  # pylint: disable=import-outside-toplevel
   from reasoning_rl.sampler.sampling import SamplingParams  # pylint: disable=import-outside-toplevel
 
   canaries = [CanaryPrompt(prompt=c, uid=f"canary-{i}") if isinstance(c, str) else c
               for i, c in enumerate(canaries)]
   everything = list(examples) + canaries
   mine = list(range(len(everything))) if share is None else share.mine(range(len(everything)))
-  backend = as_backend(engine)
   common = dict(num_samples=num_samples,
                 sampling=SamplingParams(temperature=temperature, top_p=top_p),
                 max_new_tokens=max_new_tokens, stop_ids=tuple(tokenizer.eos_ids),
@@ -414,7 +413,7 @@ def run_evaluation(engine, tokenizer, template, examples: Sequence[Any], scorer,
   single = mine if episodes is None else [i for i in mine if i >= len(examples)]
   completions = list(backend.generate(
       [list(template.encode(everything[i])) for i in single], prompt_ids=single,
-      stop_strings=tuple(stop_strings), **common)) if single else []
+      stop_strings=tuple(stop_strings), for_training=False, **common)) if single else []
   played = [i for i in mine if i not in set(single)]
   if played:
     completions += backend.generate_episodes(

@@ -23,12 +23,15 @@ from reasoning_rl.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-  """One registered name: its implementation, what it is, and the config fields it reads."""
+  """One registered name: its implementation, what it is, the config fields it reads and what
+  it declares it can do (a rollout backend's `sampler.api.Capabilities`; None for the kinds whose
+  choices declare nothing)."""
 
   name: str
   impl: Any
   summary: str
   options: tuple[str, ...] = ()
+  capabilities: Any = None
 
 
 class Registry:
@@ -44,20 +47,21 @@ class Registry:
     self.field = field
     self._choices: dict[str, Choice] = {}
 
-  def register(self, name: str, *, summary: str,
-               options: tuple[str, ...] = ()) -> Callable[[Any], Any]:
+  def register(self, name: str, *, summary: str, options: tuple[str, ...] = (),
+               capabilities: Any = None) -> Callable[[Any], Any]:
     """Decorator: registers the decorated function or class as `name`; returns it unchanged."""
 
     def add(impl):
-      self.add(name, impl, summary=summary, options=options)
+      self.add(name, impl, summary=summary, options=options, capabilities=capabilities)
       return impl
 
     return add
 
-  def add(self, name: str, impl: Any, *, summary: str, options: tuple[str, ...] = ()) -> None:
+  def add(self, name: str, impl: Any, *, summary: str, options: tuple[str, ...] = (),
+          capabilities: Any = None) -> None:
     if name in self._choices:
       raise ValueError(f"{self.kind} {name!r} is registered twice")
-    self._choices[name] = Choice(name, impl, summary, tuple(options))
+    self._choices[name] = Choice(name, impl, summary, tuple(options), capabilities)
 
   def remove(self, name: str) -> None:
     """Unregisters `name` (a plug-in unloading itself, a test cleaning up)."""
@@ -94,6 +98,8 @@ IS_CORRECTIONS = Registry("sampler importance correction", "algo.is_correction")
 REWARD_PARTS = Registry("reward part", "rewards.<name>.kind")
 VERIFIERS = Registry("verifier", "rewards.<name>.verifier")
 TASK_SOURCES = Registry("task source", "data.<split>.kind")
+# Each choice: a factory (sampler.api.BackendSpec) -> sampler.api.RolloutBackend, registered with
+# its sampler.api.Capabilities (sampler.api.register_backend).
 ROLLOUT_BACKENDS = Registry("rollout backend", "rollout.backend")
 # Each choice: a factory (settings mapping, *, field) -> environments.Environment that checks the
 # settings before the run starts (ConfigError naming config.<field>.<setting>).

@@ -26,7 +26,7 @@ from reasoning_rl.registries import (ADVANTAGE_ESTIMATORS, ALL, ENVIRONMENTS, IS
                                      KL_ESTIMATORS, LOSS_AGGREGATIONS, LOSS_TYPES, REWARD_PARTS,
                                      ROLLOUT_BACKENDS, TASK_SOURCES, VERIFIERS, Choice, Registry)
 from reasoning_rl.rl import advantages, losses  # noqa: F401  pylint: disable=unused-import
-from reasoning_rl.sampler import backend  # noqa: F401  pylint: disable=unused-import
+from reasoning_rl.sampler import engine_backend  # noqa: F401  pylint: disable=unused-import
 from reasoning_rl.verifiers import rewards  # noqa: F401  pylint: disable=unused-import
 
 __all__ = ["ADVANTAGE_ESTIMATORS", "ALL", "Choice", "ENVIRONMENTS", "IS_CORRECTIONS",

@@ -90,8 +90,7 @@ class Trainer:
       collector_kwargs["cluster"] = self.cluster
     collector_class = ShardedCollector if self.cluster.multi_process else RolloutCollector
     if partial_rollouts(run.config):
-      check_partial_rollouts(run.backend, multi_process=self.cluster.multi_process,
-                             backend_name=r.backend)
+      check_partial_rollouts(multi_process=self.cluster.multi_process)
       collector_class = PartialCollector
       collector_kwargs.update(settings=PartialSettings.from_config(run.config),
                               example_of=run.data.train_source.example)
@@ -350,10 +349,8 @@ class Trainer:
     start = time.perf_counter()
 
     def evaluate_with(template, canaries=()):
-      # on the bare engine: held-out answers need no exact log-probs (rollout.exact_logprobs)
-      sampler = run.engine if run.engine is not None else run.backend
       return evaluation.run_evaluation(
-          sampler, run.tokenizer, template, run.data.eval_examples, run.scorer,
+          run.backend, run.tokenizer, template, run.data.eval_examples, run.scorer,
           num_samples=c.eval.num_samples, temperature=c.eval.temperature,
           max_new_tokens=eval_max_new_tokens(c), stop_strings=tuple(c.rollout.stop_strings),
           seed=c.seed, canaries=canaries, should_stop=stop_signals.preemption_requested,

@@ -168,7 +168,7 @@ class CharTemplate:
 def test_run_evaluation_matches_the_sampler_called_directly():
   from reasoning_rl.models.config import ModelConfig
   from reasoning_rl.models.transformer import create_model
-  from reasoning_rl.sampler import Engine, SamplingParams, generate_groups
+  from reasoning_rl.sampler import Engine, EngineBackend, SamplingParams, generate_groups
 
   config = ModelConfig(model_type="qwen2", vocab_size=97, hidden_size=32, intermediate_size=32,
                        num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
@@ -176,9 +176,9 @@ def test_run_evaluation_matches_the_sampler_called_directly():
                   max_decode_length=8, steps_per_call=6)
   examples = [Example("12+30", "42", "a"), Example("7*6", "42", "b"), Example("1+1", "2", "c")]
   reward_fn = RewardFunction(REWARDS)
-  result = evaluation.run_evaluation(engine, CharTokenizer(), CharTemplate(), examples, reward_fn,
-                                     num_samples=2, temperature=1.0, max_new_tokens=6, seed=3,
-                                     canaries=["hi there"])
+  result = evaluation.run_evaluation(EngineBackend(engine), CharTokenizer(), CharTemplate(),
+                                     examples, reward_fn, num_samples=2, temperature=1.0,
+                                     max_new_tokens=6, seed=3, canaries=["hi there"])
   prompts = [CharTemplate().encode(e) for e in examples] + [CharTemplate().encode(
       Example("hi there", "", "x"))]
   direct = generate_groups(engine, prompts, num_samples=2, sampling=SamplingParams(temperature=1.0),

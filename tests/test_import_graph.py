@@ -33,6 +33,9 @@ _BUILD = ("build.py is imported by the launchers before the config is validated 
           "planner (`--dry_run`); it loads the training stack only in the function that needs it: ")
 _SETTINGS = ("run_settings.py is read by the builder and the planner from a bare config; it "
              "loads the training stack only in the function that needs it: ")
+_SAMPLER_EXPORTS = ("sampler/__init__.py re-exports its JAX modules on first use (PEP 562), so "
+                    "that sampler/api.py, the rollout backend's interface, loads without JAX "
+                    "(0.7 s)")
 _TOKENIZERS = ("the tokenizer libraries (tokenizers, sentencepiece, jinja2: 0.3 s) load with a "
                "model's tokenizer only")
 
@@ -64,7 +67,6 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("reasoning_rl.run_settings", "reasoning_rl.rl.step"): _SETTINGS + _JAX + ", optax (1.5 s)",
     ("reasoning_rl.build", "reasoning_rl.sampler"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.sampler.engine"): _BUILD + _JAX + " (0.7 s)",
-    ("reasoning_rl.build", "reasoning_rl.sampler.paged"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.sharding"): _BUILD + "JAX (0.4 s)",
     ("reasoning_rl.build", "reasoning_rl.reward_redteam"): _BUILD + "math-verify, sympy (0.3 s)",
     ("reasoning_rl.build", "reasoning_rl.verifiers.rewards"): _BUILD + "math-verify, sympy (0.3 s)",
@@ -80,8 +82,6 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         "config files and `--help` load config.py without JAX; sharding loads it (0.4 s)",
     ("reasoning_rl.config", "reasoning_rl.verifiers.rewards"):
         "config files and `--help` load config.py without math-verify and sympy (0.3 s)",
-    ("reasoning_rl.evaluation", "reasoning_rl.sampler.backend"):
-        "scoring-only users of evaluation (replay, report) do not load JAX (0.8 s)",
     ("reasoning_rl.evaluation", "reasoning_rl.sampler.sampling"):
         "scoring-only users of evaluation (replay, report) do not load JAX (0.8 s)",
     ("reasoning_rl.models", "reasoning_rl.models.tokenizers"): _TOKENIZERS,
@@ -95,6 +95,9 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("reasoning_rl.trainer", "reasoning_rl.report"):
         "matplotlib (0.4 s) loads only when a run ends and writes report.md",
     ("reasoning_rl.verifiers.judge", "reasoning_rl.run_checkpoint"): _MODEL_PART,
+    **{("reasoning_rl.sampler", f"reasoning_rl.sampler.{module}"): _SAMPLER_EXPORTS
+       for module in ("engine", "engine_backend", "engine_factory", "multiturn", "rollout",
+                      "sampling")},
     ("reasoning_rl.verifiers.judge", "reasoning_rl.sampler"): _MODEL_PART,
     ("reasoning_rl.verifiers.judge", "reasoning_rl.sampler.rollout"): _MODEL_PART,
     ("reasoning_rl.verifiers.judge", "reasoning_rl.sampler.sampling"): _MODEL_PART,

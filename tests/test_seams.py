@@ -21,7 +21,8 @@ from reasoning_rl.loop.weight_sync import WeightSync, abstract_payload, mode_of
 from reasoning_rl.multihost.cluster import local_cluster
 from reasoning_rl.rl import batching
 from reasoning_rl.rl.advantages import batch_advantages, group_advantages
-from reasoning_rl.sampler import Completion, EngineBackend, RolloutBackend
+from reasoning_rl.sampler import EngineBackend
+from reasoning_rl.sampler.api import CallUsage, Completion, DecodeUsage
 from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction, _route
 from tests.conftest import REPO
 from tests.test_import_graph import import_edges
@@ -39,22 +40,28 @@ def _debug_config():
 
 class ScriptedBackend:
   """A rollout backend without a model: sample g of every prompt is g + 1 tokens of `token`, then
-  the stop id, each at log-prob −(g + 1). Records what the loop asked of it."""
+  the stop id, each at log-prob −(g + 1). Records what the loop asked of it; every call reports
+  the same decode usage (a quarter of its slot-steps idle)."""
 
   def __init__(self, spec):
     self.spec = spec
     self.version = 0
     self.calls, self.updates, self.stopped = [], [], False
+    self.usage = CallUsage()
 
   @property
   def policy_version(self) -> int:
     return self.version
 
+  def last_usage(self):
+    return self.usage
+
   def generate(self, prompts, *, prompt_ids, num_samples, sampling, max_new_tokens, stop_ids,
-               stop_strings, tokenizer, seed, should_stop=None):
+               stop_strings, tokenizer, seed, should_stop=None, for_training=True):
     del stop_strings, tokenizer, should_stop
     self.calls.append(dict(prompt_ids=list(prompt_ids), num_samples=num_samples, seed=seed,
-                           temperature=sampling.temperature))
+                           temperature=sampling.temperature, for_training=for_training))
+    self.usage = CallUsage(decode=DecodeUsage(calls=1, steps=2, slot_steps=8, live_slot_steps=6))
     token = self.spec.config.scripted_token
     for prompt, prompt_id in zip(prompts, prompt_ids):
       for g in reversed(range(num_samples)):  # any order: the collector regroups
@@ -90,8 +97,8 @@ def test_a_backend_registered_by_name_drives_a_real_rl_step(scripted_backend_nam
   named.rollout.backend = scripted_backend_name
   named.scripted_token = run.tokenizer.encode("7", add_special_tokens=False)[0]
   backend = build.build_backend(named, None)
-  assert isinstance(backend, ScriptedBackend) and isinstance(backend, RolloutBackend)
-  run.backend, run.engine = backend, None
+  assert isinstance(backend, ScriptedBackend)
+  run.backend = backend
   run.weight_sync = WeightSync(run.step_fn, backend, run.cluster)
   r = config.rollout
   collector = RolloutCollector(backend, run.tokenizer, run.template, run.scorer,
@@ -108,11 +115,15 @@ def test_a_backend_registered_by_name_drives_a_real_rl_step(scripted_backend_nam
         max_new_tokens=r.max_new_tokens, seed=config.seed)
   finally:
     run.scorer.close()
+  # the evaluation asked for completions nothing trains on
   assert backend.calls[-1]["prompt_ids"] == [0, 1] and result["num_examples"] == 2
+  assert backend.calls[-1]["for_training"] is False
   # the loop asked the backend for the stream's first prompts, G samples each, with the run's seed
   assert backend.calls[0] == dict(prompt_ids=list(range(r.num_prompts)),
                                  num_samples=r.num_samples, seed=config.seed,
-                                 temperature=r.temperature)
+                                 temperature=r.temperature, for_training=True)
+  # the step's decode figures are the backend's own, read through `last_usage`
+  assert row["throughput/decode_idle_slot_frac"] == 0.25
   # the scripted completions were trained on: lengths g + 2 tokens, a real update happened
   assert row["response_length/mean"] == pytest.approx(np.mean(np.arange(r.num_samples) + 2))
   changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), before, state.params)
@@ -135,7 +146,7 @@ def test_engine_backend_stops_and_takes_adapters_only_on_a_lora_model():
   config = _debug_config()
   model, _ = build.build_policy(config)
   backend = build.build_backend(config, model)
-  assert isinstance(backend, EngineBackend) and isinstance(backend, RolloutBackend)
+  assert isinstance(backend, EngineBackend)
   with pytest.raises(SamplingError, match="no LoRA adapters"):
     backend.update_weights(backend.engine.params, version=4, adapters_only=True)
   backend.update_weights(backend.engine.params, version=4)

@@ -333,16 +333,17 @@ def test_two_iterations_clip_and_sampler_correction_is_logged(tmp_path, own_sign
 def sigterm_in_first_decode_call(run, *, version):
   """Makes `run`'s engine send this process SIGTERM inside its first decode call with policy
   `version`; returns the list that gets one entry per decode call of that version."""
-  generate, calls = run.engine.generate, []
+  engine = run.backend.engine
+  generate, calls = engine.generate, []
 
   def generate_then_sigterm(*args, **kwargs):
-    if run.engine.policy_version == version:
+    if engine.policy_version == version:
       calls.append(1)
       if len(calls) == 1:
         os.kill(os.getpid(), signal.SIGTERM)
     return generate(*args, **kwargs)
 
-  run.engine.generate = generate_then_sigterm
+  engine.generate = generate_then_sigterm
   return calls
 
 

@@ -72,7 +72,7 @@ def _fake_run(workdir, **overrides):
                                   config=types.SimpleNamespace(trains_adapters=False))
   cluster = local_cluster()
   run = types.SimpleNamespace(
-      config=config, state=state, backend=backend, engine=None, tokenizer=tokenizer,
+      config=config, state=state, backend=backend, tokenizer=tokenizer,
       template=None, scorer=scorer, sampling=None, model_config=model_config, cluster=cluster,
       step_fn=step_fn, weight_sync=WeightSync(step_fn, backend, cluster), episodes=None)
   return run, versions, closed

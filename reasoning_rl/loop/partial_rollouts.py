@@ -41,7 +41,7 @@ from reasoning_rl.evaluation import completion_record
 from reasoning_rl.loop.rollouts import RolloutCollector, scored_group
 from reasoning_rl.loop.state import SCORING_STATUSES, InFlight, InFlightGroup, SampledBatch
 from reasoning_rl.rl import batching
-from reasoning_rl.sampler.rollout import Completion, Unfinished
+from reasoning_rl.sampler.api import Completion, Unfinished
 from reasoning_rl.verifiers.rewards import Reward
 from reasoning_rl.workers.scorer import ScoredItem
 
@@ -60,21 +60,19 @@ class PartialSettings:
                max_lag=p.max_lag)
 
 
-def check_partial_rollouts(backend, *, multi_process: bool, backend_name: str) -> None:
-  """ConfigError naming the field when this run cannot sample in rounds."""
+def check_partial_rollouts(*, multi_process: bool) -> None:
+  """ConfigError naming the field when this run cannot sample in rounds (config validation
+  already checked that its backend declares `Capabilities.partial_rounds`)."""
   if multi_process:
     raise ConfigError("partial_rollouts.enabled: rounds run in one process for now (each "
                       "sampler replica would hold its own groups in flight); run one process or "
                       "set partial_rollouts.enabled=False")
-  if backend is not None and not hasattr(backend, "generate_round"):
-    raise ConfigError(f"rollout.backend={backend_name!r}: {type(backend).__name__} cannot "
-                      "continue samples across steps (it has no generate_round); use "
-                      "rollout.backend='engine' or set partial_rollouts.enabled=False")
 
 
 class PartialCollector(RolloutCollector):
   """A `RolloutCollector` whose batches come from rounds over groups kept in flight (module
-  docstring). `sample_round` replaces `sample_batch`; its backend needs `generate_round`."""
+  docstring). `sample_round` replaces `sample_batch`; its backend is a `sampler.api.PartialRounds`
+  (it declared `Capabilities.partial_rounds`)."""
 
   def __init__(self, *args, settings: PartialSettings, example_of: Callable[[int], object],
                **kwargs):
@@ -141,7 +139,8 @@ class PartialCollector(RolloutCollector):
         group.finished[item.sample_index] = item
         if len(group.finished) == g:
           submit(group)
-      usage = dataclasses.asdict(self.backend.decode_usage)
+      decode = self.backend.last_usage().decode
+      usage = dataclasses.asdict(decode) if decode is not None else None
     sample_s = time.perf_counter() - start
     start = time.perf_counter()
     pending = {group.data_position: group for group in submitted}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from reasoning_rl.sampler.api import RolloutBackend
+
 
 class RunParts(Protocol):
   """The pieces of a run a stage uses, each behind its own interface."""
@@ -19,7 +21,9 @@ class RunParts(Protocol):
   # rl.step.TrainStep: `host_batch` / `host_batch_with_layout`, `__call__` / `call_with_outputs`,
   # `sampler_weights`
   step_fn: Any
-  backend: Any  # sampler.backend.RolloutBackend of this process's replica (None: trains only)
+  # this process's sampler replica (None: trains only): rollouts and held-out evaluations; its
+  # optional methods are those its registration declared (`sampler.api.Capabilities`)
+  backend: RolloutBackend | None
   weight_sync: Any  # loop.weight_sync.WeightSync: what the sampler receives, policy versions
   data: Any  # build.Data: training stream, held-out examples
   reward_fn: Any  # verifiers.rewards.RewardFunction: parts, verifier_version

@@ -1,7 +1,7 @@
 """Rollout collection: prompts → rollout backend → scorer → scored groups.
 
 `RolloutCollector.collect` decodes G completions per prompt on the rollout backend
-(`sampler.backend.RolloutBackend`: the engine registered under `rollout.backend`) and hands each
+(`sampler.api.RolloutBackend`: the engine registered under `rollout.backend`) and hands each
 group to the scorer (`reasoning_rl.workers.scorer`) the moment its G-th completion finishes, so
 verification overlaps the rest of the decoding. `sample_batch` adds DAPO's dynamic sampling on top.
 A group the scorer could not score (timeout / error) keeps zero rewards and its status; the step's
@@ -16,7 +16,7 @@ import dataclasses
 import time
 from typing import Callable, Sequence
 
-from reasoning_rl.errors import ConfigError, PhaseInterrupted
+from reasoning_rl.errors import PhaseInterrupted
 from reasoning_rl.evaluation import completion_record
 from reasoning_rl.loop.state import SCORING_STATUSES, GroupRollout, SampledBatch
 from reasoning_rl.rl import batching
@@ -26,7 +26,8 @@ class RolloutCollector:
   """Samples and scores groups of completions for (data position, example) pairs.
 
   Args:
-    backend: the `sampler.backend.RolloutBackend` (holds the current policy).
+    backend: the `sampler.api.RolloutBackend` (holds the current policy); with `episodes`, one
+      that declared `Capabilities.multi_turn` (config validation checks it).
     tokenizer: decodes completions; its `eos_ids` end them.
     template: `.encode(example) -> token ids`, the prompt as the policy sees it.
     scorer: a `reasoning_rl.workers.scorer.Scorer`.
@@ -51,11 +52,6 @@ class RolloutCollector:
     self.episodes = episodes
     self.exact_totals: list[dict] = []  # this step's ExactStats, one per generate call
     self.decode_totals: list[dict] = []  # this step's DecodeUsage, one per generate call
-    # backend is None on trainer-only processes of a split run: they sample nothing
-    if episodes is not None and backend is not None and not hasattr(backend, "generate_episodes"):
-      raise ConfigError(f"environment.name={episodes.environment.name!r}: the rollout backend "
-                        f"{type(backend).__name__} cannot run multi-turn episodes (it has no "
-                        "generate_episodes); use rollout.backend='engine'")
 
   def collect(self, examples: Sequence[tuple[int, object]], *, num_samples: int | None = None,
               sampling=None, should_stop=None) -> tuple[list[GroupRollout], float, float]:
@@ -93,12 +89,11 @@ class RolloutCollector:
                             environment_parts=c.reward_parts)
           for text, c in zip(texts, group)])
     sample_s = time.perf_counter() - start
-    exact = getattr(self.backend, "exact_stats", None)
-    if exact is not None and self.episodes is None:  # rollout.exact_logprobs: this call's work
-      self.exact_totals.append(dataclasses.asdict(exact))
-    usage = getattr(self.backend, "decode_usage", None)
-    if usage is not None and self.episodes is None:
-      self.decode_totals.append(dataclasses.asdict(usage))
+    usage = self.backend.last_usage()  # this call's (episodes measure none)
+    if usage.exact is not None:  # rollout.exact_logprobs
+      self.exact_totals.append(dataclasses.asdict(usage.exact))
+    if usage.decode is not None:
+      self.decode_totals.append(dataclasses.asdict(usage.decode))
     start = time.perf_counter()
     scored = {}
     while len(scored) < len(examples):

@@ -66,7 +66,7 @@ class WeightSync:
   Args:
     step_fn: the `rl.step.TrainStep` (its `sampler_weights(state)` computes the payload on the
       trainer's devices; its config says which payload, `mode_of`).
-    backend: this process's `sampler.backend.RolloutBackend` (None on a process that only trains).
+    backend: this process's `sampler.api.RolloutBackend` (None on a process that only trains).
     cluster: `multihost.cluster.Cluster` (roles and, multi-process, the transfers).
   """
 

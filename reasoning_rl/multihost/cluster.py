@@ -58,7 +58,7 @@ class Cluster:
 
   def sync_params(self, backend, params, *, version: int, adapters_only: bool = False) -> None:
     """Publishes the trainer's `params` as policy `version` to every sampler replica's rollout
-    backend (`sampler.backend.RolloutBackend.update_weights`; None on a process that only
+    backend (`sampler.api.RolloutBackend.update_weights`; None on a process that only
     trains); returns when this process's replica holds them (so `time/sync_s` is the copy, not
     its dispatch) and every other process finished its part. `adapters_only`: `params` are LoRA
     adapters alone (`loop.weight_sync.WeightSync` decides). Multi-process: the trainers pack the

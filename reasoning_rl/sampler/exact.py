@@ -65,6 +65,7 @@ from flax import nnx
 
 from reasoning_rl.errors import PhaseInterrupted, SamplingError
 from reasoning_rl.sampler import sampling as sampling_lib
+from reasoning_rl.sampler.api import ExactStats
 from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.rollout import (Completion, find_stop_string, routing_dtype,
                                            stream_groups)
@@ -180,25 +181,6 @@ class CanonicalScorer:
     draws, logprobs, warped, *experts = (np.concatenate(parts)[:len(prompts)]
                                          for parts in zip(*jax.device_get(outputs)))
     return CanonicalScores(draws, logprobs, warped, experts[0] if experts else None)
-
-
-@dataclasses.dataclass
-class ExactStats:
-  """What one `exact_groups` call did (logged as sampler/exact_*).
-
-  draft_mismatch_mean / _max: mean and largest |log-prob the decode path reported − canonical
-  log-prob| over the drafts' tokens before any repair (the mismatch the mode removes).
-  """
-
-  sequences: int = 0
-  tokens: int = 0
-  repairs: int = 0
-  repaired_sequences: int = 0
-  rounds: int = 0
-  draft_mismatch_mean: float = 0.0
-  draft_mismatch_max: float = 0.0
-  score_s: float = 0.0
-  repair_s: float = 0.0
 
 
 @dataclasses.dataclass

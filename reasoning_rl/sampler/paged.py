@@ -387,15 +387,4 @@ class PagedEngine(Engine):
                                  self.pages.take_fresh(self.pages_per_slot))
 
 
-def make_engine(model, *, kv_page_size: int = 0, kv_pages: int = 0, kv_page_kernel: str = "auto",
-                **sizes) -> Engine:
-  """The sampler engine the config asks for: a `PagedEngine` with pages of `kv_page_size`
-  (`kv_pages` of them; 0 = every slot's whole length) read by `kv_page_kernel`, or with 0 the
-  contiguous `Engine`."""
-  if kv_page_size:
-    return PagedEngine(model, page_size=kv_page_size, num_pages=kv_pages, kernel=kv_page_kernel,
-                       **sizes)
-  return Engine(model, **sizes)
-
-
-__all__ = ["PageTable", "PagedEngine", "gather_pages", "make_engine", "scatter_pages"]
+__all__ = ["PageTable", "PagedEngine", "gather_pages", "scatter_pages"]

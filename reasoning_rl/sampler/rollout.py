@@ -35,7 +35,6 @@
 
 from __future__ import annotations
 
-import base64
 import collections
 import dataclasses
 import itertools
@@ -44,141 +43,16 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from reasoning_rl.errors import PhaseInterrupted, SamplingError
+# the records and usage this module produces live in the JAX-free interface (re-exported here)
+from reasoning_rl.sampler.api import (Completion, DecodeUsage, Unfinished,  # noqa: F401
+                                      routes_from_json, routes_to_json)
 from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.sampling import SamplingParams, sample_key
-
-
-@dataclasses.dataclass
-class Completion:
-  """One sampled completion.
-
-  Attributes:
-    prompt_id: id of its prompt (its index unless `prompt_ids` were given).
-    sample_index: its index within the group of `num_samples` (0..G-1).
-    prompt_tokens: the prompt as prefilled (after truncation, if the engine truncates).
-    completion_ids: generated token ids (a final stop id included).
-    logprobs: log p(token) under the model's unscaled distribution (log_softmax of raw logits).
-    sampling_logprobs: log p(token) under the distribution it was drawn from (temperature, top-k,
-      top-p applied; 0 for greedy), or None when that distribution is the model's own.
-    finish_reason: "stop_id", "stop_string" or "length".
-    truncated: True iff finish_reason == "length" (budget or cache exhausted).
-    policy_version: the engine's policy version (`loop.state.LoopState.policy_version`) when the
-      completion started (if `update_params` runs while it decodes, later tokens come from newer
-      weights; this is the oldest version).
-    token_versions: a completion continued over rounds (`resume`): the policy version that drew
-      each token; None when one version drew them all (`policy_version`).
-    loss_mask: multi-turn episodes only (`sampler.multiturn`): 1 for each model token, 0 for each
-      environment-observation token of `completion_ids` (whose log-probs are 0); None when every
-      token is the model's.
-    turns: multi-turn only: per model turn, its text, finish reason, and the environment's
-      observation and info.
-    reward_parts: multi-turn only: the environment's outcome (e.g. {"correct": 1.0}).
-    episode_end: multi-turn only: "done" (the environment ended it), "max_turns", "turn_budget"
-      (a model turn used its whole budget) or "token_budget" (the next observation would not fit).
-    scored_response: multi-turn only: the text the verifiers read — the final model turn, or the
-      whole conversation for an environment whose observations are trusted results
-      (`scores_conversation`, e.g. a calculator).
-    experts: mixture-of-experts models: [len(prompt_tokens) + len(completion_ids), L_sparse, k]
-      (uint8, or uint16 past 256 experts), the experts each sparse layer sent each token to in
-      the sampler (`routing_dtype`); None for a dense model.
-  """
-
-  prompt_id: int
-  sample_index: int
-  prompt_tokens: list[int]
-  completion_ids: list[int]
-  logprobs: list[float]
-  sampling_logprobs: list[float] | None
-  finish_reason: str
-  truncated: bool
-  policy_version: int
-  loss_mask: list[int] | None = None
-  turns: list[dict] | None = None
-  reward_parts: dict[str, float] | None = None
-  episode_end: str | None = None
-  scored_response: str | None = None
-  token_versions: list[int] | None = None
-  experts: np.ndarray | None = None
-
-  def to_json(self) -> dict:
-    return _fields_as_json(self)
-
-  @classmethod
-  def from_json(cls, fields: dict) -> "Completion":
-    return _from_json_fields(cls, fields)
-
-  @property
-  def num_model_tokens(self) -> int:
-    """Tokens the model generated (an episode's observation tokens are not its own)."""
-    return len(self.completion_ids) if self.loss_mask is None else int(sum(self.loss_mask))
-
-  def scored_text(self, tokenizer) -> str:
-    """What the verifiers read: the whole completion, or an episode's `scored_response`."""
-    if self.scored_response is not None:
-      return self.scored_response
-    return tokenizer.decode(self.completion_ids, skip_special_tokens=True)
-
-
-@dataclasses.dataclass
-class Unfinished:
-  """A sample a round ended before it finished (`stream_groups(..., round_over=...)`).
-
-  completion_ids, logprobs, sampling_logprobs: what it drew so far (possibly nothing: it never had
-    a slot), log-probs as in `Completion` (sampling_logprobs always recorded here).
-  token_versions: the policy version that drew each token.
-  experts: MoE models: the routing of the tokens drawn so far ([n, L_sparse, k], as
-    `Completion.experts` without the prompt).
-  """
-
-  prompt_id: int
-  sample_index: int
-  completion_ids: list[int]
-  logprobs: list[float]
-  sampling_logprobs: list[float]
-  token_versions: list[int]
-  experts: np.ndarray | None = None
-
-  def to_json(self) -> dict:
-    return _fields_as_json(self)
-
-  @classmethod
-  def from_json(cls, fields: dict) -> "Unfinished":
-    return _from_json_fields(cls, fields)
 
 
 def routing_dtype(num_experts: int) -> np.dtype:
   """The smallest unsigned integer type that holds an expert index."""
   return np.dtype(np.uint8 if num_experts <= 256 else np.uint16)
-
-
-def _fields_as_json(item) -> dict:
-  """A Completion's or Unfinished's fields as JSON: its routing as `routes_to_json` writes it."""
-  fields = {field.name: getattr(item, field.name) for field in dataclasses.fields(item)}
-  fields["experts"] = routes_to_json(item.experts)
-  return fields
-
-
-def _from_json_fields(cls, fields: dict):
-  """Inverse of `_fields_as_json` (a record without routing reads as None)."""
-  return cls(**dict(fields, experts=routes_from_json(fields.get("experts"))))
-
-
-def routes_to_json(experts: np.ndarray | None) -> dict | None:
-  """A routing array as JSON (shape, dtype and its bytes in base64: a list of lists of a long
-  completion's routing would be ten times the size)."""
-  if experts is None:
-    return None
-  experts = np.ascontiguousarray(experts)
-  return {"shape": list(experts.shape), "dtype": experts.dtype.name,
-          "data": base64.b64encode(experts.tobytes()).decode("ascii")}
-
-
-def routes_from_json(item: dict | None) -> np.ndarray | None:
-  """Inverse of `routes_to_json`."""
-  if item is None:
-    return None
-  data = base64.b64decode(item["data"])
-  return np.frombuffer(data, np.dtype(item["dtype"])).reshape(item["shape"]).copy()
 
 
 _INSERTIONS = itertools.count()  # orders runs by when they started (the newest is preempted)
@@ -287,7 +161,7 @@ def stream_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_sampl
                   samples: Sequence[tuple[int, int]] | None = None,
                   resume: Sequence[Unfinished] = (),
                   round_over: Callable[[], bool] | None = None,
-                  usage: "DecodeUsage | None" = None) -> Iterator[Completion | Unfinished]:
+                  usage: DecodeUsage | None = None) -> Iterator[Completion | Unfinished]:
   """Yields completions as they finish (G per prompt), continuously batching on `engine`.
 
   Args:
@@ -368,23 +242,6 @@ def stream_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_sampl
                      stop_strings=stop_strings, tokenizer=tokenizer, seed=seed,
                      should_stop=should_stop, order=order, continued=continued,
                      round_over=round_over, usage=usage)
-
-
-@dataclasses.dataclass
-class DecodeUsage:
-  """What a `stream_groups` call's decoding used: `generate` calls, decode steps, and slot-steps
-  (slots × steps) of which `live_slot_steps` decoded a sample. 1 − live / slot-steps is the
-  share of the decode batch that idled (e.g. waiting for a group's longest completion)."""
-
-  calls: int = 0
-  steps: int = 0
-  slot_steps: int = 0
-  live_slot_steps: int = 0
-  preempted: int = 0  # samples a full paged cache sent back to the queue (continued later)
-
-  @property
-  def idle_fraction(self) -> float:
-    return 1.0 - self.live_slot_steps / self.slot_steps if self.slot_steps else 0.0
 
 
 def _run_groups(engine: Engine, prepared, prompt_ids, *, num_samples, sampling, max_new_tokens,
@@ -525,4 +382,4 @@ def generate_groups(engine: Engine, prompts: Sequence[Sequence[int]], **kwargs) 
 
 
 __all__ = ["Completion", "DecodeUsage", "Unfinished", "find_stop_string", "generate_groups",
-           "stream_groups"]
+           "routes_from_json", "routes_to_json", "routing_dtype", "stream_groups"]

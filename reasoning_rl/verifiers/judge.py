@@ -181,13 +181,14 @@ class EngineJudge:
 
   def __init__(self, model, tokenizer, *, max_new_tokens: int, max_prompt_tokens: int = 512,
                batch_size: int = 16, mesh=None):
-    from reasoning_rl.sampler import Engine
+    from reasoning_rl.sampler import EngineSpec, make_engine
 
     self.tokenizer = tokenizer
     self.max_new_tokens = max_new_tokens
-    self.engine = Engine(model, mesh=mesh, max_concurrent_decodes=batch_size,
-                         max_prefill_length=max_prompt_tokens, max_decode_length=max_new_tokens,
-                         steps_per_call=max_new_tokens, truncation="left")
+    self.engine = make_engine(model, EngineSpec(
+        max_concurrent_decodes=batch_size, max_prefill_length=max_prompt_tokens,
+        max_decode_length=max_new_tokens, steps_per_call=max_new_tokens, truncation="left"),
+        mesh=mesh)
 
   @classmethod
   def load(cls, settings: Mapping[str, Any], *, mesh=None) -> "EngineJudge":
