@@ -16,8 +16,8 @@ from reasoning_rl.rl.step_config import StepConfig
 
 
 class SamplerWeights:
-  """`sampler_weights(params, frozen_params)`: the sampler's copy of the trainer's weights, by
-  one program compiled on first use (`params`: the policy, or the adapters with LoRA;
+  """Called with (params, frozen_params): the sampler's copy of the trainer's weights, made by one
+  program compiled on first use (`params`: the policy, or the adapters with LoRA;
   `frozen_params`: LoRA's frozen base, else None)."""
 
   def __init__(self, config: StepConfig):
