@@ -39,7 +39,8 @@ from benchmarks.sampler import run_ours
 from benchmarks.train_step import random_batch
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import create_model
-from reasoning_rl.rl.step import StepConfig, TrainStep
+from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.rl.step_config import StepConfig
 
 SMOLLM2_SHAPE = dict(hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
                      num_kv_heads=3, head_dim=64, vocab_size=49152)

@@ -22,7 +22,8 @@ from benchmarks.train_step import random_batch
 
 def time_step(model, settings, batch, repeats: int) -> tuple[float, float]:
   """(first step incl. compilation, best later step) in seconds."""
-  from reasoning_rl.rl.step import StepConfig, TrainStep
+  from reasoning_rl.rl.step import TrainStep
+  from reasoning_rl.rl.step_config import StepConfig
 
   graphdef, params = nnx.split(model)
   step = TrainStep(graphdef, StepConfig(lora=settings, learning_rate=1e-5, logprob_chunk=64,

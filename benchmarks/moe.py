@@ -123,7 +123,8 @@ def model_table(repeats: int):
 
   from reasoning_rl.models.config import ModelConfig, MoEConfig
   from reasoning_rl.models.transformer import create_model
-  from reasoning_rl.rl.step import StepConfig, TrainStep
+  from reasoning_rl.rl.step import TrainStep
+  from reasoning_rl.rl.step_config import StepConfig
   from reasoning_rl.sampler.engine import Engine
   from reasoning_rl.sampler.rollout import generate_groups
   from reasoning_rl.sampler.sampling import SamplingParams

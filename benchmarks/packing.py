@@ -72,7 +72,8 @@ def main():
   keep_freed_memory()
   from reasoning_rl.models import load
   from reasoning_rl.rl.stats import finalize
-  from reasoning_rl.rl.step import StepConfig, TrainStep
+  from reasoning_rl.rl.step import TrainStep
+  from reasoning_rl.rl.step_config import StepConfig
 
   model, _ = load(smollm2_gguf())
   graphdef, params = nnx.split(model)

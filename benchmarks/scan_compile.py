@@ -21,7 +21,8 @@ import jax.numpy as jnp
 
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import REMAT_POLICIES, abstract_model
-from reasoning_rl.rl.step import StepConfig, TrainStep
+from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.rl.step_config import StepConfig
 
 QWEN25_7B = ModelConfig(
     model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,

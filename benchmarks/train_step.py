@@ -76,7 +76,8 @@ def build_jax_step(args):
     from reasoning_rl.host_memory import keep_freed_memory
     keep_freed_memory()  # before the first JAX computation starts the backend's threads
   from reasoning_rl.models import load
-  from reasoning_rl.rl.step import StepConfig, TrainStep
+  from reasoning_rl.rl.step import TrainStep
+  from reasoning_rl.rl.step_config import StepConfig
 
   model, _ = load(smollm2_gguf())
   graphdef, params = nnx.split(model)

@@ -28,7 +28,8 @@ from reasoning_rl.models import load
 from reasoning_rl.rl import advantages as advantages_lib
 from reasoning_rl.rl import batching
 from reasoning_rl.rl.stats import finalize
-from reasoning_rl.rl.step import StepConfig, TrainStep
+from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.rl.step_config import StepConfig
 from reasoning_rl.sampler import SamplingParams
 from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.rollout import generate_groups

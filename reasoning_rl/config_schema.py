@@ -2,7 +2,7 @@
 
 `base_config()`, the range checks of `config.validate`, the choice checks, `launch/train.py --help`
 and docs/config.md are all derived from `SECTIONS`; the trainer's typed views of a section
-(`rl.step.StepConfig`, `sampler.SamplingParams`, `lora.LoraSettings`) take their defaults from here
+(`rl.step_config.StepConfig`, `sampler.SamplingParams`, `lora.LoraSettings`) take their defaults from here
 and their values from the config by the same names (`source`). Adding a field is one `Field` line.
 
 JAX-free on purpose: `--help` and config validation run before any backend starts.

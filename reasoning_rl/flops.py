@@ -114,8 +114,9 @@ class TrainingPasses:
 
   @classmethod
   def of_step(cls, step_config) -> "TrainingPasses":
-    """The passes `rl.step.TrainStep` runs for a `rl.step.StepConfig`: π_old is recomputed
-    when a batch gets more than one update (μ·M > 1) or with PPO, never for SFT."""
+    """The passes `rl.step.TrainStep` runs for a `rl.step_config.StepConfig`: π_old is
+    recomputed when a batch gets more than one update (μ·M > 1) or with PPO, never for SFT
+    (`StepConfig.needs_old_logprobs`)."""
     c = step_config
     return cls(epochs=c.num_iterations, reference_forward=c.beta > 0,
                old_logprob_forward=c.algorithm != "sft"

@@ -58,9 +58,9 @@ def partial_rollouts(config: ml_collections.ConfigDict) -> bool:
 
 
 def step_config(config: ml_collections.ConfigDict):
-  """The training step's static configuration (`reasoning_rl.rl.step.StepConfig`): its sourced
+  """The training step's static configuration (`reasoning_rl.rl.step_config.StepConfig`): its sourced
   fields read from the config by name, the rest derived here."""
-  from reasoning_rl.rl.step import StepConfig
+  from reasoning_rl.rl.step_config import StepConfig
 
   from reasoning_rl.lora import LoraSettings
 

@@ -62,7 +62,7 @@ def test_each_choice_field_refuses_an_unknown_name_in_one_line(dotted, tmp_path)
 
 
 @pytest.mark.parametrize(("view", "section"), [
-    ("reasoning_rl.rl.step:StepConfig", None),
+    ("reasoning_rl.rl.step_config:StepConfig", None),
     ("reasoning_rl.sampler.sampling:SamplingParams", "rollout"),
     ("reasoning_rl.lora:LoraSettings", "lora")])
 def test_typed_views_share_the_schema_names_and_defaults(view, section):

@@ -20,7 +20,8 @@ from reasoning_rl.models.checkpoints import load_hf_weights
 from reasoning_rl.models.config import MLAConfig, ModelConfig, MoEConfig
 from reasoning_rl.models.mla import softmax_scale
 from reasoning_rl.models.transformer import abstract_model, stack_layers
-from reasoning_rl.rl.step import StepConfig, TrainStep
+from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.rl.step_config import StepConfig
 from reasoning_rl.sampler import Engine, generate_groups
 from reasoning_rl.sampler.paged import PagedEngine
 from tests.hf_reference import DEEPSEEK_V3, reference_logits, write_tiny_model

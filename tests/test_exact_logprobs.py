@@ -18,7 +18,8 @@ from flax import nnx
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import packing
 from reasoning_rl.rl.logprobs import completion_logprobs
-from reasoning_rl.rl.step import StepConfig, TrainStep
+from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.rl.step_config import StepConfig
 from reasoning_rl.sampler import Engine, SamplingParams, generate_groups
 from reasoning_rl.sampler.exact import CanonicalScorer, ExactStats, exact_groups
 from reasoning_rl.sampler.sampling import sample_key

@@ -18,7 +18,7 @@ from reasoning_rl import flops, planning
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import KVCache, create_model
 from reasoning_rl.rl.logprobs import completion_logprobs
-from reasoning_rl.rl.step import StepConfig, TrainStep
+from reasoning_rl.rl.step_config import StepConfig
 from tests.test_planning import TINY, _config
 
 # D=16, F=24, V=40, L=2, H=4, K=2, Dh=8 (GQA), untied output projection.
@@ -140,8 +140,7 @@ def test_rl_step_by_hand():
 def test_passes_follow_the_step(kwargs):
   config = StepConfig(**kwargs)
   passes = flops.TrainingPasses.of_step(config)
-  step = TrainStep(graphdef=None, config=config)
-  assert passes.old_logprob_forward == step._needs_old_logprobs()
+  assert passes.old_logprob_forward == config.needs_old_logprobs
   assert passes.reference_forward == (config.beta > 0)
   assert (passes.epochs, passes.remat) == (config.num_iterations, config.remat in (True, "full"))
 

@@ -64,7 +64,8 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         "tokenizers (1.2 s)",
     ("reasoning_rl.run_settings", "reasoning_rl.lora"): _SETTINGS + _JAX + " (0.7 s)",
     ("reasoning_rl.run_settings", "reasoning_rl.models.config"): _SETTINGS + _JAX + " (0.75 s)",
-    ("reasoning_rl.run_settings", "reasoning_rl.rl.step"): _SETTINGS + _JAX + ", optax (1.5 s)",
+    ("reasoning_rl.run_settings", "reasoning_rl.rl.step_config"): _SETTINGS + _JAX + ", optax "
+        "(1.5 s)",
     ("reasoning_rl.build", "reasoning_rl.sampler"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.sampler.engine"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.sharding"): _BUILD + "JAX (0.4 s)",

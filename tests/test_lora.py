@@ -23,7 +23,8 @@ from reasoning_rl.models.transformer import KVCache, create_model, positions_fro
 from reasoning_rl.rl import losses
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.stats import finalize
-from reasoning_rl.rl.step import StepConfig, TrainStep
+from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.rl.step_config import StepConfig
 from tests.test_train_step import (  # the same vocabulary (64) as CONFIG
     B, T, make_batch, reference_kl)
 

@@ -17,7 +17,8 @@ from reasoning_rl.models.config import ModelConfig, MoEConfig
 from reasoning_rl.models.transformer import create_model
 from reasoning_rl.rl import batching, packing
 from reasoning_rl.rl.stats import finalize
-from reasoning_rl.rl.step import StepConfig, TrainStep
+from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.rl.step_config import StepConfig
 from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.exact import CanonicalScorer, exact_groups
 from reasoning_rl.sampler.rollout import generate_groups, routes_from_json, routes_to_json

@@ -15,7 +15,7 @@ from reasoning_rl import planning, sharding
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.multihost.topology import make_topology
 from reasoning_rl.multihost.tpu_env import flags_from_tpu_environment
-from reasoning_rl.rl.step import StepConfig
+from reasoning_rl.rl.step_config import StepConfig
 from tests.test_planning import TINY, _config
 from tests.test_train_step import assert_same_gradient, make_batch, step_gradient
 

@@ -12,7 +12,7 @@ from flax import nnx
 
 from reasoning_rl.rl import batching, packing
 from reasoning_rl.rl.logprobs import completion_logprobs
-from reasoning_rl.rl.step import StepConfig
+from reasoning_rl.rl.step_config import StepConfig
 from tests.test_packing import ragged_batch
 from tests.test_train_step import (
   P,

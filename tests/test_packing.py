@@ -11,7 +11,7 @@ from reasoning_rl import sharding
 from reasoning_rl.models.transformer import create_model
 from reasoning_rl.rl import packing
 from reasoning_rl.rl.logprobs import completion_logprobs, packed_completion_logprobs
-from reasoning_rl.rl.step import StepConfig
+from reasoning_rl.rl.step_config import StepConfig
 from tests.test_train_step import (
   CONFIG,
   assert_same_gradient,

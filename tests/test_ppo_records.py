@@ -22,7 +22,8 @@ from reasoning_rl.loop.state import GroupRollout, LoopState, SampledBatch
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import create_model
 from reasoning_rl.rl import batching, packing
-from reasoning_rl.rl.step import StepConfig, TrainStep
+from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.rl.step_config import StepConfig
 from tests.conftest import REPO
 
 CONFIG = ModelConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
@@ -80,7 +81,7 @@ def test_a_ppo_step_returns_the_whitened_gae_advantages_of_its_old_values(packed
       "bias": jnp.asarray(0.25, jnp.float32)})
   batch = make_batch()
   # π_old's values: the parameters the batch arrives with (the state is donated by the step).
-  policy_outputs = step._policy_outputs  # pylint: disable=protected-access
+  policy_outputs = step.forward.policy_outputs
   _, _, old_values = policy_outputs(state.params, state.value_head,
                                     {k: jnp.asarray(v) for k, v in batch.items()})
   old_values = np.asarray(old_values)

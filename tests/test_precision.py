@@ -13,7 +13,8 @@ from reasoning_rl import config as config_lib
 from reasoning_rl import precision
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.transformer import create_model
-from reasoning_rl.rl.step import StepConfig, TrainStep
+from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.rl.step_config import StepConfig
 from tests.test_config import debug_config
 from tests.test_train_step import CONFIG, make_batch
 
@@ -166,7 +167,8 @@ def test_lora_adapters_are_float32_masters_cast_to_the_compute_dtype():
   # A (He-uniform, |a| ~ 0.1) moves by ~1e-6: kept in float32, lost in bfloat16
   share_moved = np.mean(np.concatenate([(a != b).ravel() for a, b in zip(a_after, a_before)]))
   assert share_moved > 0.9
-  hidden = step.model(state.params, state.frozen_params).hidden_states(make_batch(0)["tokens"])
+  model = step.forward.model(state.params, state.frozen_params)
+  hidden = model.hidden_states(make_batch(0)["tokens"])
   assert hidden.dtype == jnp.bfloat16
   sent = step.sampler_weights(state)
   assert {x.dtype for x in jax.tree.leaves(sent)} == {jnp.dtype(jnp.bfloat16)}

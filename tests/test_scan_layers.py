@@ -19,7 +19,8 @@ from reasoning_rl.models.transformer import (
     REMAT_POLICIES, KVCache, create_model, layer_period, logical_axes, positions_from_mask,
     remat_policy, stack_layers, unstack_layers)
 from reasoning_rl.rl.stats import finalize
-from reasoning_rl.rl.step import StepConfig, TrainStep
+from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.rl.step_config import StepConfig
 from tests.test_train_step import PROBE_LR, assert_same_gradient, gradient_probe, make_batch
 
 CONFIGS = {

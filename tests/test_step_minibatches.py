@@ -13,8 +13,10 @@ from reasoning_rl.rl import losses
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl import value as value_lib
 from reasoning_rl.rl.logprobs import TRUNCATION_FIELDS, completion_logprobs
+from reasoning_rl.rl.optimizer import applied_updates, learning_rate_schedule
 from reasoning_rl.rl.stats import finalize
-from reasoning_rl.rl.step import StepConfig, TrainStep, applied_updates, learning_rate_schedule
+from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.rl.step_config import StepConfig
 from tests.test_train_step import B, T, flat_params, fresh_params, make_batch, run_step
 
 

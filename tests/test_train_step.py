@@ -22,8 +22,10 @@ from reasoning_rl.rl import advantages as advantages_lib
 from reasoning_rl.rl import losses
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl.logprobs import completion_logprobs
+from reasoning_rl.rl.optimizer import applied_updates
 from reasoning_rl.rl.stats import finalize
-from reasoning_rl.rl.step import StepConfig, TrainStep, applied_updates
+from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.rl.step_config import StepConfig
 
 CONFIG = ModelConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, attention_bias=True)

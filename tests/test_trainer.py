@@ -283,7 +283,7 @@ def test_two_iterations_clip_and_sampler_correction_is_logged(tmp_path, own_sign
 
   from reasoning_rl.build import build
   from reasoning_rl.rl import batching
-  from reasoning_rl.rl.step import learning_rate_schedule
+  from reasoning_rl.rl.optimizer import learning_rate_schedule
   from reasoning_rl.trainer import Trainer
   from tests.test_step_minibatches import rolled_epochs
 

@@ -15,7 +15,7 @@ from reasoning_rl.errors import ExitCode, PhaseInterrupted
 from reasoning_rl.loop.weight_sync import WeightSync
 from reasoning_rl.metrics import read_metrics
 from reasoning_rl.multihost.cluster import local_cluster
-from reasoning_rl.rl.step import TrainState
+from reasoning_rl.rl.train_state import TrainState
 from reasoning_rl.trainer import Trainer
 
 

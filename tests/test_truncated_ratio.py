@@ -23,7 +23,8 @@ from reasoning_rl.models.transformer import create_model
 from reasoning_rl.rl import batching, losses, packing
 from reasoning_rl.rl.logprobs import TRUNCATION_FIELDS, completion_logprobs
 from reasoning_rl.rl.stats import finalize
-from reasoning_rl.rl.step import StepConfig, TrainStep
+from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.rl.step_config import StepConfig
 from reasoning_rl.sampler.sampling import sample_tokens, truncated_logprobs
 from tests.test_config import debug_config
 

@@ -163,7 +163,7 @@ class InFlight:
 
 @dataclasses.dataclass
 class LoopState:
-  """The loop's bookkeeping between steps (the train state itself lives in rl.step.TrainState).
+  """The loop's bookkeeping between steps (the train state itself lives in rl.train_state.TrainState).
 
   data_position: training prompts consumed so far (the next prompt's index).
   policy_version: training steps applied so far (RL: rollout batches, each with all its μ × M

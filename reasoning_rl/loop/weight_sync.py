@@ -41,7 +41,7 @@ class Published:
 
 
 def mode_of(step_config) -> str:
-  """What the sampler receives under `step_config` (`rl.step.StepConfig`): one of MODES."""
+  """What the sampler receives under `step_config` (`rl.step_config.StepConfig`): one of MODES."""
   if not step_config.trains_adapters:
     return "full"
   return "adapters" if step_config.lora.sampler_weights == "adapters" else "merged"

@@ -44,7 +44,7 @@ def param(rngs: nnx.Rngs | None, shape, dtype, axes, init: str = "normal", std: 
 
 class Buffer(nnx.Variable):
   """A model variable that is part of the function but not trained: it comes from the checkpoint
-  and is written back to it, and no optimizer updates it (`reasoning_rl.rl.step.make_optimizer`
+  and is written back to it, and no optimizer updates it (`reasoning_rl.rl.optimizer.make_optimizer`
   leaves every variable that is not an `nnx.Param` as it is). DeepSeek-V3's router selection
   bias is one (`reasoning_rl.models.moe`): its own balancing rule sets it, not the gradient."""
 

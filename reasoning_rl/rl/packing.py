@@ -120,7 +120,7 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
     raise ValueError("a completion without a prompt token has no position predicting its first "
                      "token")
   lengths = [int(p + c) if c else 0 for p, c in zip(prompt_lens, completion_lens)]
-  # Mini-batch k holds rows k, k + M, … (the padded step's `split_rows`); empty rows are dropped.
+  # Mini-batch k holds rows k, k + M, … (the padded step's `batch_slices.split_rows`); empty rows are dropped.
   slices, used = [], []
   for k in range(num_mini_batches):
     members = [i for i in range(k, num_rows, num_mini_batches) if lengths[i]]

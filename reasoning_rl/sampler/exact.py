@@ -39,7 +39,7 @@ What this module does instead:
 
 So μ (what the sampler drew from) is the canonical policy at the sampler's weights, the recorded
 log-probs are its log-probs, and a trainer with the same weights needs no recomputation of π_old
-and no correction: π_old = μ exactly (`rl.step.StepConfig.old_logprobs_from_sampler`).
+and no correction: π_old = μ exactly (`rl.step_config.StepConfig.old_logprobs_from_sampler`).
 
 Mixture-of-experts models: the canonical forward also reports the experts every sparse layer
 chose for each token of the sequence, and those are the completion's recorded routing
