@@ -270,6 +270,25 @@ def test_reasoning_rl_has_no_import_cycle():
                       "count):\n" + "\n".join(describe(cycle) for cycle in cycles))
 
 
+def package_edges(edges: list[Edge]) -> list[Edge]:
+  """`edges` between subpackages (reasoning_rl.rl, reasoning_rl.sampler, ...; a top-level module
+  stands for itself): what a reader sees as layers. Edges inside one subpackage are dropped."""
+  def layer(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+  return [dataclasses.replace(edge, importer=layer(edge.importer), imported=layer(edge.imported))
+          for edge in edges if layer(edge.importer) != layer(edge.imported)]
+
+
+def test_no_cycle_between_packages():
+  """Modules may be acyclic while their packages are not (rl.step_config -> registry ->
+  rl.losses was one): a package that needs another's registrations imports the module that
+  makes them, not the catalogue above both."""
+  cycles = find_cycles(package_edges(import_edges()))
+  assert not cycles, (f"{len(cycles)} cycle(s) between packages of {PACKAGE}/:\n"
+                      + "\n".join(describe(cycle) for cycle in cycles))
+
+
 def test_function_local_imports_do_not_grow():
   edges = import_edges()
   found = local_imports(edges)

@@ -10,9 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from reasoning_rl import registry
+from reasoning_rl import registries
 from reasoning_rl.config_schema import sourced
 from reasoning_rl.errors import ConfigError
+# losses registers the built-in loss aggregations, KL estimators, loss types and importance
+# corrections that the choices below are looked up in (the catalogue, reasoning_rl.registry,
+# imports this package, so importing it here would close a cycle)
+from reasoning_rl.rl import losses  # noqa: F401  pylint: disable=unused-import
 from reasoning_rl.rl import packing
 from reasoning_rl.rl.batching import TRUNCATION_FIELDS
 
@@ -114,10 +118,10 @@ class StepConfig:
                  "total_steps"):
       if getattr(self, name) < 1:
         raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
-    for choices, name in ((registry.LOSS_AGGREGATIONS, self.loss_agg),
-                          (registry.KL_ESTIMATORS, self.kl_estimator),
-                          (registry.LOSS_TYPES, self.loss_type),
-                          (registry.IS_CORRECTIONS, self.is_correction)):
+    for choices, name in ((registries.LOSS_AGGREGATIONS, self.loss_agg),
+                          (registries.KL_ESTIMATORS, self.kl_estimator),
+                          (registries.LOSS_TYPES, self.loss_type),
+                          (registries.IS_CORRECTIONS, self.is_correction)):
       choices.get(name)
     self._check_loss_type_and_correction()
 
