@@ -18,14 +18,15 @@ from typing import Any, Sequence
 import ml_collections
 
 from reasoning_rl import config as config_lib
-from reasoning_rl import config_schema, step_layout
+from reasoning_rl import config_schema, step_layout, storage
 from reasoning_rl.errors import ConfigError, SamplingError, VerifierError
 from reasoning_rl.multihost.exchange import Exchange
 from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
 from reasoning_rl.sampler.api import RolloutBackend  # no JAX: the interface only
 # re-exported: callers have always found these here
-from reasoning_rl.run_settings import (random_model_config, rollout_staleness,  # noqa: F401
-                                       rollouts_ahead, sampler_correction, step_config)
+from reasoning_rl.run_settings import (partial_rollouts, random_model_config,  # noqa: F401
+                                       rollout_staleness, rollouts_ahead, sampler_correction,
+                                       step_config)
 
 log = logging.getLogger("reasoning_rl")
 
@@ -402,6 +403,53 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
              reward_fn=reward_fn, scorer=scorer, sampling=sampling_params(config),
              cluster=cluster, weight_sync=weight_sync_lib.WeightSync(step_fn, backend, cluster),
              episodes=episodes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+  """What drives a built `Run` step by step (`build_loop`): the collector that turns the backend's
+  completions into scored groups, the stage that makes one step of them, and the held-out
+  evaluation's reworded templates, as (instruction, template) pairs."""
+
+  collector: Any
+  stage: Any
+  variant_templates: tuple
+
+
+def build_loop(run: Run, *, stage=None) -> Loop:
+  """The loop's pieces for `run`: a `RolloutCollector` (each sampler replica's share with several
+  processes: `ShardedCollector`; partial rollouts: `PartialCollector`), the stage the config names
+  (`RLStage` / `SFTStage`) unless `stage` replaces it (tests do), and the templates of
+  `eval.instruction_variants`."""
+  from reasoning_rl.loop.partial_rollouts import (PartialCollector, PartialSettings,
+                                                  check_partial_rollouts)
+  from reasoning_rl.loop.rl_stage import RLStage
+  from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
+  from reasoning_rl.loop.sft_stage import SFTStage
+
+  config, cluster = run.config, run.cluster
+  r = config.rollout
+  collector_kwargs = dict(num_samples=r.num_samples, max_new_tokens=r.max_new_tokens,
+                          stop_strings=r.stop_strings, sampling=run.sampling, seed=config.seed,
+                          episodes=run.episodes)
+  if cluster.multi_process:  # each sampler replica collects its share
+    collector_kwargs["cluster"] = cluster
+  collector_class = ShardedCollector if cluster.multi_process else RolloutCollector
+  if partial_rollouts(config):
+    check_partial_rollouts(multi_process=cluster.multi_process)
+    collector_class = PartialCollector
+    collector_kwargs.update(settings=PartialSettings.from_config(config),
+                            example_of=run.data.train_source.example)
+  collector = collector_class(run.backend, run.tokenizer, run.template, run.scorer,
+                              **collector_kwargs)
+  if stage is None:
+    stage = (RLStage(run, collector, staleness=rollout_staleness(config),
+                     with_sampler_logprobs=(sampler_correction(config) != "none"
+                                            or run.step_fn.config.old_logprobs_from_sampler))
+             if config.stage == "rl" else SFTStage(run, collector, storage.path(config.workdir)))
+  variants = tuple((instruction, build_template(config, run.tokenizer, instruction=instruction))
+                   for instruction in config.eval.instruction_variants)
+  return Loop(collector=collector, stage=stage, variant_templates=variants)
 
 
 def _compute_dtype(array, config: ml_collections.ConfigDict):

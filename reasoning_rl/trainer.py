@@ -34,15 +34,8 @@ from reasoning_rl import lora
 from reasoning_rl import metrics as metrics_lib
 from reasoning_rl import stop_signals
 from reasoning_rl import storage
-from reasoning_rl.build import (Run, build, build_template, eval_max_new_tokens,
-                                rollout_staleness, sampler_correction)
-from reasoning_rl.run_settings import partial_rollouts
+from reasoning_rl.build import Run, build, build_loop, eval_max_new_tokens
 from reasoning_rl.errors import CheckpointError, ExitCode, PhaseInterrupted
-from reasoning_rl.loop.partial_rollouts import (PartialCollector, PartialSettings,
-                                                check_partial_rollouts)
-from reasoning_rl.loop.rl_stage import RLStage
-from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
-from reasoning_rl.loop.sft_stage import SFTStage
 from reasoning_rl.loop.state import LoopState
 from reasoning_rl.multihost.bulk import BulkChannel
 from reasoning_rl.run_checkpoint import LORA_FILE, LORA_FILE_FORMAT_VERSION
@@ -82,30 +75,10 @@ class Trainer:
     self.lora_base = lora.base_fingerprint(frozen) if frozen is not None else None
     self.loop = LoopState(guards=guards_lib.Guards(run.config.guards))
     self.cluster = run.cluster
-    r = run.config.rollout
-    collector_kwargs = dict(num_samples=r.num_samples, max_new_tokens=r.max_new_tokens,
-                            stop_strings=r.stop_strings, sampling=run.sampling,
-                            seed=run.config.seed, episodes=run.episodes)
-    if self.cluster.multi_process:  # each sampler replica collects its share
-      collector_kwargs["cluster"] = self.cluster
-    collector_class = ShardedCollector if self.cluster.multi_process else RolloutCollector
-    if partial_rollouts(run.config):
-      check_partial_rollouts(multi_process=self.cluster.multi_process)
-      collector_class = PartialCollector
-      collector_kwargs.update(settings=PartialSettings.from_config(run.config),
-                              example_of=run.data.train_source.example)
-    self.collector = collector_class(run.backend, run.tokenizer, run.template, run.scorer,
-                                     **collector_kwargs)
-    if stage is None:
-      stage = (RLStage(run, self.collector, staleness=rollout_staleness(run.config),
-                       with_sampler_logprobs=(sampler_correction(run.config) != "none"
-                                              or run.step_fn.config.old_logprobs_from_sampler))
-               if run.config.stage == "rl" else SFTStage(run, self.collector, self.workdir))
-    self.stage = stage
+    loop = build_loop(run, stage=stage)
+    self.collector, self.stage = loop.collector, loop.stage
     # eval.instruction_variants: the held-out set is also evaluated under these templates
-    self.variant_templates = [(instruction, build_template(run.config, run.tokenizer,
-                                                           instruction=instruction))
-                              for instruction in run.config.eval.instruction_variants]
+    self.variant_templates = loop.variant_templates
 
   @classmethod
   def from_config(cls, config) -> "Trainer":

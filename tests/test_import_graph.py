@@ -52,6 +52,10 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         "math-verify, sympy (0.3 s)",
     ("reasoning_rl.build", "reasoning_rl.lora"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.loop.weight_sync"): _BUILD + _JAX + " (0.7 s)",
+    ("reasoning_rl.build", "reasoning_rl.loop.partial_rollouts"): _BUILD + _JAX + " (0.7 s)",
+    ("reasoning_rl.build", "reasoning_rl.loop.rl_stage"): _BUILD + _JAX + " (0.7 s)",
+    ("reasoning_rl.build", "reasoning_rl.loop.rollouts"): _BUILD + _JAX + " (0.7 s)",
+    ("reasoning_rl.build", "reasoning_rl.loop.sft_stage"): _BUILD + _JAX + " (0.7 s)",
     ("reasoning_rl.build", "reasoning_rl.run_checkpoint"): _BUILD + _JAX + ", Orbax, tokenizers "
         "(1.2 s)",
     ("reasoning_rl.build", "reasoning_rl.models.transformer"): _BUILD + _JAX + " (0.7 s)",
