@@ -21,8 +21,7 @@ from typing import Any
 from reasoning_rl import guards as guards_lib
 from reasoning_rl.errors import CheckpointError
 from reasoning_rl.rl import batching
-from reasoning_rl.sampler.rollout import (Completion, Unfinished, routes_from_json,
-                                           routes_to_json)
+from reasoning_rl.sampler.api import Completion, Unfinished, routes_from_json, routes_to_json
 
 SCORING_STATUSES = ("ok", "timeout", "error")
 # The checkpoint metadata `LoopState.to_meta` writes: the fields of `_META_FIELDS`, each queued

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from reasoning_rl.loop.state import SampledBatch
-from reasoning_rl.sampler.rollout import routes_to_json
+from reasoning_rl.sampler.api import routes_to_json
 
 # Keys of the step's own statistics that are promoted to the top level of the row.
 TOP_LEVEL_STATS = ("loss", "kl", "entropy", "clip_frac", "skipped_update")
