@@ -100,11 +100,24 @@ def test_unstacking_restores_the_loop_layout_paths_and_axes():
 
 
 def test_stacked_parameters_replicate_the_layer_axis_on_the_mesh():
-  mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-  spec = sharding.logical_to_spec(("layers", "embed", "mlp"), (3, 32, 48), mesh)
-  assert spec == jax.sharding.PartitionSpec(None, None, None)
-  shardings = sharding.param_shardings(nnx.state(both("llama")[1]), mesh)
-  assert len(jax.tree.leaves(shardings)) == len(jax.tree.leaves(nnx.state(both("llama")[1])))
+  """On the suite's 2x2x2 mesh (every axis > 1, so a rule that shards shows): each stacked
+  parameter keeps its layer axis whole and shards its other axes as the loop's own layer does.
+  gemma2's 4 stacked layers divide by every mesh axis, so nothing but the rule keeps them whole."""
+  mesh = sharding.make_mesh((2, 2, 2))
+  P = jax.sharding.PartitionSpec  # noqa: N806
+  assert sharding.logical_to_spec(("layers", "embed", "mlp"), (4, 32, 48), mesh) == P(
+      None, "fsdp", "tensor")
+  loop, scan = both("gemma2")
+  stacked = dict(nnx.to_flat_state(sharding.param_shardings(nnx.state(scan), mesh)))
+  per_layer = dict(nnx.to_flat_state(sharding.param_shardings(nnx.state(loop), mesh)))
+  layer_params = [path for path in stacked if path[0] == "layers"]
+  assert len(layer_params) == 11  # q, k, v, o; gate, up, down; four sandwich norms
+  for path in layer_params:
+    assert nnx.state(scan)["layers"][path[1]][path[2]].shape[0] == 4
+    for layer in range(4):
+      loop_spec = per_layer[("layers", layer) + path[1:]].spec
+      assert stacked[path].spec == P(None, *loop_spec), path
+  assert stacked[("layers", "mlp", "up_proj")].spec == P(None, "fsdp", "tensor")  # sharded
 
 
 @pytest.mark.parametrize("name", ["qwen2", "gemma2"])
