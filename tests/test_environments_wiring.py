@@ -1,6 +1,5 @@
 """The environment red team at a run's start-up (`build.enforce_environment_redteam`)."""
 
-import importlib.util
 import logging
 import sys
 
@@ -14,6 +13,8 @@ from reasoning_rl.environments import redteam as env_redteam
 from reasoning_rl.errors import VerifierError
 from reasoning_rl.sampler import EpisodeSettings
 from tests.conftest import REPO
+from tests.support.configs import demo_config
+
 
 sys.path.insert(0, str(REPO))  # configs/ import each other as `configs.…`
 
@@ -44,15 +45,6 @@ def test_a_probe_that_does_not_hold_stops_the_run_unless_allowed(monkeypatch, ca
   with caplog.at_level(logging.WARNING, logger="reasoning_rl"):
     assert build.enforce_environment_redteam(config, episodes_of("python_tool")) == [broken]
   assert "RED TEAM OVERRIDDEN" in caplog.text
-
-
-def demo_config(name: str):
-  spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
-  config.workdir = "/tmp/unused"
-  return config
 
 
 def test_the_calculator_demo_plays_the_demo_task_with_the_tool_and_validates():

@@ -22,11 +22,12 @@ from reasoning_rl.rl.step import StepConfig, TrainStep
 from reasoning_rl.sampler import Engine, SamplingParams, generate_groups
 from reasoning_rl.sampler.exact import CanonicalScorer, ExactStats, exact_groups
 from reasoning_rl.sampler.sampling import sample_key
-from tests.test_config import debug_config
-from tests.test_packing import ragged_batch
-from tests.test_packing import T as PACKING_T
-from tests.test_sampler_engine import PROMPTS, AngleTokenizer, tiny_model
-from tests.test_train_step import fresh_params
+from tests.support.configs import debug_config
+from tests.support.packing import T as PACKING_T
+from tests.support.packing import ragged_batch
+from tests.support.sampler import PROMPTS, AngleTokenizer, tiny_model
+from tests.support.steps import fresh_params
+
 
 MAX_PROMPT, MAX_NEW = 32, 12
 WARPED = SamplingParams(temperature=0.7, top_p=0.9, top_k=6, min_p=0.02)

@@ -31,10 +31,8 @@ from reasoning_rl.metrics import ROLLOUT_FORMAT_VERSION, MetricsWriter
 from reasoning_rl.models import load
 from reasoning_rl.models.run_checkpoint import LORA_FILE_FORMAT_VERSION, read_lora_file
 from reasoning_rl.replay import replay
-from tests.test_faults import _run_workdir
-from tests.test_loop import _batch
-from tests.test_replay import COMPLETIONS, ORIGINAL, write_run
-from tests.test_trainer_cadence import ScriptedStage, _fake_run, _trainer
+from tests.support.loop import (
+    COMPLETIONS, ORIGINAL, ScriptedStage, _batch, _fake_run, _run_workdir, _trainer, write_run)
 
 
 def _one_line(error) -> str:

@@ -20,7 +20,7 @@ import pytest
 from reasoning_rl import checkpointing, storage
 from reasoning_rl.checkpointing import CHECKSUMS_FILE, Checkpointer
 from tests.multihost_runs import REPO, environment
-from tests.test_storage import emulator, remote  # noqa: F401 (fixtures: the emulator, a gs:// dir)
+from tests.support.cloud import emulator, remote  # noqa: F401 (fixtures: the emulator, a gs:// dir)
 
 
 # ------------------------------------------------------------------------------ no re-reads

@@ -20,7 +20,8 @@ from reasoning_rl.models.transformer import (
     remat_policy, stack_layers, unstack_layers)
 from reasoning_rl.rl.stats import finalize
 from reasoning_rl.rl.step import StepConfig, TrainStep
-from tests.test_train_step import PROBE_LR, assert_same_gradient, gradient_probe, make_batch
+from tests.support.steps import PROBE_LR, assert_same_gradient, gradient_probe, make_batch
+
 
 CONFIGS = {
     "llama": ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48,
@@ -273,7 +274,7 @@ def test_the_sampler_engine_decodes_a_scanned_model_as_the_loop():
   """Continuous batching (7 prompts over 3 slots: prefill, insert, decode of some rows only)
   through the stacked KV cache: the loop model's greedy and sampled completions."""
   from reasoning_rl.sampler import Engine, SamplingParams, generate_groups
-  from tests.test_sampler_engine import PROMPTS, tiny_model
+  from tests.support.sampler import PROMPTS, tiny_model
 
   loop = tiny_model(1)
   outputs = []
@@ -297,7 +298,7 @@ def test_a_scanned_run_trains_as_the_loop_run_and_its_checkpoints_load(tmp_path)
   import json
 
   from reasoning_rl.metrics import read_metrics
-  from tests.test_trainer import assert_evaluate_cli_reproduces, rollouts, train
+  from tests.support.runs import assert_evaluate_cli_reproduces, rollouts, train
 
   # the evaluation as configs/debug_cpu.py has it: launch/evaluate.py reads that config alone
   common = ("--config.total_steps=2", "--config.checkpoint.every_steps=2",

@@ -14,31 +14,9 @@ import pytest
 from reasoning_rl.data.debug_vocab import debug_arithmetic_tokenizer
 from reasoning_rl.metrics import read_metrics
 from tests.conftest import REPO
-
-VOLATILE = ("time/", "throughput/", "verifier/pool/")
-
-
-def train(workdir, *overrides, check=True, timeout=600):
-  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
-             f"--config.workdir={workdir}", "--config.logging.progress_bar=False", *overrides]
-  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-  if check and result.returncode != 0:
-    # the head too: an abort's cause is printed before the threads' stacks that end stderr
-    err = result.stderr
-    shown = err if len(err) <= 6000 else f"{err[:3000]}\n[...]\n{err[-3000:]}"
-    raise AssertionError(f"train.py exited {result.returncode}:\n{shown}")
-  return result
-
-
-def stable(rows):
-  return [{k: v for k, v in row.items() if not k.startswith(VOLATILE)} for row in rows]
-
-
-def rollouts(workdir):
-  records = []
-  for path in sorted((workdir / "rollouts").glob("*.jsonl")):
-    records += [json.loads(line) for line in path.read_text().splitlines()]
-  return records
+from tests.support.runs import (  # noqa: F401 (own_signal_handlers: a fixture)
+    assert_evaluate_cli_reproduces, own_signal_handlers, rollouts, sigterm_in_first_decode_call,
+    stable, train)
 
 
 @pytest.fixture(scope="module")
@@ -201,20 +179,6 @@ def test_kl_guard_stops_with_exit_code_3(tmp_path):
   assert (tmp_path / "checkpoints" / str(rows[-1]["step"])).exists()
 
 
-def assert_evaluate_cli_reproduces(workdir, output, step: int):
-  """launch/evaluate.py on the run's newest checkpoint gives its in-training evaluation of
-  `step`: the same examples and accuracy."""
-  result = subprocess.run(
-      [sys.executable, str(REPO / "launch" / "evaluate.py"), f"--checkpoint={workdir}",
-       "--config=configs/debug_cpu.py", f"--output={output}"],
-      cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert result.returncode == 0, result.stderr[-2000:]
-  standalone = json.loads(output.read_text())
-  in_training = json.loads((workdir / "eval" / f"step_{step:08d}.json").read_text())
-  assert standalone["examples"] == in_training["examples"]
-  assert standalone["accuracy"] == in_training["accuracy"]
-
-
 def test_evaluate_cli_reproduces_the_final_in_training_evaluation(baseline, tmp_path):
   assert_evaluate_cli_reproduces(baseline, tmp_path / "eval.json", step=10)
 
@@ -285,7 +249,7 @@ def test_two_iterations_clip_and_sampler_correction_is_logged(tmp_path, own_sign
   from reasoning_rl.rl import batching
   from reasoning_rl.rl.step import learning_rate_schedule
   from reasoning_rl.trainer import Trainer
-  from tests.test_step_minibatches import rolled_epochs
+  from tests.support.steps import rolled_epochs
 
   config = debug_cpu.get_config()
   config.workdir = str(tmp_path)
@@ -328,35 +292,6 @@ def test_two_iterations_clip_and_sampler_correction_is_logged(tmp_path, own_sign
   # (-0.0055064 vs -0.0055050), where rel=1e-4 alone failed. A wrong clip or ratio moves it by
   # ~clip_frac · ε ≈ 4e-3, far outside this bound.
   assert rows[0]["loss"] == pytest.approx(expected["loss"], rel=1e-4, abs=1e-5)
-
-
-def sigterm_in_first_decode_call(run, *, version):
-  """Makes `run`'s engine send this process SIGTERM inside its first decode call with policy
-  `version`; returns the list that gets one entry per decode call of that version."""
-  generate, calls = run.engine.generate, []
-
-  def generate_then_sigterm(*args, **kwargs):
-    if run.engine.policy_version == version:
-      calls.append(1)
-      if len(calls) == 1:
-        os.kill(os.getpid(), signal.SIGTERM)
-    return generate(*args, **kwargs)
-
-  run.engine.generate = generate_then_sigterm
-  return calls
-
-
-@pytest.fixture
-def own_signal_handlers():
-  """Puts SIGTERM / SIGINT handling and the stop flag back after an in-process preempted run
-  (which keeps the trainer's handlers installed, as a process about to exit does)."""
-  from reasoning_rl import checkpointing
-
-  before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-  yield
-  signal.signal(signal.SIGTERM, before[0])
-  signal.signal(signal.SIGINT, before[1])
-  checkpointing.clear_preemption_request()
 
 
 def test_sigterm_while_sampling_stops_at_the_next_decode_call_and_resumes_exactly(
