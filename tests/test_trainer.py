@@ -15,8 +15,8 @@ from reasoning_rl.data.debug_vocab import debug_arithmetic_tokenizer
 from reasoning_rl.metrics import read_metrics
 from tests.conftest import REPO
 from tests.support.runs import (  # noqa: F401 (own_signal_handlers: a fixture)
-    assert_evaluate_cli_reproduces, own_signal_handlers, rollouts, sigterm_in_first_decode_call,
-    stable, train)
+    LOSS_ABS, assert_evaluate_cli_reproduces, own_signal_handlers, rollouts,
+    sigterm_in_first_decode_call, stable, train)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_packed_training_matches_the_padded_run(baseline, tmp_path):
   assert packed[0]["response_length/mean"] == padded[0]["response_length/mean"]
   for key in ("entropy", "train/grad_norm"):
     assert packed[0][key] == pytest.approx(padded[0][key], rel=1e-4), key
-  assert packed[0]["loss"] == pytest.approx(padded[0]["loss"], abs=1e-6)
+  assert packed[0]["loss"] == pytest.approx(padded[0]["loss"], abs=LOSS_ABS)
 
 
 def test_exact_logprobs_run_samples_what_the_baseline_samples(baseline, tmp_path):
@@ -122,7 +122,7 @@ def test_exact_logprobs_run_samples_what_the_baseline_samples(baseline, tmp_path
     assert 0 < row["sampler/exact_draft_mismatch_max"] < 1e-4  # what the mode removed
     assert row["reward/mean"] == reference["reward/mean"]
     assert row["response_length/mean"] == reference["response_length/mean"]
-    assert row["loss"] == pytest.approx(reference["loss"], abs=1e-6)
+    assert row["loss"] == pytest.approx(reference["loss"], abs=LOSS_ABS)  # π_old: the sampler's
   assert "sampler/exact_repairs" not in plain[0]
 
 
@@ -271,7 +271,10 @@ def test_two_iterations_clip_and_sampler_correction_is_logged(tmp_path, own_sign
     # the sampler's and the trainer's log-probs of the same tokens differ by float32 rounding
     # only (a token off by one position would differ by O(1)); ratios near 1 cap nothing
     assert 0 <= row["train/tis/abs_log_diff"] <= row["train/tis/abs_log_diff/max"] < 1e-5, row
-    assert row["train/tis/capped_token_frac"] == 0 and row["train/tis/weight"] == 1.0
+    # each weight is e^{d_t} with |d_t| <= that max, so their mean is 1 within it (+ the mean's
+    # float32 rounding); exactly 1.0 only where the two forwards agree bitwise, as on some CPUs
+    assert row["train/tis/capped_token_frac"] == 0, row
+    assert abs(row["train/tis/weight"] - 1) <= 1.01 * row["train/tis/abs_log_diff/max"] + 1e-6, row
   # Step 1 from the run's initial parameters on the batch it trained: updates on rows 0, 2, …
   # then 1, 3, …, twice, all against π_old of the first forward; optax's AdamW (after global-norm
   # clipping, on the step's schedule) is the reference optimizer.
@@ -286,12 +289,9 @@ def test_two_iterations_clip_and_sampler_correction_is_logged(tmp_path, own_sign
     assert rows[0][f"train/{key}"] == expected[key], key
   for key in ("ratio/min", "ratio/mean", "ratio/max", "approx_kl"):
     assert rows[0][f"train/{key}"] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
-  # The loss is a near-cancelling mean of O(1) terms (advantage × ratio, |A| ~ 1): its rounding
-  # is absolute, on the terms' scale, and differs by CPU kind (vector width and FMA change the
-  # summation order of the fused step and of the rolled reference): 1.4e-6 apart on an AVX2 EPYC
-  # (-0.0055064 vs -0.0055050), where rel=1e-4 alone failed. A wrong clip or ratio moves it by
-  # ~clip_frac · ε ≈ 4e-3, far outside this bound.
-  assert rows[0]["loss"] == pytest.approx(expected["loss"], rel=1e-4, abs=1e-5)
+  # the loss: an absolute bound on its terms' scale (LOSS_ABS says why; rel=1e-4 alone failed on
+  # an AVX2 EPYC)
+  assert rows[0]["loss"] == pytest.approx(expected["loss"], rel=1e-4, abs=LOSS_ABS)
 
 
 def test_sigterm_while_sampling_stops_at_the_next_decode_call_and_resumes_exactly(
