@@ -13,10 +13,7 @@ import yaml
 from launch.gcp import tpu_vm
 from reasoning_rl.tpu_chips import ACCELERATORS
 from tests.conftest import REPO
-from tests.support.cloud import gcp, run_tool, spec, sys
-
-
-spec.loader.exec_module(gcp)
+from tests.support.cloud import gcp, run_tool
 
 
 @pytest.mark.parametrize("accelerator, chips, hosts, topology", [

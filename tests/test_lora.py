@@ -24,7 +24,8 @@ from reasoning_rl.rl import losses
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.stats import finalize
 from reasoning_rl.rl.step import StepConfig, TrainStep
-from tests.support.steps import B, T, make_batch, reference_kl
+from tests.support.steps import (  # the same vocabulary (64) as CONFIG
+    B, T, make_batch, reference_kl)
 
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,

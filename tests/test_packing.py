@@ -11,9 +11,9 @@ from reasoning_rl.models.transformer import create_model
 from reasoning_rl.rl import packing
 from reasoning_rl.rl.logprobs import completion_logprobs, packed_completion_logprobs
 from reasoning_rl.rl.step import StepConfig
+from tests.support.packing import B, P, T, ragged_batch
 from tests.support.steps import (
     CONFIG, assert_same_gradient, gradient_probe, run_step, step_gradient)
-from tests.support.packing import B, P, T, ragged_batch
 
 
 @pytest.mark.parametrize("mini, micro, groups", [(1, 1, 1), (2, 2, 1), (1, 3, 2), (1, 2, 3)])

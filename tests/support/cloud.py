@@ -28,14 +28,12 @@ exit 0
 """
 
 
+# launch/gcp/commands.py loaded as a module (it is a script, not in a package)
 spec = importlib.util.spec_from_file_location("gcp_commands",
                                               REPO / "launch" / "gcp" / "commands.py")
-
-
 gcp = importlib.util.module_from_spec(spec)
-
-
 sys.modules["gcp_commands"] = gcp  # dataclasses look their module up there
+spec.loader.exec_module(gcp)
 
 
 def run_tool(*args) -> subprocess.CompletedProcess:

@@ -25,6 +25,9 @@ def debug_config(**overrides):
 
 
 def demo_config(name: str):
+  """configs/<name>.py's config (configs import each other as `configs.…`)."""
+  if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
   spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
