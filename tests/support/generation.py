@@ -9,7 +9,7 @@ import numpy as np
 import tokenizers
 import torch
 import transformers
-from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers
+from tokenizers import models, pre_tokenizers
 
 from tests.hf_reference import FAMILIES
 
@@ -81,13 +81,6 @@ def assert_greedy_matches_transformers(tmp_path, directory, torch_model):
 
 # family -> (num_labels, pad_token_id)
 HEADS = {"llama": (1, 0), "qwen2": (2, 5)}
-
-
-def write_word_tokenizer(directory: pathlib.Path, vocab_size: int = 97):
-  """A tokenizer.json whose token i is the word "t{i}" (no special tokens)."""
-  tok = HFTokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
-  tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-  tok.save(str(directory / "tokenizer.json"))
 
 
 def write_reward_model(family: str, directory: pathlib.Path, seed: int = 0):
