@@ -237,7 +237,7 @@ def test_two_iterations_clip_and_sampler_correction_is_logged(tmp_path, own_sign
                                                               monkeypatch):
   """μ = 2 epochs × M = 2 mini-batches in the real loop (in process, so the test can keep step 1's
   batch and initial parameters): step 1's logged clip and ratio statistics are those of its four
-  AdamW updates rolled here from public pieces (`tests.test_step_minibatches.rolled_epochs`)."""
+  AdamW updates rolled here from public pieces (`tests.support.steps.rolled_epochs`)."""
   import jax
   import jax.numpy as jnp
   import optax
