@@ -16,7 +16,7 @@ from reasoning_rl.multihost.cluster import Cluster
 from reasoning_rl.multihost.exchange import Exchange, ValueTooLarge
 from reasoning_rl.multihost.topology import make_topology
 from reasoning_rl.rl.batching import ScoredGroup
-from tests.test_multihost import FakeStore, devices, run_processes
+from tests.support.multihost import FakeStore, devices, run_processes
 
 
 def group(position: int, rewards=(0.0, 1.0)) -> GroupRollout:

@@ -10,21 +10,7 @@ from reasoning_rl import config as config_lib
 from reasoning_rl.errors import ConfigError
 from tests.conftest import REPO
 from tests.multihost_runs import xla_flags
-
-
-def debug_config(**overrides):
-  sys.path.insert(0, str(REPO))
-  from configs import debug_cpu
-
-  config = debug_cpu.get_config()
-  config.workdir = "/tmp/unused"
-  for dotted, value in overrides.items():
-    node = config
-    *parents, last = dotted.split(".")
-    for part in parents:
-      node = node[part]
-    node[last] = value
-  return config
+from tests.support.configs import debug_config
 
 
 def test_debug_config_is_valid():

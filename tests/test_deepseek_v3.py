@@ -25,9 +25,9 @@ from reasoning_rl.rl.step_config import StepConfig
 from reasoning_rl.sampler import Engine, generate_groups
 from reasoning_rl.sampler.paged import PagedEngine
 from tests.hf_reference import DEEPSEEK_V3, reference_logits, write_tiny_model
-from tests.test_model_parity import decoded_logits, full_logits, left_padded_batch
-from tests.test_sampler_engine import GREEDY, PROMPTS
-from tests.test_train_step import make_batch
+from tests.support.parity import decoded_logits, full_logits, left_padded_batch
+from tests.support.sampler import GREEDY, PROMPTS
+from tests.support.steps import make_batch
 
 
 def tiny_config(**moe_fields) -> ModelConfig:

@@ -1,6 +1,5 @@
 """The environment red team at a run's start-up (`build.enforce_environment_redteam`)."""
 
-import importlib.util
 import logging
 import sys
 
@@ -9,11 +8,13 @@ import pytest
 from reasoning_rl import build
 from reasoning_rl import config as config_lib
 from reasoning_rl.config import base_config
-from reasoning_rl.environments import build_environment
+from reasoning_rl.environments import Turn, build_environment
 from reasoning_rl.environments import redteam as env_redteam
 from reasoning_rl.errors import VerifierError
 from reasoning_rl.sampler import EpisodeSettings
 from tests.conftest import REPO
+from tests.support.configs import demo_config
+
 
 sys.path.insert(0, str(REPO))  # configs/ import each other as `configs.…`
 
@@ -46,22 +47,26 @@ def test_a_probe_that_does_not_hold_stops_the_run_unless_allowed(monkeypatch, ca
   assert "RED TEAM OVERRIDDEN" in caplog.text
 
 
-def demo_config(name: str):
-  spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
-  config.workdir = "/tmp/unused"
-  return config
-
-
 def test_the_calculator_demo_plays_the_demo_task_with_the_tool_and_validates():
   config = demo_config("smollm2_calculator")
   demo = demo_config("smollm2_arithmetic")
   assert config.data.train == demo.data.train and config.data.eval == demo.data.eval
-  assert (config.environment.name, config.environment.observation_format) == ("calculator", "raw")
-  assert config.rewards == demo.rewards  # the demo's verifier, on the whole conversation
   config_lib.validate(config, num_devices=8)
+  # what the run builds from the config: an episode whose turns end at "=" and get the exact
+  # value back, at most max_calls (4) times, then the episode ends without an observation
+  episodes = build.build_episodes(config, tokenizer=None)
+  assert (episodes.max_turns, episodes.turn_tokens) == (5, 64)
+  assert episodes.environment.turn_stop_strings == ("=",)
+  episode = episodes.environment.reset(None, seed=0)
+  values = [episode.step(text) for text in ("17 + 25 =", "42 * 3 =", "7 / 2 =", "1 - 9 =")]
+  assert [episodes.format_observation(t.observation) for t in values] == ["42", "126", "7/2", "-8"]
+  assert episode.step("5 + 5 =") == Turn(None, True, {}, {"calls": 4})  # the fifth call
+  # the demo's verifier scores the whole conversation: the tool's value then the final answer
+  reward_fn = build.build_reward_fn(config, redteam=False)
+  conversation = "17 + 25 =42, so the answer is 42."
+  scored = [reward_fn({"prompt": "What is 17 + 25?", "completion": text, "ground_truth": "42"})
+            for text in (conversation, conversation.replace("is 42", "is 43"))]
+  assert [r.total for r in scored] == [1.0, 0.0]
 
 
 def test_replay_rescores_an_environment_part_from_the_record(tmp_path):

@@ -18,23 +18,22 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from flax import nnx
 
 from reasoning_rl import checkpoint_manifest, stop_signals
 from reasoning_rl.checkpoint_manifest import CHECKSUMS_FILE, CheckpointCorruptError
 from reasoning_rl.checkpointing import Checkpointer
+from reasoning_rl.run_checkpoint import load_model
 from reasoning_rl.config import base_config
 from reasoning_rl.errors import CheckpointError, ConfigError, ExitCode
 from reasoning_rl.models.checkpoints import load_hf_weights
-from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.gguf_io import load_gguf_weights
-from reasoning_rl.models.transformer import create_model
-from reasoning_rl.run_checkpoint import load_model
 from reasoning_rl.workdir import (FINGERPRINT_FILE, LOCK_FILE, WorkdirLock,
                                   check_or_write_fingerprint, check_output_file_writable,
                                   check_workdir_writable)
 from tests.hf_reference import SMALL, write_tiny_model
-from tests.test_generate import generate, write_word_tokenizer
+from tests.support.generation import generate, write_word_tokenizer
+from tests.support.loop import _run_workdir
+
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -268,24 +267,6 @@ def test_gguf_with_a_nan_tensor_is_refused_naming_it(tmp_path):
   with pytest.raises(CheckpointError,
                      match=r"damaged\.gguf: tensor 'blk\.0\.ffn_down\.weight' holds NaN or inf"):
     load_gguf_weights(path)
-
-
-def _run_workdir(directory: pathlib.Path, nan: bool):
-  """A training run's layout: model/ (config + tokenizer) and one checkpoint of the policy."""
-  hf = dict(model_type="qwen2", vocab_size=97, hidden_size=16, intermediate_size=32,
-            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8)
-  config = ModelConfig.from_hf_config(hf, source="test")
-  (directory / "model").mkdir(parents=True)
-  (directory / "model" / "config.json").write_text(json.dumps(config.to_hf_config()))
-  write_word_tokenizer(directory / "model")
-  params = nnx.state(create_model(config))
-  if nan:
-    params = jax.tree_util.tree_map_with_path(
-        lambda path, x: x.at[0].set(jnp.nan) if "final_norm" in jax.tree_util.keystr(path) else x,
-        params)
-  with Checkpointer(directory / "checkpoints") as ckpt:
-    ckpt.save(6, {"params": params, "step": jnp.int32(6)}, {}, force=True)
-  return directory
 
 
 def test_run_checkpoint_with_nan_or_damaged_files_is_refused(tmp_path):

@@ -19,7 +19,8 @@ from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import KVCache, create_model
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.step_config import StepConfig
-from tests.test_planning import TINY, _config
+from tests.support.configs import TINY, _config
+
 
 # D=16, F=24, V=40, L=2, H=4, K=2, Dh=8 (GQA), untied output projection.
 SMALL = ModelConfig(model_type="llama", vocab_size=40, hidden_size=16, intermediate_size=24,

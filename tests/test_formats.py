@@ -38,10 +38,8 @@ from reasoning_rl.run_checkpoint import (LORA_FILE_FORMAT_VERSION, load_model, r
 from reasoning_rl.replay import replay
 from reasoning_rl.workdir import (FINGERPRINT_FILE, RUN_CONFIG_FORMAT_VERSION,
                                   check_or_write_fingerprint)
-from tests.test_faults import _run_workdir
-from tests.test_loop import _batch
-from tests.test_replay import COMPLETIONS, ORIGINAL, write_run
-from tests.test_trainer_cadence import ScriptedStage, _fake_run, _trainer
+from tests.support.loop import (
+    COMPLETIONS, ORIGINAL, ScriptedStage, _batch, _fake_run, _run_workdir, _trainer, write_run)
 
 
 def _one_line(error) -> str:

@@ -13,6 +13,8 @@ import pytest
 
 from tests.conftest import REPO
 from tests.multihost_runs import metrics_rows
+from tests.support.cloud import fake_uv_script
+
 
 SCRIPT = REPO / "launch" / "gcp" / "install_worker.sh"
 
@@ -51,21 +53,6 @@ def test_install_script_makes_an_environment_that_trains(tmp_path):
                        capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-3000:]
   assert [row["step"] for row in metrics_rows(workdir)] == [1, 2]
-
-
-def fake_uv_script(calls: pathlib.Path, venv_ok: bool) -> str:
-  """A `uv` that makes "environments" running this test's Python and installs nothing (its
-  arguments appended to `calls`), so that install_worker.sh's own steps run in a second."""
-  make_venv = (f'mkdir -p "$target/bin"; printf "#!/bin/sh\\nexec {sys.executable} \\"\\$@\\"\\n" '
-               f'> "$target/bin/python"; chmod +x "$target/bin/python"; exit 0')
-  return f"""#!/bin/bash
-echo "$@" >> {calls}
-for target; do :; done  # the last argument
-if [ "$1" = venv ]; then
-  {make_venv if venv_ok else 'echo "error: No interpreter found" >&2; exit 2'}
-fi
-exit 0
-"""
 
 
 def fake_uv(tmp_path: pathlib.Path, venv_ok: bool) -> dict:

@@ -23,7 +23,7 @@ from tests import jobset_runner
 from tests.conftest import REPO
 from tests.jobset_runner import PodEnd
 from tests.multihost_runs import free_port_block, metrics_rows, wait_all, xla_flags
-from tests.test_gcp_launch import gcp, run_tool
+from tests.support.cloud import gcp, run_tool
 
 
 def manifest(accelerator="v5p-64", workdir="gs://b/run", overrides=(), num_slices=1,

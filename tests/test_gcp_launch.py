@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
 import subprocess
@@ -14,17 +13,7 @@ import yaml
 from launch.gcp import tpu_vm
 from reasoning_rl.tpu_chips import ACCELERATORS
 from tests.conftest import REPO
-
-spec = importlib.util.spec_from_file_location("gcp_commands",
-                                              REPO / "launch" / "gcp" / "commands.py")
-gcp = importlib.util.module_from_spec(spec)
-sys.modules["gcp_commands"] = gcp  # dataclasses look their module up there
-spec.loader.exec_module(gcp)
-
-
-def run_tool(*args) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "launch/gcp/commands.py", *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=120)
+from tests.support.cloud import gcp, run_tool
 
 
 @pytest.mark.parametrize("accelerator, chips, hosts, topology", [

@@ -21,7 +21,8 @@ import time
 
 from tests.conftest import REPO
 from tests.multihost_runs import metrics_rows
-from tests.test_gcp_install import fake_uv_script
+from tests.support.cloud import fake_uv_script
+
 
 TOTAL_STEPS = 30
 

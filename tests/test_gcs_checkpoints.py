@@ -21,7 +21,7 @@ from reasoning_rl import checkpoint_manifest, storage
 from reasoning_rl.checkpoint_manifest import CHECKSUMS_FILE
 from reasoning_rl.checkpointing import Checkpointer
 from tests.multihost_runs import REPO, environment
-from tests.test_storage import emulator, remote  # noqa: F401 (fixtures: the emulator, a gs:// dir)
+from tests.support.cloud import emulator, remote  # noqa: F401 (fixtures: the emulator, a gs:// dir)
 
 
 # ------------------------------------------------------------------------------ no re-reads

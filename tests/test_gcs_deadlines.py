@@ -27,7 +27,8 @@ from reasoning_rl.trainer import SaveCadence
 from tests import gcs_emulator
 from tests.multihost_runs import REPO, environment
 from tests.storage_relay import Relay
-from tests.test_trainer import stable
+from tests.support.runs import stable
+
 
 BUCKET = "rrl-deadlines"
 STEPS = 6

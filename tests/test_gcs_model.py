@@ -14,7 +14,7 @@ from reasoning_rl.data.debug_vocab import load_named_tokenizer
 from reasoning_rl.models import load, save_hf
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import create_model
-from tests.test_storage import BUCKET, emulator, remote  # noqa: F401 (fixtures)
+from tests.support.cloud import BUCKET, emulator, remote  # noqa: F401 (fixtures)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from reasoning_rl.models.transformer import (
     KVCache, create_model, layer_period, positions_from_mask, stack_layers)
 from tests.hf_reference import SMALL, reference_logits
 
+
 # Twelve layers: two periods of five local layers (window 3) and one global layer, so the scanned
 # stack runs two steps of six blocks; distinct RoPE bases and linear scaling on the global layers.
 CONFIG = ModelConfig(
@@ -176,7 +177,7 @@ def test_engine_greedy_decoding_equals_the_full_forward():
   """Continuous batching over a Gemma 3 model, prompts and completions past the local window:
   each greedy completion is the one the training forward recomputes token by token."""
   from reasoning_rl.sampler import Engine, SamplingParams, generate_groups
-  from tests.test_sampler_engine import full_forward_greedy
+  from tests.support.sampler import full_forward_greedy
 
   config = dataclasses.replace(CONFIG, vocab_size=97)
   model = perturbed_model(config, seed=2)

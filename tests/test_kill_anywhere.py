@@ -5,37 +5,17 @@ flight is either in the checkpoint (batches sampled ahead, partial rollouts' sam
 from it: completions depend only on (seed, data position, sample index) and the weights, and
 the weights and data position are the checkpoint's."""
 
-import signal
-import subprocess
-import sys
-
 import pytest
 
 from reasoning_rl.checkpointing import Checkpointer
 from reasoning_rl.metrics import read_metrics
-from tests.conftest import REPO
-from tests.test_trainer import stable, train
+from tests.support.runs import killed_then_resumed, stable, train
+
 
 SHORT = ("--config.total_steps=4", "--config.checkpoint.every_steps=2",
          "--config.eval.every_steps=0", "--config.verifier.num_workers=2",
          "--config.rollout.steps_per_call=4")  # several decode calls per step
 ASYNC = ("--config.async_rollouts.enabled=True", "--config.async_rollouts.max_staleness=1")
-
-
-def killed_then_resumed(workdir, point, version, *overrides, after_kill=None):
-  command = [sys.executable, str(REPO / "tests" / "kill_point.py"), point, str(version), "--",
-             "--config=configs/debug_cpu.py", f"--config.workdir={workdir}",
-             "--config.logging.progress_bar=False", *overrides]
-  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-  assert result.returncode == -signal.SIGKILL, (
-      f"never reached {point} at version {version} (exit {result.returncode}):\n"
-      f"{result.stderr[-3000:]}")
-  rows = read_metrics(workdir / "metrics.jsonl")
-  assert [r["step"] for r in rows] == list(range(1, version + 1))  # it died inside step v + 1
-  if after_kill is not None:
-    after_kill(workdir)
-  train(workdir, *overrides)
-  return read_metrics(workdir / "metrics.jsonl")
 
 
 @pytest.fixture(scope="module")

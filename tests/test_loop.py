@@ -13,25 +13,8 @@ import pytest
 from reasoning_rl import guards as guards_lib
 from reasoning_rl.config import base_config
 from reasoning_rl.loop import compile_clock, telemetry
-from reasoning_rl.loop.state import GroupRollout, LoopState, SampledBatch
-from reasoning_rl.rl.batching import ScoredGroup
-
-
-def _group(rewards, lengths, *, truncated=None, correct=None, prompt=(5, 6, 7)):
-  return ScoredGroup(
-      prompt_tokens=list(prompt), completion_ids=[list(range(1, n + 1)) for n in lengths],
-      logprobs=[[-0.5] * n for n in lengths], rewards=list(rewards),
-      parts={"correct": list(correct if correct is not None else rewards)},
-      truncated=list(truncated or [False] * len(rewards)))
-
-
-def _batch():
-  return SampledBatch(
-      groups=(GroupRollout(11, _group([1.0, 0.0], [3, 5], truncated=[False, True]), ("a", "b")),
-              GroupRollout(12, _group([0.5, 0.5], [2, 2], correct=[0.0, 0.0]), ("c", "d"),
-                           status="timeout")),
-      outcome={"groups/all_pass_frac": 0.0, "groups/all_fail_frac": 0.5}, groups_sampled=4,
-      scoring={"ok": 2, "timeout": 1, "error": 1}, sample_s=2.0, verify_s=0.5, policy_version=3)
+from reasoning_rl.loop.state import LoopState
+from tests.support.loop import _batch
 
 
 def test_loop_state_round_trips_through_checkpoint_metadata():

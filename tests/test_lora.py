@@ -25,8 +25,9 @@ from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.stats import finalize
 from reasoning_rl.rl.step import TrainStep
 from reasoning_rl.rl.step_config import StepConfig
-from tests.test_train_step import (  # the same vocabulary (64) as CONFIG
+from tests.support.steps import (  # the same vocabulary (64) as CONFIG
     B, T, make_batch, reference_kl)
+
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
@@ -314,7 +315,7 @@ def test_a_packed_lora_step_applies_the_padded_steps_update():
   """Packed rows go through qwix's intercepted `run_blocks` with their segment ids: adapters and
   the base-as-reference see each sequence alone, as in the padded step."""
   from reasoning_rl.rl import packing
-  from tests.test_packing import ragged_batch
+  from tests.support.packing import ragged_batch
 
   batch = ragged_batch()
   packed, _ = packing.pack_batch(batch, num_micro_batches=2, head_chunk=8)

@@ -13,7 +13,8 @@ import pytest
 
 from reasoning_rl.metrics import read_metrics
 from tests.conftest import REPO
-from tests.test_trainer import assert_evaluate_cli_reproduces, stable, train
+from tests.support.runs import assert_evaluate_cli_reproduces, stable, train
+
 
 LORA = ("--config.lora.rank=4", "--config.lora.alpha=8", "--config.beta=0.04",
         "--config.total_steps=6", "--config.checkpoint.every_steps=2")

@@ -22,7 +22,7 @@ from reasoning_rl.models.checkpoints import load_hf_weights
 from reasoning_rl.models.config import ModelConfig, MoEConfig
 from reasoning_rl.models.transformer import create_model, stack_layers
 from tests.hf_reference import MOE_FAMILIES, reference_logits, write_tiny_model
-from tests.test_generate import assert_greedy_matches_transformers, write_word_tokenizer
+from tests.support.generation import assert_greedy_matches_transformers, write_word_tokenizer
 
 
 @pytest.fixture(scope="module", params=MOE_FAMILIES)

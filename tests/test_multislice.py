@@ -16,8 +16,8 @@ from reasoning_rl.errors import ConfigError
 from reasoning_rl.multihost.topology import make_topology
 from reasoning_rl.multihost.tpu_env import flags_from_tpu_environment
 from reasoning_rl.rl.step_config import StepConfig
-from tests.test_planning import TINY, _config
-from tests.test_train_step import assert_same_gradient, make_batch, step_gradient
+from tests.support.configs import TINY, _config
+from tests.support.steps import assert_same_gradient, make_batch, step_gradient
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +89,7 @@ def test_a_step_on_two_slices_takes_the_single_device_gradient_and_keeps_weights
   assert sliced_stats["loss"] == pytest.approx(single_stats["loss"], abs=1e-5)
   # No parameter is split across slices: each slice holds every weight (fsdp / tensor inside
   # it), so only the gradient reduction over `data` has to cross the data-center network.
-  from tests.test_train_step import fresh_params
+  from tests.support.steps import fresh_params
 
   _, params = fresh_params()
   for spec in jax.tree.leaves(sharding.param_shardings(params, mesh),

@@ -18,7 +18,8 @@ from reasoning_rl.errors import SamplingError
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.sampler import Engine, SamplingParams
 from reasoning_rl.sampler.multiturn import generate_episodes, stream_episodes
-from tests.test_sampler_engine import tiny_model
+from tests.support.sampler import tiny_model
+
 
 VOWELS = ("a", "e", "i", "o", "u")
 

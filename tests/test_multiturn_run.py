@@ -15,8 +15,10 @@ from reasoning_rl.data.debug_vocab import debug_arithmetic_tokenizer
 from reasoning_rl.metrics import read_metrics
 from reasoning_rl.replay import replay
 from tests.conftest import REPO
-from tests.test_ppo_resume import compile_cache, final_state, kill_mid_step  # noqa: F401
-from tests.test_trainer import rollouts, stable
+from tests.support.multihost import assert_same_training
+from tests.support.runs import (  # noqa: F401
+    compile_cache, final_state, kill_mid_step, rollouts, stable)
+
 
 CONFIG = "configs/debug_calculator.py"
 TOKENIZER = debug_arithmetic_tokenizer()
@@ -86,7 +88,6 @@ def test_multi_turn_episodes_split_over_four_processes_train_like_one(tmp_path):
   plays its share of the prompts, the turns travel with the rollouts, and steps 1-2 equal the
   one-process run, records included."""
   from tests import multihost_runs as runs  # pylint: disable=import-outside-toplevel
-  from tests.test_multihost import assert_same_training  # pylint: disable=import-outside-toplevel
 
   steps = ["--config.total_steps=2", "--config.eval.num_examples=4",
            "--config.async_rollouts.enabled=False", "--config.logging.progress_bar=False"]

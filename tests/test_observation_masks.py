@@ -13,15 +13,8 @@ from flax import nnx
 from reasoning_rl.rl import batching, packing
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.step_config import StepConfig
-from tests.test_packing import ragged_batch
-from tests.test_train_step import (
-  P,
-  T,
-  assert_same_gradient,
-  fresh_params,
-  make_batch,
-  step_gradient,
-)
+from tests.support.packing import ragged_batch
+from tests.support.steps import T, assert_same_gradient, fresh_params, make_batch, step_gradient
 
 
 def with_observation_holes(batch, rows=(0, 2, 5), span=(2, 4)):

@@ -1,7 +1,6 @@
 """Padding-free training: the packed layout holds every sequence once, packed sequences compute
 what they compute alone, and the step's gradient on a packed batch equals the padded step's."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,38 +11,9 @@ from reasoning_rl.models.transformer import create_model
 from reasoning_rl.rl import packing
 from reasoning_rl.rl.logprobs import completion_logprobs, packed_completion_logprobs
 from reasoning_rl.rl.step_config import StepConfig
-from tests.test_train_step import (
-  CONFIG,
-  assert_same_gradient,
-  gradient_probe,
-  run_step,
-  step_gradient,
-)
-
-B, P, T = 12, 5, 7
-
-
-def ragged_batch(seed=0):
-  """Prompts of 1–5 tokens, completions of 0–7 tokens (one row empty: a missing group's)."""
-  rng = np.random.RandomState(seed)
-  tokens = np.zeros((B, P + T), np.int32)
-  attention = np.zeros((B, P + T), np.int32)
-  completion = np.zeros((B, T), np.int32)
-  prompt_lens = rng.randint(1, P + 1, B)
-  completion_lens = rng.randint(1, T + 1, B)
-  completion_lens[5] = T
-  completion_lens[B - 1] = 0  # nothing to train on
-  for row in range(B):
-    p, c = prompt_lens[row], completion_lens[row]
-    tokens[row, P - p:P + c] = rng.randint(1, CONFIG.vocab_size, p + c)
-    attention[row, P - p:P + c] = 1
-    completion[row, :c] = 1
-  if completion_lens[B - 1] == 0:
-    attention[B - 1] = 0
-  return {"tokens": tokens, "attention_mask": attention, "completion_mask": completion,
-              "advantages": rng.randn(B).astype(np.float32),
-              "rewards": rng.rand(B).astype(np.float32),
-              "behavior_logprobs": (-rng.rand(B, T) * completion).astype(np.float32)}
+from tests.support.packing import B, P, T, ragged_batch
+from tests.support.steps import (
+    CONFIG, assert_same_gradient, gradient_probe, run_step, step_gradient)
 
 
 @pytest.mark.parametrize("mini, micro, groups", [(1, 1, 1), (2, 2, 1), (1, 3, 2), (1, 2, 3)])

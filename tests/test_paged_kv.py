@@ -12,8 +12,9 @@ from reasoning_rl.models.transformer import stack_layers
 from reasoning_rl.sampler import Engine, SamplingParams, generate_groups
 from reasoning_rl.models.kv_pages import PagedKVCache
 from reasoning_rl.sampler.paged import PagedEngine, PageTable, gather_pages, scatter_pages
-from tests.test_partial_rollouts_sampler import IDS, KWARGS, run_rounds
-from tests.test_sampler_engine import CONFIG, GREEDY, PROMPTS, by_key, tiny_model
+from tests.support.sampler import (
+    CONFIG, GREEDY, IDS, KWARGS, PROMPTS, by_key, run_rounds, tiny_model)
+
 
 SIZES = dict(max_concurrent_decodes=3, max_prefill_length=32, max_decode_length=16,
              steps_per_call=4)
@@ -315,7 +316,7 @@ def test_a_gpt_oss_model_decodes_through_pages_as_through_the_contiguous_cache()
   from reasoning_rl.models.config import ModelConfig
   from reasoning_rl.models.transformer import create_model
   from tests.hf_reference import FAMILIES
-  from tests.test_sampler_engine import perturbed
+  from tests.support.sampler import perturbed
 
   config = ModelConfig.from_hf_config(FAMILIES["gpt_oss"]().to_dict())
   model = perturbed(create_model(config, seed=2), seed=2)

@@ -2,6 +2,7 @@
 across weight updates, every trained token's lag is bounded and corrected, and a run killed at
 any step (or stopped in the middle of a round) resumes to the metrics of the uninterrupted run."""
 
+import math
 import sys
 
 import pytest
@@ -11,9 +12,9 @@ from reasoning_rl.config import base_config
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.metrics import read_metrics
 from tests.conftest import REPO
-from tests.test_kill_anywhere import killed_then_resumed
-from tests.test_trainer import (own_signal_handlers, sigterm_in_first_decode_call,  # noqa: F401
-                                stable, train)
+from tests.support.runs import (  # noqa: F401 (own_signal_handlers: fixture)
+    killed_then_resumed, own_signal_handlers, sigterm_in_first_decode_call, stable, train)
+
 
 STEPS = 6
 # steps_per_call=4: several decode calls per round. Where a round cuts its samples depends on the
@@ -42,10 +43,90 @@ def test_rounds_carry_samples_over_and_bound_and_correct_their_lag(partial_run):
   assert max(r["rollout/partial/token_lag_max"] for r in rows) >= 1  # trained stale tokens
   assert all(r["rollout/partial/token_lag_max"] <= 2 for r in rows)  # max_lag's default
   assert all(r["policy_lag"] == r["rollout/partial/token_lag_max"] for r in rows)
-  # the per-token correction ran: weights applied and the old policy differed from μ
-  assert all(r["train/tis/weight"] > 0 for r in rows)
+  # The per-token correction (token-truncate, C = algo.is_threshold = 2), from the logged
+  # |d_t| = |log π_old − log μ_t| over the trained tokens: mean m, max M, and the weights'
+  # mean w = mean min(e^{d_t}, C). Three relations that hold for any numbers a correct run logs:
+  for r in rows:
+    mean, worst, weight = (r["train/tis/abs_log_diff"], r["train/tis/abs_log_diff/max"],
+                           r["train/tis/weight"])
+    # each weight lies in [e^{-|d_t|}, min(e^{|d_t|}, C)]; Jensen on the lower end
+    assert math.exp(-mean) - 1e-6 <= weight <= min(math.exp(worst), 2.0) + 1e-6, r
+    # a token drawn by the weights that train on it (lag 0) differs only by float32 rounding of
+    # two forwards (< 1e-5, as test_trainer bounds it), so the mismatch sits in the stale tokens:
+    # m <= stale_frac · M + 1e-5 (which μ_t belongs to which token: the test after this one)
+    stale = r["rollout/partial/stale_token_frac"]
+    assert mean <= stale * worst + 1e-5, r
+  # step 1 trains what the current weights drew: rounding only, and weights of 1 to that bound
+  assert rows[0]["train/tis/abs_log_diff/max"] < 1e-5
+  assert abs(rows[0]["train/tis/weight"] - 1) <= 2 * rows[0]["train/tis/abs_log_diff/max"] + 1e-6
+  # and the stale tokens are corrected: their policy really moved (far above rounding)
   assert any(r["rollout/partial/token_lag_max"] > 0 and r["train/tis/abs_log_diff"] > 1e-4
              for r in rows)
+
+
+def test_each_tokens_sampler_log_prob_is_that_of_the_policy_version_that_drew_it(
+    tmp_path, monkeypatch):
+  """The correction weighs token t by π_old / μ_t, so μ_t must be the log-prob under the weights
+  that drew it (v_t), also for a sample resumed over rounds. In process, 4 steps: every version's
+  weights as the sampler received them, and every trained sample as the round handed it over;
+  each token's recorded log-prob is recomputed by the trainer's forward (rl/logprobs) under
+  version v_t. Decode and forward round differently: 1e-4 on log-probs of ~1 is far above that
+  and far below what a log-prob of another token or version is off by (> 1e-2 here)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  from reasoning_rl.build import build
+  from reasoning_rl.loop import partial_rollouts
+  from reasoning_rl.rl.logprobs import completion_logprobs
+  from reasoning_rl.trainer import Trainer
+
+  sys.path.insert(0, str(REPO))
+  from configs import debug_cpu
+
+  config = debug_cpu.get_config()
+  config.workdir = str(tmp_path)
+  config.logging.progress_bar = False
+  config.partial_rollouts.enabled = True
+  config.total_steps, config.checkpoint.every_steps, config.eval.every_steps = 4, 100, 0
+  config.rollout.steps_per_call = 4
+  run = build(config)
+  weights = {0: jax.tree.map(np.array, run.weight_sync.payload(run.state))}
+  push = run.weight_sync.push
+
+  def keep_weights(state, version):
+    weights[version] = jax.tree.map(np.array, run.weight_sync.payload(state))
+    return push(state, version)
+
+  run.weight_sync.push = keep_weights
+  trained, scored_group = [], partial_rollouts.scored_group
+  monkeypatch.setattr(partial_rollouts, "scored_group",
+                      lambda position, completions, *rest: trained.extend(completions)
+                      or scored_group(position, completions, *rest))
+  graphdef = run.step_fn.graphdef
+  assert Trainer(run).run() == 0
+  assert sorted(weights) == [0, 1, 2, 3, 4]
+  mixed = [c for c in trained if c.token_versions]
+  assert len(mixed) >= 8  # samples drawn over several versions are there to check
+  prompt_length = max(len(c.prompt_tokens) for c in trained)
+  length = max(len(c.completion_ids) for c in trained)
+  tokens = np.zeros((len(trained), prompt_length + length), np.int32)
+  mask = np.zeros_like(tokens)
+  for row, c in enumerate(trained):  # the batch layout: prompts left-padded, completions right
+    start, n = prompt_length - len(c.prompt_tokens), len(c.completion_ids)
+    tokens[row, start:prompt_length + n] = list(c.prompt_tokens) + list(c.completion_ids)
+    mask[row, start:prompt_length + n] = 1
+  forward = jax.jit(lambda params: completion_logprobs(
+      nnx.merge(graphdef, params), jnp.asarray(tokens), jnp.asarray(mask), length)[0])
+  recomputed = {version: np.asarray(forward(params)) for version, params in weights.items()}
+  checked = 0
+  for row, c in enumerate(trained):
+    versions = c.token_versions or [c.policy_version] * len(c.completion_ids)
+    for t, (version, logprob) in enumerate(zip(versions, c.logprobs, strict=True)):
+      assert abs(recomputed[version][row, t] - logprob) < 1e-4, (row, t, version)
+      checked += 1
+  assert checked == sum(len(c.completion_ids) for c in trained) > 0
 
 
 def test_max_lag_zero_restarts_every_stale_sample(tmp_path):

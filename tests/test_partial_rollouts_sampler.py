@@ -7,37 +7,15 @@ import numpy as np
 import pytest
 
 from reasoning_rl.errors import SamplingError
-from reasoning_rl.sampler import Engine, SamplingParams, generate_groups
+from reasoning_rl.sampler import Engine, generate_groups
 from reasoning_rl.sampler.rollout import Completion, DecodeUsage, Unfinished, stream_groups
-from tests.test_sampler_engine import PROMPTS, by_key, tiny_model
-
-KWARGS = dict(num_samples=2, sampling=SamplingParams(temperature=1.0, top_k=20),
-              max_new_tokens=12, seed=5)
-IDS = [40, 41, 42, 43]
+from tests.support.sampler import IDS, KWARGS, PROMPTS, by_key, run_rounds, tiny_model
 
 
 @pytest.fixture(scope="module")
 def engine():
   return Engine(tiny_model(1), max_concurrent_decodes=3, max_prefill_length=32,
                 max_decode_length=16, steps_per_call=4)
-
-
-def run_rounds(engine, prompts, *, calls_per_round, update=None):
-  """Completions of `prompts` over rounds of `calls_per_round` generate calls each, continuing
-  every unfinished sample in the next round; `update(round)` may change the weights between."""
-  finished, unfinished, rounds = {}, [], 0
-  pending = [(p, g) for p in IDS for g in range(KWARGS["num_samples"])]
-  while pending:
-    calls = iter(range(calls_per_round))
-    out = list(stream_groups(engine, prompts, prompt_ids=IDS, samples=pending, resume=unfinished,
-                             round_over=lambda: next(calls, None) is None, **KWARGS))
-    unfinished = [item for item in out if isinstance(item, Unfinished)]
-    finished.update(by_key(c for c in out if isinstance(c, Completion)))
-    pending = [(u.prompt_id, u.sample_index) for u in unfinished]
-    rounds += 1
-    if update is not None and pending:
-      update(rounds)
-  return finished, rounds
 
 
 def test_a_sample_continued_over_rounds_equals_the_uninterrupted_one(engine):

@@ -10,28 +10,10 @@ from reasoning_rl import memory_plan, planning
 from reasoning_rl.config import base_config
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.config import ModelConfig
+from tests.support.configs import TINY, _config
+
 
 GIB = 2**30
-
-# 3 query heads and 1 KV head do not divide a tensor axis of 2, nor does the MLP width 21: those
-# dimensions stay replicated, which the hand counts below must reflect.
-TINY = ModelConfig(model_type="qwen2", vocab_size=96, hidden_size=16, intermediate_size=21,
-                   num_layers=2, num_heads=3, num_kv_heads=1, head_dim=4, attention_bias=True,
-                   tie_word_embeddings=False)
-
-
-def _config():
-  c = base_config()
-  c.rollout.num_prompts, c.rollout.num_samples = 4, 4  # 16 completions
-  c.rollout.max_prefill_length, c.rollout.max_new_tokens = 32, 16  # rows of S = 48 tokens
-  c.rollout.max_concurrent_decodes = 8
-  c.algo.num_micro_batches = 2
-  c.algo.packing = False  # the layout is set: step_flops reads the step's configuration
-  c.algo.logprob_chunk = 8
-  c.mesh.num_trainer_devices = 8
-  c.mesh.trainer = (1, 4, 2)
-  c.mesh.sampler = (1, 2, 2)  # one replica: the 4 chips of one v5p host
-  return c
 
 
 V5P_16 = {"tpu": "v5p", "num_devices": 16}  # 4 hosts of 4 chips: 2 train, 2 sampler replicas

@@ -7,89 +7,12 @@ test kills the parked process from outside. Each process compiles the same progr
 share a persistent compilation cache: every run after the first starts in seconds.
 """
 
-import os
-import signal
-import subprocess
-import sys
-import time
-
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
-import pytest
 
 from reasoning_rl.metrics import read_metrics
-from tests.conftest import REPO
-from tests.test_trainer import rollouts, stable, train
-
-# 5 steps, checkpoints 2, 4 and 5; the final evaluation looks at 4 held-out examples
-PPO = ("--config.algo.name=ppo", "--config.total_steps=5", "--config.checkpoint.every_steps=2",
-       "--config.eval.num_examples=4")
-
-# Runs launch/train.py as its own __main__, parked (asleep) right after its K-th train step was
-# dispatched: mid-step, the step's batch sampled and scored, its update running, nothing logged.
-DRIVER = """
-import runpy, sys, time
-
-from reasoning_rl.rl import step as step_lib
-
-park_after, marker, train_py = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-sys.argv = sys.argv[3:]
-# every step goes through call_with_outputs (`__call__` too)
-call, calls = step_lib.TrainStep.call_with_outputs, []
-
-
-def train_then_park(self, *args, **kwargs):
-  out = call(self, *args, **kwargs)
-  calls.append(1)
-  if len(calls) == park_after:
-    open(marker, "w").close()
-    time.sleep(600)  # the test SIGKILLs this process
-  return out
-
-
-step_lib.TrainStep.call_with_outputs = train_then_park
-runpy.run_path(train_py, run_name="__main__")
-"""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-  """One persistent compilation cache for this module's runs (inherited by the subprocesses):
-  the uninterrupted run fills it, the interrupted runs and the resumes load from it."""
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("jax_cache")))
-    patch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    patch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-    yield
-
-
-def kill_mid_step(workdir, step, *, after, config="configs/debug_cpu.py", overrides=PPO):
-  """Starts the run of `config` + `overrides` and SIGKILLs it while it is parked in `step` (a
-  fresh run's) and `after` (a path) exists."""
-  marker = workdir.parent / f"{workdir.name}.parked"
-  command = [sys.executable, "-c", DRIVER, str(step), str(marker),
-             str(REPO / "launch" / "train.py"), f"--config={config}",
-             f"--config.workdir={workdir}", "--config.logging.progress_bar=False", *overrides]
-  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
-  deadline = time.time() + 300
-  while time.time() < deadline and process.poll() is None:
-    if marker.exists() and after.exists():
-      break
-    time.sleep(0.01)
-  if process.poll() is not None:
-    raise AssertionError(f"the run ended ({process.returncode}) before it parked in step {step}:"
-                         f"\n{process.stderr.read()[-3000:]}")
-  os.kill(process.pid, signal.SIGKILL)
-  process.communicate()
-  assert marker.exists() and after.exists(), f"not parked in step {step} with {after} after 300 s"
-
-
-def final_state(workdir, step):
-  """The train state in checkpoint `step` as numpy arrays (Orbax's own layout: no target)."""
-  state = ocp.StandardCheckpointer().restore(workdir / "checkpoints" / str(step) / "state")
-  return jax.tree.map(np.asarray, state)
+from tests.support.runs import (  # noqa: F401 (compile_cache: this module's autouse fixture)
+    PPO, compile_cache, final_state, kill_mid_step, rollouts, stable, train)
 
 
 def test_ppo_sigkill_mid_step_then_resume_reproduces_the_run(tmp_path):

@@ -15,8 +15,9 @@ from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.transformer import create_model
 from reasoning_rl.rl.step import TrainStep
 from reasoning_rl.rl.step_config import StepConfig
-from tests.test_config import debug_config
-from tests.test_train_step import CONFIG, make_batch
+from tests.support.configs import debug_config
+from tests.support.steps import CONFIG, make_batch
+
 
 LR = 1e-6  # DeepSeek-R1-Zero's learning rate
 STEPS = 2

@@ -13,7 +13,7 @@ from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl.advantages import group_advantages
 from reasoning_rl.rl.losses import PolicyTerm, policy_loss
 from tests.conftest import REPO
-from tests.test_config import debug_config
+from tests.support.configs import debug_config
 
 
 @pytest.mark.parametrize("field, value, kind, names", [

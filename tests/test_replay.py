@@ -9,46 +9,14 @@ import pytest
 
 from reasoning_rl.errors import ConfigError
 
-from reasoning_rl.metrics import MetricsWriter
 from reasoning_rl.replay import replay
 from reasoning_rl.verifiers.rewards import RewardFunction
+from tests.support.loop import COMPLETIONS, ORIGINAL, write_run
 
-ORIGINAL = {"correct": {"weight": 1.0, "verifier": "math", "extract": "answer_or_boxed"},
-            "format": {"weight": 0.5}}
+
 # Only <answer> spans count now: boxed-only answers lose their `correct` reward.
 ANSWER_ONLY = {"correct": {"weight": 1.0, "verifier": "math", "extract": "answer"},
                "format": {"weight": 0.5}}
-
-# (step, completion, ground truth, changes under ANSWER_ONLY)
-COMPLETIONS = [
-    (1, "<think>2+2</think><answer>4</answer>", "4", False),
-    (1, "so the result is \\boxed{4}", "4", True),
-    (1, "\\boxed{5}", "4", False),
-    (1, "<answer>3</answer> then \\boxed{4}", "4", False),
-    (2, "<think>a</think><answer>\\boxed{7}</answer>", "7", False),
-    (2, "clearly \\boxed{\\frac{14}{2}}", "7", True),
-]
-
-
-def write_run(workdir: pathlib.Path) -> None:
-  reward_fn = RewardFunction(ORIGINAL)
-  with MetricsWriter(workdir, tensorboard=False) as writer:
-    for step in (1, 2):
-      records = []
-      for index, (s, completion, truth, _) in enumerate(COMPLETIONS):
-        if s != step:
-          continue
-        record = {"completion": completion, "ground_truth": truth, "task": "math",
-                  "metadata": {}, "tests": [], "num_tokens": 12, "truncated": False,
-                  "prompt": "<templated> q", "task_prompt": "q",
-                  "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 64, "seed": 0}}
-        reward = reward_fn(record)
-        records.append({**record, "step": step, "prompt_id": index // 2, "group_id": index // 2,
-                        "sample_index": index % 2, "reward": reward.total,
-                        **{f"reward/{k}": v for k, v in reward.parts.items()},
-                        "advantage": 0.0, "policy_version": step,
-                        "verifier_version": reward.verifier_version})
-      writer.write_rollouts(step, records)
 
 
 @pytest.fixture()

@@ -9,56 +9,17 @@ import jax
 import numpy as np
 import pytest
 import torch
-import transformers
 from safetensors.numpy import load_file, save_file
-from tokenizers import Tokenizer as HFTokenizer
 from flax import nnx
-from tokenizers import models, pre_tokenizers
 
 from reasoning_rl import sharding
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.reward_model import RewardModel
-from tests.hf_reference import FAMILIES, write_tiny_model
+from tests.hf_reference import write_tiny_model
+from tests.support.generation import HEADS, reference_scores, write_reward_model
+
 
 TOLERANCE = 1e-4  # as the policy models' parity (tests/test_checkpoints.py)
-
-# family -> (num_labels, pad_token_id)
-HEADS = {"llama": (1, 0), "qwen2": (2, 5)}
-
-
-def write_word_tokenizer(directory: pathlib.Path, vocab_size: int = 97):
-  """A tokenizer.json whose token i is the word "t{i}" (no special tokens)."""
-  tok = HFTokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
-  tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-  tok.save(str(directory / "tokenizer.json"))
-
-
-def write_reward_model(family: str, directory: pathlib.Path, seed: int = 0):
-  """A perturbed random `<Family>ForSequenceClassification` saved with save_pretrained."""
-  num_labels, pad = HEADS[family]
-  config = FAMILIES[family]()
-  config.num_labels = num_labels
-  config.pad_token_id = pad
-  torch.manual_seed(seed)
-  model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_(torch.randn_like(p) * 0.1)
-  model.save_pretrained(directory)
-  write_word_tokenizer(directory)
-  return model
-
-
-def reference_scores(torch_model, rows, pad):
-  """transformers' scores of `rows` as one right-padded batch (pad id `pad`, mask by length)."""
-  length = max(map(len, rows))
-  ids = torch.full((len(rows), length), pad, dtype=torch.long)
-  mask = torch.zeros((len(rows), length), dtype=torch.long)
-  for b, row in enumerate(rows):
-    ids[b, :len(row)] = torch.tensor(row)
-    mask[b, :len(row)] = 1
-  with torch.no_grad():
-    return torch_model(input_ids=ids, attention_mask=mask).logits.float().numpy()
 
 
 @pytest.fixture(scope="module", params=sorted(HEADS))

@@ -18,8 +18,9 @@ from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
 from reasoning_rl.workers.model_parts import with_model_parts
 from reasoning_rl.workers.scorer import InlineScorer
 from tests.conftest import REPO
-from tests.test_reward_model import reference_scores, write_reward_model
-from tests.test_trainer import rollouts
+from tests.support.generation import reference_scores, write_reward_model
+from tests.support.runs import rollouts
+
 
 RECORDS = [("t5 t6 t7", " t8 t9", "8"), ("t11 t12", " t13", "8"), ("t20", " t21 t22 t23 t24", "3")]
 

@@ -10,31 +10,11 @@ from flax import nnx
 
 from reasoning_rl import sharding
 from reasoning_rl.errors import SamplingError
-from reasoning_rl.models.config import ModelConfig
-from reasoning_rl.models.transformer import create_model
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.sampler import Engine, SamplingParams, generate_groups
 from reasoning_rl.sampler.rollout import find_stop_string
-
-CONFIG = ModelConfig(model_type="qwen2", vocab_size=97, hidden_size=64, intermediate_size=96,
-                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, attention_bias=True)
-PROMPTS = [[3, 14, 15, 92, 65], [35, 89], list(range(10, 30)), [7] * 9, [50, 51, 52],
-           [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [60]]
-GREEDY = SamplingParams(temperature=0.0)
-
-
-def tiny_model(seed: int):
-  """A random model whose weights are perturbed by N(0, 0.1²): logits far from ties."""
-  return perturbed(create_model(CONFIG, seed=seed), seed)
-
-
-def perturbed(model, seed: int):
-  """`model` with N(0, 0.1²) added to every weight (in place; returned)."""
-  state = nnx.state(model, nnx.Param)
-  keys = iter(jax.random.split(jax.random.key(seed + 100), len(jax.tree.leaves(state))))
-  nnx.update(model, jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape),
-                                 state))
-  return model
+from tests.support.sampler import (
+    AngleTokenizer, GREEDY, PROMPTS, by_key, full_forward_greedy, tiny_model)
 
 
 @pytest.fixture(scope="module")
@@ -52,30 +32,6 @@ def engine(model):
 def single_slot_engine(model):
   return Engine(model, max_concurrent_decodes=1, max_prefill_length=32, max_decode_length=16,
                 steps_per_call=4)
-
-
-_forward = jax.jit(lambda state, ids, graphdef: nnx.merge(graphdef, state)(ids),
-                   static_argnums=2)
-
-
-def full_forward_greedy(model, prompt, steps, width=64):
-  """Greedy continuation recomputed from scratch with the training forward (no KV cache).
-
-  Rows are right-padded to a fixed width (causal attention: padding after a token cannot change
-  its logits), so the forward compiles once.
-  """
-  graphdef, state = nnx.split(model)
-  ids = list(prompt)
-  for _ in range(steps):
-    padded = np.zeros((1, width), np.int32)
-    padded[0, :len(ids)] = ids
-    logits = _forward(state, jnp.asarray(padded), graphdef)
-    ids.append(int(jnp.argmax(logits[0, len(ids) - 1])))
-  return ids[len(prompt):]
-
-
-def by_key(completions):
-  return {(c.prompt_id, c.sample_index): c for c in completions}
 
 
 def test_greedy_matches_uncached_forward_and_flags_truncation(model, engine):
@@ -133,13 +89,6 @@ def test_sampling_is_independent_of_slots_and_order(engine, single_slot_engine):
     assert len(c.sampling_logprobs) == len(c.completion_ids)
   other_seed = by_key(generate_groups(engine, prompts, prompt_ids=ids, **{**kwargs, "seed": 4}))
   assert any(other_seed[k].completion_ids != c.completion_ids for k, c in forward.items())
-
-
-class AngleTokenizer:
-  """Decodes id i as "<i>", so stop strings can name single tokens unambiguously."""
-
-  def decode(self, ids, skip_special_tokens=False):
-    return "".join(f"<{int(i)}>" for i in ids)
 
 
 def test_stop_string_cuts_after_the_completing_token(model, engine):

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from reasoning_rl.rl.logprobs import completion_logprobs
-from tests.test_generate import generate
+from tests.support.generation import generate
+
 
 QUESTIONS = ["What is 17 + 25?", "Name a colour.",
              "Write one sentence about the sea, and explain why it is blue in a few words."]

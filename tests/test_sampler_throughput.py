@@ -15,7 +15,8 @@ from reasoning_rl.errors import SamplingError
 from reasoning_rl.models.transformer import KVCache
 from reasoning_rl.sampler import Engine, SamplingParams, generate_groups, sample_key
 from reasoning_rl.sampler.engine import prompt_bucket
-from tests.test_sampler_engine import GREEDY, PROMPTS, full_forward_greedy, tiny_model
+from tests.support.sampler import GREEDY, PROMPTS, full_forward_greedy, tiny_model
+
 
 SIZES = dict(max_prefill_length=32, max_decode_length=16)
 PLAIN = dict(live_length_attention=False, compact_live_slots=False, max_prefill_batch=1)

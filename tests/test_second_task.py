@@ -15,8 +15,8 @@ from reasoning_rl import config as config_lib
 from reasoning_rl.data import tasks
 from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction
 from tests.conftest import REPO
-from tests.test_environments_wiring import demo_config
-from tests.test_trainer import rollouts
+from tests.support.configs import demo_config
+from tests.support.runs import rollouts
 
 
 @pytest.fixture(scope="module")

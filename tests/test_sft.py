@@ -7,7 +7,7 @@ import pytest
 from reasoning_rl.data.tasks import build_source
 from reasoning_rl.metrics import read_metrics
 from reasoning_rl.verifiers.rewards import RewardFunction
-from tests.test_trainer import train
+from tests.support.runs import train
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ from flax import nnx
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.step_config import StepConfig
-from tests.test_train_step import (T, flat_params, fresh_params, make_batch, rolled_updates,
-                                   run_step)
+from tests.support.steps import T, flat_params, fresh_params, make_batch, rolled_updates, run_step
 
 
 def with_sampler_logprobs(batch, shift):

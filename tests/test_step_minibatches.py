@@ -10,14 +10,12 @@ from flax import nnx
 from reasoning_rl import sharding
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import losses
-from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl import value as value_lib
-from reasoning_rl.rl.logprobs import TRUNCATION_FIELDS, completion_logprobs
+from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.optimizer import applied_updates, learning_rate_schedule
-from reasoning_rl.rl.stats import finalize
 from reasoning_rl.rl.step import TrainStep
 from reasoning_rl.rl.step_config import StepConfig
-from tests.test_train_step import B, T, flat_params, fresh_params, make_batch, run_step
+from tests.support.steps import B, T, flat_params, fresh_params, make_batch, rolled_epochs, run_step
 
 
 def sgd():
@@ -125,81 +123,6 @@ def test_two_mini_batches_equal_two_sequential_updates():
   assert stats["loss"] == pytest.approx(np.mean(slice_losses), abs=1e-5)
   assert slice_losses[0] != pytest.approx(slice_losses[1], abs=1e-3)  # the mean is informative
   assert int(applied_updates(state.opt_state)) == 2 and int(state.step) == 1
-
-
-def rolled_epochs(config, batch, optimizer, graphdef=None, params=None):
-  """The stats of μ passes over M mini-batches rolled here from public pieces: update e·M + k on
-  the rows k, k+M, … alone (their own normalizers), every update against π_old (and, for ppo,
-  the old values, GAE advantages and returns) of one forward at the initial parameters (default:
-  `fresh_params(0)`), the parameters moved by `optimizer` (optax) on each update's gradient;
-  merged over the updates as the step reports them. For ppo the value head starts at zeros, as
-  `TrainStep.init_state`'s. With `config.truncated_ratio` and the batch's sampling settings the
-  log-probs are the sampler's truncated ones; the batch's behavior_logprobs enter the loss with
-  `config.is_correction`. No reference model (β = 0)."""
-  assert config.beta == 0
-  batch = {k: jnp.asarray(v) for k, v in batch.items()}
-  if graphdef is None:
-    graphdef, params = fresh_params(0)
-  ppo = config.algorithm == "ppo"
-  mask = batch["completion_mask"]
-  everything = np.arange(mask.shape[0])
-  truncated = config.truncated_ratio and all(k in batch for k in TRUNCATION_FIELDS)
-  behavior = batch.get("behavior_logprobs")
-
-  def outputs(trainable, rows):
-    out = completion_logprobs(
-        nnx.merge(graphdef, trainable["policy"]), batch["tokens"][rows],
-        batch["attention_mask"][rows], mask.shape[1], return_hidden=True,
-        truncation=tuple(batch[k][rows] for k in TRUNCATION_FIELDS) if truncated else None)
-    head = trainable.get("value_head")
-    values = out[-1].astype(jnp.float32) @ head["kernel"] + head["bias"] if ppo else None
-    return out[0], out[1], values
-
-  trainable = {"policy": params}
-  if ppo:
-    width = params["final_norm"]["scale"].shape[0]
-    trainable["value_head"] = {"kernel": jnp.zeros((width,), jnp.float32),
-                               "bias": jnp.zeros((), jnp.float32)}
-  old, _, old_values = jax.jit(outputs)(trainable, jnp.asarray(everything))
-  if ppo:
-    gae, returns = value_lib.gae_advantages(
-        value_lib.sequence_rewards_to_tokens(batch["rewards"], mask), old_values, mask,
-        gamma=config.gamma, lam=config.gae_lambda)
-    advantages = value_lib.masked_whiten(gae, mask)
-  else:
-    advantages = jnp.asarray(batch["advantages"])
-
-  def loss_fn(trainable, rows):
-    logprobs, entropy, values = outputs(trainable, rows)
-    loss, stats = losses.policy_loss(
-        logprobs, old[rows], advantages[rows], mask[rows], loss_type=config.loss_type,
-        epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
-        dual_clip=config.dual_clip, loss_agg=config.loss_agg, entropy=entropy,
-        entropy_coef=config.entropy_coef, max_completion_length=config.max_completion_length,
-        behavior_logprobs=None if behavior is None else behavior[rows],
-        is_correction=config.is_correction, is_threshold=config.is_threshold)
-    if ppo:
-      v_loss, v_stats = value_lib.value_loss(values, old_values[rows], returns[rows], mask[rows],
-                                             clip_epsilon=config.value_clip,
-                                             loss_agg=config.loss_agg,
-                                             max_completion_length=config.max_completion_length)
-      loss, stats = loss + config.vf_coef * v_loss, stats_lib.merge(stats, v_stats)
-    return loss, stats
-
-  @jax.jit  # one compiled update (rows traced), for speed: eager autodiff dispatches per op
-  def update(trainable, opt_state, rows):
-    (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, rows)
-    updates, opt_state = optimizer.update(grads, opt_state, trainable)
-    return optax.apply_updates(trainable, updates), opt_state, dict(stats, loss=(loss, 1))
-
-  opt_state = optimizer.init(trainable)
-  per_update = []
-  for _ in range(config.num_iterations):
-    for k in range(config.num_mini_batches):
-      trainable, opt_state, stats = update(trainable, opt_state,
-                                           jnp.asarray(everything[k::config.num_mini_batches]))
-      per_update.append(stats)
-  return finalize(jax.device_get(stats_lib.merge_all(per_update)))
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])

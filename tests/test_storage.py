@@ -23,22 +23,8 @@ from reasoning_rl.checkpoint_manifest import CHECKSUMS_FILE
 from reasoning_rl.checkpointing import Checkpointer
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.workdir import check_workdir_writable
-from tests import gcs_emulator
 from tests.multihost_runs import REPO, environment, metrics_rows
-
-BUCKET = "rrl-tests"
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-  with gcs_emulator.serving(tmp_path_factory.mktemp("gcs"), BUCKET) as server:
-    yield server
-
-
-@pytest.fixture
-def remote(emulator, request):
-  """A fresh gs:// directory per test."""
-  return f"gs://{BUCKET}/{request.node.name.replace('[', '_').replace(']', '')}-{time.time_ns()}"
+from tests.support.cloud import BUCKET, emulator, remote  # noqa: F401 (fixtures)
 
 
 # ------------------------------------------------------------------------------ primitives

@@ -17,72 +17,16 @@ from flax import nnx
 
 from reasoning_rl import sharding
 from reasoning_rl.models.config import ModelConfig
-from reasoning_rl.models.transformer import KVCache, create_model
+from reasoning_rl.models.transformer import KVCache
 from reasoning_rl.rl import advantages as advantages_lib
 from reasoning_rl.rl import losses
-from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.optimizer import applied_updates
-from reasoning_rl.rl.stats import finalize
 from reasoning_rl.rl.step import TrainStep
 from reasoning_rl.rl.step_config import StepConfig
-
-CONFIG = ModelConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
-                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, attention_bias=True)
-B, P, T = 8, 5, 6
-
-
-def fresh_params(seed=0, config=CONFIG):
-  return nnx.split(create_model(config, seed=seed))
-
-
-def make_batch(seed=0):
-  rng = np.random.RandomState(seed)
-  tokens = rng.randint(0, CONFIG.vocab_size, (B, P + T))
-  attention = np.ones((B, P + T), np.int32)
-  attention[:2, :2] = 0  # left-padded prompts
-  completion = np.ones((B, T), np.int32)
-  completion[3, 4:] = 0  # a short completion (right padding)
-  attention[3, P + 4:] = 0
-  return dict(tokens=jnp.asarray(tokens), attention_mask=jnp.asarray(attention),
-              completion_mask=jnp.asarray(completion),
-              advantages=jnp.asarray(rng.randn(B).astype(np.float32)))
-
-
-def run_step(config, batch, *, mesh=None, seed=0, ref_seed=None, optimizer=None):
-  """One step from fresh parameters; `optimizer` replaces the step's AdamW when given."""
-  graphdef, params = fresh_params(seed)
-  ref = fresh_params(ref_seed)[1] if ref_seed is not None else None
-  if mesh is not None:
-    params = sharding.reshard(params, sharding.param_shardings(params, mesh))
-    if ref is not None:
-      ref = sharding.reshard(ref, sharding.param_shardings(ref, mesh))
-  step = TrainStep(graphdef, config, mesh)
-  if optimizer is not None:
-    step.optimizer = optimizer
-  state = step.init_state(params, ref_params=ref)
-  state, stats = step(state, batch)
-  return state, finalize(jax.device_get(stats))
-
-
-def flat_params(state):
-  return [np.asarray(x) for x in jax.tree.leaves(state.params)]
-
-
-PROBE_LR = 1e3  # large, so parameters − update loses few of the gradient's bits to rounding
-
-
-def gradient_probe() -> optax.GradientTransformation:
-  """SGD at PROBE_LR (through a schedule, so the step's learning-rate stat finds its count)."""
-  return optax.sgd(lambda count: PROBE_LR)
-
-
-def step_gradient(config, batch, **kwargs):
-  """(gradient of the step's single update as flat leaves, stats), read off an SGD update."""
-  state, stats = run_step(config, batch, optimizer=gradient_probe(), **kwargs)
-  before = jax.tree.leaves(fresh_params(kwargs.get("seed", 0))[1])
-  return [(np.asarray(b, np.float64) - a) / PROBE_LR
-          for b, a in zip(before, flat_params(state))], stats
+from tests.support.steps import (
+    P, T, assert_same_gradient, flat_params, fresh_params, make_batch, reference_kl,
+    rolled_updates, run_step, step_gradient)
 
 
 def reference_gradient(config, batch, *, ref_seed=None):
@@ -99,46 +43,6 @@ def reference_gradient(config, batch, *, ref_seed=None):
                               loss_agg=config.loss_agg)[0]
 
   return [np.asarray(g, np.float64) for g in jax.tree.leaves(jax.grad(loss)(params))]
-
-
-def rolled_updates(batch, num_updates, learning_rate, **loss_options):
-  """The stats of `num_updates` plain SGD updates on the whole batch against one fixed π_old,
-  rolled here from public pieces (`completion_logprobs` + `losses.policy_loss`) and merged over
-  the updates: what the step with μ = num_updates and `optax.sgd(learning_rate)` must report."""
-  graphdef, params = fresh_params(0)
-  logprobs_of = lambda p: completion_logprobs(  # noqa: E731
-      nnx.merge(graphdef, p), batch["tokens"], batch["attention_mask"], T)[0]
-  old = logprobs_of(params)
-
-  def loss(p):
-    return losses.policy_loss(logprobs_of(p), old, batch["advantages"], batch["completion_mask"],
-                              **loss_options)
-
-  per_update = []
-  for _ in range(num_updates):
-    (value, stats), grads = jax.value_and_grad(loss, has_aux=True)(params)
-    per_update.append(dict(stats, loss=(value, 1)))  # the step's loss: the mean over updates
-    params = jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
-  return finalize(jax.device_get(stats_lib.merge_all(per_update)))
-
-
-def reference_kl(policy, reference, batch):
-  """The step's `kl` metric computed here: k3 per completion token (r − 1 − log r with
-  r = π_ref / π), mean over the completion tokens."""
-  logprobs_of = lambda model: np.asarray(completion_logprobs(  # noqa: E731
-      model, batch["tokens"], batch["attention_mask"], T)[0], np.float64)
-  log_ratio = logprobs_of(reference) - logprobs_of(policy)
-  valid = np.asarray(batch["completion_mask"]) > 0
-  return float(np.mean((np.exp(log_ratio) - log_ratio - 1)[valid]))
-
-
-def assert_same_gradient(actual, expected, rtol=1e-4):
-  """Leaf by leaf within rtol of the largest entry of the whole gradient: a gradient scaled by
-  1 + 10·rtol fails on its largest entries."""
-  scale = max(np.abs(e).max() for e in expected)
-  assert scale > 0
-  for a, e in zip(actual, expected, strict=True):
-    np.testing.assert_allclose(a, e, rtol=0, atol=rtol * scale)
 
 
 def test_chunked_logprobs_equal_full_log_softmax():

@@ -1,81 +1,15 @@
 """The trainer's cadence on its own, in process: a scripted stage stands in for sampling and
 training, so the test sees only when the trainer logs, checkpoints, evaluates, stops and resumes."""
 
-import types
-
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from reasoning_rl import checkpointing, stop_signals
 from reasoning_rl import guards as guards_lib
-from reasoning_rl.config import base_config
 from reasoning_rl.errors import ExitCode, PhaseInterrupted
-from reasoning_rl.loop.weight_sync import WeightSync
 from reasoning_rl.metrics import read_metrics
-from reasoning_rl.multihost.cluster import local_cluster
-from reasoning_rl.rl.train_state import TrainState
-from reasoning_rl.trainer import Trainer
-
-
-class ScriptedStage:
-  """Each step adds 1 to the single parameter and reports `kl` = the step number / 100."""
-
-  def __init__(self, preempt_at=None):
-    self.preempt_at = preempt_at
-    self.started = 0
-
-  def start(self, loop):
-    self.started += 1
-
-  def step(self, step, state, loop):
-    loop.data_position += 3
-    loop.policy_version += 1
-    if step == self.preempt_at:
-      stop_signals._preemption_event.set()  # what the SIGTERM handler does
-    state = state.replace(params={"w": state.params["w"] + 1.0}, step=state.step + 1)
-    return state, {"loss": float(step), "kl": step / 100, "reward/mean": 0.5,
-                   "data_position": loop.data_position, "policy_version": loop.policy_version}
-
-  def rollout_records(self, step):
-    return [{"step": step}]
-
-
-def _fake_run(workdir, **overrides):
-  config = base_config()
-  config.workdir = str(workdir)
-  config.total_steps = 10
-  config.checkpoint.every_steps = 4
-  config.checkpoint.async_save = False
-  config.eval.every_steps = 5
-  config.logging.progress_bar = False
-  config.logging.tensorboard = False
-  config.logging.rollouts_every_steps = 0
-  for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for parent in parents:
-      node = node[parent]
-    node[leaf] = value
-  versions = []
-  backend = types.SimpleNamespace(
-      update_weights=lambda params, version, adapters_only: versions.append(version),
-      stop=lambda: None)
-  tokenizer = types.SimpleNamespace(save=lambda directory: None)
-  model_config = types.SimpleNamespace(to_hf_config=lambda: {"model_type": "fake"})
-  closed = []
-  scorer = types.SimpleNamespace(close=lambda: closed.append(True))
-  state = TrainState(step=jnp.zeros((), jnp.int32), params={"w": jnp.zeros((2,))}, opt_state={},
-                     skipped_updates=jnp.zeros((), jnp.int32))
-  step_fn = types.SimpleNamespace(sampler_weights=lambda state: state.params,
-                                  config=types.SimpleNamespace(trains_adapters=False))
-  cluster = local_cluster()
-  run = types.SimpleNamespace(
-      config=config, state=state, backend=backend, tokenizer=tokenizer,
-      template=None, scorer=scorer, sampling=None, model_config=model_config, cluster=cluster,
-      step_fn=step_fn, weight_sync=WeightSync(step_fn, backend, cluster), episodes=None)
-  return run, versions, closed
+from tests.support.loop import ScriptedStage, _fake_run, _trainer
 
 
 @pytest.fixture(autouse=True)
@@ -83,17 +17,6 @@ def no_pending_preemption():
   stop_signals.clear_preemption_request()
   yield
   stop_signals.clear_preemption_request()
-
-
-def _trainer(run, stage, evaluations):
-  trainer = Trainer(run, stage=stage)
-
-  def evaluate(step):
-    evaluations.append(step)
-    return {"accuracy": 0.5, "response_length/mean": 4.0, "step": step}
-
-  trainer.evaluate = evaluate
-  return trainer
 
 
 def test_cadence_of_logging_checkpoints_and_evaluations(tmp_path):

@@ -26,7 +26,8 @@ from reasoning_rl.rl.stats import finalize
 from reasoning_rl.rl.step import TrainStep
 from reasoning_rl.rl.step_config import StepConfig
 from reasoning_rl.sampler.sampling import sample_tokens, truncated_logprobs
-from tests.test_config import debug_config
+from tests.support.configs import debug_config
+
 
 DRAWS = 200_000
 VOCAB = 12
