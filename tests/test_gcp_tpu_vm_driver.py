@@ -78,6 +78,15 @@ def make_recipe(tmp_path: pathlib.Path, source: str, workdir: pathlib.Path, *fla
   return path
 
 
+def _signals_as_a_terminal_gives_them() -> None:
+  """A shell started from a terminal has Ctrl-C and hangup at their default actions. A test
+  process started in the background (`cmd &` in a script, nohup) inherits SIGINT / SIGQUIT /
+  SIGHUP ignored, and bash cannot trap a signal ignored on entry: the recipe's INT and HUP traps
+  would never run (both tests below failed that way under `nohup pytest … &`)."""
+  for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+    signal.signal(signum, signal.SIG_DFL)
+
+
 class Driver:
   """One run of a recipe in a session of its own (a terminal's), its output in a file."""
 
@@ -85,7 +94,8 @@ class Driver:
     self.log = tmp_path / f"{label}.out"
     with open(self.log, "wb") as out:
       self.process = subprocess.Popen(["bash", str(recipe)], cwd=tmp_path, env=env, stdout=out,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+                                      stderr=subprocess.STDOUT, start_new_session=True,
+                                      preexec_fn=_signals_as_a_terminal_gives_them)
 
   @property
   def output(self) -> str:
