@@ -40,7 +40,7 @@ from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.tokenizers import Tokenizer
 from reasoning_rl.models.transformer import (abstract_model, create_model, stack_layers,
                                               unstack_layers)
-from reasoning_rl.workdir import FINGERPRINT_FILE, run_config_fields
+from reasoning_rl.workdir import FINGERPRINT_FILE, read_json_object, run_config_fields
 
 LORA_FILE = "lora.json"
 # model/lora.json: {"format_version", "lora": LoraSettings fields, "fingerprint": the base's,
@@ -103,9 +103,7 @@ def scans_layers(workdir) -> bool:
   if not path.exists():
     return False
   try:
-    record = json.loads(path.read_text())
-    if not isinstance(record, dict):
-      raise ValueError(f"a {type(record).__name__}, not an object")
+    record = read_json_object(path)
   except (OSError, ValueError) as error:
     raise CheckpointError(f"{path} is unreadable ({error}); it says in which layout the run's "
                           "checkpoints hold their layers: restore it from a backup") from None
@@ -119,9 +117,7 @@ def scans_layers(workdir) -> bool:
 def read_lora_file(path) -> dict:
   """model/lora.json, checked to be of LORA_FILE_FORMAT_VERSION (CheckpointError otherwise)."""
   try:
-    record = json.loads(path.read_text())
-    if not isinstance(record, dict):
-      raise ValueError(f"a {type(record).__name__}, not an object")
+    record = read_json_object(path)
   except (OSError, ValueError) as error:
     raise CheckpointError(f"{path} is unreadable ({error}); the run's model/ directory is "
                           "damaged: copy it back from a backup of the run") from None

@@ -273,6 +273,16 @@ def _allowed(field: str, patterns: Iterable[str]) -> bool:
   return any(field == p or (p.endswith(".*") and field.startswith(p[:-1])) for p in patterns)
 
 
+def read_json_object(path) -> dict:
+  """The JSON object a workdir file holds (run_config.json, model/lora.json). Raises OSError when
+  it cannot be read and ValueError when it is not JSON or not an object; each caller turns both
+  into its own error naming the file and the fix."""
+  record = json.loads(path.read_text())
+  if not isinstance(record, dict):
+    raise ValueError(f"a {type(record).__name__}, not an object")
+  return record
+
+
 def check_or_write_fingerprint(workdir: str | os.PathLike[str], resolved_config: Mapping[str, Any],
                                allow_changes: Iterable[str] = ()) -> list[str]:
   """Writes `run_config.json` at a run's first start; on a resume refuses a changed config.
@@ -295,9 +305,7 @@ def check_or_write_fingerprint(workdir: str | os.PathLike[str], resolved_config:
     _write_run_config(path, current)
     return []
   try:
-    saved = json.loads(path.read_text())
-    if not isinstance(saved, dict):
-      raise ValueError(f"a {type(saved).__name__}, not an object")
+    saved = read_json_object(path)
   except (OSError, ValueError) as error:
     raise ConfigError(f"{path}: unreadable ({error}); restore it from a backup, or delete it to "
                       "accept the current config as this run's") from None
