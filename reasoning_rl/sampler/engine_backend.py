@@ -111,15 +111,17 @@ class EngineBackend:
              "rollout.kv_page_kernel", "rollout.exact_logprobs"),
     capabilities=CAPABILITIES)
 def _engine_backend(spec: BackendSpec) -> EngineBackend:
-  rollout = spec.config.rollout if spec.config is not None else {}
+  rollout = spec.config.rollout if spec.config is not None else None
+  # without a config (a caller that sizes the engine itself): EngineSpec's contiguous cache
+  kv_cache = {} if rollout is None else dict(kv_page_size=rollout.kv_page_size,
+                                             kv_pages=rollout.kv_pages,
+                                             kv_page_kernel=rollout.kv_page_kernel)
   engine = make_engine(spec.model, EngineSpec(
       max_concurrent_decodes=spec.max_concurrent_decodes,
       max_prefill_length=spec.max_prefill_length, max_decode_length=spec.max_decode_length,
-      steps_per_call=spec.steps_per_call, seed=spec.seed,
-      kv_page_size=rollout.get("kv_page_size", 0), kv_pages=rollout.get("kv_pages", 0),
-      kv_page_kernel=rollout.get("kv_page_kernel", "auto")), mesh=spec.mesh)
+      steps_per_call=spec.steps_per_call, seed=spec.seed, **kv_cache), mesh=spec.mesh)
   scorer = None
-  if spec.config is not None and spec.config.rollout.get("exact_logprobs", False):
+  if rollout is not None and rollout.exact_logprobs:
     scorer = CanonicalScorer(nnx.graphdef(spec.model), max_prompt_length=spec.max_prefill_length,
                              max_completion_length=spec.max_decode_length)
   return EngineBackend(engine, scorer)
