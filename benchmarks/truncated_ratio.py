@@ -27,12 +27,14 @@ from benchmarks.installed import smollm2_gguf
 from reasoning_rl.models import load
 from reasoning_rl.rl import advantages as advantages_lib
 from reasoning_rl.rl import batching
+from reasoning_rl.rl.rollout_columns import RolloutColumns
 from reasoning_rl.rl.stats import finalize
 from reasoning_rl.rl.step import TrainStep
 from reasoning_rl.rl.step_config import StepConfig
 from reasoning_rl.sampler import SamplingParams
 from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.rollout import generate_groups
+from reasoning_rl.verifiers.rewards import Reward
 
 QUESTIONS = ("What is 17 + 25?", "Name a prime number larger than 50.",
              "Why is the sky blue? Answer briefly.", "Write a haiku about rain.")
@@ -68,23 +70,20 @@ def main():
                                   sampling=sampling, max_new_tokens=args.max_new_tokens,
                                   stop_ids=tokenizer.eos_ids, seed=0)
     groups = []
-    for i, prompt in enumerate(prompts):
-      group = [c for c in completions if c.prompt_id == i]
-      groups.append(batching.ScoredGroup(
-          prompt_tokens=list(prompt), completion_ids=[list(c.completion_ids) for c in group],
-          logprobs=[list(c.logprobs) for c in group],
-          rewards=[float(j % 2) for j in range(len(group))], parts={},
-          truncated=[c.truncated for c in group],
-          sampling_logprobs=[list(c.sampling_logprobs) for c in group],
-          sampling={"temperature": sampling.temperature, "top_p": sampling.top_p,
-                    "top_k": sampling.top_k, "min_p": sampling.min_p}))
+    for i in range(len(prompts)):
+      group = sorted((c for c in completions if c.prompt_id == i), key=lambda c: c.sample_index)
+      rewards = [Reward(total=float(j % 2), parts={}, verifier_version="benchmark")
+                 for j in range(len(group))]
+      groups.append(RolloutColumns.of_group(i, group, [""] * len(group), status="ok",
+                                            rewards=rewards, sampling=sampling))
+    record = RolloutColumns.concat(groups, group_size=args.num_samples)
     advantages = advantages_lib.batch_advantages(
-        [g.rewards for g in groups], num_groups=len(prompts), group_size=args.num_samples,
+        record.group_rewards(), num_groups=len(prompts), group_size=args.num_samples,
         estimator="grpo")
     batch = batching.build_batch(
-        groups, advantages, num_groups=len(prompts), group_size=args.num_samples,
-        prompt_length=prompt_length, completion_length=args.max_new_tokens,
-        pad_id=tokenizer.pad_id, truncation=True)
+        record.with_advantages(advantages), num_groups=len(prompts),
+        group_size=args.num_samples, prompt_length=prompt_length,
+        completion_length=args.max_new_tokens, pad_id=tokenizer.pad_id, truncation=True)
     row = {"tokens": int(batch["completion_mask"].sum())}
     for on in (True, False):
       step_batch = batch if on else {k: v for k, v in batch.items()

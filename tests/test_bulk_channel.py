@@ -10,21 +10,22 @@ import pytest
 
 from reasoning_rl.errors import PhaseInterrupted
 from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
-from reasoning_rl.loop.state import GroupRollout, LoopState, SampledBatch
+from reasoning_rl.loop.state import LoopState, SampledBatch
 from reasoning_rl.multihost import bulk
 from reasoning_rl.multihost.cluster import Cluster
 from reasoning_rl.multihost.exchange import Exchange, ValueTooLarge
 from reasoning_rl.multihost.topology import make_topology
-from reasoning_rl.rl.batching import ScoredGroup
+from reasoning_rl.rl.rollout_columns import RolloutColumns
+from tests.support import rollouts
 from tests.support.multihost import FakeStore, devices, run_processes
 
 
-def group(position: int, rewards=(0.0, 1.0)) -> GroupRollout:
-  return GroupRollout(position, ScoredGroup(
-      prompt_tokens=[1, 2, position], completion_ids=[[7, position], [8, 9, 10]],
-      logprobs=[[-0.5, -0.25], [-1.0, -2.0, -0.125]], rewards=list(rewards),
-      parts={"correct": list(rewards), "format": [1.0, 1.0]}, truncated=[False, True]),
-      (f"answer {position}", "other"), "ok")
+def group(position: int, rewards=(0.0, 1.0)) -> RolloutColumns:
+  return rollouts.group(
+      rewards, [[7, position], [8, 9, 10]], position=position, prompt=[1, 2, position],
+      logprobs=[[-0.5, -0.25], [-1.0, -2.0, -0.125]],
+      parts={"correct": list(rewards), "format": [1.0, 1.0]}, truncated=[False, True],
+      responses=(f"answer {position}", "other"))
 
 
 def test_a_value_over_the_limit_is_refused_naming_the_key():
@@ -42,7 +43,7 @@ def test_a_file_round_trips_and_a_damaged_one_is_refused(tmp_path):
   channel = bulk.BulkChannel(exchange, tmp_path)
   descriptor = channel.put("rollouts", [group(3).to_json()])
   assert descriptor["file"] == "rollouts/1_p1.json.z"
-  assert [GroupRollout.from_json(g) for g in channel.get("rollouts", descriptor)] == [group(3)]
+  assert [RolloutColumns.from_json(g) for g in channel.get("rollouts", descriptor)] == [group(3)]
   (tmp_path / "exchange" / descriptor["file"]).write_bytes(b"torn")
   with pytest.raises(OSError, match=r"rollouts/1_p1.json.z: 4 bytes .* its writer announced"):
     channel.get("rollouts", descriptor)
@@ -53,7 +54,8 @@ def test_a_file_round_trips_and_a_damaged_one_is_refused(tmp_path):
 def fake_collect(self, share, **kwargs):
   """Each replica 'samples' its share: groups whose rewards depend on the position."""
   del kwargs
-  return [group(index, rewards=(float(index % 2), 1.0)) for index, _ in share], 0.5, 0.25
+  return rollouts.record(*[group(index, rewards=(float(index % 2), 1.0))
+                           for index, _ in share]), 0.5, 0.25
 
 
 def test_split_collection_reads_files_only_on_trainers_and_deletes_them(tmp_path, monkeypatch):
@@ -81,12 +83,13 @@ def test_split_collection_reads_files_only_on_trainers_and_deletes_them(tmp_path
     return first, second
 
   results = run_processes(FakeStore(), 4, body)
-  full = [group(i, rewards=(float(i % 2), 1.0)) for i in range(6)]
+  full = rollouts.record(*[group(i, rewards=(float(i % 2), 1.0)) for i in range(6)])
   for me in (0, 1):
     assert list(results[me]) == [(full, 0.5, 0.25)] * 2
   for me in (2, 3):
-    assert list(results[me]) == [([g.summary() for g in full], 0.5, 0.25)] * 2
-    assert [g.group.has_signal for g in results[me][0][0]] == [g.group.has_signal for g in full]
+    assert list(results[me]) == [(full.summary(), 0.5, 0.25)] * 2
+    assert results[me][0][0].has_signal().tolist() == full.has_signal().tolist()
+    assert results[me][0][0].data_position.tolist() == list(range(6))
   # the first collection's files went at the second gather; the second's stay until a sweep
   assert all(names == ["2_p2.json.z", "2_p3.json.z"] for names in listings.values()), listings
   assert sorted(p.name for p in (tmp_path / "run" / "exchange" / "rollouts").iterdir()) == []
@@ -131,7 +134,8 @@ def test_split_evaluation_records_reach_process_0_through_a_file(tmp_path, monke
 
 
 def test_sampler_only_processes_resume_from_summarized_queued_batches():
-  batch = SampledBatch(groups=(group(4), group(5, rewards=(1.0, 1.0))), outcome={"x": 0.5},
+  batch = SampledBatch(rollouts=rollouts.record(group(4), group(5, rewards=(1.0, 1.0))),
+                       outcome={"x": 0.5},
                        groups_sampled=2, scoring={"ok": 2, "timeout": 0, "error": 0},
                        sample_s=1.0, verify_s=0.5, policy_version=3)
   meta = {"data_position": 6, "policy_version": 3, "guards": {}, "queue": [batch.to_json()],
@@ -140,9 +144,10 @@ def test_sampler_only_processes_resume_from_summarized_queued_batches():
   assert small["data_position"] == 6 and small["guards"] == {}
   queued = SampledBatch.from_json(small["queue"][0])
   assert queued == batch.summary()
-  assert [g.group.rewards for g in queued.groups] == [[0.0, 1.0], [1.0, 1.0]]
-  assert [g.group.parts for g in queued.groups] == [{"correct": [0.0, 1.0]},
-                                                    {"correct": [1.0, 1.0]}]
+  assert queued.rollouts.group_rewards().tolist() == [[0.0, 1.0], [1.0, 1.0]]
+  assert {k: v.tolist() for k, v in queued.rollouts.parts.items()} == {
+      "correct": [0.0, 1.0, 1.0, 1.0]}
+  assert queued.rollouts.completion_ids.values.size == 0 and queued.rollouts.responses == ("",) * 4
 
 
 def test_files_on_gcs_round_trip_and_are_cleared(tmp_path, monkeypatch):
@@ -159,7 +164,7 @@ def test_files_on_gcs_round_trip_and_are_cleared(tmp_path, monkeypatch):
     channel = bulk.BulkChannel(exchange, "gs://rrl-bulk/run")
     first = channel.put("rollouts", [group(1).to_json()])
     exchange.gather("rollouts", first)
-    assert [GroupRollout.from_json(g) for g in channel.get("rollouts", first)] == [group(1)]
+    assert [RolloutColumns.from_json(g) for g in channel.get("rollouts", first)] == [group(1)]
     second = channel.put("rollouts", [group(2).to_json()])  # call 1 not yet proven read by all
     exchange.gather("rollouts", second)
     channel.sweep()  # gather 2 proves the file of call 1 read

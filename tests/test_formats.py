@@ -145,7 +145,7 @@ def test_the_loop_state_records_its_format_version_and_round_trips():
   state = _loop_state(data_position=17, policy_version=4, queue=collections.deque([_batch()]),
                       pending_eval=5)
   meta = json.loads(json.dumps(state.to_meta()))  # what the checkpoint's meta item holds
-  assert meta["format_version"] == LOOP_STATE_FORMAT_VERSION == 2
+  assert meta["format_version"] == LOOP_STATE_FORMAT_VERSION == 3
   restored = _loop_state()
   assert restored.meta_problem(meta, "m.json") is None
   restored.load_meta(meta, "m.json")
@@ -157,13 +157,44 @@ def test_a_loop_state_of_another_format_version_is_refused_before_anything_loads
   meta = {**_loop_state(data_position=17).to_meta(), "format_version": 999}
   state = _loop_state()
   line = ("ckpt/4/meta/metadata: loop state format_version 999, but this reasoning_rl reads "
-          "versions 1 and 2 only; resume with the reasoning_rl that wrote it, or start a new "
+          "versions 1, 2, 3 only; resume with the reasoning_rl that wrote it, or start a new "
           "workdir")
   assert state.meta_problem(meta, "ckpt/4/meta/metadata") == line
   with pytest.raises(CheckpointError) as error:
     state.load_meta(meta, "ckpt/4/meta/metadata")
   assert _one_line(error) == line
   assert state.data_position == 0  # nothing loaded
+
+
+# A queued batch as loop states of format_version 1 and 2 held it (before the columnar record):
+# `_batch()`'s groups as [data position, fields, responses, status], numbers as lists.
+_VERSION_2_BATCH = {
+    "groups": [
+        [11, {"prompt_tokens": [5, 6, 7], "completion_ids": [[1, 2, 3], [1, 2, 3, 4, 5]],
+              "logprobs": [[-0.5] * 3, [-0.5] * 5], "rewards": [1.0, 0.0],
+              "parts": {"correct": [1.0, 0.0]}, "truncated": [False, True],
+              "sampling_logprobs": [[-0.5] * 3, [-0.5] * 5], "sampling": None,
+              "loss_masks": None, "experts": None}, ["a", "b"], "ok"],
+        [12, {"prompt_tokens": [5, 6, 7], "completion_ids": [[1, 2], [1, 2]],
+              "logprobs": [[-0.5] * 2, [-0.5] * 2], "rewards": [0.5, 0.5],
+              "parts": {"correct": [0.0, 0.0]}, "truncated": [False, False],
+              "sampling_logprobs": [[-0.5] * 2, [-0.5] * 2], "sampling": None,
+              "loss_masks": None, "experts": None}, ["c", "d"], "timeout"]],
+    "outcome": {"groups/all_pass_frac": 0.0, "groups/all_fail_frac": 0.5}, "groups_sampled": 4,
+    "scoring": {"ok": 2, "timeout": 1, "error": 1}, "sample_s": 2.0, "verify_s": 0.5,
+    "policy_version": 3, "exact": None, "decode": None, "partial": None}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_queued_batches_of_a_version_2_loop_state_read_into_the_columnar_record(version):
+  """A resume of a run checkpointed before the record changed trains on the same batch."""
+  meta = {"format_version": version, "data_position": 17, "policy_version": 4,
+          "guards": _loop_state().guards.state_dict(), "queue": [_VERSION_2_BATCH],
+          "pending_eval": None, **({"in_flight": []} if version == 2 else {})}
+  state = _loop_state()
+  state.load_meta(json.loads(json.dumps(meta)), "m.json")
+  assert list(state.queue) == [_batch()]
+  assert state.to_meta()["format_version"] == 3
 
 
 def test_partial_rollouts_in_flight_round_trip_and_version_1_reads_with_none():
@@ -222,7 +253,7 @@ def test_a_run_refuses_to_resume_a_loop_state_of_another_version(tmp_path,
   assert _trainer(run, ScriptedStage(), []).run() == ExitCode.DONE
   step_dir = tmp_path / "checkpoints" / "4"
   meta_file = step_dir / "meta" / "metadata"
-  assert json.loads(meta_file.read_text())["format_version"] == 2
+  assert json.loads(meta_file.read_text())["format_version"] == 3
   _rewrite_json(meta_file, lambda meta: {**meta, "format_version": 999})
   checkpoint_manifest.write_checksums(step_dir)
   (tmp_path / "model" / "config.json").write_text("as the newer run wrote it")

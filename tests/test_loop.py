@@ -2,6 +2,7 @@
 and the rollout collector on a tiny random policy with an inline scorer."""
 
 import collections
+import dataclasses
 import json
 import time
 
@@ -77,8 +78,11 @@ def test_timing_and_throughput():
 def test_rollout_records_carry_the_task_prompt_the_verifier_saw():
   example = collections.namedtuple("Example", "prompt answer task metadata tests")(
       "What is 2+3?", "5", "math", {"k": 1}, ())
+  batch = _batch()
+  batch = dataclasses.replace(batch, rollouts=batch.rollouts.with_advantages(
+      np.array([[0.5, -0.5], [0.0, 0.0]])))
   records = telemetry.rollout_records(
-      7, _batch(), np.array([[0.5, -0.5], [0.0, 0.0]]), examples=lambda position: example,
+      7, batch, examples=lambda position: example,
       decode=lambda ids: "<templated>" + ",".join(map(str, ids)), verifier_version="v1",
       sampling={"temperature": 1.0})
   assert len(records) == 4
@@ -142,31 +146,31 @@ def test_collector_scores_each_group_and_isolates_a_failing_verifier(debug_run_p
                                num_samples=3, max_new_tokens=8, stop_strings=("</answer>",),
                                sampling=p["sampling"], seed=0)
   start = time.perf_counter()
-  groups, sample_s, verify_s = collector.collect(examples)
+  rollouts, sample_s, verify_s = collector.collect(examples)
   elapsed = time.perf_counter() - start
-  assert [g.data_position for g in groups] == [3, 4, 5]
-  assert [g.status for g in groups] == ["ok", "error", "ok"]
-  assert groups[1].group.rewards == [0.0] * 3
-  assert all(v == 0.0 for values in groups[1].group.parts.values() for v in values)
+  assert rollouts.data_position.tolist() == [3, 4, 5]
+  assert rollouts.status == ("ok", "error", "ok")
+  assert rollouts.group_rewards()[1].tolist() == [0.0] * 3
+  assert all((values[3:6] == 0.0).all() for values in rollouts.parts.values())
   # the collector's clocks time parts of the call, in seconds (not milliseconds, not a total)
   assert 0 < sample_s <= elapsed and 0 <= verify_s <= elapsed
-  for (_, example), rollout in zip(examples, groups):
-    group = rollout.group
-    assert group.size == 3 and len(rollout.responses) == 3
-    assert group.prompt_tokens == list(p["template"].encode(example))
-    assert [p["tokenizer"].decode(ids, skip_special_tokens=True)
-            for ids in group.completion_ids] == list(rollout.responses)
-    assert all(len(lp) == len(ids) for lp, ids in zip(group.logprobs, group.completion_ids))
+  assert rollouts.group_size == 3 and len(rollouts.responses) == 9
+  for g, (_, example) in enumerate(examples):
+    assert rollouts.prompt_tokens[g].tolist() == list(p["template"].encode(example))
+  assert [p["tokenizer"].decode(ids.tolist(), skip_special_tokens=True)
+          for ids in rollouts.completion_ids.rows()] == list(rollouts.responses)
+  assert (rollouts.logprobs.lengths == rollouts.completion_ids.lengths).all()
   # rewards of the good groups are exactly what the reward function gives the same records
   from reasoning_rl.evaluation import completion_record
 
   for index in (0, 2):
-    rollout, example = groups[index], examples[index][1]
-    records = [completion_record(example, text, num_tokens=len(ids), truncated=t,
-                                 max_new_tokens=8)
-               for text, ids, t in zip(rollout.responses, rollout.group.completion_ids,
-                                       rollout.group.truncated)]
-    assert rollout.group.rewards == [r.total for r in reward_fn.score_group(records)]
+    example, samples = examples[index][1], range(3 * index, 3 * index + 3)
+    records = [completion_record(example, rollouts.responses[s],
+                                 num_tokens=int(rollouts.completion_ids.lengths[s]),
+                                 truncated=bool(rollouts.truncated[s]), max_new_tokens=8)
+               for s in samples]
+    assert rollouts.group_rewards()[index].tolist() == [
+        r.total for r in reward_fn.score_group(records)]
   assert scorer.counts() == {"ok": 2, "timeout": 0, "error": 1}
 
 
@@ -193,12 +197,12 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(debug_run_pieces):
                                  policy_version=7)
   assert batch.policy_version == 7
   assert batch.groups_sampled == sum(taken) and taken[0] == 3
-  assert all(g.group.has_signal for g in batch.groups)
+  assert batch.rollouts.has_signal().all()
   assert sum(batch.scoring.values()) == batch.groups_sampled
-  assert len(taken) == 2 or len(batch.groups) >= 3
+  assert len(taken) == 2 or batch.rollouts.num_groups >= 3
   off = collector.sample_batch(take, num_prompts=3, dynamic_sampling=False, max_rounds=2,
                                policy_version=7)
-  assert len(off.groups) == 3 and off.groups_sampled == 3
+  assert off.rollouts.num_groups == 3 and off.groups_sampled == 3
 
 
 def test_telemetry_flops_equal_the_dry_run_plan_at_the_padded_shapes(debug_run_pieces):

@@ -21,8 +21,9 @@ from reasoning_rl.rl.step import TrainStep
 from reasoning_rl.rl.step_config import StepConfig
 from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.exact import CanonicalScorer, exact_groups
-from reasoning_rl.sampler.rollout import generate_groups, routes_from_json, routes_to_json
+from reasoning_rl.sampler.rollout import array_from_json, array_to_json, generate_groups
 from reasoning_rl.sampler.sampling import SamplingParams, sample_key
+from tests.support import rollouts
 
 CONFIG = ModelConfig(
     model_type="qwen3_moe", vocab_size=61, hidden_size=32, intermediate_size=48, num_layers=2,
@@ -72,7 +73,7 @@ def test_engine_records_the_experts_of_every_prompt_and_completion_token(sampled
     # only between equal scores)
     np.testing.assert_array_equal(np.sort(c.experts, -1), np.sort(_own_routing(model, sequence),
                                                                   -1))
-    again = routes_from_json(routes_to_json(c.experts))
+    again = array_from_json(array_to_json(c.experts))
     assert again.dtype == np.uint8 and np.array_equal(again, c.experts)
 
 
@@ -108,25 +109,24 @@ def _group(prompt, completions, experts_width=2, k=2, seed=0):
   rng = np.random.RandomState(seed)
   experts = [rng.randint(0, 4, (len(prompt) + len(c), experts_width, k)).astype(np.uint8)
              for c in completions]
-  return batching.ScoredGroup(prompt_tokens=list(prompt), completion_ids=[list(c) for c in
-                                                                          completions],
-                              logprobs=[[0.0] * len(c) for c in completions],
-                              rewards=[float(i) for i in range(len(completions))],
-                              parts={}, truncated=[False] * len(completions), experts=experts)
+  return rollouts.group([float(i) for i in range(len(completions))], completions, prompt=prompt,
+                        logprobs=[[0.0] * len(c) for c in completions], parts={},
+                        experts=experts)
 
 
 def test_batches_padded_and_packed_carry_each_tokens_experts():
-  groups = [_group([5, 6, 7], [[1, 2], [3, 4, 8, 9]], seed=1),
-            _group([9, 10, 11, 12, 13, 14], [[1], [2, 3, 4]], seed=2)]  # prompt cut to 4
-  batch = batching.build_batch(groups, np.zeros((2, 2), np.float32), num_groups=2, group_size=2,
-                               prompt_length=4, completion_length=3, pad_id=0, with_routing=True)
+  record = rollouts.record(
+      _group([5, 6, 7], [[1, 2], [3, 4, 8, 9]], seed=1),
+      _group([9, 10, 11, 12, 13, 14], [[1], [2, 3, 4]], seed=2))  # prompt cut to 4
+  batch = batching.build_batch(record, num_groups=2, group_size=2, prompt_length=4,
+                               completion_length=3, pad_id=0, with_routing=True)
   experts = batch["recorded_experts"]
   assert experts.shape == (4, 7, 2, 2) and experts.dtype == np.uint8
-  g0 = groups[0].experts[1]  # prompt of 3 (left-padded by one), completion of 4 cut to 3
+  g0 = record.experts[1]  # prompt of 3 (left-padded by one), completion of 4 cut to 3
   np.testing.assert_array_equal(experts[1, 1:4], g0[:3])
   np.testing.assert_array_equal(experts[1, 4:7], g0[3:6])
   assert not experts[1, 0].any()
-  g1 = groups[1].experts[0]  # prompt of 6 keeps its last 4, completion of 1 then padding
+  g1 = record.experts[2]  # prompt of 6 keeps its last 4, completion of 1 then padding
   np.testing.assert_array_equal(experts[2, :4], g1[2:6])
   np.testing.assert_array_equal(experts[2, 4], g1[6])
   assert not experts[2, 5:].any()

@@ -13,6 +13,7 @@ from flax import nnx
 from reasoning_rl.rl import batching, packing
 from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.step_config import StepConfig
+from tests.support import rollouts
 from tests.support.packing import ragged_batch
 from tests.support.steps import T, assert_same_gradient, fresh_params, make_batch, step_gradient
 
@@ -67,13 +68,12 @@ def test_packed_rows_keep_the_observations_in_the_sequence():
 
 
 def test_build_batch_writes_the_loss_masks():
-  group = batching.ScoredGroup(
-      prompt_tokens=[5, 6], completion_ids=[[1, 2, 3, 4, 5], [7, 8]],
-      logprobs=[[-0.1, -0.2, 0.0, 0.0, -0.3], [-0.5, -0.6]], rewards=[1.0, 0.0],
-      parts={"correct": [1.0, 0.0]}, truncated=[False, False],
-      loss_masks=[[1, 1, 0, 0, 1], [1, 1]])
-  batch = batching.build_batch([group], np.array([[0.5, -0.5]]), num_groups=1, group_size=2,
-                               prompt_length=3, completion_length=6, pad_id=0)
+  group = rollouts.group(
+      [1.0, 0.0], [[1, 2, 3, 4, 5], [7, 8]], prompt=[5, 6],
+      logprobs=[[-0.1, -0.2, 0.0, 0.0, -0.3], [-0.5, -0.6]],
+      loss_masks=[[1, 1, 0, 0, 1], [1, 1]]).with_advantages([0.5, -0.5])
+  batch = batching.build_batch(group, num_groups=1, group_size=2, prompt_length=3,
+                               completion_length=6, pad_id=0)
   np.testing.assert_array_equal(batch["completion_mask"], [[1, 1, 0, 0, 1, 0], [1, 1, 0, 0, 0, 0]])
   np.testing.assert_array_equal(batch["attention_mask"][:, 3:], [[1, 1, 1, 1, 1, 0],
                                                                  [1, 1, 0, 0, 0, 0]])

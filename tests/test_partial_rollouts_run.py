@@ -100,10 +100,10 @@ def test_each_tokens_sampler_log_prob_is_that_of_the_policy_version_that_drew_it
     return push(state, version)
 
   run.weight_sync.push = keep_weights
-  trained, scored_group = [], partial_rollouts.scored_group
-  monkeypatch.setattr(partial_rollouts, "scored_group",
-                      lambda position, completions, *rest: trained.extend(completions)
-                      or scored_group(position, completions, *rest))
+  trained, of_group = [], partial_rollouts.RolloutColumns.of_group
+  monkeypatch.setattr(partial_rollouts.RolloutColumns, "of_group",
+                      lambda position, completions, *rest, **named: trained.extend(completions)
+                      or of_group(position, completions, *rest, **named))
   graphdef = run.step_fn.graphdef
   assert Trainer(run).run() == 0
   assert sorted(weights) == [0, 1, 2, 3, 4]

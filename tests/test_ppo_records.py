@@ -4,6 +4,7 @@ in the packed layout, and the records hold them; GRPO's records keep their exact
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import types
@@ -18,13 +19,15 @@ from reasoning_rl import build
 from reasoning_rl.loop import telemetry
 from reasoning_rl.loop.rl_stage import RLStage
 from reasoning_rl.loop.rollouts import RolloutCollector
-from reasoning_rl.loop.state import GroupRollout, LoopState, SampledBatch
+from reasoning_rl.loop.state import LoopState, SampledBatch
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import create_model
-from reasoning_rl.rl import batching, packing
+from reasoning_rl.rl import packing
+from reasoning_rl.rl.rollout_columns import Ragged
 from reasoning_rl.rl.step import TrainStep
 from reasoning_rl.rl.step_config import StepConfig
 from tests.conftest import REPO
+from tests.support import rollouts
 
 CONFIG = ModelConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, attention_bias=True)
@@ -113,16 +116,14 @@ def test_grpo_steps_return_no_outputs():
   assert "loss" in stats and int(state.step) == 1
 
 
-def _sampled(rewards_per_group, lengths):
-  groups = []
-  for g, rewards in enumerate(rewards_per_group):
-    group = batching.ScoredGroup(
-        prompt_tokens=[1, 2], completion_ids=[[3] * n for n in lengths[g]],
-        logprobs=[[-0.5] * n for n in lengths[g]], rewards=list(rewards),
-        parts={"correct": list(rewards)}, truncated=[False] * len(rewards))
-    groups.append(GroupRollout(data_position=10 + g, group=group,
-                               responses=tuple("r" * n for n in lengths[g]), status="ok"))
-  return SampledBatch(groups=tuple(groups), outcome={}, groups_sampled=len(groups), scoring={},
+def _sampled(rewards_per_group, lengths, advantages=None):
+  record = rollouts.record(*[
+      rollouts.group(rewards, [[3] * n for n in lengths[g]], position=10 + g, prompt=[1, 2],
+                     responses=tuple("r" * n for n in lengths[g]))
+      for g, rewards in enumerate(rewards_per_group)])
+  if advantages is not None:
+    record = record.with_advantages(advantages)
+  return SampledBatch(rollouts=record, outcome={}, groups_sampled=record.num_groups, scoring={},
                       sample_s=0.0, verify_s=0.0, policy_version=3)
 
 
@@ -135,10 +136,10 @@ _RECORD_KWARGS = dict(
 
 def test_ppo_records_hold_the_token_advantages_and_their_mean():
   sampled = _sampled([[1.0, 0.0]], [[3, 1]])
-  token_advantages = np.array([[[0.123456, -1.5, 2.0, 0.0], [-0.75, 0.0, 0.0, 0.0]]],
-                              np.float32)
-  records = telemetry.rollout_records(5, sampled, None, token_advantages=token_advantages,
-                                      **_RECORD_KWARGS)
+  token_advantages = Ragged.from_rows([[0.123456, -1.5, 2.0], [-0.75]], np.float32)
+  sampled = dataclasses.replace(
+      sampled, rollouts=sampled.rollouts.with_token_advantages(token_advantages))
+  records = telemetry.rollout_records(5, sampled, **_RECORD_KWARGS)
   assert [r["token_advantages"] for r in records] == [[0.1235, -1.5, 2.0], [-0.75]]
   assert records[0]["advantage"] == pytest.approx((0.123456 - 1.5 + 2.0) / 3, abs=1e-7)
   assert records[1]["advantage"] == -0.75
@@ -146,9 +147,8 @@ def test_ppo_records_hold_the_token_advantages_and_their_mean():
 
 
 def test_grpo_records_keep_their_exact_form():
-  sampled = _sampled([[1.0, 0.0]], [[3, 1]])
-  records = telemetry.rollout_records(5, sampled, np.array([[0.5, -0.5]], np.float32),
-                                      **_RECORD_KWARGS)
+  sampled = _sampled([[1.0, 0.0]], [[3, 1]], advantages=[0.5, -0.5])
+  records = telemetry.rollout_records(5, sampled, **_RECORD_KWARGS)
   # format_version 1's keys, in their order (the writer dumps them in this order)
   assert [list(r) for r in records] == [[
       "step", "prompt_id", "group_id", "sample_index", "prompt", "task_prompt", "completion",

@@ -25,6 +25,7 @@ from reasoning_rl.sampler import EngineBackend
 from reasoning_rl.sampler.api import CallUsage, Completion, DecodeUsage
 from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction, _route
 from tests.conftest import REPO
+from tests.support import rollouts
 from tests.test_import_graph import import_edges
 
 
@@ -206,11 +207,10 @@ def test_a_registered_verifier_is_chosen_by_name_and_by_task_kind():
 # ---------------------------------------------------------------------------- advantages
 
 
-def _group(rewards):
+def _group(rewards, position=0):
   g = len(rewards)
-  return batching.ScoredGroup(prompt_tokens=[1, 2], completion_ids=[[3, 4]] * g,
-                              logprobs=[[-0.5, -0.5]] * g, rewards=list(rewards), parts={},
-                              truncated=[False] * g)
+  return rollouts.group(rewards, [[3, 4]] * g, position=position, prompt=[1, 2], parts={},
+                        responses=("a", "b")[:g] if g <= 2 else None)
 
 
 def test_the_advantage_stage_pads_missing_groups_with_zeros():
@@ -225,34 +225,37 @@ def test_the_advantage_stage_pads_missing_groups_with_zeros():
                      estimator="grpo")
 
 
-def test_the_batch_carries_the_stages_advantages_and_none_means_the_step_computes_them():
-  groups = [_group([0.0, 1.0]), _group([1.0, 1.0])]
+def test_the_batch_carries_the_records_advantages_and_none_means_the_step_computes_them():
+  record = rollouts.record(_group([0.0, 1.0]), _group([1.0, 1.0], position=1))
   given = np.array([[0.25, -0.75], [1.5, 2.5]], np.float32)  # not any estimator's output
-  batch = batching.build_batch(groups, given, num_groups=2, group_size=2, prompt_length=2,
-                               completion_length=2, pad_id=0, with_rewards=True)
+  batch = batching.build_batch(record.with_advantages(given), num_groups=2, group_size=2,
+                               prompt_length=2, completion_length=2, pad_id=0, with_rewards=True)
   np.testing.assert_array_equal(batch["advantages"], given.reshape(-1))
   np.testing.assert_array_equal(batch["rewards"], [0.0, 1.0, 1.0, 1.0])
-  ppo = batching.build_batch(groups, None, num_groups=2, group_size=2, prompt_length=2,
+  ppo = batching.build_batch(record, num_groups=2, group_size=2, prompt_length=2,
                              completion_length=2, pad_id=0, with_rewards=True)
   np.testing.assert_array_equal(ppo["advantages"], 0.0)
-  with pytest.raises(ValueError, match="advantages have shape"):
-    batching.build_batch(groups, given[:1], num_groups=2, group_size=2, prompt_length=2,
-                         completion_length=2, pad_id=0)
+  with pytest.raises(ValueError, match="2 advantages for 4 samples"):
+    record.with_advantages(given[:1])
+  # a short batch (dynamic sampling came up short): the missing group's rows are masked
+  short = batching.build_batch(record.take_groups([1]).with_advantages(given[1]), num_groups=2,
+                               group_size=2, prompt_length=2, completion_length=2, pad_id=0)
+  np.testing.assert_array_equal(short["advantages"], [1.5, 2.5, 0.0, 0.0])
+  np.testing.assert_array_equal(short["attention_mask"].sum(1), [4, 4, 0, 0])
 
 
 def test_records_without_group_or_token_advantages_show_null_not_made_up_numbers():
-  from reasoning_rl.loop.state import GroupRollout, SampledBatch
+  from reasoning_rl.loop.state import SampledBatch
 
-  rollout = GroupRollout(data_position=0, group=_group([0.0, 1.0]), responses=("a", "b"),
-                         status="ok")
-  sampled = SampledBatch(groups=(rollout,), outcome={}, groups_sampled=1, scoring={},
+  sampled = SampledBatch(rollouts=_group([0.0, 1.0]), outcome={}, groups_sampled=1, scoring={},
                          sample_s=0.0, verify_s=0.0, policy_version=0)
   example = types.SimpleNamespace(prompt="q", answer="1", task="math", metadata={}, tests=())
   kwargs = dict(examples=lambda i: example, decode=lambda ids: "p", verifier_version="v",
                 sampling={})
-  ppo = telemetry.rollout_records(1, sampled, None, **kwargs)
+  ppo = telemetry.rollout_records(1, sampled, **kwargs)
   assert [rec["advantage"] for rec in ppo] == [None, None]
-  grpo = telemetry.rollout_records(1, sampled, np.array([[-1.0, 1.0]]), **kwargs)
+  grpo = telemetry.rollout_records(1, dataclasses.replace(
+      sampled, rollouts=sampled.rollouts.with_advantages([-1.0, 1.0])), **kwargs)
   assert [rec["advantage"] for rec in grpo] == [-1.0, 1.0]
 
 

@@ -22,10 +22,12 @@ from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import create_model
 from reasoning_rl.rl import batching, losses, packing
 from reasoning_rl.rl.logprobs import TRUNCATION_FIELDS, completion_logprobs
+from reasoning_rl.rl.rollout_columns import RolloutColumns
 from reasoning_rl.rl.stats import finalize
 from reasoning_rl.rl.step import TrainStep
 from reasoning_rl.rl.step_config import StepConfig
 from reasoning_rl.sampler.sampling import sample_tokens, truncated_logprobs
+from tests.support import rollouts
 from tests.support.configs import debug_config
 
 
@@ -253,17 +255,19 @@ def test_a_batch_without_the_settings_is_refused_with_the_fix():
     step(step.init_state(params), batch)
 
 
-def group(sampling, logprobs=(-0.5, -0.25), sampling_logprobs=(-0.1, -0.2)):
-  return batching.ScoredGroup(
-      prompt_tokens=[1, 2], completion_ids=[[3, 4], [5, 6]], logprobs=[list(logprobs)] * 2,
-      rewards=[0.0, 1.0], parts={}, truncated=[False, False],
-      sampling_logprobs=[list(sampling_logprobs)] * 2 if sampling else None, sampling=sampling)
+def group(sampling, logprobs=(-0.5, -0.25), sampling_logprobs=(-0.1, -0.2), position=0):
+  return rollouts.group(
+      [0.0, 1.0], [[3, 4], [5, 6]], position=position, prompt=[1, 2],
+      logprobs=[list(logprobs)] * 2, parts={},
+      sampling_logprobs=[list(sampling_logprobs)] * 2 if sampling else None,
+      sampling=rollouts.sampling_settings(**sampling) if sampling else None)
 
 
 def test_build_batch_carries_each_rows_settings_and_sampling_logprobs():
-  groups = [group({"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05}),
-            group({"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0})]
-  batch = batching.build_batch(groups, None, num_groups=3, group_size=2, prompt_length=2,
+  record = rollouts.record(
+      group({"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05}),
+      group({"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}, position=1))
+  batch = batching.build_batch(record, num_groups=3, group_size=2, prompt_length=2,
                                completion_length=3, pad_id=0, truncation=True)
   np.testing.assert_allclose(batch["sampling_temperature"], [0.7, 0.7, 0, 0, 1, 1])
   np.testing.assert_allclose(batch["sampling_top_p"], [0.9, 0.9, 1, 1, 1, 1])
@@ -273,7 +277,7 @@ def test_build_batch_carries_each_rows_settings_and_sampling_logprobs():
   np.testing.assert_allclose(batch["behavior_logprobs"][:4, :2],
                              [[-0.1, -0.2]] * 2 + [[-0.5, -0.25]] * 2)
   with pytest.raises(ValueError, match="truncation=True"):
-    batching.build_batch([group(None)], None, num_groups=1, group_size=2, prompt_length=2,
+    batching.build_batch(group(None), num_groups=1, group_size=2, prompt_length=2,
                          completion_length=3, pad_id=0, truncation=True)
 
 
@@ -283,8 +287,8 @@ def test_packing_carries_the_settings_with_the_truncated_ratio():
   graphdef, _ = nnx.split(create_model(CONFIG, seed=0))
   step = TrainStep(graphdef, StepConfig(truncated_ratio=True, packing=True, logprob_chunk=4))
   build = lambda gs, num_groups=1: batching.build_batch(  # noqa: E731
-      gs, None, num_groups=num_groups, group_size=2, prompt_length=2, completion_length=3,
-      pad_id=0, truncation=True)
+      RolloutColumns.concat(gs, group_size=2), num_groups=num_groups, group_size=2,
+      prompt_length=2, completion_length=3, pad_id=0, truncation=True)
   packed = step.host_batch(build(groups[:1]))
   assert not set(TRUNCATION_FIELDS) & set(packed)
   top_p = packed["head_sampling_top_p"]

@@ -38,9 +38,9 @@ from typing import Callable
 
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.evaluation import completion_record
-from reasoning_rl.loop.rollouts import RolloutCollector, scored_group
+from reasoning_rl.loop.rollouts import RolloutCollector
 from reasoning_rl.loop.state import SCORING_STATUSES, InFlight, InFlightGroup, SampledBatch
-from reasoning_rl.rl import batching
+from reasoning_rl.rl.rollout_columns import RolloutColumns
 from reasoning_rl.sampler.api import Completion, Unfinished
 from reasoning_rl.verifiers.rewards import Reward
 from reasoning_rl.workers.scorer import ScoredItem
@@ -153,11 +153,12 @@ class PartialCollector(RolloutCollector):
     # the round ends at num_prompts complete groups or with all of them (more than that)
     assert len(chosen) == num_prompts, (len(chosen), num_prompts)
     state.groups = [group for group in state.groups if group not in chosen]
-    groups = tuple(scored_group(
+    rollouts = RolloutColumns.concat([RolloutColumns.of_group(
         group.data_position, [group.finished[s] for s in range(g)],
-        tuple(group.finished[s].scored_text(self.tokenizer) for s in range(g)),
-        _scored_item(group), self.sampling) for group in chosen)
-    versions = [v for group in chosen for s in range(g) for v in _versions(group.finished[s])]
+        [group.finished[s].scored_text(self.tokenizer) for s in range(g)],
+        status=group.scored["status"], rewards=_rewards(group), sampling=self.sampling)
+        for group in chosen], group_size=g)
+    versions = rollouts.token_versions.values.tolist()
     lags = [policy_version - v for v in versions] or [0]
     partial = {
         "groups_in_flight": len(state.groups) + len(chosen),
@@ -166,11 +167,10 @@ class PartialCollector(RolloutCollector):
         "token_lag_mean": sum(lags) / len(lags), "token_lag_max": max(lags),
         "stale_token_frac": sum(lag > 0 for lag in lags) / len(lags),
     }
-    scoring = {status: sum(group.status == status for group in groups)
-               for status in SCORING_STATUSES}
+    scoring = {status: rollouts.status.count(status) for status in SCORING_STATUSES}
     batch = SampledBatch(
-        groups=groups, outcome=batching.group_outcome_fractions([x.group for x in groups]),
-        groups_sampled=len(groups), scoring=scoring, sample_s=sample_s, verify_s=verify_s,
+        rollouts=rollouts, outcome=rollouts.outcome_fractions(),
+        groups_sampled=rollouts.num_groups, scoring=scoring, sample_s=sample_s, verify_s=verify_s,
         policy_version=min(versions, default=policy_version), decode=usage, partial=partial)
     return batch, state
 
@@ -202,8 +202,8 @@ def _stored_score(item: ScoredItem) -> dict:
           "verifier_version": item.rewards[0].verifier_version if item.rewards else ""}
 
 
-def _scored_item(group: InFlightGroup) -> ScoredItem:
+def _rewards(group: InFlightGroup) -> list[Reward]:
+  """The stored score of a completed group as the scorer's rewards."""
   score = group.scored
-  rewards = [Reward(total=total, parts=dict(parts), verifier_version=score["verifier_version"])
-             for total, parts in zip(score["totals"], score["parts"])]
-  return ScoredItem(key=group.data_position, rewards=rewards, status=score["status"])
+  return [Reward(total=total, parts=dict(parts), verifier_version=score["verifier_version"])
+          for total, parts in zip(score["totals"], score["parts"])]

@@ -1,11 +1,12 @@
 """The RL stage: one rollout batch and its updates per step, synchronous or k steps ahead.
 
-One step's data path: rollouts (`RolloutCollector` over the `RolloutBackend`) → scored groups →
-advantages (`rl.advantages.batch_advantages`, their own stage, so the rollout records show what
-the loss used; PPO's per-token GAE advantages come out of the step, `TrainStep.call_with_outputs`,
-and the records show those) → the padded batch (`rl.batching.build_batch`) → `TrainStep` → the
-weight sync (`WeightSync.publish`: the sampler receives the new policy, and the policy version
-advances).
+One step's data path: rollouts (`RolloutCollector` over the `RolloutBackend`) → one record of
+them (`rl.rollout_columns.RolloutColumns`) → advantages (`rl.advantages.batch_advantages`, their
+own stage, kept in the record, so the rollout records show what the loss used; PPO's per-token
+GAE advantages come out of the step, `TrainStep.call_with_outputs`, and go back into the record
+through the packed layout's index) → the batch (`rl.batching.build_batch`: the record's samples as
+rows; packed by the step's layout) → `TrainStep` → the weight sync (`WeightSync.publish`: the
+sampler receives the new policy, and the policy version advances).
 
 Asynchronous rollouts with bounded staleness k (`async_rollouts.max_staleness`): the batch trained
 at step s is sampled with policy version max(0, s − 1 − k) (version v = the parameters after v
@@ -24,9 +25,11 @@ rest (unfinished samples, completed groups not trained yet) stays in the loop st
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
+import numpy as np
 
 from reasoning_rl import flops as flops_lib
 from reasoning_rl import stop_signals
@@ -41,6 +44,7 @@ from reasoning_rl.multihost.cluster import global_batch
 from reasoning_rl.rl import advantages as advantages_lib
 from reasoning_rl.rl import batching, packing
 from reasoning_rl.rl import stats as stats_lib
+from reasoning_rl.rl.rollout_columns import Ragged
 
 
 def take_examples(run: RunParts, loop: LoopState, count: int) -> list:
@@ -69,7 +73,8 @@ class RLStage:
     self.collector = collector
     self.staleness = staleness
     self.with_sampler_logprobs = with_sampler_logprobs
-    # (step, batch, advantages, token advantages) of the latest step, for its rollout records
+    # (step, batch, PPO's token advantages still on the device) of the latest step, for its
+    # rollout records
     self._last = None
 
   def sample_batch(self, loop: LoopState, *, should_stop=None) -> SampledBatch:
@@ -109,15 +114,19 @@ class RLStage:
     sampled = loop.queue.popleft() if loop.queue else self.sample_batch(
         loop, should_stop=stop_signals.preemption_requested)
     cluster = run.cluster
-    batch = advantages = None  # sampler-only processes hold group summaries: no batch to build
+    batch = None  # sampler-only processes hold the rollouts' summary: no batch to build
     if cluster.is_trainer:
       ppo = c.algo.name == "ppo"
       # PPO's advantages are GAE over its value head's predictions, made inside the step
-      advantages = None if ppo else advantages_lib.batch_advantages(
-          [g.group.rewards for g in sampled.groups], num_groups=c.rollout.num_prompts,
-          group_size=c.rollout.num_samples, estimator=c.algo.estimator)
+      if not ppo:
+        rollouts = sampled.rollouts
+        advantages = advantages_lib.batch_advantages(
+            rollouts.group_rewards(), num_groups=c.rollout.num_prompts,
+            group_size=c.rollout.num_samples, estimator=c.algo.estimator)
+        sampled = dataclasses.replace(
+            sampled, rollouts=rollouts.with_advantages(advantages[:rollouts.num_groups]))
       batch = batching.build_batch(
-          [g.group for g in sampled.groups], advantages, num_groups=c.rollout.num_prompts,
+          sampled.rollouts, num_groups=c.rollout.num_prompts,
           group_size=c.rollout.num_samples, prompt_length=c.rollout.max_prefill_length,
           completion_length=c.rollout.max_new_tokens, pad_id=run.tokenizer.pad_id,
           with_rewards=ppo, with_behavior_logprobs=self.with_sampler_logprobs,
@@ -132,8 +141,7 @@ class RLStage:
       # dispatched; runs while we sample ahead
       state, stats, outputs = run.step_fn.call_with_outputs(state, device_batch)
       if "token_advantages" in outputs:  # PPO: left on the device until records are written
-        token_advantages = (outputs["token_advantages"], layout,
-                            batch["completion_mask"].shape)
+        token_advantages = (outputs["token_advantages"], layout)
     ahead_s = 0.0
     if self.staleness > 0:  # batch step + k, sampled by version step − 1
       ahead = time.perf_counter()
@@ -144,7 +152,7 @@ class RLStage:
       stats = stats_lib.finalize(jax.device_get(stats))
     train_s = time.perf_counter() - train_start - ahead_s
     published = run.weight_sync.publish(state, loop)
-    self._last = (step, sampled, advantages, token_advantages)
+    self._last = (step, sampled, token_advantages)
     pool_metrics = cluster.summed_metrics(run.scorer.metrics())
     if cluster.is_primary:
       times = telemetry.StepTimes(train_s=train_s, sync_s=published.seconds,
@@ -178,28 +186,31 @@ class RLStage:
         passes=flops_lib.TrainingPasses.of_step(self.run.step_fn.config)).total
 
   def rollout_records(self, step: int) -> list[dict]:
-    last_step, sampled, advantages, token_advantages = self._last
+    last_step, sampled, token_advantages = self._last
     assert last_step == step, (last_step, step)
     c, run = self.run.config, self.run
     if token_advantages is not None:
-      token_advantages = self._padded_token_advantages(*token_advantages)
+      sampled = dataclasses.replace(sampled, rollouts=self._with_token_advantages(
+          sampled.rollouts, *token_advantages))
     return telemetry.rollout_records(
-        step, sampled, advantages, examples=run.data.train_source.example,
+        step, sampled, examples=run.data.train_source.example,
         decode=run.tokenizer.decode, verifier_version=run.reward_fn.verifier_version,
         sampling={"temperature": c.rollout.temperature, "top_p": c.rollout.top_p,
                   "top_k": c.rollout.top_k, "max_new_tokens": c.rollout.max_new_tokens,
-                  "seed": c.seed}, token_advantages=token_advantages,
-        with_experts=c.logging.rollout_experts)
+                  "seed": c.seed}, with_experts=c.logging.rollout_experts)
 
-  def _padded_token_advantages(self, values, layout, padded_shape):
-    """PPO's per-token advantages as the step used them, [groups, G, T] on the host: fetched
-    only here (steps that write no records transfer nothing), and from the packed layout mapped
-    back to the padded rows (row g·G + s is sample s of group g, `batching.build_batch`)."""
+  @staticmethod
+  def _with_token_advantages(rollouts, values, layout):
+    """The record with PPO's per-token advantages as the step used them: fetched only here
+    (steps that write no records transfer nothing), [rows, T] in the batch's rows or, packed,
+    mapped back to them by the layout's one index (`packing.unpack_sequences`); row g·G + s is
+    sample g·G + s of the record."""
     values = jax.device_get(values)
     if layout is not None:
-      values = packing.unpack_sequences(values, layout, padded_shape[0])
-    r = self.run.config.rollout
-    return values.reshape(r.num_prompts, r.num_samples, padded_shape[1])
+      values = packing.unpack_sequences(values, layout, rollouts.num_samples)
+    return rollouts.with_token_advantages(Ragged.from_rows(
+        [values[row, :length] for row, length in enumerate(rollouts.completion_ids.lengths)],
+        np.float32))
 
 
 def routes_recorded(model_config, config) -> bool:

@@ -1,4 +1,4 @@
-"""Rollout collection: prompts → rollout backend → scorer → scored groups.
+"""Rollout collection: prompts → rollout backend → scorer → one `RolloutColumns` record.
 
 `RolloutCollector.collect` decodes G completions per prompt on the rollout backend
 (`sampler.api.RolloutBackend`: the engine registered under `rollout.backend`) and hands each
@@ -16,10 +16,12 @@ import dataclasses
 import time
 from typing import Callable, Sequence
 
+import numpy as np
+
 from reasoning_rl.errors import PhaseInterrupted
 from reasoning_rl.evaluation import completion_record
-from reasoning_rl.loop.state import SCORING_STATUSES, GroupRollout, SampledBatch
-from reasoning_rl.rl import batching
+from reasoning_rl.loop.state import SCORING_STATUSES, SampledBatch
+from reasoning_rl.rl.rollout_columns import RolloutColumns
 
 
 class RolloutCollector:
@@ -54,8 +56,9 @@ class RolloutCollector:
     self.decode_totals: list[dict] = []  # this step's DecodeUsage, one per generate call
 
   def collect(self, examples: Sequence[tuple[int, object]], *, num_samples: int | None = None,
-              sampling=None, should_stop=None) -> tuple[list[GroupRollout], float, float]:
-    """(groups in the order of `examples`, decode seconds, seconds waiting for the scorer after).
+              sampling=None, should_stop=None) -> tuple[RolloutColumns, float, float]:
+    """(the groups in the order of `examples`, decode seconds, seconds waiting for the scorer
+    after).
     `should_stop` is asked between decode calls; True raises `errors.PhaseInterrupted` (groups
     already handed to the scorer are abandoned with it: the run exits next)."""
     g = num_samples or self.num_samples
@@ -100,8 +103,10 @@ class RolloutCollector:
       item = self.scorer.get()
       scored[item.key] = item
     verify_s = time.perf_counter() - start
-    out = [scored_group(index, finished[index], responses[index], scored[index], sampling)
-           for index, _ in examples]
+    out = RolloutColumns.concat(
+        [RolloutColumns.of_group(index, finished[index], responses[index],
+                                 status=scored[index].status, rewards=scored[index].rewards,
+                                 sampling=sampling) for index, _ in examples], group_size=g)
     return out, sample_s, verify_s
 
   def sample_batch(self, take_examples: Callable[[int], list], *, num_prompts: int,
@@ -118,52 +123,23 @@ class RolloutCollector:
     sample_s = verify_s = 0.0
     self.exact_totals, self.decode_totals = [], []
     for _ in range(max_rounds if dynamic_sampling else 1):
-      groups, s, v = self.collect(take_examples(num_prompts - len(kept)),
-                                  should_stop=should_stop)
+      groups, s, v = self.collect(
+          take_examples(num_prompts - sum(k.num_groups for k in kept)), should_stop=should_stop)
       sample_s, verify_s = sample_s + s, verify_s + v
-      sampled.extend(groups)
-      kept.extend(g for g in groups if g.group.has_signal or not dynamic_sampling)
-      if len(kept) >= num_prompts:
+      sampled.append(groups)
+      kept.append(groups.take_groups(np.flatnonzero(groups.has_signal()))
+                  if dynamic_sampling else groups)
+      if sum(k.num_groups for k in kept) >= num_prompts:
         break
-    scoring = {status: sum(g.status == status for g in sampled) for status in SCORING_STATUSES}
+    sampled = RolloutColumns.concat(sampled, group_size=self.num_samples)
+    scoring = {status: sampled.status.count(status) for status in SCORING_STATUSES}
     return SampledBatch(
-        groups=tuple(kept), outcome=batching.group_outcome_fractions([g.group for g in sampled]),
-        groups_sampled=len(sampled), scoring=scoring, sample_s=sample_s, verify_s=verify_s,
+        rollouts=RolloutColumns.concat(kept, group_size=self.num_samples),
+        outcome=sampled.outcome_fractions(), groups_sampled=sampled.num_groups,
+        scoring=scoring, sample_s=sample_s, verify_s=verify_s,
         policy_version=policy_version, exact=exact_summary(self.exact_totals),
         decode={name: sum(call[name] for call in self.decode_totals)
                 for name in self.decode_totals[0]} if self.decode_totals else None)
-
-
-def scored_group(data_position: int, group: Sequence, responses: tuple[str, ...], item,
-                 sampling) -> GroupRollout:
-  """One prompt's `GroupRollout` from its G completions (`sampler.rollout.Completion`, ordered by
-  sample index), the texts the verifiers read and the scorer's item (`workers.scorer.ScoredItem`:
-  its status and one `Reward` per completion)."""
-  multi_turn = group[0].turns is not None
-  return GroupRollout(
-      data_position=data_position, responses=responses, status=item.status,
-      turns=(tuple({"turns": c.turns, "episode_end": c.episode_end,
-                    "environment_parts": c.reward_parts} for c in group)
-             if multi_turn else None),
-      group=batching.ScoredGroup(
-          prompt_tokens=list(group[0].prompt_tokens),
-          completion_ids=[list(c.completion_ids) for c in group],
-          logprobs=[[float(x) for x in c.logprobs] for c in group],
-          rewards=[r.total for r in item.rewards],
-          parts={name: [r.parts[name] for r in item.rewards]
-                 for name in item.rewards[0].parts},
-          truncated=[bool(c.truncated) for c in group],
-          # what the trainer needs to rebuild the sampler's truncation (algo.truncated_ratio)
-          sampling_logprobs=[[float(x) for x in (c.sampling_logprobs
-                                                 if c.sampling_logprobs is not None
-                                                 else c.logprobs)] for c in group],
-          sampling={"temperature": float(sampling.temperature),
-                    "top_p": float(sampling.top_p), "top_k": int(sampling.top_k),
-                    "min_p": float(sampling.min_p)},
-          loss_masks=[list(c.loss_mask) for c in group] if multi_turn else None,
-          # MoE models: each sample's routing in the sampler (what routing replay trains with)
-          experts=([c.experts for c in group] if all(c.experts is not None for c in group)
-                   else None)))
 
 
 def exact_summary(calls: list[dict]) -> dict | None:
@@ -188,7 +164,7 @@ class ShardedCollector(RolloutCollector):
   Two channels (docs/multihost.md, "Channels"): each replica writes its groups as one file in the
   workdir (`multihost.bulk`), and the exchange's gather carries one small message per process:
   the file's descriptor, the seconds, the interrupted flag and the groups' summaries
-  (`GroupRollout.summary`). Trainer processes read every other replica's file (they build the
+  (`RolloutColumns.summary`). Trainer processes read every other replica's file (they build the
   batch, process 0 also its metrics and rollout records); sampler-only processes read none and
   hold the summaries, which is all their loop decides on. A replica whose sampling a stop request
   interrupted says so in the same gather, and every process then raises PhaseInterrupted: all of
@@ -199,12 +175,13 @@ class ShardedCollector(RolloutCollector):
     self.cluster = cluster
 
   def collect(self, examples: Sequence[tuple[int, object]], *, num_samples: int | None = None,
-              sampling=None, should_stop=None) -> tuple[list[GroupRollout], float, float]:
+              sampling=None, should_stop=None) -> tuple[RolloutColumns, float, float]:
     cluster = self.cluster
     topology = cluster.topology
     replica, replicas = topology.replica_index, len(topology.replicas)
     share = list(examples)[replica::replicas] if replica is not None else []
-    groups, sample_s, verify_s, interrupted = [], 0.0, 0.0, None
+    g = num_samples or self.num_samples
+    groups, sample_s, verify_s, interrupted = RolloutColumns.empty(g), 0.0, 0.0, None
     try:
       if share:
         groups, sample_s, verify_s = super().collect(
@@ -214,12 +191,12 @@ class ShardedCollector(RolloutCollector):
     trainers = set(topology.trainer_processes)
     other_trainers = trainers - {topology.process_index}
     sampler_only = len(trainers) < topology.num_processes
-    descriptor = (cluster.bulk.put("rollouts", [g.to_json() for g in groups])
-                  if groups and other_trainers else None)
+    descriptor = (cluster.bulk.put("rollouts", [groups.to_json()])
+                  if groups.num_groups and other_trainers else None)
     parts = cluster.exchange.gather("rollouts", {
         "file": descriptor, "sample_s": sample_s, "verify_s": verify_s,
         "interrupted": interrupted,
-        "summaries": [g.summary().to_json() for g in groups] if sampler_only else []})
+        "summary": groups.summary().to_json() if sampler_only else None})
     if cluster.bulk is not None:
       cluster.bulk.sweep()  # this gather proves the previous files read
     reasons = [part["interrupted"] for part in parts if part["interrupted"]]
@@ -231,9 +208,12 @@ class ShardedCollector(RolloutCollector):
       with concurrent.futures.ThreadPoolExecutor(max(1, len(files))) as pool:
         items = [item for read in pool.map(lambda d: cluster.bulk.get("rollouts", d), files)
                  for item in read]
-      received = list(groups) + [GroupRollout.from_json(item) for item in items]
+      received = RolloutColumns.concat(
+          [groups] + [RolloutColumns.from_json(item) for item in items], group_size=g)
     else:
-      received = [GroupRollout.from_json(item) for part in parts for item in part["summaries"]]
-    by_position = {group.data_position: group for group in received}
-    return ([by_position[index] for index, _ in examples], max(p["sample_s"] for p in parts),
-            max(p["verify_s"] for p in parts))
+      received = RolloutColumns.concat(
+          [RolloutColumns.from_json(part["summary"]) for part in parts if part["summary"]],
+          group_size=g)
+    group_of = {int(position): i for i, position in enumerate(received.data_position)}
+    return (received.take_groups([group_of[index] for index, _ in examples]),
+            max(p["sample_s"] for p in parts), max(p["verify_s"] for p in parts))

@@ -86,19 +86,22 @@ class SFTStage:
     keeps the verified-correct ones: distinct texts, optionally only the shortest per prompt."""
     r = self.run.config.rejection
     examples = take_examples(self.run, loop, r.num_prompts)
-    groups, _, _ = self.collector.collect(
+    rollouts, _, _ = self.collector.collect(
         examples, num_samples=r.num_samples,
         # the rollout's filters (top-k / top-p / min-p) at the rejection stage's own temperature
         sampling=dataclasses.replace(self.run.sampling, temperature=r.temperature))
     rows, sampled, correct = [], 0, 0
-    for (_, example), rollout in zip(examples, groups):
+    size = rollouts.group_size
+    for g, (_, example) in enumerate(examples):
       kept = {}
-      for text, ids, ok in zip(rollout.responses, rollout.group.completion_ids,
-                               rollout.group.parts["correct"]):
+      samples = slice(g * size, (g + 1) * size)
+      for text, length, ok in zip(rollouts.responses[samples],
+                                  rollouts.completion_ids.lengths[samples],
+                                  rollouts.parts["correct"][samples]):
         sampled += 1
         if ok >= 1.0:
           correct += 1
-          kept.setdefault(text, len(ids))
+          kept.setdefault(text, int(length))
       ordered = sorted(kept.items(), key=lambda item: (item[1], item[0]))
       if r.keep == "shortest":
         ordered = ordered[:1]

@@ -1,15 +1,16 @@
 """What the training loop carries from step to step besides the train state, and its checkpoint form.
 
-- `GroupRollout`: one prompt's G completions, sampled and scored.
-- `SampledBatch`: one step's groups plus how they were obtained (sampling rounds, scoring statuses,
-  seconds, the policy version that sampled them).
+- `SampledBatch`: one step's rollouts (`rl.rollout_columns.RolloutColumns`, the one record of
+  them) plus how they were obtained (sampling rounds, scoring statuses, seconds, the policy
+  version that sampled them).
 - `InFlight`: partial rollouts' groups still in flight between steps (`loop.partial_rollouts`).
 - `LoopState`: data position, policy version, guard state, the queue of batches sampled ahead
   (asynchronous rollouts) and what partial rollouts hold in flight. `to_meta()` / `load_meta()`
   are its checkpoint metadata (plain JSON, with `format_version` = `LOOP_STATE_FORMAT_VERSION`),
   saved beside the Orbax train state so that a resume continues bit for bit. A loop state of
   another version is refused with one line (`CheckpointError`) before anything is loaded;
-  version 1 (before partial rollouts) reads as version 2 with nothing in flight.
+  version 1 (before partial rollouts) reads as version 2 with nothing in flight, and versions 1
+  and 2 (before the columnar record) read their queued batches' groups into one.
 """
 
 from __future__ import annotations
@@ -20,66 +21,24 @@ from typing import Any
 
 from reasoning_rl import guards as guards_lib
 from reasoning_rl.errors import CheckpointError
-from reasoning_rl.rl import batching
-from reasoning_rl.sampler.api import Completion, Unfinished, routes_from_json, routes_to_json
+from reasoning_rl.rl.rollout_columns import RolloutColumns
+from reasoning_rl.sampler.api import Completion, Unfinished
 
 SCORING_STATUSES = ("ok", "timeout", "error")
 # The checkpoint metadata `LoopState.to_meta` writes: the fields of `_META_FIELDS`, each queued
-# batch as `SampledBatch.to_json` (its groups as `GroupRollout.to_json`: 4 items), and (version 2)
+# batch as `SampledBatch.to_json` (version 3: its rollouts as `RolloutColumns.to_json`; versions
+# 1 and 2 listed its groups, `RolloutColumns.from_legacy_groups`), and (from version 2)
 # `in_flight` as `InFlight.to_json`.
-LOOP_STATE_FORMAT_VERSION = 2
-_READABLE_VERSIONS = (1, 2)  # version 1 had no in_flight: nothing was
+LOOP_STATE_FORMAT_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)  # version 1 had no in_flight: nothing was
 _META_FIELDS = ("data_position", "policy_version", "guards", "queue", "pending_eval")
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupRollout:
-  """One prompt's group.
-
-  data_position: the prompt's index in the training stream (also its sampling key).
-  group: token ids, sampler log-probs, rewards and reward parts of the G completions.
-  responses: the decoded completions, as the verifiers scored them.
-  status: the scorer's verdict for the group: ok | timeout | error (then every reward is 0).
-  turns: multi-turn episodes only: per completion {"turns": [...], "episode_end": ...}
-    (`sampler.multiturn`), for the rollout records.
-  """
-
-  data_position: int
-  group: batching.ScoredGroup
-  responses: tuple[str, ...]
-  status: str = "ok"
-  turns: tuple[dict, ...] | None = None
-
-  def to_json(self) -> list:
-    group = dataclasses.asdict(self.group)
-    if self.group.experts is not None:  # MoE routing: arrays, as base64 (routes_to_json)
-      group["experts"] = [routes_to_json(e) for e in self.group.experts]
-    item = [self.data_position, group, list(self.responses), self.status]
-    return item + [list(self.turns)] if self.turns is not None else item
-
-  def summary(self) -> "GroupRollout":
-    """The group as sampler-only processes of a split run hold it: what every process's loop
-    decides on (data position, scoring status, rewards for dynamic sampling, the `correct` part
-    for the pass / fail fractions), without tokens, log-probs or text. Those processes never build
-    a batch (they do not train), so they are spared reading the bulk (multihost.bulk)."""
-    parts = {k: v for k, v in self.group.parts.items() if k == "correct"}
-    return GroupRollout(self.data_position, batching.ScoredGroup(
-        prompt_tokens=[], completion_ids=[], logprobs=[], rewards=list(self.group.rewards),
-        parts=parts, truncated=[]), (), self.status)
-
-  @classmethod
-  def from_json(cls, item: list) -> "GroupRollout":
-    position, fields, responses, status, *turns = item
-    if fields.get("experts") is not None:
-      fields = dict(fields, experts=[routes_from_json(e) for e in fields["experts"]])
-    return cls(int(position), batching.ScoredGroup(**fields), tuple(responses), status,
-               tuple(turns[0]) if turns else None)
 
 
 @dataclasses.dataclass(frozen=True)
 class SampledBatch:
   """One step's kept groups (DAPO dynamic sampling may have dropped and refilled some).
 
+  rollouts: the groups' tokens, log-probs, rewards and texts (`rl.rollout_columns`).
   outcome: all-pass / all-fail fractions over every group sampled, kept or not.
   groups_sampled: groups sampled over all rounds.
   scoring: {ok, timeout, error} group counts over every group sampled.
@@ -94,7 +53,7 @@ class SampledBatch:
     (policy_version is then the oldest token's version).
   """
 
-  groups: tuple[GroupRollout, ...]
+  rollouts: RolloutColumns
   outcome: dict
   groups_sampled: int
   scoring: dict
@@ -107,17 +66,21 @@ class SampledBatch:
 
   def to_json(self) -> dict:
     fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-    fields["groups"] = [g.to_json() for g in self.groups]
+    fields["rollouts"] = self.rollouts.to_json()
     return fields
 
   def summary(self) -> "SampledBatch":
-    """This batch with its groups' summaries (`GroupRollout.summary`)."""
-    return dataclasses.replace(self, groups=tuple(g.summary() for g in self.groups))
+    """This batch with its rollouts' summary (`RolloutColumns.summary`)."""
+    return dataclasses.replace(self, rollouts=self.rollouts.summary())
 
   @classmethod
   def from_json(cls, fields: dict) -> "SampledBatch":
+    """As `to_json` wrote it, or as a loop state of format_version 1 or 2 did (`groups`)."""
     fields = dict(fields)
-    fields["groups"] = tuple(GroupRollout.from_json(g) for g in fields["groups"])
+    if "groups" in fields:
+      fields["rollouts"] = RolloutColumns.from_legacy_groups(fields.pop("groups"))
+    else:
+      fields["rollouts"] = RolloutColumns.from_json(fields["rollouts"])
     return cls(**fields)
 
 
@@ -227,14 +190,14 @@ class LoopState:
     elif version not in _READABLE_VERSIONS:
       raise CheckpointError(
           f"{where}: loop state format_version {version!r}, but this reasoning_rl reads versions "
-          f"{' and '.join(map(str, _READABLE_VERSIONS))} only; resume with the reasoning_rl that "
+          f"{', '.join(map(str, _READABLE_VERSIONS))} only; resume with the reasoning_rl that "
           "wrote it, or start a new workdir")
     try:
       pending = meta["pending_eval"]
       parsed = (int(meta["data_position"]), int(meta["policy_version"]), meta["guards"],
                 collections.deque(SampledBatch.from_json(b) for b in meta["queue"]),
                 None if pending is None else int(pending),
-                InFlight.from_json(meta["in_flight"] if version == 2 else []))
+                InFlight.from_json(meta["in_flight"] if version in (2, 3) else []))
       guards_lib.Guards(self.guards.config).load_state_dict(parsed[2])  # a trial: it parses
     except (KeyError, TypeError, ValueError) as error:
       raise CheckpointError(

@@ -12,7 +12,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from reasoning_rl.loop.state import SampledBatch
-from reasoning_rl.sampler.api import routes_to_json
+from reasoning_rl.rl.rollout_columns import RolloutColumns
+from reasoning_rl.sampler.api import array_to_json
 
 # Keys of the step's own statistics that are promoted to the top level of the row.
 TOP_LEVEL_STATS = ("loss", "kl", "entropy", "clip_frac", "skipped_update")
@@ -29,21 +30,15 @@ class StepTimes:
   compile_s: float = 0.0  # of step_s, lowering and compiling programs met for the first time
 
 
-def model_token_count(group, sample: int) -> int:
-  """Tokens sample `sample` of the group generated itself (observation tokens excluded)."""
-  if group.loss_masks is not None:
-    return int(sum(group.loss_masks[sample]))
-  return len(group.completion_ids[sample])
-
-
 def rl_metrics(batch: SampledBatch, stats: Mapping[str, float], *, reward_parts: Sequence[str],
                policy_version: int, data_position: int) -> dict[str, Any]:
   """The deterministic part of an RL step's row (same config and seed → same numbers)."""
-  groups = [g.group for g in batch.groups]
-  rewards = np.array([r for g in groups for r in g.rewards] or [0.0])
+  rollouts = batch.rollouts
+  rewards = rollouts.rewards if rollouts.num_samples else np.zeros(1)
   # the model's tokens: a multi-turn episode's observation tokens are not its response
-  lengths = np.array([model_token_count(g, s) for g in groups for s in range(g.size)] or [0])
-  truncated = np.array([t for g in groups for t in g.truncated] or [False])
+  counts = rollouts.model_token_counts()
+  lengths = counts if len(counts) else np.zeros(1, np.int64)
+  truncated = rollouts.truncated if rollouts.num_samples else np.zeros(1, bool)
   scored = max(sum(batch.scoring.values()), 1)
   row = {key: stats.get(key, float("nan")) for key in TOP_LEVEL_STATS}
   row.update({
@@ -55,21 +50,19 @@ def rl_metrics(batch: SampledBatch, stats: Mapping[str, float], *, reward_parts:
       "verifier/timeout_rate": batch.scoring["timeout"] / scored,
       "verifier/error_rate": batch.scoring["error"] / scored,
       "dynamic_sampling/groups_sampled": batch.groups_sampled,
-      "dynamic_sampling/groups_kept": len(groups),
+      "dynamic_sampling/groups_kept": rollouts.num_groups,
       "policy_version": policy_version,
       "policy_lag": policy_version - 1 - batch.policy_version,
       "data_position": data_position,
   })
   for name in reward_parts:
-    values = [v for g in groups for v in g.parts[name]]
-    row[f"reward/{name}"] = float(np.mean(values)) if values else 0.0
+    values = rollouts.parts[name] if rollouts.num_samples else ()
+    row[f"reward/{name}"] = float(np.mean(values)) if len(values) else 0.0
   row.update(batch.outcome)
-  episodes = [turns for rollout in batch.groups if rollout.turns for turns in rollout.turns]
-  if episodes:  # multi-turn: model turns and observation tokens per episode
-    row["episode/turns_mean"] = float(np.mean([len(e["turns"]) for e in episodes]))
+  if rollouts.episodes:  # multi-turn: model turns and observation tokens per episode
+    row["episode/turns_mean"] = float(np.mean([len(e["turns"]) for e in rollouts.episodes]))
     row["episode/observation_tokens_mean"] = float(np.mean(
-        [len(g.completion_ids[s]) - model_token_count(g, s) for g in groups
-         for s in range(g.size)]))
+        rollouts.completion_ids.lengths - counts))
   if batch.partial:  # partial rollouts: what the round carried over, and the tokens' lag
     row.update({f"rollout/partial/{key}": value for key, value in batch.partial.items()})
   if batch.exact:  # rollout.exact_logprobs: repairs and the decode path's mismatch it removed
@@ -104,9 +97,9 @@ def rl_throughput(batch: SampledBatch, times: StepTimes, *, trained_tokens: int,
   `step_flops(prompts=, prompt_tokens=, generated_tokens=, trained_tokens=)` is the run's FLOP
   model (`reasoning_rl.flops`, shared with the dry-run planner); `peak_flops` is the whole slice's.
   """
-  generated = sum(len(ids) for g in batch.groups for ids in g.group.completion_ids)
-  prompts = sum(len(g.group.prompt_tokens) for g in batch.groups)
-  flops = step_flops(prompts=len(batch.groups), prompt_tokens=prompts,
+  generated = int(batch.rollouts.completion_ids.lengths.sum())
+  prompts = int(batch.rollouts.prompt_tokens.lengths.sum())
+  flops = step_flops(prompts=batch.rollouts.num_groups, prompt_tokens=prompts,
                      generated_tokens=generated, trained_tokens=trained_tokens)
   seconds = times.step_s if asynchronous else times.step_s + batch.sample_s + batch.verify_s
   row = {"throughput/generated_tokens_per_s": generated / max(batch.sample_s, 1e-9),
@@ -127,58 +120,63 @@ def rl_throughput(batch: SampledBatch, times: StepTimes, *, trained_tokens: int,
 TOKEN_ADVANTAGE_DECIMALS = 4
 
 
-def _sequence_advantage(advantages: np.ndarray | None, token_advantages: np.ndarray | None,
-                        g: int, s: int, num_tokens: int) -> dict[str, Any]:
-  """The record's `advantage` (and, per token, `token_advantages`) of completion (g, s)."""
-  if token_advantages is None:
-    return {"advantage": None if advantages is None else float(advantages[g, s])}
-  values = np.asarray(token_advantages[g, s, :num_tokens], np.float64)
+def _sequence_advantage(rollouts: RolloutColumns, sample: int, num_tokens: int
+                        ) -> dict[str, Any]:
+  """The record's `advantage` (and, per token, `token_advantages`) of sample `sample`."""
+  if rollouts.token_advantages is None:
+    advantages = rollouts.advantages
+    return {"advantage": None if advantages is None else float(advantages[sample])}
+  values = np.asarray(rollouts.token_advantages[sample][:num_tokens], np.float64)
   return {"advantage": float(values.mean()) if values.size else None,
           "token_advantages": [round(float(v), TOKEN_ADVANTAGE_DECIMALS) for v in values]}
 
 
-def rollout_records(step: int, batch: SampledBatch, advantages: np.ndarray | None, *,
-                    examples: Callable[[int], Any], decode: Callable[[list[int]], str],
-                    verifier_version: str, sampling: Mapping[str, Any],
-                    token_advantages: np.ndarray | None = None,
-                    with_experts: bool = True) -> list[dict[str, Any]]:
+def rollout_records(step: int, batch: SampledBatch, *, examples: Callable[[int], Any],
+                    decode: Callable[[list[int]], str], verifier_version: str,
+                    sampling: Mapping[str, Any], with_experts: bool = True
+                    ) -> list[dict[str, Any]]:
   """One record per completion (the rollout-record contract in docs/architecture.md).
 
   `prompt` is the prompt as the policy saw it (the template's text); `task_prompt` is the task's
   own question, the text the verifiers were given, so a replay scores exactly what training did.
-  `advantages` [groups, G] are the advantage stage's, the ones the loss used. PPO has none there:
-  its advantages are per token, GAE over the value head's predictions whitened over the batch,
-  computed inside the step; `token_advantages` [groups, G, T] are those (the step's
-  `outputs["token_advantages"]`), and the record then holds `token_advantages` (one per completion
-  token, rounded to TOKEN_ADVANTAGE_DECIMALS places) and `advantage`, their mean (null for a
-  completion without tokens). With neither, `advantage` is null.
+  `advantage` is the advantage stage's (`RolloutColumns.advantages`), the one the loss used. PPO
+  has none there: its advantages are per token, GAE over the value head's predictions whitened
+  over the batch, computed inside the step; the record then holds `token_advantages` (the step's,
+  `RolloutColumns.token_advantages`: one per completion token, rounded to
+  TOKEN_ADVANTAGE_DECIMALS places) and `advantage`, their mean (null for a completion without
+  tokens). With neither, `advantage` is null.
 
   Mixture-of-experts models (`with_experts`, `logging.rollout_experts`): `experts` holds the
-  experts the sampler routed each prompt and completion token to (`rollout.routes_to_json`:
+  experts the sampler routed each prompt and completion token to (`sampler.api.array_to_json`:
   shape [tokens, sparse layers, k], dtype, base64 bytes).
   """
-  out = []
-  for g, rollout in enumerate(batch.groups):
-    group, example = rollout.group, examples(rollout.data_position)
-    prompt = decode(group.prompt_tokens)
-    for s in range(group.size):
-      num_tokens = model_token_count(group, s)
+  rollouts, out = batch.rollouts, []
+  counts = rollouts.model_token_counts()
+  group_size = rollouts.group_size
+  for g in range(rollouts.num_groups):
+    position = int(rollouts.data_position[g])
+    example = examples(position)
+    prompt = decode(rollouts.prompt_tokens[g].tolist())
+    for s in range(group_size):
+      sample = g * group_size + s
+      num_tokens = int(counts[sample])
       record = {
-          "step": step, "prompt_id": rollout.data_position, "group_id": g, "sample_index": s,
-          "prompt": prompt, "task_prompt": example.prompt, "completion": rollout.responses[s],
-          "reward": group.rewards[s],
-          **_sequence_advantage(advantages, token_advantages, g, s, num_tokens),
-          "num_tokens": num_tokens, "truncated": group.truncated[s],
+          "step": step, "prompt_id": position, "group_id": g, "sample_index": s,
+          "prompt": prompt, "task_prompt": example.prompt,
+          "completion": rollouts.responses[sample], "reward": float(rollouts.rewards[sample]),
+          **_sequence_advantage(rollouts, sample, num_tokens),
+          "num_tokens": num_tokens, "truncated": bool(rollouts.truncated[sample]),
           "policy_version": batch.policy_version, "verifier_version": verifier_version,
-          "scoring_status": rollout.status, "sampling": dict(sampling),
+          "scoring_status": rollouts.status[g], "sampling": dict(sampling),
           "ground_truth": example.answer, "task": example.task,
           "metadata": dict(example.metadata), "tests": list(example.tests),
       }
-      record.update({f"reward/{name}": values[s] for name, values in group.parts.items()})
-      if with_experts and group.experts is not None:
-        record["experts"] = routes_to_json(group.experts[s])
-      if rollout.turns is not None:  # multi-turn: every turn, and how the episode ended
-        record.update(rollout.turns[s])
-        record["observation_tokens"] = len(group.completion_ids[s]) - num_tokens
+      record.update({f"reward/{name}": float(values[sample])
+                     for name, values in rollouts.parts.items()})
+      if with_experts and rollouts.experts is not None:
+        record["experts"] = array_to_json(rollouts.experts[sample])
+      if rollouts.episodes is not None:  # multi-turn: every turn, and how the episode ended
+        record.update(rollouts.episodes[sample])
+        record["observation_tokens"] = int(rollouts.completion_ids.lengths[sample]) - num_tokens
       out.append(record)
   return out

@@ -141,29 +141,30 @@ class Unfinished:
 
 
 def _fields_as_json(item) -> dict:
-  """A Completion's or Unfinished's fields as JSON: its routing as `routes_to_json` writes it."""
+  """A Completion's or Unfinished's fields as JSON: its routing as `array_to_json` writes it."""
   fields = {field.name: getattr(item, field.name) for field in dataclasses.fields(item)}
-  fields["experts"] = routes_to_json(item.experts)
+  fields["experts"] = array_to_json(item.experts)
   return fields
 
 
 def _from_json_fields(cls, fields: dict):
   """Inverse of `_fields_as_json` (a record without routing reads as None)."""
-  return cls(**dict(fields, experts=routes_from_json(fields.get("experts"))))
+  return cls(**dict(fields, experts=array_from_json(fields.get("experts"))))
 
 
-def routes_to_json(experts) -> dict | None:
-  """A routing array (numpy) as JSON: shape, dtype and its bytes in base64 (a list of lists of a
-  long completion's routing would be ten times the size). `tobytes` writes C order whatever the
-  array's memory layout."""
-  if experts is None:
+def array_to_json(array) -> dict | None:
+  """A numpy array (a routing record, a rollout column) as JSON: shape, dtype and its bytes in
+  base64 (a list of lists of a long completion's routing would be ten times the size, and a
+  number list of float32 log-probs would not read back bit for bit everywhere). `tobytes` writes
+  C order whatever the array's memory layout."""
+  if array is None:
     return None
-  return {"shape": list(experts.shape), "dtype": experts.dtype.name,
-          "data": base64.b64encode(experts.tobytes()).decode("ascii")}
+  return {"shape": list(array.shape), "dtype": array.dtype.name,
+          "data": base64.b64encode(array.tobytes()).decode("ascii")}
 
 
-def routes_from_json(item: dict | None):
-  """Inverse of `routes_to_json`: a numpy array, or None."""
+def array_from_json(item: dict | None):
+  """Inverse of `array_to_json`: a numpy array, or None."""
   if item is None:
     return None
   # numpy only for a record that carries routing (a mixture-of-experts run's): this module
@@ -366,4 +367,4 @@ def capabilities_of(name: str) -> Capabilities:
 __all__ = ["BackendSpec", "CAPABILITY_FIELDS", "CallUsage", "Capabilities", "Completion",
            "DecodeUsage", "ExactStats", "MultiTurnEpisodes", "PartialRounds", "RolloutBackend",
            "Unfinished", "capabilities_of", "register_backend", "required_capabilities",
-           "routes_from_json", "routes_to_json"]
+           "array_from_json", "array_to_json"]

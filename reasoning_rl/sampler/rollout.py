@@ -45,7 +45,7 @@ import numpy as np
 from reasoning_rl.errors import PhaseInterrupted, SamplingError
 # the records and usage this module produces live in the JAX-free interface (re-exported here)
 from reasoning_rl.sampler.api import (Completion, DecodeUsage, Unfinished,  # noqa: F401
-                                      routes_from_json, routes_to_json)
+                                      array_from_json, array_to_json)
 from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.sampling import SamplingParams, sample_key
 
@@ -382,4 +382,4 @@ def generate_groups(engine: Engine, prompts: Sequence[Sequence[int]], **kwargs) 
 
 
 __all__ = ["Completion", "DecodeUsage", "Unfinished", "find_stop_string", "generate_groups",
-           "routes_from_json", "routes_to_json", "routing_dtype", "stream_groups"]
+           "array_from_json", "array_to_json", "routing_dtype", "stream_groups"]

@@ -13,16 +13,16 @@ from flax import nnx
 from reasoning_rl import stop_signals
 from reasoning_rl.checkpointing import Checkpointer
 from reasoning_rl.config import base_config
-from reasoning_rl.loop.state import GroupRollout, SampledBatch
+from reasoning_rl.loop.state import SampledBatch
 from reasoning_rl.loop.weight_sync import WeightSync
 from reasoning_rl.metrics import MetricsWriter
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.transformer import create_model
 from reasoning_rl.multihost.cluster import local_cluster
-from reasoning_rl.rl.batching import ScoredGroup
 from reasoning_rl.rl.train_state import TrainState
 from reasoning_rl.trainer import Trainer
 from reasoning_rl.verifiers.rewards import RewardFunction
+from tests.support import rollouts
 from tests.support.generation import write_word_tokenizer
 
 
@@ -44,19 +44,13 @@ def _run_workdir(directory: pathlib.Path, nan: bool):
   return directory
 
 
-def _group(rewards, lengths, *, truncated=None, correct=None, prompt=(5, 6, 7)):
-  return ScoredGroup(
-      prompt_tokens=list(prompt), completion_ids=[list(range(1, n + 1)) for n in lengths],
-      logprobs=[[-0.5] * n for n in lengths], rewards=list(rewards),
-      parts={"correct": list(correct if correct is not None else rewards)},
-      truncated=list(truncated or [False] * len(rewards)))
-
-
 def _batch():
   return SampledBatch(
-      groups=(GroupRollout(11, _group([1.0, 0.0], [3, 5], truncated=[False, True]), ("a", "b")),
-              GroupRollout(12, _group([0.5, 0.5], [2, 2], correct=[0.0, 0.0]), ("c", "d"),
-                           status="timeout")),
+      rollouts=rollouts.record(
+          rollouts.group([1.0, 0.0], [3, 5], position=11, truncated=[False, True],
+                         responses=("a", "b")),
+          rollouts.group([0.5, 0.5], [2, 2], position=12, parts={"correct": [0.0, 0.0]},
+                         responses=("c", "d"), status="timeout")),
       outcome={"groups/all_pass_frac": 0.0, "groups/all_fail_frac": 0.5}, groups_sampled=4,
       scoring={"ok": 2, "timeout": 1, "error": 1}, sample_s=2.0, verify_s=0.5, policy_version=3)
 
