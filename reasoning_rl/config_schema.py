@@ -1,7 +1,10 @@
 """Every training-config field, declared once: its section, default, meaning and accepted values.
 
 `base_config()`, the range checks of `config.validate`, the choice checks, `launch/train.py --help`
-and docs/config.md are all derived from `SECTIONS`; the trainer's typed views of a section
+and docs/config.md are all derived from `SECTIONS`, and from `GROUPS` for the settings given as a
+dict per pluggable choice (each reward-part kind's at config.rewards.<name>, each environment's at
+config.environment.settings: `REWARD_PARTS`, `ENVIRONMENTS`), whose `Group.resolve` fills in their
+defaults and checks them for the modules that implement them; the trainer's typed views of a section
 (`rl.step_config.StepConfig`, `sampler.SamplingParams`, `lora.LoraSettings`) take their defaults from here
 and their values from the config by the same names (`source`). Adding a field is one `Field` line.
 
@@ -19,6 +22,7 @@ from typing import Any
 
 import ml_collections
 
+from reasoning_rl import registries  # the registries alone: no choice, no JAX
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.plain_data import plain
 
@@ -134,8 +138,9 @@ REQUIRED = _Shown("(required)")
 class Field:
   """One config field. `kind`: the value's type where the default does not say it (a None
   default); `typed_none`: the None default is an ml_collections placeholder of `kind`, so
-  --config overrides parse as that type; `check`: a `Range`, a `OneOf`, or None (free text / a
-  setting dict checked where it is built, e.g. task sources and reward parts)."""
+  --config overrides parse as that type; `check`: a `Range`, a `OneOf`, a `Text`, a `ManyOf`, or
+  None (free text, or a dict of settings checked where it is read: a task source's, or a reward
+  part's / an environment's by its `Group`)."""
 
   name: str
   default: Any
@@ -298,7 +303,8 @@ SECTIONS: tuple[Section, ...] = (
             "completion, observations included.", (
         Field("name", "", "empty = single-turn completions; else a name of "
               "registry.ENVIRONMENTS (python_tool, guess_number, …)"),
-        Field("settings", {}, "the environment's own settings (checked by it)"),
+        Field("settings", {}, "the environment's own settings (listed per environment below, "
+              "after the sections)"),
         Field("max_turns", 4, "model turns per episode", _COUNT),
         Field("turn_tokens", 0, "model tokens per turn",
               _int(0, meaning="0 = rollout.max_new_tokens")),
@@ -308,8 +314,9 @@ SECTIONS: tuple[Section, ...] = (
               OneOf(("inline", "chat", "raw"))),
         Field("step_workers", 8, "environment steps run at once (threads)", _COUNT),
     )),
-    Section("rewards", "Rewards: a weighted sum of named parts, each {weight, verifier | kind, "
-            "…settings} (reasoning_rl/verifiers/rewards.py), checked when built.", ()),
+    Section("rewards", "Rewards: a weighted sum of named parts, each {weight, kind, …settings of "
+            "its kind} (reasoning_rl/verifiers/rewards.py); the settings of every kind are listed "
+            "below, after the sections.", ()),
     Section("verifier", "Scoring completions (reasoning_rl/workers).", (
         Field("num_workers", 2, "verifier worker processes",
               _int(0, meaning="0 = score in this process")),
@@ -617,8 +624,6 @@ def _problem(item: Field, value: Any) -> str | None:
   if isinstance(item.default, bool) or item.kind is bool:
     return None if isinstance(value, bool) else "must be True or False"
   if isinstance(rule, OneOf) and rule.registry:
-    from reasoning_rl import registries  # pylint: disable=import-outside-toplevel  (no JAX)
-
     registry = getattr(registries, rule.registry)
     return None if isinstance(value, str) and value in registry else (
         f"unknown {registry.kind}; use one of {list(registry.names())}")

@@ -315,3 +315,15 @@ def test_docs_config_md_lists_every_group_setting():
     section = written[written.index(f"## `{group.path}` {group.qualifier}"):]
     for item in group.fields:
       assert f"| `{item.name}` | `{item.default!r}` |" in section, (group.title, item.name)
+
+
+def test_the_schema_and_its_help_stay_free_of_jax_and_the_verifiers():
+  """--help and docs/config.md list the reward parts and environments from the declarations alone:
+  nothing that implements them (JAX, math-verify) is imported."""
+  code = ("import sys\nfrom reasoning_rl import config_schema\nconfig_schema.help_text()\n"
+          "config_schema.markdown_table()\n"
+          "print(sorted(m for m in ('jax', 'numpy', 'sympy', 'math_verify', "
+          "'reasoning_rl.verifiers.rewards', 'reasoning_rl.environments') if m in sys.modules))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, check=True).stdout
+  assert out.strip() == "[]"
