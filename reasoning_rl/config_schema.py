@@ -1,7 +1,10 @@
 """Every training-config field, declared once: its section, default, meaning and accepted values.
 
 `base_config()`, the range checks of `config.validate`, the choice checks, `launch/train.py --help`
-and docs/config.md are all derived from `SECTIONS`; the trainer's typed views of a section
+and docs/config.md are all derived from `SECTIONS`, and from `GROUPS` for the settings given as a
+dict per pluggable choice (each reward-part kind's at config.rewards.<name>, each environment's at
+config.environment.settings: `REWARD_PARTS`, `ENVIRONMENTS`), whose `Group.resolve` fills in their
+defaults and checks them for the modules that implement them; the trainer's typed views of a section
 (`rl.step_config.StepConfig`, `sampler.SamplingParams`, `lora.LoraSettings`) take their defaults from here
 and their values from the config by the same names (`source`). Adding a field is one `Field` line.
 
@@ -12,11 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ml_collections
+
+from reasoning_rl import registries  # the registries alone: no choice, no JAX
+from reasoning_rl.errors import ConfigError
+from reasoning_rl.plain_data import plain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,16 +88,64 @@ class OneOf:
 
 
 @dataclasses.dataclass(frozen=True)
+class Text:
+  """A string that fully matches `pattern` (a tag name, an identifier, a non-empty path);
+  `wants` says which in words."""
+
+  pattern: str
+  wants: str
+
+  def problem(self, value) -> str | None:
+    if isinstance(value, str) and re.fullmatch(self.pattern, value):
+      return None
+    return f"must be {self.describe()}"
+
+  def describe(self) -> str:
+    return self.wants
+
+
+@dataclasses.dataclass(frozen=True)
+class ManyOf:
+  """A non-empty list of names from `values` (a list or a tuple; read as a tuple)."""
+
+  values: tuple
+
+  def problem(self, value) -> str | None:
+    if (isinstance(value, (list, tuple)) and value and
+        all(isinstance(name, str) and name in self.values for name in value)):
+      return None
+    return f"must be {self.describe()}"
+
+  def describe(self) -> str:
+    return "a non-empty list of " + " | ".join(self.values)
+
+
+class _Shown:
+  """A default that is not a value, shown in --help and docs/config.md by what it means."""
+
+  def __init__(self, text: str):
+    self.text = text
+
+  def __repr__(self) -> str:
+    return self.text
+
+
+# The default of a setting that has none: the config must give it.
+REQUIRED = _Shown("(required)")
+
+
+@dataclasses.dataclass(frozen=True)
 class Field:
   """One config field. `kind`: the value's type where the default does not say it (a None
   default); `typed_none`: the None default is an ml_collections placeholder of `kind`, so
-  --config overrides parse as that type; `check`: a `Range`, a `OneOf`, or None (free text / a
-  setting dict checked where it is built, e.g. task sources and reward parts)."""
+  --config overrides parse as that type; `check`: a `Range`, a `OneOf`, a `Text`, a `ManyOf`, or
+  None (free text, or a dict of settings checked where it is read: a task source's, or a reward
+  part's / an environment's by its `Group`)."""
 
   name: str
   default: Any
   doc: str
-  check: Range | OneOf | None = None
+  check: Range | OneOf | Text | ManyOf | None = None
   kind: type | None = None
   typed_none: bool = False
 
@@ -247,7 +303,8 @@ SECTIONS: tuple[Section, ...] = (
             "completion, observations included.", (
         Field("name", "", "empty = single-turn completions; else a name of "
               "registry.ENVIRONMENTS (python_tool, guess_number, …)"),
-        Field("settings", {}, "the environment's own settings (checked by it)"),
+        Field("settings", {}, "the environment's own settings (listed per environment below, "
+              "after the sections)"),
         Field("max_turns", 4, "model turns per episode", _COUNT),
         Field("turn_tokens", 0, "model tokens per turn",
               _int(0, meaning="0 = rollout.max_new_tokens")),
@@ -257,8 +314,9 @@ SECTIONS: tuple[Section, ...] = (
               OneOf(("inline", "chat", "raw"))),
         Field("step_workers", 8, "environment steps run at once (threads)", _COUNT),
     )),
-    Section("rewards", "Rewards: a weighted sum of named parts, each {weight, verifier | kind, "
-            "…settings} (reasoning_rl/verifiers/rewards.py), checked when built.", ()),
+    Section("rewards", "Rewards: a weighted sum of named parts, each {weight, kind, …settings of "
+            "its kind} (reasoning_rl/verifiers/rewards.py); the settings of every kind are listed "
+            "below, after the sections.", ()),
     Section("verifier", "Scoring completions (reasoning_rl/workers).", (
         Field("num_workers", 2, "verifier worker processes",
               _int(0, meaning="0 = score in this process")),
@@ -487,8 +545,260 @@ SECTIONS: tuple[Section, ...] = (
     )),
 )
 
-# The rewards a fresh config scores with (a free-form dict of parts).
+# The rewards a fresh config scores with (a dict of named parts, each checked by its kind's Group).
 DEFAULT_REWARDS = {"correct": {"weight": 1.0, "verifier": "math", "extract": "answer"}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  """The settings of one pluggable choice, which a config gives as a dict: a reward part of kind
+  `choice` (at config.rewards.<name>) or the environment `choice` (at config.environment.settings).
+  Declared with `Field`s like a section; `resolve` fills in the defaults and checks every value
+  against its declaration, so the implementing module holds no defaults or type checks of its
+  own."""
+
+  path: str  # where the dict sits: "rewards.<name>" | "environment.settings"
+  choice: str  # the reward-part kind / environment name
+  doc: str
+  fields: tuple[Field, ...]
+
+  @property
+  def qualifier(self) -> str:
+    """Which choice the settings belong to, as --help and docs/config.md head them."""
+    selector = "kind" if self.path.startswith("rewards.") else "environment.name"
+    return f"({selector} = {self.choice})"
+
+  @property
+  def title(self) -> str:
+    return f"{self.path} {self.qualifier}"
+
+  def names(self) -> tuple[str, ...]:
+    return tuple(item.name for item in self.fields)
+
+  def defaults(self) -> dict[str, Any]:
+    return {item.name: item.default for item in self.fields}
+
+  def resolve(self, given: Any, *, field: str, floats: bool = False) -> dict[str, Any]:
+    """`given` (a mapping; None = empty) with every default filled in and every value checked:
+    a ConfigError names config.<field>.<setting> and what it accepts.
+
+    field: where `given` sits, e.g. "rewards.format" or "environment.settings".
+    floats: an integer given for a real-valued setting is read as a float (environments hold
+    their settings as attributes of that type).
+    """
+    given = {} if given is None else plain(given)
+    if not isinstance(given, Mapping):
+      raise ConfigError(f"config.{field}={given!r}: must be a mapping of setting name -> value")
+    names = self.names()
+    unknown = sorted(set(given) - set(names), key=str)
+    if unknown:
+      owner = (f"a {self.choice!r} reward part" if self.path.startswith("rewards.")
+               else f"environment {self.choice!r}")
+      raise ConfigError(f"config.{field}.{unknown[0]}: not a setting of {owner}; its settings "
+                        f"are {sorted(names)}")
+    return {item.name: checked(f"{field}.{item.name}", item, given.get(item.name, item.default),
+                               floats=floats)
+            for item in self.fields}
+
+
+def checked(dotted: str, item: Field, value: Any, *, floats: bool = False) -> Any:
+  """`value` as field `item` of config.<dotted> holds it (a list of a `ManyOf` as a tuple; with
+  `floats`, an integer of a real `Range` as a float), or a ConfigError naming config.<dotted>, the
+  value, what the field accepts and its default (where that is a value it accepts)."""
+  if value is REQUIRED:
+    raise ConfigError(f"config.{dotted} is missing; set it to {accepts(item)} ({item.doc})")
+  if (floats and isinstance(item.check, Range) and item.check.kind is float
+      and isinstance(value, int) and not isinstance(value, bool)):
+    value = float(value)
+  problem = _problem(item, value)
+  if problem:
+    usable_default = not isinstance(item.default, _Shown) and not _problem(item, item.default)
+    raise ConfigError(f"config.{dotted}={value!r}: {problem}"
+                      + (f" (default {item.default!r})" if usable_default else ""))
+  return tuple(value) if isinstance(item.check, ManyOf) else value
+
+
+def _problem(item: Field, value: Any) -> str | None:
+  """Why `item` refuses `value`, or None."""
+  rule = item.check
+  if isinstance(item.default, bool) or item.kind is bool:
+    return None if isinstance(value, bool) else "must be True or False"
+  if isinstance(rule, OneOf) and rule.registry:
+    registry = getattr(registries, rule.registry)
+    return None if isinstance(value, str) and value in registry else (
+        f"unknown {registry.kind}; use one of {list(registry.names())}")
+  if isinstance(rule, OneOf):
+    return None if value in rule.values else f"must be {rule.describe()}"
+  if rule is not None:
+    return rule.problem(value)
+  if isinstance(item.default, str):
+    return None if isinstance(value, str) else "must be a string"
+  if item.kind is not None and value is not None and not isinstance(value, item.kind):
+    return f"must be a {item.kind.__name__} or None"
+  return None
+
+
+# The names the verifiers and environments define (they import more than this module may; a test
+# keeps each equal to its module's).
+EXTRACT_MODES = ("answer_or_boxed", "answer", "boxed", "last_number", "final_answer")  # math_answers
+USE_EACH_MODES = ("exactly_once", "at_most_once")  # verifiers.logic
+SCRIPTS = ("latin", "cjk", "han", "kana", "hangul", "cyrillic", "greek", "arabic", "hebrew",
+           "devanagari", "thai")  # verifiers.format.SCRIPT_NAME_PREFIXES
+LENGTH_METHODS = ("dapo", "kimi", "lcpo", "lcpo_max")  # verifiers.rewards
+CODE_ISOLATIONS = ("namespaces", "rlimits_only")  # the code sandbox's
+JUDGE_MODES = ("fallback", "alone")  # verifiers.judge.MODES
+JUDGEABLE_STATUSES = ("wrong", "no_answer", "multiple_answers", "hedged", "unevaluated",
+                      "unparseable", "too_large", "timeout")  # verifiers.judge: never "correct"
+JUDGE_TEMPLATES = ("yes_no", "score")  # verifiers.judge.TEMPLATES
+REWARD_MODEL_TRANSFORMS = ("none", "sigmoid")  # verifiers.reward_model_part.TRANSFORMS
+
+_TAG = Text(r"[A-Za-z][A-Za-z0-9_\-]*", "a tag name: a letter, then letters, digits, '_' or '-' "
+            "(e.g. 'think')")
+_IDENTIFIER = Text(r"[A-Za-z_][A-Za-z0-9_]*", "an identifier (e.g. 'correct')")
+_SECONDS = _POSITIVE
+
+
+def _model_path(what: str) -> Text:
+  return Text(r"(?s).+", f"{what} (required)")
+
+
+# Every reward part has these two besides its kind's settings (rewards.build_parts reads them).
+PART_WEIGHT = Field("weight", REQUIRED, "its weight in the total reward: Σ weight · value",
+                    Range(float), kind=float)
+PART_KIND = Field("kind", _Shown("(the part's name)"), "which kind of part (a name of "
+                  "registry.REWARD_PARTS); two parts of one kind need distinct names and a kind",
+                  OneOf(registry="REWARD_PARTS"))
+
+REWARD_PARTS: dict[str, Group] = {group.choice: group for group in (
+    Group("rewards.<name>", "correct", "1 if the answer is right, by the named verifier; at "
+          "most one part of this kind.", (
+        Field("verifier", "math", "math | countdown | reasoning_gym | code | auto (routes by "
+              "task kind)", OneOf(registry="VERIFIERS")),
+        Field("extract", "answer_or_boxed", "where the answer is read (none: countdown / "
+              "reasoning_gym read the whole answer span's text as is; not for math)",
+              OneOf(EXTRACT_MODES + ("none",))),
+        Field("timeout_s", 5.0, "seconds one check may take (math-verify, code tests)", _SECONDS),
+        Field("answer_tag", "answer", "the tag the answer is written in", _TAG),
+        Field("think_tag", "think", "math: the reasoning tag, whose content never answers "
+              "(must differ from answer_tag)", _TAG),
+        Field("use_each", "exactly_once", "countdown: how often each given number may be used",
+              OneOf(USE_EACH_MODES)),
+        Field("allow_unary_minus", False, "countdown: accept -x in the expression"),
+        Field("success_threshold", 1.0, "reasoning_gym: the dataset's score at or above which "
+              "the answer counts as right", _FRACTION),
+        Field("partial_credit", False, "code: the share of tests passed instead of "
+              "all-or-nothing"),
+        Field("code_isolation", "namespaces", "code: the sandbox's isolation; rlimits_only is an "
+              "explicit, logged acceptance of weaker isolation", OneOf(CODE_ISOLATIONS)),
+    )),
+    Group("rewards.<name>", "format", "1 if the completion has the "
+          "<think>…</think><answer>…</answer> shape (DeepSeek-R1 2025).", (
+        Field("think_tag", "think", "the reasoning tag (must differ from answer_tag)", _TAG),
+        Field("answer_tag", "answer", "the answer tag", _TAG),
+        Field("require_nonempty_think", True, "the reasoning span must hold text"),
+        Field("require_nonempty_answer", True, "the answer span must hold text"),
+        Field("think_open_in_prompt", False, "the prompt already opened the reasoning tag"),
+        Field("pattern", None, "a regular expression the whole completion must match instead "
+              "of the tag shape (None = the tag shape)", kind=str),
+    )),
+    Group("rewards.<name>", "language", "Share of the reasoning written in one script "
+          "(DeepSeek-R1 2025, language consistency).", (
+        Field("script", "latin", "the script the reasoning should be written in",
+              OneOf(SCRIPTS)),
+        Field("think_tag", "think", "the reasoning tag", _TAG),
+        Field("think_open_in_prompt", False, "the prompt already opened the reasoning tag"),
+    )),
+    Group("rewards.<name>", "length", "Length shaping: dapo (overlong penalty, DAPO 2025), kimi "
+          "(Kimi k1.5 2025, per group), lcpo / lcpo_max (L1, Aggarwal & Welleck 2025); kimi and "
+          "lcpo_max need a correct part.", (
+        Field("method", "dapo", "the shaping", OneOf(LENGTH_METHODS)),
+        Field("cache_len", None, "dapo: L_cache, the soft zone before the limit, in tokens "
+              "(required by dapo)", Range(int, 1, none_ok=True), kind=int),
+        Field("max_len", None, "dapo: L_max in tokens (None = the record's max_new_tokens)",
+              Range(int, 1, none_ok=True), kind=int),
+        Field("alpha", 3e-4, "lcpo / lcpo_max: penalty per token off the target", Range(float)),
+        Field("delta", 0.5, "lcpo_max: the reward's floor", Range(float)),
+        Field("target_tokens", None, "lcpo / lcpo_max: the length target (None = the record's "
+              "metadata target_tokens)", Range(int, 1, none_ok=True), kind=int),
+    )),
+    Group("rewards.<name>", "environment", "A part of a multi-turn episode's outcome as its "
+          "environment reported it (environment.name).", (
+        Field("part", "correct", "the outcome part read", _IDENTIFIER),
+    )),
+    Group("rewards.<name>", "judge", "An LLM judge's verdict on the final answer "
+          "(reasoning_rl/verifiers/judge.py), alone or where the math verifier cannot read it; "
+          "model-scored on the main process.", (
+        Field("model", "", "the judge model: an HF directory, .gguf or run workdir, as "
+              "model.path", _model_path("a model path (HF dir, .gguf or run workdir), as "
+                                        "config.model.path")),
+        Field("dtype", "float32", "the judge's compute dtype", OneOf(_DTYPES)),
+        Field("mode", "fallback", "fallback: the judge decides only where the rule verifier's "
+              "status is in fallback_statuses; alone: every answer is judged", OneOf(JUDGE_MODES)),
+        Field("fallback_statuses", ("no_answer", "unparseable", "unevaluated", "timeout"),
+              "fallback: the rule verifier's statuses the judge decides (correct is never "
+              "overruled)", ManyOf(JUDGEABLE_STATUSES)),
+        Field("template", "yes_no", "yes_no (Yes / No: 1 / 0) | score (an integer 0-10, / 10)",
+              OneOf(JUDGE_TEMPLATES)),
+        Field("max_new_tokens", 8, "the judge's decode budget", _COUNT),
+        Field("max_prompt_tokens", 512, "the judge engine's prefill length (longer prompts keep "
+              "their last tokens)", _COUNT),
+        Field("batch_size", 16, "the judge engine's decode slots", _COUNT),
+        Field("cache_size", 4096, "verdicts kept (least recently used out)",
+              _int(0, meaning="0 = no cache")),
+        Field("extract", "answer_or_boxed", "how the answer is read, as the correct part's",
+              OneOf(EXTRACT_MODES)),
+        Field("answer_tag", "answer", "the answer tag", _TAG),
+        Field("think_tag", "think", "the reasoning tag (must differ from answer_tag)", _TAG),
+        Field("timeout_s", 5.0, "seconds the rule verifier may take", _SECONDS),
+    )),
+    Group("rewards.<name>", "reward_model", "A Hugging Face Llama / Qwen2 "
+          "*ForSequenceClassification checkpoint's score of (prompt, completion) "
+          "(reasoning_rl/verifiers/reward_model_part.py); model-scored on the main process.", (
+        Field("model", "", "the checkpoint directory (local)", _model_path(
+            "the directory of a Hugging Face LlamaForSequenceClassification or "
+            "Qwen2ForSequenceClassification checkpoint")),
+        Field("dtype", "float32", "compute dtype", OneOf(_DTYPES)),
+        Field("label", 0, "which output of the head is the reward", _int(0)),
+        Field("transform", "none", "none (the raw score) | sigmoid",
+              OneOf(REWARD_MODEL_TRANSFORMS)),
+        Field("max_tokens", 2048, "longest scored sequence (a longer one keeps its last tokens)",
+              _COUNT),
+        Field("batch_size", 16, "rows per forward", _COUNT),
+    )),
+)}
+
+ENVIRONMENTS: dict[str, Group] = {group.choice: group for group in (
+    Group("environment.settings", "calculator", "Exact arithmetic after '=' "
+          "(reasoning_rl/environments/calculator.py).", (
+        Field("max_calls", 8, "calculator calls per episode", _int(1, 256)),
+    )),
+    Group("environment.settings", "guess_number", "Find a secret integer from higher / lower "
+          "answers (reasoning_rl/environments/guess_number.py).", (
+        Field("max_guesses", 10, "guesses per episode", _int(1, 1000)),
+    )),
+    Group("environment.settings", "python_tool", "<python> blocks run in the code sandbox; the "
+          "task's verifier judges the final turn (reasoning_rl/environments/python_tool.py).", (
+        Field("max_calls", 4, "programs run per episode", _int(1, 64)),
+        Field("timeout_s", 5.0, "wall deadline of one program", Range(float, 0, 60,
+                                                                      low_open=True)),
+        Field("observation_max_chars", 1024, "characters of output shown", _int(16, 65536)),
+        Field("memory_mb", 1024, "memory of all the program's processes together",
+              _int(128, 65536)),
+        Field("keep_state", False, "every earlier cell runs again first (one interpreter's "
+              "state)"),
+        Field("isolation", "namespaces", "the sandbox's isolation", OneOf(CODE_ISOLATIONS)),
+        Field("verifier", "math", "the correct verifier of the final turn (not code)",
+              OneOf(registry="VERIFIERS")),
+        Field("extract", "final_answer", "where the verifier reads the answer",
+              OneOf(EXTRACT_MODES + ("none",))),
+        Field("answer_tag", "answer", "the answer tag", _TAG),
+        Field("verify_timeout_s", 5.0, "seconds the verifier may take",
+              Range(float, 0, 60, low_open=True)),
+    )),
+)}
+
+# Every Group, in the order --help and docs/config.md list them.
+GROUPS: tuple[Group, ...] = tuple(REWARD_PARTS.values()) + tuple(ENVIRONMENTS.values())
 
 
 def fields() -> dict[str, Field]:
@@ -576,6 +886,8 @@ def sourced(dotted: str, *, default_factory: Callable | None = None, default: An
 
 def _kind_name(item: Field) -> str:
   value = item.default
+  if isinstance(value, _Shown):
+    return (item.kind or str).__name__
   kind = item.kind or type(value)
   if isinstance(value, dict):
     return "dict"
@@ -587,21 +899,35 @@ def _kind_name(item: Field) -> str:
 def accepts(item: Field) -> str:
   if isinstance(item.default, bool) or item.kind is bool:
     return "True or False" + (" or None" if item.default is None else "")
-  if isinstance(item.check, Range):
-    return item.check.describe()
-  if isinstance(item.check, OneOf):
+  if item.check is not None:
     return item.check.describe()
   return ""
 
 
+def listing() -> list[tuple[str, str, str, list[tuple[str, Field]]]]:
+  """What --help and docs/config.md show, in order: (path, qualifier, doc, [(dotted name,
+  field)]) for every section, then what every reward part sets, then every Group."""
+  out = [(section.name, "", section.doc,
+          [(f"{section.name}.{item.name}" if section.name else item.name, item)
+           for item in section.fields]) for section in SECTIONS]
+  out.append(("rewards.<name>", "(every kind)", "Every reward part sets its weight; its kind is "
+              "its name unless given. The settings of each kind follow.",
+              [(f"rewards.<name>.{item.name}", item) for item in (PART_WEIGHT, PART_KIND)]))
+  for group in GROUPS:
+    out.append((group.path, group.qualifier, group.doc,
+                [(f"{group.path}.{item.name}", item) for item in group.fields]))
+  return out
+
+
 def help_text() -> str:
-  """Every field, grouped by section: --config.NAME=DEFAULT, type, accepted values, meaning."""
+  """Every field, grouped by section, then every reward-part kind's and environment's settings:
+  --config.NAME=DEFAULT, type, accepted values, meaning."""
   lines = ["Config fields (override any with --config.NAME=VALUE):"]
-  for section in SECTIONS:
+  for path, qualifier, doc, entries in listing():
     lines.append("")
-    lines.append(textwrap.fill(f"[{section.name or 'run'}] {section.doc}", width=100))
-    for item in section.fields:
-      dotted = f"{section.name}.{item.name}" if section.name else item.name
+    heading = (path or "run") + (f" {qualifier}" if qualifier else "")
+    lines.append(textwrap.fill(f"[{heading}] {doc}", width=100))
+    for dotted, item in entries:
       rule = accepts(item)
       lines.append(f"  --config.{dotted}={item.default!r}  ({_kind_name(item)}"
                    f"{'; ' + rule if rule else ''})")
@@ -611,17 +937,17 @@ def help_text() -> str:
 
 
 def markdown_table() -> str:
-  """docs/config.md: one table per section (a test keeps the file equal to this)."""
+  """docs/config.md: one table per section and Group (a test keeps the file equal to this)."""
   out = ["# Config fields", "",
          "Generated from `reasoning_rl/config_schema.py` (`python -m reasoning_rl.config_schema "
          "> docs/config.md`); `python launch/train.py --help` prints the same. Override any "
          "field with `--config.NAME=VALUE`.", ""]
-  for section in SECTIONS:
-    out += [f"## `{section.name or '(top level)'}`", "", section.doc, ""]
-    if not section.fields:
+  for path, qualifier, doc, entries in listing():
+    out += [f"## `{path or '(top level)'}`" + (f" {qualifier}" if qualifier else ""), "", doc, ""]
+    if not entries:
       continue
     out += ["| field | default | accepts | meaning |", "|---|---|---|---|"]
-    for item in section.fields:
+    for _, item in entries:
       text = item.doc.replace("|", "\\|")
       rule = accepts(item).replace("|", "\\|")
       shown = repr(item.default).replace("|", "\\|")

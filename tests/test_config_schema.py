@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from reasoning_rl import config_schema
-from reasoning_rl.config import FIELD_CHOICES, FIELD_RANGES, base_config, validate
+from reasoning_rl.config import FIELD_CHOICES, base_config, validate
 from reasoning_rl.errors import ConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -145,6 +145,17 @@ def test_launcher_help_lists_every_field_with_default_and_range():
                        capture_output=True, text=True, timeout=120, cwd=ROOT).stdout
   for dotted, item in config_schema.FIELDS.items():
     assert f"--config.{dotted}={item.default!r}" in out, dotted
+  # every reward-part kind's and environment's settings, under a heading naming the choice
+  for group in config_schema.GROUPS:
+    heading = out.index(f"[{group.title}]")
+    following = out[heading:]
+    for item in group.fields:
+      assert f"--config.{group.path}.{item.name}={item.default!r}  (" in following, (
+          group.title, item.name)
+  assert ("--config.rewards.<name>.weight=(required)  (float; a number)" in out)
+  assert ("--config.environment.settings.timeout_s=5.0  (float; a number in (0, 60])" in out)
+  assert ("--config.rewards.<name>.fallback_statuses=('no_answer', 'unparseable', "
+          "'unevaluated', 'timeout')  (tuple; a non-empty list of wrong | no_answer" in out)
   assert "--config.rollout.top_p=1.0  (float; a number in (0, 1])" in out
   assert "--config.algo.loss_type='ppo'  (str; a name of registry.LOSS_TYPES)" in out
   assert "--config: Path to a config file." in out  # absl's own flags follow
@@ -160,3 +171,159 @@ def test_an_older_config_file_setting_a_retyped_field_fails_in_one_line(tmp_path
                                         r"True\)") as error:
     precheck_command_line(["train.py", f"--config={old}"])
   assert "\n" not in str(error.value)
+
+
+# ------------------------------------------------------------------ reward parts and environments
+
+# The defaults the reward parts and environments had before the schema held them, written out here
+# (not read back from the schema): a changed default fails.
+DOCUMENTED_GROUP_DEFAULTS = {
+    "correct": {"verifier": "math", "extract": "answer_or_boxed", "timeout_s": 5.0,
+                "answer_tag": "answer", "think_tag": "think", "use_each": "exactly_once",
+                "allow_unary_minus": False, "success_threshold": 1.0, "partial_credit": False,
+                "code_isolation": "namespaces"},
+    "format": {"think_tag": "think", "answer_tag": "answer", "require_nonempty_think": True,
+               "require_nonempty_answer": True, "think_open_in_prompt": False, "pattern": None},
+    "language": {"script": "latin", "think_tag": "think", "think_open_in_prompt": False},
+    "length": {"method": "dapo", "cache_len": None, "max_len": None, "alpha": 3e-4, "delta": 0.5,
+               "target_tokens": None},
+    "environment": {"part": "correct"},
+    "judge": {"model": "", "dtype": "float32", "mode": "fallback",
+              "fallback_statuses": ("no_answer", "unparseable", "unevaluated", "timeout"),
+              "template": "yes_no", "max_new_tokens": 8, "max_prompt_tokens": 512,
+              "batch_size": 16, "cache_size": 4096, "extract": "answer_or_boxed",
+              "answer_tag": "answer", "think_tag": "think", "timeout_s": 5.0},
+    "reward_model": {"model": "", "dtype": "float32", "label": 0, "transform": "none",
+                     "max_tokens": 2048, "batch_size": 16},
+}
+DOCUMENTED_ENVIRONMENT_DEFAULTS = {
+    "calculator": {"max_calls": 8},
+    "guess_number": {"max_guesses": 10},
+    "python_tool": {"max_calls": 4, "timeout_s": 5.0, "observation_max_chars": 1024,
+                    "memory_mb": 1024, "keep_state": False, "isolation": "namespaces",
+                    "verifier": "math", "extract": "final_answer", "answer_tag": "answer",
+                    "verify_timeout_s": 5.0},
+}
+# The settings a part of each kind needs besides its weight to be built at all.
+NEEDED = {"judge": {"model": "/judge"}, "reward_model": {"model": "/rm"},
+          "length": {"cache_len": 16}}
+
+
+def test_each_reward_part_and_environment_takes_its_settings_from_the_schema():
+  from reasoning_rl import registry
+
+  assert {k: g.defaults() for k, g in config_schema.REWARD_PARTS.items()} == (
+      DOCUMENTED_GROUP_DEFAULTS)
+  assert {k: g.defaults() for k, g in config_schema.ENVIRONMENTS.items()} == (
+      DOCUMENTED_ENVIRONMENT_DEFAULTS)
+  # every registered kind / environment reads exactly its declared group: none keeps a
+  # settings table of its own
+  assert set(registry.REWARD_PARTS.names()) == set(config_schema.REWARD_PARTS)
+  for name in registry.REWARD_PARTS.names():
+    choice = registry.REWARD_PARTS.get(name)
+    assert choice.impl.settings is config_schema.REWARD_PARTS[name], name
+    assert choice.options == config_schema.REWARD_PARTS[name].names(), name
+  assert set(registry.ENVIRONMENTS.names()) == set(config_schema.ENVIRONMENTS)
+  for name in registry.ENVIRONMENTS.names():
+    assert registry.ENVIRONMENTS.get(name).options == config_schema.ENVIRONMENTS[name].names()
+
+
+def test_the_schema_names_match_the_verifiers_that_implement_them():
+  from reasoning_rl.verifiers import format as format_lib
+  from reasoning_rl.verifiers import judge, logic, math_answers, reward_model_part
+
+  assert config_schema.EXTRACT_MODES == math_answers.EXTRACT_MODES
+  assert config_schema.USE_EACH_MODES == logic.USE_EACH_MODES
+  assert config_schema.SCRIPTS == tuple(format_lib.SCRIPT_NAME_PREFIXES)
+  assert config_schema.JUDGE_MODES == judge.MODES
+  assert config_schema.JUDGEABLE_STATUSES == judge.JUDGEABLE_STATUSES
+  assert config_schema.JUDGE_TEMPLATES == tuple(judge.TEMPLATES)
+  assert config_schema.REWARD_MODEL_TRANSFORMS == reward_model_part.TRANSFORMS
+  assert config_schema._TAG.problem("think") is None  # pylint: disable=protected-access
+  for bad in ("", "1st", "a b", "<think>"):  # what format.check_tag refuses
+    assert config_schema._TAG.problem(bad), bad  # pylint: disable=protected-access
+    with pytest.raises(ConfigError):
+      format_lib.check_tag("tag", bad)
+
+
+class _Unusable:
+  """A value no declared setting accepts (not a bool, number, string, list or None)."""
+
+  def __repr__(self):
+    return "<unusable>"
+
+
+def _group_cases():
+  for kind, group in config_schema.REWARD_PARTS.items():
+    for item in (config_schema.PART_WEIGHT,) + group.fields:
+      yield "rewards", kind, item.name
+  for name, group in config_schema.ENVIRONMENTS.items():
+    for item in group.fields:
+      yield "environment", name, item.name
+
+
+@pytest.mark.parametrize(("where", "choice", "setting"), list(_group_cases()))
+def test_a_bad_value_of_every_group_setting_is_one_error_naming_the_dotted_field(
+    where, choice, setting):
+  if where == "rewards":
+    from reasoning_rl.verifiers.rewards import RewardFunction
+
+    part = {"kind": choice, "weight": 1.0, **NEEDED.get(choice, {}), setting: _Unusable()}
+    with pytest.raises(ConfigError) as error:
+      RewardFunction({"probe": part})
+    expected = f"config.rewards.probe.{setting}=<unusable>: "
+  else:
+    from reasoning_rl.environments import build_environment
+
+    with pytest.raises(ConfigError) as error:
+      build_environment(choice, {setting: _Unusable()})
+    expected = f"config.environment.settings.{setting}=<unusable>: "
+  message = str(error.value)
+  assert message.startswith(expected + "must be ") or message.startswith(
+      expected + "unknown "), message
+  assert "\n" not in message
+
+
+def test_group_errors_say_what_is_accepted_and_the_default():
+  from reasoning_rl.environments import build_environment
+  from reasoning_rl.verifiers.rewards import RewardFunction
+
+  with pytest.raises(ConfigError) as error:
+    RewardFunction({"format": {"weight": 0.1, "require_nonempty_think": "yes"}})
+  assert str(error.value) == ("config.rewards.format.require_nonempty_think='yes': must be True "
+                              "or False (default True)")
+  with pytest.raises(ConfigError) as error:
+    RewardFunction({"correct": {"weight": 1.0, "verifier": "maths"}})
+  assert str(error.value).startswith("config.rewards.correct.verifier='maths': unknown verifier; "
+                                     "use one of ['math', ")
+  with pytest.raises(ConfigError) as error:
+    RewardFunction({"format": {}})
+  assert str(error.value).startswith("config.rewards.format.weight is missing; set it to a number")
+  with pytest.raises(ConfigError) as error:
+    build_environment("calculator", {"max_calls": 0})
+  assert str(error.value) == ("config.environment.settings.max_calls=0: must be an integer in "
+                              "[1, 256] (default 8)")
+  with pytest.raises(ConfigError) as error:
+    build_environment("calculator", {"max_call": 3})
+  assert str(error.value) == ("config.environment.settings.max_call: not a setting of "
+                              "environment 'calculator'; its settings are ['max_calls']")
+
+
+def test_docs_config_md_lists_every_group_setting():
+  written = (ROOT / "docs" / "config.md").read_text()
+  for group in config_schema.GROUPS:
+    section = written[written.index(f"## `{group.path}` {group.qualifier}"):]
+    for item in group.fields:
+      assert f"| `{item.name}` | `{item.default!r}` |" in section, (group.title, item.name)
+
+
+def test_the_schema_and_its_help_stay_free_of_jax_and_the_verifiers():
+  """--help and docs/config.md list the reward parts and environments from the declarations alone:
+  nothing that implements them (JAX, math-verify) is imported."""
+  code = ("import sys\nfrom reasoning_rl import config_schema\nconfig_schema.help_text()\n"
+          "config_schema.markdown_table()\n"
+          "print(sorted(m for m in ('jax', 'numpy', 'sympy', 'math_verify', "
+          "'reasoning_rl.verifiers.rewards', 'reasoning_rl.environments') if m in sys.modules))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, check=True).stdout
+  assert out.strip() == "[]"

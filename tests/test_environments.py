@@ -270,7 +270,7 @@ def test_the_registry_builds_environments_and_refuses_bad_settings_naming_the_fi
       ("python_tool", {"max_calls": True}, "config.environment.settings.max_calls=True: must be "
        "an integer in [1, 64]"),
       ("python_tool", {"isolation": "none"}, "config.environment.settings.isolation='none': must "
-       "be one of ['namespaces', 'rlimits_only']"),
+       "be one of namespaces | rlimits_only (default 'namespaces')"),
       ("python_tool", {"verifier": "code"}, "config.environment.settings.verifier='code'"),
       ("python_tool", {"verifier": "math", "extract": "none"}, "config.environment.settings: the "
        "verifier settings are inconsistent"),

@@ -204,7 +204,8 @@ def test_no_model_parts_leaves_the_scorer_alone():
     ({"extract": "none"}, "config.rewards.judge.extract='none'"),
     ({"timeout_s": 0}, "config.rewards.judge.timeout_s=0"),
     ({"dtype": "int8"}, "config.rewards.judge.dtype='int8'"),
-    ({"temperature": 0.5}, "rewards.judge.temperature is not a setting"),
+    ({"temperature": 0.5}, "config.rewards.judge.temperature: not a setting of a 'judge' "
+     "reward part"),
 ])
 def test_config_errors_name_the_setting(overrides, message):
   with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):

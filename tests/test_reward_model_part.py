@@ -88,7 +88,8 @@ def test_sigmoid_transform_and_truncation_to_the_last_tokens(checkpoint):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"model": ""}, r"config\.rewards\.preference\.model is required"),
+    ({"model": ""}, r"config\.rewards\.preference\.model='': must be the directory of a "
+                   r"Hugging Face .* checkpoint \(required\)"),
     ({"transform": "tanh"}, r"config\.rewards\.preference\.transform='tanh'"),
     ({"label": -1}, r"config\.rewards\.preference\.label=-1"),
     ({"dtype": "float16"}, r"config\.rewards\.preference\.dtype='float16'"),

@@ -200,7 +200,8 @@ def test_a_registered_verifier_is_chosen_by_name_and_by_task_kind():
     assert "shout-1" in auto.verifier_version  # auto's version names every verifier it routes to
   finally:
     registries.VERIFIERS.remove("shout-test")
-  with pytest.raises(ConfigError, match="rewards.correct.verifier='shout-test' is unknown"):
+  with pytest.raises(ConfigError,
+                     match="config.rewards.correct.verifier='shout-test': unknown verifier"):
     RewardFunction({"correct": {"weight": 1.0, "verifier": "shout-test"}})
 
 

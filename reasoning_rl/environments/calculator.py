@@ -27,9 +27,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from reasoning_rl import registries
+from reasoning_rl import config_schema, registries
 from reasoning_rl.environments.base import Turn
-from reasoning_rl.environments.settings import integer, read_settings
 from reasoning_rl.verifiers.logic import InvalidExpression, evaluate_arithmetic
 
 NAME = "calculator"
@@ -37,7 +36,8 @@ STOP_STRING = "="
 ERROR = "error"
 _EXPRESSION_TAIL = re.compile(r"[0-9+\-*/() ]*$")
 
-SETTINGS = (integer("max_calls", 8, 1, 256),)
+# Declared (default, range, meaning) in the config schema, which also checks them.
+SETTINGS = config_schema.ENVIRONMENTS[NAME]
 
 
 def calculate(model_text: str) -> str:
@@ -91,12 +91,12 @@ class CalculatorEnvironment:
 
 def build(settings: Mapping[str, Any] | None, *, field: str = "environment.settings"
           ) -> CalculatorEnvironment:
-  return CalculatorEnvironment(**read_settings(settings, SETTINGS, field=field))
+  return CalculatorEnvironment(**SETTINGS.resolve(settings, field=field, floats=True))
 
 
 registries.ENVIRONMENTS.add(
     NAME, build, summary="exact arithmetic after '=' (GSM8K's calculator, Cobbe et al. 2021; "
     "Toolformer, Schick et al. 2023); the verifiers read the whole conversation",
-    options=tuple(s.name for s in SETTINGS))
+    options=SETTINGS.names())
 
 __all__ = ["CalculatorEnvironment", "NAME", "calculate"]

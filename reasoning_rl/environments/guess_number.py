@@ -27,17 +27,17 @@ from typing import Any
 
 import numpy as np
 
-from reasoning_rl import registries
+from reasoning_rl import config_schema, registries
 from reasoning_rl.data.tasks import Example
 from reasoning_rl.environments.base import Turn
-from reasoning_rl.environments.settings import integer, read_settings
 from reasoning_rl.errors import ConfigError
 
 NAME = "guess_number"
 TASK = "guess_number"
 STOP_STRING = "</guess>"
 GUESS = re.compile(r"<guess>(.*?)</guess>", re.DOTALL)
-SETTINGS = (integer("max_guesses", 10, 1, 1000),)
+# Declared (default, range, meaning) in the config schema, which also checks them.
+SETTINGS = config_schema.ENVIRONMENTS[NAME]
 PROMPT = ("I am thinking of an integer between {low} and {high} (both included). Find it. Write "
           "one guess per turn as <guess>N</guess>; after each guess I answer higher (the number is "
           "higher than N), lower, or stop when you are right.")
@@ -84,7 +84,7 @@ class GuessNumberEnvironment:
 
   def __init__(self, settings: Mapping[str, Any] | None = None, *,
                field: str = "environment.settings"):
-    self.settings = read_settings(settings, SETTINGS, field=field)
+    self.settings = SETTINGS.resolve(settings, field=field, floats=True)
     self.max_guesses = self.settings["max_guesses"]
 
   def reset(self, example: Example, *, seed: int) -> "GuessNumberEpisode":
@@ -157,7 +157,7 @@ def build(settings: Mapping[str, Any] | None, *, field: str) -> GuessNumberEnvir
 
 registries.ENVIRONMENTS.add(
     NAME, build, summary="find a secret integer by guessing, told higher / lower each turn "
-    "(data kind guess_number)", options=tuple(s.name for s in SETTINGS))
+    "(data kind guess_number)", options=SETTINGS.names())
 
 __all__ = ["GuessNumberEnvironment", "GuessNumberEpisode", "GuessNumberSource", "NAME",
            "PROMPT", "STOP_STRING"]

@@ -45,13 +45,10 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from reasoning_rl import registries
+from reasoning_rl import config_schema, registries
 from reasoning_rl.environments.base import Turn
-from reasoning_rl.environments.settings import (Setting, flag, integer, number, one_of,
-                                                read_settings)
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.verifiers import code_tests, rewards
-from reasoning_rl.verifiers import math_answers
 from reasoning_rl.verifiers.sandbox import SandboxLimits, namespace_probe_failure
 
 NAME = "python_tool"
@@ -61,22 +58,8 @@ STOP_STRING = "</python>"
 _PIECE_CHARS = 256
 _PIECE_PREFIX = "Piece: "
 
-SETTINGS = (
-    integer("max_calls", 4, 1, 64),
-    number("timeout_s", 5.0, 0.0, 60.0),
-    integer("observation_max_chars", 1024, 16, 65536),
-    integer("memory_mb", 1024, 128, 65536),
-    flag("keep_state", False),
-    one_of("isolation", "namespaces", ("namespaces", "rlimits_only")),
-    Setting("verifier", "math", (str,), lambda v: v in registries.VERIFIERS and v != "code",
-            "a `correct` verifier of registry.VERIFIERS other than code (math, countdown, "
-            "reasoning_gym, auto)"),
-    one_of("extract", "final_answer", math_answers.EXTRACT_MODES + ("none",)),
-    Setting("answer_tag", "answer", (str,),
-            lambda v: re.fullmatch(r"[A-Za-z][\w-]*", v) is not None,
-            "a tag name such as 'answer'"),
-    number("verify_timeout_s", 5.0, 0.0, 60.0),
-)
+# Declared (defaults, ranges, meaning) in the config schema, which also checks them.
+SETTINGS = config_schema.ENVIRONMENTS[NAME]
 
 
 def _harness(cells: list[str], keep_chars: int, seed: int) -> str:
@@ -165,7 +148,12 @@ class PythonToolEnvironment:
 
   def __init__(self, settings: Mapping[str, Any] | None = None, *,
                field: str = "environment.settings"):
-    values = read_settings(settings, SETTINGS, field=field)
+    values = SETTINGS.resolve(settings, field=field, floats=True)
+    # The schema's choice is any registered verifier; it cannot exclude one of them.
+    if values["verifier"] == "code":
+      raise ConfigError(f"config.{field}.verifier='code': the code verifier runs tests, not a "
+                        "final answer; use another `correct` verifier of registry.VERIFIERS (math, "
+                        "countdown, reasoning_gym, auto)")
     for key, value in values.items():
       setattr(self, key, value)
     self.settings = values
@@ -279,7 +267,7 @@ def build(settings: Mapping[str, Any] | None, *, field: str) -> PythonToolEnviro
 registries.ENVIRONMENTS.add(
     NAME, build, summary="the model runs <python> blocks in the code sandbox and sees their "
     "output; the task's verifier judges the final turn (ToRL, Li et al. 2025; ReTool, Feng et "
-    "al. 2025)", options=tuple(s.name for s in SETTINGS))
+    "al. 2025)", options=SETTINGS.names())
 
 __all__ = ["CODE_BLOCK", "Execution", "NAME", "PythonToolEnvironment", "PythonToolEpisode",
            "SETTINGS", "STOP_STRING"]

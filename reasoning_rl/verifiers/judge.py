@@ -8,7 +8,8 @@ Prediction", arXiv:2408.15240). Here the judge reads only (question, reference a
 candidate's extracted final answer), not the reasoning, and decodes greedily on our own
 `sampler.Engine`.
 
-Settings of a `judge` part (`config.rewards.<name>`; defaults in `JUDGE_DEFAULTS`):
+Settings of a `judge` part (`config.rewards.<name>`; declared with their defaults and accepted values
+in `config_schema.REWARD_PARTS["judge"]`, which also checks them):
   model: the judge model, any path `reasoning_rl.run_checkpoint.load_model` reads (HF dir,
     .gguf, run workdir), as `config.model.path`. Required.
   dtype: the judge's compute dtype ("float32" | "bfloat16").
@@ -69,14 +70,6 @@ REFUSED_STATUSES = ("hedged", "multiple_answers", "too_large")
 MAX_QUESTION_CHARS = 2000
 MAX_ANSWER_CHARS = 300
 
-JUDGE_DEFAULTS: dict[str, Any] = {
-    "model": "", "dtype": "float32", "mode": "fallback",
-    "fallback_statuses": ("no_answer", "unparseable", "unevaluated", "timeout"),
-    "template": "yes_no", "max_new_tokens": 8, "max_prompt_tokens": 512, "batch_size": 16,
-    "cache_size": 4096, "extract": "answer_or_boxed", "answer_tag": "answer", "think_tag": "think",
-    "timeout_s": 5.0,
-}
-
 TEMPLATES = {
     "yes_no": (
         "You are grading a math answer. Decide whether the student's final answer is "
@@ -101,42 +94,6 @@ def render_prompt(template: str, question: str, reference: str, answer: str) -> 
     answer = "… " + answer[-MAX_ANSWER_CHARS:]
   return (TEMPLATES[template].replace("{question}", question.strip() or "(not given)")
           .replace("{reference}", reference.strip()).replace("{answer}", answer.strip()))
-
-
-def validate(field: str, s: dict[str, Any]) -> None:
-  """ConfigErrors name `config.<field>.<setting>` (field = "rewards.<name>")."""
-  def bad(setting: str, why: str) -> ConfigError:
-    return ConfigError(f"config.{field}.{setting}={s[setting]!r}: {why}")
-
-  if not isinstance(s["model"], str) or not s["model"]:
-    raise bad("model", "a judge part needs a model path (HF dir, .gguf or run workdir), as "
-              "config.model.path")
-  if s["dtype"] not in ("float32", "bfloat16"):
-    raise bad("dtype", "choose 'float32' or 'bfloat16'")
-  if s["mode"] not in MODES:
-    raise bad("mode", f"choose one of {MODES}")
-  statuses = s["fallback_statuses"]
-  if (isinstance(statuses, str) or not isinstance(statuses, Sequence)
-      or not statuses or any(x not in JUDGEABLE_STATUSES for x in statuses)):
-    raise bad("fallback_statuses", f"a non-empty list of rule-verifier statuses from "
-              f"{JUDGEABLE_STATUSES} (correct is never overruled)")
-  s["fallback_statuses"] = tuple(statuses)
-  if s["template"] not in TEMPLATES:
-    raise bad("template", f"choose one of {sorted(TEMPLATES)}")
-  for setting in ("max_new_tokens", "max_prompt_tokens", "batch_size", "cache_size"):
-    value = s[setting]
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if setting ==
-                                                                          "cache_size" else 1):
-      raise bad(setting, "must be a positive integer" + (" (0: no cache)" if setting ==
-                                                         "cache_size" else ""))
-  if s["extract"] not in math_lib.EXTRACT_MODES:
-    raise bad("extract", f"choose one of {math_lib.EXTRACT_MODES}")
-  format_lib.check_tag(f"config.{field}.think_tag", s["think_tag"])
-  if s["think_tag"] == s["answer_tag"]:
-    raise bad("think_tag", "must differ from answer_tag (the reasoning tag's content never "
-              "answers)")
-  if not isinstance(s["timeout_s"], (int, float)) or s["timeout_s"] <= 0:
-    raise bad("timeout_s", "must be a positive number of seconds")
 
 
 def version(s: Mapping[str, Any]) -> str:

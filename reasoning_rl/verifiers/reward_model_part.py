@@ -8,7 +8,8 @@ score of `label`, raw, or squashed by a logistic sigmoid (`transform="sigmoid"`:
 Bradley–Terry model such a reward model is trained with, σ(r) is the probability that the
 completion beats one scored 0).
 
-Settings (`config.rewards.<name>`; defaults in `REWARD_MODEL_DEFAULTS`):
+Settings (`config.rewards.<name>`; declared with their defaults and accepted values in
+`config_schema.REWARD_PARTS["reward_model"]`, which also checks them):
   model: the checkpoint directory (local). Required.
   dtype: compute dtype, "float32" | "bfloat16".
   label: which output of the head is the reward (0 for the usual single-logit reward model).
@@ -33,28 +34,6 @@ from reasoning_rl.errors import ConfigError
 
 REWARD_MODEL_VERSION = "reward_model-1"
 TRANSFORMS = ("none", "sigmoid")
-REWARD_MODEL_DEFAULTS: dict[str, Any] = {
-    "model": "", "dtype": "float32", "label": 0, "transform": "none", "max_tokens": 2048,
-    "batch_size": 16,
-}
-
-
-def validate(field: str, s: dict[str, Any]) -> None:
-  """Raises ConfigError naming `config.<field>.<setting>` and the fix."""
-  if not isinstance(s["model"], str) or not s["model"]:
-    raise ConfigError(f"config.{field}.model is required: the directory of a Hugging Face "
-                      "LlamaForSequenceClassification or Qwen2ForSequenceClassification "
-                      "checkpoint")
-  if s["dtype"] not in ("float32", "bfloat16"):
-    raise ConfigError(f"config.{field}.dtype={s['dtype']!r}: use 'float32' or 'bfloat16'")
-  if s["transform"] not in TRANSFORMS:
-    raise ConfigError(f"config.{field}.transform={s['transform']!r}: use one of {TRANSFORMS}")
-  for name in ("label", "max_tokens", "batch_size"):
-    value, low = s[name], 0 if name == "label" else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-      raise ConfigError(f"config.{field}.{name}={value!r}: must be an integer >= {low}")
-
-
 def version(s: Mapping[str, Any]) -> str:
   """The part's verifier version: the checkpoint (its directory name) and every setting."""
   return (f"{REWARD_MODEL_VERSION}:{pathlib.Path(s['model']).name}:label{s['label']}:"

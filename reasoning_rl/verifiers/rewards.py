@@ -12,7 +12,8 @@ Each entry is a part; its `kind` defaults to its name (`correct`, `format`, `lan
 two parts of one kind need distinct names and an explicit `kind`. `parts` of a `Reward` hold the
 *unweighted* value of every part (so each is logged on its own); `total` = Σ weight · value.
 
-Settings (all optional except `weight`; defaults in `PART_DEFAULTS`):
+Settings (all optional except `weight`; each kind's are declared, with their defaults and accepted
+values, in `config_schema.REWARD_PARTS`, and listed by `--help` and docs/config.md):
   correct:  verifier (a name of `registries.VERIFIERS`: math | countdown | reasoning_gym | code |
             auto, which routes by task kind), extract, timeout_s, answer_tag, think_tag (math:
             the reasoning tag, whose content never answers), use_each, allow_unary_minus
@@ -49,7 +50,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from reasoning_rl import registries
+from reasoning_rl import config_schema, registries
 from reasoning_rl.errors import ConfigError, VerifierError
 from reasoning_rl.plain_data import plain
 from reasoning_rl.verifiers import code_tests as code_lib
@@ -61,21 +62,7 @@ from reasoning_rl.verifiers import math_answers as math_lib
 from reasoning_rl.verifiers import reward_model_part as reward_model_lib
 
 CODE_VERIFIER_VERSION = "code-2"
-LENGTH_METHODS = ("dapo", "kimi", "lcpo", "lcpo_max")
 CODE_TASKS = ("code", "humaneval", "mbpp")
-
-PART_DEFAULTS: dict[str, dict[str, Any]] = {
-    "correct": {"verifier": "math", "extract": "answer_or_boxed", "timeout_s": 5.0,
-                "answer_tag": "answer", "think_tag": "think", "use_each": "exactly_once",
-                "allow_unary_minus": False, "success_threshold": 1.0, "partial_credit": False,
-                "code_isolation": "namespaces"},
-    "format": {"think_tag": "think", "answer_tag": "answer", "require_nonempty_think": True,
-               "require_nonempty_answer": True, "think_open_in_prompt": False, "pattern": None},
-    "language": {"script": "latin", "think_tag": "think", "think_open_in_prompt": False},
-    "length": {"method": "dapo", "cache_len": None, "max_len": None, "alpha": 3e-4, "delta": 0.5,
-               "target_tokens": None},
-    "environment": {"part": "correct"},
-}
 ENVIRONMENT_PART_VERSION = "environment-1"
 
 
@@ -171,9 +158,10 @@ class Part:
 class PartKind:
   """What a kind of reward part does, as registered in `registries.REWARD_PARTS`.
 
-  defaults: every setting the kind accepts, with its default (a config names only `weight` and
-    what differs).
-  validate(field, settings): raises ConfigError naming `config.<field>.<setting>`.
+  settings: every setting the kind accepts, declared in the schema (`config_schema.Group`: default,
+    meaning, accepted values); a config names only `weight` and what differs.
+  check(field, settings): what the declarations cannot say (one setting against another);
+    raises ConfigError naming `config.<field>.<setting>`.
   score(records, settings, correct) -> one value per record of a group; `correct` holds the
     group's `correct` part values (None without one), for parts that depend on correctness.
   version(settings) -> the verifier version string that goes into `verifier_version`.
@@ -185,10 +173,10 @@ class PartKind:
     the contract); `score` is then never called.
   """
 
-  defaults: Mapping[str, Any]
-  validate: Callable[[str, dict[str, Any]], None]
+  settings: config_schema.Group
   score: Callable[..., list[float]]
   version: Callable[[Mapping[str, Any]], str]
+  check: Callable[[str, dict[str, Any]], None] = lambda field, settings: None
   group_level: Callable[[Mapping[str, Any]], bool] = lambda settings: False
   needs_correctness: Callable[[Mapping[str, Any]], bool] = lambda settings: False
   make_scorer: Callable[..., Any] | None = None
@@ -214,17 +202,10 @@ def build_parts(rewards_config: Any) -> list[Part]:
                         f"{list(registries.REWARD_PARTS.names())} (or set 'kind' for a part named "
                         "otherwise)")
     behaviour = registries.REWARD_PARTS.get(kind).impl
-    if "weight" not in part_spec:
-      raise ConfigError(f"{field}.weight is missing; give the part a float weight (e.g. 1.0)")
-    weight = part_spec.pop("weight")
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-      raise ConfigError(f"{field}.weight={weight!r} must be a number")
-    unknown = sorted(set(part_spec) - set(behaviour.defaults))
-    if unknown:
-      raise ConfigError(f"{field}.{unknown[0]} is not a setting of a {kind!r} part; known: "
-                        f"{sorted(behaviour.defaults)}")
-    settings = {**behaviour.defaults, **part_spec}
-    behaviour.validate(field, settings)
+    weight = config_schema.checked(f"{field}.weight", config_schema.PART_WEIGHT,
+                                   part_spec.pop("weight", config_schema.REQUIRED))
+    settings = behaviour.settings.resolve(part_spec, field=field)
+    behaviour.check(field, settings)
     parts.append(Part(name, kind, float(weight), settings))
   if sum(p.kind == "correct" for p in parts) > 1:
     raise ConfigError("rewards: at most one part of kind 'correct' is allowed")
@@ -233,47 +214,38 @@ def build_parts(rewards_config: Any) -> list[Part]:
   return parts
 
 
-def _validate_correct(field: str, s: dict[str, Any]) -> None:
-  if s["verifier"] not in registries.VERIFIERS:
-    raise ConfigError(f"{field}.verifier={s['verifier']!r} is unknown; choose one of "
-                      f"{registries.VERIFIERS.names()}")
-  if s["extract"] not in math_lib.EXTRACT_MODES + ("none",):
-    raise ConfigError(f"{field}.extract={s['extract']!r} is unknown; choose one of "
-                      f"{math_lib.EXTRACT_MODES + ('none',)}")
+# The checks below are what the schema's declarations cannot say: one setting against another,
+# or a value the schema has no type for (a regular expression that must compile).
+
+
+def _check_correct(field: str, s: dict[str, Any]) -> None:
   if s["verifier"] == "math" and s["extract"] == "none":
-    raise ConfigError(f"{field}.extract='none' only applies to countdown/reasoning_gym; math "
-                      f"reads {math_lib.EXTRACT_MODES}")
-  format_lib.check_tag(f"{field}.think_tag", s["think_tag"])
+    raise ConfigError(f"config.{field}.extract='none': only countdown / reasoning_gym read no "
+                      f"extraction; math reads one of {math_lib.EXTRACT_MODES}")
+  check_tags_differ(field, s)
+
+
+def check_tags_differ(field: str, s: Mapping[str, Any]) -> None:
+  """The reasoning tag's content never answers, so it cannot also be the answer tag."""
   if s["think_tag"] == s["answer_tag"]:
-    raise ConfigError(f"{field}.think_tag={s['think_tag']!r} is also the answer_tag; the reasoning "
-                      "tag (whose content never answers) and the answer tag must differ")
-  if s["use_each"] not in logic_lib.USE_EACH_MODES:
-    raise ConfigError(f"{field}.use_each={s['use_each']!r}; choose one of "
-                      f"{logic_lib.USE_EACH_MODES}")
-  if s["code_isolation"] not in ("namespaces", "rlimits_only"):
-    raise ConfigError(f"{field}.code_isolation={s['code_isolation']!r}; choose 'namespaces' or "
-                      "'rlimits_only'")
-  if not isinstance(s["timeout_s"], (int, float)) or s["timeout_s"] <= 0:
-    raise ConfigError(f"{field}.timeout_s={s['timeout_s']!r} must be a positive number")
+    raise ConfigError(f"config.{field}.think_tag={s['think_tag']!r}: is also the answer_tag; the "
+                      "reasoning tag (whose content never answers) and the answer tag must differ")
 
 
-def _validate_format(field: str, s: dict[str, Any]) -> None:
-  del field
-  format_lib.FormatSpec(**_format_kwargs(s))  # raises ConfigError on bad tags / regex
+def _check_format(field: str, s: dict[str, Any]) -> None:
+  check_tags_differ(field, s)
+  if s["pattern"] is not None:
+    try:
+      re.compile(s["pattern"])
+    except re.error as error:
+      raise ConfigError(f"config.{field}.pattern={s['pattern']!r}: not a valid regular "
+                        f"expression ({error})") from None
 
 
-def _validate_language(field: str, s: dict[str, Any]) -> None:
-  if s["script"] not in format_lib.SCRIPT_NAME_PREFIXES:
-    raise ConfigError(f"{field}.script={s['script']!r} is unknown; choose one of "
-                      f"{sorted(format_lib.SCRIPT_NAME_PREFIXES)}")
-
-
-def _validate_length(field: str, s: dict[str, Any]) -> None:
-  if s["method"] not in LENGTH_METHODS:
-    raise ConfigError(f"{field}.method={s['method']!r} is unknown; choose one of {LENGTH_METHODS}")
-  if s["method"] == "dapo" and (not isinstance(s["cache_len"], int) or s["cache_len"] <= 0):
-    raise ConfigError(f"{field}.cache_len={s['cache_len']!r}: DAPO needs a positive L_cache in "
-                      "tokens (e.g. 256)")
+def _check_length(field: str, s: dict[str, Any]) -> None:
+  if s["method"] == "dapo" and s["cache_len"] is None:
+    raise ConfigError(f"config.{field}.cache_len=None: DAPO needs a positive L_cache in tokens "
+                      "(e.g. 256)")
 
 
 def _format_kwargs(s: Mapping[str, Any]) -> dict[str, Any]:
@@ -464,36 +436,30 @@ def _score_length_group(records, s, correct) -> list[float]:
 
 
 registries.REWARD_PARTS.add(
-    "correct", PartKind(PART_DEFAULTS["correct"], _validate_correct,
+    "correct", PartKind(config_schema.REWARD_PARTS["correct"],
                         lambda records, s, correct: [score_correct(r, s) for r in records],
-                        _correct_version),
+                        _correct_version, check=_check_correct),
     summary="1 if the answer is right (math-verify / countdown / reasoning-gym / code tests), "
-    "else 0", options=tuple(PART_DEFAULTS["correct"]))
+    "else 0", options=config_schema.REWARD_PARTS["correct"].names())
 registries.REWARD_PARTS.add(
-    "format", PartKind(PART_DEFAULTS["format"], _validate_format,
+    "format", PartKind(config_schema.REWARD_PARTS["format"],
                        lambda records, s, correct: [score_format(r, s) for r in records],
-                       lambda s: format_lib.FORMAT_VERIFIER_VERSION),
+                       lambda s: format_lib.FORMAT_VERIFIER_VERSION, check=_check_format),
     summary="1 if the completion has the <think>…</think><answer>…</answer> shape "
-    "(DeepSeek-R1 2025)", options=tuple(PART_DEFAULTS["format"]))
+    "(DeepSeek-R1 2025)", options=config_schema.REWARD_PARTS["format"].names())
 registries.REWARD_PARTS.add(
-    "language", PartKind(PART_DEFAULTS["language"], _validate_language,
+    "language", PartKind(config_schema.REWARD_PARTS["language"],
                          lambda records, s, correct: [score_language(r, s) for r in records],
                          lambda s: format_lib.LANGUAGE_VERIFIER_VERSION),
     summary="share of the reasoning written in one script (DeepSeek-R1 2025, language "
-    "consistency)", options=tuple(PART_DEFAULTS["language"]))
+    "consistency)", options=config_schema.REWARD_PARTS["language"].names())
 registries.REWARD_PARTS.add(
-    "length", PartKind(PART_DEFAULTS["length"], _validate_length, _score_length_group,
-                       lambda s: length_lib.LENGTH_VERIFIER_VERSION,
+    "length", PartKind(config_schema.REWARD_PARTS["length"], _score_length_group,
+                       lambda s: length_lib.LENGTH_VERIFIER_VERSION, check=_check_length,
                        group_level=lambda s: s["method"] == "kimi",
                        needs_correctness=lambda s: s["method"] in ("kimi", "lcpo_max")),
     summary="length shaping: dapo (overlong penalty), kimi, lcpo, lcpo_max (module docstring)",
-    options=tuple(PART_DEFAULTS["length"]))
-
-
-def _validate_environment(field: str, s: dict[str, Any]) -> None:
-  if not isinstance(s["part"], str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", s["part"]):
-    raise ConfigError(f"{field}.part={s['part']!r} must name a part of the environment's "
-                      "outcome, e.g. 'correct'")
+    options=config_schema.REWARD_PARTS["length"].names())
 
 
 def score_environment(record: CompletionRecord, s: Mapping[str, Any]) -> float:
@@ -507,12 +473,12 @@ def score_environment(record: CompletionRecord, s: Mapping[str, Any]) -> float:
 
 
 registries.REWARD_PARTS.add(
-    "environment", PartKind(PART_DEFAULTS["environment"], _validate_environment,
+    "environment", PartKind(config_schema.REWARD_PARTS["environment"],
                             lambda records, s, correct: [score_environment(r, s)
                                                          for r in records],
                             lambda s: ENVIRONMENT_PART_VERSION),
     summary="a part of a multi-turn episode's outcome as its environment reported it "
-    "(environment.name)", options=tuple(PART_DEFAULTS["environment"]))
+    "(environment.name)", options=config_schema.REWARD_PARTS["environment"].names())
 
 
 def _model_scored(records, s, correct) -> list[float]:
@@ -525,18 +491,19 @@ def _make_judge(settings: Mapping[str, Any], mesh=None):
 
 
 registries.REWARD_PARTS.add(
-    "judge", PartKind(judge_lib.JUDGE_DEFAULTS, judge_lib.validate, _model_scored,
-                      judge_lib.version, make_scorer=_make_judge),
+    "judge", PartKind(config_schema.REWARD_PARTS["judge"], _model_scored, judge_lib.version,
+                      check=check_tags_differ, make_scorer=_make_judge),
     summary="an LLM judge's verdict on the final answer (alone, or where the math verifier "
-    "cannot read it); model-scored on the main process", options=tuple(judge_lib.JUDGE_DEFAULTS))
+    "cannot read it); model-scored on the main process",
+    options=config_schema.REWARD_PARTS["judge"].names())
 
 registries.REWARD_PARTS.add(
-    "reward_model", PartKind(reward_model_lib.REWARD_MODEL_DEFAULTS, reward_model_lib.validate,
-                             _model_scored, reward_model_lib.version,
+    "reward_model", PartKind(config_schema.REWARD_PARTS["reward_model"], _model_scored,
+                             reward_model_lib.version,
                              make_scorer=reward_model_lib.RewardModelPart.load),
     summary="a Hugging Face Llama / Qwen2 *ForSequenceClassification reward model's score of "
     "(prompt, completion); model-scored on the main process",
-    options=tuple(reward_model_lib.REWARD_MODEL_DEFAULTS))
+    options=config_schema.REWARD_PARTS["reward_model"].names())
 
 
 class RewardFunction:
