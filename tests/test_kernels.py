@@ -120,9 +120,12 @@ def test_a_sink_takes_its_share_of_each_softmax():
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
   options = dict(scale=0.3, softcap=None, window=None)
   args = [jnp.asarray(x, jnp.float32) for x in (q, k, v)] + [positions, positions]
+  # Two programs (the sink's column in the softmax or not): a few ulp apart where XLA fuses or
+  # orders the ≤5-key sums differently; the bound of the reference check above. A sink that
+  # leaked weight (e^{-1e4} taken as anything but 0) moves outputs by O(1).
   np.testing.assert_allclose(
       np.asarray(reference.attention(*args, sinks=jnp.full(4, -1e4), **options)),
-      np.asarray(reference.attention(*args, **options)), rtol=1e-6, atol=1e-7)
+      np.asarray(reference.attention(*args, **options)), rtol=1e-5, atol=1e-6)
 
 
 def test_splash_in_bfloat16_accumulates_in_float32():

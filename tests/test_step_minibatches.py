@@ -15,6 +15,7 @@ from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.rl.optimizer import applied_updates, learning_rate_schedule
 from reasoning_rl.rl.step import TrainStep
 from reasoning_rl.rl.step_config import StepConfig
+from tests.support.runs import LOSS_ABS
 from tests.support.steps import B, T, flat_params, fresh_params, make_batch, rolled_epochs, run_step
 
 
@@ -150,8 +151,10 @@ def test_epochs_times_mini_batches_make_four_updates_that_clip(algorithm):
   assert expected["clip_frac"] > 0.05, expected
   clip_keys = ("clip_frac", "clip_frac/low", "clip_frac/high")
   assert {k: stats[k] for k in clip_keys} == {k: expected[k] for k in clip_keys}
-  for key in ("ratio/min", "ratio/mean", "ratio/max", "approx_kl", "loss", "pg_loss"):
+  for key in ("ratio/min", "ratio/mean", "ratio/max", "approx_kl"):
     assert stats[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+  for key in ("loss", "pg_loss"):  # near-cancelling means after AdamW updates: LOSS_ABS says why
+    assert stats[key] == pytest.approx(expected[key], rel=1e-4, abs=LOSS_ABS), key
 
 
 def test_sharded_mini_batches_equal_single_device():

@@ -139,7 +139,9 @@ def test_a_paged_cache_run_samples_and_trains_what_the_baseline_does(baseline, t
   for row, reference in zip(paged, plain[:2], strict=False):
     assert row["reward/mean"] == reference["reward/mean"]
     assert row["response_length/mean"] == reference["response_length/mean"]
-    assert row["loss"] == pytest.approx(reference["loss"], abs=1e-6)
+    # the paged sampler's π_old rounds unlike the contiguous one's, and step 2 follows an AdamW
+    # update: LOSS_ABS says why the bound is absolute and this wide
+    assert row["loss"] == pytest.approx(reference["loss"], abs=LOSS_ABS)
 
 
 def test_async_with_staleness_applies_importance_correction(tmp_path):
