@@ -15,8 +15,8 @@ import os
 
 import ml_collections
 
-from reasoning_rl.config_schema import (FIELDS, OneOf, Range, base_config, help_text,
-                                        value_at)
+from reasoning_rl.config_help import help_text
+from reasoning_rl.config_schema import FIELDS, OneOf, Range, base_config, value_at
 from reasoning_rl.errors import ConfigError, ExitCode
 from reasoning_rl.sampler import api as sampler_api  # no JAX: the backends' declared capabilities
 

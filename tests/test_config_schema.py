@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from reasoning_rl import config_schema
+from reasoning_rl import config_groups, config_help, config_schema
 from reasoning_rl.config import FIELD_CHOICES, base_config, validate
 from reasoning_rl.errors import ConfigError
 
@@ -136,7 +136,7 @@ def test_values_of_reads_each_sourced_field_from_the_config():
 
 def test_docs_config_md_is_generated_from_the_schema():
   written = (ROOT / "docs" / "config.md").read_text()
-  assert written == config_schema.markdown_table(), (
+  assert written == config_help.markdown_table(), (
       "docs/config.md is stale: python -m reasoning_rl.config_schema > docs/config.md")
 
 
@@ -146,7 +146,7 @@ def test_launcher_help_lists_every_field_with_default_and_range():
   for dotted, item in config_schema.FIELDS.items():
     assert f"--config.{dotted}={item.default!r}" in out, dotted
   # every reward-part kind's and environment's settings, under a heading naming the choice
-  for group in config_schema.GROUPS:
+  for group in config_groups.GROUPS:
     heading = out.index(f"[{group.title}]")
     following = out[heading:]
     for item in group.fields:
@@ -212,36 +212,36 @@ NEEDED = {"judge": {"model": "/judge"}, "reward_model": {"model": "/rm"},
 def test_each_reward_part_and_environment_takes_its_settings_from_the_schema():
   from reasoning_rl import registry
 
-  assert {k: g.defaults() for k, g in config_schema.REWARD_PARTS.items()} == (
+  assert {k: g.defaults() for k, g in config_groups.REWARD_PARTS.items()} == (
       DOCUMENTED_GROUP_DEFAULTS)
-  assert {k: g.defaults() for k, g in config_schema.ENVIRONMENTS.items()} == (
+  assert {k: g.defaults() for k, g in config_groups.ENVIRONMENTS.items()} == (
       DOCUMENTED_ENVIRONMENT_DEFAULTS)
   # every registered kind / environment reads exactly its declared group: none keeps a
   # settings table of its own
-  assert set(registry.REWARD_PARTS.names()) == set(config_schema.REWARD_PARTS)
+  assert set(registry.REWARD_PARTS.names()) == set(config_groups.REWARD_PARTS)
   for name in registry.REWARD_PARTS.names():
     choice = registry.REWARD_PARTS.get(name)
-    assert choice.impl.settings is config_schema.REWARD_PARTS[name], name
-    assert choice.options == config_schema.REWARD_PARTS[name].names(), name
-  assert set(registry.ENVIRONMENTS.names()) == set(config_schema.ENVIRONMENTS)
+    assert choice.impl.settings is config_groups.REWARD_PARTS[name], name
+    assert choice.options == config_groups.REWARD_PARTS[name].names(), name
+  assert set(registry.ENVIRONMENTS.names()) == set(config_groups.ENVIRONMENTS)
   for name in registry.ENVIRONMENTS.names():
-    assert registry.ENVIRONMENTS.get(name).options == config_schema.ENVIRONMENTS[name].names()
+    assert registry.ENVIRONMENTS.get(name).options == config_groups.ENVIRONMENTS[name].names()
 
 
 def test_the_schema_names_match_the_verifiers_that_implement_them():
   from reasoning_rl.verifiers import format as format_lib
   from reasoning_rl.verifiers import judge, logic, math_answers, reward_model_part
 
-  assert config_schema.EXTRACT_MODES == math_answers.EXTRACT_MODES
-  assert config_schema.USE_EACH_MODES == logic.USE_EACH_MODES
-  assert config_schema.SCRIPTS == tuple(format_lib.SCRIPT_NAME_PREFIXES)
-  assert config_schema.JUDGE_MODES == judge.MODES
-  assert config_schema.JUDGEABLE_STATUSES == judge.JUDGEABLE_STATUSES
-  assert config_schema.JUDGE_TEMPLATES == tuple(judge.TEMPLATES)
-  assert config_schema.REWARD_MODEL_TRANSFORMS == reward_model_part.TRANSFORMS
-  assert config_schema._TAG.problem("think") is None  # pylint: disable=protected-access
+  assert config_groups.EXTRACT_MODES == math_answers.EXTRACT_MODES
+  assert config_groups.USE_EACH_MODES == logic.USE_EACH_MODES
+  assert config_groups.SCRIPTS == tuple(format_lib.SCRIPT_NAME_PREFIXES)
+  assert config_groups.JUDGE_MODES == judge.MODES
+  assert config_groups.JUDGEABLE_STATUSES == judge.JUDGEABLE_STATUSES
+  assert config_groups.JUDGE_TEMPLATES == tuple(judge.TEMPLATES)
+  assert config_groups.REWARD_MODEL_TRANSFORMS == reward_model_part.TRANSFORMS
+  assert config_groups.TAG_NAME.problem("think") is None  # pylint: disable=protected-access
   for bad in ("", "1st", "a b", "<think>"):  # what format.check_tag refuses
-    assert config_schema._TAG.problem(bad), bad  # pylint: disable=protected-access
+    assert config_groups.TAG_NAME.problem(bad), bad  # pylint: disable=protected-access
     with pytest.raises(ConfigError):
       format_lib.check_tag("tag", bad)
 
@@ -254,10 +254,10 @@ class _Unusable:
 
 
 def _group_cases():
-  for kind, group in config_schema.REWARD_PARTS.items():
-    for item in (config_schema.PART_WEIGHT,) + group.fields:
+  for kind, group in config_groups.REWARD_PARTS.items():
+    for item in (config_groups.PART_WEIGHT,) + group.fields:
       yield "rewards", kind, item.name
-  for name, group in config_schema.ENVIRONMENTS.items():
+  for name, group in config_groups.ENVIRONMENTS.items():
     for item in group.fields:
       yield "environment", name, item.name
 
@@ -311,7 +311,7 @@ def test_group_errors_say_what_is_accepted_and_the_default():
 
 def test_docs_config_md_lists_every_group_setting():
   written = (ROOT / "docs" / "config.md").read_text()
-  for group in config_schema.GROUPS:
+  for group in config_groups.GROUPS:
     section = written[written.index(f"## `{group.path}` {group.qualifier}"):]
     for item in group.fields:
       assert f"| `{item.name}` | `{item.default!r}` |" in section, (group.title, item.name)
@@ -320,8 +320,8 @@ def test_docs_config_md_lists_every_group_setting():
 def test_the_schema_and_its_help_stay_free_of_jax_and_the_verifiers():
   """--help and docs/config.md list the reward parts and environments from the declarations alone:
   nothing that implements them (JAX, math-verify) is imported."""
-  code = ("import sys\nfrom reasoning_rl import config_schema\nconfig_schema.help_text()\n"
-          "config_schema.markdown_table()\n"
+  code = ("import sys\nfrom reasoning_rl import config_help\nconfig_help.help_text()\n"
+          "config_help.markdown_table()\n"
           "print(sorted(m for m in ('jax', 'numpy', 'sympy', 'math_verify', "
           "'reasoning_rl.verifiers.rewards', 'reasoning_rl.environments') if m in sys.modules))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from reasoning_rl import config_schema, registries
+from reasoning_rl import config_groups, registries
 from reasoning_rl.environments.base import Turn
 from reasoning_rl.verifiers.logic import InvalidExpression, evaluate_arithmetic
 
@@ -37,7 +37,7 @@ ERROR = "error"
 _EXPRESSION_TAIL = re.compile(r"[0-9+\-*/() ]*$")
 
 # Declared (default, range, meaning) in the config schema, which also checks them.
-SETTINGS = config_schema.ENVIRONMENTS[NAME]
+SETTINGS = config_groups.ENVIRONMENTS[NAME]
 
 
 def calculate(model_text: str) -> str:

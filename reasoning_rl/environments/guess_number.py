@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from reasoning_rl import config_schema, registries
+from reasoning_rl import config_groups, registries
 from reasoning_rl.data.tasks import Example
 from reasoning_rl.environments.base import Turn
 from reasoning_rl.errors import ConfigError
@@ -37,7 +37,7 @@ TASK = "guess_number"
 STOP_STRING = "</guess>"
 GUESS = re.compile(r"<guess>(.*?)</guess>", re.DOTALL)
 # Declared (default, range, meaning) in the config schema, which also checks them.
-SETTINGS = config_schema.ENVIRONMENTS[NAME]
+SETTINGS = config_groups.ENVIRONMENTS[NAME]
 PROMPT = ("I am thinking of an integer between {low} and {high} (both included). Find it. Write "
           "one guess per turn as <guess>N</guess>; after each guess I answer higher (the number is "
           "higher than N), lower, or stop when you are right.")

@@ -45,7 +45,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from reasoning_rl import config_schema, registries
+from reasoning_rl import config_groups, registries
 from reasoning_rl.environments.base import Turn
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.verifiers import code_tests, rewards
@@ -59,7 +59,7 @@ _PIECE_CHARS = 256
 _PIECE_PREFIX = "Piece: "
 
 # Declared (defaults, ranges, meaning) in the config schema, which also checks them.
-SETTINGS = config_schema.ENVIRONMENTS[NAME]
+SETTINGS = config_groups.ENVIRONMENTS[NAME]
 
 
 def _harness(cells: list[str], keep_chars: int, seed: int) -> str:

@@ -9,7 +9,7 @@ candidate's extracted final answer), not the reasoning, and decodes greedily on 
 `sampler.Engine`.
 
 Settings of a `judge` part (`config.rewards.<name>`; declared with their defaults and accepted values
-in `config_schema.REWARD_PARTS["judge"]`, which also checks them):
+in `config_groups.REWARD_PARTS["judge"]`, which also checks them):
   model: the judge model, any path `reasoning_rl.run_checkpoint.load_model` reads (HF dir,
     .gguf, run workdir), as `config.model.path`. Required.
   dtype: the judge's compute dtype ("float32" | "bfloat16").

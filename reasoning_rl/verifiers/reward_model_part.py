@@ -9,7 +9,7 @@ Bradley–Terry model such a reward model is trained with, σ(r) is the probabil
 completion beats one scored 0).
 
 Settings (`config.rewards.<name>`; declared with their defaults and accepted values in
-`config_schema.REWARD_PARTS["reward_model"]`, which also checks them):
+`config_groups.REWARD_PARTS["reward_model"]`, which also checks them):
   model: the checkpoint directory (local). Required.
   dtype: compute dtype, "float32" | "bfloat16".
   label: which output of the head is the reward (0 for the usual single-logit reward model).

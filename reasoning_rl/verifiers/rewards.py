@@ -13,7 +13,7 @@ two parts of one kind need distinct names and an explicit `kind`. `parts` of a `
 *unweighted* value of every part (so each is logged on its own); `total` = Σ weight · value.
 
 Settings (all optional except `weight`; each kind's are declared, with their defaults and accepted
-values, in `config_schema.REWARD_PARTS`, and listed by `--help` and docs/config.md):
+values, in `config_groups.REWARD_PARTS`, and listed by `--help` and docs/config.md):
   correct:  verifier (a name of `registries.VERIFIERS`: math | countdown | reasoning_gym | code |
             auto, which routes by task kind), extract, timeout_s, answer_tag, think_tag (math:
             the reasoning tag, whose content never answers), use_each, allow_unary_minus
@@ -50,7 +50,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from reasoning_rl import config_schema, registries
+from reasoning_rl import config_groups, config_schema, registries
 from reasoning_rl.errors import ConfigError, VerifierError
 from reasoning_rl.plain_data import plain
 from reasoning_rl.verifiers import code_tests as code_lib
@@ -158,7 +158,7 @@ class Part:
 class PartKind:
   """What a kind of reward part does, as registered in `registries.REWARD_PARTS`.
 
-  settings: every setting the kind accepts, declared in the schema (`config_schema.Group`: default,
+  settings: every setting the kind accepts, declared in the schema (`config_groups.Group`: default,
     meaning, accepted values); a config names only `weight` and what differs.
   check(field, settings): what the declarations cannot say (one setting against another);
     raises ConfigError naming `config.<field>.<setting>`.
@@ -173,7 +173,7 @@ class PartKind:
     the contract); `score` is then never called.
   """
 
-  settings: config_schema.Group
+  settings: config_groups.Group
   score: Callable[..., list[float]]
   version: Callable[[Mapping[str, Any]], str]
   check: Callable[[str, dict[str, Any]], None] = lambda field, settings: None
@@ -202,7 +202,7 @@ def build_parts(rewards_config: Any) -> list[Part]:
                         f"{list(registries.REWARD_PARTS.names())} (or set 'kind' for a part named "
                         "otherwise)")
     behaviour = registries.REWARD_PARTS.get(kind).impl
-    weight = config_schema.checked(f"{field}.weight", config_schema.PART_WEIGHT,
+    weight = config_schema.checked(f"{field}.weight", config_groups.PART_WEIGHT,
                                    part_spec.pop("weight", config_schema.REQUIRED))
     settings = behaviour.settings.resolve(part_spec, field=field)
     behaviour.check(field, settings)
@@ -436,30 +436,30 @@ def _score_length_group(records, s, correct) -> list[float]:
 
 
 registries.REWARD_PARTS.add(
-    "correct", PartKind(config_schema.REWARD_PARTS["correct"],
+    "correct", PartKind(config_groups.REWARD_PARTS["correct"],
                         lambda records, s, correct: [score_correct(r, s) for r in records],
                         _correct_version, check=_check_correct),
     summary="1 if the answer is right (math-verify / countdown / reasoning-gym / code tests), "
-    "else 0", options=config_schema.REWARD_PARTS["correct"].names())
+    "else 0", options=config_groups.REWARD_PARTS["correct"].names())
 registries.REWARD_PARTS.add(
-    "format", PartKind(config_schema.REWARD_PARTS["format"],
+    "format", PartKind(config_groups.REWARD_PARTS["format"],
                        lambda records, s, correct: [score_format(r, s) for r in records],
                        lambda s: format_lib.FORMAT_VERIFIER_VERSION, check=_check_format),
     summary="1 if the completion has the <think>…</think><answer>…</answer> shape "
-    "(DeepSeek-R1 2025)", options=config_schema.REWARD_PARTS["format"].names())
+    "(DeepSeek-R1 2025)", options=config_groups.REWARD_PARTS["format"].names())
 registries.REWARD_PARTS.add(
-    "language", PartKind(config_schema.REWARD_PARTS["language"],
+    "language", PartKind(config_groups.REWARD_PARTS["language"],
                          lambda records, s, correct: [score_language(r, s) for r in records],
                          lambda s: format_lib.LANGUAGE_VERIFIER_VERSION),
     summary="share of the reasoning written in one script (DeepSeek-R1 2025, language "
-    "consistency)", options=config_schema.REWARD_PARTS["language"].names())
+    "consistency)", options=config_groups.REWARD_PARTS["language"].names())
 registries.REWARD_PARTS.add(
-    "length", PartKind(config_schema.REWARD_PARTS["length"], _score_length_group,
+    "length", PartKind(config_groups.REWARD_PARTS["length"], _score_length_group,
                        lambda s: length_lib.LENGTH_VERIFIER_VERSION, check=_check_length,
                        group_level=lambda s: s["method"] == "kimi",
                        needs_correctness=lambda s: s["method"] in ("kimi", "lcpo_max")),
     summary="length shaping: dapo (overlong penalty), kimi, lcpo, lcpo_max (module docstring)",
-    options=config_schema.REWARD_PARTS["length"].names())
+    options=config_groups.REWARD_PARTS["length"].names())
 
 
 def score_environment(record: CompletionRecord, s: Mapping[str, Any]) -> float:
@@ -473,12 +473,12 @@ def score_environment(record: CompletionRecord, s: Mapping[str, Any]) -> float:
 
 
 registries.REWARD_PARTS.add(
-    "environment", PartKind(config_schema.REWARD_PARTS["environment"],
+    "environment", PartKind(config_groups.REWARD_PARTS["environment"],
                             lambda records, s, correct: [score_environment(r, s)
                                                          for r in records],
                             lambda s: ENVIRONMENT_PART_VERSION),
     summary="a part of a multi-turn episode's outcome as its environment reported it "
-    "(environment.name)", options=config_schema.REWARD_PARTS["environment"].names())
+    "(environment.name)", options=config_groups.REWARD_PARTS["environment"].names())
 
 
 def _model_scored(records, s, correct) -> list[float]:
@@ -491,19 +491,19 @@ def _make_judge(settings: Mapping[str, Any], mesh=None):
 
 
 registries.REWARD_PARTS.add(
-    "judge", PartKind(config_schema.REWARD_PARTS["judge"], _model_scored, judge_lib.version,
+    "judge", PartKind(config_groups.REWARD_PARTS["judge"], _model_scored, judge_lib.version,
                       check=check_tags_differ, make_scorer=_make_judge),
     summary="an LLM judge's verdict on the final answer (alone, or where the math verifier "
     "cannot read it); model-scored on the main process",
-    options=config_schema.REWARD_PARTS["judge"].names())
+    options=config_groups.REWARD_PARTS["judge"].names())
 
 registries.REWARD_PARTS.add(
-    "reward_model", PartKind(config_schema.REWARD_PARTS["reward_model"], _model_scored,
+    "reward_model", PartKind(config_groups.REWARD_PARTS["reward_model"], _model_scored,
                              reward_model_lib.version,
                              make_scorer=reward_model_lib.RewardModelPart.load),
     summary="a Hugging Face Llama / Qwen2 *ForSequenceClassification reward model's score of "
     "(prompt, completion); model-scored on the main process",
-    options=config_schema.REWARD_PARTS["reward_model"].names())
+    options=config_groups.REWARD_PARTS["reward_model"].names())
 
 
 class RewardFunction:
