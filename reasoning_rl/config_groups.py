@@ -5,8 +5,8 @@ the modules that implement them (`verifiers.rewards`, `verifiers.judge`,
 `verifiers.reward_model_part`, `environments/*`), which hold no defaults or type checks of their
 own; `launch/train.py --help` and docs/config.md list them after the sections (`config_help`).
 
-JAX-free, like the schema: the choice names below are copies of the verifiers' own (they import
-more than this module may), and a test keeps each equal to its module's.
+JAX-free, like the schema: the verifiers read their plain choice lists from here; the few names
+of a table that lives with its implementation are copies, each kept equal to it by a test.
 """
 
 from __future__ import annotations
@@ -73,8 +73,11 @@ class Group:
             for item in self.fields}
 
 
-# The names the verifiers and environments define (they import more than this module may; a test
-# keeps each equal to its module's).
+# The names the settings below choose from. The plain lists are declared here and the verifiers
+# read them from here (math_answers.EXTRACT_MODES, logic.USE_EACH_MODES, judge.MODES,
+# reward_model_part.TRANSFORMS); the names of a table that lives with its implementation (scripts,
+# judge templates, sandbox isolations, judgeable statuses) are copied, since that module imports
+# more than this one may, and a test keeps each copy equal to its table.
 EXTRACT_MODES = ("answer_or_boxed", "answer", "boxed", "last_number", "final_answer")  # math_answers
 USE_EACH_MODES = ("exactly_once", "at_most_once")  # verifiers.logic
 SCRIPTS = ("latin", "cjk", "han", "kana", "hangul", "cyrillic", "greek", "arabic", "hebrew",

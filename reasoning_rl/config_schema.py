@@ -167,7 +167,7 @@ DTYPES = ("float32", "bfloat16")
 # The kernels layer's names (reasoning_rl/kernels imports JAX; a test keeps the two equal).
 TRAINING_KERNELS = ("auto", "reference", "splash", "pallas_gpu")
 PAGED_KERNELS = ("auto", "gather", "pallas_tpu")
-# What the backward pass recomputes (models.transformer.REMAT_POLICIES; a test keeps them equal).
+# What the backward pass recomputes (models.transformer reads them from here).
 REMAT_POLICIES = ("none", "full", "save_matmuls")
 
 SECTIONS: tuple[Section, ...] = (

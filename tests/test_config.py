@@ -200,13 +200,3 @@ def test_train_cli_refuses_an_indivisible_batch_before_touching_the_workdir(tmp_
       "= 12 completions is split over the trainer mesh's data x fsdp = 1 x 8 devices, which must "
       "divide it; change the batch or config.mesh.trainer"]
   assert not workdir.exists()
-
-
-def test_schema_names_match_the_modules_that_implement_them():
-  """The schema's kernel and remat names are the JAX modules' own (the schema stays JAX-free)."""
-  from reasoning_rl import config_schema, kernels
-  from reasoning_rl.models import transformer
-
-  assert kernels.TRAINING_KERNELS == config_schema.TRAINING_KERNELS
-  assert kernels.paged.PAGED_KERNELS == config_schema.PAGED_KERNELS
-  assert transformer.REMAT_POLICIES == config_schema.REMAT_POLICIES

@@ -1,59 +1,51 @@
 """Every config field the training step reads reaches the StepConfig field that uses it, and no
-other: each is set to a value no other field holds, alone, and the built StepConfig is compared
-with the one from the unchanged config (a swap of b1 and b2, or a field mapped to the wrong
-name, fails here)."""
+other: each is set, alone, to another value its declaration accepts, and the built StepConfig is
+compared with the one from the unchanged config (a swap of b1 and b2, or a field read under the
+wrong name, fails here). The fields come from StepConfig's own `sourced` declarations and the
+values from the schema's: nothing here repeats the mapping."""
 
 import dataclasses
 
 import pytest
 
+from reasoning_rl import config_schema, registries
 from reasoning_rl.build import step_config
 from reasoning_rl.config import FIELD_RANGES, base_config
+from reasoning_rl.config_schema import OneOf, Range
+from reasoning_rl.rl.step_config import StepConfig
 
-# config field -> (StepConfig field, a value distinct from every default and every other row)
-MAPPING = {
-    "beta": ("beta", 0.0371),
-    "total_steps": ("total_steps", 417),
-    "rollout.max_new_tokens": ("max_completion_length", 333),
-    "model.dtype": ("compute_dtype", "bfloat16"),
-    "algo.kl_estimator": ("kl_estimator", "k2"),
-    "algo.epsilon_low": ("epsilon_low", 0.113),
-    "algo.epsilon_high": ("epsilon_high", 0.287),
-    "algo.dual_clip": ("dual_clip", 3.7),
-    "algo.loss_agg": ("loss_agg", "token-mean"),
-    "algo.entropy_coef": ("entropy_coef", 0.0043),
-    "algo.num_iterations": ("num_iterations", 3),
-    "algo.num_mini_batches": ("num_mini_batches", 5),
-    "algo.num_micro_batches": ("num_micro_batches", 7),
-    "algo.logprob_chunk": ("logprob_chunk", 96),
-    "algo.remat": ("remat", "save_matmuls"),
-    "algo.packing": ("packing", True),
-    "algo.packed_row_factor": ("packed_row_factor", 6),
-    "algo.loss_type": ("loss_type", "cispo"),
-    "algo.name": ("algorithm", "ppo"),
-    "algo.is_correction": ("is_correction", "sequence-mask"),
-    "algo.is_threshold": ("is_threshold", 4.25),
-    "algo.vf_coef": ("vf_coef", 0.61),
-    "algo.value_clip": ("value_clip", 0.33),
-    "algo.gamma": ("gamma", 0.97),
-    "algo.gae_lambda": ("gae_lambda", 0.91),
-    "optim.learning_rate": ("learning_rate", 2.3e-5),
-    "optim.warmup_steps": ("warmup_steps", 11),
-    "optim.final_lr_fraction": ("final_lr_fraction", 0.27),
-    "optim.weight_decay": ("weight_decay", 0.019),
-    "optim.max_grad_norm": ("max_grad_norm", 0.77),
-    "optim.b1": ("b1", 0.81),
-    "optim.b2": ("b2", 0.987),
-    "optim.eps": ("eps", 3e-7),
-    "algo.routing_replay": ("routing_replay", True),
-    "algo.moe_load_balance_coef": ("moe_load_balance_coef", 0.0123),
-    "algo.moe_router_z_coef": ("moe_router_z_coef", 0.00071),
+# What `run_settings.step_config` derives rather than reads by name: config field -> (StepConfig
+# field, a value the config accepts, the value the step then holds).
+DERIVED = {
+    "algo.name": ("algorithm", "ppo", "ppo"),
+    "rollout.max_new_tokens": ("max_completion_length", 333, 333),
+    "model.dtype": ("compute_dtype", "bfloat16", "bfloat16"),
 }
 # Fields of the algo / optim sections that the step does not read, with the reason.
 NOT_THE_STEPS = {
     "algo.estimator",  # the group advantage estimator runs before the step (rl/advantages.py)
     "algo.truncated_ratio",  # read together with the rollout's sampling: its own test below
 }
+SOURCED = {item.metadata["source"]: item.name for item in dataclasses.fields(StepConfig)
+           if item.metadata.get("source")}
+
+
+def other_value(dotted: str):
+  """A value config field `dotted` accepts that is not its default (nor the step's default)."""
+  item = config_schema.field(dotted)
+  default = item.default
+  if isinstance(default, bool) or item.kind is bool:
+    return not default
+  rule = item.check
+  if isinstance(rule, OneOf):
+    names = list(rule.values) or list(getattr(registries, rule.registry).names())
+    return next(name for name in names if name != default)
+  candidates = ([default + 3, default + 1, max(default - 1, 1)] if isinstance(default, int)
+                else [3.7] if default is None
+                else [default * 0.9 + 0.013, default * 1.1 + 0.007, default * 0.5])
+  if rule is not None and isinstance(rule, Range) and rule.kind is float:
+    candidates = [float(c) for c in candidates]
+  return next(c for c in candidates if c != default and (rule is None or not rule.problem(c)))
 
 
 def _base():
@@ -71,26 +63,38 @@ def _set(config, dotted, value):
   node[leaf] = value
 
 
-@pytest.mark.parametrize("field", sorted(MAPPING))
+CASES = {**{dotted: (name, other_value(dotted), None) for dotted, name in SOURCED.items()},
+         **DERIVED}
+
+
+@pytest.mark.parametrize("field", sorted(CASES))
 def test_each_field_reaches_its_step_field_and_no_other(field):
-  baseline = dataclasses.asdict(step_config(_base()))
-  target, value = MAPPING[field]
-  assert baseline[target] != value, f"{field}: pick a value that differs from the default"
+  target, value, expected = CASES[field]
+  expected = value if expected is None else expected
   config = _base()
+  baseline = dataclasses.asdict(step_config(config))
+  assert baseline[target] != expected, f"{field}: the test's value is the step's default"
   _set(config, field, value)
   changed = {k: v for k, v in dataclasses.asdict(step_config(config)).items()
              if v != baseline[k]}
-  assert changed == {target: value}
+  assert changed == {target: expected}
 
 
-def test_the_mapping_covers_every_algo_and_optim_field():
-  """A new field under algo / optim must be mapped above (or listed as not the step's)."""
+def test_a_sourced_field_has_its_config_fields_name():
+  """StepConfig's `sourced` fields ARE the config fields of that name: a declaration that read
+  another field (b1 from optim.b2) would pass the test above, since it reads the same
+  declarations, and fails here."""
+  assert {dotted: name for dotted, name in SOURCED.items()
+          if name != dotted.split(".")[-1]} == {}
+
+
+def test_every_algo_and_optim_field_reaches_the_step_or_says_why_not():
+  """A new field under algo / optim must be sourced by StepConfig, derived, or listed above."""
   config = _base()
   fields = {f"{section}.{key}" for section in ("algo", "optim") for key in config[section]}
-  assert fields - set(MAPPING) - NOT_THE_STEPS == set()
-  assert {f for f in FIELD_RANGES if f.split(".")[0] in ("algo", "optim")} <= set(MAPPING)
-  values = [repr(v) for _, v in MAPPING.values() if not isinstance(v, bool)]
-  assert len(set(values)) == len(values)  # no two rows share a value
+  assert fields - set(CASES) - NOT_THE_STEPS == set()
+  assert {f for f in FIELD_RANGES if f.split(".")[0] in ("algo", "optim")} <= set(CASES)
+  assert set(SOURCED) >= {"beta", "total_steps", "optim.b1", "optim.b2", "algo.epsilon_low"}
 
 
 def test_the_lora_section_reaches_the_step():

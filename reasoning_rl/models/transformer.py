@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from reasoning_rl import kernels
+from reasoning_rl import config_schema, kernels
 from reasoning_rl.kernels import grouped_matmul
 from reasoning_rl.models import kv_pages
 from reasoning_rl.models import mla as mla_lib
@@ -49,7 +49,7 @@ from reasoning_rl.models.primitives import (RMSNorm, apply_rope, param, project,
                                             scatter_cache, weight)
 from reasoning_rl.sharding import constrain
 
-REMAT_POLICIES = ("none", "full", "save_matmuls")
+REMAT_POLICIES = config_schema.REMAT_POLICIES  # declared with algo.remat, which names them
 
 
 def remat_policy(remat) -> str:

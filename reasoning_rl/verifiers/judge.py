@@ -54,13 +54,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from reasoning_rl import config_groups
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.verifiers import format as format_lib
 from reasoning_rl.verifiers import math_answers as math_lib
 from reasoning_rl.verifiers.judge_verdicts import parse_score, parse_yes_no
 
 JUDGE_VERSION = "judge-3"
-MODES = ("fallback", "alone")
+MODES = config_groups.JUDGE_MODES  # declared with the setting that names them
 STATUSES = ("correct", "wrong", "no_answer", "multiple_answers", "hedged", "unevaluated",
             "unparseable", "too_large", "timeout")
 JUDGEABLE_STATUSES = tuple(s for s in STATUSES if s != "correct")

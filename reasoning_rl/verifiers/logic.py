@@ -23,13 +23,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from reasoning_rl import config_groups
 from reasoning_rl.errors import ConfigError, VerifierError
 from reasoning_rl.verifiers.format import tag_contents
 
 COUNTDOWN_VERIFIER_VERSION = "countdown-1"
 REASONING_GYM_VERIFIER_VERSION = "reasoning_gym-1+rg-" + importlib.metadata.version("reasoning-gym")
 
-USE_EACH_MODES = ("exactly_once", "at_most_once")
+USE_EACH_MODES = config_groups.USE_EACH_MODES  # declared with the setting that names them
 MAX_EXPRESSION_CHARS = 500
 MAX_EXPRESSION_NODES = 200
 

@@ -42,6 +42,7 @@ import re
 import math_verify
 import sympy
 
+from reasoning_rl import config_groups
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.verifiers import deadline
 from reasoning_rl.verifiers.final_answer import (  # noqa: F401  (published here too)
@@ -50,7 +51,7 @@ from reasoning_rl.verifiers.format import outside_tag, tag_contents
 
 MATH_VERIFIER_VERSION = "math-5+math_verify-" + importlib.metadata.version("math-verify")
 
-EXTRACT_MODES = ("answer_or_boxed", "answer", "boxed", "last_number", "final_answer")
+EXTRACT_MODES = config_groups.EXTRACT_MODES  # declared with the setting that names them
 # A signed integer or decimal, with optional thousands separators: the final number of free-form
 # text ("… so 6 - 2 = 4."). For chat models that write no answer tags, on numeric tasks.
 _NUMBER = re.compile(r"(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")

@@ -30,10 +30,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from reasoning_rl import config_groups
 from reasoning_rl.errors import ConfigError
 
 REWARD_MODEL_VERSION = "reward_model-1"
-TRANSFORMS = ("none", "sigmoid")
+TRANSFORMS = config_groups.REWARD_MODEL_TRANSFORMS  # declared with the setting that names them
 def version(s: Mapping[str, Any]) -> str:
   """The part's verifier version: the checkpoint (its directory name) and every setting."""
   return (f"{REWARD_MODEL_VERSION}:{pathlib.Path(s['model']).name}:label{s['label']}:"
