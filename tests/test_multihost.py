@@ -64,6 +64,8 @@ def test_replicas_must_divide_the_trainer_mesh():
     (runtime.ProcessFlags("127.0.0.1", 2, 0), "use HOST:PORT"),
     (runtime.ProcessFlags("127.0.0.1:9", 2, 2), r"--process_id=2: must be in 0..1"),
     (runtime.ProcessFlags(transfer_address="127.0.0.1:5"), "--transfer_address"),
+    (runtime.ProcessFlags("127.0.0.1:9", 2, 0, heartbeat_timeout_s=1),
+     r"--heartbeat_timeout_s=1: must be in 2..3600 seconds \(default 30\)"),
 ])
 def test_process_flags_are_checked_in_one_line(flags, message):
   with pytest.raises(ConfigError, match=message):
@@ -310,13 +312,15 @@ def test_a_lora_run_split_over_four_processes_trains_like_one(tmp_path):
 
 def test_a_killed_process_stops_the_others_and_a_rerun_resumes(tmp_path):
   workdir = tmp_path / "run"
+  # a short heartbeat timeout (the default is 30 s): the loss is found within it, not the default
   overrides = ["--config.total_steps=5", "--config.checkpoint.every_steps=2",
-               "--config.eval.num_examples=4", "--config.mesh.num_trainer_devices=4"]
+               "--config.eval.num_examples=4", "--config.mesh.num_trainer_devices=4",
+               "--heartbeat_timeout_s=10"]
   processes = start_and_wait_for_rows(workdir, overrides, 3)
   killed = time.monotonic()
   processes[3].kill()  # a sampler process
   codes = runs.wait_all(processes, timeout_s=120)
-  assert time.monotonic() - killed < 60
+  assert time.monotonic() - killed < 28  # (30 s and more with the default)
   assert codes[:3] == [ExitCode.LOST_PEER] * 3, _logs(tmp_path)
   logs = _logs(tmp_path)
   assert logs.count("process 3 of 4 stopped sending heartbeats") == 3

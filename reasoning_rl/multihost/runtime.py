@@ -34,8 +34,9 @@ from reasoning_rl.errors import ConfigError, ExitCode
 
 log = logging.getLogger("reasoning_rl")
 
-# Seconds without a heartbeat after which the coordination service declares a process dead; the
-# watcher notices within one poll after that, well inside a 60 s budget.
+# Seconds without a heartbeat after which the coordination service declares a process dead, by
+# default (`--heartbeat_timeout_s`); the watcher notices within one poll after that, well inside a
+# 60 s budget.
 HEARTBEAT_TIMEOUT_S = 30
 _WATCH_PERIOD_S = 1.0
 _LEAVE_GRACE_S = 3.0
@@ -56,6 +57,9 @@ class ProcessFlags:
   # Slices the processes form when a TPU host's environment says so (MEGASCALE_NUM_SLICES; see
   # multihost/tpu_env.py); None: one slice, or the devices say it themselves (slice_index).
   num_slices: int | None = None
+  # Seconds without a heartbeat before a process counts as lost and every other one stops (exit
+  # 5): shorter finds a dead host sooner, longer rides out a stalled network or a busy host.
+  heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S
 
   @property
   def given(self) -> bool:
@@ -64,6 +68,9 @@ class ProcessFlags:
 
   def check(self) -> None:
     """One ConfigError naming the flag when the three flags are incomplete or inconsistent."""
+    if not 2 <= self.heartbeat_timeout_s <= 3600:
+      raise ConfigError(f"--heartbeat_timeout_s={self.heartbeat_timeout_s}: must be in 2..3600 "
+                        f"seconds (default {HEARTBEAT_TIMEOUT_S})")
     if not self.given:
       if self.transfer_address is not None:
         raise ConfigError("--transfer_address: only meaningful with --coordinator_address, "
@@ -121,8 +128,8 @@ def warn_if_ephemeral(address: str) -> None:
 
 
 def define_absl_flags():
-  """Defines `--coordinator_address --num_processes --process_id --transfer_address` for an absl
-  launcher; returns a function that reads them into `ProcessFlags` (after flag parsing)."""
+  """Defines `--coordinator_address --num_processes --process_id --transfer_address
+  --heartbeat_timeout_s` for an absl launcher; returns a function that reads them into `ProcessFlags` (after flag parsing)."""
   from absl import flags  # pylint: disable=import-outside-toplevel
 
   # On Cloud TPU / GKE JAX finds its peers by itself and these stay unset; elsewhere (several
@@ -134,25 +141,32 @@ def define_absl_flags():
   transfer = flags.DEFINE_string(
       "transfer_address", None, "HOST:PORT this process listens on for cross-host weight "
       "transfers (default: the coordinator's host, port + 1 + process id).")
+  heartbeat = flags.DEFINE_integer(
+      "heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S, "Seconds without a heartbeat after which a "
+      "process counts as lost and the others stop (exit 5).")
   return lambda: ProcessFlags(coordinator_address=coordinator.value,
                               num_processes=num_processes.value, process_id=process_id.value,
-                              transfer_address=transfer.value)
+                              transfer_address=transfer.value,
+                              heartbeat_timeout_s=heartbeat.value)
 
 
 def add_argparse_flags(parser) -> None:
-  """The same four flags for an argparse launcher (`process_flags(args)` reads them back)."""
+  """The same five flags for an argparse launcher (`process_flags(args)` reads them back)."""
   parser.add_argument("--coordinator_address", default=None,
                       help="HOST:PORT of process 0's coordination service (multi-process runs).")
   parser.add_argument("--num_processes", type=int, default=None, help="Processes in the run.")
   parser.add_argument("--process_id", type=int, default=None, help="This process's index.")
   parser.add_argument("--transfer_address", default=None, help="HOST:PORT for cross-host "
                       "transfers (default: coordinator host, port + 1 + process id).")
+  parser.add_argument("--heartbeat_timeout_s", type=int, default=HEARTBEAT_TIMEOUT_S,
+                      help="Seconds without a heartbeat after which a process counts as lost.")
 
 
 def process_flags(args) -> ProcessFlags:
   return ProcessFlags(coordinator_address=args.coordinator_address,
                       num_processes=args.num_processes, process_id=args.process_id,
-                      transfer_address=args.transfer_address)
+                      transfer_address=args.transfer_address,
+                      heartbeat_timeout_s=args.heartbeat_timeout_s)
 
 
 def cluster_detected() -> bool:
@@ -184,9 +198,9 @@ def initialize(flags: ProcessFlags = ProcessFlags()) -> bool:
     jax.config.update("jax_cross_host_transfer_socket_address", transfer_address)
     jax.distributed.initialize(coordinator_address=flags.coordinator_address,
                                num_processes=flags.num_processes, process_id=flags.process_id,
-                               heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+                               heartbeat_timeout_seconds=flags.heartbeat_timeout_s)
   else:
-    jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+    jax.distributed.initialize(heartbeat_timeout_seconds=flags.heartbeat_timeout_s)
   if jax.process_count() > 1:
     watch_peers()
   return jax.process_count() > 1
