@@ -7,6 +7,9 @@ leaves nothing behind.
 
 `build(config)` returns a `Run`: everything a training run needs, with the policy already split
 into `graphdef` and the initial train state placed on the trainer mesh.
+
+It imports the whole training stack at the top: the launchers import it only once they build,
+and nothing JAX-free (`--help`, config validation, the dry run) reads it.
 """
 
 from __future__ import annotations
@@ -15,14 +18,40 @@ import dataclasses
 import logging
 from typing import Any, Sequence
 
+import jax
+import jax.numpy as jnp
 import ml_collections
+from flax import nnx
 
 from reasoning_rl import config as config_lib
-from reasoning_rl import config_schema, step_layout, storage
+from reasoning_rl import (config_schema, environments, lora, memory_plan, precision, sharding,
+                          step_layout, storage)
+from reasoning_rl.data import tasks, templates
+from reasoning_rl.environments.redteam import run_python_tool_redteam
 from reasoning_rl.errors import ConfigError, SamplingError, VerifierError
+from reasoning_rl.lora import LoraSettings
+from reasoning_rl.loop import weight_sync as weight_sync_lib
+from reasoning_rl.loop.partial_rollouts import (PartialCollector, PartialSettings,
+                                                check_partial_rollouts)
+from reasoning_rl.loop.rl_stage import RLStage
+from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
+from reasoning_rl.loop.sft_stage import SFTStage
+from reasoning_rl.models.transformer import create_model, stack_layers
+from reasoning_rl.models.upcycle import upcycle
+from reasoning_rl.multihost.cluster import Cluster, local_cluster
 from reasoning_rl.multihost.exchange import Exchange
+from reasoning_rl.multihost.param_sync import ParamSync
 from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
-from reasoning_rl.sampler.api import RolloutBackend  # no JAX: the interface only
+from reasoning_rl.reward_redteam import enforce_redteam
+from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.run_checkpoint import load_model
+from reasoning_rl.sampler import (BackendSpec, EngineSpec, EpisodeSettings, SamplingParams,
+                                  make_backend, make_engine)
+from reasoning_rl.sampler.api import RolloutBackend
+from reasoning_rl.sampler.engine import prefill_bucket
+from reasoning_rl.verifiers.rewards import RewardFunction
+from reasoning_rl.workers.model_parts import with_model_parts
+from reasoning_rl.workers.scorer import make_scorer
 # re-exported: callers have always found these here
 from reasoning_rl.run_settings import (partial_rollouts, random_model_config,  # noqa: F401
                                        rollout_staleness, rollouts_ahead, sampler_correction,
@@ -36,9 +65,6 @@ log = logging.getLogger("reasoning_rl")
 
 def build_topology(config: ml_collections.ConfigDict):
   """Which devices train and which sample, and this process's role (`multihost.topology`)."""
-  import jax
-
-
   topology = make_topology(config.mesh.num_trainer_devices, jax.devices(),
                            process_index=jax.process_index(), num_processes=jax.process_count(),
                            num_slices=config.mesh.num_slices)
@@ -50,7 +76,6 @@ def build_topology(config: ml_collections.ConfigDict):
 def build_meshes(config: ml_collections.ConfigDict, topology=None):
   """(trainer mesh, mesh of this process's sampler replica). `mesh.num_trainer_devices` = 0 shares
   every device; the sampler mesh is None on a process that only trains."""
-  from reasoning_rl import sharding
 
   topology = topology or build_topology(config)
   local = topology.local_replica_devices
@@ -64,12 +89,9 @@ def build_cluster(config: ml_collections.ConfigDict, topology, params):
   """The loop's view of the other processes (`multihost.cluster.Cluster`); `params` (what the
   samplers receive: `loop.weight_sync.abstract_payload`) gives the weight sync its shapes, dtypes
   and partition rules."""
-  from reasoning_rl.multihost.cluster import Cluster, local_cluster
 
   if not topology.multi_process:
     return local_cluster(topology)
-  from reasoning_rl import sharding
-  from reasoning_rl.multihost.param_sync import ParamSync
 
   replica_meshes = [sharding.make_mesh(tuple(config.mesh.sampler), devices,
                                        field="config.mesh.sampler")
@@ -88,8 +110,6 @@ def build_policy(config: ml_collections.ConfigDict, *, calibration=None):
   `model.weight_dtype`, except with LoRA, whose frozen base is never updated and so is held in
   the compute dtype (the adapters are float32). `calibration(tokenizer) -> token rows`: what an
   upcycled model's routers are centred on (`model.upcycle`); without it they are not."""
-  from reasoning_rl.models.transformer import create_model, stack_layers
-  from reasoning_rl.run_checkpoint import load_model
 
   c = config.model
   weight_dtype = c.dtype if config.lora.rank > 0 else c.weight_dtype
@@ -102,7 +122,6 @@ def build_policy(config: ml_collections.ConfigDict, *, calibration=None):
     model_config, tokenizer = random_model_config(config)
     model = create_model(model_config, seed=config.seed, dtype=c.dtype, param_dtype=weight_dtype)
   if c.upcycle.num_experts:  # a run's own checkpoints then restore the upcycled weights
-    from reasoning_rl.models.upcycle import upcycle
 
     model = upcycle(model, num_experts=c.upcycle.num_experts,
                     experts_per_token=c.upcycle.experts_per_token, seed=config.seed,
@@ -114,7 +133,6 @@ def build_policy(config: ml_collections.ConfigDict, *, calibration=None):
 
 def build_template(config: ml_collections.ConfigDict, tokenizer, *, instruction: str | None = None):
   """The prompt template of `data.*`; `instruction` replaces `data.instruction` (eval variants)."""
-  from reasoning_rl.data import templates
 
   c = config.data
   return templates.PromptTemplate(c.template, tokenizer,
@@ -132,14 +150,12 @@ class Data:
 
 
 def build_eval_examples(config: ml_collections.ConfigDict) -> list:
-  from reasoning_rl.data import tasks
 
   source = tasks.build_source(config.data.eval, field="data.eval")
   return [source.example(i) for i in range(config.eval.num_examples)]
 
 
 def build_data(config: ml_collections.ConfigDict) -> Data:
-  from reasoning_rl.data import tasks
 
   eval_examples = build_eval_examples(config)
   return Data(train_source=tasks.build_source(config.data.train, field="data.train"),
@@ -149,11 +165,9 @@ def build_data(config: ml_collections.ConfigDict) -> Data:
 def build_reward_fn(config: ml_collections.ConfigDict, *, redteam: bool | None = None):
   """The configured reward. With `verifier.redteam` (or `redteam=True`) it must first survive the
   known exploits (`reasoning_rl.reward_redteam`); `verifier.allow_exploits` overrides that."""
-  from reasoning_rl.verifiers.rewards import RewardFunction
 
   reward_fn = RewardFunction(config.rewards)
   if config.verifier.redteam if redteam is None else redteam:
-    from reasoning_rl.reward_redteam import enforce_redteam
 
     enforce_redteam(config.rewards, allow_exploits=config.verifier.allow_exploits,
                     log=log.warning)
@@ -167,8 +181,6 @@ def build_scorer(config: ml_collections.ConfigDict, reward_fn, *, inline: bool =
   `workers.model_parts.ModelPartsScorer` around it, their models loaded now onto `mesh` (the
   sampler's devices: colocated); `model_parts=False` leaves them out (a process that scores
   nothing)."""
-  from reasoning_rl.workers.model_parts import with_model_parts
-  from reasoning_rl.workers.scorer import make_scorer
 
   scorer = make_scorer(reward_fn, num_workers=0 if inline else config.verifier.num_workers,
                        item_timeout_s=config.verifier.item_timeout_s)
@@ -183,7 +195,6 @@ def build_engine(config: ml_collections.ConfigDict, model, *, mesh=None,
                  max_decode_length: int | None = None):
   """The sampler engine for `model` with the config's slot, prefill and chunk sizes and KV
   cache (paged with `rollout.kv_page_size`), as the `engine` backend builds it."""
-  from reasoning_rl.sampler import EngineSpec, make_engine
 
   return make_engine(model, EngineSpec.of_rollouts(
       config.rollout, max_decode_length=max_decode_length or rollout_decode_length(config),
@@ -199,7 +210,6 @@ def build_backend(config: ml_collections.ConfigDict, model, *, mesh=None,
                   max_decode_length: int | None = None):
   """This process's rollout backend (`sampler.api.RolloutBackend`): the one registered as
   `rollout.backend`, sized as `build_engine` sizes one."""
-  from reasoning_rl.sampler import BackendSpec, make_backend
 
   r = config.rollout
   return make_backend(r.backend, BackendSpec(
@@ -213,7 +223,6 @@ def load_checkpoint(checkpoint: str, *, dtype: str, mesh=None):
   """(model, tokenizer) of `checkpoint` (run workdir, checkpoint step, HF dir or GGUF; local or
   gs://) for launchers driven by a path rather than a config; a checkpoint without tokenizer files
   is refused, since prompts and completions are text."""
-  from reasoning_rl.run_checkpoint import load_model
 
   model, tokenizer = load_model(checkpoint, dtype=dtype, mesh=mesh)
   if tokenizer is None:
@@ -230,8 +239,6 @@ def build_sized_engine(model, *, longest_prompt: int, max_new_tokens: int, num_s
   """An engine sized for a known set of prompts (launch/generate.py): no more decode slots than
   `num_sequences` (prompts of one batch x samples), a prefill bucket for the longest prompt, and
   decode room for exactly `max_new_tokens`."""
-  from reasoning_rl.sampler import EngineSpec, make_engine
-  from reasoning_rl.sampler.engine import prefill_bucket
 
   limit = model.config.max_position_embeddings - max_new_tokens
   prefill_length = prefill_bucket(longest_prompt, max_prefill_length=limit)
@@ -246,7 +253,6 @@ def build_sized_engine(model, *, longest_prompt: int, max_new_tokens: int, num_s
 
 
 def sampling_params(config: ml_collections.ConfigDict):
-  from reasoning_rl.sampler import SamplingParams
 
   return SamplingParams(**config_schema.values_of(SamplingParams, config))
 
@@ -286,7 +292,6 @@ def enforce_environment_redteam(config: ml_collections.ConfigDict, episodes) -> 
   Returns the probe results ([] when none ran)."""
   if episodes is None or not config.verifier.redteam or episodes.environment.name != "python_tool":
     return []
-  from reasoning_rl.environments.redteam import run_python_tool_redteam  # pylint: disable=import-outside-toplevel
 
   results = run_python_tool_redteam(episodes.environment)
   failed = [r for r in results if not r.held]
@@ -308,8 +313,6 @@ def build_episodes(config: ml_collections.ConfigDict, tokenizer):
   e = config.environment
   if not e.name:
     return None
-  from reasoning_rl import environments  # pylint: disable=import-outside-toplevel
-  from reasoning_rl.sampler import EpisodeSettings  # pylint: disable=import-outside-toplevel
 
   return EpisodeSettings(
       environment=environments.build_environment(e.name, e.settings),
@@ -322,25 +325,12 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
   """Chooses the step layout the config leaves open and validates the config against this
   machine's devices (unless the caller just did both: `validated`, as launch/train.py does),
   then builds every piece of a run."""
-  import jax
-  import jax.numpy as jnp
-  from flax import nnx
-
-  from reasoning_rl import lora
-  from reasoning_rl import sharding as sharding_lib
-  from reasoning_rl.lora import LoraSettings
-  from reasoning_rl.loop import weight_sync as weight_sync_lib
-  from reasoning_rl.rl.step import TrainStep
-
-  from reasoning_rl import memory_plan
-
   if not validated:
-    num_slices = sharding_lib.count_slices(jax.devices(), config.mesh.num_slices)
+    num_slices = sharding.count_slices(jax.devices(), config.mesh.num_slices)
     # what the config leaves to the machine (packing, micro-batches), written into it
     step_layout.log_choices(memory_plan.resolve_layout(
         config, machine=step_layout.this_machine(num_slices)))
     config_lib.validate(config, num_devices=jax.device_count(), num_slices=num_slices)
-  from reasoning_rl import precision
 
   warning = precision.pure_low_precision_warning(config.model.weight_dtype,
                                                  config.optim.learning_rate)
@@ -421,11 +411,6 @@ def build_loop(run: Run, *, stage=None) -> Loop:
   processes: `ShardedCollector`; partial rollouts: `PartialCollector`), the stage the config names
   (`RLStage` / `SFTStage`) unless `stage` replaces it (tests do), and the templates of
   `eval.instruction_variants`."""
-  from reasoning_rl.loop.partial_rollouts import (PartialCollector, PartialSettings,
-                                                  check_partial_rollouts)
-  from reasoning_rl.loop.rl_stage import RLStage
-  from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
-  from reasoning_rl.loop.sft_stage import SFTStage
 
   config, cluster = run.config, run.cluster
   r = config.rollout
@@ -454,7 +439,6 @@ def build_loop(run: Run, *, stage=None) -> Loop:
 
 def _compute_dtype(array, config: ml_collections.ConfigDict):
   """The compute dtype for a floating-point array, its own dtype for any other."""
-  import jax.numpy as jnp
 
   return config.model.dtype if jnp.issubdtype(array.dtype, jnp.floating) else array.dtype
 

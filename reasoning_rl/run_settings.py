@@ -15,6 +15,8 @@ from reasoning_rl.errors import ConfigError
 
 def random_model_config(config: ml_collections.ConfigDict):
   """(ModelConfig, tokenizer) of the random model that `model.random` + `model.tokenizer` name."""
+  # in the function: models/'s package init imports JAX, and this module must load without it
+  # (config validation and the dry run read it)
   from reasoning_rl.data.debug_vocab import load_named_tokenizer
   from reasoning_rl.models.config import ModelConfig, MoEConfig
 
@@ -60,9 +62,9 @@ def partial_rollouts(config: ml_collections.ConfigDict) -> bool:
 def step_config(config: ml_collections.ConfigDict):
   """The training step's static configuration (`reasoning_rl.rl.step_config.StepConfig`): its sourced
   fields read from the config by name, the rest derived here."""
-  from reasoning_rl.rl.step_config import StepConfig
-
+  # in the function: both import JAX, which this module's other readers must not load
   from reasoning_rl.lora import LoraSettings
+  from reasoning_rl.rl.step_config import StepConfig
 
   a = config.algo
   if step_layout.is_open(config):

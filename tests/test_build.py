@@ -51,7 +51,7 @@ def test_sized_engine_fits_the_prompts_it_was_built_for():
 
 
 def test_a_checkpoint_without_tokenizer_is_refused_by_name(tmp_path, monkeypatch):
-  monkeypatch.setattr("reasoning_rl.run_checkpoint.load_model",
+  monkeypatch.setattr("reasoning_rl.build.load_model",
                       lambda path, dtype, mesh: (object(), None))
   with pytest.raises(SamplingError, match=f"--checkpoint {tmp_path}: has no tokenizer files"):
     load_checkpoint(str(tmp_path), dtype="float32")

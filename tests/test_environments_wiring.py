@@ -37,7 +37,7 @@ def test_a_sound_python_tool_passes_its_red_team_at_start_up():
 def test_a_probe_that_does_not_hold_stops_the_run_unless_allowed(monkeypatch, caplog):
   broken = env_redteam.ProbeResult("printed_answer", False, "correct=1.0, not 0.0",
                                    {"correct": 1.0}, ("42",), 0.1)
-  monkeypatch.setattr(env_redteam, "run_python_tool_redteam", lambda environment: [broken])
+  monkeypatch.setattr(build, "run_python_tool_redteam", lambda environment: [broken])
   config = base_config()
   with pytest.raises(VerifierError, match=r"printed_answer: correct=1.0, not 0.0"):
     build.enforce_environment_redteam(config, episodes_of("python_tool"))

@@ -38,6 +38,7 @@ def load(path: str | os.PathLike, *, dtype: str = "float32", weight_dtype: str |
   Raises:
     CheckpointError: naming the file or tensor at fault and what to do.
   """
+  # the tokenizer stack (tokenizers, sentencepiece) only when a tokenizer is read
   from reasoning_rl.models import tokenizers
 
   dtypes = {"dtype": dtype, "weight_dtype": weight_dtype or dtype}

@@ -90,7 +90,7 @@ def _field(reader, key, default=None):
 
 
 def open_gguf(path: str | os.PathLike):
-  import gguf
+  import gguf  # only runs that read a GGUF file load the gguf package
 
   path = pathlib.Path(path)
   if not path.exists():
@@ -184,7 +184,7 @@ def load_gguf_weights(path: str | os.PathLike, *, dtype="float32", weight_dtype=
                       reader=None):
   """(model, reader) from a GGUF file; weights dequantised to `weight_dtype` (default: `dtype`,
   the compute dtype)."""
-  from gguf.quants import dequantize
+  from gguf.quants import dequantize  # as open_gguf: only GGUF readers load it
 
   path = pathlib.Path(path)
   reader = reader or open_gguf(path)

@@ -33,6 +33,7 @@ __all__ = ["BackendSpec", "Capabilities", "Completion", "DecodeState", "Engine",
 def __getattr__(name: str):
   """The re-exports of the JAX modules, imported when first asked for (PEP 562)."""
   # pylint: disable=import-outside-toplevel
+  # each import below loads JAX: only on first use, so that `sampler.api` stays JAX-free
   if name in ("DecodeState", "Engine", "Prefix", "ResultTokens", "SlotRequest"):
     from reasoning_rl.sampler import engine as module
   elif name in ("EngineBackend", "make_backend"):

@@ -37,6 +37,7 @@ from reasoning_rl.sampler.engine import Engine
 def _adapter_classes():
   """Builds the adapter classes on first use (imports jetstream)."""
   try:
+    # jetstream is optional (its own install): loaded only by the adapter's users
     from jetstream.engine import engine_api, tokenizer_api, tokenizer_pb2
   except ImportError as error:
     raise ImportError(

@@ -139,6 +139,7 @@ class EngineJudge:
 
   def __init__(self, model, tokenizer, *, max_new_tokens: int, max_prompt_tokens: int = 512,
                batch_size: int = 16, mesh=None):
+    # JAX only for a judge with a model: the scorer's worker processes load this module too
     from reasoning_rl.sampler import EngineSpec, make_engine
 
     self.tokenizer = tokenizer
@@ -150,7 +151,7 @@ class EngineJudge:
 
   @classmethod
   def load(cls, settings: Mapping[str, Any], *, mesh=None) -> "EngineJudge":
-    from reasoning_rl.run_checkpoint import load_model
+    from reasoning_rl.run_checkpoint import load_model  # JAX: as __init__
 
     model, tokenizer = load_model(settings["model"], dtype=settings["dtype"], mesh=mesh)
     if tokenizer is None:
@@ -167,6 +168,7 @@ class EngineJudge:
     return self.tokenizer.encode(message)
 
   def __call__(self, messages: Sequence[str]) -> list[str]:
+    # JAX: as __init__
     from reasoning_rl.sampler.rollout import generate_groups
     from reasoning_rl.sampler.sampling import SamplingParams
 
