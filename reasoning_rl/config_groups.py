@@ -1,9 +1,10 @@
 """The settings of the pluggable choices a config gives as a dict, declared like the sections of
-`config_schema`: each reward-part kind's (at config.rewards.<name>) and each environment's (at
-config.environment.settings). `Group.resolve` fills in their defaults and checks every value for
-the modules that implement them (`verifiers.rewards`, `verifiers.judge`,
-`verifiers.reward_model_part`, `environments/*`), which hold no defaults or type checks of their
-own; `launch/train.py --help` and docs/config.md list them after the sections (`config_help`).
+`config_schema`: each reward-part kind's (at config.rewards.<name>), each task source kind's (at
+config.data.train / data.eval) and each environment's (at config.environment.settings).
+`Group.resolve` fills in their defaults and checks every value for the modules that implement
+them (`verifiers.rewards`, `verifiers.judge`, `verifiers.reward_model_part`, `data.tasks`,
+`environments/*`), which hold no defaults or type checks of their own; `launch/train.py --help`
+and docs/config.md list them after the sections (`config_help`).
 
 JAX-free, like the schema: the verifiers read their plain choice lists from here; the few names
 of a table that lives with its implementation are copies, each kept equal to it by a test.
@@ -16,7 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from reasoning_rl.config_schema import (COUNT, DTYPES, FRACTION, POSITIVE, REQUIRED, Field,
-                                        ManyOf, OneOf, Range, Shown, Text, checked, int_range)
+                                        ManyOf, OneOf, Range, Satisfies, Shown, Text, checked,
+                                        int_range)
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.plain_data import plain
 
@@ -24,20 +26,21 @@ from reasoning_rl.plain_data import plain
 @dataclasses.dataclass(frozen=True)
 class Group:
   """The settings of one pluggable choice, which a config gives as a dict: a reward part of kind
-  `choice` (at config.rewards.<name>) or the environment `choice` (at config.environment.settings).
+  `choice` (at config.rewards.<name>), a task source of kind `choice` (at config.data.train /
+  data.eval) or the environment `choice` (at config.environment.settings).
   Declared with `Field`s like a section; `resolve` fills in the defaults and checks every value
   against its declaration, so the implementing module holds no defaults or type checks of its
   own."""
 
-  path: str  # where the dict sits: "rewards.<name>" | "environment.settings"
-  choice: str  # the reward-part kind / environment name
+  path: str  # where the dict sits: "rewards.<name>" | "data.<train|eval>" | "environment.settings"
+  choice: str  # the reward-part kind / task source kind / environment name
   doc: str
   fields: tuple[Field, ...]
 
   @property
   def qualifier(self) -> str:
     """Which choice the settings belong to, as --help and docs/config.md head them."""
-    selector = "kind" if self.path.startswith("rewards.") else "environment.name"
+    selector = "environment.name" if self.path.startswith("environment.") else "kind"
     return f"({selector} = {self.choice})"
 
   @property
@@ -65,6 +68,7 @@ class Group:
     unknown = sorted(set(given) - set(names), key=str)
     if unknown:
       owner = (f"a {self.choice!r} reward part" if self.path.startswith("rewards.")
+               else f"task source kind {self.choice!r}" if self.path.startswith("data.")
                else f"environment {self.choice!r}")
       raise ConfigError(f"config.{field}.{unknown[0]}: not a setting of {owner}; its settings "
                         f"are {sorted(names)}")
@@ -235,5 +239,69 @@ ENVIRONMENTS: dict[str, Group] = {group.choice: group for group in (
     )),
 )}
 
+SYNTHETIC_OPS = ("+", "-", "*")  # data.tasks reads them from here
+
+
+def _operators(value) -> bool:
+  """A non-empty string or list of operators of SYNTHETIC_OPS ('+-' or ('+', '-'))."""
+  return (isinstance(value, (str, list, tuple)) and len(value) > 0
+          and all(isinstance(op, str) and op in SYNTHETIC_OPS for op in value))
+
+
+def _source_list(value) -> bool:
+  return isinstance(value, (list, tuple)) and len(value) > 0
+
+
+def _weights(value) -> bool:
+  """None, or positive finite numbers (one per source: the mixture checks the count)."""
+  return value is None or (isinstance(value, (list, tuple)) and all(
+      isinstance(w, (int, float)) and not isinstance(w, bool) and 0 < w < float("inf")
+      for w in value))
+
+
+_SEED = Field("seed", 0, "the source's seed (which examples, in which order)", int_range(0))
+_SOURCE_PATH = "data.<train|eval>"
+
+TASK_SOURCES: dict[str, Group] = {group.choice: group for group in (
+    Group(_SOURCE_PATH, "synthetic_arithmetic", "'a op b=' with single operands, generated (no "
+          "dependency; the debug task; reasoning_rl/data/tasks.py).", (
+        _SEED,
+        Field("max_operand", 9, "the largest operand", int_range(0)),
+        Field("ops", "+", "the operators drawn from",
+              Satisfies(_operators, "a non-empty string or list of operators from + - * "
+                        "(e.g. '+-')")),
+    )),
+    Group(_SOURCE_PATH, "reasoning_gym", "Any reasoning-gym dataset by name, with its own "
+          "checker.", (
+        Field("name", REQUIRED, "the dataset, e.g. 'basic_arithmetic'",
+              Text(r"(?s).+", "a reasoning-gym dataset name"), kind=str),
+        _SEED,
+        Field("size", 1000, "examples per epoch", COUNT),
+        Field("params", {}, "the dataset's own options",
+              Satisfies(lambda value: isinstance(value, dict), "a dict of the dataset's options")),
+    )),
+    Group(_SOURCE_PATH, "jsonl", "Rows of {prompt|question, answer, tests, task} from a JSONL "
+          "file.", (
+        Field("path", REQUIRED, "a local or gs:// file",
+              Text(r"(?s).+", "the path of a JSONL file"), kind=str),
+        Field("shuffle", False, "a new order each epoch"),
+        Field("seed", 0, "the shuffle's seed", int_range(0)),
+    )),
+    Group(_SOURCE_PATH, "mixture", "Several sources interleaved by weight.", (
+        Field("sources", REQUIRED, "the sources, each a dict with its kind and settings",
+              Satisfies(_source_list, "a non-empty list of source configs"), kind=list),
+        Field("weights", None, "one positive number per source (None = equal weights)",
+              Satisfies(_weights, "a list of positive numbers, one per source, or None"),
+              kind=list),
+    )),
+    Group(_SOURCE_PATH, "guess_number", "A secret integer in [low, high] (the guess_number "
+          "environment's task; reasoning_rl/environments/guess_number.py).", (
+        _SEED,
+        Field("low", 1, "the smallest secret", int_range()),
+        Field("high", 100, "the largest secret (above low)", int_range()),
+    )),
+)}
+
 # Every Group, in the order --help and docs/config.md list them.
-GROUPS: tuple[Group, ...] = tuple(REWARD_PARTS.values()) + tuple(ENVIRONMENTS.values())
+GROUPS: tuple[Group, ...] = (tuple(REWARD_PARTS.values()) + tuple(TASK_SOURCES.values())
+                             + tuple(ENVIRONMENTS.values()))

@@ -118,6 +118,21 @@ class ManyOf:
     return "a non-empty list of " + " | ".join(self.values)
 
 
+@dataclasses.dataclass(frozen=True)
+class Satisfies:
+  """A value `test` accepts, for the rules the other checks do not express (a list of source
+  configs, a string of operators); `wants` says which in words."""
+
+  test: Callable[[Any], bool]
+  wants: str
+
+  def problem(self, value) -> str | None:
+    return None if self.test(value) else f"must be {self.wants}"
+
+  def describe(self) -> str:
+    return self.wants
+
+
 class Shown:
   """A default that is not a value, shown in --help and docs/config.md by what it means."""
 
@@ -136,14 +151,15 @@ REQUIRED = Shown("(required)")
 class Field:
   """One config field. `kind`: the value's type where the default does not say it (a None
   default); `typed_none`: the None default is an ml_collections placeholder of `kind`, so
-  --config overrides parse as that type; `check`: a `Range`, a `OneOf`, a `Text`, a `ManyOf`, or
+  --config overrides parse as that type; `check`: a `Range`, a `OneOf`, a `Text`, a `ManyOf`, a
+  `Satisfies`, or
   None (free text, or a dict of settings checked where it is read: a task source's, or a reward
   part's / an environment's by its `Group`)."""
 
   name: str
   default: Any
   doc: str
-  check: Range | OneOf | Text | ManyOf | None = None
+  check: Range | OneOf | Text | ManyOf | Satisfies | None = None
   kind: type | None = None
   typed_none: bool = False
 
@@ -250,7 +266,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("data", "Prompts. A source: kind = a name of registry.TASK_SOURCES "
             "(synthetic_arithmetic | reasoning_gym | jsonl …) plus its settings.", (
         Field("train", dict(kind="synthetic_arithmetic", seed=0), "training prompt source "
-              "(its settings are checked by the source)"),
+              "(kind plus its settings, listed per kind after the sections)"),
         Field("eval", dict(kind="synthetic_arithmetic", seed=10_000), "held-out prompt source"),
         Field("template", "plain", "plain ({prompt}), chat (the tokenizer's chat template around "
               "data.instruction) or r1zero (DeepSeek-R1-Zero's text prompt)",

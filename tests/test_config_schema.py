@@ -137,7 +137,7 @@ def test_values_of_reads_each_sourced_field_from_the_config():
 def test_docs_config_md_is_generated_from_the_schema():
   written = (ROOT / "docs" / "config.md").read_text()
   assert written == config_help.markdown_table(), (
-      "docs/config.md is stale: python -m reasoning_rl.config_schema > docs/config.md")
+      "docs/config.md is stale: python -m reasoning_rl.config_help > docs/config.md")
 
 
 def test_launcher_help_lists_every_field_with_default_and_range():
@@ -173,7 +173,7 @@ def test_an_older_config_file_setting_a_retyped_field_fails_in_one_line(tmp_path
   assert "\n" not in str(error.value)
 
 
-# ------------------------------------------------------------------ reward parts and environments
+# ------------------------------------------------------ reward parts, task sources and environments
 
 # The defaults the reward parts and environments had before the schema held them, written out here
 # (not read back from the schema): a changed default fails.
@@ -204,6 +204,13 @@ DOCUMENTED_ENVIRONMENT_DEFAULTS = {
                     "verifier": "math", "extract": "final_answer", "answer_tag": "answer",
                     "verify_timeout_s": 5.0},
 }
+DOCUMENTED_SOURCE_DEFAULTS = {
+    "synthetic_arithmetic": {"seed": 0, "max_operand": 9, "ops": "+"},
+    "reasoning_gym": {"name": config_schema.REQUIRED, "seed": 0, "size": 1000, "params": {}},
+    "jsonl": {"path": config_schema.REQUIRED, "shuffle": False, "seed": 0},
+    "mixture": {"sources": config_schema.REQUIRED, "weights": None},
+    "guess_number": {"seed": 0, "low": 1, "high": 100},
+}
 # The settings a part of each kind needs besides its weight to be built at all.
 NEEDED = {"judge": {"model": "/judge"}, "reward_model": {"model": "/rm"},
           "length": {"cache_len": 16}}
@@ -216,6 +223,8 @@ def test_each_reward_part_and_environment_takes_its_settings_from_the_schema():
       DOCUMENTED_GROUP_DEFAULTS)
   assert {k: g.defaults() for k, g in config_groups.ENVIRONMENTS.items()} == (
       DOCUMENTED_ENVIRONMENT_DEFAULTS)
+  assert {k: g.defaults() for k, g in config_groups.TASK_SOURCES.items()} == (
+      DOCUMENTED_SOURCE_DEFAULTS)
   # every registered kind / environment reads exactly its declared group: none keeps a
   # settings table of its own
   assert set(registry.REWARD_PARTS.names()) == set(config_groups.REWARD_PARTS)
@@ -223,6 +232,11 @@ def test_each_reward_part_and_environment_takes_its_settings_from_the_schema():
     choice = registry.REWARD_PARTS.get(name)
     assert choice.impl.settings is config_groups.REWARD_PARTS[name], name
     assert choice.options == config_groups.REWARD_PARTS[name].names(), name
+  assert set(registry.TASK_SOURCES.names()) == set(config_groups.TASK_SOURCES)
+  for name in registry.TASK_SOURCES.names():
+    choice = registry.TASK_SOURCES.get(name)
+    assert choice.impl.settings is config_groups.TASK_SOURCES[name], name
+    assert choice.options == config_groups.TASK_SOURCES[name].names(), name
   assert set(registry.ENVIRONMENTS.names()) == set(config_groups.ENVIRONMENTS)
   for name in registry.ENVIRONMENTS.names():
     assert registry.ENVIRONMENTS.get(name).options == config_groups.ENVIRONMENTS[name].names()
@@ -257,9 +271,18 @@ def _group_cases():
   for kind, group in config_groups.REWARD_PARTS.items():
     for item in (config_groups.PART_WEIGHT,) + group.fields:
       yield "rewards", kind, item.name
+  for kind, group in config_groups.TASK_SOURCES.items():
+    for item in group.fields:
+      yield "data", kind, item.name
   for name, group in config_groups.ENVIRONMENTS.items():
     for item in group.fields:
       yield "environment", name, item.name
+
+
+# What a task source needs besides the setting under test.
+NEEDED_BY_SOURCES = {"reasoning_gym": {"name": "basic_arithmetic"},
+                     "jsonl": {"path": "/nonexistent.jsonl"},
+                     "mixture": {"sources": [{"kind": "synthetic_arithmetic"}]}}
 
 
 @pytest.mark.parametrize(("where", "choice", "setting"), list(_group_cases()))
@@ -272,6 +295,14 @@ def test_a_bad_value_of_every_group_setting_is_one_error_naming_the_dotted_field
     with pytest.raises(ConfigError) as error:
       RewardFunction({"probe": part})
     expected = f"config.rewards.probe.{setting}=<unusable>: "
+  elif where == "data":
+    from reasoning_rl import registry  # noqa: F401  (guess_number's source registers there)
+    from reasoning_rl.data.tasks import build_source
+
+    with pytest.raises(ConfigError) as error:
+      build_source({"kind": choice, **NEEDED_BY_SOURCES.get(choice, {}), setting: _Unusable()},
+                   field="data.train")
+    expected = f"config.data.train.{setting}=<unusable>: "
   else:
     from reasoning_rl.environments import build_environment
 

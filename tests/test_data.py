@@ -5,6 +5,7 @@ import json
 import ml_collections
 import pytest
 
+from reasoning_rl import registry  # noqa: F401  (every built-in task source, guess_number too)
 from reasoning_rl.data import debug_vocab, tasks, templates
 from reasoning_rl.data.tasks import Example, PromptStream, build_source
 from reasoning_rl.data.templates import PromptTemplate
@@ -146,7 +147,7 @@ def test_jsonl_bad_rows_name_file_line_and_field(tmp_path, line, message):
      "['synthetic_arithmetic', 'reasoning_gym', 'jsonl', 'mixture', "
      "'guess_number']"),
     (dict(seed=1), "config.data.train.kind=None"),
-    (dict(kind="reasoning_gym"), "config.data.train.name: missing"),
+    (dict(kind="reasoning_gym"), "config.data.train.name is missing; set it to a reasoning-gym"),
     (dict(kind="reasoning_gym", name="no_such_task"), "config.data.train.name='no_such_task'"),
     (dict(kind="reasoning_gym", name="basic_arithmetic", params=dict(min_terms=3, max_terms=2)),
      "config.data.train.params="),
@@ -154,7 +155,7 @@ def test_jsonl_bad_rows_name_file_line_and_field(tmp_path, line, message):
     (dict(kind="synthetic_arithmetic", max_operands=9), "config.data.train.max_operands: not a"),
     (dict(kind="synthetic_arithmetic", ops="/"), "config.data.train.ops='/'"),
     (dict(kind="synthetic_arithmetic", seed="0"), "config.data.train.seed='0'"),
-    (dict(kind="jsonl"), "config.data.train.path: missing"),
+    (dict(kind="jsonl"), "config.data.train.path is missing; set it to the path of a JSONL"),
     (dict(kind="jsonl", path="/no/such.jsonl"), "config.data.train.path='/no/such.jsonl'"),
     (dict(kind="mixture", sources=[]), "config.data.train.sources=[]"),
     (dict(kind="mixture", sources=[dict(kind="synthetic_arithmetic", sed=1)]),

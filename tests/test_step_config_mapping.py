@@ -2,7 +2,9 @@
 other: each is set, alone, to another value its declaration accepts, and the built StepConfig is
 compared with the one from the unchanged config (a swap of b1 and b2, or a field read under the
 wrong name, fails here). The fields come from StepConfig's own `sourced` declarations and the
-values from the schema's: nothing here repeats the mapping."""
+values from the schema's: nothing here repeats the mapping. (That each sourced field carries its
+config field's name, so that a b1 / b2 swap in the declarations fails, is
+test_config_schema.test_typed_views_share_the_schema_names_and_defaults.)"""
 
 import dataclasses
 
@@ -78,14 +80,6 @@ def test_each_field_reaches_its_step_field_and_no_other(field):
   changed = {k: v for k, v in dataclasses.asdict(step_config(config)).items()
              if v != baseline[k]}
   assert changed == {target: expected}
-
-
-def test_a_sourced_field_has_its_config_fields_name():
-  """StepConfig's `sourced` fields ARE the config fields of that name: a declaration that read
-  another field (b1 from optim.b2) would pass the test above, since it reads the same
-  declarations, and fails here."""
-  assert {dotted: name for dotted, name in SOURCED.items()
-          if name != dotted.split(".")[-1]} == {}
 
 
 def test_every_algo_and_optim_field_reaches_the_step_or_says_why_not():

@@ -22,17 +22,16 @@ import fractions
 import importlib.metadata
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from reasoning_rl import registries
-from reasoning_rl import storage
+from reasoning_rl import config_groups, registries, storage
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.plain_data import plain
 
-SYNTHETIC_OPS = ("+", "-", "*")
+SYNTHETIC_OPS = config_groups.SYNTHETIC_OPS  # declared with the setting that names them
 MAX_MIXTURE_PERIOD = 100_000
 _JSONL_KNOWN_FIELDS = ("prompt", "question", "answer", "tests", "task", "metadata", "uid", "id")
 
@@ -334,6 +333,34 @@ class MixtureSource:
 # ----------------------------------------------------------------------------- building
 
 
+@dataclasses.dataclass(frozen=True)
+class TaskSourceKind:
+  """A kind of task source, as registered in `registries.TASK_SOURCES`.
+
+  settings: every setting the kind accepts, declared in the schema (`config_groups.Group`:
+    default, meaning, accepted values); a config names `kind` and what differs.
+  build(values, field) -> TaskSource: the source of the resolved settings (defaults filled in,
+    each checked); it checks what the declarations cannot say (one setting against another, a
+    file that must exist) and raises ConfigError naming `config.<field>.<setting>`.
+  """
+
+  settings: config_groups.Group
+  build: Callable[[dict[str, Any], str], TaskSource]
+
+
+def register_source(kind: str, summary: str):
+  """Decorator: registers `build(values, field) -> TaskSource` as task source `kind`, whose
+  settings are `config_groups.TASK_SOURCES[kind]`."""
+
+  def add(build):
+    settings = config_groups.TASK_SOURCES[kind]
+    registries.TASK_SOURCES.add(kind, TaskSourceKind(settings, build), summary=summary,
+                                options=settings.names())
+    return build
+
+  return add
+
+
 def build_source(source_config: Any, *, field: str = "data") -> TaskSource:
   """The source a config describes: `kind` plus that kind's settings (module docstring).
 
@@ -350,80 +377,41 @@ def build_source(source_config: Any, *, field: str = "data") -> TaskSource:
   if not isinstance(settings, dict):
     raise ConfigError(f"config.{field}={settings!r}: must be a dict with 'kind' and its settings")
   kind = settings.pop("kind", None)
-  choice = registries.TASK_SOURCES.get(kind, field=f"{field}.kind")
-  unknown = sorted(set(settings) - set(choice.options))
-  if unknown:
-    raise ConfigError(f"config.{field}.{unknown[0]}: not a setting of kind {kind!r}; its settings "
-                      f"are {list(choice.options)}")
-
-  def get(name, types, default=dataclasses.MISSING, *, check=lambda v: True, hint=""):
-    if name not in settings:
-      if default is dataclasses.MISSING:
-        raise ConfigError(f"config.{field}.{name}: missing; kind {kind!r} needs it ({hint})")
-      return default
-    value = settings[name]
-    if isinstance(value, bool) and bool not in types or not isinstance(value, types) \
-        or not check(value):
-      raise ConfigError(f"config.{field}.{name}={value!r}: {hint}")
-    return value
-
-  return choice.impl(get, settings, field)
+  source = registries.TASK_SOURCES.get(kind, field=f"{field}.kind").impl
+  return source.build(source.settings.resolve(settings, field=field), field)
 
 
-# Each kind: (get, settings, field) -> TaskSource, where get(name, types, default, *, check,
-# hint) reads one setting and raises ConfigError naming config.<field>.<name>.
-_NON_NEGATIVE = dict(check=lambda v: v >= 0, hint="must be an integer >= 0")
+@register_source("synthetic_arithmetic", summary="a op b with single operands up to "
+                 "max_operand, generated (no dependency; the debug task)")
+def _synthetic_arithmetic(values, field) -> TaskSource:
+  del field
+  return SyntheticArithmeticSource(seed=values["seed"], max_operand=values["max_operand"],
+                                   ops=tuple(dict.fromkeys(values["ops"])))
 
 
-@registries.TASK_SOURCES.register(
-    "synthetic_arithmetic", summary="a op b with single operands up to max_operand, generated "
-    "(no dependency; the debug task)", options=("seed", "max_operand", "ops"))
-def _synthetic_arithmetic(get, settings, field) -> TaskSource:
-  ops = get("ops", (str, list, tuple), "+",
-            hint=f"a string or list of operators from {SYNTHETIC_OPS}, e.g. '+-'")
-  ops = tuple(ops)
-  if not ops or any(op not in SYNTHETIC_OPS for op in ops):
-    raise ConfigError(f"config.{field}.ops={settings['ops']!r}: operators must come from "
-                      f"{SYNTHETIC_OPS}, e.g. '+' or ('+', '-')")
-  return SyntheticArithmeticSource(seed=get("seed", (int,), 0, **_NON_NEGATIVE),
-                                   max_operand=get("max_operand", (int,), 9, **_NON_NEGATIVE),
-                                   ops=tuple(dict.fromkeys(ops)))
+@register_source("reasoning_gym", summary="any reasoning-gym dataset by name, with its own "
+                 "checker")
+def _reasoning_gym(values, field) -> TaskSource:
+  return ReasoningGymSource(values["name"], seed=values["seed"], size=values["size"],
+                            params=values["params"], field=field)
 
 
-@registries.TASK_SOURCES.register(
-    "reasoning_gym", summary="any reasoning-gym dataset by name, with its own checker",
-    options=("name", "seed", "size", "params"))
-def _reasoning_gym(get, settings, field) -> TaskSource:
-  del settings
-  return ReasoningGymSource(
-      get("name", (str,), hint="a reasoning-gym dataset name, e.g. 'basic_arithmetic'"),
-      seed=get("seed", (int,), 0, **_NON_NEGATIVE),
-      size=get("size", (int,), 1000, check=lambda v: v >= 1, hint="must be an integer >= 1"),
-      params=get("params", (dict,), {}, hint="a dict of the dataset's options"), field=field)
+@register_source("jsonl", summary="rows of {prompt|question, answer, tests, task} from a JSONL "
+                 "file")
+def _jsonl(values, field) -> TaskSource:
+  return JsonlSource(values["path"], shuffle=values["shuffle"], seed=values["seed"], field=field)
 
 
-@registries.TASK_SOURCES.register(
-    "jsonl", summary="rows of {prompt|question, answer, tests, task} from a JSONL file",
-    options=("path", "shuffle", "seed"))
-def _jsonl(get, settings, field) -> TaskSource:
-  del settings
-  return JsonlSource(get("path", (str,), hint="the path of a JSONL file"),
-                     shuffle=get("shuffle", (bool,), False, hint="must be True or False"),
-                     seed=get("seed", (int,), 0, **_NON_NEGATIVE), field=field)
-
-
-@registries.TASK_SOURCES.register(
-    "mixture", summary="several sources interleaved by weight", options=("sources", "weights"))
-def _mixture(get, settings, field) -> TaskSource:
-  del settings
-  sources = get("sources", (list, tuple), check=lambda v: len(v) > 0,
-                hint="a non-empty list of source configs")
-  built = [build_source(s, field=f"{field}.sources[{i}]") for i, s in enumerate(sources)]
-  weights = get("weights", (list, tuple), [1.0] * len(built),
-                check=lambda v: len(v) == len(built) and all(
-                    isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0
-                    and math.isfinite(w) for w in v),
-                hint=f"one positive number per source ({len(built)})")
+@register_source("mixture", summary="several sources interleaved by weight")
+def _mixture(values, field) -> TaskSource:
+  built = [build_source(s, field=f"{field}.sources[{i}]")
+           for i, s in enumerate(values["sources"])]
+  weights = values["weights"]
+  if weights is None:
+    weights = [1.0] * len(built)
+  elif len(weights) != len(built):  # the declaration checks each; the count is the sources'
+    raise ConfigError(f"config.{field}.weights={list(weights)!r}: one positive number per "
+                      f"source ({len(built)})")
   return MixtureSource(built, weights, field=field)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from reasoning_rl import config_groups, registries
+from reasoning_rl.data import tasks
 from reasoning_rl.data.tasks import Example
 from reasoning_rl.environments.base import Turn
 from reasoning_rl.errors import ConfigError
@@ -64,16 +65,13 @@ class GuessNumberSource:
                                         "source_index": index})
 
 
-@registries.TASK_SOURCES.register(
-    TASK, summary="find a secret integer in [low, high] by guessing (the guess_number "
-    "environment's task)", options=("seed", "low", "high"))
-def _guess_number_source(get, settings, field) -> GuessNumberSource:
-  del settings
-  low = get("low", (int,), 1, hint="must be an integer")
-  high = get("high", (int,), 100, check=lambda v: v > low,
-             hint=f"must be an integer above low ({low})")
-  return GuessNumberSource(seed=get("seed", (int,), 0, check=lambda v: v >= 0,
-                                    hint="must be an integer >= 0"), low=low, high=high)
+@tasks.register_source(TASK, summary="find a secret integer in [low, high] by guessing (the "
+                       "guess_number environment's task)")
+def _guess_number_source(values, field) -> GuessNumberSource:
+  if values["high"] <= values["low"]:  # one setting against another: the declarations cannot
+    raise ConfigError(f"config.{field}.high={values['high']!r}: must be an integer above low "
+                      f"({values['low']})")
+  return GuessNumberSource(seed=values["seed"], low=values["low"], high=values["high"])
 
 
 class GuessNumberEnvironment:
