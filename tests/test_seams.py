@@ -26,7 +26,7 @@ from reasoning_rl.sampler.api import CallUsage, Completion, DecodeUsage
 from reasoning_rl.verifiers.rewards import CompletionRecord, RewardFunction, _route
 from tests.conftest import REPO
 from tests.support import rollouts
-from tests.test_import_graph import import_edges
+from tests.support.import_graph import import_edges
 
 
 def _debug_config():
