@@ -242,6 +242,27 @@ def test_truncated_logprobs_gradient_is_the_truncated_score_function():
   np.testing.assert_allclose(grad, (np.eye(LOGITS.size)[1] - probs) / t, atol=1e-6)
 
 
+def test_a_rows_kept_set_does_not_depend_on_the_other_rows_of_its_call(monkeypatch):
+  """A row the prefix settles takes the prefix's threshold even when another row of the call
+  needs the full sort. The sort is replaced by one that keeps nothing, so the test does not rest
+  on where the two paths happen to round apart on this CPU (they do in ~2 of 10,000 rows)."""
+  from reasoning_rl.sampler import sampling
+
+  rng = np.random.default_rng(5)
+  vocab = 1000
+  peaked = rng.normal(0, 3.0, vocab).astype(np.float32)  # the prefix holds its top-p set
+  flat = rng.normal(0, 0.01, vocab).astype(np.float32)  # its top-p set outgrows the prefix
+  alone = np.asarray(sampling.truncation_threshold(
+      jnp.asarray(peaked[None]), jnp.array([0.9]), jnp.array([0]), jnp.zeros(1)))
+  monkeypatch.setattr(sampling, "_top_k_top_p_threshold",
+                      lambda s, p, k: jnp.full(s.shape[:-1] + (1,), jnp.inf, s.dtype))
+  both = np.asarray(sampling.truncation_threshold(
+      jnp.asarray(np.stack([peaked, flat])), jnp.array([0.9, 0.9]), jnp.array([0, 0]),
+      jnp.zeros(2)))
+  assert both[0] == alone[0] and np.isfinite(both[0]).all()
+  assert np.isinf(both[1]).all()  # the flat row did take the (replaced) sort
+
+
 @pytest.mark.parametrize("scale", [0.3, 3.0])  # flat rows overflow the prefix, peaked ones fit
 def test_the_prefix_threshold_equals_the_full_sort(scale):
   """`truncation_threshold` reads the PREFIX largest values and sorts only rows that need it;

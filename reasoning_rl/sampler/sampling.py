@@ -166,16 +166,25 @@ def truncation_threshold(scaled: jax.Array, top_p: jax.Array, top_k: jax.Array,
   """[..., 1]: a token is kept iff its temperature-scaled logit is ≥ this threshold (top-k, then
   top-p, then min-p, module docstring). scaled [..., V]; top_p, top_k, min_p [...].
 
-  Top-k / top-p read the PREFIX largest values (lax.top_k) and fall back to a full sort only when
-  a row's kept set does not fit in them; both are skipped (lax.cond) when no row uses either
+  Top-k / top-p read the PREFIX largest values (lax.top_k) and fall back to a full sort only for
+  a row whose kept set does not fit in them; both are skipped (lax.cond) when no row uses either
   filter. Min-p needs only the row maximum. Ties with the threshold are kept, as in the filters
   themselves.
+
+  Each row's threshold comes from its own path: the prefix's when the prefix settles the row,
+  the sort's otherwise. The two round differently (a normaliser over the row against a softmax
+  of the sorted row), so taking one path for the whole call when any row needed the sort made a
+  row's kept set depend on the other rows of its call (a top-p row next to a flat one kept
+  another set in about 2 of 10,000 rows), which the truncated ratio's recomputation in another
+  batch could not reproduce.
   """
   def top_k_top_p(s, p, k):
     threshold, resolved = _prefix_threshold(s, p, k)
-    # a full sort only when some row's kept set outgrows the prefix (a flat distribution)
-    return jax.lax.cond(jnp.all(resolved), lambda: threshold,
-                        lambda: _top_k_top_p_threshold(s, p, k))
+    # the full sort runs only when some row's kept set outgrows the prefix (a flat distribution),
+    # and only those rows take its threshold
+    return jax.lax.cond(
+        jnp.all(resolved), lambda: threshold,
+        lambda: jnp.where(resolved[..., None], threshold, _top_k_top_p_threshold(s, p, k)))
 
   needs_sort = jnp.any((top_p < 1.0) | (top_k > 0))
   threshold = jax.lax.cond(
