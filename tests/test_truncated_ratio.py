@@ -381,3 +381,23 @@ def test_the_kl_to_the_reference_compares_full_softmax_with_full_softmax():
   scale = max(np.abs(g).max() for g in without_kl)
   for a, b in zip(with_kl, without_kl, strict=True):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
+
+
+def test_a_sampled_token_outside_the_kept_set_gets_its_share_of_the_set_plus_itself():
+  """docs/off_policy.md: the rebuild keeps every sampled token. One that truly left the kept set
+  (after updates that shrank it) is given its probability within S ∪ {y}, not 0: the value is
+  pinned here against a hand computation, so that the documented limit is the code's."""
+  logits = np.array([3.0, 2.0, 0.5, -1.0, -2.0], np.float32)  # T = 1, top-p 0.8 keeps {0, 1}
+  probs = np.exp(logits) / np.exp(logits).sum()
+  assert probs[0] + probs[1] > 0.8 and probs[0] < 0.8  # the set is exactly {0, 1}
+  target = 3  # sampled by an older policy, outside this one's set
+  got = float(truncated_logprobs(jnp.asarray(logits), jnp.array(target), jnp.array(1.0),
+                                 jnp.array(0.8), jnp.array(0), jnp.array(0.0)))
+  kept = logits[[0, 1, target]].astype(np.float64)
+  expected = logits[target] - np.log(np.exp(kept).sum())
+  assert got == pytest.approx(expected, abs=1e-6)
+  # a token inside the set: its share of the set alone
+  inside = float(truncated_logprobs(jnp.asarray(logits), jnp.array(1), jnp.array(1.0),
+                                    jnp.array(0.8), jnp.array(0), jnp.array(0.0)))
+  assert inside == pytest.approx(logits[1] - np.log(np.exp(logits[:2].astype(np.float64)).sum()),
+                                 abs=1e-6)
