@@ -119,8 +119,10 @@ def test_paged_engine_decodes_latent_attention_as_the_contiguous_one():
   assert paged.kernel == "gather"
   ours = generate_groups(paged, prompts, **kwargs)
   assert [c.completion_ids for c in ours] == [c.completion_ids for c in reference]
+  # two compiled decode programs, not bit-identical on every CPU (test_paged_kv's
+  # assert_same_completions says why 2e-5: ~97 · 6e-8 of log-softmax rounding alone)
   for a, b in zip(ours, reference):
-    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-6)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
   with pytest.raises(ConfigError, match="kv_page_kernel='pallas_tpu'"):
     PagedEngine(model, page_size=4, kernel="pallas_tpu", **sizes)
 
@@ -196,6 +198,7 @@ def test_router_matches_a_per_token_reference():
   assert np.all(np.asarray(stats.experts) // per_group == np.asarray(stats.experts)[..., :1]
                 // per_group)  # one group per token
   replayed, _ = layer(jnp.asarray(x), jnp.ones((2, 12), bool), stats.own_experts, replay=True)
+  # exact: replaying a layer's own choice is the identity (what replay promises, see above)
   np.testing.assert_array_equal(np.asarray(replayed), np.asarray(out))
   # the router's distribution over experts (statistics, auxiliary losses): sigmoid scores
   # normalised to sum 1

@@ -87,7 +87,7 @@ def test_packed_sequences_compute_what_they_compute_alone():
     n = batch["completion_mask"][row].sum()
     np.testing.assert_allclose(logprobs[slot, :n], padded_logprobs[row, :n], atol=2e-5)
     np.testing.assert_allclose(entropy[slot, :n], padded_entropy[row, :n], atol=2e-5)
-    assert (logprobs[slot, n:] == 0).all()
+    assert (logprobs[slot, n:] == 0).all()  # exact: past a sequence's end is masked, not computed
 
 
 STEP_CASES = {

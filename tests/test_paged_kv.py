@@ -36,7 +36,12 @@ def paged_engines(model):
   return {size: PagedEngine(model, page_size=size, **SIZES) for size in (4, 16)}
 
 
-def assert_same_completions(ours, reference, atol=2e-6):
+def assert_same_completions(ours, reference, atol=2e-5):
+  # Two compiled decode programs (pages gathered or a contiguous cache): not bit-identical on
+  # every CPU (an AVX2 EPYC's paged π_old rounded unlike the contiguous one's, test_trainer).
+  # A log-softmax over 97 logits of size ~1-6 rounds by up to ~97 · 6e-8 ≈ 6e-6, so 2e-6 was
+  # below float32's own slack (0 here); 2e-5 is the bound of this file's other paged-vs-contiguous
+  # checks. A stale page entry read (k_pos off by one) moves log-probs by > 1e-3.
   assert [c.completion_ids for c in ours] == [c.completion_ids for c in reference]
   assert [c.finish_reason for c in ours] == [c.finish_reason for c in reference]
   for a, b in zip(ours, reference):
