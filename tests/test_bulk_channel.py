@@ -147,7 +147,7 @@ def test_sampler_only_processes_resume_from_summarized_queued_batches():
   assert queued.rollouts.group_rewards().tolist() == [[0.0, 1.0], [1.0, 1.0]]
   assert {k: v.tolist() for k, v in queued.rollouts.parts.items()} == {
       "correct": [0.0, 1.0, 1.0, 1.0]}
-  assert queued.rollouts.completion_ids.values.size == 0 and queued.rollouts.responses == ("",) * 4
+  assert queued.rollouts.completion_ids is None and queued.rollouts.responses is None
 
 
 def test_files_on_gcs_round_trip_and_are_cleared(tmp_path, monkeypatch):

@@ -110,11 +110,12 @@ def test_a_stop_inside_one_replicas_sampling_interrupts_every_process(monkeypatc
   from reasoning_rl.errors import PhaseInterrupted
   from reasoning_rl.loop.rollouts import RolloutCollector, ShardedCollector
   from reasoning_rl.multihost.cluster import Cluster
+  from reasoning_rl.rl.rollout_columns import RolloutColumns
 
   def collect(self, share, **kwargs):
     if self.cluster.topology.process_index == 3:
       raise PhaseInterrupted("sampling stopped on request after 2 decode calls")
-    return [], 0.1, 0.0
+    return RolloutColumns.empty(2), 0.1, 0.0
 
   monkeypatch.setattr(RolloutCollector, "collect", collect)
 

@@ -19,7 +19,7 @@ Three extents, and one column per quantity:
   completion tokens) and PPO's per-token advantages (`token_advantages`, the step's output).
 
 Columns a run does not have are None (no routing for a dense model, no loss mask when every token
-is the model's). Numbers are held at the precision the batch and the metrics read them in:
+is the model's; a `summary` keeps only what the loop decides on). Numbers are held at the precision the batch and the metrics read them in:
 rewards and parts float64 (as the verifiers return them), log-probs float32 (as the sampler
 computes them).
 """
@@ -105,18 +105,18 @@ class RolloutColumns:
   group_size: int
   data_position: np.ndarray  # [N] int64
   status: tuple[str, ...]  # [N]: ok | timeout | error (then every reward is 0)
-  prompt_tokens: Ragged  # [N] int32
+  prompt_tokens: Ragged | None  # [N] int32 (None: a summary, as below)
   sampling: dict[str, np.ndarray] | None  # SAMPLING_FIELDS -> [N]; None: not recorded
   rewards: np.ndarray  # [S] float64, the total reward
   parts: dict[str, np.ndarray]  # reward part -> [S] float64, unweighted
-  truncated: np.ndarray  # [S] bool
-  responses: tuple[str, ...]  # [S], the text the verifiers read
+  truncated: np.ndarray | None  # [S] bool
+  responses: tuple[str, ...] | None  # [S], the text the verifiers read
   episodes: tuple[dict, ...] | None  # [S] multi-turn: {"turns", "episode_end", "environment_parts"}
-  completion_ids: Ragged  # [S] int32
-  logprobs: Ragged  # [S] float32, the model's unscaled distribution
-  sampling_logprobs: Ragged  # [S] float32, the distribution drawn from (= logprobs untruncated)
+  completion_ids: Ragged | None  # [S] int32
+  logprobs: Ragged | None  # [S] float32, the model's unscaled distribution
+  sampling_logprobs: Ragged | None  # [S] float32, the distribution drawn from (= logprobs)
   loss_mask: Ragged | None  # [S] int32: 0 at an episode's observation tokens; None: all 1
-  token_versions: Ragged  # [S] int64, the policy version that drew each token
+  token_versions: Ragged | None  # [S] int64, the policy version that drew each token
   experts: Ragged | None  # [S] over prompt + completion tokens, [.., L_sparse, k] (MoE)
   advantages: np.ndarray | None = None  # [S] float32, the advantage stage's
   token_advantages: Ragged | None = None  # [S] float32, PPO's per-token advantages (the step's)
@@ -275,39 +275,39 @@ class RolloutColumns:
   def summary(self) -> "RolloutColumns":
     """The groups as sampler-only processes of a split run hold them: what every process's loop
     decides on (data positions, scoring status, rewards for dynamic sampling, the `correct` part
-    for the pass / fail fractions), without tokens, log-probs or text. Those processes never
-    build a batch (they do not train), so they are spared reading the bulk (multihost.bulk)."""
-    empty = RolloutColumns.empty(self.group_size)
-    no_tokens = [[]] * self.num_samples
-    return dataclasses.replace(
-        empty, data_position=self.data_position, status=self.status,
-        prompt_tokens=Ragged.from_rows([[]] * self.num_groups, np.int32), rewards=self.rewards,
-        parts={k: v for k, v in self.parts.items() if k == "correct"},
-        truncated=self.truncated, responses=("",) * self.num_samples,
-        completion_ids=Ragged.from_rows(no_tokens, np.int32),
-        logprobs=Ragged.from_rows(no_tokens, np.float32),
-        sampling_logprobs=Ragged.from_rows(no_tokens, np.float32),
-        token_versions=Ragged.from_rows(no_tokens, np.int64))
+    for the pass / fail fractions) and nothing else — no tokens, log-probs or texts (those columns
+    are None). Those processes never build a batch (they do not train), so they are spared
+    reading the bulk (multihost.bulk), and the summary travels in the exchange's small messages."""
+    return RolloutColumns(
+        group_size=self.group_size, data_position=self.data_position, status=self.status,
+        prompt_tokens=None, sampling=None, rewards=self.rewards,
+        parts={k: v for k, v in self.parts.items() if k == "correct"}, truncated=None,
+        responses=None, episodes=None, completion_ids=None, logprobs=None,
+        sampling_logprobs=None, loss_mask=None, token_versions=None, experts=None)
 
   # ------------------------------------------------------------------------------ serialisation
 
   def to_json(self) -> dict:
-    """The record as JSON: arrays as dtype, shape and base64 bytes (exact, and a tenth of the
-    size of number lists), texts and episodes as they are."""
+    """The record as JSON: token columns as dtype, shape and base64 bytes (exact, and a quarter
+    of the size of number lists), the per-group and per-sample columns as dtype and a number list
+    (exact too: a float's repr reads back to the same value; a few numbers, which compress well in
+    the exchange's messages, `summary`), texts and episodes as they are."""
     out: dict[str, Any] = {"format_version": ROLLOUT_COLUMNS_FORMAT_VERSION,
                            "group_size": self.group_size}
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
       if field.name == "group_size":
         continue
-      if value is None or isinstance(value, tuple):
-        out[field.name] = None if value is None else list(value)
+      if value is None:  # a column the record does not have: left out (read back as None)
+        continue
+      if isinstance(value, tuple):
+        out[field.name] = list(value)
       elif isinstance(value, Ragged):
         out[field.name] = value.to_json()
       elif isinstance(value, dict):
-        out[field.name] = {k: array_to_json(v) for k, v in value.items()}
+        out[field.name] = {k: _column_to_json(v) for k, v in value.items()}
       else:
-        out[field.name] = array_to_json(value)
+        out[field.name] = _column_to_json(value)
     return out
 
   @classmethod
@@ -326,11 +326,11 @@ class RolloutColumns:
       elif field.name in ("status", "responses", "episodes"):
         fields[field.name] = tuple(value)
       elif field.name in ("sampling", "parts"):
-        fields[field.name] = {k: array_from_json(v) for k, v in value.items()}
+        fields[field.name] = {k: _column_from_json(v) for k, v in value.items()}
       elif field.name == "prompt_tokens" or field.name in TOKEN_COLUMNS:
         fields[field.name] = Ragged.from_json(value)
       else:
-        fields[field.name] = array_from_json(value)
+        fields[field.name] = _column_from_json(value)
     return cls(**fields)
 
   @classmethod
@@ -350,6 +350,15 @@ class RolloutColumns:
           int(position), completions, responses, status=status, rewards=rewards,
           sampling=None if sampling is None else _LegacySampling(sampling)))
     return cls.concat(parts, group_size=len(items[0][1]["rewards"]) if items else 0)
+
+
+def _column_to_json(values: np.ndarray) -> dict:
+  """A per-group or per-sample column: its dtype and its values as a list."""
+  return {"dtype": values.dtype.name, "values": values.tolist()}
+
+
+def _column_from_json(item: dict) -> np.ndarray:
+  return np.array(item["values"], np.dtype(item["dtype"]))
 
 
 @dataclasses.dataclass(frozen=True)
