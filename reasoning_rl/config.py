@@ -126,6 +126,12 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "exact rollouts verify single-turn completions; multi-turn episodes "
           f"(environment.name={config.environment.name!r}) are not covered: set "
           "rollout.exact_logprobs=False")
+  require(not (r.exact_logprobs and config.lora.rank > 0
+              and config.lora.sampler_weights == "merged"), "lora.sampler_weights",
+          "exact rollouts (rollout.exact_logprobs) stand the sampler's log-probs in for the "
+          "trainer's π_old, which needs the sampler to compute with the trainer's weights; "
+          "merged ones (the adapters folded into the base, rounded in the compute dtype) are "
+          "another policy: set lora.sampler_weights='adapters', or rollout.exact_logprobs=False")
   require(not (config.algo.routing_replay and config.environment.name), "algo.routing_replay",
           "multi-turn episodes append the environment's tokens without recording their "
           f"routing (environment.name={config.environment.name!r}), so there is nothing to "

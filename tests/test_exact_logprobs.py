@@ -213,6 +213,14 @@ def test_exact_mode_refuses_what_it_does_not_cover():
     from reasoning_rl import config as config_lib
     config_lib.validate(debug_config(**{"rollout.exact_logprobs": True,
                                         "environment.name": "guess_number"}), num_devices=8)
+  from reasoning_rl import config as config_lib
+
+  lora = {"rollout.exact_logprobs": True, "lora.rank": 4}
+  with pytest.raises(ConfigError, match=r"config\.lora\.sampler_weights='merged': exact rollouts "
+                                        r".*set lora\.sampler_weights='adapters'"):
+    config_lib.validate(debug_config(**lora, **{"lora.sampler_weights": "merged"}),
+                        num_devices=8)
+  config_lib.validate(debug_config(**lora), num_devices=8)  # adapters: the trainer's weights
 
 
 def test_smollm2_exact_logprobs_are_batch_invariant(smollm2):
