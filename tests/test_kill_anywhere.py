@@ -1,6 +1,7 @@
 """A SIGKILL at any moment of a step, then a rerun, gives the metrics of the uninterrupted run:
-killed mid-generation, while sampling ahead (asynchronous rollouts) and while the verifier
-workers still hold groups (tests/kill_point.py kills the process at that point). What was in
+killed mid-generation, while sampling ahead (asynchronous rollouts), while the verifier workers
+still hold groups, while the update computes, inside the weight sync and while a checkpoint is
+written (tests/kill_point.py kills the process at that point). What was in
 flight is either in the checkpoint (batches sampled ahead, partial rollouts' samples) or redone
 from it: completions depend only on (seed, data position, sample index) and the weights, and
 the weights and data position are the checkpoint's."""
@@ -47,6 +48,22 @@ def test_killed_while_sampling_ahead(async_run, tmp_path):
   resumed = killed_then_resumed(tmp_path, "generate", 2, *SHORT, *ASYNC)
   assert stable(resumed) == stable(async_run)
   assert [r["policy_lag"] for r in resumed] == [0, 1, 1, 1]
+
+
+def test_killed_while_the_update_computes(sync_run, tmp_path):
+  # step 4's update of version 3 is running; the checkpoint holds step 2
+  assert stable(killed_then_resumed(tmp_path, "train", 3, *SHORT)) == stable(sync_run)
+
+
+def test_killed_inside_the_weight_sync(sync_run, tmp_path):
+  # the sampler already holds version 4, the loop has not counted it: step 4 is redone from 2
+  assert stable(killed_then_resumed(tmp_path, "sync", 3, *SHORT)) == stable(sync_run)
+
+
+def test_killed_while_a_checkpoint_is_written(sync_run, tmp_path):
+  """Step 4's row is written and its save started: the rerun resumes from whichever checkpoint
+  is complete (step 2, or 4 where Orbax's write finished first) and ends with the same rows."""
+  assert stable(killed_then_resumed(tmp_path, "checkpoint", 4, *SHORT)) == stable(sync_run)
 
 
 def test_killed_after_time_based_checkpoints(sync_run, tmp_path):
