@@ -93,7 +93,8 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "no speed; use weight_dtype=float32, or dtype=bfloat16 as well")
   from reasoning_rl.lora import LoraSettings  # pylint: disable=import-outside-toplevel
 
-  LoraSettings.from_config(config).validate()
+  lora = LoraSettings.from_config(config)
+  lora.validate()
   r = config.rollout
   from reasoning_rl import registry  # pylint: disable=import-outside-toplevel
 
@@ -126,8 +127,8 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "exact rollouts verify single-turn completions; multi-turn episodes "
           f"(environment.name={config.environment.name!r}) are not covered: set "
           "rollout.exact_logprobs=False")
-  require(not (r.exact_logprobs and config.lora.rank > 0
-              and config.lora.sampler_weights == "merged"), "lora.sampler_weights",
+  require(not (r.exact_logprobs and lora.enabled and lora.sampler_weights == "merged"),
+          "lora.sampler_weights",
           "exact rollouts (rollout.exact_logprobs) stand the sampler's log-probs in for the "
           "trainer's π_old, which needs the sampler to compute with the trainer's weights; "
           "merged ones (the adapters folded into the base, rounded in the compute dtype) are "

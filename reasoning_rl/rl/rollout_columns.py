@@ -27,6 +27,7 @@ computes them).
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -90,9 +91,9 @@ class Ragged:
     return cls(array_from_json(item["values"]), np.array(item["lengths"], np.int64))
 
 
-# Column names by extent (the order `to_json` writes them in).
+# The columns with one entry per group (`take_groups`), and those ragged over each sample's
+# tokens (`from_json`); every other column has one entry per sample.
 GROUP_COLUMNS = ("data_position", "status", "prompt_tokens", "sampling")
-SAMPLE_COLUMNS = ("rewards", "parts", "truncated", "responses", "episodes", "advantages")
 TOKEN_COLUMNS = ("completion_ids", "logprobs", "sampling_logprobs", "loss_mask",
                  "token_versions", "experts", "token_advantages")
 
@@ -342,13 +343,14 @@ class RolloutColumns:
       size = len(fields["rewards"])
       completions = [_LegacySample(fields, s, turns[0][s] if turns else None)
                      for s in range(size)]
-      rewards = [_LegacyReward(fields["rewards"][s],
-                               {k: v[s] for k, v in fields["parts"].items()})
+      # what of_group reads of a Reward and of SamplingParams
+      rewards = [types.SimpleNamespace(total=fields["rewards"][s],
+                                       parts={k: v[s] for k, v in fields["parts"].items()})
                  for s in range(size)]
       sampling = fields.get("sampling")
       parts.append(cls.of_group(
           int(position), completions, responses, status=status, rewards=rewards,
-          sampling=None if sampling is None else _LegacySampling(sampling)))
+          sampling=None if sampling is None else types.SimpleNamespace(**sampling)))
     return cls.concat(parts, group_size=len(items[0][1]["rewards"]) if items else 0)
 
 
@@ -359,18 +361,6 @@ def _column_to_json(values: np.ndarray) -> dict:
 
 def _column_from_json(item: dict) -> np.ndarray:
   return np.array(item["values"], np.dtype(item["dtype"]))
-
-
-@dataclasses.dataclass(frozen=True)
-class _LegacyReward:
-  total: float
-  parts: dict
-
-
-class _LegacySampling:
-  def __init__(self, settings: dict):
-    for name in SAMPLING_FIELDS:
-      setattr(self, name, settings[name])
 
 
 class _LegacySample:
