@@ -39,7 +39,7 @@ from typing import Callable
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.evaluation import completion_record
 from reasoning_rl.loop.rollouts import RolloutCollector
-from reasoning_rl.loop.state import SCORING_STATUSES, InFlight, InFlightGroup, SampledBatch
+from reasoning_rl.loop.state import InFlight, InFlightGroup, SampledBatch, scoring_counts
 from reasoning_rl.rl.rollout_columns import RolloutColumns
 from reasoning_rl.sampler.api import Completion, Unfinished
 from reasoning_rl.verifiers.rewards import Reward
@@ -167,7 +167,7 @@ class PartialCollector(RolloutCollector):
         "token_lag_mean": sum(lags) / len(lags), "token_lag_max": max(lags),
         "stale_token_frac": sum(lag > 0 for lag in lags) / len(lags),
     }
-    scoring = {status: rollouts.status.count(status) for status in SCORING_STATUSES}
+    scoring = scoring_counts(rollouts)
     batch = SampledBatch(
         rollouts=rollouts, outcome=rollouts.outcome_fractions(),
         groups_sampled=rollouts.num_groups, scoring=scoring, sample_s=sample_s, verify_s=verify_s,

@@ -20,7 +20,7 @@ import numpy as np
 
 from reasoning_rl.errors import PhaseInterrupted
 from reasoning_rl.evaluation import completion_record
-from reasoning_rl.loop.state import SCORING_STATUSES, SampledBatch
+from reasoning_rl.loop.state import SampledBatch, scoring_counts
 from reasoning_rl.rl.rollout_columns import RolloutColumns
 
 
@@ -132,7 +132,7 @@ class RolloutCollector:
       if sum(k.num_groups for k in kept) >= num_prompts:
         break
     sampled = RolloutColumns.concat(sampled, group_size=self.num_samples)
-    scoring = {status: sampled.status.count(status) for status in SCORING_STATUSES}
+    scoring = scoring_counts(sampled)
     return SampledBatch(
         rollouts=RolloutColumns.concat(kept, group_size=self.num_samples),
         outcome=sampled.outcome_fractions(), groups_sampled=sampled.num_groups,

@@ -25,6 +25,13 @@ from reasoning_rl.rl.rollout_columns import RolloutColumns
 from reasoning_rl.sampler.api import Completion, Unfinished
 
 SCORING_STATUSES = ("ok", "timeout", "error")
+
+
+def scoring_counts(rollouts: RolloutColumns) -> dict[str, int]:
+  """{ok, timeout, error}: how many of the record's groups the scorer gave each verdict."""
+  return {status: rollouts.status.count(status) for status in SCORING_STATUSES}
+
+
 # The checkpoint metadata `LoopState.to_meta` writes: the fields of `_META_FIELDS`, each queued
 # batch as `SampledBatch.to_json` (version 3: its rollouts as `RolloutColumns.to_json`; versions
 # 1 and 2 listed its groups, `RolloutColumns.from_legacy_groups`), and (from version 2)
