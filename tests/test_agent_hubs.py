@@ -15,6 +15,7 @@ import socket
 
 import openai
 import pytest
+import verifiers.v1.runtimes.subprocess as subprocess_runtime
 
 from reasoning_rl.agents import hub_support, openenv_hub, verifiers_hub
 from reasoning_rl.errors import ConfigError
@@ -57,7 +58,6 @@ def hub_envs(monkeypatch, tmp_path):
   the adapter's API-key variable unset."""
   monkeypatch.syspath_prepend(str(HUB_ENVS / "verifiers_addition"))
   monkeypatch.syspath_prepend(str(HUB_ENVS / "openenv_guess"))
-  import verifiers.v1.runtimes.subprocess as subprocess_runtime
   monkeypatch.setattr(subprocess_runtime, "CACHE_DIR", tmp_path / "verifiers")
   monkeypatch.delenv(verifiers_hub.API_KEY_VARIABLE, raising=False)
 
