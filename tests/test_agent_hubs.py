@@ -10,6 +10,7 @@ the test (nothing may phone home).
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
 import socket
 
@@ -54,22 +55,25 @@ def offline(monkeypatch):
 
 @pytest.fixture
 def hub_envs(monkeypatch, tmp_path):
-  """The two test environments importable, verifiers' per-rollout folders under tmp_path and
-  the adapter's API-key variable unset."""
+  """The two test environments importable and verifiers' per-rollout folders under tmp_path."""
   monkeypatch.syspath_prepend(str(HUB_ENVS / "verifiers_addition"))
   monkeypatch.syspath_prepend(str(HUB_ENVS / "openenv_guess"))
   monkeypatch.setattr(subprocess_runtime, "CACHE_DIR", tmp_path / "verifiers")
-  monkeypatch.delenv(verifiers_hub.API_KEY_VARIABLE, raising=False)
 
 
-def run_episodes(agent, server, examples, headers=None):
-  """Every example's episode at once (as the trainer runs a group), through one real client."""
+def run_episodes(agent, server, examples, clients=None):
+  """Every example's episode at once (as the trainer runs a group) through real clients: one
+  shared client, or `clients(i)` -> (api_key, default_headers) of episode i's own client."""
 
   async def play():
-    client = openai.AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0,
-                                default_headers=headers)
-    async with client:
-      return await asyncio.gather(*(agent(client, example) for example in examples))
+    settings = [clients(i) if clients else (API_KEY, None) for i in range(len(examples))]
+    made = [openai.AsyncOpenAI(base_url=server.base_url, api_key=key, default_headers=headers,
+                               max_retries=0) for key, headers in settings]
+    try:
+      return await asyncio.gather(*(agent(c, e) for c, e in zip(made, examples)))
+    finally:
+      for client in made:
+        await client.close()
 
   return asyncio.run(play())
 
@@ -92,24 +96,31 @@ def test_verifiers_hub_rewards_right_and_wrong_answers(offline, hub_envs):
   examples = agent.examples()
   examples.append({**examples[0], "prompt": "What is 99 + 99?", "a": 99, "b": 99, "answer": 198})
   assert {e["a"] < 50 for e in examples[:-1]} == {True, False}  # both kinds of answer occur
+  # Each episode has a client of its own (its own key and header, as a server that keys sessions
+  # per episode may hand out), and every call must carry its episode's.
   with FakeOpenAIServer(addition_reply) as server:
-    parts = run_episodes(agent, server, examples, headers={"X-Episode": "group-7"})
+    parts = run_episodes(agent, server, examples,
+                         clients=lambda i: (f"key-{i}", {"X-Episode": f"episode-{i}"}))
   for example, got in zip(examples, parts):
     right = example["a"] < 50 and example["a"] != 99  # what the script answered, independently
     assert got == {"reward": float(right), "exact_answer": float(right),
                    "replied_number": float(example["a"] != 99)}, example
-  # One model call per episode (the harness's one turn), each to the scripted server with the
-  # client's key and headers; nothing else was requested.
+  # One model call per episode (the harness's one turn), each to the scripted server; nothing
+  # else was requested.
   assert len(server.chat_requests) == len(examples) == len(server.requests)
+  episode_of = {e["prompt"]: i for i, e in enumerate(examples)}
   for request in server.chat_requests:
+    i = episode_of[request.body["messages"][-1]["content"]]
     assert request.path == "/v1/chat/completions"
-    assert request.headers["authorization"] == f"Bearer {API_KEY}"
-    assert request.headers[EPISODE_HEADER] == "group-7"
+    assert request.headers["authorization"] == f"Bearer key-{i}"
+    assert request.headers[EPISODE_HEADER] == f"episode-{i}"
     assert request.body["model"] == "policy"
     assert request.body["messages"][0] == {"role": "system",
                                            "content": "Answer with the number only."}
-  asked = sorted(r.body["messages"][-1]["content"] for r in server.chat_requests)
-  assert asked == sorted(e["prompt"] for e in examples)
+  assert sorted(episode_of[r.body["messages"][-1]["content"]] for r in server.chat_requests) == \
+      list(range(len(examples)))
+  # The keys were in the environment only while their episodes ran.
+  assert not [v for v in os.environ if v.startswith(verifiers_hub.API_KEY_PREFIX)]
 
 
 def test_verifiers_hub_total_is_the_weighted_sum(offline, hub_envs):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -51,9 +52,9 @@ from reasoning_rl.errors import ConfigError
 ENV_ID_FIELD = "config.agent.env_id"
 ENV_ARGS_FIELD = "config.agent.env_args"
 MODEL_FIELD = "config.agent.model"
-# verifiers reads an endpoint's API key from an environment variable named in the client config;
-# the adapter puts the trainer client's key there (the same value for every episode of a run).
-API_KEY_VARIABLE = "REASONING_RL_AGENT_API_KEY"
+# verifiers reads an endpoint's API key from an environment variable its client config names
+# (`_api_key_variable`).
+API_KEY_PREFIX = "REASONING_RL_AGENT_API_KEY_"
 TOTAL_PART = "reward"
 
 
@@ -178,23 +179,38 @@ class VerifiersHubAgent:
                         "bound it (a taskset knob that limits its size)")
     return [task.data.model_dump(mode="json", exclude_none=True) for task in self.env.taskset]
 
-  def model_context(self, client: Any) -> vf.ModelContext:
-    """Where the environment's model calls go: the trainer client's endpoint, key and headers."""
-    api_key = client.api_key or "EMPTY"
-    if os.environ.get(API_KEY_VARIABLE) not in (None, api_key):
-      raise ConfigError(f"{API_KEY_VARIABLE}: already holds another API key in this process; "
-                        "one process serves one trainer endpoint")
-    os.environ[API_KEY_VARIABLE] = api_key
-    endpoint = vf.EvalClientConfig(base_url=str(client.base_url).rstrip("/"),
-                                   api_key_var=API_KEY_VARIABLE, headers=client_headers(client))
-    return vf.ModelContext(model=self.model, client=endpoint)
-
   async def __call__(self, client: Any, example: Mapping[str, Any]) -> dict[str, float]:
     task = task_for(self.env, example)
-    context = self.model_context(client)
-    async with self._serving.hold():
-      episode = await self.env.run_episode(task, context)
+    # One attempt: verifiers' episode retries (env.config.retries) are left to the trainer, whose
+    # server would otherwise see a failed attempt's model calls as part of the episode.
+    with _api_key_variable(client.api_key or "EMPTY") as variable:
+      endpoint = vf.EvalClientConfig(base_url=str(client.base_url).rstrip("/"),
+                                     api_key_var=variable, headers=client_headers(client))
+      async with self._serving.hold():
+        episode = await self.env.run_episode(task, vf.ModelContext(model=self.model,
+                                                                    client=endpoint))
     return reward_parts(episode)
+
+
+_key_users: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def _api_key_variable(api_key: str):
+  """The name of an environment variable holding `api_key` while an episode runs: verifiers
+  reads an endpoint's key from a variable its client config names. One variable per distinct key
+  (episodes may get keys of their own), removed when its last episode ends. Names contain
+  "API_KEY", so verifiers' subprocess runtime keeps them from the harness's processes."""
+  variable = f"{API_KEY_PREFIX}{hashlib.sha256(api_key.encode()).hexdigest()[:16]}"
+  _key_users[variable] = _key_users.get(variable, 0) + 1
+  os.environ[variable] = api_key
+  try:
+    yield variable
+  finally:
+    _key_users[variable] -= 1
+    if not _key_users[variable]:
+      del _key_users[variable]
+      os.environ.pop(variable, None)
 
 
 class _SharedServing:
