@@ -144,6 +144,9 @@ def test_verifiers_hub_failed_episode_is_an_error(offline, hub_envs):
 @pytest.mark.parametrize("env_id, env_args, field", [
     ("rrl_no_such_env", {}, "config.agent.env_id: verifiers environment 'rrl_no_such_env' is not"),
     ("", {}, "config.agent.env_id: the verifiers environment's id is required"),
+    ("json", {}, "config.agent.env_id: 'json' is not a verifiers environment"),
+    ("rrl_vf_addition", {"agent": {"harness": {"id": "rrl_no_such_harness"}}},
+     "config.agent.env_args: harness 'rrl_no_such_harness' not found"),
     ("rrl_vf_addition", {"taskset": {"count": "many"}}, "config.agent.env_args.taskset.count: "),
     ("rrl_vf_addition", {"taskset": {"id": "other"}}, "config.agent.env_args.taskset.id: "),
     ("rrl_vf_addition", {"agent": {"runtime": {"type": "prime"}}},

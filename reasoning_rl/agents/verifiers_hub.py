@@ -71,17 +71,19 @@ def load_environment(env_id: str, env_args: Mapping[str, Any] | None = None) -> 
   raw = _with_local_runtimes(dict(env_args or {}), env_id)
   try:
     config = vf.resolve_env_config(raw)
-    env = vf.load_environment(config)
-  except ModuleNotFoundError as e:
-    raise ConfigError(f"{ENV_ID_FIELD}: verifiers environment {env_id!r} is not importable "
-                      f"({_first_line(e)}); install its package or fix the id") from e
   except pydantic.ValidationError as e:
     error = e.errors()[0]
     where = ".".join(str(p) for p in error["loc"])
     raise ConfigError(f"{ENV_ARGS_FIELD}.{where}: {error['msg']} (environment {env_id!r})") from e
-  except (TypeError, ValueError, AttributeError) as e:
-    raise ConfigError(f"{ENV_ID_FIELD}: verifiers environment {env_id!r} cannot be built: "
-                      f"{_first_line(e)}") from e
+  except (ImportError, TypeError, ValueError, AttributeError) as e:
+    # The taskset imported (above): what fails here is a plugin the arguments name (a harness,
+    # a judge) or verifiers' own checks of their values.
+    raise ConfigError(f"{ENV_ARGS_FIELD}: {_first_line(e)} (environment {env_id!r})") from e
+  try:
+    env = vf.load_environment(config)
+  except (ImportError, TypeError, ValueError, AttributeError) as e:
+    raise ConfigError(f"{ENV_ID_FIELD}: verifiers environment {env_id!r} cannot be built with "
+                      f"these env_args: {_first_line(e)}") from e
   for seat, spec in _seats(env.config).items():
     if not runtime_is_local(spec.runtime):
       raise ConfigError(f"{ENV_ARGS_FIELD}.{seat}.runtime: {spec.runtime.type!r} is remote; "
@@ -107,16 +109,27 @@ def _with_local_runtimes(raw: dict[str, Any], env_id: str) -> dict[str, Any]:
                       f"{ENV_ID_FIELD} ({env_id!r}); set the id in one place")
   raw["taskset"] = {**taskset, "id": env_id}
   try:
+    vf.taskset_config_type(env_id)  # imports the taskset: is env_id one?
+  except (ImportError, TypeError, ValueError, AttributeError) as e:
+    raise _not_an_environment(env_id, e) from e
+  try:
     config_type = vf.env_config_type(env_id, raw.get("id") or "")
-  except ModuleNotFoundError as e:
-    raise ConfigError(f"{ENV_ID_FIELD}: verifiers environment {env_id!r} is not importable "
-                      f"({_first_line(e)}); install its package or fix the id") from e
+  except (ImportError, TypeError, ValueError, AttributeError) as e:
+    raise ConfigError(f"{ENV_ARGS_FIELD}.id: {_first_line(e)} (environment {env_id!r})") from e
   for name, field in config_type.model_fields.items():
     if isinstance(field.default, vf.AgentConfig):
       seat = dict(raw.get(name) or {})
       seat.setdefault("runtime", {"type": "subprocess"})
       raw[name] = seat
   return raw
+
+
+def _not_an_environment(env_id: str, error: BaseException) -> ConfigError:
+  if isinstance(error, ModuleNotFoundError):
+    return ConfigError(f"{ENV_ID_FIELD}: verifiers environment {env_id!r} is not importable "
+                       f"({_first_line(error)}); install its package or fix the id")
+  return ConfigError(f"{ENV_ID_FIELD}: {env_id!r} is not a verifiers environment "
+                     f"({_first_line(error)}); name a package exporting a verifiers Taskset")
 
 
 def _first_line(error: BaseException) -> str:
