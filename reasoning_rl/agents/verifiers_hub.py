@@ -9,7 +9,7 @@ points that endpoint at the trainer's server — the base URL, API key and extra
 client the trainer hands the agent — so every token the environment's model calls produce is
 sampled (and trained on) by the trainer, and runs one episode of one task per agent call:
 
-    agent = make_agent("gsm8k-v1", {"taskset": {"split": "train"}})
+    agent = make_agent("my-taskset", {"taskset": {"some_knob": 1}})
     examples = agent.examples()              # the taskset's tasks, as the trainer's dataset
     parts = await agent(client, examples[0]) # {"reward": total, <reward name>: score, ...}
 
