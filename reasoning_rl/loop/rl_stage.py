@@ -44,7 +44,7 @@ from reasoning_rl.loop.state import LoopState, SampledBatch
 from reasoning_rl.multihost.cluster import global_batch
 from reasoning_rl.rl import advantages as advantages_lib
 from reasoning_rl.rl import batching, packing
-from reasoning_rl.rl.distillation import DistillationSettings, token_advantages
+from reasoning_rl.rl import distillation
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl.rollout_columns import Ragged
 
@@ -127,8 +127,8 @@ class RLStage:
             group_size=c.rollout.num_samples, estimator=c.algo.estimator)
         rollouts = rollouts.with_advantages(advantages[:rollouts.num_groups])
         if rollouts.teacher_logprobs is not None:  # on-policy distillation: per token
-          distill = DistillationSettings.from_config(c)
-          rollouts = rollouts.with_token_advantages(token_advantages(
+          distill = distillation.DistillationSettings.from_config(c)
+          rollouts = rollouts.with_token_advantages(distillation.token_advantages(
               rollouts, kl_coef=distill.kl_coef, reward_weight=distill.reward_weight,
               discount=distill.discount))
         sampled = dataclasses.replace(sampled, rollouts=rollouts)
