@@ -1,6 +1,7 @@
-"""On-policy distillation (`teacher.*`, rl/distillation.py, rl/teacher.py): the per-token advantage
-against hand computations, the teacher's log-probs against an independent forward, the vocabulary
-refusal, the settings' checks, and short debug runs with a teacher (full, LoRA, partial rollouts)."""
+"""On-policy distillation (`teacher.*`, rl/distillation.py, rl/teacher.py): the per-token
+advantage against hand computations, the teacher's log-probs against an independent forward, the
+vocabulary refusal, the settings' checks, and short debug runs with a teacher (full, LoRA,
+partial rollouts)."""
 
 from __future__ import annotations
 

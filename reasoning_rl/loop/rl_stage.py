@@ -5,8 +5,9 @@ them (`rl.rollout_columns.RolloutColumns`) → advantages (`rl.advantages.batch_
 own stage, kept in the record, so the rollout records show what the loss used; with a teacher,
 on-policy distillation's per-token advantages, `rl.distillation`, made in the same stage from the
 teacher's log-probs the collector recorded; PPO's per-token GAE advantages come out of the step,
-`TrainStep.call_with_outputs`, and go back into the record through the packed layout's index) → the batch (`rl.batching.build_batch`: the record's samples as
-rows; packed by the step's layout) → `TrainStep` → the weight sync (`WeightSync.publish`: the
+`TrainStep.call_with_outputs`, and go back into the record through the packed layout's index)
+→ the batch (`rl.batching.build_batch`: the record's samples as rows; packed by the step's
+layout) → `TrainStep` → the weight sync (`WeightSync.publish`: the
 sampler receives the new policy, and the policy version advances).
 
 Asynchronous rollouts with bounded staleness k (`async_rollouts.max_staleness`): the batch trained

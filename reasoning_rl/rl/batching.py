@@ -87,10 +87,10 @@ def build_batch(rollouts: RolloutColumns, *, num_groups: int, group_size: int,
   right-padded with zeros (the loss takes [B] or [B, T] alike).
 
   Returns numpy arrays: tokens, attention_mask [R, prompt_length + completion_length],
-  completion_mask [R, completion_length], advantages [R] (or [R, completion_length]) and, if asked, rewards [R] (PPO's value
-  targets) and behavior_logprobs [R, completion_length] (the sampler's log-probs, for importance
-  correction); R = num_groups · G. Missing groups (dynamic sampling came up short) are fully
-  masked rows.
+  completion_mask [R, completion_length], advantages [R] (or [R, completion_length]) and, if
+  asked, rewards [R] (PPO's value targets) and behavior_logprobs [R, completion_length] (the
+  sampler's log-probs, for importance correction); R = num_groups · G. Missing groups (dynamic
+  sampling came up short) are fully masked rows.
 
   With `truncation` (`algo.truncated_ratio`, docs/off_policy.md) the batch also holds each row's
   sampling settings, sampling_temperature, sampling_top_p, sampling_min_p [R] float32 and

@@ -9,10 +9,10 @@ token y_t in its context (prompt and y_<t), as sampled. The per-token reverse KL
 is a one-sample estimate of KL(μ(· | s_t) ‖ π_T(· | s_t)) at the student's own state s_t (Agarwal
 et al. 2024, "On-Policy Distillation of Language Models: Learning from Self-Generated Mistakes",
 GKD, arXiv:2306.13649, with the reverse KL as divergence; the Qwen3 technical report,
-arXiv:2505.09388, "Strong-to-Weak Distillation"; Thinking Machines, "On-Policy Distillation", 2025). Minimising the
-student's reverse KL to the teacher by policy gradient takes −k_t as the reward of token t; with a
-discount γ the advantage of token t sums the later tokens' rewards, and γ = 0 (the Thinking
-Machines recipe's per-token form) keeps each token's own:
+arXiv:2505.09388, "Strong-to-Weak Distillation"; Thinking Machines, "On-Policy Distillation",
+2025). Minimising the student's reverse KL to the teacher by policy gradient takes −k_t as the
+reward of token t; with a discount γ the advantage of token t sums the later tokens' rewards, and
+γ = 0 (the Thinking Machines recipe's per-token form) keeps each token's own:
 
   A^distill_t = −c · Σ_{k ≥ t} γ^(k−t) · k_k      (c = teacher.kl_coef, γ = teacher.discount)
 
