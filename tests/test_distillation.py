@@ -25,7 +25,7 @@ from reasoning_rl.rl.distillation import (DistillationSettings, discounted_sums,
 from reasoning_rl.rl.rollout_columns import Ragged, RolloutColumns
 from reasoning_rl.rl.teacher import Teacher, check_same_vocabulary
 from reasoning_rl.run_settings import random_model_config
-from tests.support.configs import debug_config
+from tests.support.configs import debug_config, demo_config
 from tests.support.generation import write_word_tokenizer
 from tests.support.rollouts import group, record
 from tests.support.runs import rollouts as read_rollouts
@@ -283,3 +283,12 @@ def test_partial_rollouts_distill(tmp_path, teachers):
   assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows)
   assert all(r["teacher/tokens"] > 0 for r in rows)
 
+
+
+def test_the_demo_distills_the_rl_demo_into_its_base_and_changes_nothing_else():
+  opd, demo = demo_config("smollm2_opd_arithmetic"), demo_config("smollm2_arithmetic")
+  assert opd.teacher.path == "runs/demo" and opd.teacher.reward_weight == 0.0
+  assert opd.model.path == demo.model.path  # the base SmolLM2 as student
+  different = {section for section in opd.keys() if opd[section] != demo[section]}
+  assert different == {"teacher"}
+  validate(opd)
