@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reasoning_rl.build import build_teacher
+from reasoning_rl.build import build, build_teacher
 from reasoning_rl.config import validate
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.metrics import read_metrics
@@ -186,6 +187,25 @@ def test_build_teacher_loads_a_checkpoint_and_refuses_another_vocabulary(tmp_pat
   with pytest.raises(ConfigError, match=r"config.teacher.path=.*no such file"):
     build_teacher(debug_config(**{"teacher.path": str(tmp_path / "missing")}), student)
   assert build_teacher(debug_config(), student) is None
+
+
+def test_the_teacher_sits_on_the_sampler_devices_and_scores_there(tmp_path):
+  model, student = _debug_model(seed=1)
+  save_hf(model, student, tmp_path / "teacher")
+  config = debug_config(**{"teacher.path": str(tmp_path / "teacher"), "workdir": str(tmp_path),
+                           "mesh.num_trainer_devices": 4})
+  run = build(config)
+  try:
+    sampler_devices = set(run.sampler_mesh.devices.flat)
+    assert sampler_devices.isdisjoint(run.trainer_mesh.devices.flat)
+    for leaf in jax.tree.leaves(run.teacher.state):
+      assert set(leaf.sharding.device_set) <= sampler_devices
+    rollouts = group([1.0, 0.0], [[11, 12], [13]])
+    np.testing.assert_allclose(run.teacher.score(rollouts).teacher_logprobs[0],
+                               _independent_logprobs(model, (5, 6, 7), [11, 12]), atol=2e-5)
+  finally:
+    run.scorer.close()
+    run.backend.stop()
 
 
 # ------------------------------------------------------------------------ settings
