@@ -266,6 +266,8 @@ def build_teacher(config: ml_collections.ConfigDict, student_tokenizer, *, mesh=
                       "the teacher's Hugging Face directory, .gguf file or training run workdir")
   model, tokenizer = load_model(settings.path, dtype=config.model.dtype, mesh=mesh)
   check_same_vocabulary(student_tokenizer, tokenizer)
+  # its forward is the trainer's, with the trainer's attention kernel
+  model = model.use_attention_kernel(config.model.attention_kernel)
   return Teacher(model, prompt_length=config.rollout.max_prefill_length,
                  completion_length=config.rollout.max_new_tokens,
                  pad_id=student_tokenizer.pad_id or 0, max_batch=settings.max_batch,
