@@ -43,7 +43,9 @@ from reasoning_rl.multihost.exchange import Exchange
 from reasoning_rl.multihost.param_sync import ParamSync
 from reasoning_rl.multihost.topology import check_sync_shapes, make_topology
 from reasoning_rl.reward_redteam import enforce_redteam
+from reasoning_rl.rl.distillation import DistillationSettings
 from reasoning_rl.rl.step import TrainStep
+from reasoning_rl.rl.teacher import Teacher, check_same_vocabulary
 from reasoning_rl.run_checkpoint import load_model
 from reasoning_rl.sampler import (BackendSpec, EngineSpec, EpisodeSettings, SamplingParams,
                                   make_backend, make_engine)
@@ -252,6 +254,26 @@ def build_sized_engine(model, *, longest_prompt: int, max_new_tokens: int, num_s
       live_length_attention=prefill_length + max_new_tokens > SHORT_CACHE), mesh=mesh)
 
 
+def build_teacher(config: ml_collections.ConfigDict, student_tokenizer, *, mesh=None):
+  """On-policy distillation's teacher (`teacher.path`: HF directory, GGUF or run workdir) in the
+  compute dtype, placed on `mesh` (the sampler's devices, where the reward models sit too), after
+  checking it has the student's vocabulary; None without `teacher.path`."""
+  settings = DistillationSettings.from_config(config)
+  if not settings.enabled:
+    return None
+  if not storage.path(settings.path).exists():
+    raise ConfigError(f"config.teacher.path={settings.path!r}: no such file or directory; give "
+                      "the teacher's Hugging Face directory, .gguf file or training run workdir")
+  model, tokenizer = load_model(settings.path, dtype=config.model.dtype, mesh=mesh)
+  check_same_vocabulary(student_tokenizer, tokenizer)
+  # its forward is the trainer's, with the trainer's attention kernel
+  model = model.use_attention_kernel(config.model.attention_kernel)
+  return Teacher(model, prompt_length=config.rollout.max_prefill_length,
+                 completion_length=config.rollout.max_new_tokens,
+                 pad_id=student_tokenizer.pad_id or 0, max_batch=settings.max_batch,
+                 chunk_size=config.algo.logprob_chunk)
+
+
 def sampling_params(config: ml_collections.ConfigDict):
 
   return SamplingParams(**config_schema.values_of(SamplingParams, config))
@@ -283,6 +305,9 @@ class Run:
   cluster: Any = None  # multihost.cluster.Cluster: roles, exchange, weight transfers
   weight_sync: Any = None  # loop.weight_sync.WeightSync: what the sampler receives, versions
   episodes: Any = None  # sampler.multiturn.EpisodeSettings (environment.name set), else None
+  # on-policy distillation's rl.teacher.Teacher on this process's sampler devices (teacher.path),
+  # else None
+  teacher: Any = None
 
 
 def enforce_environment_redteam(config: ml_collections.ConfigDict, episodes) -> list:
@@ -384,6 +409,8 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
       sampler_model = lora.merged_model(sampler_model, lora_settings)
     backend = build_backend(config, sampler_model, mesh=sampler_mesh)
   del params
+  # the teacher scores what this process samples, beside the sampler (like the reward models)
+  teacher = build_teacher(config, tokenizer, mesh=sampler_mesh) if topology.is_sampler else None
   # last: nothing after it can fail and leak workers; a process that only trains scores nothing
   scorer = build_scorer(config, reward_fn, inline=not topology.is_sampler, mesh=sampler_mesh,
                         model_parts=topology.is_sampler)
@@ -392,7 +419,7 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
              step_fn=step_fn, state=state, backend=backend, template=template, data=data,
              reward_fn=reward_fn, scorer=scorer, sampling=sampling_params(config),
              cluster=cluster, weight_sync=weight_sync_lib.WeightSync(step_fn, backend, cluster),
-             episodes=episodes)
+             episodes=episodes, teacher=teacher)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -416,7 +443,7 @@ def build_loop(run: Run, *, stage=None) -> Loop:
   r = config.rollout
   collector_kwargs = dict(num_samples=r.num_samples, max_new_tokens=r.max_new_tokens,
                           stop_strings=r.stop_strings, sampling=run.sampling, seed=config.seed,
-                          episodes=run.episodes)
+                          episodes=run.episodes, teacher=run.teacher)
   if cluster.multi_process:  # each sampler replica collects its share
     collector_kwargs["cluster"] = cluster
   collector_class = ShardedCollector if cluster.multi_process else RolloutCollector

@@ -106,7 +106,10 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
 
   parts = build_parts(config.rewards)  # every part's kind and settings
   _validate_environment(config, parts, require)
-  if config.algo.name == "grpo" and config.stage == "rl":
+  _validate_teacher(config, require)
+  # distillation alone needs no group: its advantages are per token
+  distillation_alone = bool(config.teacher.path) and config.teacher.reward_weight == 0
+  if config.algo.name == "grpo" and config.stage == "rl" and not distillation_alone:
     require(r.num_samples >= 2, "rollout.num_samples",
             f"group estimator {config.algo.estimator!r} compares samples of one prompt: "
             "needs at least 2")
@@ -170,6 +173,22 @@ def _validate_environment(config, parts, require) -> None:
   require(e.turn_tokens <= config.rollout.max_new_tokens, "environment.turn_tokens",
           "one turn cannot be longer than the whole completion (rollout.max_new_tokens, "
           "observations included)")
+
+
+def _validate_teacher(config, require) -> None:
+  """On-policy distillation (`config.teacher`): per-token advantages before the step, which
+  the objectives that make their own (PPO) or need one per sequence (GSPO) cannot take."""
+  t = config.teacher
+  if not t.path:
+    return
+  require(config.stage == "rl", "teacher.path", "on-policy distillation trains on the "
+          "student's own samples, an RL stage; use stage='rl', or set teacher.path=''")
+  require(config.algo.name == "grpo", "algo.name", "PPO computes its per-token advantages "
+          "inside the step (GAE over its value head), and on-policy distillation's are made "
+          "before it; use algo.name='grpo' with teacher.path, or set teacher.path=''")
+  require(config.algo.loss_type != "gspo", "algo.loss_type", "GSPO's sequence ratio takes one "
+          "advantage per sequence, and on-policy distillation gives one per token; use "
+          "algo.loss_type='gspo-token' (or ppo, cispo), or set teacher.path=''")
 
 
 def _validate_partial_rollouts(config, require) -> None:

@@ -338,6 +338,25 @@ SECTIONS: tuple[Section, ...] = (
         Field("redteam", True, "probe the rewards with known exploits before training"),
         Field("allow_exploits", False, "explicit, logged override of a failed red team"),
     )),
+    Section("teacher", "On-policy distillation (docs/distillation.md, reasoning_rl/rl/"
+            "distillation.py): a frozen teacher scores every token the student samples, and "
+            "each token's advantage is −kl_coef · (log μ − log π_teacher), the per-token "
+            "reverse KL (Agarwal et al. 2024, GKD; Qwen3; Thinking Machines 2025), alone or "
+            "added to the verifiable-reward advantage. The teacher sits on the sampler's "
+            "devices and needs the student's tokenizer.", (
+        Field("path", "", "the teacher: a Hugging Face directory, a .gguf file or a training "
+              "run's workdir (its newest checkpoint); empty = no distillation"),
+        Field("kl_coef", 1.0, "weight c of the distillation advantage −c · (log μ − log "
+              "π_teacher) of each sampled token", POSITIVE),
+        Field("reward_weight", 0.0, "weight of the verifiable-reward (group) advantage added "
+              "to each token's distillation advantage (prime-rl's adv_tau)",
+              Range(float, 0, meaning="0 = distillation alone")),
+        Field("discount", 0.0, "γ: a token's distillation advantage also sums the later "
+              "tokens' reverse KL, discounted by γ (Tinker's kl_discount_factor)",
+              Range(float, 0, 1, meaning="0 = each token's own")),
+        Field("max_batch", 16, "completions per teacher forward (memory: one forward holds "
+              "max_batch rows of max_prefill_length + max_new_tokens positions)", COUNT),
+    )),
     Section("algo", "Advantages and loss (reasoning_rl/rl).", (
         Field("name", "grpo", "grpo (any group estimator) | ppo (value head + GAE)",
               OneOf(("grpo", "ppo"))),

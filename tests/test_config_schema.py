@@ -98,7 +98,8 @@ def test_each_choice_field_refuses_an_unknown_name_in_one_line(dotted, tmp_path)
 @pytest.mark.parametrize(("view", "section"), [
     ("reasoning_rl.rl.step_config:StepConfig", None),
     ("reasoning_rl.sampler.sampling:SamplingParams", "rollout"),
-    ("reasoning_rl.lora:LoraSettings", "lora")])
+    ("reasoning_rl.lora:LoraSettings", "lora"),
+    ("reasoning_rl.rl.distillation:DistillationSettings", "teacher")])
 def test_typed_views_share_the_schema_names_and_defaults(view, section):
   module, name = view.split(":")
   cls = getattr(__import__(module, fromlist=[name]), name)

@@ -158,6 +158,10 @@ class PartialCollector(RolloutCollector):
         [group.finished[s].scored_text(self.tokenizer) for s in range(g)],
         status=group.scored["status"], rewards=_rewards(group), sampling=self.sampling)
         for group in chosen], group_size=g)
+    # the teacher scores the trained groups only (what stays in flight may still grow); its
+    # weights never change, so scoring now equals scoring each token as it was drawn
+    self.teacher_s = 0.0
+    rollouts = self.scored_by_teacher(rollouts)
     versions = rollouts.token_versions.values.tolist()
     lags = [policy_version - v for v in versions] or [0]
     partial = {
@@ -171,7 +175,8 @@ class PartialCollector(RolloutCollector):
     batch = SampledBatch(
         rollouts=rollouts, outcome=rollouts.outcome_fractions(),
         groups_sampled=rollouts.num_groups, scoring=scoring, sample_s=sample_s, verify_s=verify_s,
-        policy_version=min(versions, default=policy_version), decode=usage, partial=partial)
+        policy_version=min(versions, default=policy_version), decode=usage, partial=partial,
+        teacher_s=self.teacher_s)
     return batch, state
 
 

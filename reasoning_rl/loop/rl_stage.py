@@ -2,10 +2,12 @@
 
 One step's data path: rollouts (`RolloutCollector` over the `RolloutBackend`) → one record of
 them (`rl.rollout_columns.RolloutColumns`) → advantages (`rl.advantages.batch_advantages`, their
-own stage, kept in the record, so the rollout records show what the loss used; PPO's per-token
-GAE advantages come out of the step, `TrainStep.call_with_outputs`, and go back into the record
-through the packed layout's index) → the batch (`rl.batching.build_batch`: the record's samples as
-rows; packed by the step's layout) → `TrainStep` → the weight sync (`WeightSync.publish`: the
+own stage, kept in the record, so the rollout records show what the loss used; with a teacher,
+on-policy distillation's per-token advantages, `rl.distillation`, made in the same stage from the
+teacher's log-probs the collector recorded; PPO's per-token GAE advantages come out of the step,
+`TrainStep.call_with_outputs`, and go back into the record through the packed layout's index)
+→ the batch (`rl.batching.build_batch`: the record's samples as rows; packed by the step's
+layout) → `TrainStep` → the weight sync (`WeightSync.publish`: the
 sampler receives the new policy, and the policy version advances).
 
 Asynchronous rollouts with bounded staleness k (`async_rollouts.max_staleness`): the batch trained
@@ -43,6 +45,7 @@ from reasoning_rl.loop.state import LoopState, SampledBatch
 from reasoning_rl.multihost.cluster import global_batch
 from reasoning_rl.rl import advantages as advantages_lib
 from reasoning_rl.rl import batching, packing
+from reasoning_rl.rl import distillation
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl.rollout_columns import Ragged
 
@@ -123,8 +126,13 @@ class RLStage:
         advantages = advantages_lib.batch_advantages(
             rollouts.group_rewards(), num_groups=c.rollout.num_prompts,
             group_size=c.rollout.num_samples, estimator=c.algo.estimator)
-        sampled = dataclasses.replace(
-            sampled, rollouts=rollouts.with_advantages(advantages[:rollouts.num_groups]))
+        rollouts = rollouts.with_advantages(advantages[:rollouts.num_groups])
+        if rollouts.teacher_logprobs is not None:  # on-policy distillation: per token
+          distill = distillation.DistillationSettings.from_config(c)
+          rollouts = rollouts.with_token_advantages(distillation.token_advantages(
+              rollouts, kl_coef=distill.kl_coef, reward_weight=distill.reward_weight,
+              discount=distill.discount))
+        sampled = dataclasses.replace(sampled, rollouts=rollouts)
       batch = batching.build_batch(
           sampled.rollouts, num_groups=c.rollout.num_prompts,
           group_size=c.rollout.num_samples, prompt_length=c.rollout.max_prefill_length,

@@ -37,11 +37,14 @@ class RolloutCollector:
     episodes: a `sampler.multiturn.EpisodeSettings` when rollouts are multi-turn episodes with an
       environment (`config.environment`): the verifiers then score each episode's final model
       turn, and the environment's outcome is the record's `environment_parts`.
+    teacher: on-policy distillation's `rl.teacher.Teacher` (`teacher.path`): it scores every
+      collected group's sampled tokens (`RolloutColumns.teacher_logprobs`) on this replica's
+      devices; None: no teacher.
   """
 
   def __init__(self, backend, tokenizer, template, scorer, *, num_samples: int,
                max_new_tokens: int, stop_strings: Sequence[str], sampling, seed: int,
-               episodes=None):
+               episodes=None, teacher=None):
     self.backend = backend
     self.tokenizer = tokenizer
     self.template = template
@@ -52,6 +55,8 @@ class RolloutCollector:
     self.sampling = sampling
     self.seed = seed
     self.episodes = episodes
+    self.teacher = teacher
+    self.teacher_s = 0.0  # this step's seconds in the teacher's forwards
     self.exact_totals: list[dict] = []  # this step's ExactStats, one per generate call
     self.decode_totals: list[dict] = []  # this step's DecodeUsage, one per generate call
 
@@ -107,7 +112,17 @@ class RolloutCollector:
         [RolloutColumns.of_group(index, finished[index], responses[index],
                                  status=scored[index].status, rewards=scored[index].rewards,
                                  sampling=sampling) for index, _ in examples], group_size=g)
-    return out, sample_s, verify_s
+    return self.scored_by_teacher(out), sample_s, verify_s
+
+  def scored_by_teacher(self, rollouts: RolloutColumns) -> RolloutColumns:
+    """`rollouts` with the teacher's log-probs of their tokens (as they are without a teacher);
+    the seconds go to `teacher_s`."""
+    if self.teacher is None:
+      return rollouts
+    start = time.perf_counter()
+    rollouts = self.teacher.score(rollouts)
+    self.teacher_s += time.perf_counter() - start
+    return rollouts
 
   def sample_batch(self, take_examples: Callable[[int], list], *, num_prompts: int,
                    dynamic_sampling: bool, max_rounds: int, policy_version: int,
@@ -122,6 +137,7 @@ class RolloutCollector:
     kept, sampled = [], []
     sample_s = verify_s = 0.0
     self.exact_totals, self.decode_totals = [], []
+    self.teacher_s = 0.0
     for _ in range(max_rounds if dynamic_sampling else 1):
       groups, s, v = self.collect(
           take_examples(num_prompts - sum(k.num_groups for k in kept)), should_stop=should_stop)
@@ -138,6 +154,7 @@ class RolloutCollector:
         outcome=sampled.outcome_fractions(), groups_sampled=sampled.num_groups,
         scoring=scoring, sample_s=sample_s, verify_s=verify_s,
         policy_version=policy_version, exact=exact_summary(self.exact_totals),
+        teacher_s=self.teacher_s,
         decode={name: sum(call[name] for call in self.decode_totals)
                 for name in self.decode_totals[0]} if self.decode_totals else None)
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from reasoning_rl.loop.state import SampledBatch
+from reasoning_rl.rl.distillation import distillation_metrics
 from reasoning_rl.rl.rollout_columns import RolloutColumns
 from reasoning_rl.sampler.api import array_to_json
 
@@ -65,6 +66,8 @@ def rl_metrics(batch: SampledBatch, stats: Mapping[str, float], *, reward_parts:
         rollouts.completion_ids.lengths - counts))
   if batch.partial:  # partial rollouts: what the round carried over, and the tokens' lag
     row.update({f"rollout/partial/{key}": value for key, value in batch.partial.items()})
+  # on-policy distillation (teacher.path): the student's reverse KL to the teacher per token
+  row.update(distillation_metrics(rollouts))
   if batch.exact:  # rollout.exact_logprobs: repairs and the decode path's mismatch it removed
     row.update({f"sampler/exact_{key}": value for key, value in batch.exact.items()
                 if not key.endswith("_s")})
@@ -75,9 +78,11 @@ def rl_metrics(batch: SampledBatch, stats: Mapping[str, float], *, reward_parts:
 
 def rl_timing(batch: SampledBatch, times: StepTimes, *, asynchronous: bool) -> dict[str, float]:
   """`time/*` keys. With synchronous rollouts the batch was sampled inside this step."""
-  sampled_now = 0.0 if asynchronous else batch.sample_s + batch.verify_s
+  sampled_now = 0.0 if asynchronous else batch.sample_s + batch.verify_s + batch.teacher_s
   exact = {f"time/exact_{key}": value for key, value in (batch.exact or {}).items()
            if key.endswith("_s")}  # parts of sample_s (rollout.exact_logprobs)
+  if batch.rollouts.teacher_logprobs is not None:  # teacher.path: its forwards, after scoring
+    exact["time/teacher_s"] = batch.teacher_s
   return {**exact,
       "time/sample_s": batch.sample_s, "time/verify_s": batch.verify_s,
       "time/train_s": times.train_s, "time/sync_s": times.sync_s,
@@ -101,7 +106,8 @@ def rl_throughput(batch: SampledBatch, times: StepTimes, *, trained_tokens: int,
   prompts = int(batch.rollouts.prompt_tokens.lengths.sum())
   flops = step_flops(prompts=batch.rollouts.num_groups, prompt_tokens=prompts,
                      generated_tokens=generated, trained_tokens=trained_tokens)
-  seconds = times.step_s if asynchronous else times.step_s + batch.sample_s + batch.verify_s
+  seconds = (times.step_s if asynchronous
+             else times.step_s + batch.sample_s + batch.verify_s + batch.teacher_s)
   row = {"throughput/generated_tokens_per_s": generated / max(batch.sample_s, 1e-9),
          "throughput/trained_tokens_per_s": trained_tokens / max(seconds, 1e-9),
          "throughput/rl_mfu": flops / max(seconds, 1e-9) / peak_flops}
@@ -144,7 +150,10 @@ def rollout_records(step: int, batch: SampledBatch, *, examples: Callable[[int],
   over the batch, computed inside the step; the record then holds `token_advantages` (the step's,
   `RolloutColumns.token_advantages`: one per completion token, rounded to
   TOKEN_ADVANTAGE_DECIMALS places) and `advantage`, their mean (null for a completion without
-  tokens). With neither, `advantage` is null.
+  tokens). With neither, `advantage` is null. On-policy distillation (`teacher.path`) gives
+  per-token advantages too (made before the step, `rl.distillation`), held the same way, and
+  the record adds `teacher_logprobs`: the teacher's log-prob of each completion token, rounded
+  likewise.
 
   Mixture-of-experts models (`with_experts`, `logging.rollout_experts`): `experts` holds the
   experts the sampler routed each prompt and completion token to (`sampler.api.array_to_json`:
@@ -173,6 +182,9 @@ def rollout_records(step: int, batch: SampledBatch, *, examples: Callable[[int],
       }
       record.update({f"reward/{name}": float(values[sample])
                      for name, values in rollouts.parts.items()})
+      if rollouts.teacher_logprobs is not None:
+        record["teacher_logprobs"] = [round(float(v), TOKEN_ADVANTAGE_DECIMALS)
+                                      for v in rollouts.teacher_logprobs[sample][:num_tokens]]
       if with_experts and rollouts.experts is not None:
         record["experts"] = array_to_json(rollouts.experts[sample])
       if rollouts.episodes is not None:  # multi-turn: every turn, and how the episode ended

@@ -82,13 +82,15 @@ def build_batch(rollouts: RolloutColumns, *, num_groups: int, group_size: int,
 
   Advantages are the record's (`RolloutColumns.advantages`, the advantage stage's), or zeros
   where it has none: PPO's step computes its own (GAE from its value head), and the batch then
-  carries the sequence rewards.
+  carries the sequence rewards. A record with per-token advantages (`token_advantages`, on-policy
+  distillation's, `rl.distillation`) gives advantages [R, completion_length] instead, each row's
+  right-padded with zeros (the loss takes [B] or [B, T] alike).
 
   Returns numpy arrays: tokens, attention_mask [R, prompt_length + completion_length],
-  completion_mask [R, completion_length], advantages [R] and, if asked, rewards [R] (PPO's value
-  targets) and behavior_logprobs [R, completion_length] (the sampler's log-probs, for importance
-  correction); R = num_groups · G. Missing groups (dynamic sampling came up short) are fully
-  masked rows.
+  completion_mask [R, completion_length], advantages [R] (or [R, completion_length]) and, if
+  asked, rewards [R] (PPO's value targets) and behavior_logprobs [R, completion_length] (the
+  sampler's log-probs, for importance correction); R = num_groups · G. Missing groups (dynamic
+  sampling came up short) are fully masked rows.
 
   With `truncation` (`algo.truncated_ratio`, docs/off_policy.md) the batch also holds each row's
   sampling settings, sampling_temperature, sampling_top_p, sampling_min_p [R] float32 and
@@ -106,9 +108,15 @@ def build_batch(rollouts: RolloutColumns, *, num_groups: int, group_size: int,
   if rollouts.num_groups > num_groups:
     rollouts = rollouts.take_groups(range(num_groups))
   rows, present = num_groups * group_size, rollouts.num_samples
-  advantages = np.zeros(rows, np.float32)
-  if rollouts.advantages is not None:
-    advantages[:present] = rollouts.advantages
+  if rollouts.token_advantages is not None:
+    advantages = np.zeros((rows, completion_length), np.float32)
+    for row, values in enumerate(rollouts.token_advantages.rows()):
+      values = values[:completion_length]
+      advantages[row, :len(values)] = values
+  else:
+    advantages = np.zeros(rows, np.float32)
+    if rollouts.advantages is not None:
+      advantages[:present] = rollouts.advantages
   prompts = rollouts.prompt_tokens.rows()
   tokens, attention, completion_mask = pad_rows(
       [prompts[row // group_size] for row in range(present)], rollouts.completion_ids.rows(),

@@ -16,7 +16,9 @@ Three extents, and one column per quantity:
 - per token, ragged over samples (`Ragged`: one flat array and the samples' lengths):
   `completion_ids`, the sampler's `logprobs` and `sampling_logprobs`, `loss_mask`, the
   `token_versions` that drew each token, mixture-of-experts routing (`experts`, over prompt and
-  completion tokens) and PPO's per-token advantages (`token_advantages`, the step's output).
+  completion tokens), per-token advantages (`token_advantages`: PPO's, the step's output, or
+  on-policy distillation's, made before the batch, `rl.distillation`) and the teacher's log-prob
+  of each sampled token (`teacher_logprobs`, `rl.teacher`).
 
 Columns a run does not have are None (no routing for a dense model, no loss mask when every token
 is the model's; a `summary` keeps only what the loop decides on). Numbers are held at the precision the batch and the metrics read them in:
@@ -95,7 +97,7 @@ class Ragged:
 # tokens (`from_json`); every other column has one entry per sample.
 GROUP_COLUMNS = ("data_position", "status", "prompt_tokens", "sampling")
 TOKEN_COLUMNS = ("completion_ids", "logprobs", "sampling_logprobs", "loss_mask",
-                 "token_versions", "experts", "token_advantages")
+                 "token_versions", "experts", "token_advantages", "teacher_logprobs")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -120,7 +122,9 @@ class RolloutColumns:
   token_versions: Ragged | None  # [S] int64, the policy version that drew each token
   experts: Ragged | None  # [S] over prompt + completion tokens, [.., L_sparse, k] (MoE)
   advantages: np.ndarray | None = None  # [S] float32, the advantage stage's
-  token_advantages: Ragged | None = None  # [S] float32, PPO's per-token advantages (the step's)
+  # [S] float32, per-token advantages: PPO's (the step's) or on-policy distillation's
+  token_advantages: Ragged | None = None
+  teacher_logprobs: Ragged | None = None  # [S] float32, log π_teacher of each sampled token
 
   # ------------------------------------------------------------------------------ building
 
@@ -227,10 +231,19 @@ class RolloutColumns:
     return dataclasses.replace(self, advantages=values)
 
   def with_token_advantages(self, token_advantages: Ragged) -> "RolloutColumns":
-    """This record with PPO's per-token advantages, one per completion token of each sample."""
+    """This record with per-token advantages (PPO's, or on-policy distillation's), one per
+    completion token of each sample."""
     if not np.array_equal(token_advantages.lengths, self.completion_ids.lengths):
       raise ValueError("token advantages must have one value per completion token")
     return dataclasses.replace(self, token_advantages=token_advantages)
+
+  def with_teacher_logprobs(self, teacher_logprobs: Ragged) -> "RolloutColumns":
+    """This record with the teacher's log-prob of each completion token (`rl.teacher`)."""
+    if not np.array_equal(teacher_logprobs.lengths, self.completion_ids.lengths):
+      raise ValueError("teacher log-probs must have one value per completion token")
+    return dataclasses.replace(
+        self, teacher_logprobs=Ragged(teacher_logprobs.values.astype(np.float32),
+                                      teacher_logprobs.lengths))
 
   def __eq__(self, other) -> bool:
     return isinstance(other, RolloutColumns) and self.to_json() == other.to_json()

@@ -146,7 +146,8 @@ def _fake_run(workdir, **overrides):
   run = types.SimpleNamespace(
       config=config, state=state, backend=backend, tokenizer=tokenizer,
       template=None, scorer=scorer, sampling=None, model_config=model_config, cluster=cluster,
-      step_fn=step_fn, weight_sync=WeightSync(step_fn, backend, cluster), episodes=None)
+      step_fn=step_fn, weight_sync=WeightSync(step_fn, backend, cluster), episodes=None,
+      teacher=None)
   return run, versions, closed
 
 
