@@ -73,7 +73,8 @@ class Trainer:
     # LoRA: checkpoints hold adapters, and the fingerprint of the base they belong to
     frozen = getattr(self.state, "frozen_params", None)
     self.lora_base = lora.base_fingerprint(frozen) if frozen is not None else None
-    self.loop = LoopState(guards=guards_lib.Guards(run.config.guards))
+    self.loop = LoopState(guards=guards_lib.Guards(
+        run.config.guards, max_failed_episode_frac=run.config.agent.max_failed_frac))
     self.cluster = run.cluster
     loop = build_loop(run, stage=stage)
     self.collector, self.stage = loop.collector, loop.stage

@@ -58,6 +58,8 @@ class SampledBatch:
   partial: partial rollouts' round (`loop.partial_rollouts`): groups in flight and carried,
     tokens resumed, samples restarted, and the trained tokens' lag behind the policy version
     (policy_version is then the oldest token's version).
+  agent: agent rollouts (`agents.collector`): the step's failed-episode fraction and counts
+    (logged as episode/*).
   """
 
   rollouts: RolloutColumns
@@ -70,6 +72,7 @@ class SampledBatch:
   exact: dict | None = None
   decode: dict | None = None
   partial: dict | None = None
+  agent: dict | None = None  # agent rollouts (reasoning_rl/agents): failed episodes, skips
 
   def to_json(self) -> dict:
     fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
