@@ -14,9 +14,24 @@ THINK_TEMPLATE = ("{% for m in messages %}{% if m.role == 'assistant' %}<answer>
                   "{% endif %}{% endfor %}{% if add_generation_prompt %}<answer><think>{% endif %}")
 
 
+def _prompt(example):
+  return example["prompt"] if isinstance(example, dict) else example.prompt
+
+
+async def completion_agent(client, example):
+  """Two turns through /v1/completions on the debug vocabulary (no chat template): the task,
+  the model's reply, then "5"; the reward is 1 when the answer appears in the replies."""
+  prompt = f"<bos>{_prompt(example)}<eos><answer>"
+  first = await client.completions.create(model="policy", prompt=prompt, max_tokens=3)
+  prompt += first.choices[0].text + "<eos>5<answer>"
+  second = await client.completions.create(model="policy", prompt=prompt, max_tokens=3)
+  replies = first.choices[0].text + second.choices[0].text
+  return {"correct": float(example.answer in replies), "length": len(replies) / 10}
+
+
 async def two_turns(client, example):
   """Asks, answers back, asks again; the reward is the length of the last reply mod 2."""
-  messages = [{"role": "user", "content": example["prompt"]}]
+  messages = [{"role": "user", "content": _prompt(example)}]
   first = await client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
   messages += [{"role": "assistant", "content": first.choices[0].message.content},
                {"role": "user", "content": "1+1"}]
@@ -26,12 +41,12 @@ async def two_turns(client, example):
 
 
 async def flaky(client, example):
-  """Raises on odd data positions' first sample; sleeps past any short deadline on '9'."""
+  """Sleeps past any short deadline when the prompt holds a 9; raises when it holds a 7."""
   reply = await client.chat.completions.create(
-      model="policy", messages=[{"role": "user", "content": example["prompt"]}], max_tokens=3)
-  if "9" in example["prompt"]:
+      model="policy", messages=[{"role": "user", "content": _prompt(example)}], max_tokens=3)
+  if "9" in _prompt(example):
     await asyncio.sleep(60)
-  if "7" in example["prompt"]:
+  if "7" in _prompt(example):
     raise RuntimeError("the agent's tool broke")
   return float(len(reply.choices[0].message.content))
 
