@@ -9,10 +9,12 @@ import openai
 import pytest
 from flax import nnx
 
+from reasoning_rl.agents import chat
 from reasoning_rl.agents import sessions as sessions_lib
 from reasoning_rl.agents.driver import EngineDriver
 from reasoning_rl.agents.server import RolloutServer
 from reasoning_rl.data.debug_vocab import debug_arithmetic_tokenizer
+from reasoning_rl.models.tokenizers import load_tokenizer
 from reasoning_rl.models.transformer import create_model
 from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.exact import CanonicalScorer
@@ -79,26 +81,25 @@ async def _completion(server, prompt, *, seed):
   return [choice.text for choice in out.choices]
 
 
-def test_concurrent_requests_share_the_decode_slots(served):
-  _, engine, driver, servers, _ = served
+def test_concurrent_requests_share_the_decode_slots_and_draw_what_they_draw_alone(served):
+  _, _, driver, servers, _ = served
   server = servers["split"]
-  driver.most_live = 0
+  prompts = [f"<bos>{d}+{d}<eos><answer>" for d in range(6)]
 
-  async def many():
+  async def send(indices):
     c = client(server)
     replies = await asyncio.gather(*(c.completions.create(
-        model="policy", prompt=f"<bos>{d}+{d}<eos><answer>", max_tokens=12, seed=d,
-        temperature=0.0) for d in range(8)))
+        model="policy", prompt=prompts[d], max_tokens=12, seed=d) for d in indices))
     await c.close()
-    return replies
+    return [r.choices[0].model_extra["token_ids"] for r in replies]
 
-  before = engine.num_generate_calls
-  replies = asyncio.run(many())
-  assert len(replies) == 8
-  # several requests decoded in one generate call: they were batched, not served in turn
+  driver.most_live = 0
+  together = asyncio.run(send(range(6)))
+  # several requests decoded in one generate call: batched, not served one after another
   assert driver.most_live >= 2
-  assert engine.num_generate_calls - before < sum(
-      len(r.choices[0].token_ids) if hasattr(r.choices[0], "token_ids") else 12 for r in replies)
+  alone = [asyncio.run(send([d]))[0] for d in range(6)]
+  assert together == alone
+  assert len(set(map(tuple, alone))) > 1  # (the prompts and seeds do differ)
 
 
 def test_a_two_turn_session_records_the_exact_tokens_and_logprobs(served):
@@ -180,6 +181,21 @@ def test_a_template_that_rewrites_history_splits_or_is_refused(served):
   finally:
     for server in servers.values():
       server.tokenizer = tokenizer
+
+
+def test_which_templates_keep_history(served):
+  tokenizer = served[4]
+  assert chat.keeps_history(tokenizer, "<think>1</think>2")
+  assert not chat.keeps_history(tokenizer.with_chat_template(THINK_TEMPLATE), "<think>1</think>2")
+  # without a think block the Qwen3-like template keeps the reply (but not its opening <think>)
+  assert chat.keeps_history(tokenizer.with_chat_template(THINK_TEMPLATE.replace(
+      "<answer><think>{% endif %}", "<answer>{% endif %}")), "12")
+
+
+def test_smollm2s_chatml_keeps_history_verbatim(smollm2_gguf_path):
+  tokenizer = load_tokenizer(smollm2_gguf_path)
+  # its template writes each message as it is: an earlier answer's think block and spaces stay
+  assert chat.keeps_history(tokenizer, "<think>2+2 is 4</think> 4 ")
 
 
 def test_the_session_rule_on_plain_lists():

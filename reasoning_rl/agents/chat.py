@@ -33,4 +33,20 @@ def parse_assistant(text: str) -> dict[str, Any]:
   return {"role": "assistant", "content": text}
 
 
-__all__ = ["parse_assistant", "render_prompt"]
+def keeps_history(tokenizer, reply: str, *, stop_token: str | None = None) -> bool:
+  """Whether `tokenizer`'s chat template renders a conversation so that a session extends
+  (`sessions`): the prompt of a second turn, after the model answered `reply` (ended by
+  `stop_token`, default the tokenizer's EOS), starts with the first prompt's tokens followed by
+  the reply's. False for a template that rewrites earlier turns (Qwen3 and DeepSeek-R1 drop an
+  earlier answer's <think> block; Llama 3 and Gemma trim its surrounding whitespace) —
+  `agent.history_mismatch` then applies to such replies."""
+  stop = stop_token if stop_token is not None else tokenizer.decode([tokenizer.eos_id])
+  first = [{"role": "user", "content": "1"}]
+  prompt = render_prompt(tokenizer, first)
+  second = render_prompt(tokenizer, first + [{"role": "assistant", "content": reply},
+                                             {"role": "user", "content": "2"}])
+  seen = tokenizer.encode(prompt + reply + stop, add_special_tokens=False)
+  return tokenizer.encode(second, add_special_tokens=False)[:len(seen)] == seen
+
+
+__all__ = ["keeps_history", "parse_assistant", "render_prompt"]
