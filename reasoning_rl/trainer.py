@@ -155,7 +155,11 @@ class Trainer:
     return step
 
   def _stop_backend(self) -> None:
-    """The rollout backend's threads, servers or buffers go when the run ends, as the scorer's."""
+    """The rollout backend's threads, servers or buffers go when the run ends, as the scorer's
+    (and an agent run's rollout server, `agents.collector.AgentCollector.close`)."""
+    close_collector = getattr(getattr(self, "collector", None), "close", None)
+    if close_collector is not None:
+      close_collector()
     if self.run_parts.backend is not None:
       self.run_parts.backend.stop()
 
