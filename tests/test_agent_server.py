@@ -4,6 +4,7 @@ requests sharing the engine, sessions recording exact tokens, and history mismat
 import asyncio
 import dataclasses
 
+import jax
 import numpy as np
 import openai
 import pytest
@@ -11,7 +12,7 @@ from flax import nnx
 
 from reasoning_rl.agents import chat
 from reasoning_rl.agents import sessions as sessions_lib
-from reasoning_rl.agents.driver import EngineDriver
+from reasoning_rl.agents.driver import EngineDriver, request_key
 from reasoning_rl.agents.server import RolloutServer
 from reasoning_rl.data.debug_vocab import debug_arithmetic_tokenizer
 from reasoning_rl.models.tokenizers import load_tokenizer
@@ -141,7 +142,7 @@ def test_a_two_turn_session_records_the_exact_tokens_and_logprobs(served):
   # recorded log-probs are the training forward's over the whole sequence
   scorer = CanonicalScorer(nnx.graphdef(model), max_prompt_length=16, max_completion_length=48)
   scores = scorer.score(engine.params, [row.prompt_tokens], [row.completion_ids],
-                        [__import__("jax").random.key(0)], SAMPLING)
+                        [jax.random.key(0)], SAMPLING)
   canonical = scores.logprobs[0][:len(row.completion_ids)]
   mask = np.array(row.loss_mask, bool)
   np.testing.assert_allclose(np.array(row.logprobs)[mask], canonical[mask], atol=2e-5)
@@ -219,3 +220,10 @@ def test_the_session_rule_on_plain_lists():
   assert row.token_versions == [0, 0, 0, 1] and row.policy_version == 0
   with pytest.raises(sessions_lib.HistoryMismatch, match="differ from token 2"):
     session.begin_turn([1, 2, 8])
+
+
+def test_a_request_key_is_its_session_turn_and_choice():
+  data = lambda *args: jax.random.key_data(request_key(*args)).tolist()
+  assert data(0, "a", 1, 0) == data(0, "a", 1, 0)
+  others = [data(1, "a", 1, 0), data(0, "b", 1, 0), data(0, "a", 2, 0), data(0, "a", 1, 1)]
+  assert data(0, "a", 1, 0) not in others and len({str(o) for o in others}) == 4
