@@ -75,6 +75,51 @@ def test_the_openai_client_lists_the_model_and_gets_completions(served):
   assert again == [c.text for c in text.choices]
 
 
+def test_sessions_by_header_or_user_streaming_and_refusals(served):
+  _, _, _, servers, _ = served
+  server = servers["split"]
+  messages = [{"role": "user", "content": "8"}]
+
+  async def talk():
+    c = client(server)
+    await c.chat.completions.create(model="policy", messages=messages, max_tokens=2,
+                                    extra_headers={"X-Session-Id": "by-header"})
+    await c.chat.completions.create(model="policy", messages=messages, max_tokens=2,
+                                    user="by-user")
+    stream = await c.chat.completions.create(model="policy", messages=messages, max_tokens=3,
+                                             stream=True, seed=5)
+    chunks = [chunk async for chunk in stream]
+    whole = await c.chat.completions.create(model="policy", messages=messages, max_tokens=3,
+                                            seed=5)
+    errors = []
+    for bad in (dict(messages=messages, max_tokens=99), dict(messages=messages, top_p=2.0),
+                dict(messages=[{"role": "user", "content": "1" * 80}], max_tokens=2),
+                dict(messages=messages, n=2, user="by-user")):
+      try:
+        await c.chat.completions.create(model="policy", **bad)
+      except openai.BadRequestError as error:
+        errors.append(error.message)
+    await c.close()
+    return chunks, whole, errors
+
+  chunks, whole, errors = asyncio.run(talk())
+  assert [s.turns for s in (server.pop_session("by-header"), server.pop_session("by-user"))] \
+      == [1, 1]
+  assert "".join(c.choices[0].delta.content for c in chunks) == whole.choices[0].message.content
+  assert len(errors) == 4
+  assert "max_decode_length" in errors[0] and "top_p" in errors[1]
+  assert "max_prefill_length" in errors[2] and "n=2" in errors[3]
+
+
+def test_tools_reach_the_chat_template(served):
+  tokenizer = served[4].with_chat_template(
+      "{% for t in tools %}{{ t.function.name }}{% endfor %}|{{ messages[0].content }}")
+  tools = [{"type": "function", "function": {"name": "12"}},
+           {"type": "function", "function": {"name": "34"}}]
+  assert chat.render_prompt(tokenizer, [{"role": "user", "content": "5"}], tools=tools) \
+      == "1234|5"
+
+
 async def _completion(server, prompt, *, seed):
   c = client(server)
   out = await c.completions.create(model="policy", prompt=prompt, max_tokens=5, n=2, seed=seed)
