@@ -4,6 +4,7 @@ trains on an agent's episodes."""
 
 import dataclasses
 import json
+import time
 import types
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from reasoning_rl import guards as guards_lib
 from reasoning_rl.agents import collector as collector_lib
 from reasoning_rl.data.debug_vocab import debug_arithmetic_tokenizer
-from reasoning_rl.errors import ConfigError
+from reasoning_rl.errors import ConfigError, PhaseInterrupted
 from reasoning_rl.models.transformer import create_model
 from reasoning_rl.sampler.api import Completion
 from reasoning_rl.sampler.engine import Engine
@@ -90,6 +91,11 @@ def test_agents_that_raise_or_time_out_are_counted_and_dropped():
     examples[2] = (2, {"prompt": "9+1"})
     batch = collector.sample_batch(lambda n: examples[:n], num_prompts=3,
                                    dynamic_sampling=False, max_rounds=1, policy_version=0)
+    # a stop request (preemption) ends the step's episodes at once
+    started = time.perf_counter()
+    with pytest.raises(PhaseInterrupted, match="agent episodes stopped on request"):
+      collector.run_episodes([(5, {"prompt": "9+9"})], should_stop=lambda: True)
+    assert time.perf_counter() - started < 5.0
   finally:
     collector.close()
   assert batch.agent["failed"] == 4 and batch.agent["failed_frac"] == pytest.approx(4 / 6)

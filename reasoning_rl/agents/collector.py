@@ -24,6 +24,7 @@ its answer) and the earlier ones are counted (`episode/split_segments_dropped`),
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import importlib
 import time
@@ -34,7 +35,7 @@ import numpy as np
 
 from reasoning_rl.agents.driver import EngineDriver
 from reasoning_rl.agents.server import RolloutServer
-from reasoning_rl.errors import ConfigError
+from reasoning_rl.errors import ConfigError, PhaseInterrupted
 from reasoning_rl.loop.state import SampledBatch
 from reasoning_rl.rl.rollout_columns import RolloutColumns
 from reasoning_rl.sampler.api import Completion
@@ -127,14 +128,35 @@ class AgentCollector:
 
   # ------------------------------------------------------------------------------ episodes
 
-  def run_episodes(self, examples: Sequence[tuple[int, Any]]) -> dict[int, list[Episode]]:
-    """G episodes per (data position, example), all at once: {data position: episodes}."""
-    return asyncio.run(self._all(examples))
+  def session_id(self, position: int, g: int) -> str:
+    """Episode g of data position `position`: its session (and so its sampling seeds)."""
+    return f"s{self.seed}-p{position}-g{g}"
 
-  async def _all(self, examples):
+  def run_episodes(self, examples: Sequence[tuple[int, Any]], *, should_stop=None
+                   ) -> dict[int, list[Episode]]:
+    """G episodes per (data position, example), all at once: {data position: episodes}.
+    `should_stop` is asked twice a second; True cancels the episodes and raises
+    `errors.PhaseInterrupted`. The episodes run on an event loop of their own thread, so a
+    caller inside a running loop (a notebook) can call this too."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agent-episodes") as pool:
+      return pool.submit(asyncio.run, self._all(examples, should_stop)).result()
+
+  async def _all(self, examples, should_stop):
     jobs = [(position, g, example) for position, example in examples
             for g in range(self.num_samples)]
-    done = await asyncio.gather(*(self._episode(p, g, e) for p, g, e in jobs))
+    everything = asyncio.gather(*(self._episode(p, g, e) for p, g, e in jobs))
+    while not everything.done():
+      await asyncio.wait({everything}, timeout=0.5)
+      if should_stop is not None and not everything.done() and should_stop():
+        everything.cancel()
+        try:  # the episodes close their clients as they are cancelled
+          await everything
+        except asyncio.CancelledError:
+          pass
+        for position, g, _ in jobs:
+          self.server.pop_session(self.session_id(position, g))
+        raise PhaseInterrupted(f"agent episodes stopped on request ({len(jobs)} running)")
+    done = everything.result()
     out: dict[int, list[Episode]] = {position: [] for position, _ in examples}
     for (position, _, _), episode in zip(jobs, done):
       out[position].append(episode)
@@ -144,7 +166,7 @@ class AgentCollector:
     # the client is created here so that the `openai` package loads only for agent runs
     import openai  # pylint: disable=import-outside-toplevel
 
-    session_id = f"s{self.seed}-p{position}-g{g}"
+    session_id = self.session_id(position, g)
     client = openai.AsyncOpenAI(base_url=self.server.session_url(session_id), api_key="local",
                                 max_retries=0, timeout=self.settings.episode_timeout_s)
     error = None
@@ -175,10 +197,10 @@ class AgentCollector:
                    should_stop=None) -> SampledBatch:
     """One step's groups from agent episodes (the loop's collector interface; dynamic sampling
     is refused at validation for agent runs)."""
-    del dynamic_sampling, max_rounds, should_stop
+    del dynamic_sampling, max_rounds
     start = time.perf_counter()
     examples = take_examples(num_prompts)
-    episodes = self.run_episodes(examples)
+    episodes = self.run_episodes(examples, should_stop=should_stop)
     sample_s = time.perf_counter() - start
     groups, stats = groups_of(episodes, [p for p, _ in examples], group_size=self.num_samples,
                               min_episodes=self.settings.min_episodes_per_group,
