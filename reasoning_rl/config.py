@@ -150,7 +150,8 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
 
 
 def _validate_agent(config, require) -> None:
-  """Agent rollouts (`config.agent.entry`, reasoning_rl/agents): what they do not combine with."""
+  """Agent rollouts (`config.agent.entry`, reasoning_rl/agents): what they do not combine with
+  (the backend's `agent_server` capability is checked with the others)."""
   a, r = config.agent, config.rollout
   if not a.entry:
     return
@@ -165,8 +166,6 @@ def _validate_agent(config, require) -> None:
       ("rollout.kv_page_size", r.kv_page_size, "a paged KV cache")):
     require(not value, field, f"agent rollouts (agent.entry={a.entry!r}) do not run with "
             f"{what}: turn it off")
-  require(r.backend == "engine", "rollout.backend", "agent rollouts serve the engine "
-          "backend's engine: set it to 'engine'")
 
 
 def _validate_environment(config, parts, require) -> None:

@@ -101,15 +101,16 @@ class Episode:
 
 
 class AgentCollector:
-  """The loop's collector for agent runs (module docstring). `backend` must hold an `engine`
-  (the built-in `engine` backend); the collector serves it while it samples."""
+  """The loop's collector for agent runs (module docstring). `backend` declared the
+  `agent_server` capability (`sampler.api.Capabilities`: it lends its `engine`); the collector
+  serves that engine while it samples."""
 
   def __init__(self, backend, tokenizer, settings: AgentSettings, *, num_samples: int,
                max_new_tokens: int, sampling, seed: int, agent: Callable | None = None):
     engine = getattr(backend, "engine", None)
     if engine is None:
-      raise ConfigError("config.agent.entry: agent rollouts decode on the engine backend's "
-                        "engine; set rollout.backend='engine'")
+      raise ConfigError("config.agent.entry: agent rollouts decode on a backend that lends its "
+                        "engine (capability agent_server); set rollout.backend='engine'")
     self.backend = backend
     self.tokenizer = tokenizer
     self.settings = settings
