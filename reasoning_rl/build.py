@@ -435,7 +435,7 @@ def build_loop(run: Run, *, stage=None) -> Loop:
       raise ConfigError(f"config.agent.entry={agent.entry!r}: agent rollouts run in one process")
     collector = AgentCollector(run.backend, run.tokenizer, agent, num_samples=r.num_samples,
                                max_new_tokens=r.max_new_tokens, sampling=run.sampling,
-                               seed=config.seed)
+                               seed=config.seed, max_prompt_tokens=r.max_prefill_length)
   else:
     collector = collector_class(run.backend, run.tokenizer, run.template, run.scorer,
                                 **collector_kwargs)

@@ -35,7 +35,8 @@ def row(tokens, mask):
 def test_failed_episodes_are_dropped_short_groups_skipped_or_filled():
   ok = lambda r: collector_lib.Episode([row([9, 2], [1, 1])], collector_lib.reward_of(r))
   bad = collector_lib.Episode([], error="RuntimeError: boom")
-  episodes = {10: [ok(1.0), ok(0.0), ok(0.5), bad], 11: [ok(1.0), bad, bad, bad]}
+  episodes = {10: [ok(1.0), ok(0.0), ok({"agent": 0.25, "bonus": 0.25}), bad],
+              11: [ok(1.0), bad, bad, bad]}
   groups, stats = collector_lib.groups_of(episodes, [10, 11], group_size=4, min_episodes=2,
                                           tokenizer=debug_arithmetic_tokenizer(),
                                           sampling=SamplingParams())
@@ -45,6 +46,9 @@ def test_failed_episodes_are_dropped_short_groups_skipped_or_filled():
   # the filled row: the group's mean reward, no trained token
   np.testing.assert_allclose(group.rewards, [1.0, 0.0, 0.5, 0.5])
   assert group.rewards.mean() == pytest.approx(np.mean([1.0, 0.0, 0.5]))
+  # every part on every row (0 where an episode did not return it), the filled row's the mean
+  np.testing.assert_allclose(group.parts["agent"], [1.0, 0.0, 0.25, 1.25 / 3])
+  np.testing.assert_allclose(group.parts["bonus"], [0.0, 0.0, 0.25, 0.25 / 3])
   assert group.completion_ids[3].tolist() == [5] and group.loss_mask[3].tolist() == [0]
   assert group.loss_mask[0].tolist() == [1, 1]
 

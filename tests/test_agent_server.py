@@ -265,6 +265,31 @@ def test_the_session_rule_on_plain_lists():
   assert row.token_versions == [0, 0, 0, 1] and row.policy_version == 0
   with pytest.raises(sessions_lib.HistoryMismatch, match="differ from token 2"):
     session.begin_turn([1, 2, 8])
+  # a split that is then abandoned leaves the session as it was
+  session.on_mismatch = "split"
+  session.begin_turn([1, 2, 8])
+  assert (len(session.segments), session.splits) == (2, 1)
+  session.abandon_turn(drop_empty_segment=True)
+  assert (len(session.segments), session.splits) == (1, 0)
+
+
+def test_a_segment_prompt_longer_than_the_trained_prompt_is_refused(served):
+  server = served[3]["refuse"]
+  server.max_segment_prompt = 4
+  try:
+    async def talk():
+      c = client(server, "too-long")
+      try:
+        await c.chat.completions.create(model="policy", max_tokens=2,
+                                        messages=[{"role": "user", "content": "12+34"}])
+      finally:
+        await c.close()
+
+    with pytest.raises(openai.BadRequestError, match="rollout.max_prefill_length=4"):
+      asyncio.run(talk())
+    assert server.pop_session("too-long").segments == []
+  finally:
+    server.max_segment_prompt = 0
 
 
 def test_a_request_key_is_its_session_turn_and_choice():

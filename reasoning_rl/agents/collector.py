@@ -101,12 +101,14 @@ class Episode:
 
 
 class AgentCollector:
-  """The loop's collector for agent runs (module docstring). `backend` declared the
+  """The loop's collector for agent runs (module docstring); `max_prompt_tokens` and
+  `max_new_tokens` bound each trained row's prompt and completion. `backend` declared the
   `agent_server` capability (`sampler.api.Capabilities`: it lends its `engine`); the collector
   serves that engine while it samples."""
 
   def __init__(self, backend, tokenizer, settings: AgentSettings, *, num_samples: int,
-               max_new_tokens: int, sampling, seed: int, agent: Callable | None = None):
+               max_new_tokens: int, sampling, seed: int, max_prompt_tokens: int = 0,
+               agent: Callable | None = None):
     engine = getattr(backend, "engine", None)
     if engine is None:
       raise ConfigError("config.agent.entry: agent rollouts decode on a backend that lends its "
@@ -121,6 +123,7 @@ class AgentCollector:
     self.driver = EngineDriver(engine, tokenizer=tokenizer)
     self.server = RolloutServer(self.driver, tokenizer, sampling=sampling,
                                 max_tokens=max_new_tokens, max_session_tokens=max_new_tokens,
+                                max_segment_prompt=max_prompt_tokens,
                                 history_mismatch=settings.history_mismatch, seed=seed)
 
   def close(self) -> None:
@@ -216,7 +219,10 @@ class AgentCollector:
 
 def groups_of(episodes: dict[int, list[Episode]], positions: Sequence[int], *, group_size: int,
               min_episodes: int, tokenizer, sampling) -> tuple[list[RolloutColumns], dict]:
-  """The kept groups of a step's episodes and its `episode/*` counts (module docstring)."""
+  """The kept groups of a step's episodes and its `episode/*` counts (module docstring). Every
+  row carries every reward part any episode of the step returned (0 where it did not)."""
+  names = list(dict.fromkeys(name for position in positions for e in episodes[position]
+                             if e.error is None for name in e.reward.parts))
   groups, failed, skipped, dropped_segments, filled = [], 0, 0, 0, 0
   for position in positions:
     ok = [e for e in episodes[position] if e.error is None]
@@ -225,19 +231,18 @@ def groups_of(episodes: dict[int, list[Episode]], positions: Sequence[int], *, g
       skipped += 1
       continue
     rows = [e.completions[-1] for e in ok]
-    rewards = [e.reward for e in ok]
+    rewards = [Reward(e.reward.total, {n: e.reward.parts.get(n, 0.0) for n in names},
+                      e.reward.verifier_version) for e in ok]
     dropped_segments += sum(len(e.completions) - 1 for e in ok)
-    mean = float(np.mean([r.total for r in rewards]))
-    parts = {name: float(np.mean([r.parts.get(name, 0.0) for r in rewards]))
-             for name in rewards[0].parts}
+    mean = Reward(total=float(np.mean([r.total for r in rewards])),
+                  parts={n: float(np.mean([r.parts[n] for r in rewards])) for n in names},
+                  verifier_version=AGENT_VERSION)
     while len(rows) < group_size:  # failed episodes: rows that train nothing
       filled += 1
       rows.append(_placeholder(rows[0], len(rows)))
-      rewards.append(Reward(total=mean, parts=parts, verifier_version=AGENT_VERSION))
+      rewards.append(mean)
     for index, row in enumerate(rows):
       row.sample_index = index
-    rewards = [Reward(r.total, {n: r.parts.get(n, 0.0) for n in parts}, r.verifier_version)
-               for r in rewards]
     texts = [r.scored_text(tokenizer) for r in rows]
     groups.append(RolloutColumns.of_group(position, rows, texts, status="ok", rewards=rewards,
                                           sampling=sampling))

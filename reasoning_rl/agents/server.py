@@ -52,13 +52,16 @@ class RolloutServer:
   tokenizer: renders chats, encodes prompts, decodes completions; its `eos_ids` end them.
   sampling: defaults a request's temperature / top_p override (top_k, min_p are the run's).
   max_tokens: a request's budget when it names none; `max_session_tokens`: the most tokens a
-  session's segment may hold after its first prompt (the trainer's completion length), or 0.
+  session's segment may hold after its first prompt (the trainer's completion length), or 0;
+  `max_segment_prompt`: the longest prompt a segment may start with (the trainer's prompt
+  length), or 0.
   history_mismatch: `agent.history_mismatch` (split | refuse). seed: the run's seed.
   """
 
   def __init__(self, driver: EngineDriver, tokenizer, *, model_name: str = "policy",
                sampling: SamplingParams = SamplingParams(), max_tokens: int = 256,
-               max_session_tokens: int = 0, history_mismatch: str = "split", seed: int = 0,
+               max_session_tokens: int = 0, max_segment_prompt: int = 0,
+               history_mismatch: str = "split", seed: int = 0,
                host: str = "127.0.0.1", port: int = 0):
     self.driver = driver
     self.tokenizer = tokenizer
@@ -66,6 +69,7 @@ class RolloutServer:
     self.sampling = sampling
     self.max_tokens = max_tokens
     self.max_session_tokens = max_session_tokens
+    self.max_segment_prompt = max_segment_prompt
     self.history_mismatch = history_mismatch
     self.seed = seed
     self._sessions: dict[str, Session] = {}
@@ -176,8 +180,15 @@ class RolloutServer:
                          "from it); send n > 1 without a session")
       session = self.session(str(session_id))
       session.begin_turn(prompt)
+      segment = session.segments[-1]
+      if self.max_segment_prompt and not segment.tokens and (
+          len(segment.prompt_tokens) > self.max_segment_prompt):
+        session.abandon_turn(drop_empty_segment=True)
+        raise BadRequest(f"session {session.id!r}: a prompt of {len(prompt)} tokens starts a "
+                         f"segment, longer than rollout.max_prefill_length="
+                         f"{self.max_segment_prompt} (the trained row's prompt); raise it, or "
+                         "shorten the conversation")
       if self.max_session_tokens:
-        segment = session.segments[-1]
         room = self.max_session_tokens - len(segment.tokens)
         if room < 1:
           session.abandon_turn()

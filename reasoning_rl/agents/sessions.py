@@ -152,8 +152,14 @@ class Session:
     finally:
       self._busy.release()
 
-  def abandon_turn(self) -> None:
-    """The turn `begin_turn` opened decoded nothing (the engine refused it)."""
+  def abandon_turn(self, *, drop_empty_segment: bool = False) -> None:
+    """The turn `begin_turn` opened decoded nothing (the engine refused it). With
+    `drop_empty_segment`, a segment that turn started (and holds no model turn) is forgotten,
+    so the session goes on as before the request."""
+    if drop_empty_segment and self.segments and not self.segments[-1].turns:
+      self.segments.pop()
+      if self.segments:  # the segment was a split's
+        self.splits -= 1
     self._busy.release()
 
   def completions(self, *, prompt_id: int, sample_index: int, keep_sampling_logprobs: bool
