@@ -12,7 +12,7 @@ from flax import nnx
 
 from reasoning_rl.agents import chat
 from reasoning_rl.agents import sessions as sessions_lib
-from reasoning_rl.agents.driver import EngineDriver, request_key
+from reasoning_rl.agents.driver import DecodeRequest, EngineDriver, request_key
 from reasoning_rl.agents.server import RolloutServer
 from reasoning_rl.data.debug_vocab import debug_arithmetic_tokenizer
 from reasoning_rl.models.tokenizers import load_tokenizer
@@ -297,3 +297,18 @@ def test_a_request_key_is_its_session_turn_and_choice():
   assert data(0, "a", 1, 0) == data(0, "a", 1, 0)
   others = [data(1, "a", 1, 0), data(0, "b", 1, 0), data(0, "a", 2, 0), data(0, "a", 1, 1)]
   assert data(0, "a", 1, 0) not in others and len({str(o) for o in others}) == 4
+
+
+def test_an_engine_failure_fails_its_requests_and_the_driver_goes_on(served, monkeypatch):
+  _, engine, driver, _, _ = served
+  request = lambda: DecodeRequest(prompt=[1, 5, 6], key=request_key(0, None, 0, 0),
+                                  sampling=SAMPLING, max_new_tokens=3)
+
+  def broken(**kwargs):
+    raise RuntimeError("device lost")
+
+  monkeypatch.setattr(engine, "prefill_many", broken)
+  with pytest.raises(RuntimeError, match="device lost"):
+    driver.submit(request()).result(timeout=60)
+  monkeypatch.undo()
+  assert len(driver.submit(request()).result(timeout=60).tokens) == 3

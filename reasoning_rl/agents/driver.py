@@ -156,13 +156,20 @@ class EngineDriver:
       chosen.append((_Live(request, future), padded, length, slot_request))
     if not chosen:
       return state
-    prefixes = engine.prefill_many(params=engine.params,
-                                   padded_tokens=[c[1] for c in chosen],
-                                   true_lengths=[c[2] for c in chosen],
-                                   requests=[c[3] for c in chosen])
-    for slot, (live, *_), prefix in zip(free, chosen, prefixes):
-      state = engine.insert(prefix, state, slot)
-      running[slot] = live
+    try:
+      prefixes = engine.prefill_many(params=engine.params,
+                                     padded_tokens=[c[1] for c in chosen],
+                                     true_lengths=[c[2] for c in chosen],
+                                     requests=[c[3] for c in chosen])
+      for slot, (live, *_), prefix in zip(free, chosen, prefixes):
+        state = engine.insert(prefix, state, slot)
+        running[slot] = live
+    except Exception as error:  # pylint: disable=broad-except
+      # the requests not in a slot yet fail here; those in one fail with the rest (`_run`)
+      for live, *_ in chosen:
+        if not live.future.done() and live not in running:
+          live.future.set_exception(error)
+      raise
     return state
 
   def _step(self, state, running):
