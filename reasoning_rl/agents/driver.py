@@ -65,7 +65,7 @@ class DecodeResult:
   finish_reason: str
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # compared by identity (its request holds a PRNG key array)
 class _Live:
   request: DecodeRequest
   future: concurrent.futures.Future
