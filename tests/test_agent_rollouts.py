@@ -115,5 +115,7 @@ def test_a_debug_run_trains_on_an_agents_episodes(tmp_path):
   steps = [r for r in rows if "episode/failed_frac" in r]
   assert len(steps) == 2
   assert all(r["episode/failed_frac"] == 0.0 and "reward/correct" in r for r in steps)
-  assert all(np.isfinite(r["loss"]) for r in steps)
+  # an update that moved the weights, on the agent's tokens
+  assert all(np.isfinite(r["loss"]) and r["train/grad_norm"] > 0 and r["skipped_update"] == 0
+             for r in steps)
   assert steps[0]["episode/turns_mean"] == 2.0
