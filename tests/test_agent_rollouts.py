@@ -119,3 +119,8 @@ def test_a_debug_run_trains_on_an_agents_episodes(tmp_path):
   assert all(np.isfinite(r["loss"]) and r["train/grad_norm"] > 0 and r["skipped_update"] == 0
              for r in steps)
   assert steps[0]["episode/turns_mean"] == 2.0
+  records = [json.loads(line) for line in
+             (tmp_path / "rollouts" / "step_00000001.jsonl").read_text().splitlines()]
+  assert {r["verifier_version"] for r in records} == {
+      "agent=tests.support.agents:completion_agent"}
+  assert all(len(r["turns"]) == 2 for r in records)
