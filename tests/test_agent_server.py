@@ -105,6 +105,16 @@ def test_sessions_by_header_or_user_streaming_and_refusals(served):
   chunks, whole, errors = asyncio.run(talk())
   assert [s.turns for s in (server.pop_session("by-header"), server.pop_session("by-user"))] \
       == [1, 1]
+  # the per-episode base URL wins over a header and a user id
+  async def in_url():
+    c = client(server, "by-url")
+    await c.chat.completions.create(model="policy", messages=messages, max_tokens=2,
+                                    user="u2", extra_headers={"X-Session-Id": "h2"})
+    await c.close()
+
+  asyncio.run(in_url())
+  assert server.pop_session("by-url").turns == 1
+  assert server.pop_session("h2") is None and server.pop_session("u2") is None
   assert "".join(c.choices[0].delta.content for c in chunks) == whole.choices[0].message.content
   assert len(errors) == 4
   assert "max_decode_length" in errors[0] and "top_p" in errors[1]

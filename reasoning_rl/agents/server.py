@@ -10,8 +10,8 @@ Routes (also under `/sessions/<id>/v1/…`, a per-episode base URL):
   are not computed: any k > 0 is refused).
 - GET /v1/models: the one model served (`model_name`).
 
-Sessions (`sessions.Session`): a request belongs to the session named by its `X-Session-Id`
-header, its `/sessions/<id>/v1` base URL, or its `user` field, in that order. A session records
+Sessions (`sessions.Session`): a request belongs to the session named by its
+`/sessions/<id>/v1` base URL, its `X-Session-Id` header, or its `user` field, in that order. A session records
 its episode's exact tokens; its sampling is seeded by (seed, session, turn) (`driver.request_key`).
 A request without a session is served but not recorded; its `seed` field (default 0) seeds it.
 
@@ -149,7 +149,9 @@ class RolloutServer:
       body = await request.json()
       if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-      session_id = (request.headers.get("X-Session-Id") or request.match_info.get("session")
+      # the base URL's first: the trainer's per-episode URL wins over what an agent framework
+      # may send on its own (a header, an end-user id in `user`)
+      session_id = (request.match_info.get("session") or request.headers.get("X-Session-Id")
                     or body.get("user"))
       reply = await self._decode(body, session_id, chat_request=chat_request)
     except (BadRequest, HistoryMismatch, SessionBusy, SamplingError, json.JSONDecodeError) as error:
