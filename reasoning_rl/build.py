@@ -24,6 +24,7 @@ import ml_collections
 from flax import nnx
 
 from reasoning_rl import config as config_lib
+from reasoning_rl.agents.collector import AgentCollector, AgentSettings
 from reasoning_rl import (config_schema, environments, lora, memory_plan, precision, sharding,
                           step_layout, storage)
 from reasoning_rl.data import tasks, templates
@@ -214,9 +215,11 @@ def build_backend(config: ml_collections.ConfigDict, model, *, mesh=None,
   `rollout.backend`, sized as `build_engine` sizes one."""
 
   r = config.rollout
+  # agent rollouts prefill each turn's whole conversation: the first prompt and what followed
+  conversation = r.max_new_tokens if config.agent.entry else 0
   return make_backend(r.backend, BackendSpec(
       model=model, mesh=mesh, max_concurrent_decodes=r.max_concurrent_decodes,
-      max_prefill_length=r.max_prefill_length,
+      max_prefill_length=r.max_prefill_length + conversation,
       max_decode_length=max_decode_length or rollout_decode_length(config),
       steps_per_call=r.steps_per_call, seed=config.seed, config=config))
 
@@ -435,7 +438,8 @@ class Loop:
 
 def build_loop(run: Run, *, stage=None) -> Loop:
   """The loop's pieces for `run`: a `RolloutCollector` (each sampler replica's share with several
-  processes: `ShardedCollector`; partial rollouts: `PartialCollector`), the stage the config names
+  processes: `ShardedCollector`; partial rollouts: `PartialCollector`; `agent.entry`: the
+  `agents.collector.AgentCollector` that runs the user's agent program), the stage the config names
   (`RLStage` / `SFTStage`) unless `stage` replaces it (tests do), and the templates of
   `eval.instruction_variants`."""
 
@@ -452,8 +456,16 @@ def build_loop(run: Run, *, stage=None) -> Loop:
     collector_class = PartialCollector
     collector_kwargs.update(settings=PartialSettings.from_config(config),
                             example_of=run.data.train_source.example)
-  collector = collector_class(run.backend, run.tokenizer, run.template, run.scorer,
-                              **collector_kwargs)
+  agent = AgentSettings.from_config(config)
+  if agent is not None:  # agent rollouts: the user's program plays each episode
+    if cluster.multi_process:
+      raise ConfigError(f"config.agent.entry={agent.entry!r}: agent rollouts run in one process")
+    collector = AgentCollector(run.backend, run.tokenizer, agent, num_samples=r.num_samples,
+                               max_new_tokens=r.max_new_tokens, sampling=run.sampling,
+                               seed=config.seed, max_prompt_tokens=r.max_prefill_length)
+  else:
+    collector = collector_class(run.backend, run.tokenizer, run.template, run.scorer,
+                                **collector_kwargs)
   if stage is None:
     stage = (RLStage(run, collector, staleness=rollout_staleness(config),
                      with_sampler_logprobs=(sampler_correction(config) != "none"

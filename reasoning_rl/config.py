@@ -141,6 +141,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           f"routing (environment.name={config.environment.name!r}), so there is nothing to "
           "replay for them: set algo.routing_replay=False")
   _validate_backend_capabilities(config, require)
+  _validate_agent(config, require)
   require(config.beta > 0 or math.isinf(config.guards.max_kl), "guards.max_kl",
           "the KL guard measures KL to the reference, which exists only with beta > 0; set "
           "--config.beta or leave max_kl at inf")
@@ -149,6 +150,25 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
             "every variant is an instruction text containing {prompt}")
   if num_devices is not None:
     _validate_mesh(config, num_devices, num_slices)
+
+
+def _validate_agent(config, require) -> None:
+  """Agent rollouts (`config.agent.entry`, reasoning_rl/agents): what they do not combine with
+  (the backend's `agent_server` capability is checked with the others)."""
+  a, r = config.agent, config.rollout
+  if not a.entry:
+    return
+  require(":" in a.entry, "agent.entry", "must be 'module:function'")
+  require(a.min_episodes_per_group <= r.num_samples, "agent.min_episodes_per_group",
+          f"must be at most rollout.num_samples={r.num_samples}")
+  for field, value, what in (
+      ("environment.name", config.environment.name, "an environment's episodes"),
+      ("rollout.exact_logprobs", r.exact_logprobs, "exact rollouts"),
+      ("partial_rollouts.enabled", config.partial_rollouts.enabled, "partial rollouts"),
+      ("dynamic_sampling.enabled", config.dynamic_sampling.enabled, "dynamic sampling"),
+      ("rollout.kv_page_size", r.kv_page_size, "a paged KV cache")):
+    require(not value, field, f"agent rollouts (agent.entry={a.entry!r}) do not run with "
+            f"{what}: turn it off")
 
 
 def _validate_environment(config, parts, require) -> None:

@@ -328,6 +328,25 @@ SECTIONS: tuple[Section, ...] = (
               OneOf(("inline", "chat", "raw"))),
         Field("step_workers", 8, "environment steps run at once (threads)", COUNT),
     )),
+    Section("agent", "Agent rollouts (reasoning_rl/agents, docs/agents.md): a program of your "
+            "own plays each episode through an OpenAI-compatible rollout server, and the run "
+            "trains on the exact tokens it made the model see and write.", (
+        Field("entry", "", "empty = the built-in rollouts; else 'module:function', an "
+              "`async def run(client, example) -> float | dict[str, float]` given an "
+              "openai.AsyncOpenAI client of its own session and one task example"),
+        Field("history_mismatch", "split", "a request whose rendered prompt does not extend "
+              "its session's tokens (the chat template rewrote history, e.g. Qwen3 dropping "
+              "earlier <think> blocks): split = start a new segment there (the episode's last "
+              "segment is trained); refuse = answer HTTP 400 with the reason",
+              OneOf(("split", "refuse"))),
+        Field("episode_timeout_s", 300.0, "an episode running longer is dropped and counted "
+              "(episode/failed_frac)", POSITIVE),
+        Field("min_episodes_per_group", 2, "a prompt with fewer episodes that finished is "
+              "skipped (at most rollout.num_samples)", COUNT),
+        Field("max_failed_frac", 0.5, "a step whose share of failed episodes (raised or timed "
+              "out) is above this stops the run (reasoning_rl/guards.py)",
+              Range(float, 0, 1, meaning="1 = off")),
+    )),
     Section("rewards", "Rewards: a weighted sum of named parts, each {weight, kind, …settings of "
             "its kind} (reasoning_rl/verifiers/rewards.py); the settings of every kind are listed "
             "below, after the sections.", ()),

@@ -31,6 +31,11 @@ Guards (thresholds under `config.guards`; off at their defaults except the verif
   g_L − max(g_A, 0) > max_length_growth, i.e. length grew by that much more (relatively) than
   accuracy did. Skipped while L_b <= 0.
 
+- `agent.max_failed_frac` (default 0.5; agent rollouts, `reasoning_rl.agents`): trips when a
+  step's `episode/failed_frac` (share of its agent episodes that raised or timed out, dropped)
+  is > the threshold: an agent that mostly fails trains on a few survivors. 1.0 turns it off.
+  It sits in `config.agent` with the other agent settings; `Guards` takes it as an argument.
+
 - `max_routing_collapse` (default 0.95; mixture-of-experts models): trips when a step's
   `train/routing/collapse` is > the threshold: in some sparse layer, over the step's tokens, the
   busiest expert took that share of the most it could (its tokens over the mean per expert,
@@ -69,6 +74,7 @@ TRAIN_REWARD_KEY = "reward/mean"
 ACCURACY_KEY = "accuracy"
 LENGTH_KEY = "response_length/mean"
 ROUTING_COLLAPSE_KEY = "train/routing/collapse"
+EPISODE_FAILED_KEY = "episode/failed_frac"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +144,11 @@ def _slope(points: list[list[float]]) -> float | None:
 class Guards:
   """Checks every step's metrics and every evaluation against `GuardConfig` thresholds."""
 
-  def __init__(self, config: GuardConfig | Any):
+  def __init__(self, config: GuardConfig | Any, *, max_failed_episode_frac: float = 1.0):
+    """`max_failed_episode_frac`: `agent.max_failed_frac` (agent rollouts; 1 = off)."""
     self.config = GuardConfig.from_config(config)
+    check_range("agent.max_failed_frac", max_failed_episode_frac)
+    self.max_failed_episode_frac = float(max_failed_episode_frac)
     self._consecutive_skipped = 0
     self._rewards: list[list[float]] = []  # [step, reward/mean] since the oldest kept evaluation
     self._evals: list[list[float]] = []  # [step, accuracy, length] of the latest evaluations
@@ -184,6 +193,13 @@ class Guards:
         return Trip(name, f"{rate:.1%} of the groups scored at step {step} {what} (zero rewards), "
                     f"above guards.{name}={limit:.6g}; see WORKDIR/logs/train.log", step,
                     {key: rate, name: limit})
+    failed = _number(metrics, EPISODE_FAILED_KEY)
+    if failed is not None and self.max_failed_episode_frac < 1 and \
+        failed > self.max_failed_episode_frac:
+      return Trip("max_failed_frac", f"{failed:.1%} of the agent episodes of step {step} raised "
+                  f"or timed out (dropped), above agent.max_failed_frac="
+                  f"{self.max_failed_episode_frac:.6g}; see WORKDIR/logs/train.log", step,
+                  {EPISODE_FAILED_KEY: failed, "max_failed_frac": self.max_failed_episode_frac})
     collapse = _number(metrics, ROUTING_COLLAPSE_KEY)
     if collapse is not None and c.max_routing_collapse < 1 and collapse > c.max_routing_collapse:
       return Trip("max_routing_collapse",

@@ -73,7 +73,8 @@ class Trainer:
     # LoRA: checkpoints hold adapters, and the fingerprint of the base they belong to
     frozen = getattr(self.state, "frozen_params", None)
     self.lora_base = lora.base_fingerprint(frozen) if frozen is not None else None
-    self.loop = LoopState(guards=guards_lib.Guards(run.config.guards))
+    self.loop = LoopState(guards=guards_lib.Guards(
+        run.config.guards, max_failed_episode_frac=run.config.agent.max_failed_frac))
     self.cluster = run.cluster
     loop = build_loop(run, stage=stage)
     self.collector, self.stage = loop.collector, loop.stage
@@ -154,7 +155,11 @@ class Trainer:
     return step
 
   def _stop_backend(self) -> None:
-    """The rollout backend's threads, servers or buffers go when the run ends, as the scorer's."""
+    """The rollout backend's threads, servers or buffers go when the run ends, as the scorer's
+    (and an agent run's rollout server, `agents.collector.AgentCollector.close`)."""
+    close_collector = getattr(getattr(self, "collector", None), "close", None)
+    if close_collector is not None:
+      close_collector()
     if self.run_parts.backend is not None:
       self.run_parts.backend.stop()
 

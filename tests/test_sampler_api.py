@@ -108,6 +108,8 @@ def _needing(field: str):
     config.rollout.exact_logprobs = True
   elif field == "rollout.kv_page_size":
     config.rollout.kv_page_size = 16
+  elif field == "agent.entry":
+    config.agent.entry = "tests.support.agents:two_turns"
   else:
     config.algo.routing_replay = True
   return config

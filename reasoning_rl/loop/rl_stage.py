@@ -202,7 +202,10 @@ class RLStage:
           sampled.rollouts, *token_advantages))
     return telemetry.rollout_records(
         step, sampled, examples=run.data.train_source.example,
-        decode=run.tokenizer.decode, verifier_version=run.reward_fn.verifier_version,
+        decode=run.tokenizer.decode,
+        # agent runs: the rewards are the agent program's, not config.rewards' verifiers
+        verifier_version=(f"agent={c.agent.entry}" if c.agent.entry
+                          else run.reward_fn.verifier_version),
         sampling={"temperature": c.rollout.temperature, "top_p": c.rollout.top_p,
                   "top_k": c.rollout.top_k, "max_new_tokens": c.rollout.max_new_tokens,
                   "seed": c.seed}, with_experts=c.logging.rollout_experts)

@@ -60,6 +60,8 @@ class SampledBatch:
     (policy_version is then the oldest token's version).
   teacher_s: seconds in on-policy distillation's teacher forwards (`teacher.path`; this process's
     share), 0 without a teacher.
+  agent: agent rollouts (`agents.collector`): the step's failed-episode fraction and counts
+    (logged as episode/*).
   """
 
   rollouts: RolloutColumns
@@ -73,6 +75,7 @@ class SampledBatch:
   decode: dict | None = None
   partial: dict | None = None
   teacher_s: float = 0.0
+  agent: dict | None = None  # agent rollouts (reasoning_rl/agents): failed episodes, skips
 
   def to_json(self) -> dict:
     fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

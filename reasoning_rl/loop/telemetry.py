@@ -56,6 +56,9 @@ def rl_metrics(batch: SampledBatch, stats: Mapping[str, float], *, reward_parts:
       "policy_lag": policy_version - 1 - batch.policy_version,
       "data_position": data_position,
   })
+  if batch.agent is not None:  # agent rollouts: the parts the agents returned
+    reward_parts = list(rollouts.parts) if rollouts.num_samples else []
+    row.update({f"episode/{key}": value for key, value in batch.agent.items()})
   for name in reward_parts:
     values = rollouts.parts[name] if rollouts.num_samples else ()
     row[f"reward/{name}"] = float(np.mean(values)) if len(values) else 0.0

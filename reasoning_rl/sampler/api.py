@@ -245,6 +245,9 @@ class Capabilities:
   paged_kv: bool = False
   # MoE models: each token's experts in `Completion.experts` (algo.routing_replay)
   expert_routing: bool = False
+  # `engine`: an `Engine` that the agent rollout server's one thread may drive between calls
+  # (agent.entry, reasoning_rl/agents)
+  agent_server: bool = False
 
   def names(self) -> tuple[str, ...]:
     """The capabilities declared, by field name."""
@@ -260,6 +263,7 @@ CAPABILITY_FIELDS: tuple[tuple[str, str, str, str], ...] = (
      "False"),
     ("rollout.kv_page_size", "paged_kv", "holds a paged KV cache", "0"),
     ("algo.routing_replay", "expert_routing", "records each token's experts", "False"),
+    ("agent.entry", "agent_server", "lends its engine to the agent rollout server", "''"),
 )
 
 

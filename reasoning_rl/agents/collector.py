@@ -1,0 +1,265 @@
+"""User agents as rollouts: G episodes of `agent.entry` per prompt, trained on their exact tokens.
+
+`config.agent.entry = "module:function"` names `async def run(client, example) -> float | dict`:
+an agent program given an `openai.AsyncOpenAI` client whose base URL is its own session on the
+rollout server (`server.RolloutServer`, `/sessions/<id>/v1`) and one task example. The
+`AgentCollector` replaces the loop's `RolloutCollector`: for each prompt of a step it runs G
+episodes concurrently (every episode of the step at once, so their requests share the engine's
+decode slots), then turns each session's recorded tokens into `Completion`s (`sessions`) and the
+agent's return value into the reward: a number is the reward, a dict {part: value} is summed
+into it, each part logged as reward/<part>. Advantages and the update are the loop's own.
+
+Failures (docs/agents.md): an episode that raises, or runs past `agent.episode_timeout_s`, is
+dropped and counted (`episode/failed_frac`); a group with fewer than
+`agent.min_episodes_per_group` episodes is skipped; a kept group short of G episodes is filled
+with rows that train nothing (loss mask 0 everywhere) whose reward is the mean of the group's
+episodes, so the group's mean and each episode's reward minus it are what the episodes alone
+give. The guard `agent.max_failed_frac` stops a run whose steps drop more (`guards.py`).
+
+Sessions split by `agent.history_mismatch = split` give several rows per episode; the step's
+batch holds G rows per group, so such an episode trains its last segment (the one that ends with
+its answer) and the earlier ones are counted (`episode/split_segments_dropped`), not trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import importlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from reasoning_rl.agents.driver import EngineDriver
+from reasoning_rl.agents.server import RolloutServer
+from reasoning_rl.errors import ConfigError, PhaseInterrupted
+from reasoning_rl.loop.state import SampledBatch
+from reasoning_rl.rl.rollout_columns import RolloutColumns
+from reasoning_rl.sampler.api import Completion
+from reasoning_rl.verifiers.rewards import Reward
+
+AGENT_VERSION = "agent-1"
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentSettings:
+  """`config.agent` (docs/config.md)."""
+
+  entry: str
+  history_mismatch: str = "split"
+  episode_timeout_s: float = 300.0
+  min_episodes_per_group: int = 2
+  max_failed_frac: float = 0.5
+
+  @classmethod
+  def from_config(cls, config) -> "AgentSettings | None":
+    a = config.agent
+    if not a.entry:
+      return None
+    return cls(entry=a.entry, history_mismatch=a.history_mismatch,
+               episode_timeout_s=a.episode_timeout_s,
+               min_episodes_per_group=a.min_episodes_per_group,
+               max_failed_frac=a.max_failed_frac)
+
+
+def load_entry(entry: str) -> Callable:
+  """The async function `module:function` names (ConfigError naming config.agent.entry)."""
+  module_name, _, name = entry.partition(":")
+  if not module_name or not name:
+    raise ConfigError(f"config.agent.entry={entry!r}: must be 'module:function'")
+  try:
+    function = getattr(importlib.import_module(module_name), name)
+  except (ImportError, AttributeError) as error:
+    raise ConfigError(f"config.agent.entry={entry!r}: cannot load it ({error}); name an "
+                      "importable module and its async function") from None
+  if not asyncio.iscoroutinefunction(function):
+    raise ConfigError(f"config.agent.entry={entry!r}: must be an async function "
+                      "`async def run(client, example) -> float | dict`")
+  return function
+
+
+def reward_of(value: Any) -> Reward:
+  """An agent's return value as a `Reward`: a number is the total (part `agent`), a dict of
+  numbers its parts, summed."""
+  if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
+    raise TypeError(f"the agent returned {value!r}; return a float or a dict of floats")
+  parts = {"agent": float(value)} if not isinstance(value, dict) else {
+      str(k): float(v) for k, v in value.items()}
+  return Reward(total=float(sum(parts.values())), parts=parts, verifier_version=AGENT_VERSION)
+
+
+@dataclasses.dataclass
+class Episode:
+  """One agent episode's outcome: its rows (one per segment) and reward, or why it failed."""
+
+  completions: list[Completion]
+  reward: Reward | None = None
+  error: str | None = None
+
+
+class AgentCollector:
+  """The loop's collector for agent runs (module docstring); `max_prompt_tokens` and
+  `max_new_tokens` bound each trained row's prompt and completion. `backend` declared the
+  `agent_server` capability (`sampler.api.Capabilities`: it lends its `engine`); the collector
+  serves that engine while it samples."""
+
+  def __init__(self, backend, tokenizer, settings: AgentSettings, *, num_samples: int,
+               max_new_tokens: int, sampling, seed: int, max_prompt_tokens: int = 0,
+               agent: Callable | None = None):
+    engine = getattr(backend, "engine", None)
+    if engine is None:
+      raise ConfigError("config.agent.entry: agent rollouts decode on a backend that lends its "
+                        "engine (capability agent_server); set rollout.backend='engine'")
+    self.backend = backend
+    self.tokenizer = tokenizer
+    self.settings = settings
+    self.num_samples = num_samples
+    self.sampling = sampling
+    self.seed = seed
+    self.agent = agent or load_entry(settings.entry)
+    self.driver = EngineDriver(engine, tokenizer=tokenizer)
+    self.server = RolloutServer(self.driver, tokenizer, sampling=sampling,
+                                max_tokens=max_new_tokens, max_session_tokens=max_new_tokens,
+                                max_segment_prompt=max_prompt_tokens,
+                                history_mismatch=settings.history_mismatch, seed=seed)
+
+  def close(self) -> None:
+    self.server.stop()
+    self.driver.stop()
+
+  # ------------------------------------------------------------------------------ episodes
+
+  def session_id(self, position: int, g: int) -> str:
+    """Episode g of data position `position`: its session (and so its sampling seeds)."""
+    return f"s{self.seed}-p{position}-g{g}"
+
+  def run_episodes(self, examples: Sequence[tuple[int, Any]], *, should_stop=None
+                   ) -> dict[int, list[Episode]]:
+    """G episodes per (data position, example), all at once: {data position: episodes}.
+    `should_stop` is asked twice a second; True cancels the episodes and raises
+    `errors.PhaseInterrupted`. The episodes run on an event loop of their own thread, so a
+    caller inside a running loop (a notebook) can call this too."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agent-episodes") as pool:
+      return pool.submit(asyncio.run, self._all(examples, should_stop)).result()
+
+  async def _all(self, examples, should_stop):
+    jobs = [(position, g, example) for position, example in examples
+            for g in range(self.num_samples)]
+    everything = asyncio.gather(*(self._episode(p, g, e) for p, g, e in jobs))
+    while not everything.done():
+      await asyncio.wait({everything}, timeout=0.5)
+      if should_stop is not None and not everything.done() and should_stop():
+        everything.cancel()
+        try:  # the episodes close their clients as they are cancelled
+          await everything
+        except asyncio.CancelledError:
+          pass
+        for position, g, _ in jobs:
+          self.server.pop_session(self.session_id(position, g))
+        raise PhaseInterrupted(f"agent episodes stopped on request ({len(jobs)} running)")
+    done = everything.result()
+    out: dict[int, list[Episode]] = {position: [] for position, _ in examples}
+    for (position, _, _), episode in zip(jobs, done):
+      out[position].append(episode)
+    return out
+
+  async def _episode(self, position: int, g: int, example) -> Episode:
+    # the client is created here so that the `openai` package loads only for agent runs
+    import openai  # pylint: disable=import-outside-toplevel
+
+    session_id = self.session_id(position, g)
+    client = openai.AsyncOpenAI(base_url=self.server.session_url(session_id), api_key="local",
+                                max_retries=0, timeout=self.settings.episode_timeout_s)
+    error = None
+    try:
+      value = await asyncio.wait_for(self.agent(client, example),
+                                     timeout=self.settings.episode_timeout_s)
+      reward = reward_of(value)
+    except asyncio.TimeoutError:
+      error = f"timed out after agent.episode_timeout_s={self.settings.episode_timeout_s}"
+    except Exception as raised:  # pylint: disable=broad-except
+      error = f"{type(raised).__name__}: {raised}"
+    finally:
+      await client.close()
+    session = self.server.pop_session(session_id)
+    completions = [] if session is None else session.completions(
+        prompt_id=position, sample_index=g,
+        keep_sampling_logprobs=self.sampling.changes_distribution)
+    if error is None and not completions:
+      error = "the agent made no request of its session"
+    if error is not None:
+      return Episode(completions=[], error=error)
+    return Episode(completions=completions, reward=reward)
+
+  # ------------------------------------------------------------------------------ the loop
+
+  def sample_batch(self, take_examples: Callable[[int], list], *, num_prompts: int,
+                   dynamic_sampling: bool, max_rounds: int, policy_version: int,
+                   should_stop=None) -> SampledBatch:
+    """One step's groups from agent episodes (the loop's collector interface; dynamic sampling
+    is refused at validation for agent runs)."""
+    del dynamic_sampling, max_rounds
+    start = time.perf_counter()
+    examples = take_examples(num_prompts)
+    episodes = self.run_episodes(examples, should_stop=should_stop)
+    sample_s = time.perf_counter() - start
+    groups, stats = groups_of(episodes, [p for p, _ in examples], group_size=self.num_samples,
+                              min_episodes=self.settings.min_episodes_per_group,
+                              tokenizer=self.tokenizer, sampling=self.sampling)
+    rollouts = (RolloutColumns.concat(groups, group_size=self.num_samples) if groups
+                else RolloutColumns.empty(self.num_samples))
+    return SampledBatch(
+        rollouts=rollouts, outcome=rollouts.outcome_fractions() if groups else {},
+        groups_sampled=len(examples), scoring={"ok": len(groups), "timeout": 0, "error": 0},
+        sample_s=sample_s, verify_s=0.0, policy_version=policy_version, agent=stats)
+
+
+def groups_of(episodes: dict[int, list[Episode]], positions: Sequence[int], *, group_size: int,
+              min_episodes: int, tokenizer, sampling) -> tuple[list[RolloutColumns], dict]:
+  """The kept groups of a step's episodes and its `episode/*` counts (module docstring). Every
+  row carries every reward part any episode of the step returned (0 where it did not)."""
+  names = list(dict.fromkeys(name for position in positions for e in episodes[position]
+                             if e.error is None for name in e.reward.parts))
+  groups, failed, skipped, dropped_segments, filled = [], 0, 0, 0, 0
+  for position in positions:
+    ok = [e for e in episodes[position] if e.error is None]
+    failed += len(episodes[position]) - len(ok)
+    if len(ok) < min_episodes:
+      skipped += 1
+      continue
+    rows = [e.completions[-1] for e in ok]
+    rewards = [Reward(e.reward.total, {n: e.reward.parts.get(n, 0.0) for n in names},
+                      e.reward.verifier_version) for e in ok]
+    dropped_segments += sum(len(e.completions) - 1 for e in ok)
+    mean = Reward(total=float(np.mean([r.total for r in rewards])),
+                  parts={n: float(np.mean([r.parts[n] for r in rewards])) for n in names},
+                  verifier_version=AGENT_VERSION)
+    while len(rows) < group_size:  # failed episodes: rows that train nothing
+      filled += 1
+      rows.append(_placeholder(rows[0], len(rows)))
+      rewards.append(mean)
+    for index, row in enumerate(rows):
+      row.sample_index = index
+    texts = [r.scored_text(tokenizer) for r in rows]
+    groups.append(RolloutColumns.of_group(position, rows, texts, status="ok", rewards=rewards,
+                                          sampling=sampling))
+  total = max(sum(len(episodes[p]) for p in positions), 1)
+  return groups, {"failed_frac": failed / total, "failed": failed, "groups_skipped": skipped,
+                  "placeholder_rows": filled, "split_segments_dropped": dropped_segments}
+
+
+def _placeholder(like: Completion, index: int) -> Completion:
+  """A row that trains nothing: `like`'s prompt, one masked token."""
+  return Completion(prompt_id=like.prompt_id, sample_index=index,
+                    prompt_tokens=list(like.prompt_tokens), completion_ids=[like.prompt_tokens[-1]],
+                    logprobs=[0.0], sampling_logprobs=None if like.sampling_logprobs is None
+                    else [0.0], finish_reason="length", truncated=False,
+                    policy_version=like.policy_version, loss_mask=[0],
+                    turns=[{"model_text": "", "num_tokens": 0, "finish_reason": "failed"}],
+                    episode_end="failed", scored_response="")
+
+
+__all__ = ["AgentCollector", "AgentSettings", "Episode", "groups_of", "load_entry", "reward_of"]

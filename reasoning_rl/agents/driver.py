@@ -1,0 +1,224 @@
+"""One thread drives the engine; requests from any thread join its decode slots as they arrive.
+
+`EngineDriver.submit(DecodeRequest)` queues a request and returns a `concurrent.futures.Future`
+of its `DecodeResult`. The driver thread runs the engine's own calls as `sampler.rollout` does
+for in-process rollouts — `prefill_many` for the requests that got a free slot (several at once
+when several wait), `insert` into those slots, then `generate` for every live slot with
+`return_on_finish`, so a finished request frees its slot for the next waiting one at once — and
+checks stop strings on the host after each call. Concurrent requests therefore share the decode
+batch: continuous batching, not one request after another.
+
+Determinism: token n of a request is drawn with fold_in(key, n), `key` the request's own
+(`request_key`: seed, session, turn, choice), so a request's tokens do not depend on which slot it
+ran in or what else was decoding.
+
+Each request prefills its whole prompt: the conversation of an agent's earlier turns is decoded
+again, since its slot went to other requests while the agent was thinking.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import queue
+import threading
+import zlib
+from collections.abc import Sequence
+
+import jax
+
+from reasoning_rl.errors import SamplingError
+from reasoning_rl.sampler.engine import Engine
+from reasoning_rl.sampler.rollout import find_stop_string
+from reasoning_rl.sampler.sampling import SamplingParams, sample_key
+
+
+def request_key(seed: int, session: str | None, turn: int, choice: int) -> jax.Array:
+  """The PRNG key of choice `choice` of turn `turn` of `session`: fold_in(sample_key(seed,
+  crc32(session), turn), choice). The same session id, turn and seed draw the same tokens."""
+  session_number = zlib.crc32((session or "").encode()) & 0x7FFFFFFF
+  return jax.random.fold_in(sample_key(seed, session_number, turn), choice)
+
+
+@dataclasses.dataclass
+class DecodeRequest:
+  """One sequence to decode: its prompt tokens, key, sampling, budget and stops."""
+
+  prompt: Sequence[int]
+  key: jax.Array
+  sampling: SamplingParams
+  max_new_tokens: int
+  stop_ids: Sequence[int] = ()
+  stop_strings: Sequence[str] = ()
+
+
+@dataclasses.dataclass
+class DecodeResult:
+  """What a request drew: tokens (kept up to a stop string), both log-probs of each, the policy
+  version that drew each, and why it ended ("stop_id", "stop_string" or "length")."""
+
+  tokens: list[int]
+  logprobs: list[float]
+  sampling_logprobs: list[float]
+  versions: list[int]
+  finish_reason: str
+
+
+@dataclasses.dataclass(eq=False)  # compared by identity (its request holds a PRNG key array)
+class _Live:
+  request: DecodeRequest
+  future: concurrent.futures.Future
+  result: DecodeResult = dataclasses.field(
+      default_factory=lambda: DecodeResult([], [], [], [], "length"))
+
+
+_STOP = object()
+
+
+class EngineDriver:
+  """Owns the decode state of `engine`; see the module docstring. `tokenizer` decodes for stop
+  strings. `stop()` fails what is queued or running and ends the thread."""
+
+  def __init__(self, engine: Engine, *, tokenizer=None):
+    self.engine = engine
+    self.tokenizer = tokenizer
+    self._queue: queue.Queue = queue.Queue()
+    self.requests_done = 0
+    self.most_live = 0  # the most requests that decoded in one generate call
+    self._thread = threading.Thread(target=self._run, name="engine-driver", daemon=True)
+    self._thread.start()
+
+  def submit(self, request: DecodeRequest) -> concurrent.futures.Future:
+    """Queues `request`; the future raises SamplingError for a prompt or budget the engine
+    refuses."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    if not self._thread.is_alive():
+      future.set_exception(SamplingError("the engine driver was stopped"))
+      return future
+    self._queue.put((request, future))
+    return future
+
+  def stop(self) -> None:
+    if self._thread.is_alive():
+      self._queue.put(_STOP)
+      self._thread.join()
+
+  # ------------------------------------------------------------------------------ the thread
+
+  def _run(self) -> None:
+    engine = self.engine
+    waiting: collections.deque = collections.deque()
+    running: list[_Live | None] = [None] * engine.max_concurrent_decodes
+    state = None
+    while True:
+      idle = not waiting and all(r is None for r in running)
+      try:
+        item = self._queue.get() if idle else self._queue.get_nowait()
+        while True:
+          if item is _STOP:
+            self._fail_all(waiting, running, SamplingError("the engine driver was stopped"))
+            return
+          waiting.append(item)
+          item = self._queue.get_nowait()
+      except queue.Empty:
+        pass
+      try:
+        if state is None:
+          state = engine.init_decode_state()
+        state = self._fill(state, waiting, running)
+        if all(r is None for r in running):
+          state = None  # nothing decodes: the next request starts from a fresh state
+          continue
+        state = self._step(state, running)
+      except Exception as error:  # pylint: disable=broad-except
+        # an engine failure fails the requests it held; the driver goes on with a fresh state
+        self._fail_all((), running, error)
+        state = None
+
+  def _fill(self, state, waiting, running):
+    """Prefills the waiting requests that fit in free slots and inserts them."""
+    engine = self.engine
+    free = [slot for slot, r in enumerate(running) if r is None]
+    chosen = []
+    while waiting and len(chosen) < len(free):
+      request, future = waiting.popleft()
+      if not future.set_running_or_notify_cancel():
+        continue
+      try:
+        padded, length = engine.prepare_prompt(request.prompt)
+        slot_request = engine.make_request(key=request.key, sampling=request.sampling,
+                                           max_new_tokens=request.max_new_tokens,
+                                           stop_ids=request.stop_ids)
+      except SamplingError as error:
+        future.set_exception(error)
+        continue
+      chosen.append((_Live(request, future), padded, length, slot_request))
+    if not chosen:
+      return state
+    try:
+      prefixes = engine.prefill_many(params=engine.params,
+                                     padded_tokens=[c[1] for c in chosen],
+                                     true_lengths=[c[2] for c in chosen],
+                                     requests=[c[3] for c in chosen])
+      for slot, (live, *_), prefix in zip(free, chosen, prefixes):
+        state = engine.insert(prefix, state, slot)
+        running[slot] = live
+    except Exception as error:  # pylint: disable=broad-except
+      # the requests not in a slot yet fail here; those in one fail with the rest (`_run`)
+      for live, *_ in chosen:
+        if not live.future.done() and live not in running:
+          live.future.set_exception(error)
+      raise
+    return state
+
+  def _step(self, state, running):
+    """One `generate` call; finished requests get their results."""
+    engine = self.engine
+    version = engine.policy_version
+    state, result = engine.generate(engine.params, state, return_on_finish=True)
+    result = result.to_host()
+    self.most_live = max(self.most_live, sum(r is not None for r in running))
+    for slot, live in enumerate(running):
+      if live is None:
+        continue
+      valid = result.valid[slot]
+      out = live.result
+      new = result.tokens[slot][valid].tolist()
+      out.tokens += new
+      out.logprobs += result.logprobs[slot][valid].tolist()
+      out.sampling_logprobs += result.sampling_logprobs[slot][valid].tolist()
+      out.versions += [version] * len(new)
+      stops = live.request.stop_strings
+      cut = (find_stop_string(self.tokenizer, out.tokens, stops)
+             if stops and new and self.tokenizer is not None else None)
+      if cut is not None:
+        if not result.done[slot]:
+          state = engine.release(state, slot)
+        for name in ("tokens", "logprobs", "sampling_logprobs", "versions"):
+          setattr(out, name, getattr(out, name)[:cut])
+        out.finish_reason = "stop_string"
+      elif result.done[slot]:
+        stop_ids = set(int(i) for i in live.request.stop_ids)
+        out.finish_reason = "stop_id" if out.tokens and out.tokens[-1] in stop_ids else "length"
+      else:
+        continue
+      running[slot] = None
+      engine.free_resource(slot)
+      self.requests_done += 1
+      live.future.set_result(out)
+    return state
+
+  @staticmethod
+  def _fail_all(waiting, running, error) -> None:
+    for _, future in waiting:
+      if not future.done():
+        future.set_exception(error)
+    for slot, live in enumerate(running):
+      if live is not None:
+        if not live.future.done():
+          live.future.set_exception(error)
+        running[slot] = None
+
+
+__all__ = ["DecodeRequest", "DecodeResult", "EngineDriver", "request_key"]
