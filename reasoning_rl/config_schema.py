@@ -210,7 +210,8 @@ SECTIONS: tuple[Section, ...] = (
             "by model.tokenizer.", (
         Field("path", "", "HF directory, .gguf file or training run to start from"),
         Field("tokenizer", "", "for a random model: a tokenizer path, or debug_arithmetic (a "
-              "built-in character vocabulary for the synthetic debug task)"),
+              "built-in character vocabulary for the synthetic debug task; "
+              "debug_arithmetic_chat: the same with a chat template)"),
         Field("dtype", "float32", "compute dtype (activations, matmuls; the sampler's weights "
               "and KV cache)", OneOf(DTYPES)),
         Field("weight_dtype", "float32", "the trainer's master weights and AdamW moments "

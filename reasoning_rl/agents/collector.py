@@ -171,6 +171,8 @@ class AgentCollector:
     import openai  # pylint: disable=import-outside-toplevel
 
     session_id = self.session_id(position, g)
+    # seeded as the in-process episode g of this data position is (driver.py)
+    self.driver.own_episode(session_id, seed=self.seed, prompt_id=position, sample_index=g)
     client = openai.AsyncOpenAI(base_url=self.server.session_url(session_id), api_key="local",
                                 max_retries=0, timeout=self.settings.episode_timeout_s)
     error = None
@@ -184,10 +186,12 @@ class AgentCollector:
       error = f"{type(raised).__name__}: {raised}"
     finally:
       await client.close()
+      self.driver.release_episode(session_id)
     session = self.server.pop_session(session_id)
-    completions = [] if session is None else session.completions(
+    completions = [] if session is None else [without_trailing_context(c) for c in
+                                              session.completions(
         prompt_id=position, sample_index=g,
-        keep_sampling_logprobs=self.sampling.changes_distribution)
+        keep_sampling_logprobs=self.sampling.changes_distribution)]
     if error is None and not completions:
       error = "the agent made no request of its session"
     if error is not None:
@@ -251,6 +255,23 @@ def groups_of(episodes: dict[int, list[Episode]], positions: Sequence[int], *, g
                   "placeholder_rows": filled, "split_segments_dropped": dropped_segments}
 
 
+def without_trailing_context(row: Completion) -> Completion:
+  """`row` ending at its last model token. Context after it (a tool's value sent with a request
+  the server refused: the episode's token budget was spent) was never decoded from, as an
+  in-process episode never appends an observation it ends at; the row leaves it out."""
+  mask = row.loss_mask or []
+  end = len(mask)
+  while end and not mask[end - 1]:
+    end -= 1
+  if end == len(mask):
+    return row
+  cut = lambda values: None if values is None else list(values[:end])
+  return dataclasses.replace(
+      row, completion_ids=cut(row.completion_ids), logprobs=cut(row.logprobs),
+      sampling_logprobs=cut(row.sampling_logprobs), loss_mask=cut(row.loss_mask),
+      token_versions=cut(row.token_versions))
+
+
 def _placeholder(like: Completion, index: int) -> Completion:
   """A row that trains nothing: `like`'s prompt, one masked token."""
   return Completion(prompt_id=like.prompt_id, sample_index=index,
@@ -262,4 +283,5 @@ def _placeholder(like: Completion, index: int) -> Completion:
                     episode_end="failed", scored_response="")
 
 
-__all__ = ["AgentCollector", "AgentSettings", "Episode", "groups_of", "load_entry", "reward_of"]
+__all__ = ["AgentCollector", "AgentSettings", "Episode", "groups_of", "load_entry", "reward_of",
+           "without_trailing_context"]
