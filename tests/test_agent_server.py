@@ -322,3 +322,84 @@ def test_an_engine_failure_fails_its_requests_and_the_driver_goes_on(served, mon
     driver.submit(request()).result(timeout=60)
   monkeypatch.undo()
   assert len(driver.submit(request()).result(timeout=60).tokens) == 3
+
+
+def test_continue_final_message_continues_the_assistant_turn_and_extends_the_session(served):
+  _, _, _, servers, tokenizer = served
+  server = servers["refuse"]
+  user = {"role": "user", "content": "3+4"}
+  keep_open = {"continue_final_message": True, "add_generation_prompt": False}
+
+  async def episode():
+    c = client(server, "continue")
+    first = await c.chat.completions.create(
+        model="policy", max_tokens=3, extra_body=keep_open,
+        messages=[user, {"role": "assistant", "content": "12"}])
+    partial = "12" + first.choices[0].message.content + "5"
+    second = await c.chat.completions.create(
+        model="policy", max_tokens=3, extra_body=keep_open,
+        messages=[user, {"role": "assistant", "content": partial}])
+    errors = []
+    for messages, extra in (([user, {"role": "assistant", "content": "1"}],
+                             {"continue_final_message": True, "add_generation_prompt": True}),
+                            ([user], {"continue_final_message": True}),
+                            ([user], {"continue_final_message": "yes"})):
+      try:
+        await c.chat.completions.create(model="policy", max_tokens=2, messages=messages,
+                                        extra_body=extra)
+      except openai.BadRequestError as error:
+        errors.append(error.message)
+    await c.close()
+    return first, second, errors
+
+  first, second, errors = asyncio.run(episode())
+  session = server.pop_session("continue")
+  assert session.splits == 0 and session.turns == 2
+  [row] = session.completions(prompt_id=0, sample_index=0, keep_sampling_logprobs=False)
+  # no generation prompt after the partial reply, no end-of-turn marker either
+  assert row.prompt_tokens == tokenizer.encode("<bos>3+4<eos><answer>12",
+                                               add_special_tokens=False)
+  ids_1 = first.choices[0].model_extra["token_ids"]
+  ids_2 = second.choices[0].model_extra["token_ids"]
+  assert first.choices[0].finish_reason == "length"  # (max_tokens: the text holds every token)
+  assert row.completion_ids == ids_1 + [tokenizer.token_to_id("5")] + ids_2
+  assert row.loss_mask == [1] * len(ids_1) + [0] + [1] * len(ids_2)
+  assert "cannot both be true" in errors[0]
+  assert "last message must be an assistant message" in errors[1]
+  assert "continue_final_message='yes'" in errors[2]
+
+
+def test_open_final_message_cuts_as_transformers_does(served):
+  tokenizer = served[4]
+  messages = [{"role": "user", "content": "1"}, {"role": "assistant", "content": "2 "}]
+  assert chat.render_prompt(tokenizer, messages, add_generation_prompt=False,
+                            continue_final_message=True) == "<bos>1<eos><answer>2 "
+  trimming = tokenizer.with_chat_template(PLAIN_TEMPLATE.replace("m.content }}",
+                                                                 "m.content | trim }}"))
+  # the template trimmed the trailing space: the cut follows the trimmed content
+  assert chat.render_prompt(trimming, messages, add_generation_prompt=False,
+                            continue_final_message=True) == "<bos>1<eos><answer>2"
+  with pytest.raises(ValueError, match="is empty"):
+    chat.render_prompt(tokenizer, [messages[0], {"role": "assistant", "content": ""}],
+                       add_generation_prompt=False, continue_final_message=True)
+
+
+def test_a_stop_string_and_what_follows_it_are_not_in_the_text(served):
+  server = served[3]["split"]
+
+  async def draw(stop, seed):
+    c = client(server)
+    out = await c.completions.create(model="policy", prompt="<bos>2*3<eos><answer>",
+                                     max_tokens=6, seed=seed, stop=stop)
+    await c.close()
+    return out.choices[0]
+
+  # a seed whose draw has text to cut (the random model may end at once)
+  seed, whole = next((seed, whole) for seed in range(50)
+                     for whole in [asyncio.run(draw(None, seed))] if len(whole.text) >= 2)
+  text = whole.text
+  stopped = asyncio.run(draw([text[1]], seed))
+  assert stopped.finish_reason == "stop"
+  assert stopped.text == text[:text.index(text[1])]
+  # the tokens drawn up to the stop string are all kept (what the session records)
+  assert stopped.model_extra["token_ids"] == whole.model_extra["token_ids"][:text.index(text[1]) + 1]

@@ -16,16 +16,54 @@ from typing import Any
 
 def render_prompt(tokenizer, messages: Sequence[Mapping[str, Any]], *,
                   tools: Sequence[Mapping[str, Any]] | None = None,
-                  tool_choice: Any = None) -> str:
-  """The prompt text of a chat request: `messages` through the tokenizer's chat template with a
-  generation prompt. `tools` / `tool_choice` reach the template as its variables (only when
-  given: a template that tests `tools is defined` sees none otherwise)."""
+                  tool_choice: Any = None, add_generation_prompt: bool = True,
+                  continue_final_message: bool = False) -> str:
+  """The prompt text of a chat request: `messages` through the tokenizer's chat template, with a
+  generation prompt unless `add_generation_prompt` is false. `tools` / `tool_choice` reach the
+  template as its variables (only when given: a template that tests `tools is defined` sees none
+  otherwise).
+
+  `continue_final_message` (vLLM's and transformers' extension): the last message is an assistant
+  message the model is to continue, so the text is cut right after that message's content —
+  the template's end-of-turn marker and anything after it are left out (`open_final_message`).
+  """
+  if continue_final_message and add_generation_prompt:
+    raise ValueError("continue_final_message and add_generation_prompt cannot both be true: the "
+                     "first continues the last assistant message, the second opens a new one; "
+                     "send add_generation_prompt=false")
   extra = {}
   if tools:
     extra["tools"] = list(tools)
   if tool_choice is not None:
     extra["tool_choice"] = tool_choice
-  return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, **extra)
+  text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
+                                       **extra)
+  if continue_final_message:
+    text = open_final_message(text, messages)
+  return text
+
+
+def open_final_message(rendered: str, messages: Sequence[Mapping[str, Any]]) -> str:
+  """`rendered` (the whole conversation, no generation prompt) cut right after the final
+  message's content, as transformers' `apply_chat_template(continue_final_message=True)` cuts it:
+  at the content's last occurrence; when the template trimmed the content's surrounding
+  whitespace, right after the trimmed content."""
+  final = messages[-1] if messages else {}
+  content = final.get("content") if isinstance(final, Mapping) else None
+  if not isinstance(final, Mapping) or final.get("role") != "assistant" or not isinstance(
+      content, str):
+    raise ValueError("continue_final_message: the last message must be an assistant message "
+                     "with string content (the partial reply to continue)")
+  if not content.strip():
+    raise ValueError("continue_final_message: the final assistant message is empty; to start a "
+                     "reply send add_generation_prompt=true and no assistant message instead")
+  if content.strip() not in rendered:
+    raise ValueError("continue_final_message: the chat template does not write the final "
+                     "assistant message's content into the prompt, so it cannot be continued")
+  at = rendered.rindex(content.strip())
+  if rendered[at:at + len(content.lstrip())] == content.lstrip():
+    return rendered[:at + len(content.lstrip())]
+  return rendered[:at + len(content.strip())]
 
 
 def parse_assistant(text: str) -> dict[str, Any]:
@@ -49,4 +87,4 @@ def keeps_history(tokenizer, reply: str, *, stop_token: str | None = None) -> bo
   return tokenizer.encode(second, add_special_tokens=False)[:len(seen)] == seen
 
 
-__all__ = ["keeps_history", "parse_assistant", "render_prompt"]
+__all__ = ["keeps_history", "open_final_message", "parse_assistant", "render_prompt"]

@@ -3,8 +3,10 @@
 Routes (also under `/sessions/<id>/v1/…`, a per-episode base URL):
 - POST /v1/chat/completions: `messages` rendered with the tokenizer's chat template
   (`chat.render_prompt`, which also passes `tools` / `tool_choice`); `n`, `temperature`,
-  `top_p`, `max_tokens` (or `max_completion_tokens`), `stop`, `seed`, `logprobs`; `stream`
-  answers the whole message as one server-sent event, then `[DONE]`.
+  `top_p`, `max_tokens` (or `max_completion_tokens`), `stop`, `seed`, `logprobs`; vLLM's
+  `add_generation_prompt` (default true) and `continue_final_message` (default false: true
+  continues the last, assistant, message instead of opening a new reply); `stream` answers the
+  whole message as one server-sent event, then `[DONE]`.
 - POST /v1/completions: `prompt` (text, or a list of token ids) with the same settings;
   `logprobs` (an integer) returns each token's log-prob (`top_logprobs` beyond the chosen token
   are not computed: any k > 0 is refused).
@@ -211,7 +213,7 @@ class RolloutServer:
       if session is not None:
         session.abandon_turn()
       raise
-    texts = [self._text(r.tokens, r.finish_reason) for r in results]
+    texts = [self._text(r.tokens, r.finish_reason, stop) for r in results]
     if session is not None:
       r = results[0]
       session.end_turn(tokens=r.tokens, logprobs=r.logprobs,
@@ -225,8 +227,14 @@ class RolloutServer:
       messages = body.get("messages")
       if not isinstance(messages, list) or not messages:
         raise BadRequest("messages: must be a non-empty list of {role, content} objects")
-      text = chat.render_prompt(self.tokenizer, messages, tools=body.get("tools"),
-                                tool_choice=body.get("tool_choice"))
+      continue_final = _flag(body, "continue_final_message", False)
+      try:
+        text = chat.render_prompt(
+            self.tokenizer, messages, tools=body.get("tools"), tool_choice=body.get("tool_choice"),
+            add_generation_prompt=_flag(body, "add_generation_prompt", not continue_final),
+            continue_final_message=continue_final)
+      except ValueError as error:
+        raise BadRequest(str(error)) from error
       return self.tokenizer.encode(text, add_special_tokens=False)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -253,12 +261,18 @@ class RolloutServer:
                        "token_logprobs); send logprobs=0")
     return True
 
-  def _text(self, tokens: list[int], finish_reason: str) -> str:
-    """A completion's text: a final stop id is not part of it, a stop string neither (OpenAI's
-    convention; the session keeps the tokens)."""
+  def _text(self, tokens: list[int], finish_reason: str, stop: list[str]) -> str:
+    """A completion's text: a final stop id is not part of it, a stop string neither, nor what
+    its last token holds after it (OpenAI's and vLLM's convention; the session keeps the tokens,
+    so a client that continues the text writes the stop string back)."""
     if finish_reason == "stop_id":
       tokens = tokens[:-1]
-    return self.tokenizer.decode(tokens, skip_special_tokens=False)
+    text = self.tokenizer.decode(tokens, skip_special_tokens=False)
+    if finish_reason == "stop_string":
+      found = [text.find(s) for s in stop if s in text]
+      if found:
+        text = text[:min(found)]
+    return text
 
   def _reply(self, results, texts, prompt, *, chat_request: bool, want_logprobs: bool) -> dict:
     choices = []
@@ -314,6 +328,15 @@ def _integer(body: dict, name: str, default: int, *, low: int) -> int:
     return default
   if isinstance(value, bool) or not isinstance(value, int) or value < low:
     raise BadRequest(f"{name}={value!r}: must be an integer >= {low}")
+  return value
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+  value = body.get(name)
+  if value is None:
+    return default
+  if not isinstance(value, bool):
+    raise BadRequest(f"{name}={value!r}: must be true or false")
   return value
 
 
