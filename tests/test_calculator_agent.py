@@ -90,6 +90,11 @@ def test_the_agent_and_the_in_process_environment_give_equal_training_batches(ba
                              atol=2e-6)
   # each row's first token comes from the same prefill of the same prompt in both: exact
   np.testing.assert_array_equal(got["behavior_logprobs"][:, 0], want["behavior_logprobs"][:, 0])
+  # the rows themselves, before the batch pads or cuts them to rollout.max_new_tokens: an
+  # episode the budget ended holds no value after its last model token
+  for name in ("completion_ids", "loss_mask", "token_versions"):
+    assert getattr(agent, name) == getattr(in_process, name), name
+  np.testing.assert_array_equal(agent.logprobs.lengths, in_process.logprobs.lengths)
   np.testing.assert_array_equal(agent.rewards, in_process.rewards)
   np.testing.assert_array_equal(agent.advantages, in_process.advantages)
   for part in ("correct", "length"):
