@@ -16,6 +16,11 @@ with rows that train nothing (loss mask 0 everywhere) whose reward is the mean o
 episodes, so the group's mean and each episode's reward minus it are what the episodes alone
 give. The guard `agent.max_failed_frac` stops a run whose steps drop more (`guards.py`).
 
+Episode g of data position p is seeded as the in-process episode g of that prompt
+(`driver.EngineDriver.own_episode`), so an agent that plays an environment's episode draws its
+tokens. A row ends at its last model token: context a refused request sent (a tool's result past
+the episode's token budget) was never decoded from, and is not trained.
+
 Sessions split by `agent.history_mismatch = split` give several rows per episode; the step's
 batch holds G rows per group, so such an episode trains its last segment (the one that ends with
 its answer) and the earlier ones are counted (`episode/split_segments_dropped`), not trained.
@@ -188,10 +193,10 @@ class AgentCollector:
       await client.close()
       self.driver.release_episode(session_id)
     session = self.server.pop_session(session_id)
-    completions = [] if session is None else [without_trailing_context(c) for c in
-                                              session.completions(
+    segments = [] if session is None else session.completions(
         prompt_id=position, sample_index=g,
-        keep_sampling_logprobs=self.sampling.changes_distribution)]
+        keep_sampling_logprobs=self.sampling.changes_distribution)
+    completions = [without_trailing_context(c) for c in segments]
     if error is None and not completions:
       error = "the agent made no request of its session"
     if error is not None:

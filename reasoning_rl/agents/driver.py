@@ -18,8 +18,10 @@ draws from the one key sample_key(seed, p, g), token n of the episode with fold_
 counting the model tokens its earlier requests kept. The same task, seed and agent behaviour
 then draw the tokens an environment's episode draws, and a rerun draws them again.
 
-Each request prefills its whole prompt: the conversation of an agent's earlier turns is decoded
-again, since its slot went to other requests while the agent was thinking.
+Each request runs its whole prompt through the model again: the conversation of an agent's
+earlier turns, since its slot went to other requests while the agent was thinking. (A request
+that continues an episode's draws prefills all but the prompt's last token, which
+`Engine.append_to_slot` feeds with the draw number to continue from.)
 """
 
 from __future__ import annotations
