@@ -11,6 +11,7 @@ import pytest
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import stats
 from reasoning_rl.rl.advantages import ESTIMATORS, group_advantages
+from reasoning_rl.rl.off_policy import NO_DUAL_CLIP
 from reasoning_rl.rl.losses import (KL_ESTIMATORS, LOSS_AGGREGATIONS, LOSS_TYPES,
                                     aggregate_loss, loss_normalizers, policy_loss, token_entropy)
 
@@ -342,9 +343,14 @@ def test_four_micro_batches_equal_one_full_batch(loss_agg, loss_type):
   options = dict(beta=0.04, loss_agg=loss_agg, epsilon_high=0.28,
                  max_completion_length=num_steps, is_threshold=1.5)
   correction = {"ppo": "token-truncate", "gspo": "sequence-mask", "gspo-token": "sequence-truncate",
-                "cispo": "token-mask"}[loss_type]
+                "cispo": "token-mask", "dppo-tv": "icepop", "dppo-kl": "token-truncate"}[loss_type]
+  # the rejections are per row, so they must split over micro-batches as well
+  rejection = {"dppo-tv": "seq-geo-mean", "dppo-kl": "seq-mean-k3"}.get(loss_type, "none")
   loss_options = dict(options, loss_type=loss_type, is_correction=correction,
-                      dual_clip=None if loss_type == "cispo" else 3.0)
+                      rejection=rejection, rejection_geo_low=0.9, rejection_geo_high=1.1,
+                      rejection_k3_threshold=0.05, icepop_low=0.8, icepop_high=1.3,
+                      is_threshold_low=0.7 if loss_type == "dppo-kl" else 0.0,
+                      dual_clip=None if loss_type in NO_DUAL_CLIP else 3.0)
 
   @jax.jit
   @functools.partial(jax.value_and_grad, has_aux=True)
