@@ -465,11 +465,17 @@ def test_token_entropy():
     (dict(epsilon_high=-0.1), "epsilon_high=-0.1"),
     (dict(is_threshold=0.0), "is_threshold=0.0"),
     (dict(loss_type="grpo"), r"config\.algo\.loss_type='grpo': unknown policy loss; use one of "
-     r"\['ppo', 'gspo', 'gspo-token', 'cispo'\]"),
+     r"\['ppo', 'gspo', 'gspo-token', 'cispo', 'dppo-tv', 'dppo-kl'\]"),
     (dict(is_correction="sequence"), r"config\.algo\.is_correction='sequence': unknown sampler "
      r"importance correction; use one of \['none', 'token-truncate'"),
     (dict(is_correction="token-mask"), "is_correction='token-mask' needs behavior_logprobs"),
     (dict(loss_type="cispo", dual_clip=3.0), "dual_clip=3.0 does not apply to loss_type='cispo'"),
+    (dict(loss_type="dppo-kl", dual_clip=3.0),
+     "dual_clip=3.0 does not apply to loss_type='dppo-kl'"),
+    (dict(is_threshold_low=2.0), r"is_threshold_low=2.0 must be in \[0, is_threshold=2.0\)"),
+    (dict(icepop_low=0.5, icepop_high=0.4), "need 0 <= icepop_low < icepop_high"),
+    (dict(rejection="seq-k3"), r"config\.algo\.rejection='seq-k3': unknown off-policy "
+     r"rejection; use one of \['none', 'seq-geo-mean', 'seq-mean-k3'\]"),
     (dict(loss_type="cispo", epsilon_low=1.5), r"epsilon_low=1.5 must be in \[0, 1\] for cispo"),
     (dict(max_completion_length=0), "max_completion_length=0"),
 ])
