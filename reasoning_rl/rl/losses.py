@@ -417,7 +417,8 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
     advantages: ``[B]`` per sequence (GRPO family) or ``[B, T]`` per token (PPO with GAE; not
       for ``gspo``).
     mask: ``[B, T]``, nonzero = completion token that counts.
-    loss_type: ``ppo``, ``gspo``, ``gspo-token`` or ``cispo``.
+    loss_type: ``ppo``, ``gspo``, ``gspo-token``, ``cispo``, ``dppo-tv`` or ``dppo-kl``
+      (:mod:`reasoning_rl.rl.off_policy`).
     ref_logprobs: ``[B, T]`` frozen reference log-probs; required when ``beta != 0``; when given
       with ``beta == 0`` the KL is still reported as a metric.
     beta: KL weight β.
@@ -458,7 +459,8 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
     gradient the floor cuts (A < 0 and ratio < 1 - ε_low) or the ceiling cuts (A > 0 and
     ratio > 1 + ε_high); for ``gspo`` the same per non-empty *sequence*, on ``s_i``; for
     ``cispo`` the tokens whose weight was clipped (below the floor / above the ceiling,
-    whatever the sign of A: their gradient is kept, only bounded);
+    whatever the sign of A: their gradient is kept, only bounded); for DPPO the tokens its
+    trust-region mask zeroes (A < 0 / A > 0);
     ``ratio/mean``, ``ratio/min``, ``ratio/max`` (token ratio ``r_t``), ``approx_kl`` (k3
     estimate of KL(π_old‖π): r - 1 - log r); for GSPO ``seq_ratio/mean|min|max`` (``s_i`` per
     non-empty sequence); with ``dual_clip``: ``clip_frac/dual`` (per sequence for ``gspo``);
