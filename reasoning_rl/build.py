@@ -469,6 +469,7 @@ def build_loop(run: Run, *, stage=None) -> Loop:
   if stage is None:
     stage = (RLStage(run, collector, staleness=rollout_staleness(config),
                      with_sampler_logprobs=(sampler_correction(config) != "none"
+                                            or config.algo.rejection != "none"
                                             or run.step_fn.config.old_logprobs_from_sampler))
              if config.stage == "rl" else SFTStage(run, collector, storage.path(config.workdir)))
   variants = tuple((instruction, build_template(config, run.tokenizer, instruction=instruction))

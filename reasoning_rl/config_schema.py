@@ -420,11 +420,32 @@ SECTIONS: tuple[Section, ...] = (
               "cispo: clipped stop-gradient IS weight on a REINFORCE term (MiniMax-M1)",
               OneOf(registry="LOSS_TYPES")),
         Field("is_correction", "none", "correction for the sampler's log-probs differing from "
-              "the trainer's (kernels, precision, staleness): none | token-truncate | token-mask "
-              "| sequence-truncate | sequence-mask with threshold is_threshold (TIS, Yao et al. "
-              "2025; IMPALA, Espeholt et al. 2018); asynchronous rollouts always correct (none "
-              "then means token-truncate)", OneOf(registry="IS_CORRECTIONS")),
+              "the trainer's (kernels, precision, staleness), weight w = π_old/μ per token: none "
+              "| token-truncate | token-mask | sequence-truncate | sequence-mask with threshold "
+              "is_threshold (TIS, Yao et al. 2025; IMPALA, Espeholt et al. 2018) | icepop (w "
+              "inside [icepop_low, icepop_high], else 0: Ring-1T's IcePop); asynchronous rollouts "
+              "always correct (none then means token-truncate); docs/off_policy.md",
+              OneOf(registry="IS_CORRECTIONS")),
         Field("is_threshold", 2.0, "C of the importance correction", POSITIVE),
+        Field("is_threshold_low", 0.0, "floor of the truncated weight: token-truncate and "
+              "sequence-truncate clip it to [is_threshold_low, is_threshold] (NeMo-RL's TIS "
+              "lower bound); below is_threshold", Range(float, 0, meaning="0 = no floor")),
+        Field("icepop_low", 0.5, "IcePop's α: a token whose π_old/μ is below it gets no "
+              "gradient (Ring-1T, arXiv:2510.18855); below icepop_high", NON_NEGATIVE),
+        Field("icepop_high", 5.0, "IcePop's β: a token whose π_old/μ is above it gets no "
+              "gradient", POSITIVE),
+        Field("rejection", "none", "reject whole sequences too far off-policy (their policy "
+              "gradient is 0; composes with is_correction, as verl's rollout_rs with its "
+              "rollout_is): none | seq-geo-mean (exp(mean_t log π_old/μ) outside "
+              "[rejection_geo_low, rejection_geo_high]) | seq-mean-k3 (mean_t of π_old/μ − 1 − "
+              "log π_old/μ above rejection_k3_threshold); docs/off_policy.md",
+              OneOf(registry="OFF_POLICY_REJECTIONS")),
+        Field("rejection_geo_low", 0.999, "seq-geo-mean: lower bound of the geometric-mean "
+              "ratio", Range(float, 0, 1, low_open=True)),
+        Field("rejection_geo_high", 1.001, "seq-geo-mean: upper bound of the geometric-mean "
+              "ratio", Range(float, 1)),
+        Field("rejection_k3_threshold", 0.01, "seq-mean-k3: largest mean k3 (≈ KL(μ‖π_old) per "
+              "token) a kept sequence may have", POSITIVE),
         Field("truncated_ratio", True, "the ratio of the distribution the sampler draws from "
               "(docs/off_policy.md): π_θ and π_old after the rollout's temperature / top_k / "
               "top_p / min_p, renormalised — exact for the policy actually sampled; False: the "

@@ -3,7 +3,7 @@
 `TrainStep.__call__(state, batch) -> (state, stats)` is ONE compiled program on the trainer mesh
 (`TrainStep.call_with_outputs` also returns what the step derived from the batch, `outputs`): it
 computes the policy's completion log-probs and — when β > 0 — the frozen reference's, the policy
-loss (`loss_type`: PPO's clipped surrogate, GSPO or CISPO) with its KL term and importance
+loss (`loss_type`: PPO's clipped surrogate, GSPO, CISPO or DPPO) with its KL term and importance
 correction against the sampler (`reasoning_rl.rl.losses.policy_loss`), gradients accumulated over
 micro-batches, and the optax updates: μ epochs over the batch, each a sequence of
 `num_mini_batches` updates on disjoint slices of rows, all against the same π_old log-probs. State
