@@ -4,7 +4,8 @@ weights, re-quantized from the trainer's weights at every weight sync; the train
 Post-training weight quantization through qwix (its PTQ provider): every projection kernel the
 block stack multiplies by (`Transformer.run_blocks`: q, k, v, o, gate, up, down) is stored as
 `round(W / s)` in the quantized type with one scale `s = max|W| / q_max` per output channel
-(absmax over the contracting axes; q_max = 127 for int8, 448 for float8_e4m3fn), and the model's
+(absmax over the contracting axes; q_max = 127.5 for int8, qwix's top bucket edge, and 448
+for float8_e4m3fn), and the model's
 `jnp.einsum` with it is qwix's einsum over that QArray. The embedding, the LM head (outside
 `run_blocks`), the norms and the biases stay in the compute dtype, and so does the KV cache.
 
@@ -52,14 +53,14 @@ def check_model(model, quantization: str) -> None:
   config = model.config
   if quantization not in QUANTIZATIONS:
     raise ConfigError(f"{FIELD}={quantization!r}: use one of {', '.join(QUANTIZATIONS)}")
-  if config.moe is not None:
-    raise ConfigError(f"{FIELD}={quantization!r}: the experts of this mixture-of-experts model "
-                      f"({config.model_type}) run through a grouped matmul that qwix's weight "
-                      "quantization does not reach; use 'none' for MoE models")
   if config.mla is not None:
     raise ConfigError(f"{FIELD}={quantization!r}: latent attention ({config.model_type}) "
                       "decodes with slices of kv_b_proj that a quantized matmul does not see; "
                       "use 'none' for this model")
+  if config.moe is not None:
+    raise ConfigError(f"{FIELD}={quantization!r}: the experts of this mixture-of-experts model "
+                      f"({config.model_type}) run through a grouped matmul that qwix's weight "
+                      "quantization does not reach; use 'none' for MoE models")
   if model.scan_layers:
     raise ConfigError(f"{FIELD}={quantization!r} with config.model.scan_layers=True: the "
                       "scanned blocks are rebuilt inside the scan, where qwix cannot replace "
