@@ -467,10 +467,11 @@ class ModelShapes:
     return param_bytes_per_device(self.sampler, mesh)
 
   def sampler_dtype(self, precision: Precision) -> str:
-    """How the sampler's weights are held, for the plan's labels."""
+    """How the sampler's weights are held, for the plan's labels: the compute dtype, or e.g.
+    int8/float32 (projections quantized, the rest in the compute dtype)."""
     if self.quantization == "none":
       return precision.compute.name
-    return f"{self.quantization} projections, {precision.compute.name} rest"
+    return f"{self.quantization}/{precision.compute.name}"
 
 
 def _with_itemsize(shapes, itemsize: float) -> list:
@@ -616,7 +617,8 @@ def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, weights: int, slot
   the weights in use until the swap. `backend` decides a paged cache's decode kernel."""
   b = Precision.of(config).compute
   quantization = config.rollout.weight_quantization
-  held = b.name if quantization == "none" else f"{quantization} projections, {b.name} rest"
+  # quantized: the projections in int8 / fp8, the rest in the compute dtype
+  held = b.name if quantization == "none" else f"{quantization}/{b.name}"
   length = sampler_cache_length(config)
   slots_per_device = slots // _split(mesh, "batch", slots)
   heads = m.num_heads // _split(mesh, "kv_heads", m.num_kv_heads)
