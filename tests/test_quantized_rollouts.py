@@ -313,3 +313,23 @@ def test_the_step_weighs_each_token_by_the_quantized_samplers_mu(monkeypatch, tm
   # the step's |log π_old − log μ| is the float-vs-quantized mismatch of these very tokens
   assert row["train/tis/abs_log_diff"] == pytest.approx(float(floats.mean()), rel=0.02,
                                                         abs=1e-5)
+
+
+def test_a_merged_lora_run_sends_the_merged_model_quantized(tmp_path):
+  """LoRA with lora.sampler_weights='merged': the sampler decodes the plain model with the
+  adapters folded in, quantized; a sync sends that (int8 kernels) and the engine takes it."""
+  config = debug_config(**{"rollout.weight_quantization": "int8", "lora.rank": 4,
+                           "lora.sampler_weights": "merged"})
+  config.workdir = str(tmp_path)
+  run = build_lib.build(config)
+  try:
+    published = run.weight_sync.push(run.state, 1)
+  finally:
+    run.scorer.close()
+  engine = run.backend.engine
+  sent = run.step_fn.sampler_weights(run.state)
+  assert jax.tree.structure(sent) == jax.tree.structure(engine.params)
+  assert published.num_bytes == sampler_bytes(sent) and engine.policy_version == 1
+  kernels = [leaf for path, leaf in _flat(sent).items() if path[-1] == "qvalue"]
+  assert kernels and all(leaf.dtype == jnp.int8 for leaf in kernels)
+  assert not any("lora" in str(path) for path in _flat(sent))
