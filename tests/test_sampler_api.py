@@ -108,6 +108,8 @@ def _needing(field: str):
     config.rollout.exact_logprobs = True
   elif field == "rollout.kv_page_size":
     config.rollout.kv_page_size = 16
+  elif field == "rollout.weight_quantization":
+    config.rollout.weight_quantization = "int8"
   else:
     config.algo.routing_replay = True
   return config

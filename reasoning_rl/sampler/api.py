@@ -245,6 +245,9 @@ class Capabilities:
   paged_kv: bool = False
   # MoE models: each token's experts in `Completion.experts` (algo.routing_replay)
   expert_routing: bool = False
+  # decode the qwix-quantized model it is built with and take quantized weight syncs
+  # (rollout.weight_quantization, sampler/quantized.py)
+  quantized_weights: bool = False
 
   def names(self) -> tuple[str, ...]:
     """The capabilities declared, by field name."""
@@ -252,7 +255,7 @@ class Capabilities:
 
 
 # (config field, capability it needs when set, what the field asks of the backend, the value that
-# turns it off). The field is "set" when its value is truthy.
+# turns it off). The field is "set" when its value is truthy and not 'none'.
 CAPABILITY_FIELDS: tuple[tuple[str, str, str, str], ...] = (
     ("partial_rollouts.enabled", "partial_rounds", "continues samples across steps", "False"),
     ("environment.name", "multi_turn", "runs multi-turn episodes", "''"),
@@ -260,12 +263,14 @@ CAPABILITY_FIELDS: tuple[tuple[str, str, str, str], ...] = (
      "False"),
     ("rollout.kv_page_size", "paged_kv", "holds a paged KV cache", "0"),
     ("algo.routing_replay", "expert_routing", "records each token's experts", "False"),
+    ("rollout.weight_quantization", "quantized_weights", "decodes with quantized weights",
+     "'none'"),
 )
 
 
 def required_capabilities(value_of: Callable[[str], Any]) -> list[tuple[str, str, str, str]]:
   """The `CAPABILITY_FIELDS` rows whose field is set; `value_of(dotted field) -> value`."""
-  return [row for row in CAPABILITY_FIELDS if value_of(row[0])]
+  return [row for row in CAPABILITY_FIELDS if value_of(row[0]) and value_of(row[0]) != "none"]
 
 
 # ---------------------------------------------------------------------------------- the protocol

@@ -2,7 +2,8 @@
 JetStream-API `Engine`, driven by the continuous-batching scheduler of `rollout.stream_groups`.
 
 It declares every optional capability (`api.Capabilities`): rounds of partial rollouts, exact
-log-probs, multi-turn episodes, a paged KV cache and each token's experts. The same `Engine` is
+log-probs, multi-turn episodes, a paged KV cache, each token's experts and quantized weights (the
+engine merges whatever graph and state it is given, qwix's quantized one included). The same `Engine` is
 served under JetStream's own orchestrator by `jetstream_adapter.jetstream_engine`.
 """
 
@@ -25,7 +26,7 @@ from reasoning_rl.sampler.multiturn import EpisodeSettings, stream_episodes
 from reasoning_rl.sampler.rollout import stream_groups
 
 CAPABILITIES = Capabilities(partial_rounds=True, exact_logprobs=True, multi_turn=True,
-                            paged_kv=True, expert_routing=True)
+                            paged_kv=True, expert_routing=True, quantized_weights=True)
 
 
 class EngineBackend:
