@@ -136,6 +136,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "trainer's π_old, which needs the sampler to compute with the trainer's weights; "
           "merged ones (the adapters folded into the base, rounded in the compute dtype) are "
           "another policy: set lora.sampler_weights='adapters', or rollout.exact_logprobs=False")
+  _validate_weight_quantization(config, lora, require)
   require(not (config.algo.routing_replay and config.environment.name), "algo.routing_replay",
           "multi-turn episodes append the environment's tokens without recording their "
           f"routing (environment.name={config.environment.name!r}), so there is nothing to "
@@ -209,6 +210,27 @@ def _validate_teacher(config, require) -> None:
   require(config.algo.loss_type != "gspo", "algo.loss_type", "GSPO's sequence ratio takes one "
           "advantage per sequence, and on-policy distillation gives one per token; use "
           "algo.loss_type='gspo-token' (or ppo, cispo), or set teacher.path=''")
+
+def _validate_weight_quantization(config, lora, require) -> None:
+  """rollout.weight_quantization and what it cannot be combined with (its model-dependent
+  limits, MoE and latent attention, are checked when the model is built:
+  `sampler.quantized.check_model`)."""
+  r = config.rollout
+  if r.weight_quantization == "none":
+    return
+  require(not r.exact_logprobs, "rollout.exact_logprobs",
+          f"exact rollouts report the trainer's own forward as μ, and a quantized sampler "
+          f"(rollout.weight_quantization={r.weight_quantization!r}) draws from another model: "
+          "set rollout.exact_logprobs=False or rollout.weight_quantization='none'")
+  require(not (lora.enabled and lora.sampler_weights == "adapters"), "lora.sampler_weights",
+          f"quantized rollouts (rollout.weight_quantization={r.weight_quantization!r}) quantize "
+          "a plain model, and 'adapters' sends float adapters for the sampler's base: set "
+          "lora.sampler_weights='merged', or quantize the base for trainer and sampler alike "
+          "with lora.base_quantization and rollout.weight_quantization='none'")
+  require(not config.model.scan_layers, "model.scan_layers",
+          f"quantized rollouts (rollout.weight_quantization={r.weight_quantization!r}) need the "
+          "loop layout: the scanned blocks are rebuilt inside the scan, where qwix cannot "
+          "replace their kernels; set model.scan_layers=False")
 
 
 def _validate_partial_rollouts(config, require) -> None:

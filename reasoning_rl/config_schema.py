@@ -310,6 +310,16 @@ SECTIONS: tuple[Section, ...] = (
               "(drafts verified by Gumbel-max coupling, near-ties repaired) and its log-probs that "
               "forward's, bit for bit, whatever the batch; synchronous runs then take π_old = μ "
               "from the sampler without recomputing it. Single-turn, engine backend only"),
+        Field("weight_quantization", "none", "the sampler decodes with quantized weights "
+              "(reasoning_rl/sampler/quantized.py, qwix PTQ; docs/off_policy.md): int8 or fp8 "
+              "(float8_e4m3fn) per output channel for every projection of the blocks, "
+              "re-quantized from the trainer's weights at each weight sync, which sends the "
+              "quantized form; embeddings, LM head, norms and the KV cache keep model.dtype, and "
+              "the trainer its own weights. The rollouts' μ is then the quantized model, so the "
+              "loss always corrects against it (algo.is_correction none means token-truncate). "
+              "Not with rollout.exact_logprobs, MoE or latent-attention models, "
+              "model.scan_layers, or lora.sampler_weights='adapters'",
+              OneOf(("none", "int8", "fp8"))),
     )),
     Section("environment", "Multi-turn rollouts (reasoning_rl/sampler/multiturn.py): the model "
             "acts in an environment (a tool, a game) over several turns; observation tokens are "

@@ -120,14 +120,16 @@ from reasoning_rl.rl.update import no_stats, update_on_rows
 class TrainStep:
   """Builds the initial state and the compiled step for one model graph on one mesh."""
 
-  def __init__(self, graphdef, config: StepConfig, mesh=None):
+  def __init__(self, graphdef, config: StepConfig, mesh=None, *, sampler_quantizer=None):
+    """`sampler_quantizer`: the `sampler.quantized.WeightQuantizer` that makes the sampler's
+    weights (`rollout.weight_quantization`), or None for float ones."""
     self.graphdef = graphdef
     self.config = config
     self.mesh = mesh
     self.forward = PolicyForward(graphdef, config)
     self.optimizer = make_optimizer(config)  # read when the state is made and the step traced
     self._compiled = None
-    self._sampler_weights = SamplerWeights(config)
+    self._sampler_weights = SamplerWeights(config, sampler_quantizer)
 
   # ------------------------------------------------------------------------ state
 
