@@ -167,7 +167,10 @@ def _validate_agent(config, require) -> None:
       ("rollout.exact_logprobs", r.exact_logprobs, "exact rollouts"),
       ("partial_rollouts.enabled", config.partial_rollouts.enabled, "partial rollouts"),
       ("dynamic_sampling.enabled", config.dynamic_sampling.enabled, "dynamic sampling"),
-      ("rollout.kv_page_size", r.kv_page_size, "a paged KV cache")):
+      ("rollout.kv_page_size", r.kv_page_size, "a paged KV cache"),
+      # the teacher scores what the in-process collectors sample; the agent collector has no
+      # call to it, so distillation would silently train on the agent's reward alone
+      ("teacher.path", config.teacher.path, "on-policy distillation")):
     require(not value, field, f"agent rollouts (agent.entry={a.entry!r}) do not run with "
             f"{what}: turn it off")
 
