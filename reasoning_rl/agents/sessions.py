@@ -133,7 +133,7 @@ class Session:
     self.turns = 0  # requests decoded: the turn number seeds the next one
     self.splits = 0
     # tool calls the model attempted that could not be used (`tool_calls.parse_completion`),
-    # over the session's turns: the collector's `agent/malformed_tool_calls`
+    # over the session's turns (what a metric of malformed calls reads)
     self.malformed_tool_calls = 0
     self._busy = threading.Lock()
 
