@@ -452,8 +452,12 @@ def test_open_final_message_cuts_as_transformers_does(served):
   # the template trimmed the trailing space: the cut follows the trimmed content
   assert chat.render_prompt(trimming, messages, add_generation_prompt=False,
                             continue_final_message=True) == "<bos>1<eos><answer>2"
-  with pytest.raises(ValueError, match="is empty"):
-    chat.render_prompt(tokenizer, [messages[0], {"role": "assistant", "content": ""}],
+  # an empty reply opens where its content would go (transformers keeps the whole closed turn)
+  assert chat.render_prompt(tokenizer, [messages[0], {"role": "assistant", "content": ""}],
+                            add_generation_prompt=False, continue_final_message=True) \
+      == "<bos>1<eos><answer>"
+  with pytest.raises(ValueError, match="only whitespace"):
+    chat.render_prompt(tokenizer, [messages[0], {"role": "assistant", "content": " "}],
                        add_generation_prompt=False, continue_final_message=True)
 
 

@@ -329,3 +329,41 @@ def test_tools_for_a_template_without_a_tool_syntax(scripted_server, tokenizer):
   assert reply.choices[0].message.tool_calls[0].function.name == "get_weather"
   prompt = chatml.decode(driver.prompts[0])
   assert prompt.startswith("<|im_start|>system\n# Tools\n") and json.dumps(TOOLS[0]) in prompt
+
+
+# Continuing a partial assistant turn (vLLM's continue_final_message), as a calculator agent does.
+
+
+def test_continue_final_message_cuts_where_transformers_does(tokenizer, smollm2_gguf_path):
+  transformers = pytest.importorskip("transformers")
+  reference = transformers.AutoTokenizer.from_pretrained(str(smollm2_gguf_path.parent),
+                                                         gguf_file=smollm2_gguf_path.name)
+  for partial in ("12+3", "The sum is ", "  x\n"):
+    messages = [USER, {"role": "assistant", "content": partial}]
+    expected = reference.apply_chat_template(messages, chat_template=QWEN_TEMPLATE, tokenize=False,
+                                             continue_final_message=True)
+    assert chat.render_prompt(tokenizer, messages, add_generation_prompt=False,
+                              continue_final_message=True) == expected
+
+
+def test_a_calculator_agent_continuing_after_a_stop_string_extends(scripted_server, tokenizer):
+  drawn = ids(tokenizer, "12+3=")
+  rest = ids(tokenizer, " so 15.") + [tokenizer.eos_id]
+  server, driver = scripted_server([(drawn, "stop_string"), (rest, "stop_id")])
+  keep_open = {"continue_final_message": True, "add_generation_prompt": False}
+  first, second = talk(server, "calc", [
+      lambda _: dict(messages=[USER, {"role": "assistant", "content": ""}], stop=["="],
+                     extra_body=keep_open),
+      lambda replies: dict(messages=[USER, {"role": "assistant", "content": (
+          replies[0].choices[0].message.content + "=15")}], stop=["="], extra_body=keep_open)])
+  # the stop string is not in the text; the agent writes it back with the value
+  assert first.choices[0].message.content == "12+3"
+  assert second.choices[0].message.content == " so 15."
+  session = server.pop_session("calc")
+  assert session.splits == 0
+  [row] = session.completions(prompt_id=0, sample_index=0, keep_sampling_logprobs=False)
+  assert row.prompt_tokens == ids(tokenizer, chat.render_prompt(tokenizer, [USER]))
+  written = ids(tokenizer, "15")
+  assert row.completion_ids == drawn + written + rest
+  assert row.loss_mask == [1] * len(drawn) + [0] * len(written) + [1] * len(rest)
+  assert driver.prompts[1] == row.prompt_tokens + drawn + written

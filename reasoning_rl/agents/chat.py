@@ -68,8 +68,22 @@ def render_prompt(tokenizer, messages: Sequence[Mapping[str, Any]], *,
   text = tokenizer.apply_chat_template(prepared, add_generation_prompt=add_generation_prompt,
                                        **extra)
   if continue_final_message:
+    final = messages[-1] if messages else None
+    if isinstance(final, Mapping) and final.get("role") == "assistant" and final.get(
+        "content") == "":
+      # an empty reply to continue: where the template would write its content (transformers'
+      # cut would keep the whole turn, end marker included)
+      marked = [*prepared[:-1], {**prepared[-1], "content": _CONTENT_MARK}]
+      text = tokenizer.apply_chat_template(marked, add_generation_prompt=False, **extra)
+      if _CONTENT_MARK not in text:
+        raise ValueError("continue_final_message: the chat template does not write the final "
+                         "assistant message's content into the prompt, so it cannot be continued")
+      return text[:text.rindex(_CONTENT_MARK)]
     text = open_final_message(text, messages)
   return text
+
+
+_CONTENT_MARK = "\x00continue-here\x00"
 
 
 def parse_assistant(tokenizer, text: str, *, tools: Sequence[Mapping[str, Any]] | None = None,
@@ -104,8 +118,8 @@ def open_final_message(rendered: str, messages: Sequence[Mapping[str, Any]]) -> 
     raise ValueError("continue_final_message: the last message must be an assistant message "
                      "with string content (the partial reply to continue)")
   if not content.strip():
-    raise ValueError("continue_final_message: the final assistant message is empty; to start a "
-                     "reply send add_generation_prompt=true and no assistant message instead")
+    raise ValueError("continue_final_message: the final assistant message holds only whitespace, "
+                     "which the template may trim; send it empty, or with the text to continue")
   if content.strip() not in rendered:
     raise ValueError("continue_final_message: the chat template does not write the final "
                      "assistant message's content into the prompt, so it cannot be continued")
