@@ -349,6 +349,12 @@ SECTIONS: tuple[Section, ...] = (
               "earlier <think> blocks): split = start a new segment there (the episode's last "
               "segment is trained); refuse = answer HTTP 400 with the reason",
               OneOf(("split", "refuse"))),
+        Field("tool_syntax", "", "the tool-call syntax the model was trained on, for a chat "
+              "template that shows none: hermes (<tool_call> JSON: Hermes, Qwen) | llama3 "
+              "(Llama 3.1 JSON); the request's tools are then described in the system message "
+              "and its tool history written in that syntax. Empty = read it from the template "
+              "(a request with tools the template cannot render is answered HTTP 400)",
+              OneOf(("", "hermes", "llama3"))),
         Field("episode_timeout_s", 300.0, "an episode running longer is dropped and counted "
               "(episode/failed_frac)", POSITIVE),
         Field("min_episodes_per_group", 2, "a prompt with fewer episodes that finished is "

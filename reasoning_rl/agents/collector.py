@@ -50,6 +50,7 @@ class AgentSettings:
 
   entry: str
   history_mismatch: str = "split"
+  tool_syntax: str = ""
   episode_timeout_s: float = 300.0
   min_episodes_per_group: int = 2
   max_failed_frac: float = 0.5
@@ -59,7 +60,7 @@ class AgentSettings:
     a = config.agent
     if not a.entry:
       return None
-    return cls(entry=a.entry, history_mismatch=a.history_mismatch,
+    return cls(entry=a.entry, history_mismatch=a.history_mismatch, tool_syntax=a.tool_syntax,
                episode_timeout_s=a.episode_timeout_s,
                min_episodes_per_group=a.min_episodes_per_group,
                max_failed_frac=a.max_failed_frac)
@@ -124,7 +125,8 @@ class AgentCollector:
     self.server = RolloutServer(self.driver, tokenizer, sampling=sampling,
                                 max_tokens=max_new_tokens, max_session_tokens=max_new_tokens,
                                 max_segment_prompt=max_prompt_tokens,
-                                history_mismatch=settings.history_mismatch, seed=seed)
+                                history_mismatch=settings.history_mismatch,
+                                tool_syntax=settings.tool_syntax, seed=seed)
 
   def close(self) -> None:
     self.server.stop()
