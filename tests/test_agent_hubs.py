@@ -103,8 +103,10 @@ def test_verifiers_hub_rewards_right_and_wrong_answers(offline, hub_envs):
                          clients=lambda i: (f"key-{i}", {"X-Episode": f"episode-{i}"}))
   for example, got in zip(examples, parts):
     right = example["a"] < 50 and example["a"] != 99  # what the script answered, independently
-    assert got == {"reward": float(right), "exact_answer": float(right),
-                   "replied_number": float(example["a"] != 99)}, example
+    # each reward's weight x score (exact_answer 1, digit_share 0.1: all digits, or none in
+    # "I do not know"); the metric replied_number is not a reward and is not returned
+    assert got == {"exact_answer": float(right),
+                   "digit_share": 0.1 * float(example["a"] != 99)}, example
   # One model call per episode (the harness's one turn), each to the scripted server; nothing
   # else was requested.
   assert len(server.chat_requests) == len(examples) == len(server.requests)
@@ -130,7 +132,7 @@ def test_verifiers_hub_total_is_the_weighted_sum(offline, hub_envs):
   (example,) = agent.examples()
   with FakeOpenAIServer([str(example["a"] + example["b"])]) as server:
     (parts,) = run_episodes(agent, server, [example])
-  assert parts == {"reward": 2.5, "exact_answer": 1.0, "replied_number": 1.0}
+  assert parts == {"exact_answer": 2.5, "digit_share": 0.1}  # the total 2.6 is their sum
 
 
 def test_verifiers_hub_failed_episode_is_an_error(offline, hub_envs):
@@ -181,10 +183,10 @@ def test_openenv_hub_accumulates_step_rewards(offline, hub_envs, transport):
   # after max_guesses guesses; "seven" makes no GuessAction, so it costs a turn but no guess.
   # max_guesses -> (target, the model's replies, what the episode must return)
   episodes = {
-      2: (7, ["7"], {"reward": 1.0, "done": 1.0, "turns": 1.0}),
-      3: (4, ["5", "seven", "4"], {"reward": 1.0 - 0.25, "done": 1.0, "turns": 3.0}),
-      5: (9, ["1", "2", "3", "4", "5"], {"reward": 5 * -0.25, "done": 1.0, "turns": 5.0}),
-      9: (2, ["8"] * 6, {"reward": 6 * -0.25, "done": 0.0, "turns": 6.0}),  # max_turns ends it
+      2: (7, ["7"], {"reward": 1.0}),
+      3: (4, ["5", "seven", "4"], {"reward": 1.0 - 0.25}),
+      5: (9, ["1", "2", "3", "4", "5"], {"reward": 5 * -0.25}),
+      9: (2, ["8"] * 6, {"reward": 6 * -0.25}),  # max_turns (6) ends it
   }
   agent = openenv_hub.agent_from_settings({
       "environment": GUESS_ENV, "transport": transport, "max_turns": 6,
@@ -215,13 +217,11 @@ def test_openenv_hub_json_replies_and_own_mappings(offline, hub_envs):
   default mappings."""
   agent = openenv_hub.make_agent(GUESS_ENV)
   with FakeOpenAIServer(['{"guess": 3}']) as server:
-    assert run_episodes(agent, server, [{"target": 3}]) == [
-        {"reward": 1.0, "done": 1.0, "turns": 1.0}]
+    assert run_episodes(agent, server, [{"target": 3}]) == [{"reward": 1.0}]
   own = openenv_hub.make_agent(GUESS_ENV, action="tests.test_agent_hubs:guess_from_words",
                                observation="tests.test_agent_hubs:shout")
   with FakeOpenAIServer(["my guess is five", "my guess is six"]) as server:
-    assert run_episodes(own, server, [{"target": 6}]) == [
-        {"reward": 1.0 - 0.25, "done": 1.0, "turns": 2.0}]
+    assert run_episodes(own, server, [{"target": 6}]) == [{"reward": 1.0 - 0.25}]
   assert server.chat_requests[1].body["messages"][-1]["content"] == "WRONG, HIGHER."
 
 

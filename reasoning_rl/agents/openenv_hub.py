@@ -33,8 +33,8 @@ Settings (the `config.agent` section, as a plain dict; `agent_from_settings`):
 A reply that does not make a valid Action is not sent to the environment: the validation error
 goes back to the model as the next user message (it costs the turn, not the episode).
 
-Return value: {"reward": sum of the step rewards, "done": 1.0 if the environment ended the
-episode (0.0 if max_turns did), "turns": model turns taken}.
+Return value: {"reward": sum of the step rewards} (one part: the trainer sums an agent's parts
+into the reward, so nothing else is returned; the turns are in the rollout records).
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ import pydantic
 import uvicorn
 from openenv.core import Action, Environment, GenericEnvClient, Observation, create_app
 
-from reasoning_rl.agents.hub_support import HubEpisodeError, import_object, takes_agent_settings
+from reasoning_rl.agents.hub_support import (HubEpisodeError, example_fields, import_object,
+                                             takes_agent_settings)
 from reasoning_rl.errors import ConfigError
 
 FIELD = "config.agent"
@@ -268,7 +269,10 @@ class OpenEnvHubAgent:
     except (ValueError, TypeError) as e:
       return None, f"Invalid action: {e}"
 
-  async def __call__(self, client: Any, example: Mapping[str, Any]) -> dict[str, float]:
+  async def __call__(self, client: Any, example: Any) -> dict[str, float]:
+    """One episode; `example` is a dict of reset's fields or a trainer Example whose metadata
+    holds them (`hub_support.example_fields`)."""
+    example = example_fields(example)
     session, gate = self._session()
     messages: list[dict[str, str]] = []
     if self.settings.system_prompt:
@@ -295,7 +299,7 @@ class OpenEnvHubAgent:
             messages.append({"role": "user", "content": self.observation_text(fields)})
       finally:
         await session.close()
-    return {"reward": float(total), "done": float(done), "turns": float(turns)}
+    return {"reward": float(total)}
 
 
 def make_agent(environment: str, env_args: Mapping[str, Any] | None = None, **settings: Any
