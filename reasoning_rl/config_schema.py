@@ -371,6 +371,9 @@ SECTIONS: tuple[Section, ...] = (
         Field("system_prompt", "", "hub adapters, OpenEnv: a system message opening every "
               "episode (empty = none)"),
         Field("max_turns", 8, "hub adapters, OpenEnv: model turns per episode at most", COUNT),
+        Field("turn_tokens", 0, "hub adapters, OpenEnv: max_tokens of each model turn",
+              int_range(0, meaning="0 = none: a turn may take what is left of the episode's "
+                        "rollout.max_new_tokens")),
         Field("model", "policy", "hub adapters: the model name the environment's requests "
               "send (the rollout server answers any)", Text(r"(?s).+", "a non-empty name")),
     )),

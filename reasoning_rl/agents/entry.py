@@ -24,18 +24,19 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from reasoning_rl import config_schema
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.plain_data import plain
 
 FIELD = "config.agent.entry"
 # The trainer's own agent settings (collector.AgentSettings); the rest of the section is the
-# hub adapters'.
+# hub adapters', whose schema defaults mean "not set".
 TRAINER_SETTINGS = ("entry", "history_mismatch", "episode_timeout_s", "min_episodes_per_group",
                     "max_failed_frac")
-# The hub settings' values that mean "not set" (the schema's defaults).
-HUB_DEFAULTS = {"env_id": "", "environment": "", "env_args": {}, "transport": "in_process",
-                "action": "", "observation": "", "system_prompt": "", "max_turns": 8,
-                "model": "policy"}
+HUB_DEFAULTS = {dotted.removeprefix("agent."): item.default
+                for dotted, item in config_schema.FIELDS.items()
+                if dotted.startswith("agent.") and dotted.removeprefix("agent.")
+                not in TRAINER_SETTINGS}
 
 _loaded: dict[tuple[str, str], Callable] = {}
 

@@ -28,6 +28,8 @@ Settings (the `config.agent` section, as a plain dict; `agent_from_settings`):
                 Default: the observation's one text field, else its fields as JSON.
   system_prompt optional text of a system message opening every episode.
   max_turns     model turns per episode at most (8).
+  turn_tokens   max_tokens of each model turn's request (0 = none sent: the server's default,
+                which lets one turn take what is left of the episode's token budget).
   model         the model name sent to the trainer's server ("policy").
 
 A reply that does not make a valid Action is not sent to the environment: the validation error
@@ -76,6 +78,7 @@ class OpenEnvSettings:
   observation: str | None = None
   system_prompt: str | None = None
   max_turns: int = 8
+  turn_tokens: int = 0
   model: str = "policy"
 
   def __post_init__(self):
@@ -89,6 +92,10 @@ class OpenEnvSettings:
       raise ConfigError(f"{FIELD}.transport: {self.transport!r} is not one of {TRANSPORTS}")
     if not isinstance(self.max_turns, int) or self.max_turns < 1:
       raise ConfigError(f"{FIELD}.max_turns: a positive integer, got {self.max_turns!r}")
+    if (isinstance(self.turn_tokens, bool) or not isinstance(self.turn_tokens, int)
+        or self.turn_tokens < 0):
+      raise ConfigError(f"{FIELD}.turn_tokens: an integer >= 0 (0 = no limit per turn), got "
+                        f"{self.turn_tokens!r}")
     if not isinstance(self.model, str) or not self.model:
       raise ConfigError(f"{FIELD}.model: a non-empty model name, got {self.model!r}")
 
@@ -284,8 +291,10 @@ class OpenEnvHubAgent:
         total += reward or 0.0
         messages.append({"role": "user", "content": self.observation_text(fields)})
         while not done and turns < self.settings.max_turns:
+          limit = ({"max_tokens": self.settings.turn_tokens} if self.settings.turn_tokens
+                   else {})
           completion = await client.chat.completions.create(model=self.settings.model,
-                                                            messages=messages)
+                                                            messages=messages, **limit)
           reply = completion.choices[0].message.content or ""
           turns += 1
           messages.append({"role": "assistant", "content": reply})
@@ -305,7 +314,7 @@ class OpenEnvHubAgent:
 def make_agent(environment: str, env_args: Mapping[str, Any] | None = None, **settings: Any
                ) -> OpenEnvHubAgent:
   """The agent function for OpenEnv environment `environment` (module docstring for the other
-  settings: transport, action, observation, system_prompt, max_turns, model)."""
+  settings: transport, action, observation, system_prompt, max_turns, turn_tokens, model)."""
   return OpenEnvHubAgent(OpenEnvSettings(environment=environment, env_args=dict(env_args or {}),
                                          **settings))
 
