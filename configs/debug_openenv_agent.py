@@ -1,6 +1,6 @@
 """Debug agent-hub config: configs/debug_cpu.py's tiny random model playing an OpenEnv environment
 (docs/agent_hubs.md) — the test environment tests/data/hub_envs/openenv_guess (guess a number
-from 1 to 10: +1 for the right guess, which ends the episode, -0.25 for a wrong one; two guesses).
+from 1 to 10: +1 for the right guess, which ends the episode, -0.25 for a wrong one; three guesses).
 
 The environment must be importable by the trainer:
     pip install -e tests/data/hub_envs/openenv_guess
@@ -36,11 +36,12 @@ def get_config():
   c.agent.environment = "rrl_openenv_guess:GuessEnvironment"
   c.agent.transport = "in_process"
   c.agent.action = "configs.debug_openenv_agent:first_digit"
-  c.agent.max_turns = 3
-  c.agent.turn_tokens = 6
+  c.agent.max_turns = 4
+  c.agent.turn_tokens = 4
   c.data.train = dict(kind="jsonl", path=str(TASKS))
   # the environment's opening message (~85 characters, letters one <unk> token each), then up to
-  # three turns of 6 tokens and the environment's short answers between them
+  # four turns of 4 tokens and the environment's answers between them ("Invalid action: no digit
+  # in the reply" is ~40 tokens): the episode's whole token budget
   c.rollout.max_prefill_length = 96
-  c.rollout.max_new_tokens = 64
+  c.rollout.max_new_tokens = 192
   return c

@@ -98,7 +98,7 @@ def test_a_verifiers_taskset_trains_through_the_trainer(hub_env_path, tmp_path):
 
 GUESS_ROWS = [json.loads(line) for line in
               (HUB_ENVS / "openenv_guess" / "guess_tasks.jsonl").read_text().splitlines()]
-MAX_TURNS = 3  # configs/debug_openenv_agent.py
+MAX_TURNS = 4  # configs/debug_openenv_agent.py
 
 
 def guess_episode(texts: list[str], target: int, max_guesses: int) -> tuple[float, int]:
@@ -130,7 +130,7 @@ def test_an_openenv_environment_trains_through_the_trainer(hub_env_path, tmp_pat
     reward, turns = guess_episode(texts, row["target"], row["max_guesses"])
     assert len(texts) == turns, record  # the environment ended it there, or max_turns did
     assert record["reward"] == pytest.approx(reward), record
-    assert all(turn["num_tokens"] <= 6 for turn in record["turns"])  # agent.turn_tokens
+    assert all(turn["num_tokens"] <= 4 for turn in record["turns"])  # agent.turn_tokens
   assert len({r["reward"] for r in records}) > 1
   for row in steps:
     assert row["episode/turns_mean"] == pytest.approx(
