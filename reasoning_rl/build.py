@@ -15,6 +15,7 @@ and nothing JAX-free (`--help`, config validation, the dry run) reads it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any, Sequence
 
@@ -24,6 +25,7 @@ import ml_collections
 from flax import nnx
 
 from reasoning_rl import config as config_lib
+from reasoning_rl.agents import entry as agent_entry
 from reasoning_rl.agents.collector import AgentCollector, AgentSettings
 from reasoning_rl import (config_schema, environments, lora, memory_plan, precision, sharding,
                           step_layout, storage)
@@ -162,7 +164,11 @@ def build_eval_examples(config: ml_collections.ConfigDict) -> list:
 def build_data(config: ml_collections.ConfigDict) -> Data:
 
   eval_examples = build_eval_examples(config)
-  return Data(train_source=tasks.build_source(config.data.train, field="data.train"),
+  # an agent run's training data may be its agent's own tasks (data.train.kind='agent')
+  provided = ({"agent_examples": functools.partial(agent_entry.agent_examples, config)}
+              if config.agent.entry else {})
+  return Data(train_source=tasks.build_source(config.data.train, field="data.train",
+                                              provided=provided),
               eval_examples=eval_examples, held_out=tasks.held_out_prompts(eval_examples))
 
 
@@ -483,7 +489,8 @@ def build_loop(run: Run, *, stage=None) -> Loop:
       raise ConfigError(f"config.agent.entry={agent.entry!r}: agent rollouts run in one process")
     collector = AgentCollector(run.backend, run.tokenizer, agent, num_samples=r.num_samples,
                                max_new_tokens=r.max_new_tokens, sampling=run.sampling,
-                               seed=config.seed, max_prompt_tokens=r.max_prefill_length)
+                               seed=config.seed, max_prompt_tokens=r.max_prefill_length,
+                               agent=agent_entry.load_agent(config))
   else:
     collector = collector_class(run.backend, run.tokenizer, run.template, run.scorer,
                                 **collector_kwargs)

@@ -16,7 +16,7 @@ import os
 import ml_collections
 
 from reasoning_rl.config_help import help_text
-from reasoning_rl.config_schema import FIELDS, OneOf, Range, value_at
+from reasoning_rl.config_schema import FIELDS, OneOf, Range, Satisfies, Text, value_at
 from reasoning_rl.config_schema import base_config  # noqa: F401  (config files import it here)
 from reasoning_rl.errors import ConfigError, ExitCode
 from reasoning_rl.sampler import api as sampler_api  # no JAX: the backends' declared capabilities
@@ -27,6 +27,9 @@ FIELD_RANGES: dict[str, Range] = {dotted: item.check for dotted, item in FIELDS.
 # Fields that take one name of a fixed list or of a registry.
 FIELD_CHOICES: dict[str, OneOf] = {dotted: item.check for dotted, item in FIELDS.items()
                                    if isinstance(item.check, OneOf)}
+# Fields whose value must match a pattern or pass a test (e.g. agent.action: 'module:function').
+FIELD_RULES: dict[str, Text | Satisfies] = {dotted: item.check for dotted, item in FIELDS.items()
+                                           if isinstance(item.check, (Text, Satisfies))}
 
 
 def check_range(dotted: str, value) -> None:
@@ -37,6 +40,11 @@ def check_range(dotted: str, value) -> None:
 
 
 _field = value_at
+
+
+def _plain_value(value):
+  """A ConfigDict field's value as the plain dict a rule tests (other values as they are)."""
+  return value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
 
 
 def check_choice(dotted: str, value) -> None:
@@ -75,6 +83,9 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     check_range(dotted, _field(config, dotted))
   for dotted in FIELD_CHOICES:
     check_choice(dotted, _field(config, dotted))
+  for dotted, rule in FIELD_RULES.items():
+    problem = rule.problem(_plain_value(_field(config, dotted)))
+    require(problem is None, dotted, problem or "")
   if config.stage == "sft":
     require(bool(config.sft.data_path), "sft.data_path", "the sft stage needs a JSONL file of "
             "{prompt, completion} rows")

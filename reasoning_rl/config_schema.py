@@ -179,6 +179,8 @@ POSITIVE = Range(float, 0, low_open=True)
 NON_NEGATIVE = Range(float, 0)
 FRACTION = Range(float, 0, 1)
 COUNT = int_range(1)
+# An optional 'package.module:attribute' (an agent hub setting that names code to import).
+_IMPORT_PATH_OR_EMPTY = r"([A-Za-z_][\w.]*:[A-Za-z_][\w.]*)?"
 DTYPES = ("float32", "bfloat16")
 # The kernels layer's names (reasoning_rl/kernels imports JAX; a test keeps the two equal).
 TRAINING_KERNELS = ("auto", "reference", "splash", "pallas_gpu")
@@ -210,7 +212,8 @@ SECTIONS: tuple[Section, ...] = (
             "by model.tokenizer.", (
         Field("path", "", "HF directory, .gguf file or training run to start from"),
         Field("tokenizer", "", "for a random model: a tokenizer path, or debug_arithmetic (a "
-              "built-in character vocabulary for the synthetic debug task)"),
+              "built-in character vocabulary for the synthetic debug task; debug_arithmetic_chat: "
+              "the same with a chat template, for agent runs)"),
         Field("dtype", "float32", "compute dtype (activations, matmuls; the sampler's weights "
               "and KV cache)", OneOf(DTYPES)),
         Field("weight_dtype", "float32", "the trainer's master weights and AdamW moments "
@@ -362,6 +365,33 @@ SECTIONS: tuple[Section, ...] = (
         Field("max_failed_frac", 0.5, "a step whose share of failed episodes (raised or timed "
               "out) is above this stops the run (reasoning_rl/guards.py)",
               Range(float, 0, 1, meaning="1 = off")),
+        # The hub adapters' settings (docs/agent_hubs.md): read only by an entry marked
+        # takes_agent_settings (reasoning_rl/agents/entry.py refuses them for any other).
+        Field("env_id", "", "hub adapters, verifiers: the taskset's id as vf-eval takes it (an "
+              "importable package exporting a verifiers Taskset)"),
+        Field("environment", "", "hub adapters, OpenEnv: the Environment class, "
+              "'package.module:Class'", Text(_IMPORT_PATH_OR_EMPTY, "'package.module:Class'")),
+        Field("env_args", {}, "hub adapters: the environment's own arguments (verifiers: its "
+              "EnvConfig fields, e.g. {'taskset': {...}}; OpenEnv: the constructor's keywords)",
+              Satisfies(lambda value: isinstance(value, dict), "a dict of the environment's "
+                        "arguments")),
+        Field("transport", "in_process", "hub adapters, OpenEnv: in_process (a fresh instance "
+              "per episode) or server (OpenEnv's own app on 127.0.0.1, a WebSocket session per "
+              "episode)", OneOf(("in_process", "server"))),
+        Field("action", "", "hub adapters, OpenEnv: 'module:function' turning the model's reply "
+              "into the Action's fields; empty = a JSON object reply, else the reply as the "
+              "Action's one required field", Text(_IMPORT_PATH_OR_EMPTY, "'module:function'")),
+        Field("observation", "", "hub adapters, OpenEnv: 'module:function' turning an "
+              "observation's fields into the next user message; empty = its one text field, "
+              "else its fields as JSON", Text(_IMPORT_PATH_OR_EMPTY, "'module:function'")),
+        Field("system_prompt", "", "hub adapters, OpenEnv: a system message opening every "
+              "episode (empty = none)"),
+        Field("max_turns", 8, "hub adapters, OpenEnv: model turns per episode at most", COUNT),
+        Field("turn_tokens", 0, "hub adapters, OpenEnv: max_tokens of each model turn",
+              int_range(0, meaning="0 = none: a turn may take what is left of the episode's "
+                        "rollout.max_new_tokens")),
+        Field("model", "policy", "hub adapters: the model name the environment's requests "
+              "send (the rollout server answers any)", Text(r"(?s).+", "a non-empty name")),
     )),
     Section("rewards", "Rewards: a weighted sum of named parts, each {weight, kind, …settings of "
             "its kind} (reasoning_rl/verifiers/rewards.py); the settings of every kind are listed "

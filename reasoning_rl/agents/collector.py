@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import importlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from reasoning_rl.agents.driver import EngineDriver
+from reasoning_rl.agents.entry import load_entry  # the entry loader (a hub factory or the agent)
 from reasoning_rl.agents.server import RolloutServer
 from reasoning_rl.errors import ConfigError, PhaseInterrupted
 from reasoning_rl.loop.state import SampledBatch
@@ -64,22 +64,6 @@ class AgentSettings:
                episode_timeout_s=a.episode_timeout_s,
                min_episodes_per_group=a.min_episodes_per_group,
                max_failed_frac=a.max_failed_frac)
-
-
-def load_entry(entry: str) -> Callable:
-  """The async function `module:function` names (ConfigError naming config.agent.entry)."""
-  module_name, _, name = entry.partition(":")
-  if not module_name or not name:
-    raise ConfigError(f"config.agent.entry={entry!r}: must be 'module:function'")
-  try:
-    function = getattr(importlib.import_module(module_name), name)
-  except (ImportError, AttributeError) as error:
-    raise ConfigError(f"config.agent.entry={entry!r}: cannot load it ({error}); name an "
-                      "importable module and its async function") from None
-  if not asyncio.iscoroutinefunction(function):
-    raise ConfigError(f"config.agent.entry={entry!r}: must be an async function "
-                      "`async def run(client, example) -> float | dict`")
-  return function
 
 
 def reward_of(value: Any) -> Reward:
