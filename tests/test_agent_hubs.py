@@ -325,6 +325,18 @@ def test_the_loader_refuses_settings_nothing_reads_and_non_agents(agent, message
     entry_lib.load_agent(agent_config(**agent))
 
 
+def test_a_plain_agent_takes_the_trainers_own_agent_settings():
+  # every agent.* field that is not a hub setting (tool_syntax, history_mismatch, …) is the
+  # trainer's, so setting it with a plain agent entry is not mistaken for an unread hub setting
+  trainer_fields = [dotted for dotted in config_schema.FIELDS
+                    if dotted.startswith("agent.")
+                    and dotted.removeprefix("agent.") not in entry_lib.HUB_SETTINGS]
+  assert "agent.tool_syntax" in trainer_fields and "agent.history_mismatch" in trainer_fields
+  config = agent_config(entry="tests.test_agent_hubs:plain_agent", tool_syntax="hermes",
+                        history_mismatch="refuse")
+  assert entry_lib.load_agent(config) is plain_agent
+
+
 @pytest.mark.parametrize("field, value", [
     ("transport", "docker"), ("max_turns", 0), ("turn_tokens", -1), ("model", ""),
     ("environment", "rrl_openenv_guess.GuessEnvironment"), ("action", "no colon"),

@@ -29,14 +29,12 @@ from reasoning_rl.errors import ConfigError
 from reasoning_rl.plain_data import plain
 
 FIELD = "config.agent.entry"
-# The trainer's own agent settings (collector.AgentSettings); the rest of the section is the
-# hub adapters', whose schema defaults mean "not set".
-TRAINER_SETTINGS = ("entry", "history_mismatch", "episode_timeout_s", "min_episodes_per_group",
-                    "max_failed_frac")
-HUB_DEFAULTS = {dotted.removeprefix("agent."): item.default
-                for dotted, item in config_schema.FIELDS.items()
-                if dotted.startswith("agent.") and dotted.removeprefix("agent.")
-                not in TRAINER_SETTINGS}
+# The hub adapters' settings of `config.agent` (docs/agent_hubs.md), whose schema defaults mean
+# "not set"; every other agent.* field is the trainer's own (collector.AgentSettings, the server's),
+# so a trainer setting added later is never mistaken for a hub one.
+HUB_SETTINGS = ("env_id", "environment", "env_args", "transport", "action", "observation",
+                "system_prompt", "max_turns", "turn_tokens", "model")
+HUB_DEFAULTS = {name: config_schema.FIELDS[f"agent.{name}"].default for name in HUB_SETTINGS}
 
 _loaded: dict[tuple[str, str], Callable] = {}
 
