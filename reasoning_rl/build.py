@@ -15,6 +15,7 @@ and nothing JAX-free (`--help`, config validation, the dry run) reads it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any, Sequence
 
@@ -24,6 +25,7 @@ import ml_collections
 from flax import nnx
 
 from reasoning_rl import config as config_lib
+from reasoning_rl.agents import entry as agent_entry
 from reasoning_rl.agents.collector import AgentCollector, AgentSettings
 from reasoning_rl import (config_schema, environments, lora, memory_plan, precision, sharding,
                           step_layout, storage)
@@ -52,6 +54,7 @@ from reasoning_rl.sampler import (BackendSpec, EngineSpec, EpisodeSettings, Samp
                                   make_backend, make_engine)
 from reasoning_rl.sampler.api import RolloutBackend
 from reasoning_rl.sampler.engine import prefill_bucket
+from reasoning_rl.sampler.quantized import WeightQuantizer
 from reasoning_rl.verifiers.rewards import RewardFunction
 from reasoning_rl.workers.model_parts import with_model_parts
 from reasoning_rl.workers.scorer import make_scorer
@@ -161,7 +164,11 @@ def build_eval_examples(config: ml_collections.ConfigDict) -> list:
 def build_data(config: ml_collections.ConfigDict) -> Data:
 
   eval_examples = build_eval_examples(config)
-  return Data(train_source=tasks.build_source(config.data.train, field="data.train"),
+  # an agent run's training data may be its agent's own tasks (data.train.kind='agent')
+  provided = ({"agent_examples": functools.partial(agent_entry.agent_examples, config)}
+              if config.agent.entry else {})
+  return Data(train_source=tasks.build_source(config.data.train, field="data.train",
+                                              provided=provided),
               eval_examples=eval_examples, held_out=tasks.held_out_prompts(eval_examples))
 
 
@@ -207,6 +214,22 @@ def build_engine(config: ml_collections.ConfigDict, model, *, mesh=None,
 def rollout_decode_length(config: ml_collections.ConfigDict) -> int:
   """The longest completion the run's sampler decodes: a rollout's or a held-out evaluation's."""
   return max(config.rollout.max_new_tokens, eval_max_new_tokens(config))
+
+
+def build_sampler_quantizer(config: ml_collections.ConfigDict, model, graphdef, params,
+                            step_settings) -> WeightQuantizer | None:
+  """The quantizer of the sampler's weights (`rollout.weight_quantization`), or None: over the
+  plain model the sampler decodes (LoRA 'merged': the model without adapters) in the compute
+  dtype. ConfigError naming the field for a model it cannot quantize (`quantized.check_model`)."""
+  quantization = config.rollout.weight_quantization
+  if quantization == "none":
+    return None
+  plain = graphdef
+  if weight_sync_lib.mode_of(step_settings) != "full":
+    plain = lora.plain_graphdef(model.config, dtype=model.dtype, param_dtype=model.param_dtype,
+                                scan_layers=model.scan_layers)
+  return WeightQuantizer(plain, weight_sync_lib.abstract_payload(step_settings, params),
+                         quantization)
 
 
 def build_backend(config: ml_collections.ConfigDict, model, *, mesh=None,
@@ -389,9 +412,11 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
   episodes = build_episodes(config, tokenizer)
   enforce_environment_redteam(config, episodes)
   graphdef, params = nnx.split(model)
-  step_fn = TrainStep(graphdef, step_config(config), trainer_mesh)
+  step_settings = step_config(config)
+  quantizer = build_sampler_quantizer(config, model, graphdef, params, step_settings)
+  step_fn = TrainStep(graphdef, step_settings, trainer_mesh, sampler_quantizer=quantizer)
   cluster = build_cluster(config, topology,
-                          weight_sync_lib.abstract_payload(step_fn.config, params))
+                          weight_sync_lib.abstract_payload(step_fn.config, params, quantizer))
   state = backend = None
   if topology.is_trainer:
     # frozen: held in the compute dtype, the only dtype its forward passes use (precision.py)
@@ -410,6 +435,8 @@ def build(config: ml_collections.ConfigDict, *, validated: bool = False) -> Run:
     sampler_model = nnx.merge(graphdef, initial)
     if weight_sync_lib.mode_of(step_fn.config) == "merged":
       sampler_model = lora.merged_model(sampler_model, lora_settings)
+    if quantizer is not None:  # made by the function every weight sync's payload comes from
+      sampler_model = quantizer.model(nnx.state(sampler_model))
     backend = build_backend(config, sampler_model, mesh=sampler_mesh)
   del params
   # the teacher scores what this process samples, beside the sampler (like the reward models)
@@ -462,13 +489,15 @@ def build_loop(run: Run, *, stage=None) -> Loop:
       raise ConfigError(f"config.agent.entry={agent.entry!r}: agent rollouts run in one process")
     collector = AgentCollector(run.backend, run.tokenizer, agent, num_samples=r.num_samples,
                                max_new_tokens=r.max_new_tokens, sampling=run.sampling,
-                               seed=config.seed, max_prompt_tokens=r.max_prefill_length)
+                               seed=config.seed, max_prompt_tokens=r.max_prefill_length,
+                               agent=agent_entry.load_agent(config))
   else:
     collector = collector_class(run.backend, run.tokenizer, run.template, run.scorer,
                                 **collector_kwargs)
   if stage is None:
     stage = (RLStage(run, collector, staleness=rollout_staleness(config),
                      with_sampler_logprobs=(sampler_correction(config) != "none"
+                                            or config.algo.rejection != "none"
                                             or run.step_fn.config.old_logprobs_from_sampler))
              if config.stage == "rl" else SFTStage(run, collector, storage.path(config.workdir)))
   variants = tuple((instruction, build_template(config, run.tokenizer, instruction=instruction))

@@ -16,7 +16,7 @@ import os
 import ml_collections
 
 from reasoning_rl.config_help import help_text
-from reasoning_rl.config_schema import FIELDS, OneOf, Range, value_at
+from reasoning_rl.config_schema import FIELDS, OneOf, Range, Satisfies, Text, value_at
 from reasoning_rl.config_schema import base_config  # noqa: F401  (config files import it here)
 from reasoning_rl.errors import ConfigError, ExitCode
 from reasoning_rl.sampler import api as sampler_api  # no JAX: the backends' declared capabilities
@@ -27,6 +27,9 @@ FIELD_RANGES: dict[str, Range] = {dotted: item.check for dotted, item in FIELDS.
 # Fields that take one name of a fixed list or of a registry.
 FIELD_CHOICES: dict[str, OneOf] = {dotted: item.check for dotted, item in FIELDS.items()
                                    if isinstance(item.check, OneOf)}
+# Fields whose value must match a pattern or pass a test (e.g. agent.action: 'module:function').
+FIELD_RULES: dict[str, Text | Satisfies] = {dotted: item.check for dotted, item in FIELDS.items()
+                                           if isinstance(item.check, (Text, Satisfies))}
 
 
 def check_range(dotted: str, value) -> None:
@@ -37,6 +40,11 @@ def check_range(dotted: str, value) -> None:
 
 
 _field = value_at
+
+
+def _plain_value(value):
+  """A ConfigDict field's value as the plain dict a rule tests (other values as they are)."""
+  return value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
 
 
 def check_choice(dotted: str, value) -> None:
@@ -75,6 +83,9 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     check_range(dotted, _field(config, dotted))
   for dotted in FIELD_CHOICES:
     check_choice(dotted, _field(config, dotted))
+  for dotted, rule in FIELD_RULES.items():
+    problem = rule.problem(_plain_value(_field(config, dotted)))
+    require(problem is None, dotted, problem or "")
   if config.stage == "sft":
     require(bool(config.sft.data_path), "sft.data_path", "the sft stage needs a JSONL file of "
             "{prompt, completion} rows")
@@ -136,6 +147,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           "trainer's π_old, which needs the sampler to compute with the trainer's weights; "
           "merged ones (the adapters folded into the base, rounded in the compute dtype) are "
           "another policy: set lora.sampler_weights='adapters', or rollout.exact_logprobs=False")
+  _validate_weight_quantization(config, lora, require)
   require(not (config.algo.routing_replay and config.environment.name), "algo.routing_replay",
           "multi-turn episodes append the environment's tokens without recording their "
           f"routing (environment.name={config.environment.name!r}), so there is nothing to "
@@ -166,7 +178,10 @@ def _validate_agent(config, require) -> None:
       ("rollout.exact_logprobs", r.exact_logprobs, "exact rollouts"),
       ("partial_rollouts.enabled", config.partial_rollouts.enabled, "partial rollouts"),
       ("dynamic_sampling.enabled", config.dynamic_sampling.enabled, "dynamic sampling"),
-      ("rollout.kv_page_size", r.kv_page_size, "a paged KV cache")):
+      ("rollout.kv_page_size", r.kv_page_size, "a paged KV cache"),
+      # the teacher scores what the in-process collectors sample; the agent collector has no
+      # call to it, so distillation would silently train on the agent's reward alone
+      ("teacher.path", config.teacher.path, "on-policy distillation")):
     require(not value, field, f"agent rollouts (agent.entry={a.entry!r}) do not run with "
             f"{what}: turn it off")
 
@@ -209,6 +224,27 @@ def _validate_teacher(config, require) -> None:
   require(config.algo.loss_type != "gspo", "algo.loss_type", "GSPO's sequence ratio takes one "
           "advantage per sequence, and on-policy distillation gives one per token; use "
           "algo.loss_type='gspo-token' (or ppo, cispo), or set teacher.path=''")
+
+def _validate_weight_quantization(config, lora, require) -> None:
+  """rollout.weight_quantization and what it cannot be combined with (its model-dependent
+  limits, MoE and latent attention, are checked when the model is built:
+  `sampler.quantized.check_model`)."""
+  r = config.rollout
+  if r.weight_quantization == "none":
+    return
+  require(not r.exact_logprobs, "rollout.exact_logprobs",
+          f"exact rollouts report the trainer's own forward as μ, and a quantized sampler "
+          f"(rollout.weight_quantization={r.weight_quantization!r}) draws from another model: "
+          "set rollout.exact_logprobs=False or rollout.weight_quantization='none'")
+  require(not (lora.enabled and lora.sampler_weights == "adapters"), "lora.sampler_weights",
+          f"quantized rollouts (rollout.weight_quantization={r.weight_quantization!r}) quantize "
+          "a plain model, and 'adapters' sends float adapters for the sampler's base: set "
+          "lora.sampler_weights='merged', or quantize the base for trainer and sampler alike "
+          "with lora.base_quantization and rollout.weight_quantization='none'")
+  require(not config.model.scan_layers, "model.scan_layers",
+          f"quantized rollouts (rollout.weight_quantization={r.weight_quantization!r}) need the "
+          "loop layout: the scanned blocks are rebuilt inside the scan, where qwix cannot "
+          "replace their kernels; set model.scan_layers=False")
 
 
 def _validate_partial_rollouts(config, require) -> None:

@@ -294,6 +294,11 @@ TASK_SOURCES: dict[str, Group] = {group.choice: group for group in (
               Satisfies(_weights, "a list of positive numbers, one per source, or None"),
               kind=list),
     )),
+    Group(_SOURCE_PATH, "agent", "The tasks the run's agent brings: examples() of the agent "
+          "config.agent.entry loads (a hub taskset, docs/agent_hubs.md); training data only.", (
+        Field("shuffle", False, "a new order each epoch"),
+        Field("seed", 0, "the shuffle's seed", int_range(0)),
+    )),
     Group(_SOURCE_PATH, "guess_number", "A secret integer in [low, high] (the guess_number "
           "environment's task; reasoning_rl/environments/guess_number.py).", (
         _SEED,

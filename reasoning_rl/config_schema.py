@@ -179,6 +179,8 @@ POSITIVE = Range(float, 0, low_open=True)
 NON_NEGATIVE = Range(float, 0)
 FRACTION = Range(float, 0, 1)
 COUNT = int_range(1)
+# An optional 'package.module:attribute' (an agent hub setting that names code to import).
+_IMPORT_PATH_OR_EMPTY = r"([A-Za-z_][\w.]*:[A-Za-z_][\w.]*)?"
 DTYPES = ("float32", "bfloat16")
 # The kernels layer's names (reasoning_rl/kernels imports JAX; a test keeps the two equal).
 TRAINING_KERNELS = ("auto", "reference", "splash", "pallas_gpu")
@@ -210,8 +212,8 @@ SECTIONS: tuple[Section, ...] = (
             "by model.tokenizer.", (
         Field("path", "", "HF directory, .gguf file or training run to start from"),
         Field("tokenizer", "", "for a random model: a tokenizer path, or debug_arithmetic (a "
-              "built-in character vocabulary for the synthetic debug task; "
-              "debug_arithmetic_chat: the same with a chat template)"),
+              "built-in character vocabulary for the synthetic debug task; debug_arithmetic_chat: "
+              "the same with a chat template, for agent runs)"),
         Field("dtype", "float32", "compute dtype (activations, matmuls; the sampler's weights "
               "and KV cache)", OneOf(DTYPES)),
         Field("weight_dtype", "float32", "the trainer's master weights and AdamW moments "
@@ -311,6 +313,16 @@ SECTIONS: tuple[Section, ...] = (
               "(drafts verified by Gumbel-max coupling, near-ties repaired) and its log-probs that "
               "forward's, bit for bit, whatever the batch; synchronous runs then take π_old = μ "
               "from the sampler without recomputing it. Single-turn, engine backend only"),
+        Field("weight_quantization", "none", "the sampler decodes with quantized weights "
+              "(reasoning_rl/sampler/quantized.py, qwix PTQ; docs/off_policy.md): int8 or fp8 "
+              "(float8_e4m3fn) per output channel for every projection of the blocks, "
+              "re-quantized from the trainer's weights at each weight sync, which sends the "
+              "quantized form; embeddings, LM head, norms and the KV cache keep model.dtype, and "
+              "the trainer its own weights. The rollouts' μ is then the quantized model, so the "
+              "loss always corrects against it (algo.is_correction none means token-truncate). "
+              "Not with rollout.exact_logprobs, MoE or latent-attention models, "
+              "model.scan_layers, or lora.sampler_weights='adapters'",
+              OneOf(("none", "int8", "fp8"))),
     )),
     Section("environment", "Multi-turn rollouts (reasoning_rl/sampler/multiturn.py): the model "
             "acts in an environment (a tool, a game) over several turns; observation tokens are "
@@ -340,6 +352,12 @@ SECTIONS: tuple[Section, ...] = (
               "earlier <think> blocks): split = start a new segment there (the episode's last "
               "segment is trained); refuse = answer HTTP 400 with the reason",
               OneOf(("split", "refuse"))),
+        Field("tool_syntax", "", "the tool-call syntax the model was trained on, for a chat "
+              "template that shows none: hermes (<tool_call> JSON: Hermes, Qwen) | llama3 "
+              "(Llama 3.1 JSON); the request's tools are then described in the system message "
+              "and its tool history written in that syntax. Empty = read it from the template "
+              "(a request with tools the template cannot render is answered HTTP 400)",
+              OneOf(("", "hermes", "llama3"))),
         Field("episode_timeout_s", 300.0, "an episode running longer is dropped and counted "
               "(episode/failed_frac)", POSITIVE),
         Field("min_episodes_per_group", 2, "a prompt with fewer episodes that finished is "
@@ -347,6 +365,33 @@ SECTIONS: tuple[Section, ...] = (
         Field("max_failed_frac", 0.5, "a step whose share of failed episodes (raised or timed "
               "out) is above this stops the run (reasoning_rl/guards.py)",
               Range(float, 0, 1, meaning="1 = off")),
+        # The hub adapters' settings (docs/agent_hubs.md): read only by an entry marked
+        # takes_agent_settings (reasoning_rl/agents/entry.py refuses them for any other).
+        Field("env_id", "", "hub adapters, verifiers: the taskset's id as vf-eval takes it (an "
+              "importable package exporting a verifiers Taskset)"),
+        Field("environment", "", "hub adapters, OpenEnv: the Environment class, "
+              "'package.module:Class'", Text(_IMPORT_PATH_OR_EMPTY, "'package.module:Class'")),
+        Field("env_args", {}, "hub adapters: the environment's own arguments (verifiers: its "
+              "EnvConfig fields, e.g. {'taskset': {...}}; OpenEnv: the constructor's keywords)",
+              Satisfies(lambda value: isinstance(value, dict), "a dict of the environment's "
+                        "arguments")),
+        Field("transport", "in_process", "hub adapters, OpenEnv: in_process (a fresh instance "
+              "per episode) or server (OpenEnv's own app on 127.0.0.1, a WebSocket session per "
+              "episode)", OneOf(("in_process", "server"))),
+        Field("action", "", "hub adapters, OpenEnv: 'module:function' turning the model's reply "
+              "into the Action's fields; empty = a JSON object reply, else the reply as the "
+              "Action's one required field", Text(_IMPORT_PATH_OR_EMPTY, "'module:function'")),
+        Field("observation", "", "hub adapters, OpenEnv: 'module:function' turning an "
+              "observation's fields into the next user message; empty = its one text field, "
+              "else its fields as JSON", Text(_IMPORT_PATH_OR_EMPTY, "'module:function'")),
+        Field("system_prompt", "", "hub adapters, OpenEnv: a system message opening every "
+              "episode (empty = none)"),
+        Field("max_turns", 8, "hub adapters, OpenEnv: model turns per episode at most", COUNT),
+        Field("turn_tokens", 0, "hub adapters, OpenEnv: max_tokens of each model turn",
+              int_range(0, meaning="0 = none: a turn may take what is left of the episode's "
+                        "rollout.max_new_tokens")),
+        Field("model", "policy", "hub adapters: the model name the environment's requests "
+              "send (the rollout server answers any)", Text(r"(?s).+", "a non-empty name")),
     )),
     Section("rewards", "Rewards: a weighted sum of named parts, each {weight, kind, …settings of "
             "its kind} (reasoning_rl/verifiers/rewards.py); the settings of every kind are listed "
@@ -421,11 +466,32 @@ SECTIONS: tuple[Section, ...] = (
               "cispo: clipped stop-gradient IS weight on a REINFORCE term (MiniMax-M1)",
               OneOf(registry="LOSS_TYPES")),
         Field("is_correction", "none", "correction for the sampler's log-probs differing from "
-              "the trainer's (kernels, precision, staleness): none | token-truncate | token-mask "
-              "| sequence-truncate | sequence-mask with threshold is_threshold (TIS, Yao et al. "
-              "2025; IMPALA, Espeholt et al. 2018); asynchronous rollouts always correct (none "
-              "then means token-truncate)", OneOf(registry="IS_CORRECTIONS")),
+              "the trainer's (kernels, precision, staleness), weight w = π_old/μ per token: none "
+              "| token-truncate | token-mask | sequence-truncate | sequence-mask with threshold "
+              "is_threshold (TIS, Yao et al. 2025; IMPALA, Espeholt et al. 2018) | icepop (w "
+              "inside [icepop_low, icepop_high], else 0: Ring-1T's IcePop); asynchronous rollouts "
+              "always correct (none then means token-truncate); docs/off_policy.md",
+              OneOf(registry="IS_CORRECTIONS")),
         Field("is_threshold", 2.0, "C of the importance correction", POSITIVE),
+        Field("is_threshold_low", 0.0, "floor of the truncated weight: token-truncate and "
+              "sequence-truncate clip it to [is_threshold_low, is_threshold] (NeMo-RL's TIS "
+              "lower bound); below is_threshold", Range(float, 0, meaning="0 = no floor")),
+        Field("icepop_low", 0.5, "IcePop's α: a token whose π_old/μ is below it gets no "
+              "gradient (Ring-1T, arXiv:2510.18855); below icepop_high", NON_NEGATIVE),
+        Field("icepop_high", 5.0, "IcePop's β: a token whose π_old/μ is above it gets no "
+              "gradient", POSITIVE),
+        Field("rejection", "none", "reject whole sequences too far off-policy (their policy "
+              "gradient is 0; composes with is_correction, as verl's rollout_rs with its "
+              "rollout_is): none | seq-geo-mean (exp(mean_t log π_old/μ) outside "
+              "[rejection_geo_low, rejection_geo_high]) | seq-mean-k3 (mean_t of π_old/μ − 1 − "
+              "log π_old/μ above rejection_k3_threshold); docs/off_policy.md",
+              OneOf(registry="OFF_POLICY_REJECTIONS")),
+        Field("rejection_geo_low", 0.999, "seq-geo-mean: lower bound of the geometric-mean "
+              "ratio", Range(float, 0, 1, low_open=True)),
+        Field("rejection_geo_high", 1.001, "seq-geo-mean: upper bound of the geometric-mean "
+              "ratio", Range(float, 1)),
+        Field("rejection_k3_threshold", 0.01, "seq-mean-k3: largest mean k3 (≈ KL(μ‖π_old) per "
+              "token) a kept sequence may have", POSITIVE),
         Field("truncated_ratio", True, "the ratio of the distribution the sampler draws from "
               "(docs/off_policy.md): π_θ and π_old after the rollout's temperature / top_k / "
               "top_p / min_p, renormalised — exact for the policy actually sampled; False: the "

@@ -17,8 +17,10 @@ partition rules (`reasoning_rl.sharding.logical_to_spec`), and each device's byt
            buffers, and for the weight sync the copy cast to the compute dtype `model.dtype`
            (several processes: laid out as a replica wants it, the "send mesh" of
            `multihost.param_sync`; one process: in the trainer's layout, if the dtypes differ);
-  sampler (one device of one replica): its weights in the compute dtype, the KV cache of every
-           slot its engine holds, the next-token logits of the decode state, one decode step's
+  sampler (one device of one replica): its weights in the compute dtype (with
+           `rollout.weight_quantization` its projections at one byte per element plus a scale
+           per output channel, `quantized_plan`; the KV cache stays in the compute dtype), the
+           KV cache of every slot its engine holds, the next-token logits of the decode state, one decode step's
            temporaries, and the new weights received during a sync (held beside the old ones
            until the engine swaps them).
 
@@ -61,6 +63,7 @@ from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.gguf_io import gguf_model_config, open_gguf
 from reasoning_rl.models.transformer import abstract_model
 from reasoning_rl.models.upcycle import upcycled_config
+from reasoning_rl.quantized_plan import sampler_shapes
 from reasoning_rl.run_settings import random_model_config, step_config
 from reasoning_rl.sharding import (MESH_AXES, logical_to_spec, mesh_axes_of,
                                    multi_slice_mesh_shape, resolve_mesh_shape,
@@ -425,9 +428,13 @@ class ModelShapes:
   """(logical axes, shape, bytes per element) of what each role holds."""
 
   master: list  # every base parameter in the weight dtype (QLoRA: adapted projections quantized)
-  compute: list  # the same in the compute dtype: the sampler's copy and what it is sent
+  compute: list  # the same in the compute dtype: the frozen base / reference copies
   adapters: list  # LoRA adapters (float32); [] without LoRA
   sends_adapters: bool  # LoRA with lora.sampler_weights = "adapters": the sync sends them alone
+  # the sampler's weights and what a full sync sends: `compute`, or with
+  # rollout.weight_quantization its projections quantized (`quantized_plan.sampler_shapes`)
+  sampler: list = dataclasses.field(default_factory=list)
+  quantization: str = "none"
 
   @classmethod
   def of(cls, config, model_config: ModelConfig) -> "ModelShapes":
@@ -439,20 +446,32 @@ class ModelShapes:
     compute = [(axes, shape, precision.compute.itemsize
                 if itemsize == precision.weights.itemsize else itemsize)
                for axes, shape, itemsize in master]
+    quantization = config.rollout.weight_quantization
+    sampler = (compute if quantization == "none"
+               else sampler_shapes(model_config, precision.compute, quantization))
     return cls(master=master, compute=compute,
                adapters=adapter_shapes(model_config, lora, "float32"),
-               sends_adapters=lora.enabled and lora.sampler_weights == "adapters")
+               sends_adapters=lora.enabled and lora.sampler_weights == "adapters",
+               sampler=sampler, quantization=quantization)
 
   def sampler_weights(self, mesh: AbstractMesh) -> int:
-    """Bytes per device of the sampler's weights on `mesh`: base + adapters, or merged."""
+    """Bytes per device of the sampler's weights on `mesh`: base + adapters, or merged (with
+    rollout.weight_quantization: quantized)."""
     extra = param_bytes_per_device(self.adapters, mesh) if self.sends_adapters else 0
-    return param_bytes_per_device(self.compute, mesh) + extra
+    return param_bytes_per_device(self.sampler, mesh) + extra
 
   def sent(self, mesh: AbstractMesh) -> int:
     """Bytes per device, laid out as `mesh` wants them, of what a weight sync sends."""
     if self.sends_adapters:
       return param_bytes_per_device(self.adapters, mesh)
-    return param_bytes_per_device(self.compute, mesh)
+    return param_bytes_per_device(self.sampler, mesh)
+
+  def sampler_dtype(self, precision: Precision) -> str:
+    """How the sampler's weights are held, for the plan's labels: the compute dtype, or e.g.
+    int8/float32 (projections quantized, the rest in the compute dtype)."""
+    if self.quantization == "none":
+      return precision.compute.name
+    return f"{self.quantization}/{precision.compute.name}"
 
 
 def _with_itemsize(shapes, itemsize: float) -> list:
@@ -597,6 +616,9 @@ def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, weights: int, slot
   then `Engine.update_params`' own copy of them (`sharding.reshard` never aliases), both beside
   the weights in use until the swap. `backend` decides a paged cache's decode kernel."""
   b = Precision.of(config).compute
+  quantization = config.rollout.weight_quantization
+  # quantized: the projections in int8 / fp8, the rest in the compute dtype
+  held = b.name if quantization == "none" else f"{quantization}/{b.name}"
   length = sampler_cache_length(config)
   slots_per_device = slots // _split(mesh, "batch", slots)
   heads = m.num_heads // _split(mesh, "kv_heads", m.num_kv_heads)
@@ -610,13 +632,13 @@ def sampler_items(config, m: ModelConfig, mesh: AbstractMesh, weights: int, slot
   else:
     cache = Item(f"KV cache ({slots} slots x {length} tokens)",
                  kv_cache_bytes(config, m, mesh, slots))
-  items = [Item(f"weights ({b.name})", weights), cache,
+  items = [Item(f"weights ({held})", weights), cache,
            Item("next-token logits (float32)", slots_per_device * m.vocab_size * 4),
            Item("decode temporaries", temporaries, "decode")]
   if receive_bytes:
-    items.append(Item(f"weights received ({b.name})", receive_bytes, "weight sync"))
+    items.append(Item(f"weights received ({held})", receive_bytes, "weight sync"))
   if engine_copy_bytes:
-    items.append(Item(f"engine's copy of them ({b.name})", engine_copy_bytes, "weight sync"))
+    items.append(Item(f"engine's copy of them ({held})", engine_copy_bytes, "weight sync"))
   return items
 
 
@@ -647,12 +669,15 @@ def sync_items(layout: Layout, shapes: ModelShapes, precision: Precision) -> lis
   dtype differs. LoRA adapters are replicated: sent as they are."""
   what = "adapters" if shapes.sends_adapters else "weights"
   if layout.multi_process:
-    dtype = "float32" if shapes.sends_adapters else precision.compute.name
+    dtype = "float32" if shapes.sends_adapters else shapes.sampler_dtype(precision)
     items = [Item(f"{what} to send ({dtype}, replica layout)",
                   shapes.sent(layout.replica), "weight sync")]
     items.append(Item(f"{what} laid out to send, before packing", shapes.sent(layout.replica),
                       "weight sync"))
     return items
+  if shapes.quantization != "none":  # quantized on the trainer's devices, then handed over
+    return [Item(f"{what} quantized for the sampler ({shapes.sampler_dtype(precision)})",
+                 param_bytes_per_device(shapes.sampler, layout.trainer), "weight sync")]
   if shapes.sends_adapters or precision.compute == precision.weights:
     return []
   return [Item(f"{what} cast for the sampler ({precision.compute.name})",

@@ -498,7 +498,10 @@ def plan(config, model_config: ModelConfig, *, target: Mapping,
   summary = (f"{model_config.model_type}, {params}, "
              f"{model_config.num_layers} layers x hidden {model_config.hidden_size}, "
              f"compute {memory.precision.compute.name}, master weights "
-             f"{memory.precision.weights.name}; "
+             f"{memory.precision.weights.name}"
+             + (f", sampler weights {memory.shapes.sampler_dtype(memory.precision)} (projections "
+                f"{memory.shapes.quantization})" if memory.shapes.quantization != "none" else "")
+             + "; "
              f"P={r.num_prompts} x G={r.num_samples}, prompt {r.max_prefill_length} + completion "
              f"{r.max_new_tokens} tokens, {r.max_concurrent_decodes} decode slots per replica")
   advice = () if memory.fits else _advice(

@@ -1,6 +1,6 @@
 """The registries of named choices, one per kind, empty until the modules that implement the
 choices register into them: advantage estimators, KL estimators, policy-loss types, loss
-aggregations, sampler importance corrections, reward parts, `correct` verifiers, task sources,
+aggregations, sampler importance corrections, off-policy rejections, reward parts, `correct` verifiers, task sources,
 rollout backends and multi-turn environments.
 
 This module knows no concrete choice and imports nothing of the package but `errors`, so every
@@ -95,6 +95,9 @@ KL_ESTIMATORS = Registry("KL estimator", "algo.kl_estimator")
 LOSS_TYPES = Registry("policy loss", "algo.loss_type")
 LOSS_AGGREGATIONS = Registry("loss aggregation", "algo.loss_agg")
 IS_CORRECTIONS = Registry("sampler importance correction", "algo.is_correction")
+# Each choice: (log ρ [B, T], valid, xp, *, geo_low, geo_high, k3_threshold) -> (rejected rows [B],
+# stats); composes with IS_CORRECTIONS (reasoning_rl.rl.off_policy).
+OFF_POLICY_REJECTIONS = Registry("off-policy rejection", "algo.rejection")
 REWARD_PARTS = Registry("reward part", "rewards.<name>.kind")
 VERIFIERS = Registry("verifier", "rewards.<name>.verifier")
 TASK_SOURCES = Registry("task source", "data.<split>.kind")
@@ -106,4 +109,5 @@ ROLLOUT_BACKENDS = Registry("rollout backend", "rollout.backend")
 ENVIRONMENTS = Registry("environment", "environment.name")
 
 ALL = (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_TYPES, LOSS_AGGREGATIONS, IS_CORRECTIONS,
-       REWARD_PARTS, VERIFIERS, TASK_SOURCES, ROLLOUT_BACKENDS, ENVIRONMENTS)
+       OFF_POLICY_REJECTIONS, REWARD_PARTS, VERIFIERS, TASK_SOURCES, ROLLOUT_BACKENDS,
+       ENVIRONMENTS)

@@ -1,6 +1,6 @@
 """Every choice a config names by string, in one catalogue: advantage estimators, KL estimators,
-policy-loss types, loss aggregations, sampler importance corrections, reward parts, `correct`
-verifiers, task sources, rollout backends and multi-turn environments.
+policy-loss types, loss aggregations, sampler importance corrections, off-policy rejections,
+reward parts, `correct` verifiers, task sources, rollout backends and multi-turn environments.
 
 Each choice registers itself beside its implementation, into the registries of
 `reasoning_rl.registries`, with a one-line summary (what it does, and its paper) and the config
@@ -23,14 +23,17 @@ from __future__ import annotations
 from reasoning_rl import environments  # noqa: F401  pylint: disable=unused-import
 from reasoning_rl.data import tasks  # noqa: F401  pylint: disable=unused-import
 from reasoning_rl.registries import (ADVANTAGE_ESTIMATORS, ALL, ENVIRONMENTS, IS_CORRECTIONS,
-                                     KL_ESTIMATORS, LOSS_AGGREGATIONS, LOSS_TYPES, REWARD_PARTS,
-                                     ROLLOUT_BACKENDS, TASK_SOURCES, VERIFIERS, Choice, Registry)
-from reasoning_rl.rl import advantages, losses  # noqa: F401  pylint: disable=unused-import
+                                     KL_ESTIMATORS, LOSS_AGGREGATIONS, LOSS_TYPES,
+                                     OFF_POLICY_REJECTIONS, REWARD_PARTS, ROLLOUT_BACKENDS,
+                                     TASK_SOURCES, VERIFIERS, Choice, Registry)
+# pylint: disable-next=unused-import
+from reasoning_rl.rl import advantages, losses, off_policy  # noqa: F401
 from reasoning_rl.sampler import engine_backend  # noqa: F401  pylint: disable=unused-import
 from reasoning_rl.verifiers import rewards  # noqa: F401  pylint: disable=unused-import
 
 __all__ = ["ADVANTAGE_ESTIMATORS", "ALL", "Choice", "ENVIRONMENTS", "IS_CORRECTIONS",
-           "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "LOSS_TYPES", "REWARD_PARTS", "ROLLOUT_BACKENDS",
+           "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "LOSS_TYPES", "OFF_POLICY_REJECTIONS",
+           "REWARD_PARTS", "ROLLOUT_BACKENDS",
            "Registry", "TASK_SOURCES", "VERIFIERS", "catalogue"]
 
 

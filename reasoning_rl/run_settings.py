@@ -46,10 +46,13 @@ def rollouts_ahead(config: ml_collections.ConfigDict) -> bool:
 
 
 def sampler_correction(config: ml_collections.ConfigDict) -> str:
-  """`algo.is_correction`, except that asynchronous and partial rollouts always correct
-  (token-truncate): their tokens come from older policies than the one trained."""
+  """`algo.is_correction`, except that asynchronous, partial and quantized rollouts always
+  correct (token-truncate): their tokens come from older policies than the one trained, or
+  (`rollout.weight_quantization`) from a quantized copy of it, which is another policy at every
+  step (docs/off_policy.md, "Quantized rollouts")."""
   lagging = rollout_staleness(config) > 0 or partial_rollouts(config)
-  if config.algo.is_correction == "none" and lagging:
+  quantized = config.stage == "rl" and config.rollout.weight_quantization != "none"
+  if config.algo.is_correction == "none" and (lagging or quantized):
     return "token-truncate"
   return config.algo.is_correction
 

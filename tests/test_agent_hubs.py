@@ -14,11 +14,16 @@ import os
 import pathlib
 import socket
 
+import numpy as np
 import openai
 import pytest
 import verifiers.v1.runtimes.subprocess as subprocess_runtime
 
+from reasoning_rl import config as config_lib
+from reasoning_rl import config_schema
+from reasoning_rl.agents import entry as entry_lib
 from reasoning_rl.agents import hub_support, openenv_hub, verifiers_hub
+from reasoning_rl.data import tasks as tasks_lib
 from reasoning_rl.errors import ConfigError
 from tests.support.fake_openai_server import FakeOpenAIServer
 
@@ -103,8 +108,10 @@ def test_verifiers_hub_rewards_right_and_wrong_answers(offline, hub_envs):
                          clients=lambda i: (f"key-{i}", {"X-Episode": f"episode-{i}"}))
   for example, got in zip(examples, parts):
     right = example["a"] < 50 and example["a"] != 99  # what the script answered, independently
-    assert got == {"reward": float(right), "exact_answer": float(right),
-                   "replied_number": float(example["a"] != 99)}, example
+    # each reward's weight x score (exact_answer 1, digit_share 0.1: all digits, or none in
+    # "I do not know"); the metric replied_number is not a reward and is not returned
+    assert got == {"exact_answer": float(right),
+                   "digit_share": 0.1 * float(example["a"] != 99)}, example
   # One model call per episode (the harness's one turn), each to the scripted server; nothing
   # else was requested.
   assert len(server.chat_requests) == len(examples) == len(server.requests)
@@ -130,7 +137,7 @@ def test_verifiers_hub_total_is_the_weighted_sum(offline, hub_envs):
   (example,) = agent.examples()
   with FakeOpenAIServer([str(example["a"] + example["b"])]) as server:
     (parts,) = run_episodes(agent, server, [example])
-  assert parts == {"reward": 2.5, "exact_answer": 1.0, "replied_number": 1.0}
+  assert parts == {"exact_answer": 2.5, "digit_share": 0.1}  # the total 2.6 is their sum
 
 
 def test_verifiers_hub_failed_episode_is_an_error(offline, hub_envs):
@@ -181,10 +188,10 @@ def test_openenv_hub_accumulates_step_rewards(offline, hub_envs, transport):
   # after max_guesses guesses; "seven" makes no GuessAction, so it costs a turn but no guess.
   # max_guesses -> (target, the model's replies, what the episode must return)
   episodes = {
-      2: (7, ["7"], {"reward": 1.0, "done": 1.0, "turns": 1.0}),
-      3: (4, ["5", "seven", "4"], {"reward": 1.0 - 0.25, "done": 1.0, "turns": 3.0}),
-      5: (9, ["1", "2", "3", "4", "5"], {"reward": 5 * -0.25, "done": 1.0, "turns": 5.0}),
-      9: (2, ["8"] * 6, {"reward": 6 * -0.25, "done": 0.0, "turns": 6.0}),  # max_turns ends it
+      2: (7, ["7"], {"reward": 1.0}),
+      3: (4, ["5", "seven", "4"], {"reward": 1.0 - 0.25}),
+      5: (9, ["1", "2", "3", "4", "5"], {"reward": 5 * -0.25}),
+      9: (2, ["8"] * 6, {"reward": 6 * -0.25}),  # max_turns (6) ends it
   }
   agent = openenv_hub.agent_from_settings({
       "environment": GUESS_ENV, "transport": transport, "max_turns": 6,
@@ -215,13 +222,11 @@ def test_openenv_hub_json_replies_and_own_mappings(offline, hub_envs):
   default mappings."""
   agent = openenv_hub.make_agent(GUESS_ENV)
   with FakeOpenAIServer(['{"guess": 3}']) as server:
-    assert run_episodes(agent, server, [{"target": 3}]) == [
-        {"reward": 1.0, "done": 1.0, "turns": 1.0}]
+    assert run_episodes(agent, server, [{"target": 3}]) == [{"reward": 1.0}]
   own = openenv_hub.make_agent(GUESS_ENV, action="tests.test_agent_hubs:guess_from_words",
                                observation="tests.test_agent_hubs:shout")
   with FakeOpenAIServer(["my guess is five", "my guess is six"]) as server:
-    assert run_episodes(own, server, [{"target": 6}]) == [
-        {"reward": 1.0 - 0.25, "done": 1.0, "turns": 2.0}]
+    assert run_episodes(own, server, [{"target": 6}]) == [{"reward": 1.0 - 0.25}]
   assert server.chat_requests[1].body["messages"][-1]["content"] == "WRONG, HIGHER."
 
 
@@ -254,3 +259,136 @@ def test_openenv_hub_bad_settings_name_the_field(hub_envs, settings, field):
 def test_agent_factories_are_marked_for_the_loader():
   assert verifiers_hub.agent_from_settings.takes_agent_settings
   assert openenv_hub.agent_from_settings.takes_agent_settings
+
+
+# --- the trainer's loader, the schema and the data source ----------------------------------------
+
+factory_calls = []
+
+
+@hub_support.takes_agent_settings
+def counting_factory(settings):
+  """A hub-style factory: records the settings it is called with, returns an agent."""
+  factory_calls.append(dict(settings))
+
+  async def agent(client, example):
+    return float(settings["max_turns"])
+
+  return agent
+
+
+@hub_support.takes_agent_settings
+def not_an_agent_factory(settings):
+  return "not callable"
+
+
+async def plain_agent(client, example):
+  return 0.0
+
+
+def agent_config(**agent):
+  config = config_schema.base_config()
+  config.workdir = "/tmp/unused"
+  for name, value in agent.items():
+    setattr(config.agent, name, value)
+  return config
+
+
+def test_the_loader_calls_a_settings_factory_once_per_settings():
+  factory_calls.clear()
+  config = agent_config(entry="tests.test_agent_hubs:counting_factory", max_turns=3)
+  first = entry_lib.load_agent(config)
+  assert entry_lib.load_agent(config) is first  # the data source and the collector share it
+  assert len(factory_calls) == 1
+  # the factory gets the whole section as a plain dict: the declared hub settings, defaults filled
+  assert factory_calls[0]["max_turns"] == 3 and factory_calls[0]["env_args"] == {}
+  assert factory_calls[0]["entry"] == "tests.test_agent_hubs:counting_factory"
+  assert asyncio.run(first(None, {})) == 3.0
+  config.agent.max_turns = 5  # other settings: another agent
+  assert asyncio.run(entry_lib.load_agent(config)(None, {})) == 5.0 and len(factory_calls) == 2
+  # a plain agent function is used as it is
+  assert entry_lib.load_agent(agent_config(entry="tests.test_agent_hubs:plain_agent")) is (
+      plain_agent)
+
+
+@pytest.mark.parametrize("agent, message", [
+    ({"entry": "tests.test_agent_hubs:plain_agent", "env_id": "gsm8k"},
+     "config.agent.env_id='gsm8k': only a hub adapter's entry"),
+    ({"entry": "tests.test_agent_hubs:plain_agent", "env_args": {"x": 1}},
+     "config.agent.env_args="),
+    ({"entry": "tests.test_agent_hubs:not_an_agent_factory"},
+     "config.agent.entry='tests.test_agent_hubs:not_an_agent_factory': the factory returned str"),
+    ({"entry": "tests.test_agent_hubs:guess_from_words"}, "config.agent.entry=.*must be an async"),
+])
+def test_the_loader_refuses_settings_nothing_reads_and_non_agents(agent, message):
+  with pytest.raises(ConfigError, match=message):
+    entry_lib.load_agent(agent_config(**agent))
+
+
+def test_a_plain_agent_takes_the_trainers_own_agent_settings():
+  # every agent.* field that is not a hub setting (tool_syntax, history_mismatch, …) is the
+  # trainer's, so setting it with a plain agent entry is not mistaken for an unread hub setting
+  trainer_fields = [dotted for dotted in config_schema.FIELDS
+                    if dotted.startswith("agent.")
+                    and dotted.removeprefix("agent.") not in entry_lib.HUB_SETTINGS]
+  assert "agent.tool_syntax" in trainer_fields and "agent.history_mismatch" in trainer_fields
+  config = agent_config(entry="tests.test_agent_hubs:plain_agent", tool_syntax="hermes",
+                        history_mismatch="refuse")
+  assert entry_lib.load_agent(config) is plain_agent
+
+
+@pytest.mark.parametrize("field, value", [
+    ("transport", "docker"), ("max_turns", 0), ("turn_tokens", -1), ("model", ""),
+    ("environment", "rrl_openenv_guess.GuessEnvironment"), ("action", "no colon"),
+    ("observation", "a:b:c"),
+])
+def test_hub_settings_are_validated_by_the_schema(field, value):
+  config = agent_config()
+  setattr(config.agent, field, value)
+  with pytest.raises(ConfigError, match=rf"^config\.agent\.{field}="):
+    config_lib.validate(config)
+
+
+TASKS = [{"prompt": "What is 1 + 2?", "a": 1, "b": 2, "answer": 3},
+         {"prompt": [{"role": "user", "content": "hi"}], "answer": "x"},
+         {"question": "no prompt field"}]
+
+
+def test_the_agent_source_yields_the_agents_tasks():
+  source = tasks_lib.build_source(dict(kind="agent"), field="data.train",
+                                  provided={"agent_examples": lambda: TASKS})
+  examples = [source.example(i) for i in range(6)]
+  assert [e.metadata for e in examples] == TASKS * 2  # in order, epoch after epoch
+  assert [e.uid for e in examples[:3]] == ["agent/0", "agent/1", "agent/2"]
+  assert examples[0].prompt == "What is 1 + 2?" and examples[0].answer == "3"
+  assert examples[1].prompt == '[{"content": "hi", "role": "user"}]'
+  assert examples[2].prompt == '{"question": "no prompt field"}' and examples[2].answer == ""
+  # an adapter is handed the task dict back (the Example's metadata)
+  assert hub_support.example_fields(examples[0]) == TASKS[0]
+  shuffled = tasks_lib.build_source(dict(kind="agent", shuffle=True, seed=1), field="data.train",
+                                    provided={"agent_examples": lambda: TASKS})
+  for epoch in range(3):  # every epoch each task once, in the order numpy's permutation gives
+    order = np.random.default_rng([1, epoch]).permutation(3)
+    assert [shuffled.example(3 * epoch + i).metadata for i in range(3)] == [
+        TASKS[j] for j in order]
+
+
+@pytest.mark.parametrize("field, provided, message", [
+    ("data.eval", None, "config.data.eval.kind='agent': only the training data"),
+    ("data.train", None, "config.data.train.kind='agent': the tasks come from the agent"),
+    ("data.train", {"agent_examples": lambda: []}, "brought no tasks"),
+    ("data.train", {"agent_examples": lambda: ["text"]}, "task 0 is a str"),
+])
+def test_the_agent_source_is_refused_without_an_agents_tasks(field, provided, message):
+  with pytest.raises(ConfigError, match=message):
+    tasks_lib.build_source(dict(kind="agent"), field=field, provided=provided)
+
+
+def test_agent_examples_needs_an_agent_with_examples(hub_envs):
+  with pytest.raises(ConfigError, match="has no examples"):
+    entry_lib.agent_examples(agent_config(entry="tests.test_agent_hubs:plain_agent"))
+  config = agent_config(entry="reasoning_rl.agents.verifiers_hub:agent_from_settings",
+                        env_id="rrl_vf_addition", env_args={"taskset": {"count": 2}})
+  rows = entry_lib.agent_examples(config)
+  assert [(r["a"] + r["b"], r["answer"]) for r in rows] == [(r["answer"],) * 2 for r in rows]
+  assert len(rows) == 2

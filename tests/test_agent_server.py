@@ -126,8 +126,81 @@ def test_tools_reach_the_chat_template(served):
       "{% for t in tools %}{{ t.function.name }}{% endfor %}|{{ messages[0].content }}")
   tools = [{"type": "function", "function": {"name": "12"}},
            {"type": "function", "function": {"name": "34"}}]
-  assert chat.render_prompt(tokenizer, [{"role": "user", "content": "5"}], tools=tools) \
-      == "1234|5"
+  # (the template shows no tool-call syntax: `agent.tool_syntax` names it)
+  assert chat.render_prompt(tokenizer, [{"role": "user", "content": "5"}], tools=tools,
+                            tool_syntax="hermes") == "1234|5"
+  with pytest.raises(chat.ToolsUnsupported, match=r"config\.agent\.tool_syntax"):
+    chat.render_prompt(tokenizer, [{"role": "user", "content": "5"}], tools=tools)
+
+
+# The debug vocabulary's own tool rendering: tool names listed in a think block, an assistant's
+# calls as <think>name=a</think> (its `arguments` reach the template as a dict), results as "=r".
+DIGIT_TOOLS_TEMPLATE = (
+    "{% if tools %}<think>{% for t in tools %}{{ t.function.name }} {% endfor %}</think>{% endif %}"
+    "{% for m in messages %}{% if m.role == 'assistant' %}<answer>{{ m.content or '' }}"
+    "{% for c in m.tool_calls or [] %}<think>{{ c.function.name }}={{ c.function.arguments.a }}"
+    "</think>{% endfor %}<eos>{% elif m.role == 'tool' %}<bos>={{ m.content }}<eos>"
+    "{% else %}<bos>{{ m.content }}<eos>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<answer>{% endif %}")
+
+
+def test_tools_and_a_tool_call_history_through_the_openai_client(served):
+  _, _, driver, servers, tokenizer = served
+  tools = [{"type": "function", "function": {"name": "12", "parameters": {}}},
+           {"type": "function", "function": {"name": "34", "parameters": {}}}]
+  server = RolloutServer(driver, tokenizer.with_chat_template(DIGIT_TOOLS_TEMPLATE),
+                         sampling=SAMPLING, max_tokens=4, tool_syntax="hermes", seed=3)
+  user = {"role": "user", "content": "2+3"}
+
+  async def episode():
+    c = client(server, "tools")
+    first = await c.chat.completions.create(model="policy", messages=[user], tools=tools)
+    reply = first.choices[0].message
+    history = [user, {"role": "assistant", "content": reply.content, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "12",
+                                                          "arguments": '{"a": 5}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "7"}]
+    second = await c.chat.completions.create(model="policy", messages=history, tools=tools)
+    await c.close()
+    outcome["turns"] = first, second
+    # the same tools on a template that cannot take them, with no agent.tool_syntax
+    plain = client(servers["split"])
+    try:
+      await plain.chat.completions.create(model="policy", messages=[user], tools=tools)
+    finally:
+      await plain.close()
+
+  outcome = {}
+  try:
+    with pytest.raises(openai.BadRequestError, match=r"config\.agent\.tool_syntax"):
+      asyncio.run(episode())
+  finally:
+    server.stop()
+  first, second = outcome["turns"]
+  assert first.choices[0].message.tool_calls is None  # (the debug vocabulary cannot write one)
+  assert second.choices[0].message.content == tokenizer.decode(
+      second.choices[0].model_extra["token_ids"]).removesuffix("<eos>")
+  session = server.pop_session("tools")
+  assert session.turns == 2 and session.malformed_tool_calls == 0
+  rows = session.completions(prompt_id=0, sample_index=0, keep_sampling_logprobs=False)
+  assert rows[0].prompt_tokens == tokenizer.encode("<think>12 34 </think><bos>2+3<eos><answer>",
+                                                   add_special_tokens=False)
+  reply, turn_2 = first.choices[0].message.content, second.choices[0].model_extra["token_ids"]
+  # what the engine decoded turn 2 from: the tool history as the template writes it
+  seen = tokenizer.encode(
+      f"<think>12 34 </think><bos>2+3<eos><answer>{reply}<think>12=5</think><eos><bos>=7<eos>"
+      "<answer>", add_special_tokens=False)
+  if first.choices[0].finish_reason == "length":
+    # the reply is a prefix of the rendered history: the call the client wrote after it, the
+    # result and the markers are context (mask 0)
+    [row] = rows
+    assert session.splits == 0 and row.prompt_tokens + row.completion_ids == seen + turn_2
+    drawn = len(first.choices[0].model_extra["token_ids"])
+    assert row.loss_mask == ([1] * drawn + [0] * (len(seen) - len(row.prompt_tokens) - drawn)
+                             + [1] * len(turn_2))
+  else:
+    # the model ended its turn where the client wrote a call: trained apart
+    assert session.splits == 1 and rows[1].prompt_tokens == seen
 
 
 async def _completion(server, prompt, *, seed):
@@ -379,8 +452,12 @@ def test_open_final_message_cuts_as_transformers_does(served):
   # the template trimmed the trailing space: the cut follows the trimmed content
   assert chat.render_prompt(trimming, messages, add_generation_prompt=False,
                             continue_final_message=True) == "<bos>1<eos><answer>2"
-  with pytest.raises(ValueError, match="is empty"):
-    chat.render_prompt(tokenizer, [messages[0], {"role": "assistant", "content": ""}],
+  # an empty reply opens where its content would go (transformers keeps the whole closed turn)
+  assert chat.render_prompt(tokenizer, [messages[0], {"role": "assistant", "content": ""}],
+                            add_generation_prompt=False, continue_final_message=True) \
+      == "<bos>1<eos><answer>"
+  with pytest.raises(ValueError, match="only whitespace"):
+    chat.render_prompt(tokenizer, [messages[0], {"role": "assistant", "content": " "}],
                        add_generation_prompt=False, continue_final_message=True)
 
 

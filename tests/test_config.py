@@ -41,6 +41,24 @@ def test_bad_field_is_named(overrides, field):
     config_lib.validate(debug_config(**overrides), num_devices=8)
 
 
+_AGENT = {"agent.entry": "tests.support.agents:two_turns"}
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"agent.entry": "tests.support.agents.two_turns"}, "config.agent.entry"),
+    ({**_AGENT, "agent.min_episodes_per_group": 99}, "config.agent.min_episodes_per_group"),
+    ({**_AGENT, "environment.name": "calculator"}, "config.environment.name"),
+    ({**_AGENT, "rollout.exact_logprobs": True}, "config.rollout.exact_logprobs"),
+    ({**_AGENT, "partial_rollouts.enabled": True}, "config.partial_rollouts.enabled"),
+    ({**_AGENT, "dynamic_sampling.enabled": True}, "config.dynamic_sampling.enabled"),
+    ({**_AGENT, "rollout.kv_page_size": 16}, "config.rollout.kv_page_size"),
+    ({**_AGENT, "teacher.path": "runs/demo"}, "config.teacher.path"),
+])
+def test_agent_rollouts_refuse_what_they_do_not_run_with(overrides, field):
+  with pytest.raises(ConfigError, match=field.replace(".", r"\.") + r"\b"):
+    config_lib.validate(debug_config(**overrides), num_devices=8)
+
+
 def test_override_checks():
   config = debug_config()
   with pytest.raises(ConfigError, match=r"config\.nonexistent: unknown field"):

@@ -211,6 +211,7 @@ DOCUMENTED_SOURCE_DEFAULTS = {
     "jsonl": {"path": config_schema.REQUIRED, "shuffle": False, "seed": 0},
     "mixture": {"sources": config_schema.REQUIRED, "weights": None},
     "guess_number": {"seed": 0, "low": 1, "high": 100},
+    "agent": {"shuffle": False, "seed": 0},
 }
 # The settings a part of each kind needs besides its weight to be built at all.
 NEEDED = {"judge": {"model": "/judge"}, "reward_model": {"model": "/rm"},

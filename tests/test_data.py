@@ -144,7 +144,7 @@ def test_jsonl_bad_rows_name_file_line_and_field(tmp_path, line, message):
 
 @pytest.mark.parametrize("config, message", [
     (dict(kind="parquet"), "config.data.train.kind='parquet': unknown task source; use one of "
-     "['synthetic_arithmetic', 'reasoning_gym', 'jsonl', 'mixture', "
+     "['synthetic_arithmetic', 'reasoning_gym', 'jsonl', 'mixture', 'agent', "
      "'guess_number']"),
     (dict(seed=1), "config.data.train.kind=None"),
     (dict(kind="reasoning_gym"), "config.data.train.name is missing; set it to a reasoning-gym"),

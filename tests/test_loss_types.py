@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from reasoning_rl.rl import stats
+from reasoning_rl.rl.off_policy import NO_DUAL_CLIP
 from reasoning_rl.rl.losses import (IS_CORRECTIONS, LOSS_AGGREGATIONS, LOSS_TYPES,
                                     importance_weights, policy_loss)
 
@@ -20,16 +21,37 @@ from reasoning_rl.rl.losses import (IS_CORRECTIONS, LOSS_AGGREGATIONS, LOSS_TYPE
 
 
 def sampler_weights(old, behavior, mask, mode, threshold):
-  """Per-token weight and 'capped' flag of each correction mode, from the raw ratios."""
+  """Per-token weight, 'capped' flag (above the upper bound) and 'masked' flag (weight set to 0;
+  None for the truncating modes) of each correction mode, from the raw ratios."""
   if mode == "none":
-    return np.ones_like(old), np.zeros(old.shape, bool)
-  if mode.startswith("token"):
+    return np.ones_like(old), np.zeros(old.shape, bool), None
+  if mode.startswith("token") or mode == "icepop":
     raw = np.exp(old - behavior)
   else:
     raw = np.repeat(np.exp(np.sum(mask * (old - behavior), axis=1))[:, None], old.shape[1], 1)
+  if mode == "icepop":  # Ring-1T: k where alpha <= k <= beta, else 0
+    capped = (raw > ICEPOP_BAND[1]) & mask
+    masked = capped | ((raw < ICEPOP_BAND[0]) & mask)
+    return np.where(masked, 0, raw), capped, masked
   capped = (raw > threshold) & mask
-  weight = np.minimum(raw, threshold) if mode.endswith("truncate") else np.where(capped, 0, raw)
-  return weight, capped
+  if mode.endswith("truncate"):
+    return np.minimum(raw, threshold), capped, None
+  return np.where(capped, 0, raw), capped, capped
+
+
+def dppo_term(logp, old, adv, low, high, divergence):
+  """DPPO (Qi et al. 2026): -A·r, 0 where the token left the trust region in its advantage's
+  direction; value, d/dlogp and the low / high masks."""
+  p, p_old, ratio = np.exp(logp), np.exp(old), np.exp(logp - old)
+  if divergence == "tv":
+    up, down = p - p_old > high, p - p_old < -low
+  else:
+    with np.errstate(divide="ignore", invalid="ignore"):  # p = 1 at padding (logp zeroed)
+      kl = p_old * np.log(p_old / p) + (1 - p_old) * np.log((1 - p_old) / (1 - p))
+    up, down = (p > p_old) & (kl > high), (p < p_old) & (kl > low)
+  masked_high, masked_low = (adv > 0) & up, (adv < 0) & down
+  keep = ~(masked_high | masked_low)
+  return np.where(keep, -adv * ratio, 0), np.where(keep, -adv * ratio, 0), masked_low, masked_high
 
 
 def clipped_term(x, adv, low, high, dual_clip):
@@ -61,6 +83,10 @@ def reference(logp, old, adv, mask, *, loss_type, loss_agg, is_correction="none"
     weight = np.clip(ratio, low, high)
     pg, local_grad = -weight * adv * logp, -weight * adv
     flags = {"clip_frac/low": ratio < low, "clip_frac/high": ratio > high}
+  elif loss_type.startswith("dppo"):
+    pg, local_grad, masked_low, masked_high = dppo_term(
+        logp, old, adv, epsilon_low, epsilon_high, loss_type.split("-")[1])
+    flags = {"clip_frac/low": masked_low, "clip_frac/high": masked_high}
   else:
     x = ratio if loss_type == "ppo" else seq_ratio_tokens
     pg, slope, dual = clipped_term(x, adv, low, high, dual_clip)
@@ -70,9 +96,10 @@ def reference(logp, old, adv, mask, *, loss_type, loss_agg, is_correction="none"
       flags["clip_frac/dual"] = dual
   flags["clip_frac"] = flags["clip_frac/low"] | flags["clip_frac/high"]
 
-  is_weight, capped = np.ones_like(pg), np.zeros(mask.shape, bool)
+  is_weight, capped, masked = np.ones_like(pg), np.zeros(mask.shape, bool), None
   if behavior is not None:
-    is_weight, capped = sampler_weights(old, zero(behavior), mask, is_correction, is_threshold)
+    is_weight, capped, masked = sampler_weights(old, zero(behavior), mask, is_correction,
+                                                is_threshold)
   per_token = is_weight * pg
   kl_grad = 0.0
   if ref is not None:  # k3
@@ -116,6 +143,11 @@ def reference(logp, old, adv, mask, *, loss_type, loss_agg, is_correction="none"
     if is_correction != "none":
       metrics.update({"tis/weight": mean(is_weight), "tis/capped_token_frac": mean(capped),
                       "tis/capped_seq_frac": capped[rows].any(1).mean()})
+    if masked is not None:
+      metrics.update({"tis/masked_token_frac": mean(masked),
+                      "tis/masked_seq_frac": masked[rows].any(1).mean()})
+    if is_correction == "icepop":
+      metrics["tis/floored_token_frac"] = mean(masked & ~capped)
   return loss, metrics, grad
 
 
@@ -129,6 +161,7 @@ ADVANTAGES = np.array([1.0, -0.8, 0.6, np.nan, -1.2, -0.9, 0.7])
 CLIP = dict(epsilon_low=0.2, epsilon_high=0.28)
 DUAL_CLIP = 2.5
 IS_THRESHOLD = 1.5
+ICEPOP_BAND = (0.7, 1.5)  # narrower than Ring-1T's [0.5, 5], so that this data leaves it
 
 
 def make_data(seed=0):
@@ -150,7 +183,7 @@ def make_data(seed=0):
   tok_w = np.exp(old - data["behavior"])[mask]
   seq_w = np.exp(np.sum(np.where(mask, old - data["behavior"], 0), 1))
   for values in (np.exp(logp - old)[mask], seq, tok_w, seq_w):
-    for kink in (0.8, 1.28, DUAL_CLIP, IS_THRESHOLD):
+    for kink in (0.8, 1.28, DUAL_CLIP, IS_THRESHOLD, *ICEPOP_BAND):
       assert np.min(np.abs(values - kink)) > 1e-3
   for key, garbage in (("logp", np.nan), ("old", -np.inf), ("behavior", np.inf),
                        ("ref", np.nan), ("token_advantages", np.nan)):
@@ -161,7 +194,8 @@ def make_data(seed=0):
 def loss_kwargs(loss_type, is_correction):
   return dict(CLIP, loss_type=loss_type, beta=0.05, entropy_coef=0.01,
               is_correction=is_correction, is_threshold=IS_THRESHOLD,
-              dual_clip=None if loss_type == "cispo" else DUAL_CLIP)
+              icepop_low=ICEPOP_BAND[0], icepop_high=ICEPOP_BAND[1],
+              dual_clip=None if loss_type in NO_DUAL_CLIP else DUAL_CLIP)
 
 
 def run_jax(data, advantages, kwargs, with_behavior=True):
@@ -193,13 +227,14 @@ def assert_metrics(got_stats, expected, rtol):
 def test_value_metrics_and_gradient_match_reference(loss_type, loss_agg, is_correction):
   data = make_data()
   kwargs = dict(loss_kwargs(loss_type, is_correction), loss_agg=loss_agg)
-  reference_kwargs = {k: v for k, v in kwargs.items() if k != "loss_type"}
+  reference_kwargs = {k: v for k, v in kwargs.items()
+                      if k not in ("loss_type", "icepop_low", "icepop_high")}
   expected_loss, expected_metrics, expected_grad = reference(
       data["logp"], data["old"], ADVANTAGES, data["mask"], loss_type=loss_type,
       behavior=data["behavior"], ref=data["ref"], entropy=data["entropy"], **reference_kwargs)
   # The data exercises every branch this case has.
   assert expected_metrics["clip_frac/low"] > 0 and expected_metrics["clip_frac/high"] > 0
-  if loss_type != "cispo":
+  if loss_type not in NO_DUAL_CLIP:
     assert expected_metrics["clip_frac/dual"] > 0
   if is_correction != "none":
     assert 0 < expected_metrics["tis/capped_seq_frac"] < 1

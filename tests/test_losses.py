@@ -11,6 +11,7 @@ import pytest
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import stats
 from reasoning_rl.rl.advantages import ESTIMATORS, group_advantages
+from reasoning_rl.rl.off_policy import NO_DUAL_CLIP
 from reasoning_rl.rl.losses import (KL_ESTIMATORS, LOSS_AGGREGATIONS, LOSS_TYPES,
                                     aggregate_loss, loss_normalizers, policy_loss, token_entropy)
 
@@ -342,9 +343,14 @@ def test_four_micro_batches_equal_one_full_batch(loss_agg, loss_type):
   options = dict(beta=0.04, loss_agg=loss_agg, epsilon_high=0.28,
                  max_completion_length=num_steps, is_threshold=1.5)
   correction = {"ppo": "token-truncate", "gspo": "sequence-mask", "gspo-token": "sequence-truncate",
-                "cispo": "token-mask"}[loss_type]
+                "cispo": "token-mask", "dppo-tv": "icepop", "dppo-kl": "token-truncate"}[loss_type]
+  # the rejections are per row, so they must split over micro-batches as well
+  rejection = {"dppo-tv": "seq-geo-mean", "dppo-kl": "seq-mean-k3"}.get(loss_type, "none")
   loss_options = dict(options, loss_type=loss_type, is_correction=correction,
-                      dual_clip=None if loss_type == "cispo" else 3.0)
+                      rejection=rejection, rejection_geo_low=0.9, rejection_geo_high=1.1,
+                      rejection_k3_threshold=0.05, icepop_low=0.8, icepop_high=1.3,
+                      is_threshold_low=0.7 if loss_type == "dppo-kl" else 0.0,
+                      dual_clip=None if loss_type in NO_DUAL_CLIP else 3.0)
 
   @jax.jit
   @functools.partial(jax.value_and_grad, has_aux=True)
@@ -459,11 +465,17 @@ def test_token_entropy():
     (dict(epsilon_high=-0.1), "epsilon_high=-0.1"),
     (dict(is_threshold=0.0), "is_threshold=0.0"),
     (dict(loss_type="grpo"), r"config\.algo\.loss_type='grpo': unknown policy loss; use one of "
-     r"\['ppo', 'gspo', 'gspo-token', 'cispo'\]"),
+     r"\['ppo', 'gspo', 'gspo-token', 'cispo', 'dppo-tv', 'dppo-kl'\]"),
     (dict(is_correction="sequence"), r"config\.algo\.is_correction='sequence': unknown sampler "
      r"importance correction; use one of \['none', 'token-truncate'"),
     (dict(is_correction="token-mask"), "is_correction='token-mask' needs behavior_logprobs"),
     (dict(loss_type="cispo", dual_clip=3.0), "dual_clip=3.0 does not apply to loss_type='cispo'"),
+    (dict(loss_type="dppo-kl", dual_clip=3.0),
+     "dual_clip=3.0 does not apply to loss_type='dppo-kl'"),
+    (dict(is_threshold_low=2.0), r"is_threshold_low=2.0 must be in \[0, is_threshold=2.0\)"),
+    (dict(icepop_low=0.5, icepop_high=0.4), "need 0 <= icepop_low < icepop_high"),
+    (dict(rejection="seq-k3"), r"config\.algo\.rejection='seq-k3': unknown off-policy "
+     r"rejection; use one of \['none', 'seq-geo-mean', 'seq-mean-k3'\]"),
     (dict(loss_type="cispo", epsilon_low=1.5), r"epsilon_low=1.5 must be in \[0, 1\] for cispo"),
     (dict(max_completion_length=0), "max_completion_length=0"),
 ])

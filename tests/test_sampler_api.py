@@ -110,6 +110,8 @@ def _needing(field: str):
     config.rollout.kv_page_size = 16
   elif field == "agent.entry":
     config.agent.entry = "tests.support.agents:two_turns"
+  elif field == "rollout.weight_quantization":
+    config.rollout.weight_quantization = "int8"
   else:
     config.algo.routing_replay = True
   return config

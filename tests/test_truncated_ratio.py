@@ -383,21 +383,80 @@ def test_the_kl_to_the_reference_compares_full_softmax_with_full_softmax():
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
 
 
-def test_a_sampled_token_outside_the_kept_set_gets_its_share_of_the_set_plus_itself():
-  """docs/off_policy.md: the rebuild keeps every sampled token. One that truly left the kept set
-  (after updates that shrank it) is given its probability within S ∪ {y}, not 0: the value is
-  pinned here against a hand computation, so that the documented limit is the code's."""
-  logits = np.array([3.0, 2.0, 0.5, -1.0, -2.0], np.float32)  # T = 1, top-p 0.8 keeps {0, 1}
+def test_a_sampled_token_that_left_the_kept_set_has_ratio_zero_and_no_gradient():
+  """docs/off_policy.md: a token in π_old's kept set that is not in π_θ's has π_θ^W(y) = 0, so its
+  ratio is 0 and it gets no gradient; the value the rebuild gives its log-prob stays finite (its
+  share of S ∪ {y}), and the membership flag is what tells it apart. Hand computation: T = 1,
+  top-p 0.8 keeps {0, 1} of these logits, so token 3 is outside and token 1 inside."""
+  logits = np.array([3.0, 2.0, 0.5, -1.0, -2.0], np.float32)
   probs = np.exp(logits) / np.exp(logits).sum()
   assert probs[0] + probs[1] > 0.8 and probs[0] < 0.8  # the set is exactly {0, 1}
-  target = 3  # sampled by an older policy, outside this one's set
-  got = float(truncated_logprobs(jnp.asarray(logits), jnp.array(target), jnp.array(1.0),
-                                 jnp.array(0.8), jnp.array(0), jnp.array(0.0)))
-  kept = logits[[0, 1, target]].astype(np.float64)
-  expected = logits[target] - np.log(np.exp(kept).sum())
-  assert got == pytest.approx(expected, abs=1e-6)
-  # a token inside the set: its share of the set alone
-  inside = float(truncated_logprobs(jnp.asarray(logits), jnp.array(1), jnp.array(1.0),
-                                    jnp.array(0.8), jnp.array(0), jnp.array(0.0)))
-  assert inside == pytest.approx(logits[1] - np.log(np.exp(logits[:2].astype(np.float64)).sum()),
-                                 abs=1e-6)
+  settings = (jnp.array(1.0), jnp.array(0.8), jnp.array(0), jnp.array(0.0))
+  outside, outside_in_set = truncated_logprobs(jnp.asarray(logits), jnp.array(3), *settings,
+                                               with_membership=True)
+  inside, inside_in_set = truncated_logprobs(jnp.asarray(logits), jnp.array(1), *settings,
+                                             with_membership=True)
+  assert not bool(outside_in_set) and bool(inside_in_set)
+  kept = logits[[0, 1, 3]].astype(np.float64)
+  assert float(outside) == pytest.approx(logits[3] - np.log(np.exp(kept).sum()), abs=1e-6)
+  assert float(inside) == pytest.approx(
+      logits[1] - np.log(np.exp(logits[:2].astype(np.float64)).sum()), abs=1e-6)
+
+  # The loss: token (0, 1) left the set (π_old^W(y) = 0.3, π_θ^W(y) = 0 in truth), the rest did
+  # not. Hand values with ppo, ε = 0.2, token-mean over the 4 valid tokens.
+  old = np.log(np.array([[0.5, 0.3, 0.4], [0.6, 0.2, 0.9]]))
+  new = np.log(np.array([[0.55, 0.25, 0.4], [0.45, 0.3, 0.9]]))  # 0.25: the rebuild's finite value
+  mask = np.array([[1, 1, 1], [1, 0, 0]])
+  left = np.array([[False, True, False], [False, False, False]])
+  adv = np.array([1.0, -1.0])
+  with jax.enable_x64(True):
+    def loss_fn(logp):
+      return losses.policy_loss(logp, jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask),
+                                loss_agg="token-mean", left_kept_set=jnp.asarray(left))
+    (loss, stats), grad = jax.value_and_grad(loss_fn, has_aux=True)(jnp.asarray(new))
+  # per token: -A·clip-surrogate; (0,0): r = 1.1 → -1.1; (0,1): r = 0 → 0; (0,2): r = 1 → -1;
+  # (1,0): A = -1, r = 0.75 < 0.8 → max(0.75, 0.8) = 0.8
+  assert float(loss) == pytest.approx((-1.1 + 0.0 - 1.0 + 0.8) / 4, abs=1e-12)
+  grad = np.asarray(grad)
+  np.testing.assert_allclose(grad[0], [-1.1 / 4, 0.0, -1.0 / 4], atol=1e-12)
+  assert grad[1, 0] == 0.0  # clipped
+  assert np.all(np.isfinite(grad))
+  got = finalize(jax.device_get(stats))
+  assert got["ratio/min"] == 0.0
+  assert got["truncation/left_token_frac"] == pytest.approx(1 / 4)
+  # KL(π_old‖π_θ) ≈ r − 1 − log r over the 3 tokens still in the set, finite
+  r = np.array([1.1, 1.0, 0.75])
+  assert got["approx_kl"] == pytest.approx(np.mean(r - 1 - np.log(r)), abs=1e-12)
+  assert all(np.isfinite(v) for v in got.values())
+
+
+def test_gspo_sequence_holding_a_token_that_left_has_ratio_zero():
+  """GSPO's sequence ratio (Π_t r_t)^(1/n) is 0 when one token's is: the whole sequence gets no
+  gradient, the other rows keep theirs."""
+  old = np.log(np.array([[0.5, 0.3], [0.6, 0.2]]))
+  new = np.log(np.array([[0.6, 0.25], [0.5, 0.3]]))
+  left = np.array([[False, True], [False, False]])
+  with jax.enable_x64(True):
+    def loss_fn(logp):
+      return losses.policy_loss(logp, jnp.asarray(old), jnp.asarray([1.0, 1.0]),
+                                jnp.ones((2, 2)), loss_type="gspo", left_kept_set=left)[0]
+    loss, grad = jax.value_and_grad(loss_fn)(jnp.asarray(new))
+  s1 = np.exp(np.mean(np.log([0.5 / 0.6, 0.3 / 0.2])))  # row 1's sequence ratio, inside the clip
+  assert float(loss) == pytest.approx(-s1 / 2, abs=1e-12)  # row 0 contributes 0
+  np.testing.assert_array_equal(np.asarray(grad)[0], [0.0, 0.0])
+  np.testing.assert_allclose(np.asarray(grad)[1], [-s1 / 4, -s1 / 4], atol=1e-12)
+
+
+def test_inner_updates_zero_the_ratio_of_tokens_that_left_the_kept_set():
+  """μ = 2 with a large step: π_θ's kept sets shrink after the first update, so some sampled
+  tokens leave them; the step reports how many, and nothing is NaN or infinite."""
+  graphdef, params = nnx.split(create_model(CONFIG, seed=0))
+  batch = sampled_batch(graphdef, params)
+  step = TrainStep(graphdef, StepConfig(truncated_ratio=True, num_iterations=4,
+                                        learning_rate=0.3))
+  state = step.init_state(params)
+  _, stats = step(state, batch)
+  stats = finalize(jax.device_get(stats))
+  assert all(np.all(np.isfinite(v)) for v in stats.values()), stats
+  assert stats["truncation/left_token_frac"] > 0
+  assert stats["ratio/min"] == 0.0

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import importlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from reasoning_rl.agents.driver import EngineDriver
+from reasoning_rl.agents.entry import load_entry  # the entry loader (a hub factory or the agent)
 from reasoning_rl.agents.server import RolloutServer
 from reasoning_rl.errors import ConfigError, PhaseInterrupted
 from reasoning_rl.loop.state import SampledBatch
@@ -55,6 +55,7 @@ class AgentSettings:
 
   entry: str
   history_mismatch: str = "split"
+  tool_syntax: str = ""
   episode_timeout_s: float = 300.0
   min_episodes_per_group: int = 2
   max_failed_frac: float = 0.5
@@ -64,26 +65,10 @@ class AgentSettings:
     a = config.agent
     if not a.entry:
       return None
-    return cls(entry=a.entry, history_mismatch=a.history_mismatch,
+    return cls(entry=a.entry, history_mismatch=a.history_mismatch, tool_syntax=a.tool_syntax,
                episode_timeout_s=a.episode_timeout_s,
                min_episodes_per_group=a.min_episodes_per_group,
                max_failed_frac=a.max_failed_frac)
-
-
-def load_entry(entry: str) -> Callable:
-  """The async function `module:function` names (ConfigError naming config.agent.entry)."""
-  module_name, _, name = entry.partition(":")
-  if not module_name or not name:
-    raise ConfigError(f"config.agent.entry={entry!r}: must be 'module:function'")
-  try:
-    function = getattr(importlib.import_module(module_name), name)
-  except (ImportError, AttributeError) as error:
-    raise ConfigError(f"config.agent.entry={entry!r}: cannot load it ({error}); name an "
-                      "importable module and its async function") from None
-  if not asyncio.iscoroutinefunction(function):
-    raise ConfigError(f"config.agent.entry={entry!r}: must be an async function "
-                      "`async def run(client, example) -> float | dict`")
-  return function
 
 
 def reward_of(value: Any) -> Reward:
@@ -129,7 +114,8 @@ class AgentCollector:
     self.server = RolloutServer(self.driver, tokenizer, sampling=sampling,
                                 max_tokens=max_new_tokens, max_session_tokens=max_new_tokens,
                                 max_segment_prompt=max_prompt_tokens,
-                                history_mismatch=settings.history_mismatch, seed=seed)
+                                history_mismatch=settings.history_mismatch,
+                                tool_syntax=settings.tool_syntax, seed=seed)
 
   def close(self) -> None:
     self.server.stop()

@@ -11,7 +11,7 @@ instead, marked `takes_agent_settings`: the loader calls it once with the plain 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from reasoning_rl.errors import ConfigError, ReasoningRLError
@@ -57,3 +57,16 @@ def client_headers(client: Any) -> dict[str, str]:
   return {name: value for name, value in dict(client.default_headers).items()
           if isinstance(value, str) and name.lower() not in sdk_headers
           and not name.lower().startswith("x-stainless")}
+
+
+def example_fields(example: Any) -> dict[str, Any]:
+  """The fields of one example an adapter plays: a mapping as it is, or the `metadata` of the
+  trainer's `data.tasks.Example` (a task of `data.train.kind='agent'` is its task dict there; a
+  JSONL row's extra keys are there too)."""
+  if isinstance(example, Mapping):
+    return dict(example)
+  metadata = getattr(example, "metadata", None)
+  if isinstance(metadata, Mapping):
+    return dict(metadata)
+  raise TypeError(f"an example is a dict of the task's fields or a task example with metadata, "
+                  f"got {type(example).__name__}")

@@ -28,13 +28,15 @@ Settings (the `config.agent` section, as a plain dict; `agent_from_settings`):
                 Default: the observation's one text field, else its fields as JSON.
   system_prompt optional text of a system message opening every episode.
   max_turns     model turns per episode at most (8).
+  turn_tokens   max_tokens of each model turn's request (0 = none sent: the server's default,
+                which lets one turn take what is left of the episode's token budget).
   model         the model name sent to the trainer's server ("policy").
 
 A reply that does not make a valid Action is not sent to the environment: the validation error
 goes back to the model as the next user message (it costs the turn, not the episode).
 
-Return value: {"reward": sum of the step rewards, "done": 1.0 if the environment ended the
-episode (0.0 if max_turns did), "turns": model turns taken}.
+Return value: {"reward": sum of the step rewards} (one part: the trainer sums an agent's parts
+into the reward, so nothing else is returned; the turns are in the rollout records).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ import pydantic
 import uvicorn
 from openenv.core import Action, Environment, GenericEnvClient, Observation, create_app
 
-from reasoning_rl.agents.hub_support import HubEpisodeError, import_object, takes_agent_settings
+from reasoning_rl.agents.hub_support import (HubEpisodeError, example_fields, import_object,
+                                             takes_agent_settings)
 from reasoning_rl.errors import ConfigError
 
 FIELD = "config.agent"
@@ -75,6 +78,7 @@ class OpenEnvSettings:
   observation: str | None = None
   system_prompt: str | None = None
   max_turns: int = 8
+  turn_tokens: int = 0
   model: str = "policy"
 
   def __post_init__(self):
@@ -88,6 +92,10 @@ class OpenEnvSettings:
       raise ConfigError(f"{FIELD}.transport: {self.transport!r} is not one of {TRANSPORTS}")
     if not isinstance(self.max_turns, int) or self.max_turns < 1:
       raise ConfigError(f"{FIELD}.max_turns: a positive integer, got {self.max_turns!r}")
+    if (isinstance(self.turn_tokens, bool) or not isinstance(self.turn_tokens, int)
+        or self.turn_tokens < 0):
+      raise ConfigError(f"{FIELD}.turn_tokens: an integer >= 0 (0 = no limit per turn), got "
+                        f"{self.turn_tokens!r}")
     if not isinstance(self.model, str) or not self.model:
       raise ConfigError(f"{FIELD}.model: a non-empty model name, got {self.model!r}")
 
@@ -268,7 +276,10 @@ class OpenEnvHubAgent:
     except (ValueError, TypeError) as e:
       return None, f"Invalid action: {e}"
 
-  async def __call__(self, client: Any, example: Mapping[str, Any]) -> dict[str, float]:
+  async def __call__(self, client: Any, example: Any) -> dict[str, float]:
+    """One episode; `example` is a dict of reset's fields or a trainer Example whose metadata
+    holds them (`hub_support.example_fields`)."""
+    example = example_fields(example)
     session, gate = self._session()
     messages: list[dict[str, str]] = []
     if self.settings.system_prompt:
@@ -280,8 +291,10 @@ class OpenEnvHubAgent:
         total += reward or 0.0
         messages.append({"role": "user", "content": self.observation_text(fields)})
         while not done and turns < self.settings.max_turns:
+          limit = ({"max_tokens": self.settings.turn_tokens} if self.settings.turn_tokens
+                   else {})
           completion = await client.chat.completions.create(model=self.settings.model,
-                                                            messages=messages)
+                                                            messages=messages, **limit)
           reply = completion.choices[0].message.content or ""
           turns += 1
           messages.append({"role": "assistant", "content": reply})
@@ -295,13 +308,13 @@ class OpenEnvHubAgent:
             messages.append({"role": "user", "content": self.observation_text(fields)})
       finally:
         await session.close()
-    return {"reward": float(total), "done": float(done), "turns": float(turns)}
+    return {"reward": float(total)}
 
 
 def make_agent(environment: str, env_args: Mapping[str, Any] | None = None, **settings: Any
                ) -> OpenEnvHubAgent:
   """The agent function for OpenEnv environment `environment` (module docstring for the other
-  settings: transport, action, observation, system_prompt, max_turns, model)."""
+  settings: transport, action, observation, system_prompt, max_turns, turn_tokens, model)."""
   return OpenEnvHubAgent(OpenEnvSettings(environment=environment, env_args=dict(env_args or {}),
                                          **settings))
 

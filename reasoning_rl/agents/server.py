@@ -17,6 +17,11 @@ Sessions (`sessions.Session`): a request belongs to the session named by its
 its episode's exact tokens; its sampling is seeded by (seed, session, turn) (`driver.request_key`).
 A request without a session is served but not recorded; its `seed` field (default 0) seeds it.
 
+Tool calls (`chat`, `tool_calls`): `tools`, `tool_choice`, assistant `tool_calls` and `role: "tool"`
+messages are rendered in the model's syntax; a reply's tool-call markup comes back as the
+message's `tool_calls` (finish_reason "tool_calls"), with ids from (session, turn, index). Calls
+the model botched stay in the content and are counted in `Session.malformed_tool_calls`.
+
 Log-probs reported: the model's own (unscaled) distribution, as `Completion.logprobs`.
 
 HTTP: aiohttp's server on its own event loop in a thread (docs/agents.md says why aiohttp);
@@ -57,13 +62,15 @@ class RolloutServer:
   session's segment may hold after its first prompt (the trainer's completion length), or 0;
   `max_segment_prompt`: the longest prompt a segment may start with (the trainer's prompt
   length), or 0.
-  history_mismatch: `agent.history_mismatch` (split | refuse). seed: the run's seed.
+  history_mismatch: `agent.history_mismatch` (split | refuse). tool_syntax: `agent.tool_syntax`
+  ("" | hermes | llama3: the model's tool-call syntax when its template shows none).
+  seed: the run's seed.
   """
 
   def __init__(self, driver: EngineDriver, tokenizer, *, model_name: str = "policy",
                sampling: SamplingParams = SamplingParams(), max_tokens: int = 256,
                max_session_tokens: int = 0, max_segment_prompt: int = 0,
-               history_mismatch: str = "split", seed: int = 0,
+               history_mismatch: str = "split", tool_syntax: str = "", seed: int = 0,
                host: str = "127.0.0.1", port: int = 0):
     self.driver = driver
     self.tokenizer = tokenizer
@@ -73,6 +80,7 @@ class RolloutServer:
     self.max_session_tokens = max_session_tokens
     self.max_segment_prompt = max_segment_prompt
     self.history_mismatch = history_mismatch
+    self.tool_syntax = tool_syntax
     self.seed = seed
     self._sessions: dict[str, Session] = {}
     self._lock = threading.Lock()
@@ -99,7 +107,8 @@ class RolloutServer:
   def session(self, session_id: str) -> Session:
     with self._lock:
       if session_id not in self._sessions:
-        self._sessions[session_id] = Session(session_id, on_mismatch=self.history_mismatch)
+        self._sessions[session_id] = Session(session_id, on_mismatch=self.history_mismatch,
+                                             tokenizer=self.tokenizer)
       return self._sessions[session_id]
 
   def pop_session(self, session_id: str) -> Session | None:
@@ -164,7 +173,7 @@ class RolloutServer:
     return web.json_response(reply)
 
   async def _decode(self, body: dict, session_id: str | None, *, chat_request: bool) -> dict:
-    prompt = self._prompt_tokens(body, chat_request=chat_request)
+    prompt, prompt_text = self._prompt_tokens(body, chat_request=chat_request)
     n = _integer(body, "n", 1, low=1)
     max_tokens = _integer(body, "max_completion_tokens",
                           _integer(body, "max_tokens", self.max_tokens, low=1), low=1)
@@ -183,7 +192,8 @@ class RolloutServer:
         raise BadRequest(f"n={n}: a session's request draws one choice (its episode goes on "
                          "from it); send n > 1 without a session")
       session = self.session(str(session_id))
-      session.begin_turn(prompt)
+      # the session's tokens, which may tokenize the same text otherwise (sessions.py)
+      prompt = session.begin_turn(prompt, text=prompt_text)
       segment = session.segments[-1]
       if self.max_segment_prompt and not segment.tokens and (
           len(segment.prompt_tokens) > self.max_segment_prompt):
@@ -219,10 +229,22 @@ class RolloutServer:
       session.end_turn(tokens=r.tokens, logprobs=r.logprobs,
                        sampling_logprobs=r.sampling_logprobs, versions=r.versions,
                        finish_reason=r.finish_reason, text=texts[0])
-    return self._reply(results, texts, prompt, chat_request=chat_request,
-                       want_logprobs=want_logprobs)
+    reply_id = f"{'chatcmpl' if chat_request else 'cmpl'}-{uuid.uuid4().hex}"
+    messages = None
+    if chat_request:
+      # tool call ids: (session, turn, index) in a session, so a rerun gives the same ids
+      parsed = [chat.parse_assistant(
+          self.tokenizer, text, tools=body.get("tools"), tool_choice=body.get("tool_choice"),
+          session_id=session.id if session is not None else reply_id,
+          turn=turn if session is not None else choice, tool_syntax=self.tool_syntax)
+          for choice, text in enumerate(texts)]
+      messages = [message for message, _ in parsed]
+      if session is not None:
+        session.malformed_tool_calls += parsed[0][1]
+    return self._reply(reply_id, results, texts, messages, prompt, want_logprobs=want_logprobs)
 
-  def _prompt_tokens(self, body: dict, *, chat_request: bool) -> list[int]:
+  def _prompt_tokens(self, body: dict, *, chat_request: bool) -> tuple[list[int], str | None]:
+    """The request's prompt: its tokens, and the text they encode (None for a token-id prompt)."""
     if chat_request:
       messages = body.get("messages")
       if not isinstance(messages, list) or not messages:
@@ -232,17 +254,17 @@ class RolloutServer:
         text = chat.render_prompt(
             self.tokenizer, messages, tools=body.get("tools"), tool_choice=body.get("tool_choice"),
             add_generation_prompt=_flag(body, "add_generation_prompt", not continue_final),
-            continue_final_message=continue_final)
+            continue_final_message=continue_final, tool_syntax=self.tool_syntax)
       except ValueError as error:
         raise BadRequest(str(error)) from error
-      return self.tokenizer.encode(text, add_special_tokens=False)
+      return self.tokenizer.encode(text, add_special_tokens=False), text
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
       prompt = prompt[0]
     if isinstance(prompt, str) and prompt:
-      return self.tokenizer.encode(prompt, add_special_tokens=False)
+      return self.tokenizer.encode(prompt, add_special_tokens=False), prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-      return list(prompt)
+      return list(prompt), None
     raise BadRequest("prompt: must be one non-empty string or one list of token ids")
 
   @staticmethod
@@ -274,13 +296,19 @@ class RolloutServer:
         text = text[:min(found)]
     return text
 
-  def _reply(self, results, texts, prompt, *, chat_request: bool, want_logprobs: bool) -> dict:
+  def _reply(self, reply_id: str, results, texts, messages, prompt, *, want_logprobs: bool
+             ) -> dict:
+    """The response body; `messages` (the parsed assistant messages) for a chat request, else
+    None."""
+    chat_request = messages is not None
     choices = []
     for index, (r, text) in enumerate(zip(results, texts)):
       pieces = [self.tokenizer.decode([t], skip_special_tokens=False) for t in r.tokens]
       if chat_request:
-        choice = {"index": index, "message": chat.parse_assistant(text),
-                  "finish_reason": _FINISH[r.finish_reason], "logprobs": None}
+        message = messages[index]
+        choice = {"index": index, "message": message,
+                  "finish_reason": "tool_calls" if message.get("tool_calls")
+                  else _FINISH[r.finish_reason], "logprobs": None}
         if want_logprobs:
           choice["logprobs"] = {"content": [
               {"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
@@ -295,7 +323,7 @@ class RolloutServer:
       choice["token_ids"] = list(r.tokens)
       choices.append(choice)
     generated = sum(len(r.tokens) for r in results)
-    return {"id": f"{'chatcmpl' if chat_request else 'cmpl'}-{uuid.uuid4().hex}",
+    return {"id": reply_id,
             "object": "chat.completion" if chat_request else "text_completion",
             "created": int(time.time()), "model": self.model_name, "choices": choices,
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": generated,
@@ -309,7 +337,10 @@ async def _as_event_stream(request: web.Request, reply: dict, *, chat_request: b
   await response.prepare(request)
   for choice in reply["choices"]:
     if chat_request:
-      part = {"index": choice["index"], "delta": choice["message"],
+      delta = dict(choice["message"])
+      if delta.get("tool_calls"):  # a streamed call names its place in the list
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
+      part = {"index": choice["index"], "delta": delta,
               "finish_reason": choice["finish_reason"], "logprobs": choice["logprobs"]}
     else:
       part = dict(choice)

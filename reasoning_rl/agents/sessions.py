@@ -3,18 +3,29 @@
 Every request of a session renders its whole conversation again (that is what an OpenAI client
 sends). The session keeps the token history of its current segment — the first prompt, then each
 turn's new context tokens and sampled tokens — and checks that the new request's rendered prompt
-starts with that history (`extension`):
+extends that history:
 
-- It does: the tokens after the history are context the model did not write (a user message, a
-  tool result, the template's turn markers) and join the segment with loss mask 0 and log-prob 0;
-  the tokens the engine samples next join it with loss mask 1, their log-probs and the policy
-  version that drew each. The segment is then exactly the sequence the model decoded.
-- It does not (the template rewrote the history: Qwen3's drops earlier <think> blocks; a client
-  edited a message; a text that does not re-tokenize to the same ids): `agent.history_mismatch`
-  decides. `split` closes the segment and starts a new one whose prompt is the new rendered
-  prompt, so each segment is trained separately on what the model saw when it wrote it; `refuse`
-  raises `HistoryMismatch` (the server answers HTTP 400 with its reason). Nothing is ever trained
-  on a sequence the model did not see.
+- Tokens (`extension`), the fast path: the rendered prompt's tokens start with the history.
+- Text (`text_extension`), when they do not: the rendered prompt's text starts with the history
+  decoded (special tokens kept, as the server decodes what it returns and as the template writes
+  its markers). A model sampling at temperature 1 often draws a tokenization of its text that
+  the tokenizer would not produce ("hel" + "lo" where encoding gives "hello"); the client sends
+  that text back unchanged, yet its re-encoding differs. The history's tokens then stay as they
+  are and only the text after it is encoded and appended. A history that ends inside a UTF-8
+  character (decoded to U+FFFD) extends only a text that still reads the same.
+
+Either way the tokens after the history are context the model did not write (a user message, a
+tool result, the template's turn markers): they join the segment with loss mask 0 and log-prob 0,
+and the engine decodes from the segment's tokens (`begin_turn` returns them), never from a
+re-encoding. The tokens the engine samples next join it with loss mask 1, their log-probs and the
+policy version that drew each. The segment is then exactly the sequence the model decoded.
+
+Only a real rewrite is a mismatch: the text differs (the template rewrote the history: Qwen3's
+drops earlier <think> blocks; a client edited a message or dropped a stop string).
+`agent.history_mismatch` decides. `split` closes the segment and starts a new one whose prompt is
+the new rendered prompt, so each segment is trained separately on what the model saw when it
+wrote it; `refuse` raises `HistoryMismatch` (the server answers HTTP 400 with its reason).
+Nothing is ever trained on a sequence the model did not see.
 
 Pure bookkeeping on lists: the server calls `begin_turn` / `end_turn` around each decode.
 """
@@ -79,8 +90,26 @@ def extension(history: Sequence[int], rendered: Sequence[int]) -> list[int] | No
   return list(rendered[n:])
 
 
-def first_difference(history: Sequence[int], rendered: Sequence[int]) -> int:
-  """The first index where the two disagree (the shorter's length if one prefixes the other)."""
+def text_extension(tokenizer, history: Sequence[int], rendered_text: str) -> list[int] | None:
+  """The tokens to append to `history` so that the whole decodes to `rendered_text`, or None when
+  `rendered_text` does not start with the decoded history (a real rewrite).
+
+  The rest of the text is encoded on its own (no special tokens added; the special tokens it
+  writes become their ids). The result is checked by decoding the whole: a tokenizer whose
+  pieces do not decode independently (a SentencePiece dummy-prefix space, a history ending inside
+  a UTF-8 character that the rest completes) is a mismatch rather than a guess.
+  """
+  history_text = tokenizer.decode(list(history), skip_special_tokens=False)
+  if not rendered_text.startswith(history_text):
+    return None
+  added = tokenizer.encode(rendered_text[len(history_text):], add_special_tokens=False)
+  if tokenizer.decode(list(history) + added, skip_special_tokens=False) != rendered_text:
+    return None
+  return added
+
+
+def first_difference(history: Sequence, rendered: Sequence) -> int:
+  """The first index where the two (token lists or texts) disagree (the shorter's length if one prefixes the other)."""
   for index, (a, b) in enumerate(zip(history, rendered)):
     if a != b:
       return index
@@ -88,21 +117,30 @@ def first_difference(history: Sequence[int], rendered: Sequence[int]) -> int:
 
 
 class Session:
-  """One episode's segments. `begin_turn` before a decode, `end_turn` with what it drew."""
+  """One episode's segments. `begin_turn` before a decode, `end_turn` with what it drew.
 
-  def __init__(self, session_id: str, *, on_mismatch: str):
+  tokenizer: decodes the history and encodes the rest of a prompt for the text-level match
+  (module docstring); None compares tokens only.
+  """
+
+  def __init__(self, session_id: str, *, on_mismatch: str, tokenizer=None):
     if on_mismatch not in MISMATCH_POLICIES:
       raise ValueError(f"on_mismatch={on_mismatch!r}: must be one of {MISMATCH_POLICIES}")
     self.id = session_id
     self.on_mismatch = on_mismatch
+    self.tokenizer = tokenizer
     self.segments: list[Segment] = []
     self.turns = 0  # requests decoded: the turn number seeds the next one
     self.splits = 0
+    # tool calls the model attempted that could not be used (`tool_calls.parse_completion`),
+    # over the session's turns (what a metric of malformed calls reads)
+    self.malformed_tool_calls = 0
     self._busy = threading.Lock()
 
-  def begin_turn(self, rendered: Sequence[int]) -> None:
-    """Matches the request's rendered prompt against the current segment (module docstring):
-    extends it with the new context tokens, or splits / refuses."""
+  def begin_turn(self, rendered: Sequence[int], *, text: str | None = None) -> list[int]:
+    """Matches the request's rendered prompt (its tokens; `text`, the text they encode, when
+    there is one) against the current segment (module docstring): extends it with the new
+    context tokens, or splits / refuses. Returns the tokens to decode from: the segment's."""
     if not self._busy.acquire(blocking=False):
       raise SessionBusy(f"session {self.id!r} is already decoding a request; an episode's "
                         "requests must come one after the other")
@@ -110,29 +148,39 @@ class Session:
       rendered = list(rendered)
       if not self.segments:
         self.segments.append(Segment(prompt_tokens=rendered))
-        return
+        return list(rendered)
       current = self.segments[-1]
       added = extension(current.history, rendered)
+      if added is None and text is not None and self.tokenizer is not None:
+        added = text_extension(self.tokenizer, current.history, text)
       if added is None:
-        at = first_difference(current.history, rendered)
         if self.on_mismatch == "refuse":
-          raise HistoryMismatch(
-              f"session {self.id!r}: the rendered prompt ({len(rendered)} tokens) does not "
-              f"extend the session's tokens ({len(current.history)}): they differ from token "
-              f"{at} on (the chat template or the client rewrote earlier turns, e.g. dropped a "
-              "<think> block). Set agent.history_mismatch='split' to train such turns "
-              "separately")
+          raise HistoryMismatch(self._mismatch_reason(current.history, rendered, text))
         self.splits += 1
         self.segments.append(Segment(prompt_tokens=rendered))
-        return
+        return list(rendered)
       current.tokens += added
       current.loss_mask += [0] * len(added)
       current.logprobs += [0.0] * len(added)
       current.sampling_logprobs += [0.0] * len(added)
       current.versions += [-1] * len(added)
+      return current.history
     except BaseException:
       self._busy.release()
       raise
+
+  def _mismatch_reason(self, history: list[int], rendered: list[int], text: str | None) -> str:
+    where = (f"they differ from token {first_difference(history, rendered)} on")
+    if text is not None and self.tokenizer is not None:
+      history_text = self.tokenizer.decode(history, skip_special_tokens=False)
+      at = first_difference(history_text, text)
+      where += (f", and the texts from character {at} on (the session's "
+                f"{history_text[max(0, at - 20):at + 20]!r} against "
+                f"{text[max(0, at - 20):at + 20]!r})")
+    return (f"session {self.id!r}: the rendered prompt ({len(rendered)} tokens) does not "
+            f"extend the session's tokens ({len(history)}): {where} (the chat template or the "
+            "client rewrote earlier turns, e.g. dropped a <think> block). Set "
+            "agent.history_mismatch='split' to train such turns separately")
 
   def end_turn(self, *, tokens: Sequence[int], logprobs: Sequence[float],
                sampling_logprobs: Sequence[float], versions: Sequence[int], finish_reason: str,
@@ -171,4 +219,4 @@ class Session:
 
 
 __all__ = ["HistoryMismatch", "MISMATCH_POLICIES", "Segment", "Session", "SessionBusy",
-           "extension", "first_difference"]
+           "extension", "first_difference", "text_extension"]

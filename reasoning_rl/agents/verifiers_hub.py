@@ -26,9 +26,10 @@ Note that verifiers' stock harnesses (bash, null, ...) install their program wit
 the first time they run; a harness that runs in-process (as the test environment's does) needs
 nothing.
 
-Return value: the episode's reward parts — "reward", the environment's total (sum of weight x
-score over its @reward functions, as verifiers reports it), then each reward function's unweighted
-score and each @metric under its own name; `rewards.<name>.part` picks one.
+Return value: the episode's reward parts, {<reward function>: weight x score} (a seat's
+functions as "<seat>/<name>" when several seats play). The trainer sums an agent's parts into the
+reward, so they sum to the environment's own total (verifiers' `trace.reward`); @metric values are
+not rewards and are not returned. An environment with no reward function gives {"reward": 0}.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import pydantic
 import verifiers.v1 as vf
 from verifiers.v1.runtimes import runtime_is_local
 
-from reasoning_rl.agents.hub_support import (HubEpisodeError, client_headers,
+from reasoning_rl.agents.hub_support import (HubEpisodeError, client_headers, example_fields,
                                              takes_agent_settings)
 from reasoning_rl.errors import ConfigError
 
@@ -137,10 +138,11 @@ def _first_line(error: BaseException) -> str:
 
 
 def task_for(env: vf.Env, example: Mapping[str, Any]) -> vf.Task:
-  """The environment's task for one example: the task data fields (`examples()` writes them)."""
+  """The environment's task for one example: the task data fields (`examples()` writes them; a
+  trainer Example carries them as its metadata, `hub_support.example_fields`)."""
   task_type = type(env.taskset).task_type()
   try:
-    data = task_type.data_type().model_validate(dict(example))
+    data = task_type.data_type().model_validate(example_fields(example))
   except pydantic.ValidationError as e:
     error = e.errors()[0]
     raise ConfigError(f"example field {'.'.join(str(p) for p in error['loc'])}: {error['msg']} "
@@ -151,25 +153,22 @@ def task_for(env: vf.Env, example: Mapping[str, Any]) -> vf.Task:
 
 
 def reward_parts(episode: vf.Episode) -> dict[str, float]:
-  """The episode's reward parts (module docstring); HubEpisodeError when it has none."""
+  """The episode's reward parts (module docstring): each @reward function's weighted score, so
+  that their sum — what the trainer trains on — is the environment's own total. HubEpisodeError
+  when the episode failed or a reward was not scored."""
   if not episode.ok or not episode.traces:
     errors = [f"{e.type}: {e.message}" for e in episode.errors]
     errors += [f"{e.type}: {e.message}" for t in episode.traces for e in t.errors]
     raise HubEpisodeError(f"verifiers episode of {episode.env.id or 'the environment'} failed: "
                           f"{'; '.join(errors) or 'no trace completed'}")
-  parts = {TOTAL_PART: float(sum(trace.reward for trace in episode.traces))}
+  parts: dict[str, float] = {}
   for trace in episode.traces:
-    named = {**{n: (r.score if r is not None else None) for n, r in trace.rewards.items()},
-             **trace.metrics}
-    for name, value in named.items():
-      if value is None:
+    for name, reward in trace.rewards.items():
+      if reward is None:
         raise HubEpisodeError(f"verifiers episode of {episode.env.id}: {name!r} was not scored")
       key = name if len(episode.traces) == 1 else f"{trace.agent.name}/{name}"
-      if key in parts:
-        raise HubEpisodeError(f"verifiers episode of {episode.env.id}: two reward parts are "
-                              f"named {key!r} (a reward, a metric or 'reward' itself)")
-      parts[key] = float(value)
-  return parts
+      parts[key] = float(reward.value)
+  return parts or {TOTAL_PART: 0.0}
 
 
 class VerifiersHubAgent:

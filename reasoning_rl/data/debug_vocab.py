@@ -63,25 +63,24 @@ def debug_arithmetic_tokenizer() -> Tokenizer:
       ))
 
 
-# A chat template spelled in the debug vocabulary: a user turn between <bos> and <eos>, the
-# assistant's after <answer>, ended by <eos>. It writes every message as it is, so a session of
-# the rollout server extends from turn to turn (docs/agents.md), and `continue_final_message`
-# leaves an assistant message open after its text.
+# The debug vocabulary's chat template (agent runs talk to the model in chat messages): every
+# non-assistant message between <bos> and <eos>, the assistant's after <answer>, ended by <eos>.
+# A conversation renders as its earlier turns followed by the new one, so agent sessions extend.
 DEBUG_CHAT_TEMPLATE = (
     "{% for m in messages %}{% if m.role == 'assistant' %}<answer>{{ m.content }}<eos>"
     "{% else %}<bos>{{ m.content }}<eos>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<answer>{% endif %}")
 
 
-def debug_chat_tokenizer() -> Tokenizer:
-  """The debug vocabulary with `DEBUG_CHAT_TEMPLATE`: what a tiny random model needs to be
-  served through chat completions (configs/debug_calculator_agent.py)."""
+def debug_arithmetic_chat_tokenizer() -> Tokenizer:
+  """The debug vocabulary with `DEBUG_CHAT_TEMPLATE`: the tiny random model behind chat
+  requests (agent runs on the debug model; letters of their messages encode as <unk>)."""
   return debug_arithmetic_tokenizer().with_chat_template(DEBUG_CHAT_TEMPLATE)
 
 
 NAMED_TOKENIZERS: dict[str, Callable[[], Tokenizer]] = {
     "debug_arithmetic": debug_arithmetic_tokenizer,
-    "debug_arithmetic_chat": debug_chat_tokenizer,
+    "debug_arithmetic_chat": debug_arithmetic_chat_tokenizer,
 }
 
 

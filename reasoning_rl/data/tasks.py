@@ -11,6 +11,9 @@ Kinds (`config.data.train` / `config.data.eval`: `kind` plus the settings below)
 - `jsonl`: a file of `{"prompt"|"question", "answer", "tests"?, "task"?, ...}` rows (`path`,
   `shuffle`, `seed`).
 - `mixture`: several sources interleaved by weight (`sources`, `weights`).
+- `agent`: the tasks the run's agent brings (`config.agent.entry` whose agent has `examples()`, a
+  hub taskset: docs/agent_hubs.md), in order or reshuffled each epoch (`shuffle`, `seed`);
+  training data only.
 
 `PromptStream` walks a source from a position, skipping prompts that belong to the held-out set.
 """
@@ -330,6 +333,55 @@ class MixtureSource:
     return self.sources[source].example(inner)
 
 
+# ----------------------------------------------------------------------------- agent
+
+
+class AgentTasksSource:
+  """The tasks a run's agent brings (`examples()` of a hub adapter's agent: one JSON-safe dict per
+  task), as examples: index i is task i % num_rows of epoch i // num_rows (with `shuffle`, each
+  epoch visits them in a permutation seeded by (seed, epoch)). An Example's `metadata` is the task
+  dict itself — what the agent is handed back (`hub_support.example_fields`); `prompt` is its
+  "prompt" (text, or its messages as JSON), `answer` its "answer" ("" if none), uid "agent/<row>".
+  """
+
+  kind = "agent"
+
+  def __init__(self, rows: Sequence[Mapping[str, Any]], *, shuffle: bool = False, seed: int = 0,
+               field: str = "data.train"):
+    if not rows:
+      raise ConfigError(f"config.{field}.kind='agent': the agent (config.agent.entry) brought no "
+                        "tasks; check its environment's arguments (config.agent.env_args)")
+    self.examples = [self._example(number, row, field) for number, row in enumerate(rows)]
+    self.shuffle, self.seed = shuffle, seed
+    self._epoch_order: tuple[int, np.ndarray | None] = (-1, None)
+
+  @staticmethod
+  def _example(number: int, row: Mapping[str, Any], field: str) -> Example:
+    if not isinstance(row, Mapping):
+      raise ConfigError(f"config.{field}.kind='agent': the agent's task {number} is a "
+                        f"{type(row).__name__}, not a dict of its fields")
+    task = _json_value(row)
+    prompt, answer = task.get("prompt"), task.get("answer")
+    return Example(uid=f"agent/{number}",
+                   prompt=prompt if isinstance(prompt, str) else json.dumps(
+                       prompt if prompt is not None else task, sort_keys=True),
+                   answer="" if answer is None else answer if isinstance(answer, str)
+                   else json.dumps(answer), task="agent", metadata=task)
+
+  @property
+  def num_rows(self) -> int:
+    return len(self.examples)
+
+  def example(self, index: int) -> Example:
+    epoch, row = divmod(_check_index(index), self.num_rows)
+    if self.shuffle:
+      if self._epoch_order[0] != epoch:
+        self._epoch_order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(
+            self.num_rows))
+      row = int(self._epoch_order[1][row])
+    return self.examples[row]
+
+
 # ----------------------------------------------------------------------------- building
 
 
@@ -342,31 +394,38 @@ class TaskSourceKind:
   build(values, field) -> TaskSource: the source of the resolved settings (defaults filled in,
     each checked); it checks what the declarations cannot say (one setting against another, a
     file that must exist) and raises ConfigError naming `config.<field>.<setting>`.
+  needs: the run's inputs (beyond its settings) `build` takes as keywords, e.g.
+    "agent_examples" (the `agent` kind); `build_source(..., provided=)` hands them over, None for
+    one the caller did not provide (the builder says what is missing).
   """
 
   settings: config_groups.Group
-  build: Callable[[dict[str, Any], str], TaskSource]
+  build: Callable[..., TaskSource]
+  needs: tuple[str, ...] = ()
 
 
-def register_source(kind: str, summary: str):
-  """Decorator: registers `build(values, field) -> TaskSource` as task source `kind`, whose
-  settings are `config_groups.TASK_SOURCES[kind]`."""
+def register_source(kind: str, summary: str, needs: tuple[str, ...] = ()):
+  """Decorator: registers `build(values, field, **needs) -> TaskSource` as task source `kind`,
+  whose settings are `config_groups.TASK_SOURCES[kind]` (`TaskSourceKind` for `needs`)."""
 
   def add(build):
     settings = config_groups.TASK_SOURCES[kind]
-    registries.TASK_SOURCES.add(kind, TaskSourceKind(settings, build), summary=summary,
-                                options=settings.names())
+    registries.TASK_SOURCES.add(kind, TaskSourceKind(settings, build, tuple(needs)),
+                                summary=summary, options=settings.names())
     return build
 
   return add
 
 
-def build_source(source_config: Any, *, field: str = "data") -> TaskSource:
+def build_source(source_config: Any, *, field: str = "data",
+                 provided: Mapping[str, Any] | None = None) -> TaskSource:
   """The source a config describes: `kind` plus that kind's settings (module docstring).
 
   Args:
     source_config: a ConfigDict or dict, e.g. `dict(kind="reasoning_gym", name="countdown")`.
     field: its config path, named in errors (the trainer passes "data.train" / "data.eval").
+    provided: the run's inputs a kind `needs` (the trainer provides "agent_examples" for
+      data.train when config.agent.entry is set).
 
   Raises:
     ConfigError: unknown kind or setting, missing or ill-typed setting, or a source that cannot
@@ -378,7 +437,8 @@ def build_source(source_config: Any, *, field: str = "data") -> TaskSource:
     raise ConfigError(f"config.{field}={settings!r}: must be a dict with 'kind' and its settings")
   kind = settings.pop("kind", None)
   source = registries.TASK_SOURCES.get(kind, field=f"{field}.kind").impl
-  return source.build(source.settings.resolve(settings, field=field), field)
+  inputs = {name: (provided or {}).get(name) for name in source.needs}
+  return source.build(source.settings.resolve(settings, field=field), field, **inputs)
 
 
 @register_source("synthetic_arithmetic", summary="a op b with single operands up to "
@@ -413,6 +473,21 @@ def _mixture(values, field) -> TaskSource:
     raise ConfigError(f"config.{field}.weights={list(weights)!r}: one positive number per "
                       f"source ({len(built)})")
   return MixtureSource(built, weights, field=field)
+
+
+@register_source("agent", summary="the tasks of the run's agent (config.agent.entry with "
+                 "examples(): a hub taskset); training only", needs=("agent_examples",))
+def _agent(values, field, *, agent_examples) -> TaskSource:
+  if agent_examples is None:  # the held-out set, or a run without an agent entry
+    raise ConfigError(
+        f"config.{field}.kind='agent': only the training data of an agent run (config.agent."
+        "entry) can be its agent's tasks; the held-out evaluation scores single-turn "
+        "completions with config.rewards, so give data.eval a task source they can score"
+        if field.endswith("eval") else
+        f"config.{field}.kind='agent': the tasks come from the agent of config.agent.entry, and "
+        "none is set; set it or choose another kind")
+  return AgentTasksSource(agent_examples(), shuffle=values["shuffle"], seed=values["seed"],
+                          field=field)
 
 
 # ----------------------------------------------------------------------------- streams

@@ -7,6 +7,8 @@ What the sampler receives (`WeightSync.mode`), decided once from the step's conf
   its copy of the frozen base and joins them (`update_weights(..., adapters_only=True)`);
 - `merged`: a LoRA run's adapters folded into the base (`lora.sampler_weights='merged'`), so the
   sampler decodes a plain model.
+With `rollout.weight_quantization`, `full` and `merged` send the plain model quantized
+(`sampler.quantized`): int8 / fp8 kernels and their scales, computed on the trainer's devices.
 
 How: one process, the backend's `update_weights` (a device-to-device copy); several, the trainer
 mesh to each sampler replica in buckets under a deadline (`multihost.Cluster.sync_params`).
@@ -47,10 +49,13 @@ def mode_of(step_config) -> str:
   return "adapters" if step_config.lora.sampler_weights == "adapters" else "merged"
 
 
-def abstract_payload(step_config, params) -> Any:
+def abstract_payload(step_config, params, quantizer=None) -> Any:
   """Shapes and dtypes of what each sync sends, from the freshly built model's state (the
   multi-process weight sync plans its buckets from them): all weights, the adapters, or the
-  base's tree (merged weights have its shapes), in the compute dtype."""
+  base's tree (merged weights have its shapes), in the compute dtype; with a `quantizer`
+  (`rollout.weight_quantization`), the quantized sampler's state it makes from those."""
+  if quantizer is not None:
+    return quantizer.abstract
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
   mode = mode_of(step_config)
   if mode != "full":

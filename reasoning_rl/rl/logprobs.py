@@ -66,7 +66,8 @@ def _hidden(model, tokens, routing: RoutingInputs | None, **kwargs):
 def _chunk_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array,
                     truncation=None):
   """hidden [B, c, D], targets [B, c] -> (log p(target) [B, c], entropy [B, c]), float32.
-  With `truncation` (the four settings, each [B, c]): (log π^W(target), entropy, full log p)."""
+  With `truncation` (the four settings, each [B, c]): (log π^W(target), entropy, full log p,
+  in_set: 1.0 where the target lies in the kept set of these logits, else 0.0)."""
   logits = model.logits_from_hidden(hidden)
   log_norm = jax.nn.logsumexp(logits, axis=-1)
   target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
@@ -74,7 +75,8 @@ def _chunk_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array,
   entropy = log_norm - jnp.sum(probs * logits, axis=-1)
   if truncation is None:
     return target_logits - log_norm, entropy
-  return (truncated_logprobs(logits, targets, *truncation), entropy, target_logits - log_norm)
+  truncated, in_set = truncated_logprobs(logits, targets, *truncation, with_membership=True)
+  return truncated, entropy, target_logits - log_norm, in_set.astype(jnp.float32)
 
 
 def completion_logprobs(model: Transformer, tokens: jax.Array, attention_mask: jax.Array,
@@ -100,7 +102,8 @@ def completion_logprobs(model: Transformer, tokens: jax.Array, attention_mask: j
 
   Returns:
     (logprobs [B, T], entropy [B, T]) in float32 (+ with `truncation` the full-softmax log-probs
-    [B, T]) (+ hidden when asked) (+ the RouterStats with `routing.with_stats`). Values at
+    [B, T] and whether each target lies in its kept set [B, T], 1.0 / 0.0: `truncated_logprobs`
+    keeps a target outside it, and the loss needs to know which did) (+ hidden when asked) (+ the RouterStats with `routing.with_stats`). Values at
     padding positions are finite but meaningless; mask them.
   """
   prompt_length = tokens.shape[1] - completion_length
@@ -124,7 +127,8 @@ def head_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array, chu
                   *, skip_empty: bool = False, truncation=None):
   """(log p(target), entropy) [B, L] float32 of hidden states [B, L, D], the vocabulary
   projection made `chunk_size` positions at a time (module docstring). With `truncation` (four
-  [B, L] settings per position): (log π^W(target), entropy, full log p(target)).
+  [B, L] settings per position): (log π^W(target), entropy, full log p(target), target in the kept
+  set 1.0 / 0.0).
 
   With `skip_empty`, targets < 0 mark positions without a target, and a chunk with none for any
   row is not projected at all (`lax.cond`): its outputs are 0.
@@ -149,7 +153,7 @@ def head_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array, chu
             else jax.checkpoint_policies.save_only_these_names(THRESHOLD_NAME))
   project = jax.checkpoint(lambda args: _chunk_logprobs(model, *args), policy=policy)
   if skip_empty:
-    outputs = 2 if truncation is None else 3
+    outputs = 2 if truncation is None else 4
 
     def one_chunk(args):
       empty = (jnp.zeros(args[1].shape, jnp.float32),) * outputs
@@ -177,7 +181,7 @@ def packed_completion_logprobs(model: Transformer, packed, *, return_hidden: boo
   full-softmax ones follow the entropy, as in `completion_logprobs`.
 
   Returns (logprobs [N, T], entropy [N, T]) float32 (+ with `truncation` the full-softmax
-  log-probs [N, T]) (+ the hidden states at those positions, [N, T, D], when asked) (+ the
+  log-probs and the kept-set membership [N, T], as `completion_logprobs`) (+ the hidden states at those positions, [N, T, D], when asked) (+ the
   RouterStats with `routing.with_stats`; `routing.recorded` laid out like the packed tokens);
   padding positions hold 0.
   """

@@ -43,22 +43,16 @@ Importance correction against the sampler
 π_old (``old_logprobs``) is the trainer's own recomputation; the sampler's log-probs
 (``behavior_logprobs``) differ from it through numerics (sampler kernels, precision) and, with
 asynchronous rollouts, staleness. The decoupled objective of Hilton et al. 2022 ("Batch
-size-invariance for policy optimization", arXiv:2110.00641) multiplies ``pg`` by the weight
-``w_t = exp(logp_old_t - logp_behavior_t)``, bounded with a threshold C (``is_threshold``) in
-one of four ways (truncation as in IMPALA, Espeholt et al. 2018, arXiv:1802.01561, and Yao et
-al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training", blog, TIS;
-sequence-level weights and masking as compared by Liu, Li et al. 2025, "When Speed Kills
-Stability: Demystifying RL Collapse from the Training-Inference Mismatch", blog):
+size-invariance for policy optimization", arXiv:2110.00641) multiplies ``pg`` by a bounded weight
+``w_t = exp(logp_old_t - logp_behavior_t)`` (``is_correction``: token / sequence truncation or
+masking, IcePop's band) and by a 0/1 sequence rejection (``rejection``: geometric-mean ratio or
+mean k3 out of bounds), both defined, with their sources, in :mod:`reasoning_rl.rl.off_policy`
+(which also registers DPPO's loss types ``dppo-tv`` / ``dppo-kl``). Weights and masks are
+constants (no gradient), formed in log space, so a huge ratio truncates (or masks) instead of
+overflowing.
 
-- ``token-truncate``: ``min(w_t, C)``;
-- ``token-mask``: ``w_t`` where ``w_t ≤ C``, else 0;
-- ``sequence-truncate``: ``min(W_i, C)`` on every token of sequence i, with
-  ``W_i = exp(Σ_t m·log w_t)``;
-- ``sequence-mask``: ``W_i`` where ``W_i ≤ C``, else 0;
-- ``none``: weight 1 (with ``behavior_logprobs`` given, the mismatch is still reported).
-
-Weights are constants (no gradient). Sequence weights are formed in log space, so a huge
-``W_i`` truncates to C (or masks) instead of overflowing.
+Truncated ratio: a sampled token that was in π_old's kept set and left π_θ's
+(``left_kept_set``, docs/off_policy.md) has ratio 0 and no gradient.
 
 Aggregation over the mask m (``loss_agg``):
 
@@ -92,8 +86,6 @@ least float32 before any arithmetic.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from typing import Any, Optional
 
 import jax
@@ -102,7 +94,15 @@ import jax.numpy as jnp
 from reasoning_rl import registries
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import stats as stats_lib
+# off_policy registers the importance corrections and the rejections; DPPO's loss types are
+# registered below, after the others
+from reasoning_rl.rl import off_policy
+from reasoning_rl.rl.off_policy import NO_DUAL_CLIP, importance_weights, rejection_mask
+from reasoning_rl.rl.policy_term import PolicyTerm, stop_gradient
 from reasoning_rl.rl.stats import array_namespace, float_dtype
+
+__all__ = ["PolicyTerm", "aggregate_loss", "importance_weights", "kl_penalty", "loss_normalizers",
+           "policy_loss", "rejection_mask", "token_entropy", "truncation_mismatch_stats"]
 
 
 def _is_zero(x: Any) -> bool:
@@ -232,13 +232,12 @@ def _seq_mean_token_sum_norm(masked, valid, xp, *, num_tokens, num_sequences, le
   per_row = xp.sum(masked, axis=-1) / length
   return xp.sum(per_row) / xp.maximum(num_sequences, 1).astype(masked.dtype)
 
-def _stop_gradient(xp: Any, x: Any) -> Any:
-  return jax.lax.stop_gradient(x) if xp is jnp else x
+_stop_gradient = stop_gradient
 
 
 def _check_options(loss_type, beta, ref_logprobs, kl_estimator, epsilon_low, epsilon_high,
                    dual_clip, loss_agg, is_correction, is_threshold, behavior_logprobs,
-                   entropy_coef, entropy) -> None:
+                   entropy_coef, entropy, rejection, bounds) -> None:
   for choices, name in ((registries.LOSS_TYPES, loss_type),
                         (registries.KL_ESTIMATORS, kl_estimator),
                         (registries.LOSS_AGGREGATIONS, loss_agg),
@@ -255,12 +254,27 @@ def _check_options(loss_type, beta, ref_logprobs, kl_estimator, epsilon_low, eps
   if dual_clip is not None and not dual_clip > 1:
     raise ConfigError(
         f"dual_clip={dual_clip!r} must be > 1 (Ye et al. use 3) or None to disable it")
-  if dual_clip is not None and loss_type == "cispo":
-    raise ConfigError(f"dual_clip={dual_clip!r} does not apply to loss_type='cispo' (its loss "
-                      "has no ratio to bound; the weight is already ≤ 1 + ε_high): set None")
+  if dual_clip is not None and loss_type in NO_DUAL_CLIP:
+    raise ConfigError(f"dual_clip={dual_clip!r} does not apply to loss_type={loss_type!r} (its "
+                      "loss has no clipped ratio to bound): set None")
   if not is_threshold > 0:
     raise ConfigError(f"is_threshold={is_threshold!r} must be > 0 (the bound C of the sampler "
                       "importance weight)")
+  if not 0 <= bounds["is_threshold_low"] < is_threshold:
+    raise ConfigError(f"is_threshold_low={bounds['is_threshold_low']!r} must be in [0, "
+                      f"is_threshold={is_threshold!r}) (the floor of the truncated weight)")
+  if not 0 <= bounds["icepop_low"] < bounds["icepop_high"]:
+    raise ConfigError(f"icepop_low={bounds['icepop_low']!r}, icepop_high="
+                      f"{bounds['icepop_high']!r}: need 0 <= icepop_low < icepop_high")
+  if not 0 < bounds["geo_low"] <= 1 <= bounds["geo_high"]:
+    raise ConfigError(f"rejection_geo_low={bounds['geo_low']!r}, rejection_geo_high="
+                      f"{bounds['geo_high']!r}: need 0 < lower <= 1 <= upper")
+  if not bounds["k3_threshold"] > 0:
+    raise ConfigError(f"rejection_k3_threshold={bounds['k3_threshold']!r} must be > 0")
+  registries.OFF_POLICY_REJECTIONS.get(rejection)
+  if rejection != "none" and behavior_logprobs is None:
+    raise ConfigError(f"rejection={rejection!r} needs behavior_logprobs (the sampler's "
+                      "log-probs of the completion tokens); pass them or set rejection='none'")
   if is_correction != "none" and behavior_logprobs is None:
     raise ConfigError(f"is_correction={is_correction!r} needs behavior_logprobs (the sampler's "
                       "log-probs of the completion tokens); pass them or set is_correction='none'")
@@ -272,78 +286,6 @@ def _check_options(loss_type, beta, ref_logprobs, kl_estimator, epsilon_low, eps
     raise ConfigError(
         f"entropy_coef={entropy_coef!r} needs entropy (per-token, e.g. from token_entropy); "
         "pass it or set entropy_coef=0")
-
-
-@dataclasses.dataclass(frozen=True)
-class ImportanceMode:
-  """How a sampler importance weight is bounded: per token or per sequence (the product of its
-  token weights), truncated to C or masked to 0 above C."""
-
-  per_sequence: bool
-  mask: bool
-
-
-registries.IS_CORRECTIONS.add("none", None, summary="weight 1; the sampler mismatch is still "
-                            "reported when the sampler's log-probs are there")
-registries.IS_CORRECTIONS.add(
-    "token-truncate", ImportanceMode(per_sequence=False, mask=False),
-    summary="min(w_t, C) (IMPALA, Espeholt et al. 2018; TIS, Yao et al. 2025)",
-    options=("algo.is_threshold",))
-registries.IS_CORRECTIONS.add(
-    "token-mask", ImportanceMode(per_sequence=False, mask=True),
-    summary="w_t where w_t <= C, else 0 (Liu, Li et al. 2025)", options=("algo.is_threshold",))
-registries.IS_CORRECTIONS.add(
-    "sequence-truncate", ImportanceMode(per_sequence=True, mask=False),
-    summary="min(W_i, C), W_i = Π_t w_t, on every token (Liu, Li et al. 2025)",
-    options=("algo.is_threshold",))
-registries.IS_CORRECTIONS.add(
-    "sequence-mask", ImportanceMode(per_sequence=True, mask=True),
-    summary="W_i where W_i <= C, else 0, on every token (Liu, Li et al. 2025)",
-    options=("algo.is_threshold",))
-
-
-def importance_weights(old_logprobs: Any, behavior_logprobs: Any, mask: Any,
-                       is_correction: str = "token-truncate",
-                       is_threshold: float = 2.0) -> tuple[Any, stats_lib.Stats]:
-  """Sampler importance weights ``[B, T]`` and their stats (module docstring: the four modes).
-
-  ``old_logprobs``: the trainer's recomputation of π_old; ``behavior_logprobs``: the sampler's
-  log-probs. Values at masked positions are ignored; weights there are 0. The weights carry no
-  gradient. Stats (``reasoning_rl.rl.stats`` convention): ``tis/abs_log_diff`` (mean and
-  ``/max`` of ``|logp_old - logp_behavior|`` over valid tokens) always; unless ``none``:
-  ``tis/weight`` (mean weight applied), ``tis/capped_token_frac`` (valid tokens whose weight
-  exceeded C, i.e. was truncated or masked; for sequence modes every token of such a sequence)
-  and ``tis/capped_seq_frac`` (non-empty sequences with at least one such token).
-  """
-  mode = registries.IS_CORRECTIONS.get(is_correction).impl
-  xp = array_namespace(old_logprobs, behavior_logprobs, mask)
-  valid = xp.asarray(mask) > 0
-  dtype = float_dtype(xp, xp.asarray(old_logprobs).dtype, xp.asarray(behavior_logprobs).dtype)
-  log_weight = xp.where(valid, xp.asarray(old_logprobs).astype(dtype)
-                        - xp.asarray(behavior_logprobs).astype(dtype), 0)
-  log_weight = _stop_gradient(xp, log_weight)
-  stats: stats_lib.Stats = {
-      "tis/abs_log_diff": stats_lib.mean_stat(xp.abs(log_weight), valid),
-      "tis/abs_log_diff/max": stats_lib.max_stat(xp.abs(log_weight), valid),
-  }
-  if mode is None:
-    return xp.where(valid, 1.0, 0.0).astype(dtype), stats
-  if mode.per_sequence:
-    log_weight = xp.sum(log_weight, axis=-1, keepdims=True) + xp.zeros_like(log_weight)
-  log_cap = math.log(is_threshold)
-  capped = valid & (log_weight > log_cap)
-  # exp of min(log w, log C): no overflow however far the sampler drifted.
-  weight = xp.exp(xp.minimum(log_weight, log_cap))
-  if mode.mask:
-    weight = xp.where(capped, 0.0, weight)
-  weight = xp.where(valid, weight, 0.0)
-  stats.update({
-      "tis/weight": stats_lib.mean_stat(weight, valid),
-      "tis/capped_token_frac": stats_lib.mean_stat(capped, valid),
-      "tis/capped_seq_frac": stats_lib.mean_stat(xp.any(capped, axis=-1),
-                                                 xp.any(valid, axis=-1)),
-  })
-  return weight, stats
 
 
 def truncation_mismatch_stats(full_logprobs: Any, truncated_logprobs: Any,
@@ -384,19 +326,6 @@ def _clipped_surrogate(ratio: Any, adv: Any, epsilon_low: float, epsilon_high: f
   return pg, flags
 
 
-@dataclasses.dataclass(frozen=True)
-class PolicyTerm:
-  """A loss type's per-token policy-gradient term ``pg`` [B, T] and where its bounds bind
-  (``flags``: ``clip_frac/low``, ``clip_frac/high``, optionally ``clip_frac/dual``, [B, T]
-  booleans). ``per_sequence``: the flags are a sequence's (one ratio per sequence), and clip
-  fractions count sequences. ``metrics``: the type's own stats."""
-
-  pg: Any
-  flags: dict
-  per_sequence: bool = False
-  metrics: dict = dataclasses.field(default_factory=dict)
-
-
 # Each loss type: (logp, logp_old, adv [B, T], valid, *, epsilon_low, epsilon_high, dual_clip,
 # xp) -> PolicyTerm, on inputs already zeroed at masked positions (module docstring: formulas).
 _CLIP_OPTIONS = ("algo.epsilon_low", "algo.epsilon_high", "algo.dual_clip")
@@ -426,7 +355,8 @@ def _gspo(logp, logp_old, adv, valid, *, epsilon_low, epsilon_high, dual_clip, x
   metrics = {"seq_ratio/mean": stats_lib.mean_stat(seq_ratio[:, 0], row_valid),
              "seq_ratio/min": stats_lib.min_stat(seq_ratio[:, 0], row_valid),
              "seq_ratio/max": stats_lib.max_stat(seq_ratio[:, 0], row_valid)}
-  return PolicyTerm(pg, flags, per_sequence=not token_level, metrics=metrics)
+  return PolicyTerm(pg, flags, per_sequence=not token_level, metrics=metrics,
+                    sequence_ratio=True)
 
 
 @registries.LOSS_TYPES.register(
@@ -455,13 +385,27 @@ def _cispo(logp, logp_old, adv, valid, *, epsilon_low, epsilon_high, dual_clip,
                          "clip_frac/high": ratio > 1 + epsilon_high})
 
 
+registries.LOSS_TYPES.add(
+    "dppo-tv", off_policy.dppo_tv, summary="−A·r, masked where π_θ − π_old at the token leaves "
+    "[−δ_low, δ_high] in the advantage's direction (DPPO Binary-TV, Qi et al. 2026, "
+    "arXiv:2602.04879)", options=("algo.epsilon_low", "algo.epsilon_high"))
+registries.LOSS_TYPES.add(
+    "dppo-kl", off_policy.dppo_kl, summary="−A·r, masked where the binary KL of π_old and π_θ at "
+    "the token exceeds δ in the advantage's direction (DPPO Binary-KL, Qi et al. 2026)",
+    options=("algo.epsilon_low", "algo.epsilon_high"))
+
+
 def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
                 loss_type: str = "ppo", ref_logprobs: Any = None, beta: float = 0.0,
                 kl_logprobs: Any = None, kl_estimator: str = "k3", epsilon_low: float = 0.2,
                 epsilon_high: float = 0.2,
                 dual_clip: Optional[float] = None, loss_agg: str = "seq-mean-token-mean",
                 behavior_logprobs: Any = None, is_correction: str = "none",
-                is_threshold: float = 2.0, entropy: Any = None, entropy_coef: float = 0.0,
+                is_threshold: float = 2.0, is_threshold_low: float = 0.0,
+                icepop_low: float = 0.5, icepop_high: float = 5.0, rejection: str = "none",
+                rejection_geo_low: float = 0.999, rejection_geo_high: float = 1.001,
+                rejection_k3_threshold: float = 0.01, left_kept_set: Any = None,
+                entropy: Any = None, entropy_coef: float = 0.0,
                 num_sequences: Any = None, num_tokens: Any = None,
                 max_completion_length: Optional[int] = None) -> tuple[Any, stats_lib.Stats]:
   """Policy-gradient loss with KL, sampler-IS and entropy terms (module docstring: formulas).
@@ -473,7 +417,8 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
     advantages: ``[B]`` per sequence (GRPO family) or ``[B, T]`` per token (PPO with GAE; not
       for ``gspo``).
     mask: ``[B, T]``, nonzero = completion token that counts.
-    loss_type: ``ppo``, ``gspo``, ``gspo-token`` or ``cispo``.
+    loss_type: ``ppo``, ``gspo``, ``gspo-token``, ``cispo``, ``dppo-tv`` or ``dppo-kl``
+      (:mod:`reasoning_rl.rl.off_policy`).
     ref_logprobs: ``[B, T]`` frozen reference log-probs; required when ``beta != 0``; when given
       with ``beta == 0`` the KL is still reported as a metric.
     beta: KL weight β.
@@ -488,9 +433,18 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
     loss_agg: ``seq-mean-token-mean``, ``token-mean`` or ``seq-mean-token-sum-norm``.
     behavior_logprobs: ``[B, T]`` log-probs of the policy that actually sampled the tokens
       (the sampler); needed unless ``is_correction == "none"``, when they are only reported.
-    is_correction: ``none``, ``token-truncate``, ``token-mask``, ``sequence-truncate`` or
-      ``sequence-mask`` (:func:`importance_weights`).
+    is_correction: ``none``, ``token-truncate``, ``token-mask``, ``sequence-truncate``,
+      ``sequence-mask`` or ``icepop`` (:func:`importance_weights`).
     is_threshold: C of the importance correction (2.0 as in Yao et al. 2025).
+    is_threshold_low: floor of the truncating corrections' weight (0 = none).
+    icepop_low, icepop_high: IcePop's band [α, β].
+    rejection: ``none``, ``seq-geo-mean`` or ``seq-mean-k3`` (:func:`rejection_mask`), with its
+      bounds ``rejection_geo_low`` / ``rejection_geo_high`` or ``rejection_k3_threshold``;
+      composes with ``is_correction``.
+    left_kept_set: ``[B, T]`` booleans, the truncated ratio's tokens that were in π_old's kept set
+      and are not in π_θ's (docs/off_policy.md): their ratio is 0 — ``π_θ^W(y) = 0`` — and they
+      get no gradient; with a sequence ratio (GSPO) their whole sequence's ratio is 0. Their
+      ``logprobs`` must be finite (the rebuild's, with the token kept).
     entropy: ``[B, T]`` per-token entropy (e.g. :func:`token_entropy` of the logits); reported
       as a metric and, with ``entropy_coef``, used as a bonus. Gradient flows through it.
     entropy_coef: weight of the entropy bonus (subtracted from the loss).
@@ -505,17 +459,24 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
     gradient the floor cuts (A < 0 and ratio < 1 - ε_low) or the ceiling cuts (A > 0 and
     ratio > 1 + ε_high); for ``gspo`` the same per non-empty *sequence*, on ``s_i``; for
     ``cispo`` the tokens whose weight was clipped (below the floor / above the ceiling,
-    whatever the sign of A: their gradient is kept, only bounded);
+    whatever the sign of A: their gradient is kept, only bounded); for DPPO the tokens its
+    trust-region mask zeroes (A < 0 / A > 0);
     ``ratio/mean``, ``ratio/min``, ``ratio/max`` (token ratio ``r_t``), ``approx_kl`` (k3
     estimate of KL(π_old‖π): r - 1 - log r); for GSPO ``seq_ratio/mean|min|max`` (``s_i`` per
     non-empty sequence); with ``dual_clip``: ``clip_frac/dual`` (per sequence for ``gspo``);
     with ``ref_logprobs``: ``kl``; with ``entropy``: ``entropy``; with ``behavior_logprobs``:
-    the ``tis/...`` stats of :func:`importance_weights`.
+    the ``tis/...`` stats of :func:`importance_weights` and, with a rejection, the
+    ``rejection/...`` stats of :func:`rejection_mask`; with ``left_kept_set``:
+    ``truncation/left_token_frac`` (valid tokens that left the kept set; ``approx_kl`` then
+    averages over the others, since KL(π_old‖π_θ) is infinite at such a token).
   """
+  bounds = {"is_threshold_low": is_threshold_low, "icepop_low": icepop_low,
+            "icepop_high": icepop_high, "geo_low": rejection_geo_low,
+            "geo_high": rejection_geo_high, "k3_threshold": rejection_k3_threshold}
   _check_options(loss_type, beta, ref_logprobs, kl_estimator, epsilon_low, epsilon_high,
                  dual_clip, loss_agg, is_correction, is_threshold, behavior_logprobs,
-                 entropy_coef, entropy)
-  optional = [x for x in (ref_logprobs, kl_logprobs, behavior_logprobs, entropy)
+                 entropy_coef, entropy, rejection, bounds)
+  optional = [x for x in (ref_logprobs, kl_logprobs, behavior_logprobs, entropy, left_kept_set)
               if x is not None]
   xp = array_namespace(logprobs, old_logprobs, advantages, mask, *optional)
   mask = xp.asarray(mask)
@@ -523,7 +484,8 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
     raise ValueError(f"mask must have shape [B, T], got {tuple(mask.shape)}")
   named = {"logprobs": logprobs, "old_logprobs": old_logprobs, "ref_logprobs": ref_logprobs,
            "kl_logprobs": kl_logprobs,
-           "behavior_logprobs": behavior_logprobs, "entropy": entropy}
+           "behavior_logprobs": behavior_logprobs, "entropy": entropy,
+           "left_kept_set": left_kept_set}
   for name, value in named.items():
     if value is not None and tuple(xp.shape(value)) != tuple(mask.shape):
       raise ValueError(
@@ -541,8 +503,8 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
 
   valid = mask > 0
   row_valid = xp.any(valid, axis=-1)
-  dtype = float_dtype(xp, *[xp.asarray(v).dtype for v in named.values() if v is not None],
-                      advantages.dtype)
+  dtype = float_dtype(xp, *[xp.asarray(v).dtype for k, v in named.items()
+                            if v is not None and k != "left_kept_set"], advantages.dtype)
 
   def clean(x: Any) -> Any:
     # Masked positions become 0 *before* any exp/log, so padding garbage cannot leak NaN
@@ -553,13 +515,29 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
   adv = advantages.astype(dtype)
   adv = clean(adv[:, None] if adv.ndim == 1 else adv)
 
+  left = None
+  if left_kept_set is not None:
+    left = valid & (xp.asarray(left_kept_set) > 0)
+    # π_θ^W(y) = 0: the loss type sees ratio 1 without gradient (log π_θ := sg(log π_old), finite),
+    # and its pg is zeroed below; log 0 never enters an exp, a log or a gradient.
+    logp = xp.where(left, _stop_gradient(xp, logp_old), logp)
   log_ratio = logp - logp_old
   ratio = xp.exp(log_ratio)
   term = registries.LOSS_TYPES.get(loss_type).impl(
       logp, logp_old, adv, valid, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
       dual_clip=dual_clip, xp=xp)
   pg, flags = term.pg, dict(term.flags)
+  kl_tokens = valid
+  if left is not None:
+    dropped = (xp.any(left, axis=-1, keepdims=True) & valid) if term.sequence_ratio else left
+    pg = xp.where(dropped, 0.0, pg)
+    flags = {name: flag & ~dropped for name, flag in flags.items()}
+    ratio = xp.where(left, 0.0, ratio)
+    kl_tokens = valid & ~left
+    metrics_left = {"truncation/left_token_frac": stats_lib.mean_stat(left, valid)}
   metrics: stats_lib.Stats = dict(term.metrics)
+  if left is not None:
+    metrics.update(metrics_left)
   flags["clip_frac"] = flags["clip_frac/low"] | flags["clip_frac/high"]
   for name, flag in flags.items():
     if term.per_sequence:  # one ratio per sequence: count sequences
@@ -568,11 +546,19 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
       metrics[name] = stats_lib.mean_stat(flag, valid)
 
   if behavior_logprobs is not None:
-    is_weight, is_stats = importance_weights(logp_old, clean(behavior_logprobs), valid,
-                                             is_correction, is_threshold)
+    behavior = clean(behavior_logprobs)
+    is_weight, is_stats = importance_weights(
+        logp_old, behavior, valid, is_correction, is_threshold,
+        is_threshold_low=is_threshold_low, icepop_low=icepop_low, icepop_high=icepop_high)
     if is_correction != "none":
       pg = pg * is_weight
     metrics.update(is_stats)
+    if rejection != "none":
+      keep, rejection_stats = rejection_mask(
+          logp_old, behavior, valid, rejection, geo_low=rejection_geo_low,
+          geo_high=rejection_geo_high, k3_threshold=rejection_k3_threshold)
+      pg = pg * keep
+      metrics.update(rejection_stats)
 
   per_token = pg
   if ref_logprobs is not None:
@@ -594,7 +580,7 @@ def policy_loss(logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any, *,
       "ratio/mean": stats_lib.mean_stat(ratio, valid),
       "ratio/min": stats_lib.min_stat(ratio, valid),
       "ratio/max": stats_lib.max_stat(ratio, valid),
-      "approx_kl": stats_lib.mean_stat(xp.expm1(log_ratio) - log_ratio, valid),
+      "approx_kl": stats_lib.mean_stat(xp.expm1(log_ratio) - log_ratio, kl_tokens),
   })
   if xp is jnp:
     metrics = jax.lax.stop_gradient(metrics)

@@ -24,6 +24,10 @@ from reasoning_rl.rl import routing as routing_lib
 from reasoning_rl.rl.logprobs import completion_logprobs, packed_completion_logprobs
 from reasoning_rl.rl.step_config import StepConfig
 
+# The batch key under which `prepare_batch` leaves π_old's kept-set membership of each sampled
+# token (truncated ratio, μ·M > 1), for the updates to find the tokens that left it.
+OLD_KEPT = "old_target_kept"
+
 
 class PolicyForward:
   """The forward passes of one model graph under one `StepConfig`."""
@@ -55,11 +59,12 @@ class PolicyForward:
                                routing=routing)
 
   def policy_outputs(self, params, value_head, batch, frozen_params=None, *,
-                     with_full=False, with_router_stats=False):
+                     with_full=False, with_router_stats=False, with_membership=False):
     """(logprobs, entropy, values or None) of the policy; the log-probs are π^W's with
     `truncated_ratio` (`StepConfig.truncation`). `with_full` appends the full-softmax log-probs
-    (the same array when nothing is truncated), `with_router_stats` the forward's `RouterStats`
-    (None for a dense model). A MoE policy replays the batch's recorded experts with
+    (the same array when nothing is truncated), `with_membership` whether each token lies in the
+    kept set of this forward's truncation ([B, T] 1.0 / 0.0; None when nothing is truncated),
+    `with_router_stats` the forward's `RouterStats` (None for a dense model). A MoE policy replays the batch's recorded experts with
     `routing_replay` (`reasoning_rl.rl.routing`)."""
     model = self.model(params, frozen_params)
     truncation = self.config.truncation(batch)
@@ -73,10 +78,12 @@ class PolicyForward:
       out, router_stats = out[:-1], out[-1]
     logprobs, entropy = out[0], out[1]
     full = out[2] if truncation is not None else logprobs
+    membership = out[3] if truncation is not None else None
     values = None
     if value_head is not None:
       values = out[-1].astype(jnp.float32) @ value_head["kernel"] + value_head["bias"]
     result = (logprobs, entropy, values) + ((full,) if with_full else ())
+    result += (membership,) if with_membership else ()
     return result + ((router_stats,) if with_router_stats else ())
 
   def experts_per_token(self, params, frozen_params=None) -> int:

@@ -29,7 +29,7 @@ from reasoning_rl.rl import packing
 from reasoning_rl.rl import routing as routing_lib
 from reasoning_rl.rl import value as value_lib
 from reasoning_rl.rl.batch_slices import merge_rows, skipping_empty, slice_major, split_rows
-from reasoning_rl.rl.policy_forward import PolicyForward
+from reasoning_rl.rl.policy_forward import OLD_KEPT, PolicyForward
 from reasoning_rl.rl.step_config import StepConfig, truncation_fields
 from reasoning_rl.rl.train_state import TrainState
 
@@ -91,9 +91,11 @@ def frozen_forwards(forward: PolicyForward, state: TrainState, batch, from_sampl
   def run(micro):
     out = {}
     if needs_old:
-      logprobs, _, values = forward.policy_outputs(state.params, state.value_head, micro,
-                                                   state.frozen_params)
+      logprobs, _, values, in_set = forward.policy_outputs(
+          state.params, state.value_head, micro, state.frozen_params, with_membership=True)
       out["old_logprobs"] = logprobs
+      if in_set is not None:  # which sampled tokens π_old's own kept set holds
+        out[OLD_KEPT] = in_set
       if values is not None:
         out["old_values"] = values
     if c.beta > 0:

@@ -3,7 +3,7 @@
 `TrainStep.__call__(state, batch) -> (state, stats)` is ONE compiled program on the trainer mesh
 (`TrainStep.call_with_outputs` also returns what the step derived from the batch, `outputs`): it
 computes the policy's completion log-probs and — when β > 0 — the frozen reference's, the policy
-loss (`loss_type`: PPO's clipped surrogate, GSPO or CISPO) with its KL term and importance
+loss (`loss_type`: PPO's clipped surrogate, GSPO, CISPO or DPPO) with its KL term and importance
 correction against the sampler (`reasoning_rl.rl.losses.policy_loss`), gradients accumulated over
 micro-batches, and the optax updates: μ epochs over the batch, each a sequence of
 `num_mini_batches` updates on disjoint slices of rows, all against the same π_old log-probs. State
@@ -120,14 +120,16 @@ from reasoning_rl.rl.update import no_stats, update_on_rows
 class TrainStep:
   """Builds the initial state and the compiled step for one model graph on one mesh."""
 
-  def __init__(self, graphdef, config: StepConfig, mesh=None):
+  def __init__(self, graphdef, config: StepConfig, mesh=None, *, sampler_quantizer=None):
+    """`sampler_quantizer`: the `sampler.quantized.WeightQuantizer` that makes the sampler's
+    weights (`rollout.weight_quantization`), or None for float ones."""
     self.graphdef = graphdef
     self.config = config
     self.mesh = mesh
     self.forward = PolicyForward(graphdef, config)
     self.optimizer = make_optimizer(config)  # read when the state is made and the step traced
     self._compiled = None
-    self._sampler_weights = SamplerWeights(config)
+    self._sampler_weights = SamplerWeights(config, sampler_quantizer)
 
   # ------------------------------------------------------------------------ state
 

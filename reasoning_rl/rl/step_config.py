@@ -19,6 +19,7 @@ from reasoning_rl.errors import ConfigError
 from reasoning_rl.rl import losses  # noqa: F401  pylint: disable=unused-import
 from reasoning_rl.rl import packing
 from reasoning_rl.rl.batching import TRUNCATION_FIELDS
+from reasoning_rl.rl.off_policy import NO_DUAL_CLIP
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +34,10 @@ class StepConfig:
   loss_type, beta, kl_estimator, epsilon_low, epsilon_high, dual_clip, loss_agg, entropy_coef,
     is_correction, is_threshold: as `reasoning_rl.rl.losses.policy_loss` (loss types: PPO,
     Schulman et al. 2017; GSPO, Zheng et al. 2025, arXiv:2507.18071; CISPO, MiniMax-M1,
-    arXiv:2506.13585).
+    arXiv:2506.13585; DPPO, Qi et al. 2026, arXiv:2602.04879).
+  is_threshold_low, icepop_low, icepop_high, rejection, rejection_geo_low, rejection_geo_high,
+    rejection_k3_threshold: the bounds of the off-policy corrections and the sequence rejection
+    (`reasoning_rl.rl.off_policy`, docs/off_policy.md).
   max_completion_length: L of the Dr. GRPO aggregation (the generation budget); None = T.
   num_micro_batches: gradient accumulation within an update (m); also the size of the slices
     `prepare_batch`'s forwards run on (`reasoning_rl.rl.prepare_batch`).
@@ -86,6 +90,13 @@ class StepConfig:
   entropy_coef: float = sourced("algo.entropy_coef")
   is_correction: str = sourced("algo.is_correction")
   is_threshold: float = sourced("algo.is_threshold")
+  is_threshold_low: float = sourced("algo.is_threshold_low")
+  icepop_low: float = sourced("algo.icepop_low")
+  icepop_high: float = sourced("algo.icepop_high")
+  rejection: str = sourced("algo.rejection")
+  rejection_geo_low: float = sourced("algo.rejection_geo_low")
+  rejection_geo_high: float = sourced("algo.rejection_geo_high")
+  rejection_k3_threshold: float = sourced("algo.rejection_k3_threshold")
   num_micro_batches: int = sourced("algo.num_micro_batches", default=1)
   num_iterations: int = sourced("algo.num_iterations")
   num_mini_batches: int = sourced("algo.num_mini_batches")
@@ -121,7 +132,8 @@ class StepConfig:
     for choices, name in ((registries.LOSS_AGGREGATIONS, self.loss_agg),
                           (registries.KL_ESTIMATORS, self.kl_estimator),
                           (registries.LOSS_TYPES, self.loss_type),
-                          (registries.IS_CORRECTIONS, self.is_correction)):
+                          (registries.IS_CORRECTIONS, self.is_correction),
+                          (registries.OFF_POLICY_REJECTIONS, self.rejection)):
       choices.get(name)
     self._check_loss_type_and_correction()
 
@@ -129,16 +141,38 @@ class StepConfig:
     if not self.is_threshold > 0:
       raise ConfigError(f"config.algo.is_threshold={self.is_threshold!r} must be > 0 (the bound "
                         "C of the sampler importance weight)")
+    if not 0 <= self.is_threshold_low < self.is_threshold:
+      raise ConfigError(f"config.algo.is_threshold_low={self.is_threshold_low!r} must be in [0, "
+                        f"config.algo.is_threshold={self.is_threshold!r}): the floor of the "
+                        "truncated weight lies below its ceiling")
+    if not 0 <= self.icepop_low < self.icepop_high:
+      raise ConfigError(f"config.algo.icepop_low={self.icepop_low!r} must be in [0, "
+                        f"config.algo.icepop_high={self.icepop_high!r}): IcePop keeps the band "
+                        "[low, high] (Ring-1T: 0.5, 5)")
+    if not 0 < self.rejection_geo_low <= 1 <= self.rejection_geo_high:
+      raise ConfigError(f"config.algo.rejection_geo_low={self.rejection_geo_low!r} must be in "
+                        "(0, 1] and config.algo.rejection_geo_high="
+                        f"{self.rejection_geo_high!r} >= 1 (a band around ratio 1)")
+    if not self.rejection_k3_threshold > 0:
+      raise ConfigError(f"config.algo.rejection_k3_threshold={self.rejection_k3_threshold!r} "
+                        "must be > 0")
     if self.algorithm == "ppo" and self.loss_type == "gspo":
       raise ConfigError("config.algo.loss_type='gspo' needs one advantage per sequence, but "
                         "algorithm 'ppo' (GAE) gives one per token: use 'gspo-token'")
-    if self.loss_type == "cispo" and self.dual_clip is not None:
+    if self.loss_type in NO_DUAL_CLIP and self.dual_clip is not None:
       raise ConfigError(f"config.algo.dual_clip={self.dual_clip!r} does not apply to "
-                        "config.algo.loss_type='cispo' (no ratio in its loss): set it to None")
+                        f"config.algo.loss_type={self.loss_type!r} (no clipped ratio in its "
+                        "loss): set it to None")
 
   def sampler_correction(self, has_behavior_logprobs: bool) -> tuple[str, float]:
     """(mode, threshold C) of the importance correction for a batch with / without the sampler's
-    log-probs (a batch without them while a correction is asked for is an error)."""
+    log-probs (a batch without them while a correction or a rejection is asked for is an
+    error)."""
+    if self.rejection != "none" and not has_behavior_logprobs:
+      raise ConfigError(
+          f"config.algo.rejection={self.rejection!r} needs the sampler's log-probs, but the "
+          "batch has no behavior_logprobs [B, T]: the trainer must attach them whenever "
+          "rejection != 'none'")
     if self.is_correction != "none":
       if not has_behavior_logprobs:
         raise ConfigError(

@@ -34,7 +34,7 @@ from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl import value as value_lib
 from reasoning_rl.rl.batch_slices import split_rows
 from reasoning_rl.rl.optimizer import applied_updates, learning_rate_schedule
-from reasoning_rl.rl.policy_forward import PolicyForward
+from reasoning_rl.rl.policy_forward import OLD_KEPT, PolicyForward
 from reasoning_rl.rl.train_state import TrainState
 
 
@@ -135,9 +135,9 @@ def micro_loss(forward: PolicyForward, trainable, micro, normalizers, frozen_par
   """Loss of one micro-batch. Without `old_logprobs` in the batch (μ = 1, GRPO), π_old is the
   current policy, so its log-probs are this forward's own, held constant (`prepare_batch`)."""
   c = forward.config
-  logprobs, entropy, values, full_logprobs, router_stats = forward.policy_outputs(
+  logprobs, entropy, values, full_logprobs, in_set, router_stats = forward.policy_outputs(
       trainable["policy"], trainable.get("value_head"), micro, frozen_params, with_full=True,
-      with_router_stats=True)
+      with_membership=True, with_router_stats=True)
   router_loss, router_metrics = 0.0, {}
   if router_stats is not None:
     router_loss, router_metrics = routing_lib.auxiliary_loss_and_stats(
@@ -153,13 +153,22 @@ def micro_loss(forward: PolicyForward, trainable, micro, normalizers, frozen_par
   old_logprobs = micro.get("old_logprobs", jax.lax.stop_gradient(logprobs))
   behavior_logprobs = micro.get("behavior_logprobs")
   is_correction, is_threshold = c.sampler_correction(behavior_logprobs is not None)
+  # A token in π_old's kept set (by the trainer's own rebuild) that is not in π_θ's has left it:
+  # π_θ^W(y) = 0. One the rebuild put outside at θ_old too is numerics, and stays kept.
+  left = None
+  if in_set is not None and OLD_KEPT in micro:
+    left = (micro[OLD_KEPT] > 0) & (in_set <= 0)
   loss, stats = losses.policy_loss(
       logprobs, old_logprobs, micro["advantages"], micro["completion_mask"],
       loss_type=c.loss_type, ref_logprobs=micro.get("ref_logprobs"), beta=c.beta,
       kl_logprobs=full_logprobs, kl_estimator=c.kl_estimator, epsilon_low=c.epsilon_low,
       epsilon_high=c.epsilon_high,
       dual_clip=c.dual_clip, loss_agg=c.loss_agg, behavior_logprobs=behavior_logprobs,
-      is_correction=is_correction, is_threshold=is_threshold, entropy=entropy,
+      is_correction=is_correction, is_threshold=is_threshold,
+      is_threshold_low=c.is_threshold_low, icepop_low=c.icepop_low, icepop_high=c.icepop_high,
+      rejection=c.rejection, rejection_geo_low=c.rejection_geo_low,
+      rejection_geo_high=c.rejection_geo_high, rejection_k3_threshold=c.rejection_k3_threshold,
+      left_kept_set=left, entropy=entropy,
       entropy_coef=c.entropy_coef, max_completion_length=c.max_completion_length,
       **normalizers)
   if c.truncated_ratio and behavior_logprobs is not None:

@@ -248,6 +248,9 @@ class Capabilities:
   # `engine`: an `Engine` that the agent rollout server's one thread may drive between calls
   # (agent.entry, reasoning_rl/agents)
   agent_server: bool = False
+  # decode the qwix-quantized model it is built with and take quantized weight syncs
+  # (rollout.weight_quantization, sampler/quantized.py)
+  quantized_weights: bool = False
 
   def names(self) -> tuple[str, ...]:
     """The capabilities declared, by field name."""
@@ -255,7 +258,7 @@ class Capabilities:
 
 
 # (config field, capability it needs when set, what the field asks of the backend, the value that
-# turns it off). The field is "set" when its value is truthy.
+# turns it off). The field is "set" when its value is truthy and not 'none'.
 CAPABILITY_FIELDS: tuple[tuple[str, str, str, str], ...] = (
     ("partial_rollouts.enabled", "partial_rounds", "continues samples across steps", "False"),
     ("environment.name", "multi_turn", "runs multi-turn episodes", "''"),
@@ -264,12 +267,14 @@ CAPABILITY_FIELDS: tuple[tuple[str, str, str, str], ...] = (
     ("rollout.kv_page_size", "paged_kv", "holds a paged KV cache", "0"),
     ("algo.routing_replay", "expert_routing", "records each token's experts", "False"),
     ("agent.entry", "agent_server", "lends its engine to the agent rollout server", "''"),
+    ("rollout.weight_quantization", "quantized_weights", "decodes with quantized weights",
+     "'none'"),
 )
 
 
 def required_capabilities(value_of: Callable[[str], Any]) -> list[tuple[str, str, str, str]]:
   """The `CAPABILITY_FIELDS` rows whose field is set; `value_of(dotted field) -> value`."""
-  return [row for row in CAPABILITY_FIELDS if value_of(row[0])]
+  return [row for row in CAPABILITY_FIELDS if value_of(row[0]) and value_of(row[0]) != "none"]
 
 
 # ---------------------------------------------------------------------------------- the protocol

@@ -2,8 +2,9 @@
 JetStream-API `Engine`, driven by the continuous-batching scheduler of `rollout.stream_groups`.
 
 It declares every optional capability (`api.Capabilities`): rounds of partial rollouts, exact
-log-probs, multi-turn episodes, a paged KV cache, each token's experts, and its `engine` lent to
-the agent rollout server (`reasoning_rl.agents`). The same `Engine` is
+log-probs, multi-turn episodes, a paged KV cache, each token's experts, quantized weights (the
+engine merges whatever graph and state it is given, qwix's quantized one included) and its
+`engine` lent to the agent rollout server (`reasoning_rl.agents`). The same `Engine` is
 served under JetStream's own orchestrator by `jetstream_adapter.jetstream_engine`.
 """
 
@@ -26,7 +27,8 @@ from reasoning_rl.sampler.multiturn import EpisodeSettings, stream_episodes
 from reasoning_rl.sampler.rollout import stream_groups
 
 CAPABILITIES = Capabilities(partial_rounds=True, exact_logprobs=True, multi_turn=True,
-                            paged_kv=True, expert_routing=True, agent_server=True)
+                            paged_kv=True, expert_routing=True, agent_server=True,
+                            quantized_weights=True)
 
 
 class EngineBackend:

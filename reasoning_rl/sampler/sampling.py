@@ -223,7 +223,8 @@ THRESHOLD_NAME = "truncation_threshold"
 
 
 def truncated_logprobs(logits: jax.Array, targets: jax.Array, temperature: jax.Array,
-                       top_p: jax.Array, top_k: jax.Array, min_p: jax.Array) -> jax.Array:
+                       top_p: jax.Array, top_k: jax.Array, min_p: jax.Array, *,
+                       with_membership: bool = False):
   """log π^W(target): the log-prob of each target under the distribution the sampler draws from
   with these settings (temperature, then top-k / top-p / min-p, renormalised), rebuilt from
   `logits`. The trainer's side of `algo.truncated_ratio` (docs/off_policy.md).
@@ -236,6 +237,10 @@ def truncated_logprobs(logits: jax.Array, targets: jax.Array, temperature: jax.A
     score function of the truncated, renormalised policy.
   - The target is always kept: it was drawn, so it lies in the sampler's kept set, and a trainer
     whose numerics (another dtype or kernel) rank it just outside would otherwise give log 0.
+    With `with_membership` the result is (log-probs, in_set): in_set [...] bool says whether the
+    target lies in the kept set these logits give (without that forcing). The trainer uses it to
+    tell a token that left the kept set after an update (its ratio is 0) from one the rebuild's
+    numerics put outside at the sampler's own weights (docs/off_policy.md).
   - temperature ≤ 0 (a greedy row: a point mass, nothing to differentiate) is read as the
     untruncated model at temperature 1, the same as the full-softmax log-prob.
   """
@@ -255,7 +260,10 @@ def truncated_logprobs(logits: jax.Array, targets: jax.Array, temperature: jax.A
   keep = jax.lax.stop_gradient((scaled >= threshold) | is_target)
   kept = jnp.where(keep, scaled, -jnp.inf)
   target_logit = jnp.take_along_axis(scaled, targets[..., None], axis=-1)[..., 0]
-  return target_logit - jax.nn.logsumexp(kept, axis=-1)
+  logprobs = target_logit - jax.nn.logsumexp(kept, axis=-1)
+  if not with_membership:
+    return logprobs
+  return logprobs, jax.lax.stop_gradient(target_logit >= threshold[..., 0])
 
 
 def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: jax.Array,

@@ -41,7 +41,7 @@ from typing import Any
 
 import openai
 
-from reasoning_rl.data.debug_vocab import debug_chat_tokenizer
+from reasoning_rl.data.debug_vocab import debug_arithmetic_chat_tokenizer
 from reasoning_rl.environments.calculator import STOP_STRING, CalculatorEnvironment
 from reasoning_rl.evaluation import completion_record
 from reasoning_rl.models.tokenizers import load_tokenizer
@@ -138,7 +138,7 @@ DEBUG = CalculatorAgent(
     max_calls=4, max_turns=4, turn_tokens=8, max_new_tokens=24,
     rewards={"correct": {"weight": 1.0, "verifier": "math", "extract": "answer"},
              "length": {"weight": 1.0, "method": "lcpo", "alpha": 0.05, "target_tokens": 5}},
-    tokenizer=functools.cache(debug_chat_tokenizer))
+    tokenizer=functools.cache(debug_arithmetic_chat_tokenizer))
 
 
 async def run(client: openai.AsyncOpenAI, example) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """2-digit addition as a verifiers (v1) environment: a taskset of `a + b` questions, an
-exact-answer reward, and a one-turn chat harness that runs in-process.
+exact-answer reward (plus a small digits-only shaping reward), and a one-turn chat harness that
+runs in-process.
 
 The harness ships with the taskset (verifiers picks a taskset's own exported Harness as the
 default for its seat) because the stock chat harnesses launch a uv script that installs its
@@ -34,6 +35,13 @@ class AdditionTask(vf.Task[AdditionData, vf.State, vf.TaskConfig]):
   async def exact_answer(self, task: AdditionData, trace: vf.Trace) -> float:
     """1 when the model's last reply is exactly the sum, else 0."""
     return float(trace.last_reply.strip() == str(task.answer))
+
+  @vf.reward(weight=0.1)
+  async def digit_share(self, trace: vf.Trace) -> float:
+    """Shaping (weight 0.1): the share of the last reply's characters that are digits, so that a
+    model which cannot add yet still gets rewards that differ."""
+    reply = trace.last_reply.strip()
+    return sum(c.isdigit() for c in reply) / len(reply) if reply else 0.0
 
   @vf.metric
   async def replied_number(self, trace: vf.Trace) -> float:
