@@ -12,7 +12,10 @@ POINT is where, with the sampler holding policy VERSION:
 - `sync`: inside the weight sync of version VERSION + 1, once the sampler holds the new weights
   and before the loop counts them;
 - `checkpoint`: the moment Orbax's save of the checkpoint of step VERSION started, its write in
-  flight (the step's metrics row is written by then).
+  flight (the step's metrics row is written by then);
+- `agent`: inside the agent episodes of an agent run (`config.agent.entry`) that sample with
+  VERSION, as the rollout server hands its CALL-th request of them to the engine: the requests
+  before it were answered, so episodes are between turns.
 
 The kill is a real SIGKILL of this process (nothing is flushed or saved); a run that never
 reaches the point finishes normally, which the caller sees as exit code 0 instead of -9.
@@ -32,6 +35,7 @@ def main() -> None:
   point, version, *rest = sys.argv[1:split]
   version, call = int(version), int(rest[0]) if rest else 2
   sys.path.insert(0, str(REPO))
+  from reasoning_rl.agents.driver import EngineDriver
   from reasoning_rl.checkpointing import Checkpointer
   from reasoning_rl.loop.weight_sync import WeightSync
   from reasoning_rl.rl.step import TrainStep
@@ -79,7 +83,17 @@ def main() -> None:
       kill()
     return started
 
+  submit, requests = EngineDriver.submit, {"count": 0}
+
+  def submit_then_kill(self, request):
+    if self.engine.policy_version == version:
+      requests["count"] += 1
+      if point == "agent" and requests["count"] == call:
+        kill()
+    return submit(self, request)
+
   Engine.generate, Scorer.get = generate_then_kill, get_then_kill
+  EngineDriver.submit = submit_then_kill
   TrainStep.call_with_outputs, WeightSync.push = train_then_kill, push_then_kill
   Checkpointer.save = save_then_kill
   sys.argv = [str(REPO / "launch" / "train.py"), *sys.argv[split + 1:]]

@@ -12,8 +12,16 @@ Determinism: token n of a request is drawn with fold_in(key, n), `key` the reque
 (`request_key`: seed, session, turn, choice), so a request's tokens do not depend on which slot it
 ran in or what else was decoding.
 
-Each request prefills its whole prompt: the conversation of an agent's earlier turns is decoded
-again, since its slot went to other requests while the agent was thinking.
+Episodes the trainer runs (`own_episode`: the collector's sessions) are seeded as in-process
+multi-turn episodes are (`sampler.multiturn`): every request of episode g of data position p
+draws from the one key sample_key(seed, p, g), token n of the episode with fold_in(key, n), n
+counting the model tokens its earlier requests kept. The same task, seed and agent behaviour
+then draw the tokens an environment's episode draws, and a rerun draws them again.
+
+Each request runs its whole prompt through the model again: the conversation of an agent's
+earlier turns, since its slot went to other requests while the agent was thinking. (A request
+that continues an episode's draws prefills all but the prompt's last token, which
+`Engine.append_to_slot` feeds with the draw number to continue from.)
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ class DecodeRequest:
   max_new_tokens: int
   stop_ids: Sequence[int] = ()
   stop_strings: Sequence[str] = ()
+  # the session it belongs to: an episode's (`EngineDriver.own_episode`) is seeded by the episode
+  session: str | None = None
 
 
 @dataclasses.dataclass
@@ -65,10 +75,20 @@ class DecodeResult:
   finish_reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class EpisodeSeeding:
+  """How an owned episode's requests draw: from sample_key(seed, prompt_id, sample_index)."""
+
+  seed: int
+  prompt_id: int
+  sample_index: int
+
+
 @dataclasses.dataclass(eq=False)  # compared by identity (its request holds a PRNG key array)
 class _Live:
   request: DecodeRequest
   future: concurrent.futures.Future
+  episode: str | None = None  # the owned episode whose draws it continues
   result: DecodeResult = dataclasses.field(
       default_factory=lambda: DecodeResult([], [], [], [], "length"))
 
@@ -86,6 +106,9 @@ class EngineDriver:
     self._queue: queue.Queue = queue.Queue()
     self.requests_done = 0
     self.most_live = 0  # the most requests that decoded in one generate call
+    self._episodes: dict[str, EpisodeSeeding] = {}
+    self._draws: dict[str, int] = {}  # an owned episode's model tokens kept so far
+    self._episodes_lock = threading.Lock()
     self._thread = threading.Thread(target=self._run, name="engine-driver", daemon=True)
     self._thread.start()
 
@@ -98,6 +121,37 @@ class EngineDriver:
       return future
     self._queue.put((request, future))
     return future
+
+  def own_episode(self, session: str, *, seed: int, prompt_id: int, sample_index: int) -> None:
+    """From now on `session`'s requests are episode `sample_index` of `prompt_id`'s (module
+    docstring), starting at draw 0."""
+    with self._episodes_lock:
+      self._episodes[session] = EpisodeSeeding(seed, prompt_id, sample_index)
+      self._draws[session] = 0
+
+  def release_episode(self, session: str) -> None:
+    """`session`'s requests are seeded by their own keys again."""
+    with self._episodes_lock:
+      self._episodes.pop(session, None)
+      self._draws.pop(session, None)
+
+  def _seeding(self, request: DecodeRequest) -> tuple[jax.Array, int, str | None]:
+    """(the key a request draws with, the draw number of its first token, the owned episode
+    whose draws it continues or None)."""
+    with self._episodes_lock:
+      episode = self._episodes.get(request.session) if request.session is not None else None
+      if episode is None:
+        return request.key, 0, None
+      return (sample_key(episode.seed, episode.prompt_id, episode.sample_index),
+              self._draws[request.session], request.session)
+
+  def _kept(self, live: _Live) -> None:
+    """Counts a finished request's kept tokens in its episode's draws."""
+    if live.episode is None:
+      return
+    with self._episodes_lock:
+      if live.episode in self._draws:
+        self._draws[live.episode] += len(live.result.tokens)
 
   def stop(self) -> None:
     if self._thread.is_alive():
@@ -145,15 +199,23 @@ class EngineDriver:
       request, future = waiting.popleft()
       if not future.set_running_or_notify_cancel():
         continue
+      key, draws_kept, episode = self._seeding(request)
+      # a request that continues its episode's draws prefills its prompt but the last token,
+      # which `append_to_slot` feeds with the episode's draw number (as multi-turn episodes and
+      # partial rollouts resume a slot)
+      prefilled = list(request.prompt[:-1] if draws_kept else request.prompt)
       try:
-        padded, length = engine.prepare_prompt(request.prompt)
-        slot_request = engine.make_request(key=request.key, sampling=request.sampling,
+        if draws_kept and not 1 <= len(prefilled) < engine.cache_length - 1:
+          raise SamplingError(f"prompt: {len(request.prompt)} tokens leave no room to decode "
+                              f"in the engine's cache of {engine.cache_length}")
+        padded, length = engine.prepare_prompt(prefilled)
+        slot_request = engine.make_request(key=key, sampling=request.sampling,
                                            max_new_tokens=request.max_new_tokens,
                                            stop_ids=request.stop_ids)
       except SamplingError as error:
         future.set_exception(error)
         continue
-      chosen.append((_Live(request, future), padded, length, slot_request))
+      chosen.append((_Live(request, future, episode), padded, length, slot_request, draws_kept))
     if not chosen:
       return state
     try:
@@ -161,8 +223,12 @@ class EngineDriver:
                                      padded_tokens=[c[1] for c in chosen],
                                      true_lengths=[c[2] for c in chosen],
                                      requests=[c[3] for c in chosen])
-      for slot, (live, *_), prefix in zip(free, chosen, prefixes):
+      for slot, (live, _, length, _, draws_kept), prefix in zip(free, chosen, prefixes):
         state = engine.insert(prefix, state, slot)
+        if draws_kept:
+          state = engine.append_to_slot(engine.params, state, slot, live.request.prompt[-1:],
+                                        start=length, max_new_tokens=live.request.max_new_tokens,
+                                        draws_kept=draws_kept)
         running[slot] = live
     except Exception as error:  # pylint: disable=broad-except
       # the requests not in a slot yet fail here; those in one fail with the rest (`_run`)
@@ -206,6 +272,7 @@ class EngineDriver:
       running[slot] = None
       engine.free_resource(slot)
       self.requests_done += 1
+      self._kept(live)
       live.future.set_result(out)
     return state
 
@@ -221,4 +288,4 @@ class EngineDriver:
         running[slot] = None
 
 
-__all__ = ["DecodeRequest", "DecodeResult", "EngineDriver", "request_key"]
+__all__ = ["DecodeRequest", "DecodeResult", "EngineDriver", "EpisodeSeeding", "request_key"]

@@ -214,7 +214,8 @@ class RolloutServer:
       turn, seed = 0, _integer(body, "seed", 0, low=0)
     futures = [self.driver.submit(DecodeRequest(
         prompt=prompt, key=request_key(seed, session_id, turn, choice), sampling=sampling,
-        max_new_tokens=max_tokens, stop_ids=self.tokenizer.eos_ids, stop_strings=stop))
+        max_new_tokens=max_tokens, stop_ids=self.tokenizer.eos_ids, stop_strings=stop,
+        session=session_id))
         for choice in range(n)]
     try:
       results = [await asyncio.wrap_future(f) for f in futures]

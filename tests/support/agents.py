@@ -2,6 +2,9 @@
 they talk through (the debug tokenizer's vocabulary: tags and digits)."""
 
 import asyncio
+import dataclasses
+
+from reasoning_rl.agents.examples import calculator_agent
 
 # user turns between <bos> and <eos>; the assistant's after <answer>, ended by <eos>
 PLAIN_TEMPLATE = ("{% for m in messages %}{% if m.role == 'assistant' %}<answer>{{ m.content }}"
@@ -54,3 +57,13 @@ async def flaky(client, example):
 def sync_function(client, example):
   """Not async: refused as an entry."""
   return 0.0
+
+
+# The debug calculator agent under a tighter episode budget (tests/test_calculator_agent.py):
+# rollout.max_new_tokens = TIGHT_BUDGET, which several of its episodes reach
+TIGHT_BUDGET = 14
+_TIGHT = dataclasses.replace(calculator_agent.DEBUG, max_new_tokens=TIGHT_BUDGET)
+
+
+async def tight_calculator(client, example):
+  return await _TIGHT.play(client, example)

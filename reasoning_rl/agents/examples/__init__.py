@@ -1,0 +1,1 @@
+"""Agent programs shipped as examples of `config.agent.entry` (docs/agents.md)."""
