@@ -33,15 +33,18 @@ def row(tokens, mask):
 
 
 def test_failed_episodes_are_dropped_short_groups_skipped_or_filled():
-  ok = lambda r: collector_lib.Episode([row([9, 2], [1, 1])], collector_lib.reward_of(r))
-  bad = collector_lib.Episode([], error="RuntimeError: boom")
-  episodes = {10: [ok(1.0), ok(0.0), ok({"agent": 0.25, "bonus": 0.25}), bad],
+  ok = lambda r, malformed=0: collector_lib.Episode(
+      [row([9, 2], [1, 1])], collector_lib.reward_of(r), malformed_tool_calls=malformed)
+  bad = collector_lib.Episode([], error="RuntimeError: boom", malformed_tool_calls=1)
+  episodes = {10: [ok(1.0), ok(0.0, malformed=2), ok({"agent": 0.25, "bonus": 0.25}), bad],
               11: [ok(1.0), bad, bad, bad]}
   groups, stats = collector_lib.groups_of(episodes, [10, 11], group_size=4, min_episodes=2,
                                           tokenizer=debug_arithmetic_tokenizer(),
                                           sampling=SamplingParams())
   assert stats == {"failed_frac": 4 / 8, "failed": 4, "groups_skipped": 1,
-                   "placeholder_rows": 1, "split_segments_dropped": 0}
+                   "placeholder_rows": 1, "split_segments_dropped": 0,
+                   # botched tool calls of every episode, failed ones included: 2 + 4 × 1
+                   "malformed_tool_calls": 6}
   [group] = groups
   # the filled row: the group's mean reward, no trained token
   np.testing.assert_allclose(group.rewards, [1.0, 0.0, 0.5, 0.5])

@@ -354,6 +354,13 @@ def test_the_session_rule_on_plain_lists():
   assert (len(session.segments), session.splits) == (2, 1)
   session.abandon_turn(drop_empty_segment=True)
   assert (len(session.segments), session.splits) == (1, 0)
+  # an extension that is then abandoned takes its context back: the row is as before it
+  session.begin_turn([1, 2, 7, 8, 4, 9, 5, 6])
+  assert session.segments[-1].tokens == [7, 8, 4, 9, 5, 6]
+  session.abandon_turn()
+  [row] = session.completions(prompt_id=3, sample_index=1, keep_sampling_logprobs=False)
+  assert row.completion_ids == [7, 8, 4, 9] and row.loss_mask == [1, 1, 0, 1]
+  assert row.logprobs == [-1.0, -2.0, 0.0, -0.5]
 
 
 def test_a_segment_prompt_longer_than_the_trained_prompt_is_refused(served):

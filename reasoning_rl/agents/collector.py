@@ -88,6 +88,8 @@ class Episode:
   completions: list[Completion]
   reward: Reward | None = None
   error: str | None = None
+  # tool calls the model botched (kept as text by the server, `tool_calls.parse_completion`)
+  malformed_tool_calls: int = 0
 
 
 class AgentCollector:
@@ -182,12 +184,13 @@ class AgentCollector:
     segments = [] if session is None else session.completions(
         prompt_id=position, sample_index=g,
         keep_sampling_logprobs=self.sampling.changes_distribution)
+    malformed = 0 if session is None else session.malformed_tool_calls
     completions = [without_trailing_context(c) for c in segments]
     if error is None and not completions:
       error = "the agent made no request of its session"
     if error is not None:
-      return Episode(completions=[], error=error)
-    return Episode(completions=completions, reward=reward)
+      return Episode(completions=[], error=error, malformed_tool_calls=malformed)
+    return Episode(completions=completions, reward=reward, malformed_tool_calls=malformed)
 
   # ------------------------------------------------------------------------------ the loop
 
@@ -242,8 +245,10 @@ def groups_of(episodes: dict[int, list[Episode]], positions: Sequence[int], *, g
     groups.append(RolloutColumns.of_group(position, rows, texts, status="ok", rewards=rewards,
                                           sampling=sampling))
   total = max(sum(len(episodes[p]) for p in positions), 1)
+  malformed = sum(e.malformed_tool_calls for p in positions for e in episodes[p])
   return groups, {"failed_frac": failed / total, "failed": failed, "groups_skipped": skipped,
-                  "placeholder_rows": filled, "split_segments_dropped": dropped_segments}
+                  "placeholder_rows": filled, "split_segments_dropped": dropped_segments,
+                  "malformed_tool_calls": malformed}
 
 
 def without_trailing_context(row: Completion) -> Completion:

@@ -14,7 +14,10 @@ Routes (also under `/sessions/<id>/v1/…`, a per-episode base URL):
 
 Sessions (`sessions.Session`): a request belongs to the session named by its
 `/sessions/<id>/v1` base URL, its `X-Session-Id` header, or its `user` field, in that order. A session records
-its episode's exact tokens; its sampling is seeded by (seed, session, turn) (`driver.request_key`).
+its episode's exact tokens. An episode the trainer's collector runs draws as the in-process
+episode of its (prompt, sample) would (`driver.EngineDriver.own_episode`: one key per episode,
+its tokens numbered across turns); any other session is seeded by (seed, session, turn)
+(`driver.request_key`).
 A request without a session is served but not recorded; its `seed` field (default 0) seeds it.
 
 Tool calls (`chat`, `tool_calls`): `tools`, `tool_choice`, assistant `tool_calls` and `role: "tool"`

@@ -136,6 +136,9 @@ class Session:
     # over the session's turns (what a metric of malformed calls reads)
     self.malformed_tool_calls = 0
     self._busy = threading.Lock()
+    # where the open turn's context began in the current segment (`abandon_turn` cuts back to
+    # it); None when the turn started a segment of its own
+    self._turn_start: int | None = None
 
   def begin_turn(self, rendered: Sequence[int], *, text: str | None = None) -> list[int]:
     """Matches the request's rendered prompt (its tokens; `text`, the text they encode, when
@@ -146,6 +149,7 @@ class Session:
                         "requests must come one after the other")
     try:
       rendered = list(rendered)
+      self._turn_start = None
       if not self.segments:
         self.segments.append(Segment(prompt_tokens=rendered))
         return list(rendered)
@@ -159,6 +163,7 @@ class Session:
         self.splits += 1
         self.segments.append(Segment(prompt_tokens=rendered))
         return list(rendered)
+      self._turn_start = len(current.tokens)
       current.tokens += added
       current.loss_mask += [0] * len(added)
       current.logprobs += [0.0] * len(added)
@@ -201,9 +206,16 @@ class Session:
       self._busy.release()
 
   def abandon_turn(self, *, drop_empty_segment: bool = False) -> None:
-    """The turn `begin_turn` opened decoded nothing (the engine refused it). With
+    """The turn `begin_turn` opened decoded nothing (the engine refused it): the context it
+    appended is taken back, so no trained row carries context the model never read. With
     `drop_empty_segment`, a segment that turn started (and holds no model turn) is forgotten,
     so the session goes on as before the request."""
+    if self._turn_start is not None and self.segments:
+      current = self.segments[-1]
+      for column in (current.tokens, current.loss_mask, current.logprobs,
+                     current.sampling_logprobs, current.versions):
+        del column[self._turn_start:]
+      self._turn_start = None
     if drop_empty_segment and self.segments and not self.segments[-1].turns:
       self.segments.pop()
       if self.segments:  # the segment was a split's

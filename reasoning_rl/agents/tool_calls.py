@@ -87,7 +87,7 @@ class ParsedCompletion:
     tool_calls: OpenAI tool calls, `{"id", "type": "function", "function": {"name", "arguments"}}`
       with `arguments` a JSON string.
     malformed_tool_calls: calls the model attempted that could not be used, plus one when
-      `tool_choice` demanded a call and none was usable (the metric `agent/malformed_tool_calls`).
+      `tool_choice` demanded a call and none was usable (the metric `episode/malformed_tool_calls`).
     finish_reason: "tool_calls" when there are tool calls, else None (keep the sampler's reason).
   """
 
