@@ -27,7 +27,7 @@ from tests.support.configs import debug_config
     ("algo.is_correction", "tis", "sampler importance correction",
      ["none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask", "icepop"]),
     ("data.train.kind", "parquet", "task source",
-     ["synthetic_arithmetic", "reasoning_gym", "jsonl", "mixture", "guess_number"]),
+     ["synthetic_arithmetic", "reasoning_gym", "jsonl", "mixture", "agent", "guess_number"]),
 ])
 def test_a_misspelt_choice_names_the_field_and_the_valid_names(field, value, kind, names):
   config = debug_config()
@@ -116,7 +116,7 @@ BUILT_IN = {
     "rewards.<name>.kind": ["correct", "environment", "format", "judge", "language", "length",
                             "reward_model"],
     "rewards.<name>.verifier": ["auto", "code", "countdown", "math", "reasoning_gym"],
-    "data.<split>.kind": ["guess_number", "jsonl", "mixture", "reasoning_gym",
+    "data.<split>.kind": ["agent", "guess_number", "jsonl", "mixture", "reasoning_gym",
                           "synthetic_arithmetic"],
     "rollout.backend": ["engine"],
     "environment.name": ["calculator", "guess_number", "python_tool"],
