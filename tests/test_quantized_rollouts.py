@@ -70,9 +70,20 @@ def _dequantized_state(quantizer, params):
 
 def _full_logprobs(graphdef, params, tokens) -> np.ndarray:
   """log p(tokens[t] | tokens[:t]) for t ≥ 1, from one full forward."""
-  logits = nnx.merge(graphdef, params)(jnp.asarray([tokens]))[0]
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  return np.asarray(logp[jnp.arange(len(tokens) - 1), jnp.asarray(tokens[1:])])
+  return _full_logprobs_of_rows(graphdef, params, [tokens])[0]
+
+
+def _full_logprobs_of_rows(graphdef, params, rows) -> list[np.ndarray]:
+  """`_full_logprobs` of each row, from one forward over the rows right-padded to the longest
+  (the model is causal: padding after a row's last token changes none of its log-probs)."""
+  length = max(len(row) for row in rows)
+  batch = np.zeros((len(rows), length), np.int32)
+  for index, row in enumerate(rows):
+    batch[index, :len(row)] = row
+  logits = nnx.merge(graphdef, params)(jnp.asarray(batch))
+  logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+  return [logp[index, np.arange(len(row) - 1), np.asarray(row[1:])]
+          for index, row in enumerate(rows)]
 
 
 def _decode(model, params, *, temperature=1.0, steps=6, seed=0):
@@ -293,18 +304,21 @@ def test_the_step_weighs_each_token_by_the_quantized_samplers_mu(monkeypatch, tm
     run.scorer.close()
   [batch] = batches
   prompt_length = config.rollout.max_prefill_length
-  own, floats = [], []
+  sequences, offsets, reports = [], [], []
   for tokens, attention, mask, behavior in zip(batch["tokens"], batch["attention_mask"],
                                                batch["completion_mask"],
                                                batch["behavior_logprobs"]):
     if not mask.any():
       continue
     start = int(np.argmax(attention))  # prompts are left-padded
-    sequence = list(tokens[start:prompt_length + int(mask.sum())])
-    offset = prompt_length - start - 1
-    quantized = _full_logprobs(quantized_graphdef, quantized_params, sequence)[offset:]
-    plain = _full_logprobs(run.graphdef, float_params, sequence)[offset:]
-    reported = behavior[mask > 0]
+    sequences.append(list(tokens[start:prompt_length + int(mask.sum())]))
+    offsets.append(prompt_length - start - 1)
+    reports.append(behavior[mask > 0])
+  quantized_rows = _full_logprobs_of_rows(quantized_graphdef, quantized_params, sequences)
+  plain_rows = _full_logprobs_of_rows(run.graphdef, float_params, sequences)
+  own, floats = [], []
+  for offset, reported, quantized, plain in zip(offsets, reports, quantized_rows, plain_rows):
+    quantized, plain = quantized[offset:], plain[offset:]
     np.testing.assert_allclose(reported, quantized, atol=5e-5)
     own.append(np.abs(reported - quantized))
     floats.append(np.abs(plain - reported))
