@@ -19,12 +19,12 @@ say, starts one server).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from reasoning_rl import config_schema
+from reasoning_rl.agents.hub_support import import_object
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.plain_data import plain
 
@@ -41,14 +41,7 @@ _loaded: dict[tuple[str, str], Callable] = {}
 
 def import_entry(entry: str) -> Any:
   """The object `module:name` names (ConfigError naming config.agent.entry)."""
-  module_name, _, name = str(entry).partition(":")
-  if not module_name or not name:
-    raise ConfigError(f"{FIELD}={entry!r}: must be 'module:function'")
-  try:
-    return getattr(importlib.import_module(module_name), name)
-  except (ImportError, AttributeError) as error:
-    raise ConfigError(f"{FIELD}={entry!r}: cannot load it ({error}); name an importable module "
-                      "and its async function") from None
+  return import_object(entry, f"{FIELD}={entry!r}")
 
 
 def is_async_callable(value: Any) -> bool:
