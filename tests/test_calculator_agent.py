@@ -3,7 +3,6 @@ the same episodes played in process (environments/calculator.py): equal training
 debug model, the agent's settings equal to its in-process configs', and a SIGKILL inside an
 episode then a rerun reproducing the uninterrupted run."""
 
-import dataclasses
 import importlib.util
 import signal
 import subprocess
@@ -14,14 +13,12 @@ import pytest
 
 from reasoning_rl import build as build_lib
 from reasoning_rl import guards as guards_lib
-from reasoning_rl.agents import collector as collector_lib
 from reasoning_rl.agents.examples import calculator_agent
 from reasoning_rl.loop.rl_stage import take_examples
 from reasoning_rl.loop.state import LoopState
 from reasoning_rl.metrics import read_metrics
 from reasoning_rl.rl import advantages as advantages_lib
 from reasoning_rl.rl import batching
-from reasoning_rl.sampler.api import Completion
 from tests.conftest import REPO
 from tests.support import agents
 from tests.support.runs import stable
@@ -162,18 +159,3 @@ def test_a_sigkill_inside_an_episode_then_a_rerun_ends_with_the_uninterrupted_me
   got = stable(read_metrics(workdir / "metrics.jsonl"))
   assert [r["step"] for r in got] == [1, 2, 3]
   assert got == want
-
-
-def test_a_row_ends_at_its_last_model_token():
-  """A value sent with a request the server refused (the budget was spent) is not trained."""
-  row = Completion(prompt_id=3, sample_index=1, prompt_tokens=[1, 5],
-                   completion_ids=[7, 8, 4, 9, 6], logprobs=[-1.0, -2.0, 0.0, -0.5, 0.0],
-                   sampling_logprobs=None,
-                   finish_reason="stop_string", truncated=False, policy_version=0,
-                   loss_mask=[1, 1, 0, 1, 0], token_versions=[0, 0, 0, 1, 0])
-  cut = collector_lib.without_trailing_context(row)
-  assert (cut.completion_ids, cut.logprobs, cut.loss_mask, cut.token_versions) == (
-      [7, 8, 4, 9], [-1.0, -2.0, 0.0, -0.5], [1, 1, 0, 1], [0, 0, 0, 1])
-  whole = dataclasses.replace(row, completion_ids=[7, 8], logprobs=[-1.0, -2.0],
-                              loss_mask=[1, 1], token_versions=None)
-  assert collector_lib.without_trailing_context(whole) is whole

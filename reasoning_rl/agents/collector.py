@@ -19,7 +19,8 @@ give. The guard `agent.max_failed_frac` stops a run whose steps drop more (`guar
 Episode g of data position p is seeded as the in-process episode g of that prompt
 (`driver.EngineDriver.own_episode`), so an agent that plays an environment's episode draws its
 tokens. A row ends at its last model token: context a refused request sent (a tool's result past
-the episode's token budget) was never decoded from, and is not trained.
+the episode's token budget) was never decoded from, and the session takes it back
+(`sessions.Session.abandon_turn`), so it is not trained.
 
 Sessions split by `agent.history_mismatch = split` give several rows per episode; the step's
 batch holds G rows per group, so such an episode trains its last segment (the one that ends with
@@ -181,11 +182,11 @@ class AgentCollector:
       await client.close()
       self.driver.release_episode(session_id)
     session = self.server.pop_session(session_id)
-    segments = [] if session is None else session.completions(
+    completions = [] if session is None else session.completions(
         prompt_id=position, sample_index=g,
         keep_sampling_logprobs=self.sampling.changes_distribution)
     malformed = 0 if session is None else session.malformed_tool_calls
-    completions = [without_trailing_context(c) for c in segments]
+    # (a turn the server refused took its context back: each segment ends at a model token)
     if error is None and not completions:
       error = "the agent made no request of its session"
     if error is not None:
@@ -251,23 +252,6 @@ def groups_of(episodes: dict[int, list[Episode]], positions: Sequence[int], *, g
                   "malformed_tool_calls": malformed}
 
 
-def without_trailing_context(row: Completion) -> Completion:
-  """`row` ending at its last model token. Context after it (a tool's value sent with a request
-  the server refused: the episode's token budget was spent) was never decoded from, as an
-  in-process episode never appends an observation it ends at; the row leaves it out."""
-  mask = row.loss_mask or []
-  end = len(mask)
-  while end and not mask[end - 1]:
-    end -= 1
-  if end == len(mask):
-    return row
-  cut = lambda values: None if values is None else list(values[:end])
-  return dataclasses.replace(
-      row, completion_ids=cut(row.completion_ids), logprobs=cut(row.logprobs),
-      sampling_logprobs=cut(row.sampling_logprobs), loss_mask=cut(row.loss_mask),
-      token_versions=cut(row.token_versions))
-
-
 def _placeholder(like: Completion, index: int) -> Completion:
   """A row that trains nothing: `like`'s prompt, one masked token."""
   return Completion(prompt_id=like.prompt_id, sample_index=index,
@@ -279,5 +263,4 @@ def _placeholder(like: Completion, index: int) -> Completion:
                     episode_end="failed", scored_response="")
 
 
-__all__ = ["AgentCollector", "AgentSettings", "Episode", "groups_of", "load_entry", "reward_of",
-           "without_trailing_context"]
+__all__ = ["AgentCollector", "AgentSettings", "Episode", "groups_of", "load_entry", "reward_of"]
