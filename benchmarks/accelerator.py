@@ -18,7 +18,8 @@ Usage: PYTHONPATH=. python -m benchmarks.accelerator [--steps B×P+T,…] [--dec
    GRPOTrainer computes it (the frozen reference forward, the policy forward projecting only
    completion positions, backward, gradient clipping, AdamW) with SDPA attention.
 2. Decode: the sampler `Engine` (B slots, greedy, exactly T new tokens after P-token prompts),
-   decode tokens/s (prefills excluded) and end to end; transformers `generate` on the same
+   decode tokens/s (prefills excluded) and end to end (prompts prefilled `--prefill_batch` per
+   call, as rollouts do; 'one' per call before 2026-11-29); transformers `generate` on the same
    device (static shapes: no EOS, `min_new_tokens = T`), end to end.
 `--small` shrinks the model and shapes so the script runs on a CPU as a check of itself.
 """
@@ -169,7 +170,9 @@ def our_decode(config: ModelConfig, shape, args) -> dict:
   model = create_model(config, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
   prompts = np.random.RandomState(rows).randint(0, config.vocab_size,
                                                 (rows, prompt)).astype(np.int32)
-  decode_s, total_s = run_ours(model, prompts, completion, args.steps_per_call)
+  prefill_batch = None if args.prefill_batch == "one" else int(args.prefill_batch)
+  decode_s, total_s = run_ours(model, prompts, completion, args.steps_per_call,
+                               prefill_batch=prefill_batch)
   tokens = rows * completion
   return {"part": "decode", "side": "reasoning_rl Engine, bf16 weights + KV cache", "rows": rows,
           "prompt": prompt, "completion": completion, "decode_tokens_per_s": tokens / decode_s,
@@ -214,6 +217,9 @@ def main():
   parser.add_argument("--beta", type=float, default=0.04)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--steps_per_call", type=int, default=32)
+  parser.add_argument("--prefill_batch", default="8",
+                      help="prompts per prefill call ('one': a call per prompt, as before "
+                           "2026-11-29; 8: what rollouts use)")
   parser.add_argument("--skip_torch", action="store_true")
   parser.add_argument("--small", action="store_true")
   parser.add_argument("--out", default="")

@@ -68,26 +68,37 @@ def bytes_per_step(config, batch: int, cache_length: int) -> float:
   return weights + kv_cache
 
 
-def run_ours(model, prompts: np.ndarray, new_tokens: int, steps_per_call: int, engine_class=None):
+def run_ours(model, prompts: np.ndarray, new_tokens: int, steps_per_call: int, engine_class=None,
+             prefill_batch: int | None = None):
   """(decode seconds, end-to-end seconds) of one greedy run; tokens checked for count.
-  `engine_class`: another revision's Engine (default: this tree's)."""
+  `engine_class`: another revision's Engine (default: this tree's). `prefill_batch`: None
+  prefills prompt by prompt (`Engine.prefill`, the JetStream call); k prefills them k at a time
+  in one call each (`Engine.prefill_many` with `max_prefill_batch=k`, as rollouts do with 8)."""
   from reasoning_rl.sampler import Engine, SamplingParams, sample_key
 
   Engine = engine_class or Engine
   batch, prompt_length = prompts.shape
+  batched = {} if prefill_batch is None else {"max_prefill_batch": prefill_batch}
   engine = Engine(model, max_concurrent_decodes=batch, max_prefill_length=prompt_length,
-                  max_decode_length=new_tokens, steps_per_call=steps_per_call)
+                  max_decode_length=new_tokens, steps_per_call=steps_per_call, **batched)
 
   def once():
     start = time.perf_counter()
     state = engine.init_decode_state()
-    for slot, prompt in enumerate(prompts):
-      request = engine.make_request(key=sample_key(0, slot, 0),
+    requests = [engine.make_request(key=sample_key(0, slot, 0),
                                     sampling=SamplingParams(temperature=0.0),
-                                    max_new_tokens=new_tokens)
-      padded, length = engine.prepare_prompt(prompt)
-      prefix, _ = engine.prefill(params=engine.params, padded_tokens=padded, true_length=length,
-                                 request=request)
+                                    max_new_tokens=new_tokens) for slot in range(batch)]
+    prepared = [engine.prepare_prompt(prompt) for prompt in prompts]
+    if prefill_batch is None:
+      prefixes = [engine.prefill(params=engine.params, padded_tokens=padded, true_length=length,
+                                 request=request)[0]
+                  for (padded, length), request in zip(prepared, requests)]
+    else:
+      prefixes = engine.prefill_many(params=engine.params,
+                                     padded_tokens=[padded for padded, _ in prepared],
+                                     true_lengths=[length for _, length in prepared],
+                                     requests=requests)
+    for slot, prefix in enumerate(prefixes):
       state = engine.insert(prefix, state, slot)
     state.done.block_until_ready()
     decode_start = time.perf_counter()
