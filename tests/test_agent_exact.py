@@ -66,17 +66,17 @@ def policy_model(vocab_size, extra_noise=0.0):
 
 
 def exact_server(model, tokenizer, sampling, *, target_params=None, max_tokens=5,
-                 tool_syntax=""):
+                 tool_syntax="", prompt_length=PROMPT_LENGTH, new_tokens=NEW_TOKENS):
   """An engine sized as an agent run sizes it (prefill: the prompt plus the episode's tokens),
   the run's one scorer over that layout, and a server that verifies every turn."""
-  engine = Engine(model, max_concurrent_decodes=4, max_prefill_length=PROMPT_LENGTH + NEW_TOKENS,
-                  max_decode_length=NEW_TOKENS, steps_per_call=3)
-  scorer = CanonicalScorer(nnx.graphdef(model), max_prompt_length=PROMPT_LENGTH + NEW_TOKENS,
-                           max_completion_length=NEW_TOKENS)
+  engine = Engine(model, max_concurrent_decodes=4, max_prefill_length=prompt_length + new_tokens,
+                  max_decode_length=new_tokens, steps_per_call=3)
+  scorer = CanonicalScorer(nnx.graphdef(model), max_prompt_length=prompt_length + new_tokens,
+                           max_completion_length=new_tokens)
   driver = EngineDriver(engine, tokenizer=tokenizer)
   exact = ExactTurns(driver, scorer, tokenizer=tokenizer, target_params=target_params)
   server = RolloutServer(driver, tokenizer, sampling=sampling, max_tokens=max_tokens,
-                         max_session_tokens=NEW_TOKENS, max_segment_prompt=PROMPT_LENGTH,
+                         max_session_tokens=new_tokens, max_segment_prompt=prompt_length,
                          seed=SEED, tool_syntax=tool_syntax, exact=exact)
   return server, driver, exact, scorer, engine
 
@@ -208,12 +208,24 @@ def test_a_context_longer_than_the_exact_layout_is_refused_naming_the_field(serv
     asyncio.run(ask())
 
 
+REFERENCE_LENGTH = 48
+
+
+@nnx.jit
+def _forward(model, tokens):
+  return model(tokens)
+
+
 def reference_sample(model, prompt, key, first_draw, *, max_tokens, stop_ids):
   """Autoregressive Gumbel-max sampling from the policy's own forward at temperature 1, one
-  token per forward: token t = argmax(logits + Gumbel noise of fold_in(key, first_draw + t))."""
+  token per forward: token t = argmax(logits + Gumbel noise of fold_in(key, first_draw + t)).
+  (Each forward runs over the sequence right-padded to REFERENCE_LENGTH: causal attention, so
+  the logits after the last real token are the sequence's own.)"""
   tokens = []
   while len(tokens) < max_tokens:
-    logits = np.asarray(model(jnp.asarray([list(prompt) + tokens])), np.float32)[0, -1]
+    sequence = list(prompt) + tokens
+    padded = jnp.asarray([sequence + [0] * (REFERENCE_LENGTH - len(sequence))])
+    logits = np.asarray(_forward(model, padded), np.float32)[0, len(sequence) - 1]
     noise = np.asarray(jax.random.gumbel(jax.random.fold_in(key, first_draw + len(tokens)),
                                          logits.shape), np.float32)
     tokens.append(int(np.argmax(logits + noise)))
@@ -227,7 +239,8 @@ def test_a_wrong_draft_engine_still_serves_exact_samples():
   policy = policy_model(tokenizer.vocab_size)
   draft = policy_model(tokenizer.vocab_size, extra_noise=0.05)
   server, driver, exact, _, _ = exact_server(draft, tokenizer, SAMPLING,
-                                             target_params=nnx.state(policy))
+                                             target_params=nnx.state(policy), prompt_length=16,
+                                             new_tokens=32)
   prompts = [tokenizer.encode(f"<bos>{q}<eos><answer>", add_special_tokens=False)
              for q in ("2+3", "45+6", "7*8", "9-1")]
   context = tokenizer.encode("<eos><bos>5<eos><answer>", add_special_tokens=False)
@@ -258,7 +271,6 @@ def test_a_wrong_draft_engine_still_serves_exact_samples():
     server.stop()
     driver.stop()
     exact.close()
-  assert stats["repairs"] >= 3 and stats["draft_mismatch_mean"] > 0.01  # the draft was wrong
   stop_ids = set(tokenizer.eos_ids)
   for position, (turn_1, turn_2) in enumerate(served_turns):
     key = sample_key(SEED, position, 1)
@@ -267,6 +279,7 @@ def test_a_wrong_draft_engine_still_serves_exact_samples():
     # turn 2 draws on from the tokens turn 1 kept, after the client's context
     assert turn_2 == reference_sample(policy, prompts[position] + turn_1 + context, key,
                                       len(turn_1), max_tokens=7, stop_ids=stop_ids)
+  assert stats["repairs"] >= 3 and stats["draft_mismatch_mean"] > 0.01  # the draft was wrong
 
 
 def test_exact_mode_is_refused_for_in_process_multi_turn_but_not_for_agents():
