@@ -22,6 +22,11 @@ Each request runs its whole prompt through the model again: the conversation of 
 earlier turns, since its slot went to other requests while the agent was thinking. (A request
 that continues an episode's draws prefills all but the prompt's last token, which
 `Engine.append_to_slot` feeds with the draw number to continue from.)
+
+Exact turns (`exact_turns`, `rollout.exact_logprobs`) seed their requests explicitly
+(`DecodeRequest.first_draw`, from `turn_seeding`) and settle an episode's draw count once a turn
+is verified (`count_draws`); a repair is a request whose `prefix` holds the verified tokens, fed
+after the prompt with `append_to_slot`, the draws going on after them.
 """
 
 from __future__ import annotations
@@ -226,16 +231,16 @@ class EngineDriver:
       # a request that continues its episode's draws prefills its prompt but the last token,
       # which `append_to_slot` feeds with the episode's draw number (as multi-turn episodes and
       # partial rollouts resume a slot); one with a prefix prefills the prompt and feeds that
-      prefix, budget = list(request.prefix), request.max_new_tokens - len(request.prefix)
-      prefilled = list(request.prompt[:-1] if draws_kept and not prefix else request.prompt)
-      appended = prefix or list(request.prompt[len(prefilled):])
+      held, budget = list(request.prefix), request.max_new_tokens - len(request.prefix)
+      prefilled = list(request.prompt[:-1] if draws_kept and not held else request.prompt)
+      appended = held or list(request.prompt[len(prefilled):])
       try:
         if appended and not 1 <= len(prefilled) < engine.cache_length - len(appended):
-          raise SamplingError(f"prompt: {len(request.prompt) + len(prefix)} tokens leave no "
+          raise SamplingError(f"prompt: {len(request.prompt) + len(held)} tokens leave no "
                               f"room to decode in the engine's cache of {engine.cache_length}")
         if budget < 1:
           raise SamplingError(f"max_new_tokens={request.max_new_tokens} leaves no token to draw "
-                              f"after the prefix of {len(prefix)}")
+                              f"after the prefix of {len(held)}")
         padded, length = engine.prepare_prompt(prefilled)
         slot_request = engine.make_request(key=key, sampling=request.sampling,
                                            max_new_tokens=budget, stop_ids=request.stop_ids)
@@ -243,10 +248,10 @@ class EngineDriver:
         future.set_exception(error)
         continue
       live = _Live(request, future, episode)
-      live.result = DecodeResult(prefix, [0.0] * len(prefix), [0.0] * len(prefix),
-                                 [engine.policy_version] * len(prefix), "length")
+      live.result = DecodeResult(held, [0.0] * len(held), [0.0] * len(held),
+                                 [engine.policy_version] * len(held), "length")
       chosen.append((live, padded, length, slot_request,
-                     (appended, draws_kept + len(prefix), budget)))
+                     (appended, draws_kept + len(held), budget)))
     if not chosen:
       return state
     try:

@@ -36,6 +36,10 @@ What this module does instead:
    noise g — a deterministic function of independent Gumbel noise, hence an exact sample of the
    canonical policy (the argument of speculative decoding with a coupled draft, Leviathan et al.
    2023, arXiv:2211.17192, with Gumbel-max coupling instead of rejection sampling).
+   Agent runs verify each turn the rollout server serves the same way, before the reply is sent
+   (`agents.exact_turns`: the turn's prompt is the episode's context before it, and its draws
+   continue the episode's draw numbers, `CanonicalScorer.score`'s `first_draws`), through the
+   shared step `check_draft`.
 
 So μ (what the sampler drew from) is the canonical policy at the sampler's weights, the recorded
 log-probs are its log-probs, and a trainer with the same weights needs no recomputation of π_old
