@@ -11,6 +11,7 @@ token at a time (a JAX/numpy loop) for a draft engine whose weights differ.
 import asyncio
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -306,3 +307,11 @@ def test_a_debug_agent_run_in_exact_mode_trains_and_reports_its_verification(tmp
     assert r["sampler/exact_sequences"] > 0 and r["sampler/exact_tokens"] > 0
     assert r["sampler/exact_repairs"] >= 0 and r["sampler/exact_draft_mismatch_max"] > 0
     assert r["time/exact_score_s"] > 0
+
+
+def test_exact_turns_come_with_a_verifying_backend_and_refuse_moe_models():
+  dense = SimpleNamespace(engine=SimpleNamespace(config=SimpleNamespace(moe=None)))
+  moe = SimpleNamespace(engine=SimpleNamespace(config=SimpleNamespace(moe=object())))
+  assert ExactTurns.for_backend(SimpleNamespace(scorer=None), dense, None) is None
+  with pytest.raises(ConfigError, match=r"config\.rollout\.exact_logprobs: .*mixture-of-experts"):
+    ExactTurns.for_backend(SimpleNamespace(scorer=object()), moe, None)
