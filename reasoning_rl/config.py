@@ -138,9 +138,11 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
   _validate_partial_rollouts(config, require)
   _validate_paged_cache(config, require)
   require(not (r.exact_logprobs and config.environment.name), "rollout.exact_logprobs",
-          "exact rollouts verify single-turn completions; multi-turn episodes "
+          "exact rollouts verify single-turn completions and the turns an agent program "
+          "(agent.entry) is served; in-process multi-turn episodes "
           f"(environment.name={config.environment.name!r}) are not covered: set "
-          "rollout.exact_logprobs=False")
+          "rollout.exact_logprobs=False, or play the environment through an agent "
+          "(docs/agents.md)")
   require(not (r.exact_logprobs and lora.enabled and lora.sampler_weights == "merged"),
           "lora.sampler_weights",
           "exact rollouts (rollout.exact_logprobs) stand the sampler's log-probs in for the "
@@ -175,7 +177,6 @@ def _validate_agent(config, require) -> None:
           f"must be at most rollout.num_samples={r.num_samples}")
   for field, value, what in (
       ("environment.name", config.environment.name, "an environment's episodes"),
-      ("rollout.exact_logprobs", r.exact_logprobs, "exact rollouts"),
       ("partial_rollouts.enabled", config.partial_rollouts.enabled, "partial rollouts"),
       ("dynamic_sampling.enabled", config.dynamic_sampling.enabled, "dynamic sampling"),
       ("rollout.kv_page_size", r.kv_page_size, "a paged KV cache"),

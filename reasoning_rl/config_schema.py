@@ -312,7 +312,9 @@ SECTIONS: tuple[Section, ...] = (
               "docs/off_policy.md): every token an exact draw from the training forward's policy "
               "(drafts verified by Gumbel-max coupling, near-ties repaired) and its log-probs that "
               "forward's, bit for bit, whatever the batch; synchronous runs then take π_old = μ "
-              "from the sampler without recomputing it. Single-turn, engine backend only"),
+              "from the sampler without recomputing it. Single-turn rollouts and agent runs' turns "
+              "(agent.entry, each verified before its reply is sent; docs/agents.md), not "
+              "in-process environments; engine backend only"),
         Field("weight_quantization", "none", "the sampler decodes with quantized weights "
               "(reasoning_rl/sampler/quantized.py, qwix PTQ; docs/off_policy.md): int8 or fp8 "
               "(float8_e4m3fn) per output channel for every projection of the blocks, "

@@ -48,7 +48,6 @@ _AGENT = {"agent.entry": "tests.support.agents:two_turns"}
     ({"agent.entry": "tests.support.agents.two_turns"}, "config.agent.entry"),
     ({**_AGENT, "agent.min_episodes_per_group": 99}, "config.agent.min_episodes_per_group"),
     ({**_AGENT, "environment.name": "calculator"}, "config.environment.name"),
-    ({**_AGENT, "rollout.exact_logprobs": True}, "config.rollout.exact_logprobs"),
     ({**_AGENT, "partial_rollouts.enabled": True}, "config.partial_rollouts.enabled"),
     ({**_AGENT, "dynamic_sampling.enabled": True}, "config.dynamic_sampling.enabled"),
     ({**_AGENT, "rollout.kv_page_size": 16}, "config.rollout.kv_page_size"),

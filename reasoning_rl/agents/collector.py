@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from reasoning_rl.agents.driver import EngineDriver
+from reasoning_rl.agents.exact_turns import ExactTurns
 from reasoning_rl.agents.entry import load_entry  # the entry loader (a hub factory or the agent)
 from reasoning_rl.agents.server import RolloutServer
 from reasoning_rl.errors import ConfigError, PhaseInterrupted
@@ -114,15 +115,19 @@ class AgentCollector:
     self.seed = seed
     self.agent = agent or load_entry(settings.entry)
     self.driver = EngineDriver(engine, tokenizer=tokenizer)
+    # rollout.exact_logprobs: each served turn verified and repaired (agents/exact_turns.py)
+    self.exact = ExactTurns.for_backend(backend, self.driver, tokenizer)
     self.server = RolloutServer(self.driver, tokenizer, sampling=sampling,
                                 max_tokens=max_new_tokens, max_session_tokens=max_new_tokens,
                                 max_segment_prompt=max_prompt_tokens,
                                 history_mismatch=settings.history_mismatch,
-                                tool_syntax=settings.tool_syntax, seed=seed)
+                                tool_syntax=settings.tool_syntax, seed=seed, exact=self.exact)
 
   def close(self) -> None:
     self.server.stop()
     self.driver.stop()
+    if self.exact is not None:
+      self.exact.close()
 
   # ------------------------------------------------------------------------------ episodes
 
@@ -213,7 +218,8 @@ class AgentCollector:
     return SampledBatch(
         rollouts=rollouts, outcome=rollouts.outcome_fractions() if groups else {},
         groups_sampled=len(examples), scoring={"ok": len(groups), "timeout": 0, "error": 0},
-        sample_s=sample_s, verify_s=0.0, policy_version=policy_version, agent=stats)
+        sample_s=sample_s, verify_s=0.0, policy_version=policy_version, agent=stats,
+        exact=self.exact.take_stats() if self.exact is not None else None)
 
 
 def groups_of(episodes: dict[int, list[Episode]], positions: Sequence[int], *, group_size: int,

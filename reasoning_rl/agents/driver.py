@@ -22,6 +22,11 @@ Each request runs its whole prompt through the model again: the conversation of 
 earlier turns, since its slot went to other requests while the agent was thinking. (A request
 that continues an episode's draws prefills all but the prompt's last token, which
 `Engine.append_to_slot` feeds with the draw number to continue from.)
+
+Exact turns (`exact_turns`, `rollout.exact_logprobs`) seed their requests explicitly
+(`DecodeRequest.first_draw`, from `turn_seeding`) and settle an episode's draw count once a turn
+is verified (`count_draws`); a repair is a request whose `prefix` holds the verified tokens, fed
+after the prompt with `append_to_slot`, the draws going on after them.
 """
 
 from __future__ import annotations
@@ -61,6 +66,13 @@ class DecodeRequest:
   stop_strings: Sequence[str] = ()
   # the session it belongs to: an episode's (`EngineDriver.own_episode`) is seeded by the episode
   session: str | None = None
+  # seeded explicitly instead (exact turns, `agents.exact_turns`): `key`'s stream from this draw
+  # number on, whatever the session; not counted in an owned episode's draws
+  first_draw: int | None = None
+  # tokens the completion already holds (a repaired draft's verified part): fed after the prompt,
+  # draws go on after them (number first_draw + len(prefix)), and the result starts with them
+  # (log-probs 0: the caller scores them); `max_new_tokens` counts them
+  prefix: Sequence[int] = ()
 
 
 @dataclasses.dataclass
@@ -135,9 +147,25 @@ class EngineDriver:
       self._episodes.pop(session, None)
       self._draws.pop(session, None)
 
+  def turn_seeding(self, session: str | None, key: jax.Array) -> tuple[jax.Array, int]:
+    """(key, first draw number) a request of `session` with its own `key` draws with now: its
+    owned episode's (module docstring), or (key, 0)."""
+    seeded, first_draw, _ = self._seeding(DecodeRequest(prompt=(), key=key, sampling=None,
+                                                        max_new_tokens=1, session=session))
+    return seeded, first_draw
+
+  def count_draws(self, session: str, kept: int) -> None:
+    """Adds `kept` model tokens to an owned episode's draws (for requests seeded explicitly,
+    `DecodeRequest.first_draw`, whose tokens were settled after they decoded)."""
+    with self._episodes_lock:
+      if session in self._draws:
+        self._draws[session] += kept
+
   def _seeding(self, request: DecodeRequest) -> tuple[jax.Array, int, str | None]:
     """(the key a request draws with, the draw number of its first token, the owned episode
     whose draws it continues or None)."""
+    if request.first_draw is not None:
+      return request.key, request.first_draw, None
     with self._episodes_lock:
       episode = self._episodes.get(request.session) if request.session is not None else None
       if episode is None:
@@ -202,20 +230,28 @@ class EngineDriver:
       key, draws_kept, episode = self._seeding(request)
       # a request that continues its episode's draws prefills its prompt but the last token,
       # which `append_to_slot` feeds with the episode's draw number (as multi-turn episodes and
-      # partial rollouts resume a slot)
-      prefilled = list(request.prompt[:-1] if draws_kept else request.prompt)
+      # partial rollouts resume a slot); one with a prefix prefills the prompt and feeds that
+      held, budget = list(request.prefix), request.max_new_tokens - len(request.prefix)
+      prefilled = list(request.prompt[:-1] if draws_kept and not held else request.prompt)
+      appended = held or list(request.prompt[len(prefilled):])
       try:
-        if draws_kept and not 1 <= len(prefilled) < engine.cache_length - 1:
-          raise SamplingError(f"prompt: {len(request.prompt)} tokens leave no room to decode "
-                              f"in the engine's cache of {engine.cache_length}")
+        if appended and not 1 <= len(prefilled) < engine.cache_length - len(appended):
+          raise SamplingError(f"prompt: {len(request.prompt) + len(held)} tokens leave no "
+                              f"room to decode in the engine's cache of {engine.cache_length}")
+        if budget < 1:
+          raise SamplingError(f"max_new_tokens={request.max_new_tokens} leaves no token to draw "
+                              f"after the prefix of {len(held)}")
         padded, length = engine.prepare_prompt(prefilled)
         slot_request = engine.make_request(key=key, sampling=request.sampling,
-                                           max_new_tokens=request.max_new_tokens,
-                                           stop_ids=request.stop_ids)
+                                           max_new_tokens=budget, stop_ids=request.stop_ids)
       except SamplingError as error:
         future.set_exception(error)
         continue
-      chosen.append((_Live(request, future, episode), padded, length, slot_request, draws_kept))
+      live = _Live(request, future, episode)
+      live.result = DecodeResult(held, [0.0] * len(held), [0.0] * len(held),
+                                 [engine.policy_version] * len(held), "length")
+      chosen.append((live, padded, length, slot_request,
+                     (appended, draws_kept + len(held), budget)))
     if not chosen:
       return state
     try:
@@ -223,12 +259,12 @@ class EngineDriver:
                                      padded_tokens=[c[1] for c in chosen],
                                      true_lengths=[c[2] for c in chosen],
                                      requests=[c[3] for c in chosen])
-      for slot, (live, _, length, _, draws_kept), prefix in zip(free, chosen, prefixes):
+      for slot, (live, _, length, _, (appended, draws_kept, budget)), prefix in zip(
+          free, chosen, prefixes):
         state = engine.insert(prefix, state, slot)
-        if draws_kept:
-          state = engine.append_to_slot(engine.params, state, slot, live.request.prompt[-1:],
-                                        start=length, max_new_tokens=live.request.max_new_tokens,
-                                        draws_kept=draws_kept)
+        if appended:
+          state = engine.append_to_slot(engine.params, state, slot, appended, start=length,
+                                        max_new_tokens=budget, draws_kept=draws_kept)
         running[slot] = live
     except Exception as error:  # pylint: disable=broad-except
       # the requests not in a slot yet fail here; those in one fail with the rest (`_run`)

@@ -25,7 +25,9 @@ messages are rendered in the model's syntax; a reply's tool-call markup comes ba
 message's `tool_calls` (finish_reason "tool_calls"), with ids from (session, turn, index). Calls
 the model botched stay in the content and are counted in `Session.malformed_tool_calls`.
 
-Log-probs reported: the model's own (unscaled) distribution, as `Completion.logprobs`.
+Log-probs reported: the model's own (unscaled) distribution, as `Completion.logprobs`. With
+`exact` (`rollout.exact_logprobs`), every turn is verified and repaired before it is answered
+(`exact_turns`): its tokens are canonical draws and its log-probs the canonical forward's.
 
 HTTP: aiohttp's server on its own event loop in a thread (docs/agents.md says why aiohttp);
 decoding happens on the engine driver's thread (`driver.EngineDriver`), so the event loop only
@@ -35,6 +37,7 @@ parses, renders and waits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -44,6 +47,7 @@ from aiohttp import web
 
 from reasoning_rl.agents import chat
 from reasoning_rl.agents.driver import DecodeRequest, EngineDriver, request_key
+from reasoning_rl.agents.exact_turns import ExactTurns
 from reasoning_rl.agents.sessions import HistoryMismatch, Session, SessionBusy
 from reasoning_rl.errors import SamplingError
 from reasoning_rl.sampler.sampling import SamplingParams
@@ -68,13 +72,15 @@ class RolloutServer:
   history_mismatch: `agent.history_mismatch` (split | refuse). tool_syntax: `agent.tool_syntax`
   ("" | hermes | llama3: the model's tool-call syntax when its template shows none).
   seed: the run's seed.
+  exact: `exact_turns.ExactTurns` (`rollout.exact_logprobs`): every turn is verified and
+  repaired before its reply is sent; None serves the drafts as they are.
   """
 
   def __init__(self, driver: EngineDriver, tokenizer, *, model_name: str = "policy",
                sampling: SamplingParams = SamplingParams(), max_tokens: int = 256,
                max_session_tokens: int = 0, max_segment_prompt: int = 0,
                history_mismatch: str = "split", tool_syntax: str = "", seed: int = 0,
-               host: str = "127.0.0.1", port: int = 0):
+               host: str = "127.0.0.1", port: int = 0, exact: ExactTurns | None = None):
     self.driver = driver
     self.tokenizer = tokenizer
     self.model_name = model_name
@@ -85,6 +91,7 @@ class RolloutServer:
     self.history_mismatch = history_mismatch
     self.tool_syntax = tool_syntax
     self.seed = seed
+    self.exact = exact
     self._sessions: dict[str, Session] = {}
     self._lock = threading.Lock()
     self._loop = asyncio.new_event_loop()
@@ -215,13 +222,17 @@ class RolloutServer:
       turn, seed = session.turns, self.seed
     else:
       turn, seed = 0, _integer(body, "seed", 0, low=0)
-    futures = [self.driver.submit(DecodeRequest(
+    requests = [DecodeRequest(
         prompt=prompt, key=request_key(seed, session_id, turn, choice), sampling=sampling,
         max_new_tokens=max_tokens, stop_ids=self.tokenizer.eos_ids, stop_strings=stop,
-        session=session_id))
+        session=session_id)
         for choice in range(n)]
     try:
-      results = [await asyncio.wrap_future(f) for f in futures]
+      if self.exact is None:
+        futures = [self.driver.submit(r) for r in requests]
+        results = [await asyncio.wrap_future(f) for f in futures]
+      else:
+        results = await self._exact_results(requests, session_id)
     except BaseException:
       if session is not None:
         session.abandon_turn()
@@ -245,6 +256,19 @@ class RolloutServer:
       if session is not None:
         session.malformed_tool_calls += parsed[0][1]
     return self._reply(reply_id, results, texts, messages, prompt, want_logprobs=want_logprobs)
+
+  async def _exact_results(self, requests: list[DecodeRequest], session_id: str | None
+                           ) -> list:
+    """The requests' turns, verified (`exact_turns`): each seeded as the driver would seed it,
+    and an owned episode's draws counted once the turn's tokens are settled."""
+    seeded = []
+    for request in requests:
+      key, first_draw = self.driver.turn_seeding(request.session, request.key)
+      seeded.append(dataclasses.replace(request, key=key, first_draw=first_draw))
+    results = await asyncio.gather(*(self.exact.decode(r) for r in seeded))
+    if session_id is not None:
+      self.driver.count_draws(requests[0].session, len(results[0].tokens))
+    return list(results)
 
   def _prompt_tokens(self, body: dict, *, chat_request: bool) -> tuple[list[int], str | None]:
     """The request's prompt: its tokens, and the text they encode (None for a token-id prompt)."""

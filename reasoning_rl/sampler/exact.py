@@ -36,6 +36,10 @@ What this module does instead:
    noise g — a deterministic function of independent Gumbel noise, hence an exact sample of the
    canonical policy (the argument of speculative decoding with a coupled draft, Leviathan et al.
    2023, arXiv:2211.17192, with Gumbel-max coupling instead of rejection sampling).
+   Agent runs verify each turn the rollout server serves the same way, before the reply is sent
+   (`agents.exact_turns`: the turn's prompt is the episode's context before it, and its draws
+   continue the episode's draw numbers, `CanonicalScorer.score`'s `first_draws`), through the
+   shared step `check_draft`.
 
 So μ (what the sampler drew from) is the canonical policy at the sampler's weights, the recorded
 log-probs are its log-probs, and a trainer with the same weights needs no recomputation of π_old
@@ -110,7 +114,8 @@ class CanonicalScorer:
     self.length = self.max_prompt_length + self.max_completion_length
     length, completion = self.length, self.max_completion_length
 
-    def score(params, tokens, prompt_lengths, keys, temperature, top_p, top_k, min_p):
+    def score(params, tokens, prompt_lengths, keys, first_draws, temperature, top_p, top_k,
+              min_p):
       model = nnx.merge(graphdef, params)
       settings = tuple(jnp.broadcast_to(x, (completion,))
                        for x in (temperature, top_p, top_k, min_p))
@@ -118,7 +123,7 @@ class CanonicalScorer:
       routed = model.config.moe is not None
 
       def one_sequence(args):
-        row, prompt_length, key = args
+        row, prompt_length, key, first_draw = args
         out = model.hidden_states(row[None], jnp.ones((1, length), jnp.int32),
                                   with_router_stats=routed)
         hidden, stats = out if routed else (out, None)
@@ -131,13 +136,13 @@ class CanonicalScorer:
         full = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0] - log_norm
         warped = sampling_lib.truncated_logprobs(logits, targets, *settings)
         draw_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
-            key, jnp.arange(completion, dtype=jnp.int32))
+            key, first_draw + jnp.arange(completion, dtype=jnp.int32))
         draws, _, _ = sampling_lib.sample_tokens(logits, draw_keys, *settings)
         if routed:  # [L_sparse, 1, L, k] → [L, L_sparse, k]
           return draws, full, warped, jnp.moveaxis(stats.experts[:, 0], 0, 1)
         return draws, full, warped
 
-      return jax.lax.map(one_sequence, (tokens, prompt_lengths, keys))
+      return jax.lax.map(one_sequence, (tokens, prompt_lengths, keys, first_draws))
 
     self._score_fn = jax.jit(score)
 
@@ -161,23 +166,34 @@ class CanonicalScorer:
 
   def score(self, params, prompts: Sequence[Sequence[int]],
             completions: Sequence[Sequence[int]], keys: Sequence[jax.Array],
-            sampling: SamplingParams) -> CanonicalScores:
+            sampling: SamplingParams, first_draws: Sequence[int] | None = None
+            ) -> CanonicalScores:
     """Canonical draws and log-probs of each (prompt, completion), the n-th sequence's draws
-    made with keys[n] (its `sample_key`; token t with fold_in(keys[n], t))."""
+    made with keys[n] (its `sample_key`; token t with fold_in(keys[n], first_draws[n] + t)).
+
+    `first_draws` (default all 0): the draw number of each completion's first token, for a
+    completion that continues a stream of earlier draws (an agent's later turn draws on from the
+    model tokens its episode kept, `agents.driver`)."""
     if not len(prompts) == len(completions) == len(keys):
       raise SamplingError(f"score: {len(prompts)} prompts, {len(completions)} completions and "
                           f"{len(keys)} keys; pass one of each per sequence")
+    first_draws = [0] * len(prompts) if first_draws is None else list(first_draws)
+    if len(first_draws) != len(prompts) or min(first_draws, default=0) < 0:
+      raise SamplingError(f"score: first_draws={first_draws}: pass one draw number >= 0 per "
+                          "sequence")
     if not prompts:
       empty = np.zeros((0, self.max_completion_length), np.float32)
       return CanonicalScores(empty.astype(np.int32), empty, empty)
     tokens, prompt_lengths = self.layout(prompts, completions)
     rows, chunk = tokens.shape[0], self.rows_per_call
     key_rows = jnp.stack(list(keys) + [keys[0]] * (rows - len(keys)))
+    first_draws = np.asarray(first_draws + [0] * (rows - len(keys)), np.int32)
     settings = (np.float32(sampling.temperature), np.float32(sampling.top_p),
                 np.int32(sampling.top_k), np.float32(sampling.min_p))
     # dispatched together, fetched once: the calls queue on the device back to back
     outputs = [self._score_fn(params, tokens[i:i + chunk], prompt_lengths[i:i + chunk],
-                              key_rows[i:i + chunk], *settings) for i in range(0, rows, chunk)]
+                              key_rows[i:i + chunk], first_draws[i:i + chunk], *settings)
+               for i in range(0, rows, chunk)]
     draws, logprobs, warped, *experts = (np.concatenate(parts)[:len(prompts)]
                                          for parts in zip(*jax.device_get(outputs)))
     return CanonicalScores(draws, logprobs, warped, experts[0] if experts else None)
@@ -205,6 +221,31 @@ def _ending(tokens: Sequence[int], *, stop_set, max_new_tokens, tokenizer, stop_
   if len(tokens) >= max_new_tokens:
     return "length", len(tokens)
   return None, len(tokens)
+
+
+def stop_rule(*, stop_ids: Sequence[int], max_new_tokens: int, tokenizer,
+              stop_strings: Sequence[str]) -> dict:
+  """How a completion ends (a stop id, a stop string, the budget), as `check_draft` takes it."""
+  return dict(stop_set={int(i) for i in stop_ids}, max_new_tokens=max_new_tokens,
+              tokenizer=tokenizer, stop_strings=list(stop_strings))
+
+
+def check_draft(completion: Sequence[int], draws: np.ndarray, *, stop_set, max_new_tokens,
+                tokenizer, stop_strings) -> tuple[int, list[int], str | None] | None:
+  """One verification of a draft against the canonical draws at its positions (module
+  docstring, point 2): None when every token is the canonical draw; else (t, repaired, reason):
+  the first position t where they differ, the completion cut there with the canonical token in
+  its place (and cut again at a stop string it now ends with), and why that repaired completion
+  ends ("stop_id", "stop_string", "length"), or None when it goes on: decode on from it with the
+  draw counter at len(repaired)."""
+  wrong = np.flatnonzero(np.asarray(draws[:len(completion)]) != np.asarray(completion, np.int32))
+  if not wrong.size:
+    return None
+  t = int(wrong[0])
+  repaired = list(completion[:t]) + [int(draws[t])]
+  reason, length = _ending(repaired, stop_set=stop_set, max_new_tokens=max_new_tokens,
+                           tokenizer=tokenizer, stop_strings=stop_strings)
+  return t, repaired[:length], reason
 
 
 def continue_sequences(engine: Engine, items: Sequence[tuple[list[int], list[int], jax.Array]],
@@ -280,9 +321,8 @@ def exact_groups(engine: Engine, scorer: CanonicalScorer, prompts: Sequence[Sequ
       engine, prompts, num_samples=num_samples, sampling=sampling, max_new_tokens=max_new_tokens,
       stop_ids=stop_ids, stop_strings=stop_strings, tokenizer=tokenizer, seed=seed,
       prompt_ids=prompt_ids, should_stop=should_stop))
-  stop_set = {int(i) for i in stop_ids}
-  ending = dict(stop_set=stop_set, max_new_tokens=max_new_tokens, tokenizer=tokenizer,
-                stop_strings=list(stop_strings))
+  ending = stop_rule(stop_ids=stop_ids, max_new_tokens=max_new_tokens, tokenizer=tokenizer,
+                     stop_strings=stop_strings)
   pending = [_Pending(draft=c, key=sample_key(seed, c.prompt_id, c.sample_index),
                       completion=list(c.completion_ids), reason=c.finish_reason)
              for c in drafts]
@@ -305,8 +345,8 @@ def exact_groups(engine: Engine, scorer: CanonicalScorer, prompts: Sequence[Sequ
     unverified, to_continue = [], []
     for index, p in enumerate(pending):
       n = len(p.completion)
-      wrong = np.flatnonzero(scores.draws[index, :n] != np.asarray(p.completion, np.int32))
-      if not wrong.size:
+      verdict = check_draft(p.completion, scores.draws[index], **ending)
+      if verdict is None:
         stats.tokens += n
         experts = None
         if scores.experts is not None:  # the canonical routing of the prompt and completion
@@ -319,17 +359,15 @@ def exact_groups(engine: Engine, scorer: CanonicalScorer, prompts: Sequence[Sequ
                                if sampling.changes_distribution else None),
             finish_reason=p.reason, truncated=p.reason == "length", experts=experts))
         continue
-      t = int(wrong[0])
+      t, p.completion, reason = verdict
       stats.repairs += 1
       stats.repaired_sequences += p.verified == 0
-      p.completion = p.completion[:t] + [int(scores.draws[index, t])]
       p.verified = t + 1
       unverified.append(p)
-      reason, length = _ending(p.completion, **ending)
       if reason is None:
         to_continue.append(p)
       else:
-        p.completion, p.reason = p.completion[:length], reason
+        p.reason = reason
     if to_continue:
       start = time.perf_counter()
       continued = continue_sequences(
@@ -344,5 +382,5 @@ def exact_groups(engine: Engine, scorer: CanonicalScorer, prompts: Sequence[Sequ
   yield from finished
 
 
-__all__ = ["CanonicalScorer", "CanonicalScores", "ExactStats", "continue_sequences",
-           "exact_groups"]
+__all__ = ["CanonicalScorer", "CanonicalScores", "ExactStats", "check_draft",
+           "continue_sequences", "exact_groups", "stop_rule"]
