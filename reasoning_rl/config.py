@@ -169,7 +169,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
 
 def batch_rows(config: ml_collections.ConfigDict) -> int:
   """Rows of an RL step's batch: num_prompts x num_samples, one per episode or completion, plus
-  an agent run's `agent.segment_rows` for the earlier segments of split episodes
+  an agent run's `agent.segment_rows` for the other segments of split episodes
   (`rl.segment_rows`)."""
   r = config.rollout
   return r.num_prompts * r.num_samples + (config.agent.segment_rows if config.agent.entry else 0)
@@ -186,14 +186,15 @@ def _validate_agent(config, require) -> None:
           f"must be at most rollout.num_samples={r.num_samples}")
   if a.segment_rows:
     require(a.history_mismatch == "split", "agent.segment_rows",
-            f"holds the earlier segments of split sessions; agent.history_mismatch="
+            f"holds the segments of split sessions; agent.history_mismatch="
             f"{a.history_mismatch!r} never splits: set agent.segment_rows=0")
-    # PPO's GAE puts the episode's reward at a row's last token; an earlier segment ends before
-    # the episode does, so its value targets would credit it with the whole episode's outcome
+    # PPO's GAE puts the episode's reward at a row's last token; the segments of one episode
+    # end at different points, and the value targets of each would credit it with the whole
+    # episode's outcome
     require(config.algo.name != "ppo", "agent.segment_rows",
             "PPO's per-token advantages (GAE to the episode's reward at a row's end) are not "
-            "defined for an episode's earlier segments: set agent.segment_rows=0 or use a group "
-            "estimator (algo.name='grpo')")
+            "defined for the several segments of one episode: set agent.segment_rows=0 or use a "
+            "group estimator (algo.name='grpo')")
   for field, value, what in (
       ("environment.name", config.environment.name, "an environment's episodes"),
       ("rollout.exact_logprobs", r.exact_logprobs, "exact rollouts"),

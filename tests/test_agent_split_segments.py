@@ -150,7 +150,8 @@ def test_segments_past_the_rows_are_counted_not_trained():
   np.testing.assert_array_equal(batch["tokens"][-1], padded_row(*OTHERS[3][1:3], [])[0])
   # without rows every other segment is counted, and the batch is the groups' rows alone
   sampled, batch = step_batch(EPISODES, segment_rows=0)
-  assert (sampled.agent["split_segments_trained"], sampled.agent["split_segments_dropped"]) == (0, 5)
+  counts = sampled.agent["split_segments_trained"], sampled.agent["split_segments_dropped"]
+  assert counts == (0, 5)
   assert batch["tokens"].shape[0] == 2 * G and sampled.segments is None
 
 
@@ -189,9 +190,9 @@ def test_the_steps_gradient_is_the_per_segment_objectives(loss_agg):
   weights = [1] * 11 if loss_agg != "token-mean" else [sum(m) for *_, m in TRAINED]
   advantages = [ADVANTAGE[key] for key, *_ in TRAINED]
   np.testing.assert_allclose(stats["loss"], -np.average(advantages, weights=weights), atol=1e-6)
-  # packed (the RL default): the same gradient
-  packed, _ = packing.pack_batch(batch, num_micro_batches=2)
-  assert_same_gradient(step_gradient(config, packed)[0], expected)
+  if loss_agg == "seq-mean-token-mean":  # packed (the RL default): the same gradient
+    packed, _ = packing.pack_batch(batch, num_micro_batches=2)
+    assert_same_gradient(step_gradient(config, packed)[0], expected)
 
 
 def test_a_step_without_splits_is_unchanged_and_empty_rows_change_nothing():

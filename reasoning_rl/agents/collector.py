@@ -227,7 +227,7 @@ class AgentCollector:
         sampling=self.sampling, segment_rows=self.settings.segment_rows)
     if stats["split_segments_dropped"] and not self._warned_dropped:
       self._warned_dropped = True
-      log.warning("%d earlier segments of split episodes found no row (config.agent.segment_rows"
+      log.warning("%d segments of split episodes found no row (config.agent.segment_rows"
                   "=%d) and are not trained (episode/split_segments_dropped); raise "
                   "agent.segment_rows to train them", stats["split_segments_dropped"],
                   self.settings.segment_rows)

@@ -7,7 +7,7 @@ on-policy distillation's per-token advantages, `rl.distillation`, made in the sa
 teacher's log-probs the collector recorded; PPO's per-token GAE advantages come out of the step,
 `TrainStep.call_with_outputs`, and go back into the record through the packed layout's index)
 → the batch (`rl.batching.build_batch`: the record's samples as rows, then an agent run's
-`agent.segment_rows` rows of split episodes' earlier segments, `rl.segment_rows`; packed by the
+`agent.segment_rows` rows of split episodes' other segments, `rl.segment_rows`; packed by the
 step's layout) → `TrainStep` → the weight sync (`WeightSync.publish`: the
 sampler receives the new policy, and the policy version advances).
 
@@ -216,7 +216,7 @@ def with_advantages_and_batch(sampled: SampledBatch, c, *, pad_id: int,
   """(the sampled batch with its advantages, the step's padded batch): the advantage stage, then
   `batching.build_batch` (module docstring). PPO's advantages are GAE over its value head's
   predictions, made inside the step: its batch carries the rewards instead. An agent run's
-  earlier segments of split episodes take their episodes' advantages and fill the
+  other segments of split episodes take their episodes' advantages and fill the
   `agent.segment_rows` rows appended to the batch (`rl.segment_rows`)."""
   ppo = c.algo.name == "ppo"
   if not ppo:

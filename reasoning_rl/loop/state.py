@@ -63,7 +63,7 @@ class SampledBatch:
     share), 0 without a teacher.
   agent: agent rollouts (`agents.collector`): the step's failed-episode fraction and counts
     (logged as episode/*).
-  segments: agent rollouts with `agent.segment_rows`: the earlier segments of split episodes,
+  segments: agent rollouts with `agent.segment_rows`: the segments of split episodes past the first,
     trained in the batch's extra rows (`rl.segment_rows`); None otherwise.
   """
 

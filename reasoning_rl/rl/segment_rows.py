@@ -1,14 +1,15 @@
-"""Rows for the earlier segments of split agent episodes (`agent.segment_rows`).
+"""Rows for the segments of split agent episodes past their first (`agent.segment_rows`).
 
 An agent episode whose chat template rewrote its history (`agent.history_mismatch = split`,
 docs/agents.md) is several token sequences, segments, each with its own prompt: the model saw
 each one as it wrote it, and no one sequence holds them all. The episode's reward and its
 group-relative advantage are the episode's, computed over the G episodes of its prompt (one row
-each, the episode's last segment, `agents.collector.groups_of`). Every segment is then a training
-sequence of its own with that advantage — the treatment turns whose history was rewritten get in
-verl, slime and prime-rl (each turn a sample with the trajectory's advantage).
+each, holding the episode's first segment, whose prompt the group shares,
+`agents.collector.groups_of`). Every segment is then a training sequence of its own with that
+advantage — as verl, slime and prime-rl train turns whose history was rewritten: each a sample
+carrying the trajectory's advantage.
 
-Fixed shapes: the step compiles once, so the earlier segments go into a fixed number E of rows
+Fixed shapes: the step compiles once, so the other segments go into a fixed number E of rows
 appended to the step's batch (`agent.segment_rows`), after its P·G rows: the batch has
 P·G + E rows, rows no segment fills are fully masked (they train nothing, and the packed layout
 drops them). Segments beyond E are counted (`episode/split_segments_dropped`), not trained.
@@ -20,10 +21,11 @@ model token weighs the same, whichever segment holds it (`rl.losses.loss_normali
 rows with a trained token, and tokens).
 
 What it costs: the padded layout computes E more rows of prompt + completion positions every
-step, filled or not; the packed layout (the RL default) packs only the segments that exist, and
-its N sequence slots and rows per micro-batch grow by E / M (M mini-batches), so activation
-memory per micro-batch grows by the factor (P·G + E) / (P·G) (the memory plan counts the rows,
-`config.batch_rows`).
+step, filled or not. The packed layout (the RL default) packs only the segments that exist, but
+its N sequence slots and rows per micro-batch grow by the factor (P·G + E) / (P·G), activation
+memory per micro-batch with them (the memory plan counts the rows, `config.batch_rows`); a
+micro-batch that holds any sequence computes all its rows and one that holds none is skipped, so
+unused rows cost at most that factor, less where the sequences fill the packed rows.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from reasoning_rl.rl.rollout_columns import RolloutColumns
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class SegmentRows:
-  """A step's earlier segments: `rollouts` holds one group of one sample per segment (each has
-  its own prompt), `episode_sample` [segments] the sample of the step's record (g·G + s) holding
-  its episode's last segment, whose advantage it takes."""
+  """A step's segments outside the groups' rows: `rollouts` holds one group of one sample per
+  segment (each has its own prompt), `episode_sample` [segments] the sample of the step's record
+  (g·G + s) that is its episode's row, whose advantage it takes."""
 
   rollouts: RolloutColumns
   episode_sample: np.ndarray  # [segments] int64
