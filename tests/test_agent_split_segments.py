@@ -198,7 +198,20 @@ def test_the_steps_gradient_is_the_per_segment_objectives(loss_agg):
 def test_a_step_without_splits_is_unchanged_and_empty_rows_change_nothing():
   plain = {10: [EPISODES[10][1], episode([([1, 5, 6], [3, 3])], 1.0), FAILED],
            11: EPISODES[11][1:3] + [episode([([1, 6, 6], [5])], 0.5), FAILED]}
-  _, before = step_batch(plain, segment_rows=0)
+  before_sampled, before = step_batch(plain, segment_rows=0)
+  # the groups as the collector made them before segments had rows: each episode's one
+  # completion, the failed ones filled from the group's first row
+  for position, group in zip((10, 11), (before_sampled.rollouts.take_groups([0]),
+                                        before_sampled.rollouts.take_groups([1]))):
+    done = [e for e in plain[position] if e.error is None]
+    rows = [e.completions[0] for e in done]
+    rows += [collector_lib._placeholder(rows[0], len(rows)) for _ in range(G - len(rows))]
+    rewards = [e.reward.total for e in done]
+    expected = RolloutColumns.of_group(
+        position, rows, [r.scored_text(debug_arithmetic_tokenizer()) for r in rows],
+        status="ok", sampling=SamplingParams(), rewards=[
+            collector_lib.reward_of(r) for r in rewards + [np.mean(rewards)] * (G - len(done))])
+    assert dataclasses.replace(group, advantages=None) == expected
   sampled, after = step_batch(plain, segment_rows=4)
   assert sampled.agent["split_segments_trained"] == sampled.agent["split_segments_dropped"] == 0
   for name, value in before.items():  # the groups' rows as before, then 4 rows of nothing
