@@ -124,13 +124,16 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     require(r.num_samples >= 2, "rollout.num_samples",
             f"group estimator {config.algo.estimator!r} compares samples of one prompt: "
             "needs at least 2")
-  batch = r.num_prompts * r.num_samples
+  batch = batch_rows(config)
+  segments = batch - r.num_prompts * r.num_samples
   # 0 micro-batches: chosen at start-up (step_layout), always a divisor of the mini-batch
   mini, micro = config.algo.num_mini_batches, max(config.algo.num_micro_batches, 1)
   require(config.stage != "rl" or batch % (mini * micro) == 0,
+          "agent.segment_rows" if segments else
           "algo.num_micro_batches" if mini == 1 else "algo.num_mini_batches",
           f"num_mini_batches x num_micro_batches = {mini} x {micro} must divide the batch of "
-          f"num_prompts x num_samples = {batch} completions")
+          f"num_prompts x num_samples = {r.num_prompts * r.num_samples} completions"
+          + (f" + agent.segment_rows = {segments} rows" if segments else ""))
   require(not config.algo.packing or config.stage != "rl"
           or (batch // (mini * micro)) % config.algo.packed_row_factor == 0,
           "algo.packed_row_factor", f"packed rows {config.algo.packed_row_factor} times as long "
@@ -166,6 +169,14 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     _validate_mesh(config, num_devices, num_slices)
 
 
+def batch_rows(config: ml_collections.ConfigDict) -> int:
+  """Rows of an RL step's batch: num_prompts x num_samples, one per episode or completion, plus
+  an agent run's `agent.segment_rows` for the other segments of split episodes
+  (`rl.segment_rows`)."""
+  r = config.rollout
+  return r.num_prompts * r.num_samples + (config.agent.segment_rows if config.agent.entry else 0)
+
+
 def _validate_agent(config, require) -> None:
   """Agent rollouts (`config.agent.entry`, reasoning_rl/agents): what they do not combine with
   (the backend's `agent_server` capability is checked with the others)."""
@@ -175,6 +186,17 @@ def _validate_agent(config, require) -> None:
   require(":" in a.entry, "agent.entry", "must be 'module:function'")
   require(a.min_episodes_per_group <= r.num_samples, "agent.min_episodes_per_group",
           f"must be at most rollout.num_samples={r.num_samples}")
+  if a.segment_rows:
+    require(a.history_mismatch == "split", "agent.segment_rows",
+            f"holds the segments of split sessions; agent.history_mismatch="
+            f"{a.history_mismatch!r} never splits: set agent.segment_rows=0")
+    # PPO's GAE puts the episode's reward at a row's last token; the segments of one episode
+    # end at different points, and the value targets of each would credit it with the whole
+    # episode's outcome
+    require(config.algo.name != "ppo", "agent.segment_rows",
+            "PPO's per-token advantages (GAE to the episode's reward at a row's end) are not "
+            "defined for the several segments of one episode: set agent.segment_rows=0 or use a "
+            "group estimator (algo.name='grpo')")
   for field, value, what in (
       ("environment.name", config.environment.name, "an environment's episodes"),
       ("partial_rollouts.enabled", config.partial_rollouts.enabled, "partial rollouts"),
@@ -344,8 +366,10 @@ def _validate_mesh(config, num_devices: int, num_slices: int) -> None:
   # (sharding.batch_sharding): a row count they do not divide fails in JAX only once the first
   # batch is placed, after the model load and the step-0 evaluation.
   if config.stage == "rl":
-    field, rows = "rollout.num_prompts", config.rollout.num_prompts * config.rollout.num_samples
+    field, rows = "rollout.num_prompts", batch_rows(config)
     what = f"num_prompts x num_samples = {rows} completions"
+    if rows != config.rollout.num_prompts * config.rollout.num_samples:
+      field, what = "agent.segment_rows", f"{rows} rows (completions + agent.segment_rows)"
   else:
     field, rows = "sft.batch_size", config.sft.batch_size
     what = f"{rows} examples"

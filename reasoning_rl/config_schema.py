@@ -351,9 +351,18 @@ SECTIONS: tuple[Section, ...] = (
               "openai.AsyncOpenAI client of its own session and one task example"),
         Field("history_mismatch", "split", "a request whose rendered prompt does not extend "
               "its session's tokens (the chat template rewrote history, e.g. Qwen3 dropping "
-              "earlier <think> blocks): split = start a new segment there (the episode's last "
-              "segment is trained); refuse = answer HTTP 400 with the reason",
+              "earlier <think> blocks): split = start a new segment there (an episode's first "
+              "segment trains in its group's row, the others in agent.segment_rows); "
+              "refuse = answer HTTP 400 with the reason",
               OneOf(("split", "refuse"))),
+        Field("segment_rows", 0, "batch rows added to every step for the segments of split "
+              "episodes (history_mismatch='split') past each episode's first, each trained with "
+              "its episode's advantage and counted as a sequence of its own; segments beyond "
+              "them are counted (episode/split_segments_dropped), not trained. 0 = none (only "
+              "each episode's first segment trains). The step's "
+              "batch has num_prompts x num_samples + segment_rows rows, so the mini- and "
+              "micro-batch counts and the trainer's data devices must divide that sum",
+              int_range(0)),
         Field("tool_syntax", "", "the tool-call syntax the model was trained on, for a chat "
               "template that shows none: hermes (<tool_call> JSON: Hermes, Qwen) | llama3 "
               "(Llama 3.1 JSON); the request's tools are then described in the system message "

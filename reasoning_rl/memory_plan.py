@@ -56,7 +56,7 @@ import numpy as np
 from jax.sharding import AbstractMesh
 
 from reasoning_rl import kernels, step_layout, storage
-from reasoning_rl.config import sampler_cache_length
+from reasoning_rl.config import batch_rows, sampler_cache_length
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.lora import PROJECTIONS, LoraSettings
 from reasoning_rl.models.config import ModelConfig
@@ -505,7 +505,7 @@ def trainer_items(config, m: ModelConfig, mesh: AbstractMesh, a: Assumptions,
   r, b = config.rollout, Precision.of(config).compute.itemsize
   weights = Precision.of(config).weights
   seq = r.max_prefill_length + r.max_new_tokens
-  rows = (r.num_prompts * r.num_samples) // num_micro_batches
+  rows = batch_rows(config) // num_micro_batches
   rows_per_device = -(-rows // _split(mesh, "batch", rows))
   heads = m.num_heads // _split(mesh, "kv_heads", m.num_kv_heads)
   intermediate = mlp_width_per_token(m) // _split(mesh, "mlp", mlp_width_per_token(m))

@@ -26,6 +26,7 @@ import jax
 from jax.sharding import AbstractMesh
 
 from reasoning_rl import flops as flops_lib
+from reasoning_rl.config import batch_rows
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.memory_plan import (Assumptions, Layout, ModelShapes, Precision, SliceMemory,
                                       dry_run_model_config, items_fit, kv_cache_bytes,
@@ -288,7 +289,7 @@ def expert_exchange_traffic(config, m: ModelConfig, layout: Layout, chip: ChipSp
   if m.moe is None or ways == 1:
     return 0.0, 0.0
   r = config.rollout
-  rows = r.num_prompts * r.num_samples
+  rows = batch_rows(config)
   tokens_per_device = rows * (r.max_prefill_length + r.max_new_tokens) / batch_devices(
       layout.trainer)
   passes = flops_lib.TrainingPasses.of_step(step_config(config))
@@ -315,14 +316,14 @@ def step_flops(config, m: ModelConfig) -> flops_lib.StepFlops:
   """FLOPs of one RL step at the config's padded shapes (`reasoning_rl.flops`): P prompts of
   max_prefill_length tokens prefilled once each, P·G completions of max_new_tokens tokens decoded
   against the whole cache of S = prompt + completion slots, and P·G training rows of S tokens
-  with the completion positions projected, through the passes the configured step runs."""
+  (plus an agent run's `agent.segment_rows`) with the completion positions projected, through the passes the configured step runs."""
 
   r = config.rollout
   rows, prompt, new = r.num_prompts * r.num_samples, r.max_prefill_length, r.max_new_tokens
   return flops_lib.rl_step_flops(
       m, prompts=r.num_prompts, prompt_tokens=r.num_prompts * prompt, prompt_context=prompt,
       generated_tokens=rows * new, decode_context=prompt + new,
-      trained_tokens=rows * (prompt + new), trained_context=prompt + new,
+      trained_tokens=batch_rows(config) * (prompt + new), trained_context=prompt + new,
       completion_tokens=rows * new,
       passes=flops_lib.TrainingPasses.of_step(step_config(config)))
 
@@ -414,7 +415,7 @@ def _trainer_fix(config, m, chip, a, trainer, shapes, sync, sample) -> str | Non
   """The first (mesh, micro-batches) that fits: more micro-batches on the configured mesh, then a
   tensor axis (it splits attention heads, the MLP and the vocabulary) with as many as needed.
   `sample`: the sampler's items when it shares the devices (else empty)."""
-  batch = config.rollout.num_prompts * config.rollout.num_samples
+  batch = batch_rows(config)
   current = config.algo.num_micro_batches
   n = trainer.size
   tensor_sizes = [t for t in range(1, n + 1) if n % t == 0 and t >= trainer.shape["tensor"]]

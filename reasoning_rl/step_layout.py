@@ -30,6 +30,8 @@ from collections.abc import Callable
 
 import ml_collections
 
+from reasoning_rl.config import batch_rows
+
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ def choose_micro_batches(config: ml_collections.ConfigDict, machine: Machine, *,
   if config.stage != "rl":  # the planner sizes RL steps; SFT keeps the old default
     return 1, f"stage {config.stage!r}: one micro-batch (set the field to split its batch)"
   r = config.rollout
-  rows = r.num_prompts * r.num_samples // config.algo.num_mini_batches
+  rows = batch_rows(config) // config.algo.num_mini_batches
   seq = r.max_prefill_length + r.max_new_tokens
   candidates = [k for k in range(1, rows + 1) if rows % k == 0]
   if config.algo.packing:

@@ -38,11 +38,13 @@ def test_failed_episodes_are_dropped_short_groups_skipped_or_filled():
   bad = collector_lib.Episode([], error="RuntimeError: boom", malformed_tool_calls=1)
   episodes = {10: [ok(1.0), ok(0.0, malformed=2), ok({"agent": 0.25, "bonus": 0.25}), bad],
               11: [ok(1.0), bad, bad, bad]}
-  groups, stats = collector_lib.groups_of(episodes, [10, 11], group_size=4, min_episodes=2,
-                                          tokenizer=debug_arithmetic_tokenizer(),
-                                          sampling=SamplingParams())
+  groups, segments, stats = collector_lib.groups_of(
+      episodes, [10, 11], group_size=4, min_episodes=2, tokenizer=debug_arithmetic_tokenizer(),
+      sampling=SamplingParams())
+  assert len(segments) == 0
   assert stats == {"failed_frac": 4 / 8, "failed": 4, "groups_skipped": 1,
-                   "placeholder_rows": 1, "split_segments_dropped": 0,
+                   "placeholder_rows": 1, "split_segments_trained": 0,
+                   "split_segments_dropped": 0,
                    # botched tool calls of every episode, failed ones included: 2 + 4 × 1
                    "malformed_tool_calls": 6}
   [group] = groups

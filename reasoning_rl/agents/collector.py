@@ -22,9 +22,19 @@ tokens. A row ends at its last model token: context a refused request sent (a to
 the episode's token budget) was never decoded from, and the session takes it back
 (`sessions.Session.abandon_turn`), so it is not trained.
 
-Sessions split by `agent.history_mismatch = split` give several rows per episode; the step's
-batch holds G rows per group, so such an episode trains its last segment (the one that ends with
-its answer) and the earlier ones are counted (`episode/split_segments_dropped`), not trained.
+Sessions split by `agent.history_mismatch = split` give several segments per episode, each a
+sequence with its own prompt. A group's rows share one prompt (`RolloutColumns`): the first
+request's, which every segment-1 of the group starts from. An episode's group row is therefore its
+first segment, carrying the episode's reward and outcome (all its turns, how its last segment
+ended), so the group's rewards and advantages are the G episodes'. Its other segments go into the
+step's `agent.segment_rows` extra rows (`rl.segment_rows`): each takes its episode's advantage
+once the loop computed it and trains as a sequence of its own. (An episode whose first prompt
+differs from its group's — an agent that varies it — gets a row that trains nothing but carries
+its reward, and all its segments go to the extra rows.) Segments fill the rows in the order of the
+step's groups, episodes and segments; those past the rows are counted
+(`episode/split_segments_dropped`), never silently lost, the others in
+`episode/split_segments_trained`. A skipped group's episodes train nothing, their segments
+included (counted with the group, `episode/groups_skipped`).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,10 +56,13 @@ from reasoning_rl.agents.server import RolloutServer
 from reasoning_rl.errors import ConfigError, PhaseInterrupted
 from reasoning_rl.loop.state import SampledBatch
 from reasoning_rl.rl.rollout_columns import RolloutColumns
+from reasoning_rl.rl.segment_rows import SegmentRows
 from reasoning_rl.sampler.api import Completion
 from reasoning_rl.verifiers.rewards import Reward
 
 AGENT_VERSION = "agent-1"
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +75,7 @@ class AgentSettings:
   episode_timeout_s: float = 300.0
   min_episodes_per_group: int = 2
   max_failed_frac: float = 0.5
+  segment_rows: int = 0
 
   @classmethod
   def from_config(cls, config) -> "AgentSettings | None":
@@ -70,7 +85,7 @@ class AgentSettings:
     return cls(entry=a.entry, history_mismatch=a.history_mismatch, tool_syntax=a.tool_syntax,
                episode_timeout_s=a.episode_timeout_s,
                min_episodes_per_group=a.min_episodes_per_group,
-               max_failed_frac=a.max_failed_frac)
+               max_failed_frac=a.max_failed_frac, segment_rows=a.segment_rows)
 
 
 def reward_of(value: Any) -> Reward:
@@ -122,6 +137,7 @@ class AgentCollector:
                                 max_segment_prompt=max_prompt_tokens,
                                 history_mismatch=settings.history_mismatch,
                                 tool_syntax=settings.tool_syntax, seed=seed, exact=self.exact)
+    self._warned_dropped = False
 
   def close(self) -> None:
     self.server.stop()
@@ -210,41 +226,67 @@ class AgentCollector:
     examples = take_examples(num_prompts)
     episodes = self.run_episodes(examples, should_stop=should_stop)
     sample_s = time.perf_counter() - start
-    groups, stats = groups_of(episodes, [p for p, _ in examples], group_size=self.num_samples,
-                              min_episodes=self.settings.min_episodes_per_group,
-                              tokenizer=self.tokenizer, sampling=self.sampling)
+    groups, segments, stats = groups_of(
+        episodes, [p for p, _ in examples], group_size=self.num_samples,
+        min_episodes=self.settings.min_episodes_per_group, tokenizer=self.tokenizer,
+        sampling=self.sampling, segment_rows=self.settings.segment_rows)
+    if stats["split_segments_dropped"] and not self._warned_dropped:
+      self._warned_dropped = True
+      log.warning("%d segments of split episodes found no row (config.agent.segment_rows"
+                  "=%d) and are not trained (episode/split_segments_dropped); raise "
+                  "agent.segment_rows to train them", stats["split_segments_dropped"],
+                  self.settings.segment_rows)
     rollouts = (RolloutColumns.concat(groups, group_size=self.num_samples) if groups
                 else RolloutColumns.empty(self.num_samples))
     return SampledBatch(
         rollouts=rollouts, outcome=rollouts.outcome_fractions() if groups else {},
         groups_sampled=len(examples), scoring={"ok": len(groups), "timeout": 0, "error": 0},
         sample_s=sample_s, verify_s=0.0, policy_version=policy_version, agent=stats,
-        exact=self.exact.take_stats() if self.exact is not None else None)
+        exact=self.exact.take_stats() if self.exact is not None else None,
+        segments=segments if self.settings.segment_rows else None)
 
 
 def groups_of(episodes: dict[int, list[Episode]], positions: Sequence[int], *, group_size: int,
-              min_episodes: int, tokenizer, sampling) -> tuple[list[RolloutColumns], dict]:
-  """The kept groups of a step's episodes and its `episode/*` counts (module docstring). Every
-  row carries every reward part any episode of the step returned (0 where it did not)."""
+              min_episodes: int, tokenizer, sampling, segment_rows: int = 0
+              ) -> tuple[list[RolloutColumns], SegmentRows, dict]:
+  """The kept groups of a step's episodes, the other segments of their split episodes that fit
+  `segment_rows` rows (`agent.segment_rows`), and the step's `episode/*` counts (module
+  docstring). Every row carries every reward part any episode of the step returned (0 where it
+  did not); a segment carries its episode's reward."""
   names = list(dict.fromkeys(name for position in positions for e in episodes[position]
                              if e.error is None for name in e.reward.parts))
   groups, failed, skipped, dropped_segments, filled = [], 0, 0, 0, 0
+  segment_groups, episode_sample = [], []
   for position in positions:
     ok = [e for e in episodes[position] if e.error is None]
     failed += len(episodes[position]) - len(ok)
     if len(ok) < min_episodes:
       skipped += 1
       continue
-    rows = [e.completions[-1] for e in ok]
-    rewards = [Reward(e.reward.total, {n: e.reward.parts.get(n, 0.0) for n in names},
-                      e.reward.verifier_version) for e in ok]
-    dropped_segments += sum(len(e.completions) - 1 for e in ok)
+    rows, rewards = [], []
+    # the group's rows share one prompt: its first episode's first
+    opening = ok[0].completions[0]
+    for index, episode in enumerate(ok):
+      rewards.append(Reward(episode.reward.total,
+                            {n: episode.reward.parts.get(n, 0.0) for n in names},
+                            episode.reward.verifier_version))
+      in_row = episode.completions[0].prompt_tokens == opening.prompt_tokens
+      rows.append(_episode_row(episode, tokenizer) if in_row else dataclasses.replace(
+          _placeholder(opening, index), **_episode_outcome(episode, tokenizer)))
+      for segment in episode.completions[1 if in_row else 0:]:
+        if len(segment_groups) == segment_rows:
+          dropped_segments += 1
+          continue
+        segment_groups.append(RolloutColumns.of_group(
+            position, [segment], [segment.scored_text(tokenizer)], status="ok",
+            rewards=[rewards[-1]], sampling=sampling))
+        episode_sample.append(len(groups) * group_size + index)
     mean = Reward(total=float(np.mean([r.total for r in rewards])),
                   parts={n: float(np.mean([r.parts[n] for r in rewards])) for n in names},
                   verifier_version=AGENT_VERSION)
     while len(rows) < group_size:  # failed episodes: rows that train nothing
       filled += 1
-      rows.append(_placeholder(rows[0], len(rows)))
+      rows.append(_placeholder(opening, len(rows)))
       rewards.append(mean)
     for index, row in enumerate(rows):
       row.sample_index = index
@@ -253,13 +295,36 @@ def groups_of(episodes: dict[int, list[Episode]], positions: Sequence[int], *, g
                                           sampling=sampling))
   total = max(sum(len(episodes[p]) for p in positions), 1)
   malformed = sum(e.malformed_tool_calls for p in positions for e in episodes[p])
-  return groups, {"failed_frac": failed / total, "failed": failed, "groups_skipped": skipped,
-                  "placeholder_rows": filled, "split_segments_dropped": dropped_segments,
-                  "malformed_tool_calls": malformed}
+  segments = (SegmentRows(RolloutColumns.concat(segment_groups, group_size=1),
+                          np.array(episode_sample, np.int64))
+              if segment_groups else SegmentRows.empty())
+  return groups, segments, {
+      "failed_frac": failed / total, "failed": failed, "groups_skipped": skipped,
+      "placeholder_rows": filled, "split_segments_trained": len(segment_groups),
+      "split_segments_dropped": dropped_segments, "malformed_tool_calls": malformed}
+
+
+def _episode_outcome(episode: Episode, tokenizer) -> dict:
+  """The episode-wide fields of its group row: every segment's turns, and how its last segment
+  ended (its finish, truncation and the text of its answer)."""
+  last = episode.completions[-1]
+  return {"turns": [turn for segment in episode.completions for turn in segment.turns],
+          "finish_reason": last.finish_reason, "truncated": last.truncated,
+          "episode_end": last.episode_end, "scored_response": last.scored_text(tokenizer)}
+
+
+def _episode_row(episode: Episode, tokenizer) -> Completion:
+  """An episode's group row: its first segment's tokens (the group's prompt), the episode's
+  outcome (`_episode_outcome`); an episode that did not split, as it is."""
+  first = episode.completions[0]
+  if len(episode.completions) == 1:
+    return first
+  return dataclasses.replace(first, **_episode_outcome(episode, tokenizer))
 
 
 def _placeholder(like: Completion, index: int) -> Completion:
-  """A row that trains nothing: `like`'s prompt, one masked token."""
+  """A row that trains nothing: `like`'s prompt, one masked token (a failed episode's; an
+  episode whose first prompt is not its group's has its outcome on it, `groups_of`)."""
   return Completion(prompt_id=like.prompt_id, sample_index=index,
                     prompt_tokens=list(like.prompt_tokens), completion_ids=[like.prompt_tokens[-1]],
                     logprobs=[0.0], sampling_logprobs=None if like.sampling_logprobs is None

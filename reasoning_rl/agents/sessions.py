@@ -24,7 +24,7 @@ Only a real rewrite is a mismatch: the text differs (the template rewrote the hi
 drops earlier <think> blocks; a client edited a message or dropped a stop string).
 `agent.history_mismatch` decides. `split` closes the segment and starts a new one whose prompt is
 the new rendered prompt, so each segment is trained separately on what the model saw when it
-wrote it; `refuse` raises `HistoryMismatch` (the server answers HTTP 400 with its reason).
+wrote it (a row of its own, `agent.segment_rows`: `agents.collector`); `refuse` raises `HistoryMismatch` (the server answers HTTP 400 with its reason).
 Nothing is ever trained on a sequence the model did not see.
 
 Pure bookkeeping on lists: the server calls `begin_turn` / `end_turn` around each decode.

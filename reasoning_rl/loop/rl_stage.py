@@ -6,8 +6,9 @@ own stage, kept in the record, so the rollout records show what the loss used; w
 on-policy distillation's per-token advantages, `rl.distillation`, made in the same stage from the
 teacher's log-probs the collector recorded; PPO's per-token GAE advantages come out of the step,
 `TrainStep.call_with_outputs`, and go back into the record through the packed layout's index)
-→ the batch (`rl.batching.build_batch`: the record's samples as rows; packed by the step's
-layout) → `TrainStep` → the weight sync (`WeightSync.publish`: the
+→ the batch (`rl.batching.build_batch`: the record's samples as rows, then an agent run's
+`agent.segment_rows` rows of split episodes' other segments, `rl.segment_rows`; packed by the
+step's layout) → `TrainStep` → the weight sync (`WeightSync.publish`: the
 sampler receives the new policy, and the policy version advances).
 
 Asynchronous rollouts with bounded staleness k (`async_rollouts.max_staleness`): the batch trained
@@ -46,6 +47,7 @@ from reasoning_rl.multihost.cluster import global_batch
 from reasoning_rl.rl import advantages as advantages_lib
 from reasoning_rl.rl import batching, packing
 from reasoning_rl.rl import distillation
+from reasoning_rl.rl import segment_rows
 from reasoning_rl.rl import stats as stats_lib
 from reasoning_rl.rl.rollout_columns import Ragged
 
@@ -119,25 +121,9 @@ class RLStage:
     cluster = run.cluster
     batch = None  # sampler-only processes hold the rollouts' summary: no batch to build
     if cluster.is_trainer:
-      ppo = c.algo.name == "ppo"
-      # PPO's advantages are GAE over its value head's predictions, made inside the step
-      if not ppo:
-        rollouts = sampled.rollouts
-        advantages = advantages_lib.batch_advantages(
-            rollouts.group_rewards(), num_groups=c.rollout.num_prompts,
-            group_size=c.rollout.num_samples, estimator=c.algo.estimator)
-        rollouts = rollouts.with_advantages(advantages[:rollouts.num_groups])
-        if rollouts.teacher_logprobs is not None:  # on-policy distillation: per token
-          distill = distillation.DistillationSettings.from_config(c)
-          rollouts = rollouts.with_token_advantages(distillation.token_advantages(
-              rollouts, kl_coef=distill.kl_coef, reward_weight=distill.reward_weight,
-              discount=distill.discount))
-        sampled = dataclasses.replace(sampled, rollouts=rollouts)
-      batch = batching.build_batch(
-          sampled.rollouts, num_groups=c.rollout.num_prompts,
-          group_size=c.rollout.num_samples, prompt_length=c.rollout.max_prefill_length,
-          completion_length=c.rollout.max_new_tokens, pad_id=run.tokenizer.pad_id,
-          with_rewards=ppo, with_behavior_logprobs=self.with_sampler_logprobs,
+      sampled, batch = with_advantages_and_batch(
+          sampled, c, pad_id=run.tokenizer.pad_id,
+          with_behavior_logprobs=self.with_sampler_logprobs,
           truncation=run.step_fn.config.truncated_ratio,
           with_routing=routes_recorded(run.model_config, c))
     train_start = time.perf_counter()
@@ -222,6 +208,42 @@ class RLStage:
     return rollouts.with_token_advantages(Ragged.from_rows(
         [values[row, :length] for row, length in enumerate(rollouts.completion_ids.lengths)],
         np.float32))
+
+
+def with_advantages_and_batch(sampled: SampledBatch, c, *, pad_id: int,
+                              with_behavior_logprobs: bool, truncation: bool,
+                              with_routing: bool) -> tuple[SampledBatch, dict]:
+  """(the sampled batch with its advantages, the step's padded batch): the advantage stage, then
+  `batching.build_batch` (module docstring). PPO's advantages are GAE over its value head's
+  predictions, made inside the step: its batch carries the rewards instead. An agent run's
+  other segments of split episodes take their episodes' advantages and fill the
+  `agent.segment_rows` rows appended to the batch (`rl.segment_rows`)."""
+  ppo = c.algo.name == "ppo"
+  if not ppo:
+    rollouts = sampled.rollouts
+    advantages = advantages_lib.batch_advantages(
+        rollouts.group_rewards(), num_groups=c.rollout.num_prompts,
+        group_size=c.rollout.num_samples, estimator=c.algo.estimator)
+    rollouts = rollouts.with_advantages(advantages[:rollouts.num_groups])
+    if rollouts.teacher_logprobs is not None:  # on-policy distillation: per token
+      distill = distillation.DistillationSettings.from_config(c)
+      rollouts = rollouts.with_token_advantages(distillation.token_advantages(
+          rollouts, kl_coef=distill.kl_coef, reward_weight=distill.reward_weight,
+          discount=distill.discount))
+    segments = sampled.segments
+    if segments is not None and len(segments):
+      segments = segments.with_episode_advantages(rollouts.advantages)
+    sampled = dataclasses.replace(sampled, rollouts=rollouts, segments=segments)
+  layout = dict(prompt_length=c.rollout.max_prefill_length,
+                completion_length=c.rollout.max_new_tokens, pad_id=pad_id, with_rewards=ppo,
+                with_behavior_logprobs=with_behavior_logprobs, truncation=truncation,
+                with_routing=with_routing)
+  batch = batching.build_batch(sampled.rollouts, num_groups=c.rollout.num_prompts,
+                               group_size=c.rollout.num_samples, **layout)
+  if c.agent.entry and c.agent.segment_rows:  # every step has the rows, filled or not
+    batch = segment_rows.with_segment_rows(batch, sampled.segments,
+                                           capacity=c.agent.segment_rows, **layout)
+  return sampled, batch
 
 
 def routes_recorded(model_config, config) -> bool:

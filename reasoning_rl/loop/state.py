@@ -22,6 +22,7 @@ from typing import Any
 from reasoning_rl import guards as guards_lib
 from reasoning_rl.errors import CheckpointError
 from reasoning_rl.rl.rollout_columns import RolloutColumns
+from reasoning_rl.rl.segment_rows import SegmentRows
 from reasoning_rl.sampler.api import Completion, Unfinished
 
 SCORING_STATUSES = ("ok", "timeout", "error")
@@ -62,6 +63,8 @@ class SampledBatch:
     share), 0 without a teacher.
   agent: agent rollouts (`agents.collector`): the step's failed-episode fraction and counts
     (logged as episode/*).
+  segments: agent rollouts with `agent.segment_rows`: the segments of split episodes past the first,
+    trained in the batch's extra rows (`rl.segment_rows`); None otherwise.
   """
 
   rollouts: RolloutColumns
@@ -76,15 +79,20 @@ class SampledBatch:
   partial: dict | None = None
   teacher_s: float = 0.0
   agent: dict | None = None  # agent rollouts (reasoning_rl/agents): failed episodes, skips
+  segments: SegmentRows | None = None
 
   def to_json(self) -> dict:
     fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
     fields["rollouts"] = self.rollouts.to_json()
+    if self.segments is None:  # the form of loop states written before segments existed
+      del fields["segments"]
+    else:
+      fields["segments"] = self.segments.to_json()
     return fields
 
   def summary(self) -> "SampledBatch":
     """This batch with its rollouts' summary (`RolloutColumns.summary`)."""
-    return dataclasses.replace(self, rollouts=self.rollouts.summary())
+    return dataclasses.replace(self, rollouts=self.rollouts.summary(), segments=None)
 
   @classmethod
   def from_json(cls, fields: dict) -> "SampledBatch":
@@ -94,6 +102,8 @@ class SampledBatch:
       fields["rollouts"] = RolloutColumns.from_legacy_groups(fields.pop("groups"))
     else:
       fields["rollouts"] = RolloutColumns.from_json(fields["rollouts"])
+    if fields.get("segments") is not None:
+      fields["segments"] = SegmentRows.from_json(fields["segments"])
     return cls(**fields)
 
 

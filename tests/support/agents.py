@@ -32,6 +32,19 @@ async def completion_agent(client, example):
   return {"correct": float(example.answer in replies), "length": len(replies) / 10}
 
 
+async def splitting_agent(client, example):
+  """Two turns through /v1/completions whose second prompt leaves out the first reply (as
+  Qwen3's template leaves out earlier reasoning), so every episode splits: the first turn is a
+  segment of its own. The reward is 1 when the answer appears in the replies."""
+  opening = f"<bos>{_prompt(example)}<eos>"
+  first = await client.completions.create(model="policy", prompt=opening + "<answer>",
+                                          max_tokens=3)
+  second = await client.completions.create(model="policy", prompt=opening + "5<answer>",
+                                           max_tokens=3)
+  replies = first.choices[0].text + second.choices[0].text
+  return {"correct": float(example.answer in replies), "length": len(replies) / 10}
+
+
 async def two_turns(client, example):
   """Asks, answers back, asks again; the reward is the length of the last reply mod 2."""
   messages = [{"role": "user", "content": _prompt(example)}]
