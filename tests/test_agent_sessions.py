@@ -90,6 +90,24 @@ def test_a_non_canonical_tokenization_extends_on_the_text(tokenizer):
   # the engine decodes from the session's tokens, which read as the rendered prompt
   assert to_decode == prompt + sampled + context
   assert tokenizer.decode(to_decode) == second_text
+  # the records show what answered turn 1, and the episode's text as the agent saw it
+  assert row.turns[0]["observation"] == "\nuser\nAgain?\nassistant\n"
+  assert "observation" not in row.turns[1]
+  assert row.scored_response == "hello world\nuser\nAgain?\nassistant\nHi there"
+
+
+def test_an_abandoned_turn_takes_its_observation_back(tokenizer):
+  session = sessions_lib.Session("s", on_mismatch="refuse", tokenizer=tokenizer)
+  prompt, _ = rendered(tokenizer, [USER])
+  session.begin_turn(prompt)
+  sample(session, ids(tokenizer, "hello"), "hello")
+  second, second_text = rendered(tokenizer, [USER, {"role": "assistant", "content": "hello"},
+                                             {"role": "user", "content": "Again?"}])
+  session.begin_turn(second, text=second_text)
+  session.abandon_turn()  # the engine refused it: its context was never read
+  [row] = session.completions(prompt_id=0, sample_index=0, keep_sampling_logprobs=False)
+  assert "observation" not in row.turns[0]
+  assert row.scored_response == "hello" and row.completion_ids == ids(tokenizer, "hello")
 
 
 def test_without_a_tokenizer_or_text_only_tokens_are_compared(tokenizer):

@@ -68,8 +68,12 @@ class Segment:
 
   def completion(self, *, prompt_id: int, sample_index: int, keep_sampling_logprobs: bool
                  ) -> Completion:
-    """The segment as a multi-turn `Completion` (context tokens: loss mask 0, log-prob 0)."""
+    """The segment as a multi-turn `Completion` (context tokens: loss mask 0, log-prob 0). Its
+    `scored_response` is the whole segment after the prompt as the agent saw it: each model
+    turn's text as served, then the context the agent sent after it (`observation`, where a
+    session with a tokenizer recorded it) — the agent, not a verifier, scored the episode."""
     last = self.turns[-1]
+    scored = "".join(turn["model_text"] + turn.get("observation", "") for turn in self.turns)
     versions = [v for v, m in zip(self.versions, self.loss_mask) if m]
     return Completion(
         prompt_id=prompt_id, sample_index=sample_index, prompt_tokens=list(self.prompt_tokens),
@@ -79,7 +83,7 @@ class Segment:
         policy_version=min(versions), loss_mask=list(self.loss_mask), turns=list(self.turns),
         token_versions=([v if m else min(versions) for v, m in zip(self.versions, self.loss_mask)]
                         if len(set(versions)) > 1 else None),
-        episode_end="agent", scored_response=last["model_text"])
+        episode_end="agent", scored_response=scored)
 
 
 def extension(history: Sequence[int], rendered: Sequence[int]) -> list[int] | None:
@@ -164,6 +168,10 @@ class Session:
         self.segments.append(Segment(prompt_tokens=rendered))
         return list(rendered)
       self._turn_start = len(current.tokens)
+      if added and current.turns and self.tokenizer is not None:
+        # what answered the previous model turn (a tool's result, the agent's continuation), for
+        # the rollout records and report; `abandon_turn` takes it back with the tokens
+        current.turns[-1]["observation"] = self.tokenizer.decode(added, skip_special_tokens=True)
       current.tokens += added
       current.loss_mask += [0] * len(added)
       current.logprobs += [0.0] * len(added)
@@ -215,6 +223,8 @@ class Session:
       for column in (current.tokens, current.loss_mask, current.logprobs,
                      current.sampling_logprobs, current.versions):
         del column[self._turn_start:]
+      if current.turns:
+        current.turns[-1].pop("observation", None)
       self._turn_start = None
     if drop_empty_segment and self.segments and not self.segments[-1].turns:
       self.segments.pop()
