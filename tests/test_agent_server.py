@@ -12,6 +12,7 @@ from flax import nnx
 
 from reasoning_rl.agents import chat
 from reasoning_rl.agents import sessions as sessions_lib
+from reasoning_rl.agents.collector import history_rewrite_warning
 from reasoning_rl.agents.driver import DecodeRequest, EngineDriver, request_key
 from reasoning_rl.agents.server import RolloutServer
 from reasoning_rl.data.debug_vocab import debug_arithmetic_tokenizer
@@ -319,6 +320,14 @@ def test_which_templates_keep_history(served):
   # without a think block the Qwen3-like template keeps the reply (but not its opening <think>)
   assert chat.keeps_history(tokenizer.with_chat_template(THINK_TEMPLATE.replace(
       "<answer><think>{% endif %}", "<answer>{% endif %}")), "12")
+
+
+def test_a_run_is_told_at_start_when_its_template_would_split_every_episode(served):
+  tokenizer = served[4]
+  assert history_rewrite_warning(tokenizer) is None
+  assert history_rewrite_warning(tokenizer.with_chat_template(None)) is None  # completions only
+  warning = history_rewrite_warning(tokenizer.with_chat_template(THINK_TEMPLATE))
+  assert warning.startswith("config.agent.segment_rows:") and "history_mismatch" in warning
 
 
 def test_smollm2s_chatml_keeps_history_verbatim(smollm2_gguf_path):

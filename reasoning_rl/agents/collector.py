@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from reasoning_rl.agents import chat
 from reasoning_rl.agents.driver import EngineDriver
 from reasoning_rl.agents.exact_turns import ExactTurns
 from reasoning_rl.agents.entry import load_entry  # the entry loader (a hub factory or the agent)
@@ -138,6 +139,10 @@ class AgentCollector:
                                 history_mismatch=settings.history_mismatch,
                                 tool_syntax=settings.tool_syntax, seed=seed, exact=self.exact)
     self._warned_dropped = False
+    if settings.history_mismatch == "split" and not settings.segment_rows:
+      warning = history_rewrite_warning(tokenizer)
+      if warning:
+        log.warning(warning)
 
   def close(self) -> None:
     self.server.stop()
@@ -244,6 +249,24 @@ class AgentCollector:
         sample_s=sample_s, verify_s=0.0, policy_version=policy_version, agent=stats,
         exact=self.exact.take_stats() if self.exact is not None else None,
         segments=segments if self.settings.segment_rows else None)
+
+
+def history_rewrite_warning(tokenizer) -> str | None:
+  """What to tell, at start-up, a run whose chat template rewrites an earlier reasoning turn
+  (`chat.keeps_history` on a reply with a <think> block: Qwen3, DeepSeek-R1) while
+  `agent.segment_rows` is 0, so every episode of two turns or more would split and train only its
+  first segment; None when the template keeps history (or there is none: such a run serves
+  /v1/completions only)."""
+  if getattr(tokenizer, "chat_template", None) is None:
+    return None
+  if chat.keeps_history(tokenizer, "<think>1</think>2"):
+    return None
+  return ("config.agent.segment_rows: this chat template rewrites an earlier reply in the next "
+          "prompt (e.g. drops its <think> block), so every episode with a second turn splits "
+          "and, with segment_rows=0, trains only its first segment (the rest are counted in "
+          "episode/split_segments_dropped). Set agent.segment_rows (e.g. num_prompts x "
+          "num_samples for one split per episode) to train them, or "
+          "agent.history_mismatch='refuse'")
 
 
 def groups_of(episodes: dict[int, list[Episode]], positions: Sequence[int], *, group_size: int,
