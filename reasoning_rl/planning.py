@@ -28,11 +28,11 @@ from jax.sharding import AbstractMesh
 from reasoning_rl import flops as flops_lib
 from reasoning_rl.config import batch_rows
 from reasoning_rl.errors import ConfigError
-from reasoning_rl.memory_plan import (Assumptions, Layout, ModelShapes, Precision, SliceMemory,
-                                      dry_run_model_config, items_fit, kv_cache_bytes,
-                                      memory_plan, param_bytes_per_device, sampler_items,
+from reasoning_rl.memory_plan import (Assumptions, Layout, SliceMemory, dry_run_model_config,
+                                      items_fit, kv_cache_bytes, memory_plan, sampler_items,
                                       shared_items, trainer_items)
 from reasoning_rl.models.config import ModelConfig
+from reasoning_rl.param_plan import ModelShapes, Precision, param_bytes_per_device
 from reasoning_rl.run_settings import rollouts_ahead, step_config
 from reasoning_rl.sharding import MESH_AXES, batch_devices, count_slices
 from reasoning_rl.tpu_chips import GIB, TPU_CHIPS, ChipSpec, slice_name

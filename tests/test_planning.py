@@ -6,7 +6,7 @@ import pathlib
 import pytest
 from jax.sharding import AbstractMesh
 
-from reasoning_rl import memory_plan, planning
+from reasoning_rl import memory_plan, param_plan, planning
 from reasoning_rl.config import base_config
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.models.config import ModelConfig
@@ -34,9 +34,9 @@ def test_param_bytes_per_device_match_a_manual_sum_of_shards():
   # layer 32 + 96 + 32 + 32 + 96 + 12 + 4 + 4 + 3 x 168 = 812  -> 384 + 384 + 16 + 1624 = 2408.
   assert p.slice("sampler").item("weights") == REPLICA * 4
   # On a 1-device mesh the shards are the whole parameters: num_params() x 4 bytes.
-  shapes = memory_plan.parameter_shapes(TINY, "float32")
+  shapes = param_plan.parameter_shapes(TINY, "float32")
   single = AbstractMesh((1, 1, 1), ("data", "fsdp", "tensor"))
-  assert memory_plan.param_bytes_per_device(shapes, single) == TINY.num_params() * 4
+  assert param_plan.param_bytes_per_device(shapes, single) == TINY.num_params() * 4
 
 
 def test_the_layout_is_the_runs_hosts_and_replicas():
@@ -363,7 +363,7 @@ def test_scheduled_saves_bound_what_a_preemption_loses():
   assert p.checkpoint_interval_s == pytest.approx(min(25 * step_s, 600 + step_s))
   assert p.lost_s == pytest.approx(600 + 2 * step_s) and p.lost_s < 15 * 60  # Spot-sized
   text = result.table()
-  assert f"against a notice of 30 s (Spot)" in text
+  assert "against a notice of 30 s (Spot)" in text
   assert f"every 25 steps or every 10 min: at most {(600 + step_s) / 60:.1f} min apart" in text
   assert f"up to {p.lost_s / 60:.1f} min of work per such preemption" in text
   c.checkpoint.every_minutes = 0

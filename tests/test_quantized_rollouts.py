@@ -25,7 +25,7 @@ from jax.sharding import AbstractMesh
 
 from reasoning_rl import build as build_lib
 from reasoning_rl import config as config_lib
-from reasoning_rl import memory_plan, run_settings
+from reasoning_rl import param_plan, run_settings
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.loop import rl_stage
 from reasoning_rl.loop.state import LoopState
@@ -224,7 +224,7 @@ def test_the_planner_counts_the_quantized_sampler_byte_for_byte():
   for quantization in ("none", "int8", "fp8"):
     config = _config()
     config.rollout.weight_quantization = quantization
-    shapes = memory_plan.ModelShapes.of(config, TINY)
+    shapes = param_plan.ModelShapes.of(config, TINY)
     counts[quantization] = shapes.sampler_weights(single)
     assert shapes.sent(single) == counts[quantization]
   saved = 2 * (1520 * 4 - 1520 - 94 * 4)
