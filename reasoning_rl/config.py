@@ -16,7 +16,8 @@ import os
 import ml_collections
 
 from reasoning_rl.config_help import help_text
-from reasoning_rl.config_schema import FIELDS, OneOf, Range, Satisfies, Text, value_at
+from reasoning_rl.config_fields import OneOf, Range, Satisfies, Text
+from reasoning_rl.config_schema import FIELDS, value_at
 from reasoning_rl.config_schema import base_config  # noqa: F401  (config files import it here)
 from reasoning_rl.errors import ConfigError, ExitCode
 from reasoning_rl.sampler import api as sampler_api  # no JAX: the backends' declared capabilities

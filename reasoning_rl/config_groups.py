@@ -16,9 +16,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from reasoning_rl.config_schema import (COUNT, DTYPES, FRACTION, POSITIVE, REQUIRED, Field,
-                                        ManyOf, OneOf, Range, Satisfies, Shown, Text, checked,
-                                        int_range)
+from reasoning_rl.config_fields import (COUNT, FRACTION, POSITIVE, REQUIRED, Field, ManyOf, OneOf,
+                                        Range, Satisfies, Shown, Text, checked, int_range)
+from reasoning_rl.config_schema import DTYPES
 from reasoning_rl.errors import ConfigError
 from reasoning_rl.plain_data import plain
 

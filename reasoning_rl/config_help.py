@@ -10,7 +10,8 @@ from __future__ import annotations
 import textwrap
 
 from reasoning_rl.config_groups import GROUPS, PART_KIND, PART_WEIGHT
-from reasoning_rl.config_schema import SECTIONS, Field, accepts, kind_name
+from reasoning_rl.config_fields import Field, accepts, kind_name
+from reasoning_rl.config_schema import SECTIONS
 
 
 def listing() -> list[tuple[str, str, str, list[tuple[str, Field]]]]:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from reasoning_rl import config_groups, config_help, config_schema
+from reasoning_rl import config_fields, config_groups, config_help, config_schema
 from reasoning_rl.config import FIELD_CHOICES, base_config, validate
 from reasoning_rl.errors import ConfigError
 
@@ -207,9 +207,9 @@ DOCUMENTED_ENVIRONMENT_DEFAULTS = {
 }
 DOCUMENTED_SOURCE_DEFAULTS = {
     "synthetic_arithmetic": {"seed": 0, "max_operand": 9, "ops": "+"},
-    "reasoning_gym": {"name": config_schema.REQUIRED, "seed": 0, "size": 1000, "params": {}},
-    "jsonl": {"path": config_schema.REQUIRED, "shuffle": False, "seed": 0},
-    "mixture": {"sources": config_schema.REQUIRED, "weights": None},
+    "reasoning_gym": {"name": config_fields.REQUIRED, "seed": 0, "size": 1000, "params": {}},
+    "jsonl": {"path": config_fields.REQUIRED, "shuffle": False, "seed": 0},
+    "mixture": {"sources": config_fields.REQUIRED, "weights": None},
     "guess_number": {"seed": 0, "low": 1, "high": 100},
     "agent": {"shuffle": False, "seed": 0},
 }

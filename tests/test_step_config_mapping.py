@@ -13,7 +13,7 @@ import pytest
 from reasoning_rl import config_schema, registries
 from reasoning_rl.build import step_config
 from reasoning_rl.config import FIELD_RANGES, base_config
-from reasoning_rl.config_schema import OneOf, Range
+from reasoning_rl.config_fields import OneOf, Range
 from reasoning_rl.rl.step_config import StepConfig
 
 # What `run_settings.step_config` derives rather than reads by name: config field -> (StepConfig

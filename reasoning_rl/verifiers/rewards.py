@@ -50,7 +50,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from reasoning_rl import config_groups, config_schema, registries
+from reasoning_rl import config_fields, config_groups, registries
 from reasoning_rl.errors import ConfigError, VerifierError
 from reasoning_rl.plain_data import plain
 from reasoning_rl.verifiers import code_tests as code_lib
@@ -202,8 +202,8 @@ def build_parts(rewards_config: Any) -> list[Part]:
                         f"{list(registries.REWARD_PARTS.names())} (or set 'kind' for a part named "
                         "otherwise)")
     behaviour = registries.REWARD_PARTS.get(kind).impl
-    weight = config_schema.checked(f"{field}.weight", config_groups.PART_WEIGHT,
-                                   part_spec.pop("weight", config_schema.REQUIRED))
+    weight = config_fields.checked(f"{field}.weight", config_groups.PART_WEIGHT,
+                                   part_spec.pop("weight", config_fields.REQUIRED))
     settings = behaviour.settings.resolve(part_spec, field=field)
     behaviour.check(field, settings)
     parts.append(Part(name, kind, float(weight), settings))
