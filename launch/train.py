@@ -58,10 +58,11 @@ def main(argv):
 
   # this process ends itself at the stop and storage deadlines (reasoning_rl/deadlines.py)
   deadlines.enable_process_exit()
-  if config.keep_freed_host_memory:
+  from reasoning_rl import host_memory
+
+  if host_memory.wanted(config):
     # Before anything starts JAX's backend threads: they keep the malloc arena they first use.
-    from reasoning_rl.host_memory import keep_freed_memory
-    keep_freed_memory()
+    host_memory.keep_freed_memory()
   try:
     if config.dry_run:
       from reasoning_rl.planning import print_dry_run

@@ -44,10 +44,13 @@ SECTIONS: tuple[Section, ...] = (
               "Checkpoints of every stage load as models: a stage starts from the previous one "
               "with --config.model.path=PREVIOUS_WORKDIR", OneOf(("rl", "sft", "rejection_sft"))),
         Field("dry_run", False, "print the memory / throughput plan of the target slice and exit"),
-        Field("keep_freed_host_memory", True, "Linux/glibc: keep freed host memory for reuse "
+        Field("keep_freed_host_memory", None, "Linux/glibc: keep freed host memory for reuse "
               "instead of returning it to the OS, so a CPU step's multi-GB temporaries are not "
               "page-faulted (and zeroed) afresh every step; the process then holds its peak host "
-              "memory until it exits (reasoning_rl/host_memory.py)"),
+              "memory until it exits (reasoning_rl/host_memory.py). None = on, except in agent "
+              "runs (agent.entry), whose sampler compiles programs for new conversation lengths "
+              "all run long and whose kept heap then grows with each of them",
+              kind=bool, typed_none=True),
         Field("beta", 0.0, "KL weight against the frozen reference; 0 never loads the reference",
               Range(float, 0, meaning="0 = no KL term")),
     )),

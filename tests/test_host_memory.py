@@ -62,3 +62,17 @@ def test_not_glibc_leaves_the_allocator_alone(monkeypatch):
   monkeypatch.setattr(host_memory, "_applied", False)
   monkeypatch.setattr(platform, "libc_ver", lambda: ("", ""))
   assert host_memory.keep_freed_memory() is False
+
+
+def test_agent_runs_do_not_keep_freed_memory_unless_asked():
+  from tests.support.configs import debug_config
+
+  plain = debug_config()
+  assert plain.keep_freed_host_memory is None and host_memory.wanted(plain)
+  agent = debug_config()
+  agent.agent.entry = "tests.support.agents:completion_agent"
+  assert not host_memory.wanted(agent)  # its heap grows with every prefill it compiles
+  for asked in (True, False):
+    agent.keep_freed_host_memory = asked
+    plain.keep_freed_host_memory = asked
+    assert host_memory.wanted(agent) is asked and host_memory.wanted(plain) is asked
