@@ -31,6 +31,7 @@ from reasoning_rl.rl.logprobs import completion_logprobs
 from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.exact import CanonicalScorer
 from reasoning_rl.sampler.sampling import SamplingParams, sample_key
+from tests.support.agents import DIGIT_TOOLS_TEMPLATE
 from tests.support.configs import debug_config
 from tests.support.runs import train
 from tests.support.sampler import CONFIG, perturbed
@@ -40,15 +41,6 @@ PROMPT_LENGTH, NEW_TOKENS = 64, 64  # the trained row's budgets (max_prefill_len
 SAMPLING = SamplingParams(temperature=1.0)
 WARPED = SamplingParams(temperature=0.8, top_k=20)
 
-# The debug vocabulary's tool rendering (as tests/test_agent_server.py's): tool names in a think
-# block, an assistant's calls as <think>name=a</think>, results as <bos>=r<eos>.
-TOOLS_TEMPLATE = (
-    "{% if tools %}<think>{% for t in tools %}{{ t.function.name }} {% endfor %}</think>{% endif %}"
-    "{% for m in messages %}{% if m.role == 'assistant' %}<answer>{{ m.content or '' }}"
-    "{% for c in m.tool_calls or [] %}<think>{{ c.function.name }}={{ c.function.arguments.a }}"
-    "</think>{% endfor %}<eos>{% elif m.role == 'tool' %}<bos>={{ m.content }}<eos>"
-    "{% else %}<bos>{{ m.content }}<eos>{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<answer>{% endif %}")
 TOOLS = [{"type": "function", "function": {"name": "12", "parameters": {}}}]
 
 
@@ -84,7 +76,7 @@ def exact_server(model, tokenizer, sampling, *, target_params=None, max_tokens=5
 
 @pytest.fixture(scope="module")
 def served():
-  tokenizer = debug_arithmetic_tokenizer().with_chat_template(TOOLS_TEMPLATE)
+  tokenizer = debug_arithmetic_tokenizer().with_chat_template(DIGIT_TOOLS_TEMPLATE)
   model = policy_model(tokenizer.vocab_size)
   server, driver, exact, scorer, engine = exact_server(model, tokenizer, WARPED,
                                                        tool_syntax="hermes")

@@ -21,7 +21,7 @@ from reasoning_rl.models.transformer import create_model
 from reasoning_rl.sampler.engine import Engine
 from reasoning_rl.sampler.exact import CanonicalScorer
 from reasoning_rl.sampler.sampling import SamplingParams
-from tests.support.agents import PLAIN_TEMPLATE, THINK_TEMPLATE
+from tests.support.agents import DIGIT_TOOLS_TEMPLATE, PLAIN_TEMPLATE, THINK_TEMPLATE
 from tests.support.sampler import CONFIG, perturbed
 
 SAMPLING = SamplingParams(temperature=1.0)
@@ -132,17 +132,6 @@ def test_tools_reach_the_chat_template(served):
                             tool_syntax="hermes") == "1234|5"
   with pytest.raises(chat.ToolsUnsupported, match=r"config\.agent\.tool_syntax"):
     chat.render_prompt(tokenizer, [{"role": "user", "content": "5"}], tools=tools)
-
-
-# The debug vocabulary's own tool rendering: tool names listed in a think block, an assistant's
-# calls as <think>name=a</think> (its `arguments` reach the template as a dict), results as "=r".
-DIGIT_TOOLS_TEMPLATE = (
-    "{% if tools %}<think>{% for t in tools %}{{ t.function.name }} {% endfor %}</think>{% endif %}"
-    "{% for m in messages %}{% if m.role == 'assistant' %}<answer>{{ m.content or '' }}"
-    "{% for c in m.tool_calls or [] %}<think>{{ c.function.name }}={{ c.function.arguments.a }}"
-    "</think>{% endfor %}<eos>{% elif m.role == 'tool' %}<bos>={{ m.content }}<eos>"
-    "{% else %}<bos>{{ m.content }}<eos>{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<answer>{% endif %}")
 
 
 def test_tools_and_a_tool_call_history_through_the_openai_client(served):

@@ -15,6 +15,15 @@ PLAIN_TEMPLATE = ("{% for m in messages %}{% if m.role == 'assistant' %}<answer>
 THINK_TEMPLATE = ("{% for m in messages %}{% if m.role == 'assistant' %}<answer>"
                   "{{ m.content.split('</think>')[-1] }}<eos>{% else %}<bos>{{ m.content }}<eos>"
                   "{% endif %}{% endfor %}{% if add_generation_prompt %}<answer><think>{% endif %}")
+# the debug vocabulary's own tool rendering: tool names listed in a think block, an assistant's
+# calls as <think>name=a</think> (its `arguments` reach the template as a dict), results as "=r"
+DIGIT_TOOLS_TEMPLATE = (
+    "{% if tools %}<think>{% for t in tools %}{{ t.function.name }} {% endfor %}</think>{% endif %}"
+    "{% for m in messages %}{% if m.role == 'assistant' %}<answer>{{ m.content or '' }}"
+    "{% for c in m.tool_calls or [] %}<think>{{ c.function.name }}={{ c.function.arguments.a }}"
+    "</think>{% endfor %}<eos>{% elif m.role == 'tool' %}<bos>={{ m.content }}<eos>"
+    "{% else %}<bos>{{ m.content }}<eos>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<answer>{% endif %}")
 
 
 def _prompt(example):
