@@ -150,8 +150,7 @@ class EngineDriver:
   def turn_seeding(self, session: str | None, key: jax.Array) -> tuple[jax.Array, int]:
     """(key, first draw number) a request of `session` with its own `key` draws with now: its
     owned episode's (module docstring), or (key, 0)."""
-    seeded, first_draw, _ = self._seeding(DecodeRequest(prompt=(), key=key, sampling=None,
-                                                        max_new_tokens=1, session=session))
+    seeded, first_draw, _ = self._episode_seeding(session, key)
     return seeded, first_draw
 
   def count_draws(self, session: str, kept: int) -> None:
@@ -166,12 +165,18 @@ class EngineDriver:
     whose draws it continues or None)."""
     if request.first_draw is not None:
       return request.key, request.first_draw, None
+    return self._episode_seeding(request.session, request.key)
+
+  def _episode_seeding(self, session: str | None, key: jax.Array
+                       ) -> tuple[jax.Array, int, str | None]:
+    """(key, first draw number, owned episode) of a request of `session` with its own `key`:
+    the owned episode's key and the model tokens it kept so far, or (key, 0, None)."""
     with self._episodes_lock:
-      episode = self._episodes.get(request.session) if request.session is not None else None
+      episode = self._episodes.get(session) if session is not None else None
       if episode is None:
-        return request.key, 0, None
+        return key, 0, None
       return (sample_key(episode.seed, episode.prompt_id, episode.sample_index),
-              self._draws[request.session], request.session)
+              self._draws[session], session)
 
   def _kept(self, live: _Live) -> None:
     """Counts a finished request's kept tokens in its episode's draws."""
