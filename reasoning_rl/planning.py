@@ -316,7 +316,8 @@ def step_flops(config, m: ModelConfig) -> flops_lib.StepFlops:
   """FLOPs of one RL step at the config's padded shapes (`reasoning_rl.flops`): P prompts of
   max_prefill_length tokens prefilled once each, P·G completions of max_new_tokens tokens decoded
   against the whole cache of S = prompt + completion slots, and P·G training rows of S tokens
-  (plus an agent run's `agent.segment_rows`) with the completion positions projected, through the passes the configured step runs."""
+  (plus an agent run's `agent.segment_rows`) with the completion positions projected, through
+  the passes the configured step runs."""
 
   r = config.rollout
   rows, prompt, new = r.num_prompts * r.num_samples, r.max_prefill_length, r.max_new_tokens
