@@ -15,7 +15,11 @@ Needs TRL: pip install -e '.[test,bench]' (pinned; torch stays the CPU wheel).
 Usage: python -m benchmarks.rl_step [--steps 5] [--warmup_steps 1] [--beta 0,0.04]
          [--prompts 4] [--samples 8] [--max_new_tokens 128] [--micro_batches 4]
          [--learning_rate 2e-5] [--layouts auto] [--packed_micro_batches M]
-         [--skip_trl]
+         [--model_dir DIR] [--dtype float32|bfloat16] [--skip_trl]
+
+With `--model_dir` both sides load that Hugging Face checkpoint instead of the GGUF (on a machine
+without weights: `benchmarks/random_checkpoint.py`); on a GPU TRL trains on it (`use_cpu` only
+where torch sees no GPU) and ours on JAX's default backend.
 
 How each step is split:
 - ours: the real loop (`reasoning_rl.build.build` + `reasoning_rl.trainer.Trainer`, held-out
@@ -118,7 +122,11 @@ def demo_config(args, beta: float, workdir: str, layout: str = "auto"):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config()
-  assert pathlib.Path(c.model.path) == smollm2_gguf(), (c.model.path, smollm2_gguf())
+  if args.model_dir:
+    c.model.path = str(args.model_dir)
+  else:
+    assert pathlib.Path(c.model.path) == smollm2_gguf(), (c.model.path, smollm2_gguf())
+  c.model.dtype = args.dtype
   c.workdir = workdir
   c.total_steps = args.warmup_steps + args.steps
   c.rollout.num_prompts = args.prompts
@@ -196,6 +204,9 @@ def run_ours(args, beta: float, examples: list, load: ForeignLoad, layout: str
     exit_code = TrainerWithoutEvaluation(run).run()
     assert exit_code == 0, f"our loop exited with {exit_code}"
     rows = metrics_lib.read_metrics(pathlib.Path(workdir) / metrics_lib.METRICS_FILE)
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:  # accelerators: the allocator's high-water mark
+    print(f"ours: peak device memory {stats['peak_bytes_in_use'] / 2**30:.1f} GiB", flush=True)
   del run
   gc.collect()
   jax.clear_caches()  # the compiled programs of this β are not needed again
@@ -292,13 +303,19 @@ def run_trl(args, beta: float, examples: list, expected_prompt_ids: list[list[in
                                                                               example.prompt)}],
        "data_position": position} for position, example in examples])
   o, a = config.optim, config.algo
+  on_gpu = torch.cuda.is_available()
   with tempfile.TemporaryDirectory(prefix="rl_step_trl-") as output_dir:
-    model_dir = pathlib.Path(output_dir) / "model"
-    write_trainable_copy(model_dir)
+    model_dir = args.model_dir
+    if model_dir is None:
+      model_dir = pathlib.Path(output_dir) / "model"
+      write_trainable_copy(model_dir)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     policy = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     trl_config = trl.GRPOConfig(
-        output_dir=output_dir, use_cpu=True, bf16=False, fp16=False, seed=config.seed,
+        # float32 weights; with --dtype bfloat16 the forward runs under autocast, as ours computes
+        # in bfloat16 over float32 master weights
+        output_dir=output_dir, use_cpu=not on_gpu, bf16=args.dtype == "bfloat16", fp16=False,
+        seed=config.seed,
         activation_checkpointing=False,  # ours keeps activations too (algo.remat=False)
         max_steps=config.total_steps, num_generations=g,
         # one optimizer step = P x G completions from one `generate` call, in M micro-batches
@@ -317,6 +334,9 @@ def run_trl(args, beta: float, examples: list, expected_prompt_ids: list[list[in
         reward_funcs=trl_reward(config, examples, eos_ids=[tokenizer.eos_token_id]))
     clock = phase_clock(trainer, args.max_new_tokens, load)
     trainer.train()
+  if on_gpu:
+    print(f"TRL: peak device memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
+          flush=True)
   del trainer, policy
   gc.collect()
   assert len(clock.steps) == config.total_steps, len(clock.steps)
@@ -457,6 +477,13 @@ def main():
                       help="micro-batches of the packed layout (default: --micro_batches); "
                            "packed micro-batches hold as many positions as padded ones, and "
                            "smaller ones let a batch of short completions skip more")
+  parser.add_argument("--model_dir", type=pathlib.Path, default=None,
+                      help="a Hugging Face checkpoint both sides load instead of SmolLM2's GGUF "
+                           "(benchmarks/random_checkpoint.py writes one with random weights "
+                           "where no weights are installed, e.g. on a lent GPU)")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="compute dtype: ours model.dtype, TRL bf16 autocast (float32 "
+                           "weights on both sides)")
   parser.add_argument("--skip_trl", action="store_true",
                       help="our side only (the TRL columns are then left out)")
   args = parser.parse_args()
@@ -477,12 +504,14 @@ def main():
   total_steps = args.warmup_steps + args.steps
   examples = training_examples(demo_config(args, 0.0, "unused"), args.prompts * total_steps)
   trl_name = f"TRL {trl.__version__} GRPOTrainer"
-  print(f"SmolLM2-135M-Instruct (GGUF Q4_1 -> f32), {args.prompts} prompts x {args.samples} "
+  model = args.model_dir or "SmolLM2-135M-Instruct (GGUF Q4_1 -> f32)"
+  device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+  print(f"{model}, {args.dtype} compute, {args.prompts} prompts x {args.samples} "
         f"samples, {args.max_new_tokens} new tokens, T=1, lr {args.learning_rate:g} (constant), "
         f"{args.micro_batches} micro-batches ({args.packed_micro_batches} packed); "
         f"{args.warmup_steps} warm-up + {args.steps} "
         f"measured steps per side; jax {jax.__version__} ({jax.default_backend()}), "
-        f"torch {torch.__version__} ({torch.get_num_threads()} threads), transformers "
+        f"torch {torch.__version__} ({device}, {torch.get_num_threads()} threads), transformers "
         f"{transformers.__version__}, trl {trl.__version__}", flush=True)
   load = ForeignLoad()
   results = []
