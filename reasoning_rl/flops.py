@@ -24,8 +24,9 @@ tests/test_flops.py bounds the gap against XLA's own count). A forward over a to
 A backward pass costs twice its forward (Kaplan et al. 2020, §2.1), so an update costs three
 forwards. `StepFlops.training` counts model FLOPs — what the algorithm needs, the numerator of
 MFU (PaLM appendix B); `StepFlops.recomputation` adds what the step also executes to save memory
-(the log-prob chunks' logits are recomputed in every backward, `rl.logprobs`; with `remat`, the
-blocks' forward too), which the planner's time estimate includes.
+(the log-prob chunks' logits are recomputed in every backward but the first chunk's,
+`rl.logprobs`; with `remat`, the blocks' forward too), which the planner's time estimate
+includes.
 """
 
 from __future__ import annotations
@@ -105,15 +106,18 @@ class TrainingPasses:
   reference_forward: one forward of the frozen reference (β > 0).
   old_logprob_forward: one forward recomputing π_old before the first update.
   remat: each update also recomputes every block's forward in the backward pass.
+  head_recomputed: the share of the projected positions whose logits the backward pass
+    recomputes (`head_recomputed_share`).
   """
 
   epochs: int = 1
   reference_forward: bool = False
   old_logprob_forward: bool = False
   remat: bool = False
+  head_recomputed: float = 1.0
 
   @classmethod
-  def of_step(cls, step_config) -> "TrainingPasses":
+  def of_step(cls, step_config, completion_length: int | None = None) -> "TrainingPasses":
     """The passes `rl.step.TrainStep` runs for a `rl.step_config.StepConfig`: π_old is
     recomputed when a batch gets more than one update (μ·M > 1) or with PPO, never for SFT
     (`StepConfig.needs_old_logprobs`)."""
@@ -122,7 +126,19 @@ class TrainingPasses:
                old_logprob_forward=c.algorithm != "sft"
                and (c.updates_per_step > 1 or c.algorithm == "ppo"),
                # save_matmuls rebuilds no projection: no matmul FLOPs recomputed
-               remat=c.remat in (True, "full"))
+               remat=c.remat in (True, "full"),
+               head_recomputed=head_recomputed_share(c.logprob_chunk, completion_length))
+
+
+def head_recomputed_share(chunk: int, completion_length: int | None) -> float:
+  """Share of the projected positions whose logits `rl.logprobs.head_logprobs` recomputes in the
+  backward pass: every chunk's but the first's. Padded rows cut each row's T completion positions
+  into ceil(T / chunk) chunks. A packed micro-batch gathers its head positions from chunk 0 on,
+  into chunks of rows × min(chunk, T) positions, so the same share is its estimate. Unknown T: 1."""
+  if not completion_length:
+    return 1.0
+  chunks = -(-completion_length // min(chunk, completion_length))
+  return (chunks - 1) / chunks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +177,7 @@ def training_flops(config: ModelConfig, *, trained_tokens: float, trained_contex
                               projected_tokens=completion_tokens)
   forwards = 3 * passes.epochs + int(passes.reference_forward) + int(passes.old_logprob_forward)
   logits = output_projection_flops(config, completion_tokens)
-  recomputed_per_update = logits
+  recomputed_per_update = logits * passes.head_recomputed
   if passes.remat:
     # Every block's forward again, except each MLP's down projection: the backward pass needs a
     # matmul's inputs, not the output of the block's last one, so JAX never recomputes it.

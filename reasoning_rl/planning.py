@@ -326,7 +326,7 @@ def step_flops(config, m: ModelConfig) -> flops_lib.StepFlops:
       generated_tokens=rows * new, decode_context=prompt + new,
       trained_tokens=batch_rows(config) * (prompt + new), trained_context=prompt + new,
       completion_tokens=rows * new,
-      passes=flops_lib.TrainingPasses.of_step(step_config(config)))
+      passes=flops_lib.TrainingPasses.of_step(step_config(config), new))
 
 
 def dcn_gradient_traffic(config, layout: Layout, gradient_bytes: float, chip: ChipSpec

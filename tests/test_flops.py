@@ -99,7 +99,9 @@ def test_training_update_equals_the_traced_gradient(remat):
   traced = traced_matmul_flops(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
   training, recomputed = flops.training_flops(
       SMALL, trained_tokens=rows * (prompt + completion), trained_context=prompt + completion,
-      completion_tokens=rows * completion, passes=flops.TrainingPasses(remat=remat))
+      completion_tokens=rows * completion,
+      passes=flops.TrainingPasses(  # chunks of 4 over 8 positions: the second one recomputed
+          remat=remat, head_recomputed=flops.head_recomputed_share(4, completion)))
   assert traced == training + recomputed
   forward = traced_matmul_flops(jax.make_jaxpr(loss)(params).jaxpr)
   assert training == 3 * forward
@@ -152,7 +154,7 @@ def test_planner_counts_with_the_flop_model():
   expected = flops.rl_step_flops(
       TINY, prompts=4, prompt_tokens=4 * 32, prompt_context=32, generated_tokens=16 * 16,
       decode_context=48, trained_tokens=16 * 48, trained_context=48, completion_tokens=16 * 16,
-      passes=flops.TrainingPasses(reference_forward=True))
+      passes=flops.TrainingPasses(reference_forward=True, head_recomputed=0.5))  # 8 of 16
   assert planning.step_flops(c, TINY) == expected
   assert planning.plan(c, TINY, target={"tpu": "v5p", "num_devices": 16}).throughput.flops == (
       expected)

@@ -271,20 +271,23 @@ def test_flops_and_times_by_hand():
   assert f.decode == 16 * 16 * per_token
   row = 2 * 3040 * 48 + 3072 * 16 + 96 * 48 * 48  # 562_176: 48 tokens, 16 projected
   assert f.training == 16 * 3 * row  # forward + backward, no reference, no pi_old pass
-  assert f.recomputation == 16 * 3072 * 16  # the log-prob chunks' logits, once per update
+  # the log-prob chunks' logits, once per update: chunks of 8 of the 16 completion positions, the
+  # first of each row kept, the second recomputed
+  assert f.recomputation == 16 * 3072 * 8
   c = _config()
   c.beta, c.algo.num_iterations = 0.1, 2  # + reference forward + pi_old forward, 2 x (f + b)
   assert planning.step_flops(c, TINY).training == 16 * (3 * 2 + 1 + 1) * row
-  assert planning.step_flops(c, TINY).recomputation == 2 * 16 * 3072 * 16
+  assert planning.step_flops(c, TINY).recomputation == 2 * 16 * 3072 * 8
   c = _config()
   c.algo.num_mini_batches = 2  # two updates per batch: pi_old is recomputed once, still 1 epoch
   assert planning.step_flops(c, TINY).training == 16 * (3 + 1) * row
   c.algo.remat = "full"  # every update also recomputes the blocks' forward but the down projection
-  assert planning.step_flops(c, TINY).recomputation == 16 * (row - 2 * 2 * 16 * 21 * 48)
+  assert planning.step_flops(c, TINY).recomputation == (
+      16 * (row - 2 * 2 * 16 * 21 * 48) - 16 * 3072 * 8)  # the blocks' forward, half the head
 
   t = planning.plan(_config(), TINY, target=V5P_16).throughput
   peak = 459e12
-  assert t.train_s == pytest.approx((16 * 3 * 562_176 + 16 * 3072 * 16) / (8 * peak * 0.4))
+  assert t.train_s == pytest.approx((16 * 3 * 562_176 + 16 * 3072 * 8) / (8 * peak * 0.4))
   # 2 replicas of 4 chips, each prefills 2 of the 4 prompts
   assert t.prefill_s == pytest.approx(1_183_744 / 2 / (4 * peak * 0.4))
   assert (t.num_replicas, t.rows_per_replica, t.live_slots) == (2, 8, 8)

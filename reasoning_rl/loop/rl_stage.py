@@ -177,7 +177,7 @@ class RLStage:
         prompt_context=r.max_prefill_length, generated_tokens=generated_tokens,
         decode_context=width, trained_tokens=trained_tokens, trained_context=width,
         completion_tokens=generated_tokens,
-        passes=flops_lib.TrainingPasses.of_step(self.run.step_fn.config)).total
+        passes=flops_lib.TrainingPasses.of_step(self.run.step_fn.config, r.max_new_tokens)).total
 
   def rollout_records(self, step: int) -> list[dict]:
     last_step, sampled, token_advantages = self._last

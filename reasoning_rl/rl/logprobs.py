@@ -6,7 +6,8 @@ hidden state to a 49k-entry vocabulary at once would hold B·T·V float32 values
 32 × 512 × 49k) and as much again for the backward pass; instead the time axis is cut into chunks,
 and each chunk's logits are computed, reduced to (log-prob, entropy) and dropped. `jax.checkpoint`
 makes the backward pass recompute a chunk's logits instead of storing them, so peak memory is
-O(B · chunk · V).
+O(B · chunk · V); the first chunk, projected last, is the exception: its backward pass comes
+first, so its logits are kept instead (no more memory, one projection fewer).
 
 Packed rows (padding-free training, `reasoning_rl.rl.packing`): several sequences share a row,
 kept apart by segment ids, and the head runs only where a completion token is predicted.
@@ -68,15 +69,22 @@ def _chunk_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array,
   """hidden [B, c, D], targets [B, c] -> (log p(target) [B, c], entropy [B, c]), float32.
   With `truncation` (the four settings, each [B, c]): (log π^W(target), entropy, full log p,
   in_set: 1.0 where the target lies in the kept set of these logits, else 0.0)."""
+  shape = targets.shape
+  # One axis of B·c positions: XLA:CPU splits a reduction over the vocabulary by its leading
+  # axis, and packed rows come as B = 1 (one group of rows per device), which left one of two
+  # cores idle: 565 against 283 ms for [1, 1024, 49152] vs [1024, 49152] (benchmarks/RESULTS.md).
+  hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
   logits = model.logits_from_hidden(hidden)
   log_norm = jax.nn.logsumexp(logits, axis=-1)
   target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
   probs = jnp.exp(logits - log_norm[..., None])
   entropy = log_norm - jnp.sum(probs * logits, axis=-1)
   if truncation is None:
-    return target_logits - log_norm, entropy
-  truncated, in_set = truncated_logprobs(logits, targets, *truncation, with_membership=True)
-  return truncated, entropy, target_logits - log_norm, in_set.astype(jnp.float32)
+    return (target_logits - log_norm).reshape(shape), entropy.reshape(shape)
+  truncated, in_set = truncated_logprobs(logits, targets, *(x.reshape(-1) for x in truncation),
+                                         with_membership=True)
+  return tuple(x.reshape(shape) for x in (truncated, entropy, target_logits - log_norm,
+                                          in_set.astype(jnp.float32)))
 
 
 def completion_logprobs(model: Transformer, tokens: jax.Array, attention_mask: jax.Array,
@@ -151,17 +159,33 @@ def head_logprobs(model: Transformer, hidden: jax.Array, targets: jax.Array, chu
   # thresholds ([B, c, 1]) from the forward pass, so the vocabulary is sorted once, not twice.
   policy = (None if truncation is None
             else jax.checkpoint_policies.save_only_these_names(THRESHOLD_NAME))
-  project = jax.checkpoint(lambda args: _chunk_logprobs(model, *args), policy=policy)
-  if skip_empty:
+  project = lambda args: _chunk_logprobs(model, *args)
+  recomputed = jax.checkpoint(project, policy=policy)
+
+  def each_chunk(project):
+    if not skip_empty:
+      return project
     outputs = 2 if truncation is None else 4
 
     def one_chunk(args):
       empty = (jnp.zeros(args[1].shape, jnp.float32),) * outputs
       return jax.lax.cond(jnp.any(args[1] >= 0), project, lambda _: empty,
                           (args[0], jnp.maximum(args[1], 0), *args[2:]))
-  else:
-    one_chunk = project
-  outputs = jax.lax.map(one_chunk, inputs)
+    return one_chunk
+
+  # Chunk 0 is projected last and kept, not recomputed: its backward pass runs first, right after
+  # the loss, so its logits cost no more peak memory than a recomputation would, and a projection
+  # is saved. Packed rows hold their head positions from chunk 0 on (the others are mostly empty
+  # and skipped), so there this is most of the head's recomputing (benchmarks/RESULTS.md,
+  # "The vocabulary head's recomputation"). The barrier keeps chunk 0 after the others.
+  first = jax.tree.map(lambda x: x[0], inputs)
+  if num_chunks > 1:
+    rest = jax.lax.map(each_chunk(recomputed), jax.tree.map(lambda x: x[1:], inputs))
+    rest, first = jax.lax.optimization_barrier((rest, first))
+  first = each_chunk(project)(first)
+  outputs = tuple(x[None] for x in first)
+  if num_chunks > 1:
+    outputs = tuple(jnp.concatenate([x, y]) for x, y in zip(outputs, rest))
   return tuple(x.swapaxes(0, 1).reshape(batch, -1)[:, :length] for x in outputs)
 
 
