@@ -29,6 +29,7 @@ Usage: python -m benchmarks.isa_cap MODULE [ARGS...]
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import pathlib
 import runpy
@@ -93,12 +94,20 @@ def _loaded_library() -> tuple[pathlib.Path, int]:
   raise SystemExit(f"{LIBRARY} is not loaded: import jax before capping")
 
 
-def ynnpack_features() -> tuple[int, bool]:
-  """(the feature bits YNNPACK chose its kernels by, whether it has chosen yet)."""
+@functools.cache
+def _ynnpack_state() -> tuple[ctypes.c_uint64, ctypes.c_uint8]:
+  """YNNPACK's cached feature bits and their initialisation guard, in this process's memory (the
+  symbol table, ~100 MB, read once)."""
   path, base = _loaded_library()
   at = symbol_offsets(path, [FLAGS_SYMBOL, GUARD_SYMBOL])
-  flags = ctypes.c_uint64.from_address(base + at[FLAGS_SYMBOL]).value
-  return flags, ctypes.c_uint8.from_address(base + at[GUARD_SYMBOL]).value != 0
+  return (ctypes.c_uint64.from_address(base + at[FLAGS_SYMBOL]),
+          ctypes.c_uint8.from_address(base + at[GUARD_SYMBOL]))
+
+
+def ynnpack_features() -> tuple[int, bool]:
+  """(the feature bits YNNPACK chose its kernels by, whether it has chosen yet)."""
+  flags, guard = _ynnpack_state()
+  return flags.value, guard.value != 0
 
 
 def cap_at_avx2() -> None:
@@ -108,13 +117,11 @@ def cap_at_avx2() -> None:
   # Importing jax maps jaxlib's library; no computation runs, so YNNPACK has chosen nothing yet.
   import jax  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
 
-  path, base = _loaded_library()
-  at = symbol_offsets(path, [FLAGS_SYMBOL, GUARD_SYMBOL])
-  guard = ctypes.c_uint8.from_address(base + at[GUARD_SYMBOL])
+  flags, guard = _ynnpack_state()
   if guard.value:
     raise SystemExit("YNNPACK has already chosen its kernels in this process: cap before the "
                      "first computation")
-  ctypes.c_uint64.from_address(base + at[FLAGS_SYMBOL]).value = AVX2_FEATURES
+  flags.value = AVX2_FEATURES
   guard.value = 1
 
 

@@ -57,6 +57,7 @@ import threading
 import time
 
 from benchmarks.installed import smollm2_gguf
+from benchmarks.random_checkpoint import export_tokenizer
 
 # Before transformers / datasets are imported: every file both sides need is installed locally.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -280,8 +281,7 @@ def write_trainable_copy(directory: pathlib.Path) -> None:
   plain.load_state_dict(loaded.state_dict())
   plain.generation_config = loaded.generation_config
   plain.save_pretrained(directory)
-  transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(
-      directory)
+  export_tokenizer(directory)
 
 
 def run_trl(args, beta: float, examples: list, expected_prompt_ids: list[list[int]],
