@@ -33,7 +33,12 @@ Throughput (no decode step is spent on an idle slot the host could have refilled
   two covering every live slot's position plus `steps_per_call` (capped at cache_length), instead
   of the whole cache. (L covers the whole call: a live slot never gets fewer than
   `steps_per_call` tokens from a call unless it finishes, which JetStream's Driver relies on — it
-  reads an invalid token as the end of a request.)
+  reads an invalid token as the end of a request.) On a CPU the call copies those L slots of every
+  layer once, decodes over the copy and writes it back, and attends over the whole cache in place
+  when L is over half of it: XLA:CPU's attention reductions (YNNPACK fusions) take no sliced
+  operand, so slicing each step copied the live part of every layer's cache per step, which cost
+  more than it saved (benchmarks/RESULTS.md, 2026-11-29). Elsewhere each step reads the first L
+  slots in place (no second copy of the cache in memory).
 - Live slots only: when at most half the slots are live (the tail of a rollout, when no request is
   waiting), a call gathers the live slots (rounded up to a power of two with done ones) and the
   first L slots of their cache into a smaller batch, decodes that, and scatters it back, so a step
@@ -268,6 +273,8 @@ class Engine:
     self.min_prefill_bucket = min(min_prefill_bucket, max_prefill_length)
     self.max_prefill_batch = max_prefill_batch
     self.live_length_attention = live_length_attention
+    # see the module docstring, live-length attention
+    self._copies_window = self._mesh.devices.flat[0].platform == "cpu"
     self.compact_live_slots = compact_live_slots
     self.truncation = truncation
     self.default_sampling = default_sampling
@@ -547,6 +554,8 @@ class Engine:
     self.num_generate_calls += 1
     rows, key_length = self.decode_plan(decode_state)
     if rows is None:
+      if self._copies_window and 2 * key_length > self.cache_length:
+        key_length = self.cache_length  # the copy in and out would cost more than it saves
       return self._generate_fn(params, decode_state, np.bool_(return_on_finish),
                                key_length=key_length)
     return self._generate_rows_fn(params, decode_state, rows, np.bool_(return_on_finish),
@@ -686,7 +695,8 @@ class Engine:
 
     def decode_steps(params, state: DecodeState, return_on_finish, key_length: int):
       """Up to `steps` decode steps for the rows of `state` (all slots, or a gathered subset),
-      attending over the first key_length cache slots."""
+      attending over the first key_length cache slots (a slice each step: `windowed` instead
+      copies them once per call)."""
       rows = state.done.shape[0]
       done_at_start = state.done
       buffers = dict(tokens=jnp.zeros((rows, steps), jnp.int32),
@@ -737,7 +747,22 @@ class Engine:
                             **buffers)
       return state, result
 
+    def windowed(params, state: DecodeState, return_on_finish, key_length: int):
+      """`decode_steps` over a copy of the first key_length cache slots, written back after the
+      call (module docstring, live-length attention: what a CPU takes)."""
+      cache = state.cache
+      window = cache.map_layers(lambda a: a[:, :, :key_length]).replace(
+          pos=cache.pos[:, :key_length])
+      state, result = decode_steps(params, state.replace(cache=window), return_on_finish,
+                                   key_length)
+      cache = cache.map_layers(lambda a, b: a.at[:, :, :key_length].set(b),
+                               state.cache).replace(
+          pos=cache.pos.at[:, :key_length].set(state.cache.pos))
+      return state.replace(cache=cache), result
+
     def generate(params, state: DecodeState, return_on_finish, *, key_length: int):
+      if self._copies_window and key_length < state.cache.max_len:
+        return windowed(params, state, return_on_finish, key_length)
       return decode_steps(params, state, return_on_finish, key_length)
 
     def generate_rows(params, state: DecodeState, rows, return_on_finish, *, key_length: int):
