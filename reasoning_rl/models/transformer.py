@@ -610,7 +610,10 @@ class Transformer(nnx.Module):
     groups = config.num_layers // period
     residual_axes = ("batch", "length", None)
     graphdef, state = nnx.split(self.layers)
-    grouped = jax.tree.map(lambda a: a.reshape(groups, period, *a.shape[1:]), state)
+    # With one layer per group the stack is scanned as it is: XLA:CPU gave the [L, 1, …] view a
+    # layout that copies every weight each time it runs, once per decode step (inside the loop).
+    grouped = state if period == 1 else jax.tree.map(
+        lambda a: a.reshape(groups, period, *a.shape[1:]), state)
 
     def run_block(block_state, x, cache_kv, layer, layer_routing, window, rope):
       block = nnx.merge(graphdef, block_state)
@@ -642,8 +645,9 @@ class Transformer(nnx.Module):
         layer_routing = None
         if sparse[j]:
           layer_routing = routing.for_layer(group * per_group + sum(sparse[:j]))
-        x, written, layer_stats = runners[j](jax.tree.map(lambda a, j=j: a[j], group_state), x,
-                                             cache_kv, layer, layer_routing)
+        layer_state = group_state if period == 1 else jax.tree.map(lambda a, j=j: a[j],
+                                                                   group_state)
+        x, written, layer_stats = runners[j](layer_state, x, cache_kv, layer, layer_routing)
         x = constrain(x, residual_axes)
         cache_kv = written
         if layer_stats is not None:
