@@ -9,12 +9,14 @@ seconds and the median `generate` call (steps_per_call steps) in ms per step.
 wrong; only the timing means anything): `attention` (decode attention returns its query),
 `sampling` (a bare argmax, no log-probs). --trace profiles one more run under `jax.profiler` and
 prints the thread time of the decode loop's ops, grouped by result shape and source op.
---transformers also times transformers' `generate` on the same GGUF and prompts (one left-padded
-batch) in one process: steady ms per step = (wall(new_tokens) − wall(16)) / (new_tokens − 16),
+--scan_layers decodes with the block stack scanned (`models.transformer.stack_layers`, what
+`model.scan_layers=True` loads). --transformers also times transformers' `generate` on the same
+GGUF and prompts (one left-padded batch) in one process: steady ms per step = (wall(new_tokens) − wall(16)) / (new_tokens − 16),
 after one untimed call, --runs times.
 
 Usage: python -m benchmarks.profile_decode [--rows 64] [--new_tokens 144] [--runs 3]
-           [--ablate none|attention|sampling] [--trace] [--top 16] [--transformers]
+           [--ablate none|attention|sampling] [--trace] [--top 16] [--scan_layers]
+           [--transformers]
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def parse_args():
   parser.add_argument("--ablate", choices=("none", "attention", "sampling"), default="none")
   parser.add_argument("--trace", action="store_true")
   parser.add_argument("--top", type=int, default=16)
+  parser.add_argument("--scan_layers", action="store_true")
   parser.add_argument("--transformers", action="store_true")
   return parser.parse_args()
 
@@ -124,11 +127,14 @@ def main():
   from benchmarks.generate_cli import benchmark_prompts
   from benchmarks.installed import smollm2_gguf
   from reasoning_rl.build import build_sized_engine, load_checkpoint
+  from reasoning_rl.models.transformer import stack_layers
   from reasoning_rl.sampler import SamplingParams, generate_groups
 
   ablate(args.ablate)
   gguf = smollm2_gguf()
   model, tokenizer = load_checkpoint(str(gguf), dtype="float32", mesh=None)
+  if args.scan_layers:
+    model = stack_layers(model)
   rows = benchmark_prompts(args.rows)
   prompts = [generate.encode_prompt(r, tokenizer, chat_template=True) for r in rows]
   engine = build_sized_engine(model, longest_prompt=max(map(len, prompts)),
@@ -151,7 +157,7 @@ def main():
                     tokenizer=tokenizer, seed=0)
 
   print(f"rows {args.rows}, {args.new_tokens} new tokens, ablate {args.ablate}, "
-        f"{engine.steps_per_call} steps per call")
+        f"{engine.steps_per_call} steps per call{', scanned layers' if args.scan_layers else ''}")
   for index in range(args.runs):
     run()
     step_ms = 1000 * statistics.median(seconds["generate"]) / engine.steps_per_call
