@@ -11,8 +11,8 @@ wrong; only the timing means anything): `attention` (decode attention returns it
 prints the thread time of the decode loop's ops, grouped by result shape and source op.
 --scan_layers decodes with the block stack scanned (`models.transformer.stack_layers`, what
 `model.scan_layers=True` loads). --transformers also times transformers' `generate` on the same
-GGUF and prompts (one left-padded batch) in one process: steady ms per step = (wall(new_tokens) − wall(16)) / (new_tokens − 16),
-after one untimed call, --runs times.
+GGUF and prompts (one left-padded batch) in one process: steady ms per step =
+(wall(new_tokens) − wall(16)) / (new_tokens − 16), after one untimed call, --runs times.
 
 Usage: python -m benchmarks.profile_decode [--rows 64] [--new_tokens 144] [--runs 3]
            [--ablate none|attention|sampling] [--trace] [--top 16] [--scan_layers]
