@@ -87,13 +87,13 @@ def rope_angles(positions: jax.Array, inv_freq: jax.Array,
     return (jnp.concatenate([cos, cos], axis=-1)[:, :, None, :],
             jnp.concatenate([sin, sin], axis=-1)[:, :, None, :])
 
-  # XLA:CPU counts sin and cos as cheap and fuses a copy into every consumer, where each costs a
-  # libm call per element of that consumer: per layer, pass and head (4.5 % of a SmolLM2 training
-  # step's CPU time; benchmarks/RESULTS.md). A conditional is a boundary no fusion crosses; its
-  # predicate holds for any real position, but it is data, so XLA cannot fold the branch away.
-  return jax.lax.cond(jnp.all(positions > -2**30), angles,
-                      lambda p: tuple(jnp.zeros(a.shape, a.dtype)
-                                      for a in jax.eval_shape(angles, p)), positions)
+  # XLA:CPU counts sin and cos as cheap: taken of the concatenated angles, a copy was fused into
+  # every consumer, once per layer, pass and head, each a libm call per element (4.5 % of a
+  # SmolLM2 training step's CPU time; benchmarks/RESULTS.md). Taken before the concatenation and
+  # behind a conditional, a boundary no fusion crosses, they run once per table and forward. Both
+  # branches compute the same angles, so the result never depends on the predicate; the predicate
+  # is data, so XLA cannot fold the conditional away (an optimization barrier it does remove).
+  return jax.lax.cond(jnp.all(positions >= 0), angles, angles, positions)
 
 
 def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
