@@ -73,43 +73,19 @@ class RMSNorm(nnx.Module):
     return normed.astype(x.dtype) * self.scale[...].astype(x.dtype)
 
 
-def rope_angles(positions: jax.Array, inv_freq: jax.Array,
-                attention_factor: float = 1.0) -> tuple[jax.Array, jax.Array]:
-  """(cos, sin) [B, T, 1, D] in float32 for positions [B, T], halves layout, scaled by
-  `attention_factor` (YaRN's, `transformer.rope_attention_factor`). A forward computes them once
-  per table and every layer's q and k reuse them."""
-
-  def angles(positions):
-    half = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
-    cos, sin = jnp.cos(half), jnp.sin(half)
-    if attention_factor != 1.0:
-      cos, sin = cos * attention_factor, sin * attention_factor
-    return (jnp.concatenate([cos, cos], axis=-1)[:, :, None, :],
-            jnp.concatenate([sin, sin], axis=-1)[:, :, None, :])
-
-  # XLA:CPU counts sin and cos as cheap: taken of the concatenated angles, a copy was fused into
-  # every consumer, once per layer, pass and head, each a libm call per element (4.5 % of a
-  # SmolLM2 training step's CPU time; benchmarks/RESULTS.md). Taken before the concatenation and
-  # behind a conditional, a boundary no fusion crosses, they run once per table and forward. Both
-  # branches compute the same angles, so the result never depends on the predicate; the predicate
-  # is data, so XLA cannot fold the conditional away (an optimization barrier it does remove).
-  return jax.lax.cond(jnp.all(positions >= 0), angles, angles, positions)
-
-
-def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-  """x [B, T, H, D] rotated by `rope_angles`' (cos, sin), halves layout (first half · second
-  half)."""
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array,
+               attention_factor: float = 1.0) -> jax.Array:
+  """Rotates x [B, T, H, D] by its positions [B, T], halves layout (first half · second half);
+  cos and sin are scaled by `attention_factor` (YaRN's, `transformer.rope_attention_factor`)."""
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  if attention_factor != 1.0:
+    cos, sin = cos * attention_factor, sin * attention_factor
   cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
   half = x.shape[-1] // 2
   rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
   return x * cos + rotated * sin
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array,
-               attention_factor: float = 1.0) -> jax.Array:
-  """Rotates x [B, T, H, D] by its positions [B, T]: `rotate` by freshly computed
-  `rope_angles`."""
-  return rotate(x, *rope_angles(positions, inv_freq, attention_factor))
 
 
 def scatter_cache(buffer: jax.Array, rows_index: jax.Array, values: jax.Array,
