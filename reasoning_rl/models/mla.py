@@ -50,8 +50,7 @@ from reasoning_rl import kernels
 from reasoning_rl.kernels import reference
 from reasoning_rl.models import kv_pages
 from reasoning_rl.models.config import ModelConfig
-from reasoning_rl.models.primitives import (RMSNorm, apply_rope, param, project, scatter_cache,
-                                            weight)
+from reasoning_rl.models.primitives import RMSNorm, param, project, scatter_cache, weight
 
 # The bottleneck norms' epsilon: DeepSeek's (and transformers') q_a / kv_a norms are built with
 # their default 1e-6, not the config's rms_norm_eps.
@@ -126,17 +125,17 @@ class LatentAttention(nnx.Module):
     self.o_proj = param(rngs, (heads, m.v_head_dim, d), param_dtype,
                         ("heads", "head_dim", "embed"))
 
-  def _rope(self, x, positions, rope):
+  def _rope(self, x, rope):
     """x [B, T, heads, e] rotated by the layer's `transformer.RopeTable` (its YaRN attention
     factor scales these rotated parts only: q_nope and the latent are not rotated). An
     interleaved checkpoint pairs (x0, x1), (x2, x3), …: its even dimensions then its odd ones
-    are the halves `apply_rope` rotates (the same dot products, as queries and keys are laid
-    out alike)."""
+    are the halves `primitives.rotate` rotates (the same dot products, as queries and keys are
+    laid out alike)."""
     if self.config.mla.rope_interleave:
       x = jnp.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
-    return apply_rope(x, positions, rope.inv_freq, rope.attention_factor)
+    return rope.apply(x)
 
-  def queries(self, x, positions, rope):
+  def queries(self, x, rope):
     """(q_nope [B, T, H, n], rotated q_rope [B, T, H, e])."""
     dtype = x.dtype
     if self.config.mla.q_lora_rank is None:
@@ -145,13 +144,13 @@ class LatentAttention(nnx.Module):
       bottleneck = self.q_a_norm(project("td,dr->tr", x, weight(self.q_a_proj, dtype)))
       q = project("tr,rhk->thk", bottleneck, weight(self.q_b_proj, dtype))
     nope = self.config.mla.qk_nope_head_dim
-    return q[..., :nope], self._rope(q[..., nope:], positions, rope)
+    return q[..., :nope], self._rope(q[..., nope:], rope)
 
-  def latent(self, x, positions, rope):
+  def latent(self, x, rope):
     """(c_kv [B, T, r] normed, the rotated shared key k_rope [B, T, e]): what the cache holds."""
     rank = self.config.mla.kv_lora_rank
     compressed = project("td,dr->tr", x, weight(self.kv_a_proj, x.dtype))
-    rope_key = self._rope(compressed[:, :, None, rank:], positions, rope)[:, :, 0]
+    rope_key = self._rope(compressed[:, :, None, rank:], rope)[:, :, 0]
     return self.kv_a_norm(compressed[..., :rank]), rope_key
 
   def expanded_attention(self, q_nope, q_rope, latent, rope_key, positions, key_positions,
@@ -199,8 +198,8 @@ class LatentAttention(nnx.Module):
                segment_ids=None, layer=None):
     """Self-attention of x [B, T, D]: (output [B, T, D], the cache with this call's latents
     written, or None without one)."""
-    q_nope, q_rope = self.queries(x, positions, rope)
-    latent, rope_key = self.latent(x, positions, rope)
+    q_nope, q_rope = self.queries(x, rope)
+    latent, rope_key = self.latent(x, rope)
     if cache_kv is None:
       attended = self.expanded_attention(q_nope, q_rope, latent, rope_key, positions,
                                          key_positions, segment_ids)

@@ -73,19 +73,39 @@ class RMSNorm(nnx.Module):
     return normed.astype(x.dtype) * self.scale[...].astype(x.dtype)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array,
-               attention_factor: float = 1.0) -> jax.Array:
-  """Rotates x [B, T, H, D] by its positions [B, T], halves layout (first half · second half);
-  cos and sin are scaled by `attention_factor` (YaRN's, `transformer.rope_attention_factor`)."""
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
-  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-  cos, sin = jnp.cos(angles), jnp.sin(angles)
+def rope_angles(positions: jax.Array, inv_freq: jax.Array,
+                attention_factor: float = 1.0) -> tuple[jax.Array, jax.Array]:
+  """(cos, sin) [B, T, 1, D] in float32 for positions [B, T], halves layout, scaled by
+  `attention_factor` (YaRN's, `transformer.rope_attention_factor`). A forward computes them once
+  per table and every layer's q and k reuse them."""
+
+  # XLA:CPU counts sin and cos as cheap and duplicates them into their consumers' fusions. Taken
+  # of the concatenated [B, T, D] angles, a copy landed in every q and k rotation, once per layer,
+  # pass and head, each a libm call per element (4.5 % of a SmolLM2 training step's CPU time on an
+  # Intel Xeon; benchmarks/RESULTS.md). Taken of the half-width angles before the concatenation,
+  # they stay one fusion per table and forward, which every layer reads (tests/test_rope.py).
+  half = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+  cos, sin = jnp.cos(half), jnp.sin(half)
   if attention_factor != 1.0:
     cos, sin = cos * attention_factor, sin * attention_factor
+  return (jnp.concatenate([cos, cos], axis=-1)[:, :, None, :],
+          jnp.concatenate([sin, sin], axis=-1)[:, :, None, :])
+
+
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """x [B, T, H, D] rotated by `rope_angles`' (cos, sin), halves layout (first half · second
+  half)."""
   cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
   half = x.shape[-1] // 2
   rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
   return x * cos + rotated * sin
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array,
+               attention_factor: float = 1.0) -> jax.Array:
+  """Rotates x [B, T, H, D] by its positions [B, T]: `rotate` by freshly computed
+  `rope_angles`."""
+  return rotate(x, *rope_angles(positions, inv_freq, attention_factor))
 
 
 def scatter_cache(buffer: jax.Array, rows_index: jax.Array, values: jax.Array,

@@ -45,8 +45,8 @@ from reasoning_rl.models import kv_pages
 from reasoning_rl.models import mla as mla_lib
 from reasoning_rl.models import moe as moe_lib
 from reasoning_rl.models.config import ModelConfig
-from reasoning_rl.models.primitives import (RMSNorm, apply_rope, param, project,
-                                            scatter_cache, weight)
+from reasoning_rl.models.primitives import (RMSNorm, apply_rope, param, project, rope_angles,
+                                            rotate, scatter_cache, weight)
 from reasoning_rl.sharding import constrain
 
 REMAT_POLICIES = config_schema.REMAT_POLICIES  # declared with algo.remat, which names them
@@ -186,11 +186,26 @@ def rope_attention_factor(config: ModelConfig, layer_type: str = "full_attention
 
 @flax.struct.dataclass
 class RopeTable:
-  """What a layer rotates q and k with: inverse frequencies [D/2] and the static factor on cos
-  and sin (`rope_attention_factor`)."""
+  """What a layer rotates q and k with: inverse frequencies [D/2], the static factor on cos and
+  sin (`rope_attention_factor`) and, once `at` has placed it, the forward's (cos, sin) [B, T, 1, D],
+  computed once for all its layers."""
 
   inv_freq: jax.Array
   attention_factor: float = flax.struct.field(pytree_node=False, default=1.0)
+  cos: jax.Array | None = None
+  sin: jax.Array | None = None
+
+  def at(self, positions: jax.Array) -> "RopeTable":
+    """This table with the angles of positions [B, T]."""
+    cos, sin = rope_angles(positions, self.inv_freq, self.attention_factor)
+    return self.replace(cos=cos, sin=sin)
+
+  def apply(self, x: jax.Array) -> jax.Array:
+    """x [B, T, H, D] rotated by the angles `at` computed."""
+    if self.cos is None:
+      raise ValueError("RopeTable.apply needs the angles of the forward's positions: call "
+                       "`at(positions)` first (Transformer.run_blocks does)")
+    return rotate(x, self.cos, self.sin)
 
 
 @flax.struct.dataclass
@@ -308,7 +323,7 @@ class Attention(nnx.Module):
       # one logit per query head, always used in float32 (it joins the float32 softmax)
       self.sinks = param(rngs, (c.num_heads,), param_dtype, ("heads",))
 
-  def project_qkv(self, x, positions, rope):
+  def project_qkv(self, x, rope):
     dtype = x.dtype
     q = project("td,dhk->thk", x, weight(self.q_proj, dtype))
     k = project("td,dhk->thk", x, weight(self.k_proj, dtype))
@@ -325,8 +340,7 @@ class Attention(nnx.Module):
     if self.config.clip_qkv is not None:
       clip = self.config.clip_qkv
       q, k, v = (jnp.clip(a, -clip, clip) for a in (q, k, v))
-    return (apply_rope(q, positions, rope.inv_freq, rope.attention_factor),
-            apply_rope(k, positions, rope.inv_freq, rope.attention_factor), v)
+    return rope.apply(q), rope.apply(k), v
 
   def output(self, attended):
     out = project("thk,hkd->td", attended, weight(self.o_proj, attended.dtype))
@@ -338,7 +352,7 @@ class Attention(nnx.Module):
                segment_ids=None, layer=None):
     """Self-attention of x [B, T, D]; with `cache_kv` the new k/v are written into it first
     (into layer `layer` of stacked [L, B, K, S, D] buffers, when given)."""
-    q, k, v = self.project_qkv(x, positions, rope)
+    q, k, v = self.project_qkv(x, rope)
     sinks = self.sinks[...].astype(jnp.float32) if self.config.attention_sinks else None
     options = dict(scale=self.config.attention_scale, softcap=self.config.attn_logit_softcap,
                    window=self.window, sinks=sinks)
@@ -562,7 +576,7 @@ class Transformer(nnx.Module):
     """
     # One table per attention type: Gemma 3's local and global layers rotate with different bases.
     ropes = {kind: RopeTable(rope_inverse_frequencies(self.config, kind),
-                             rope_attention_factor(self.config, kind))
+                             rope_attention_factor(self.config, kind)).at(positions)
              for kind in set(self.config.layer_types)}
     policy = remat_policy(remat)
     residual_axes = ("batch", "length", None)  # batch-sharded, full width (FSDP-style)
