@@ -24,9 +24,15 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 # between two CPU kinds (4 steps of debug_cpu: grad norm 1.46973896 -> 1.46973908, identical
 # rollouts), which every tolerance in the suite allows for. The subprocesses inherit the flag
 # (tests/multihost_runs.py keeps it when it sets the device count).
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
-if TEST_XLA_FLAGS not in os.environ["XLA_FLAGS"]:
-  os.environ["XLA_FLAGS"] += " " + TEST_XLA_FLAGS
+# XLA:CPU's older elemental emitters instead of its MLIR fusion emitters compile a small model's
+# forward + gradient twice as fast and run these tiny programs about as fast: on a cold
+# compilation cache (a fresh CI machine) four subprocess-heavy files took 405 -> 298 s and eight
+# in-process ones 453 -> 327 s (Intel Xeon, 2 cores, -n 2, 2026-11-30), every test passing. Not
+# for the launchers: a real model's step runs on the fusion emitters' code.
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+for _flag in TEST_XLA_FLAGS:
+  if _flag not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " " + _flag
 # Twice as many XLA CPU threads as devices, so a sharded program's collectives cannot deadlock
 # (reasoning_rl/cpu_threads.py); the train.py runs the tests start inherit it.
 from reasoning_rl.cpu_threads import reserve_collective_threads  # noqa: E402
@@ -42,8 +48,10 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 # the same programs again and again: they share one persistent compilation cache, which they
 # inherit through this variable, so a run after the first loads its programs instead of compiling
 # them (3 steps of configs/debug_cpu.py: 36 s without, 33 s filling it, 18 s from it, same
-# metrics). Set after this process imported JAX, which reads it at import: the tests themselves
-# compile as they always did. One directory per user, JAX version and CPU (its name holds a hash
+# metrics). Set after this process imported JAX, which reads it at import, so a run without
+# workers compiles its own tests as it always did; the -n workers of the README's command start
+# after it is set and share the cache too: a program that two test files compile alike is
+# compiled once per machine. One directory per user, JAX version and CPU (its name holds a hash
 # of the CPU's model and feature flags: a program compiled for AVX-512 must never be loaded on an
 # AVX2 machine); a test that wants its own cache sets the variable itself (test_ppo_resume).
 
