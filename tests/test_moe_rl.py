@@ -192,11 +192,13 @@ def test_step_replays_recorded_experts_and_reports_routing():
   own = _step_batch(model)
   base, stats = _step(own, replay=False)
   replayed, replay_stats = _step(own, replay=True)
-  # replaying the forward's own choice changes nothing, and nothing disagrees
+  # replaying the forward's own choice changes nothing, and nothing disagrees — up to rounding:
+  # the replaying program gathers the recorded experts instead of taking its own top-k, and XLA
+  # may order the two programs' sums differently (1.5e-8 apart under tests/conftest.py's flags)
   for a, b in zip(base, replayed):
-    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
   assert stats["routing/disagreement"] == 0 == replay_stats["routing/disagreement"]
-  assert stats["loss"] == replay_stats["loss"]
+  assert abs(stats["loss"] - replay_stats["loss"]) < 1e-7
   # 3 tokens (of 34 real ones, 2 sparse layers each) recorded with other experts: the replaying
   # step trains through those experts (another gradient); both report the disagreement
   moved = _step_batch(model, replace_tokens=((0, 3), (1, 7), (3, 8)))
@@ -204,7 +206,7 @@ def test_step_replays_recorded_experts_and_reports_routing():
   forced, forced_stats = _step(moved, replay=True)
   for a, b in zip(base, plain):
     np.testing.assert_array_equal(a, b)  # without replay the recorded experts are only read
-  assert any(not np.array_equal(a, b) for a, b in zip(base, forced))
+  assert max(np.abs(a - b).max() for a, b in zip(base, forced)) > 1e-4  # far past rounding
   expected = 6 / 68
   assert abs(plain_stats["routing/disagreement"] - expected) < 1e-7
   assert abs(forced_stats["routing/disagreement"] - expected) < 1e-7
