@@ -135,7 +135,8 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
           f"num_mini_batches x num_micro_batches = {mini} x {micro} must divide the batch of "
           f"num_prompts x num_samples = {r.num_prompts * r.num_samples} completions"
           + (f" + agent.segment_rows = {segments} rows" if segments else ""))
-  require(not config.algo.packing or config.stage != "rl"
+  # packed_row_factor 0: chosen at start-up (step_layout), a divisor of the micro-batch's rows
+  require(not config.algo.packing or config.stage != "rl" or config.algo.packed_row_factor == 0
           or (batch // (mini * micro)) % config.algo.packed_row_factor == 0,
           "algo.packed_row_factor", f"packed rows {config.algo.packed_row_factor} times as long "
           f"must evenly share the {batch // max(mini * micro, 1)} rows of a micro-batch")

@@ -316,9 +316,16 @@ SECTIONS: tuple[Section, ...] = (
               "the vocabulary head runs only at completion tokens. Same loss and gradients. "
               "None = chosen at start-up (reasoning_rl/step_layout.py): on for RL stages",
               kind=bool, typed_none=True),
-        Field("packed_row_factor", 1, "k: packed rows are k × (max_prefill_length + "
+        Field("packed_row_factor", 0, "k: packed rows are k × (max_prefill_length + "
               "max_new_tokens) long (R / k per micro-batch): long sequences waste less of a "
-              "row, attention costs k times more per token", COUNT),
+              "row, attention costs k times more per token. 0 = chosen at start-up "
+              "(reasoning_rl/step_layout.py): 2 with shared prompts, else 1",
+              int_range(0, meaning="0 = chosen at start-up")),
+        Field("shared_prompts", None, "packed rows lay out a prompt once for the completions "
+              "of it they hold, each completion attending to that one copy (rl/packing.py): "
+              "the same loss and gradients, fewer positions. Needs the reference attention "
+              "(every CPU run; model.attention_kernel='reference' elsewhere). None = chosen at "
+              "start-up (reasoning_rl/step_layout.py)", kind=bool, typed_none=True),
         Field("loss_type", "ppo", "ppo: PPO's clipped token ratio (Schulman et al. 2017) | "
               "gspo / gspo-token: GSPO's length-normalised sequence ratio (Zheng et al. 2025) | "
               "cispo: clipped stop-gradient IS weight on a REINFORCE term (MiniMax-M1)",

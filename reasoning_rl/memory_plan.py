@@ -587,6 +587,9 @@ def resolve_layout(config, *, machine: step_layout.Machine | None = None,
   micro-batch count the config leaves open into it, for `machine` (this process's unless
   given), and returns the lines saying what was chosen and why. `model_config`: the policy's
   architecture, read as the dry run reads it unless given."""
+  if config.algo.shared_prompts:  # asked for: refused on a flash kernel before anything runs
+    machine = machine or step_layout.this_machine()
+    step_layout.require_reference_attention(config, machine.backend)
   if not step_layout.is_open(config):
     return []
   machine = machine or step_layout.this_machine()

@@ -72,13 +72,16 @@ def step_config(config: ml_collections.ConfigDict):
   a = config.algo
   if step_layout.is_open(config):
     raise ConfigError(
-        f"config.algo.packing={a.packing!r} / num_micro_batches={a.num_micro_batches!r}: chosen "
-        "for the machine at start-up; call reasoning_rl.memory_plan.resolve_layout(config) "
-        "(build() does) before the step's configuration, or set both fields")
+        f"config.algo.packing={a.packing!r} / num_micro_batches={a.num_micro_batches!r} / "
+        f"shared_prompts={a.shared_prompts!r} / packed_row_factor={a.packed_row_factor!r}: "
+        "chosen for the machine at start-up; call reasoning_rl.memory_plan.resolve_layout(config) "
+        "(build() does) before the step's configuration, or set the four fields")
   lora_settings = LoraSettings.from_config(config)
   return StepConfig(**config_schema.values_of(
       StepConfig, config,
       algorithm="sft" if config.stage != "rl" else ("ppo" if a.name == "ppo" else "grpo"),
+      # without packed RL rows these two are never read and may stay open
+      shared_prompts=bool(a.shared_prompts), packed_row_factor=max(a.packed_row_factor, 1),
       max_completion_length=config.rollout.max_new_tokens,
       lora=lora_settings if lora_settings.enabled else None,
       compute_dtype=config.model.dtype,

@@ -7,6 +7,16 @@ it picked and why:
 
 - `algo.packing=None`: packed rows (padding-free, `rl/packing.py`: the same loss and gradients,
   padding skipped) for RL stages; padded rows for SFT stages.
+- `algo.shared_prompts=None`: on for packed RL rows where the training attention is the
+  reference (every CPU run, `model.attention_kernel='reference'` elsewhere): a prompt is laid
+  out once for the completions of it a row holds (`rl/packing.py`). The flash kernels mask by
+  segment equality only, so they could not show a completion its prompt: a config that asks for
+  shared prompts with one is refused (`require_reference_attention`).
+- `algo.packed_row_factor=0`: on a CPU, rows twice a padded row's length with shared prompts (room for a
+  prompt and about three of its completions: the CPU demo's step 37 → 24 s on an Intel Xeon,
+  benchmarks/RESULTS.md "Shared prompts"), a padded row's length without them (two sequences
+  longer than half a row never share one, and the attention's cost per token grows with the
+  row); elsewhere a padded row's length, the rows the memory planner counts.
 - `algo.num_micro_batches=0`: the fewest micro-batches (gradient accumulation) that divide the
   mini-batch and whose step fits one device's memory by the planner's estimate
   (`memory_plan.memory_plan`, with its headroom; the sampler's memory counted where it shares the devices).
@@ -31,6 +41,7 @@ from collections.abc import Callable
 import ml_collections
 
 from reasoning_rl.config import batch_rows
+from reasoning_rl.errors import ConfigError
 
 
 log = logging.getLogger(__name__)
@@ -71,8 +82,52 @@ def this_machine(num_slices: int = 1) -> Machine:
 
 
 def is_open(config: ml_collections.ConfigDict) -> bool:
-  """Whether the config leaves the packing or the micro-batch count to `resolve`."""
-  return config.algo.packing is None or config.algo.num_micro_batches == 0
+  """Whether the config leaves a field of the layout to `resolve`."""
+  a = config.algo
+  packs = a.packing is not False and config.stage == "rl"  # else the other two have no use
+  return (a.packing is None or a.num_micro_batches == 0
+          or (packs and (a.shared_prompts is None or a.packed_row_factor == 0)))
+
+
+def reference_attention(config: ml_collections.ConfigDict, backend: str) -> bool:
+  """Whether the run's training attention is the reference (`reasoning_rl.kernels`): asked
+  for, or 'auto' on a CPU. ('auto' on an accelerator may pick a flash kernel.)"""
+  kernel = config.model.attention_kernel
+  return kernel == "reference" or (kernel == "auto" and backend == "cpu")
+
+
+def require_reference_attention(config: ml_collections.ConfigDict, backend: str) -> None:
+  """ConfigError where the config asks for shared prompts on a flash kernel (module
+  docstring)."""
+  if config.algo.shared_prompts and not reference_attention(config, backend):
+    raise ConfigError(
+        f"config.algo.shared_prompts=True needs the reference attention, and "
+        f"model.attention_kernel={config.model.attention_kernel!r} on {backend} is a flash "
+        "kernel, whose segment-id mask cannot show a completion the prompt it shares: set "
+        "algo.shared_prompts=False (or None), or model.attention_kernel='reference'")
+
+
+def choose_shared_prompts(config: ml_collections.ConfigDict, backend: str) -> tuple[bool, str]:
+  """(shared_prompts, why) for a config that leaves it open; packing already decided."""
+  if config.stage != "rl" or not config.algo.packing:
+    return False, "padded rows: every row holds its own prompt"
+  if not reference_attention(config, backend):
+    return False, f"the flash kernels on {backend} mask by segment equality only"
+  return True, "each prompt once per packed row: the same update, fewer positions"
+
+
+def choose_row_factor(config: ml_collections.ConfigDict, backend: str) -> tuple[int, str]:
+  """(packed_row_factor, why) for a config that leaves it open; shared_prompts decided. Two
+  only on a CPU, where it was measured, and where two padded rows fit a micro-batch's positions
+  (`CPU_POSITIONS_PER_MICRO_BATCH`), so the factor never makes one larger; elsewhere the
+  planner counts the attention's memory per padded row."""
+  micro = config.algo.num_micro_batches
+  rows = batch_rows(config) // config.algo.num_mini_batches // max(micro, 1)
+  seq = config.rollout.max_prefill_length + config.rollout.max_new_tokens
+  if (config.algo.shared_prompts and backend == "cpu" and 2 * seq <= CPU_POSITIONS_PER_MICRO_BATCH
+      and (micro == 0 or rows % 2 == 0)):
+    return 2, "rows of two padded rows' length hold a prompt and several of its completions"
+  return 1, "rows of a padded row's length: attention costs more per token in longer rows"
 
 
 def choose_packing(config: ml_collections.ConfigDict) -> tuple[bool, str]:
@@ -128,6 +183,14 @@ def resolve(config: ml_collections.ConfigDict, *, machine: Machine,
     packing, why = choose_packing(config)
     config.algo.packing = packing
     lines.append(f"algo.packing = {packing}: {why}")
+  if config.algo.shared_prompts is None:
+    shared, why = choose_shared_prompts(config, machine.backend)
+    config.algo.shared_prompts = shared
+    lines.append(f"algo.shared_prompts = {shared}: {why}")
+  if config.algo.packed_row_factor == 0:
+    factor, why = choose_row_factor(config, machine.backend)
+    config.algo.packed_row_factor = factor
+    lines.append(f"algo.packed_row_factor = {factor}: {why}")
   if config.algo.num_micro_batches == 0:
     k, why = choose_micro_batches(config, machine, fits=fits, batch_split=batch_split)
     config.algo.num_micro_batches = k

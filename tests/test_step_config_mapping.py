@@ -54,6 +54,7 @@ def _base():
   """The defaults, with the layout the machine would choose (step_layout) set by hand."""
   config = base_config()
   config.algo.packing, config.algo.num_micro_batches = False, 1
+  config.algo.shared_prompts, config.algo.packed_row_factor = False, 1
   return config
 
 

@@ -35,13 +35,55 @@ def test_packing_is_chosen_where_it_serves():
   assert step_layout.choose_packing(c)[0] is False
 
 
+def test_shared_prompts_are_chosen_only_on_the_reference_attention():
+  c = _open_config()
+  c.algo.packing = True
+  assert step_layout.choose_shared_prompts(c, "cpu")[0] is True
+  assert step_layout.choose_shared_prompts(c, "tpu")[0] is False  # splash: segment equality
+  c.model.attention_kernel = "reference"
+  assert step_layout.choose_shared_prompts(c, "gpu")[0] is True
+  c.algo.packing = False
+  assert step_layout.choose_shared_prompts(c, "cpu")[0] is False
+  c = _open_config()
+  c.algo.packing, c.algo.num_micro_batches = True, 8
+  memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
+  assert (c.algo.shared_prompts, c.algo.packed_row_factor) == (True, 2)
+  c = _open_config()
+  c.algo.packing, c.algo.num_micro_batches = True, 32  # one row per micro-batch: no room for 2
+  memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
+  assert (c.algo.shared_prompts, c.algo.packed_row_factor) == (True, 1)
+  c = _open_config()
+  c.algo.shared_prompts = False
+  memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
+  assert c.algo.packed_row_factor == 1
+  c = _open_config(prompt=256, completion=512 - 256 + 1)  # two rows > 1,024 positions
+  memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
+  assert (c.algo.shared_prompts, c.algo.packed_row_factor) == (True, 1)
+
+
+def test_shared_prompts_asked_for_on_a_flash_kernel_are_refused():
+  c = _open_config()
+  c.algo.shared_prompts = True
+  c.algo.packing, c.algo.num_micro_batches, c.algo.packed_row_factor = True, 4, 2
+  tpu = step_layout.Machine("tpu", 16 * GIB, num_devices=1, devices_per_host=1)
+  with pytest.raises(ConfigError, match="algo.shared_prompts=True needs the reference"):
+    memory_plan.resolve_layout(c, machine=tpu, model_config=TINY)
+  c.model.attention_kernel = "reference"
+  assert memory_plan.resolve_layout(c, machine=tpu, model_config=TINY) == []
+  c.model.attention_kernel = "splash"
+  with pytest.raises(ConfigError, match="attention_kernel='splash'"):
+    memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
+
+
 def test_a_cpu_splits_the_demo_batch_into_micro_batches_of_about_1k_positions():
   c = _open_config()  # 32 rows of 64 + 64 positions, the CPU demo's shape
   lines = memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
   # 8 rows x 128 = 1,024 positions: the cap; 16 rows would be 2,048
   assert c.algo.num_micro_batches == 4 and c.algo.packing is True
   assert lines[0].startswith("algo.packing = True")
-  assert lines[1].startswith("algo.num_micro_batches = 4: 8 rows of 128 positions")
+  assert lines[1].startswith("algo.shared_prompts = True")  # a CPU runs the reference attention
+  assert lines[2].startswith("algo.packed_row_factor = 2")
+  assert lines[3].startswith("algo.num_micro_batches = 4: 8 rows of 128 positions")
   c = _open_config(prompt=32, completion=32)  # 32 rows of 64: 16 rows per micro-batch
   memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
   assert c.algo.num_micro_batches == 2
@@ -91,12 +133,13 @@ def test_set_fields_are_kept_and_an_open_config_has_no_step_config():
   with pytest.raises(ConfigError, match="resolve_layout"):
     step_config(c)
   c.algo.packing, c.algo.num_micro_batches = False, 2
+  c.algo.shared_prompts, c.algo.packed_row_factor = False, 1
   assert memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY) == []
   assert (c.algo.packing, c.algo.num_micro_batches) == (False, 2)
   assert step_config(c).num_micro_batches == 2
   c = _open_config()
-  c.algo.num_micro_batches = 8  # only packing is open
-  assert len(memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)) == 1
+  c.algo.num_micro_batches = 8  # packing, shared prompts and the row factor are open
+  assert len(memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)) == 3
   assert (c.algo.packing, c.algo.num_micro_batches) == (True, 8)
 
 

@@ -4,7 +4,12 @@ CPU takes.
 Masks are position-based: query t attends key s iff 0 <= k_pos[s] <= q_pos[t] (a negative position
 marks an empty or padding key), q_pos[t] − k_pos[s] < window for sliding layers, and — with
 `segment_ids`, queries and keys being the same tokens of a packed row — both tokens belong to the
-same sequence. With `sinks` (GPT-OSS), each head's learned sink logit joins every query's softmax
+same sequence. A segment id is `unit · BRANCHES + branch` (`shared_prefix_ids`): the tokens of
+branch 0 of a unit ≥ 1 are a prefix every branch of that unit attends (one prompt, its
+completions each a branch, `rl/packing.py`'s shared prompts); ids below BRANCHES (unit 0, the
+plain packed layout) are sequences of their own. So a key is visible to a query iff their ids are
+equal, or the key is its unit's prefix; with no prefix tokens that is equality, the rule the
+flash kernels apply. With `sinks` (GPT-OSS), each head's learned sink logit joins every query's softmax
 as one more score and its probability is then dropped: the weights over the keys sum to less
 than 1, and a query may attend to almost nothing. Scores and softmax are float32 whatever the
 compute dtype. The [B, heads, T, S]
@@ -18,6 +23,23 @@ import jax
 import jax.numpy as jnp
 
 MASKED_SCORE = -1e30  # finite, so a query with nothing to attend to gives uniform (unused) weights
+BRANCH_BITS = 16
+BRANCHES = 1 << BRANCH_BITS  # branches per unit of a segment id (module docstring)
+
+
+def shared_prefix_ids(unit, branch):
+  """The segment id of branch `branch` of unit `unit` (module docstring); branch 0 of a unit
+  >= 1 is that unit's shared prefix."""
+  return (unit << BRANCH_BITS) + branch
+
+
+def _visible(q_ids, k_ids) -> jax.Array:
+  """[B, T, S] bool: the key's segment is the query's, or the key is the prefix of the query's
+  unit (module docstring)."""
+  k_unit, k_branch = k_ids >> BRANCH_BITS, k_ids & (BRANCHES - 1)
+  same = q_ids[:, :, None] == k_ids[:, None, :]
+  prefix = (k_branch == 0) & (k_unit > 0)
+  return same | (prefix[:, None, :] & ((q_ids >> BRANCH_BITS)[:, :, None] == k_unit[:, None, :]))
 
 
 def allowed(q_pos, k_pos, *, window: int | None, segment_ids=None) -> jax.Array:
@@ -27,7 +49,7 @@ def allowed(q_pos, k_pos, *, window: int | None, segment_ids=None) -> jax.Array:
   if window:
     mask &= delta < window
   if segment_ids is not None:
-    mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
+    mask &= _visible(segment_ids, segment_ids)
   return mask
 
 

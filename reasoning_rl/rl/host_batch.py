@@ -35,7 +35,7 @@ def host_batch_with_layout(config: StepConfig, batch: dict, *, mesh=None, pad_id
                             row_factor=c.packed_row_factor, row_groups=devices,
                             head_chunk=min(c.logprob_chunk, width)
                             * max(1, padded_rows // devices),
-                            pad_id=pad_id)
+                            pad_id=pad_id, share_prompts=bool(c.shared_prompts))
 
 
 def _settings_to_pack(batch: dict, truncated_ratio: bool) -> dict:

@@ -42,6 +42,7 @@ import dataclasses
 
 import numpy as np
 
+from reasoning_rl.kernels.reference import shared_prefix_ids
 from reasoning_rl.rl.batching import TRUNCATION_FIELDS, UNTRUNCATED
 
 # A padded batch's sampling settings in a packed one: per head position, laid out as
@@ -63,23 +64,46 @@ class PackedLayout:
   rows: int  # packed rows holding them (over every mini-batch)
 
 
-def _first_fit_decreasing(indices, lengths, width):
+def _first_fit_decreasing(indices, lengths, width, prompt_keys=None, prompt_lens=None):
+  """Rows of units, first-fit by decreasing length. A unit is [sequence indices]: one sequence,
+  or with `prompt_keys` every sequence of the row whose prompt is the same (the prompt laid out
+  once, module docstring): a sequence joins a row already holding its prompt for its completion's
+  length, else the first row with room for all of it."""
   rows, free = [], []
-  for i in sorted(indices, key=lambda i: (-lengths[i], i)):
+  order = sorted(indices, key=lambda i: (-lengths[i], i))
+  if prompt_keys is not None:
+    # One prompt's sequences after another (the prompt with the most tokens first), so each
+    # fills rows holding its prompt before another prompt's take the room.
+    totals = {}
+    for i in indices:
+      totals[prompt_keys[i]] = totals.get(prompt_keys[i], 0) + lengths[i] - prompt_lens[i]
+    first_seen = {}
+    for i in order:
+      first_seen.setdefault(prompt_keys[i], len(first_seen))
+    order.sort(key=lambda i: (-totals[prompt_keys[i]], first_seen[prompt_keys[i]]))
+  for i in order:
+    if prompt_keys is not None:
+      completion = lengths[i] - prompt_lens[i]
+      shared = next((r for r, units in enumerate(rows) if free[r] >= completion
+                     for unit in units if prompt_keys[unit[0]] == prompt_keys[i]), None)
+      if shared is not None:
+        next(u for u in rows[shared] if prompt_keys[u[0]] == prompt_keys[i]).append(i)
+        free[shared] -= completion
+        continue
     for r, space in enumerate(free):
       if lengths[i] <= space:
-        rows[r].append(i)
+        rows[r].append([i])
         free[r] -= lengths[i]
         break
     else:
-      rows.append([i])
+      rows.append([[i]])
       free.append(width - lengths[i])
   return rows
 
 
 def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int = 1,
-               row_factor: int = 1, row_groups: int = 1, head_chunk: int = 128, pad_id: int = 0
-               ) -> tuple[dict, PackedLayout]:
+               row_factor: int = 1, row_groups: int = 1, head_chunk: int = 128, pad_id: int = 0,
+               share_prompts: bool = False) -> tuple[dict, PackedLayout]:
   """The packed form of a padded batch (module docstring).
 
   Args:
@@ -94,6 +118,10 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
     head_chunk: positions the vocabulary head projects at once, per group: `head_index` and
       `head_targets` are [G, S, chunks, head_chunk] (the step reads the chunk size off them).
     pad_id: token at padding positions.
+    share_prompts: sequences of a mini-batch with the same prompt (and, with recorded experts,
+      the same prompt routing) that share a row lay the prompt out once (module docstring); the
+      segment ids then follow `kernels.reference.shared_prefix_ids`, which only the reference
+      attention reads.
 
   Returns:
     (packed arrays for `TrainStep`, the layout that maps sequence slots back to padded rows).
@@ -120,13 +148,21 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
     raise ValueError("a completion without a prompt token has no position predicting its first "
                      "token")
   lengths = [int(p + c) if c else 0 for p, c in zip(prompt_lens, completion_lens)]
+  routed = "recorded_experts" in batch
+  if routed:
+    experts = np.asarray(batch["recorded_experts"])
+  prompt_keys = None
+  if share_prompts:
+    prompt_keys = [tokens[i, :prompt_length][attention[i, :prompt_length] > 0].tobytes()
+                   + (experts[i, :prompt_length][attention[i, :prompt_length] > 0].tobytes()
+                      if routed else b"") for i in range(num_rows)]
   # Mini-batch k holds rows k, k + M, … (the padded step's `batch_slices.split_rows`); empty rows are dropped.
   slices, used = [], []
   for k in range(num_mini_batches):
     members = [i for i in range(k, num_rows, num_mini_batches) if lengths[i]]
     # Every row but the last holds >= k sequences (each is <= W long, so a row of k·W with fewer
     # has room for the next), so the rows fit the m micro-batches of R / k rows.
-    rows = _first_fit_decreasing(members, lengths, width)
+    rows = _first_fit_decreasing(members, lengths, width, prompt_keys, prompt_lens)
     used.append(-(-len(rows) // rows_per_micro))
     slices += [rows[j * rows_per_micro:(j + 1) * rows_per_micro]
                for j in range(num_micro_batches)]
@@ -143,9 +179,7 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
       "token_index": np.full((num_slots, num_slices, completion_length),
                              row_groups * group_width, np.int32),
   }
-  routed = "recorded_experts" in batch
   if routed:
-    experts = np.asarray(batch["recorded_experts"])
     out["recorded_experts"] = np.zeros((rows_per_micro, num_slices, width, *experts.shape[2:]),
                                        experts.dtype)
   for name in SEQUENCE_FIELDS:
@@ -159,44 +193,62 @@ def pack_batch(batch: dict, *, num_mini_batches: int = 1, num_micro_batches: int
     out[head_name] = np.full((row_groups, num_slices, group_width), default,
                              np.asarray(batch[name]).dtype)
   row_of_slot = np.full((num_slices, num_slots), -1, np.int64)
+  packed_tokens = 0
   for s, rows in enumerate(slices):
     slot = 0
     heads = [0] * row_groups  # head positions filled per group
     for r, row in enumerate(rows):
       group, row_in_group = divmod(r, rows_per_group)
       start = 0
-      for segment, i in enumerate(row, start=1):
-        prompt = tokens[i, :prompt_length][attention[i, :prompt_length] > 0]
-        n_prompt, n_completion = len(prompt), int(completion_lens[i])
-        sequence = np.concatenate([prompt, tokens[i, prompt_length:prompt_length + n_completion]])
-        span = slice(start, start + len(sequence))
-        out["tokens"][r, s, span] = sequence
-        out["positions"][r, s, span] = np.arange(len(sequence))
-        out["segment_ids"][r, s, span] = segment
-        if routed:
-          out["recorded_experts"][r, s, span] = np.concatenate(
-              [experts[i, :prompt_length][attention[i, :prompt_length] > 0],
-               experts[i, prompt_length:prompt_length + n_completion]])
-        # Completion token t is predicted by the hidden state of the token before it.
-        head = slice(heads[group], heads[group] + n_completion)
-        out["head_index"][group, s, head] = (
-            row_in_group * width + start + n_prompt - 1 + np.arange(n_completion))
-        out["head_targets"][group, s, head] = sequence[n_prompt:]
-        for name, head_name, _ in settings:
-          out[head_name][group, s, head] = batch[name][i]
-        out["token_index"][slot, s, :n_completion] = group * group_width + np.arange(
-            head.start, head.stop)
-        for name in SEQUENCE_FIELDS:
-          if name in out:
-            out[name][slot, s] = batch[name][i]
-        row_of_slot[s, slot] = i
-        start += len(sequence)
-        heads[group] += n_completion
-        slot += 1
+      for number, unit in enumerate(row, start=1):
+        first = unit[0]
+        prompt_span = attention[first, :prompt_length] > 0
+        prompt = tokens[first, :prompt_length][prompt_span]
+        n_prompt = len(prompt)
+        # The prompt once, then each completion; without sharing a unit is one sequence whose
+        # tokens all carry its segment id (1, 2, … in the row).
+        pieces = [(prompt, np.arange(n_prompt),
+                   shared_prefix_ids(number, 0) if share_prompts else number,
+                   experts[first, :prompt_length][prompt_span] if routed else None)]
+        for branch, i in enumerate(unit, start=1):
+          n_completion = int(completion_lens[i])
+          pieces.append((tokens[i, prompt_length:prompt_length + n_completion],
+                         n_prompt + np.arange(n_completion),
+                         shared_prefix_ids(number, branch) if share_prompts else number,
+                         experts[i, prompt_length:prompt_length + n_completion] if routed
+                         else None))
+        piece_starts = np.cumsum([start] + [len(piece[0]) for piece in pieces])
+        for (piece_tokens, positions, segment, piece_experts), at in zip(pieces, piece_starts):
+          span = slice(at, at + len(piece_tokens))
+          out["tokens"][r, s, span] = piece_tokens
+          out["positions"][r, s, span] = positions
+          out["segment_ids"][r, s, span] = segment
+          if routed:
+            out["recorded_experts"][r, s, span] = piece_experts
+        for (completion, _, _, _), at, i in zip(pieces[1:], piece_starts[1:], unit):
+          n_completion = len(completion)
+          # Completion token t is predicted by the hidden state of the token before it: the
+          # prompt's last token for t = 0, then the completion's own.
+          predictors = np.concatenate([[start + n_prompt - 1], at + np.arange(n_completion - 1)])
+          head = slice(heads[group], heads[group] + n_completion)
+          out["head_index"][group, s, head] = row_in_group * width + predictors
+          out["head_targets"][group, s, head] = completion
+          for name, head_name, _ in settings:
+            out[head_name][group, s, head] = batch[name][i]
+          out["token_index"][slot, s, :n_completion] = group * group_width + np.arange(
+              head.start, head.stop)
+          for name in SEQUENCE_FIELDS:
+            if name in out:
+              out[name][slot, s] = batch[name][i]
+          row_of_slot[s, slot] = i
+          heads[group] += n_completion
+          slot += 1
+        start = int(piece_starts[-1])
+        packed_tokens += start - int(piece_starts[0])
   for name in ("head_index", "head_targets", *(head_name for _, head_name, _ in settings)):
     out[name] = out[name].reshape(row_groups, num_slices, -1, head_chunk)
   layout = PackedLayout(row_of_slot=row_of_slot, micro_batches_used=np.array(used),
-                        tokens=int(sum(lengths)), rows=sum(len(rows) for rows in slices))
+                        tokens=packed_tokens, rows=sum(len(rows) for rows in slices))
   return out, layout
 
 
