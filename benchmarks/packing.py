@@ -2,12 +2,14 @@
 
 Usage: python -m benchmarks.packing [--repeats 3] [--rows 32] [--prompt_length 64]
          [--completion_length 128] [--micro_batches 4] [--betas 0,0.04] [--seed 0]
-         [--temperature 1.0]
+         [--temperature 1.0] [--samples 8] [--shared_prompts]
 
 The batch is an RL batch of the CPU demo's shape: `rows` completions of a `completion_length`
 budget after prompts left-padded to `prompt_length`; prompt lengths 30–45 tokens (the demo's chat
 prompts are ~39) and completion lengths drawn from the demo's spread (a quarter at the budget, the
-rest uniform in 8 … budget), random token ids. Each layout runs the same batch through
+rest uniform in 8 … budget), random token ids; rows come in groups of `samples` sharing their
+prompt, as a GRPO batch's G completions do. With `--shared_prompts` each packed layout also runs
+with `algo.shared_prompts` (each prompt once per row). Each layout runs the same batch through
 `TrainStep` (AdamW; the packed one through `TrainStep.host_batch`), compiled first, then timed
 `repeats` times, interleaved padded / packed so load on the machine hits both alike; the table
 gives medians, the positions each layout computes (rows × width of the micro-batches it runs),
@@ -39,8 +41,11 @@ def ragged_batch(args, vocab_size: int):
   prompt_lens = rng.randint(30, 46, rows)
   completion_lens = np.where(rng.rand(rows) < 0.25, t, rng.randint(8, t + 1, rows))
   for row in range(rows):
-    n_p, n_c = prompt_lens[row], completion_lens[row]
-    tokens[row, p - n_p:p + n_c] = rng.randint(1, vocab_size, n_p + n_c)
+    n_p, n_c = prompt_lens[row - row % args.samples], completion_lens[row]
+    if row % args.samples == 0:
+      prompt = rng.randint(1, vocab_size, n_p)
+    tokens[row, p - n_p:p] = prompt
+    tokens[row, p:p + n_c] = rng.randint(1, vocab_size, n_c)
     attention[row, p - n_p:p + n_c] = 1
     completion[row, :n_c] = 1
   batch = {"tokens": tokens, "attention_mask": attention, "completion_mask": completion,
@@ -65,6 +70,10 @@ def main():
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--temperature", type=float, default=1.0,
                       help="the rows' sampling temperature (not 1: the truncated ratio)")
+  parser.add_argument("--samples", type=int, default=8,
+                      help="rows per prompt (a GRPO group); 1: every row its own prompt")
+  parser.add_argument("--shared_prompts", action="store_true",
+                      help="also run each packed layout with algo.shared_prompts")
   args = parser.parse_args()
 
   from reasoning_rl.host_memory import keep_freed_memory
@@ -87,15 +96,17 @@ def main():
         "| loss |")
   print("|---|---|---|---|---|---|---|---|")
   factors = [int(k) for k in args.row_factors.split(",")]
-  layouts = [("padded", 0)] + [(f"packed, k={k}", k) for k in factors]
+  layouts = [("padded", 0, False)] + [(f"packed, k={k}", k, False) for k in factors]
+  if args.shared_prompts:
+    layouts += [(f"packed, k={k}, shared prompts", k, True) for k in factors]
   width = args.prompt_length + args.completion_length
   for beta in (float(b) for b in args.betas.split(",")):
     for micro in (int(m) for m in args.micro_batches.split(",")):
       steps, runs = {}, {}
-      for name, factor in layouts:
+      for name, factor, shared in layouts:
         config = StepConfig(beta=beta, learning_rate=1e-6, num_micro_batches=micro,
                             packing=factor > 0, packed_row_factor=max(factor, 1),
-                            truncated_ratio=args.temperature != 1.0)
+                            shared_prompts=shared, truncated_ratio=args.temperature != 1.0)
         step = TrainStep(graphdef, config)
         copy = lambda: jax.tree.map(lambda x: x.copy(), params)
         state = step.init_state(copy(), ref_params=copy() if beta > 0 else None)
@@ -105,14 +116,14 @@ def main():
         steps[name] = [step, state, host, finalize(jax.device_get(stats))["loss"]]
         runs[name] = []
       for _ in range(args.repeats):
-        for name, _ in layouts:
+        for name, _, _ in layouts:
           step, state, host, _ = steps[name]
           start = time.perf_counter()
           state, _ = step(state, host)
           jax.block_until_ready(state)
           runs[name].append(time.perf_counter() - start)
           steps[name][1] = state
-      for name, factor in layouts:
+      for name, factor, _ in layouts:
         _, _, host, loss = steps[name]
         if factor == 0:
           run, positions, heads = micro, args.rows * width, args.rows * args.completion_length

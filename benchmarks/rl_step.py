@@ -14,7 +14,7 @@ measured steps' means.
 Needs TRL: pip install -e '.[test,bench]' (pinned; torch stays the CPU wheel).
 Usage: python -m benchmarks.rl_step [--steps 5] [--warmup_steps 1] [--beta 0,0.04]
          [--prompts 4] [--samples 8] [--max_new_tokens 128] [--micro_batches 4]
-         [--learning_rate 2e-5] [--layouts auto] [--packed_micro_batches M]
+         [--learning_rate 2e-5] [--layouts auto[,unshared]] [--packed_micro_batches M]
          [--model_dir DIR] [--dtype float32|bfloat16] [--skip_trl]
 
 With `--model_dir` both sides load that Hugging Face checkpoint instead of the GGUF (on a machine
@@ -139,7 +139,9 @@ def demo_config(args, beta: float, workdir: str, layout: str = "auto"):
   c.optim.learning_rate = args.learning_rate
   c.optim.warmup_steps = 0
   c.optim.final_lr_fraction = 1.0  # a constant rate, as TRL's lr_scheduler_type="constant"
-  if layout != "auto":
+  if layout == "unshared":  # what the program picks, but every prompt laid out per completion
+    c.algo.shared_prompts, c.algo.packed_row_factor = False, 1
+  elif layout != "auto":
     packing = layout == "packed"
     c.algo.num_micro_batches = args.packed_micro_batches if packing else args.micro_batches
     c.algo.packing = packing
@@ -197,8 +199,10 @@ def run_ours(args, beta: float, examples: list, load: ForeignLoad, layout: str
   with tempfile.TemporaryDirectory(prefix="rl_step_ours-") as workdir:
     config = demo_config(args, beta, workdir, layout)
     run = build(config)
-    print(f"ours ({layout}): algo.packing={config.algo.packing}, "
-          f"algo.num_micro_batches={config.algo.num_micro_batches}", flush=True)
+    a = config.algo
+    print(f"ours ({layout}): algo.packing={a.packing}, algo.num_micro_batches="
+          f"{a.num_micro_batches}, algo.shared_prompts={a.shared_prompts}, "
+          f"algo.packed_row_factor={a.packed_row_factor}", flush=True)
     prompt_ids = [list(run.template.encode(example)) for _, example in examples]
     timer = ScoringTimer(run.scorer.reward_fn)
     run.scorer.reward_fn = timer
@@ -471,8 +475,8 @@ def main():
   parser.add_argument("--learning_rate", type=float, default=2e-5)
   parser.add_argument("--layouts", default="auto",
                       help="our training rows, comma-separated: auto (what the program picks: "
-                           "a user's default), padded and/or packed (algo.packing, "
-                           "padding-free)")
+                           "a user's default), unshared (auto without algo.shared_prompts), "
+                           "padded and/or packed (algo.packing, padding-free)")
   parser.add_argument("--packed_micro_batches", type=int, default=None,
                       help="micro-batches of the packed layout (default: --micro_batches); "
                            "packed micro-batches hold as many positions as padded ones, and "
@@ -519,8 +523,9 @@ def main():
   for beta in betas:
     ours_by_layout = {}
     for layout in layouts:
-      if layout not in ("auto", "padded", "packed"):
-        raise SystemExit(f"--layouts: {layout!r} is not 'auto', 'padded' or 'packed'")
+      if layout not in ("auto", "unshared", "padded", "packed"):
+        raise SystemExit(f"--layouts: {layout!r} is not 'auto', 'unshared', 'padded' or "
+                         "'packed'")
       start = time.perf_counter()
       ours, prompt_ids = run_ours(args, beta, examples, load, layout)
       print_steps(f"β={beta:g} ours, {layout} rows", ours, time.perf_counter() - start)

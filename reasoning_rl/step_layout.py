@@ -116,16 +116,17 @@ def choose_shared_prompts(config: ml_collections.ConfigDict, backend: str) -> tu
   return True, "each prompt once per packed row: the same update, fewer positions"
 
 
-def choose_row_factor(config: ml_collections.ConfigDict, backend: str) -> tuple[int, str]:
-  """(packed_row_factor, why) for a config that leaves it open; shared_prompts decided. Two
-  only on a CPU, where it was measured, and where two padded rows fit a micro-batch's positions
-  (`CPU_POSITIONS_PER_MICRO_BATCH`), so the factor never makes one larger; elsewhere the
-  planner counts the attention's memory per padded row."""
-  micro = config.algo.num_micro_batches
-  rows = batch_rows(config) // config.algo.num_mini_batches // max(micro, 1)
+def choose_row_factor(config: ml_collections.ConfigDict, backend: str, *,
+                      batch_split: Callable[[int], int]) -> tuple[int, str]:
+  """(packed_row_factor, why) for a config that leaves it open; shared_prompts and the
+  micro-batch count decided. Two only on a CPU, where it was measured, where two padded rows fit
+  a micro-batch's positions (`CPU_POSITIONS_PER_MICRO_BATCH`), and where each trainer device's
+  share of a micro-batch (`batch_split`) is an even number of rows; elsewhere the planner counts
+  the attention's memory per padded row."""
+  rows = batch_rows(config) // config.algo.num_mini_batches // config.algo.num_micro_batches
   seq = config.rollout.max_prefill_length + config.rollout.max_new_tokens
   if (config.algo.shared_prompts and backend == "cpu" and 2 * seq <= CPU_POSITIONS_PER_MICRO_BATCH
-      and (micro == 0 or rows % 2 == 0)):
+      and rows % (2 * batch_split(rows)) == 0):
     return 2, "rows of two padded rows' length hold a prompt and several of its completions"
   return 1, "rows of a padded row's length: attention costs more per token in longer rows"
 
@@ -150,7 +151,7 @@ def choose_micro_batches(config: ml_collections.ConfigDict, machine: Machine, *,
   rows = batch_rows(config) // config.algo.num_mini_batches
   seq = r.max_prefill_length + r.max_new_tokens
   candidates = [k for k in range(1, rows + 1) if rows % k == 0]
-  if config.algo.packing:
+  if config.algo.packing and config.algo.packed_row_factor:  # 0: chosen after this count
     factor = config.algo.packed_row_factor
     candidates = [k for k in candidates if (rows // k) % factor == 0] or candidates
   trial = copy.deepcopy(config)
@@ -187,14 +188,14 @@ def resolve(config: ml_collections.ConfigDict, *, machine: Machine,
     shared, why = choose_shared_prompts(config, machine.backend)
     config.algo.shared_prompts = shared
     lines.append(f"algo.shared_prompts = {shared}: {why}")
-  if config.algo.packed_row_factor == 0:
-    factor, why = choose_row_factor(config, machine.backend)
-    config.algo.packed_row_factor = factor
-    lines.append(f"algo.packed_row_factor = {factor}: {why}")
   if config.algo.num_micro_batches == 0:
     k, why = choose_micro_batches(config, machine, fits=fits, batch_split=batch_split)
     config.algo.num_micro_batches = k
     lines.append(f"algo.num_micro_batches = {k}: {why}")
+  if config.algo.packed_row_factor == 0:
+    factor, why = choose_row_factor(config, machine.backend, batch_split=batch_split)
+    config.algo.packed_row_factor = factor
+    lines.append(f"algo.packed_row_factor = {factor}: {why}")
   return lines
 
 

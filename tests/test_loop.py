@@ -73,6 +73,11 @@ def test_timing_and_throughput():
   assert out["throughput/generated_tokens_per_s"] == pytest.approx(12 / 2.0)
   assert out["throughput/trained_tokens_per_s"] == pytest.approx(40 / 10.5)
   assert out["throughput/rl_mfu"] == pytest.approx(1 / 10.5)
+  # shared prompts: the MFU counts the positions computed, tokens/s the sequences' tokens
+  out = telemetry.rl_throughput(_batch(), times, trained_tokens=40, computed_tokens=31,
+                                step_flops=flops, peak_flops=1e9, asynchronous=False)
+  assert seen["trained_tokens"] == 31
+  assert out["throughput/trained_tokens_per_s"] == pytest.approx(40 / 10.5)
 
 
 def test_rollout_records_carry_the_task_prompt_the_verifier_saw():

@@ -56,6 +56,11 @@ def test_shared_prompts_are_chosen_only_on_the_reference_attention():
   c.algo.shared_prompts = False
   memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
   assert c.algo.packed_row_factor == 1
+  c = _open_config()
+  c.algo.packing, c.algo.shared_prompts, c.algo.num_micro_batches = True, True, 8  # 4 rows each
+  assert step_layout.choose_row_factor(c, "cpu", batch_split=lambda rows: 2)[0] == 2
+  assert step_layout.choose_row_factor(c, "cpu", batch_split=lambda rows: 4)[0] == 1  # 1 a device
+  assert step_layout.choose_row_factor(c, "gpu", batch_split=lambda rows: 1)[0] == 1
   c = _open_config(prompt=256, completion=512 - 256 + 1)  # two rows > 1,024 positions
   memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
   assert (c.algo.shared_prompts, c.algo.packed_row_factor) == (True, 1)
@@ -82,8 +87,8 @@ def test_a_cpu_splits_the_demo_batch_into_micro_batches_of_about_1k_positions():
   assert c.algo.num_micro_batches == 4 and c.algo.packing is True
   assert lines[0].startswith("algo.packing = True")
   assert lines[1].startswith("algo.shared_prompts = True")  # a CPU runs the reference attention
-  assert lines[2].startswith("algo.packed_row_factor = 2")
-  assert lines[3].startswith("algo.num_micro_batches = 4: 8 rows of 128 positions")
+  assert lines[2].startswith("algo.num_micro_batches = 4: 8 rows of 128 positions")
+  assert lines[3].startswith("algo.packed_row_factor = 2")
   c = _open_config(prompt=32, completion=32)  # 32 rows of 64: 16 rows per micro-batch
   memory_plan.resolve_layout(c, machine=ONE_CPU, model_config=TINY)
   assert c.algo.num_micro_batches == 2

@@ -128,8 +128,10 @@ class RLStage:
           with_routing=routes_recorded(run.model_config, c))
     train_start = time.perf_counter()
     token_advantages = None
+    computed_tokens = None
     if cluster.is_trainer:
       device_batch, layout = run.step_fn.host_batch_with_layout(batch, pad_id=run.tokenizer.pad_id)
+      computed_tokens = layout.tokens if layout is not None else None
       if cluster.multi_process:
         device_batch = global_batch(device_batch, run.trainer_mesh)
       # dispatched; runs while we sample ahead
@@ -160,8 +162,9 @@ class RLStage:
       row["sync/bytes"] = float(published.num_bytes)  # per sampler replica
       row.update(telemetry.rl_throughput(
           sampled, times, trained_tokens=int(batch["attention_mask"].sum()),
-          step_flops=self._step_flops, peak_flops=c.logging.peak_flops_per_device
-          * jax.device_count(), asynchronous=self.staleness > 0))
+          computed_tokens=computed_tokens, step_flops=self._step_flops,
+          peak_flops=c.logging.peak_flops_per_device * jax.device_count(),
+          asynchronous=self.staleness > 0))
       row.update({f"verifier/pool/{k}": v for k, v in pool_metrics.items()})
     # every process takes the loop's decisions (guards, ...) on process 0's row
     return state, cluster.exchange.broadcast("row", row, source=0)

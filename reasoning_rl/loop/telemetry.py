@@ -99,16 +99,20 @@ def rl_timing(batch: SampledBatch, times: StepTimes, *, asynchronous: bool) -> d
 
 def rl_throughput(batch: SampledBatch, times: StepTimes, *, trained_tokens: int,
                   step_flops: Callable[..., float], peak_flops: float,
-                  asynchronous: bool) -> dict[str, float]:
+                  asynchronous: bool, computed_tokens: int | None = None) -> dict[str, float]:
   """Tokens/s and an RL-aware MFU that counts generation FLOPs as well as training FLOPs.
 
   `step_flops(prompts=, prompt_tokens=, generated_tokens=, trained_tokens=)` is the run's FLOP
   model (`reasoning_rl.flops`, shared with the dry-run planner); `peak_flops` is the whole slice's.
+  `trained_tokens`: the batch's sequences' tokens; `computed_tokens`: the positions the step ran
+  them in, fewer where packed rows share a prompt (`algo.shared_prompts`); the MFU counts those,
+  the work done (default: `trained_tokens`).
   """
   generated = int(batch.rollouts.completion_ids.lengths.sum())
   prompts = int(batch.rollouts.prompt_tokens.lengths.sum())
+  computed = trained_tokens if computed_tokens is None else computed_tokens
   flops = step_flops(prompts=batch.rollouts.num_groups, prompt_tokens=prompts,
-                     generated_tokens=generated, trained_tokens=trained_tokens)
+                     generated_tokens=generated, trained_tokens=computed)
   seconds = (times.step_s if asynchronous
              else times.step_s + batch.sample_s + batch.verify_s + batch.teacher_s)
   row = {"throughput/generated_tokens_per_s": generated / max(batch.sample_s, 1e-9),
