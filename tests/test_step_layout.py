@@ -130,7 +130,8 @@ def test_nothing_fits_takes_the_most_micro_batches_and_says_so():
   lines = memory_plan.resolve_layout(c, machine=step_layout.Machine("tpu", 4 * GIB, 1, 1),
                                   model_config=TINY)
   assert c.algo.num_micro_batches == 16
-  assert "does not fit" in lines[-1] and "dry_run" in lines[-1]
+  micro = next(line for line in lines if line.startswith("algo.num_micro_batches"))
+  assert "does not fit" in micro and "dry_run" in micro
 
 
 def test_set_fields_are_kept_and_an_open_config_has_no_step_config():
@@ -155,10 +156,13 @@ def test_the_dry_run_plans_with_what_the_target_would_choose():
   assert c.algo.num_micro_batches == 0  # the caller's config is left open
   assert any(line.startswith("algo.num_micro_batches = ") for line in p.step_layout)
   assert "Chosen for this target: algo.num_micro_batches" in p.table()
-  k = int(p.step_layout[-1].split("= ")[1].split(":")[0])
+  chosen = dict(line.split(": ")[0].split(" = ") for line in p.step_layout)
+  assert chosen["algo.packed_row_factor"] == "1"  # twice as long only on a CPU
   fixed = _long_rows()
   fixed.mesh.trainer = fixed.mesh.sampler = (4, 1, 1)
-  fixed.algo.num_micro_batches, fixed.algo.packing = k, True
+  fixed.algo.num_micro_batches = int(chosen["algo.num_micro_batches"])
+  fixed.algo.packing, fixed.algo.packed_row_factor = True, 1
+  fixed.algo.shared_prompts = chosen["algo.shared_prompts"] == "True"
   same = planning.plan(fixed, TINY, target={"tpu": "v5p", "num_devices": 4})
   assert same.slices == p.slices and p.fits
 
