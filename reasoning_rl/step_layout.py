@@ -12,11 +12,12 @@ it picked and why:
   out once for the completions of it a row holds (`rl/packing.py`). The flash kernels mask by
   segment equality only, so they could not show a completion its prompt: a config that asks for
   shared prompts with one is refused (`require_reference_attention`).
-- `algo.packed_row_factor=0`: on a CPU, rows twice a padded row's length with shared prompts (room for a
-  prompt and about three of its completions: the CPU demo's step 37 → 24 s on an Intel Xeon,
-  benchmarks/RESULTS.md "Shared prompts"), a padded row's length without them (two sequences
-  longer than half a row never share one, and the attention's cost per token grows with the
-  row); elsewhere a padded row's length, the rows the memory planner counts.
+- `algo.packed_row_factor=0`: on a CPU, rows twice a padded row's length with shared prompts
+  (room for a prompt and several of its completions; shared prompts in such rows took the
+  demo-shaped training step from 33.5 to 28.9 s on an Intel Xeon, benchmarks/RESULTS.md "Shared
+  prompts"), a padded row's length without them (two sequences longer than half a row never
+  share one, and the attention's cost per token grows with the row); elsewhere a padded row's
+  length, the rows the memory planner counts.
 - `algo.num_micro_batches=0`: the fewest micro-batches (gradient accumulation) that divide the
   mini-batch and whose step fits one device's memory by the planner's estimate
   (`memory_plan.memory_plan`, with its headroom; the sampler's memory counted where it shares the devices).
@@ -25,7 +26,7 @@ it picked and why:
   activations stay near the caches (measured; benchmarks/RESULTS.md, "Fast by default").
   TPUs and GPUs take the biggest micro-batch that fits: larger matmuls, fewer passes.
 
-A config that sets either field keeps its value. The resolved values are what the run uses and
+A config that sets any of these fields keeps its value. The resolved values are what the run uses and
 logs; the run's fingerprint keeps what the user asked for (`launch/train.py`), so a resume on
 another kind of machine may choose again.
 """
