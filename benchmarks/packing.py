@@ -2,7 +2,8 @@
 
 Usage: python -m benchmarks.packing [--repeats 3] [--rows 32] [--prompt_length 64]
          [--completion_length 128] [--micro_batches 4] [--betas 0,0.04] [--seed 0]
-         [--temperature 1.0] [--samples 8] [--shared_prompts]
+         [--temperature 1.0] [--samples 8] [--shared_prompts] [--logprob_chunks 128]
+         [--skip_padded] [--shared_only]
 
 The batch is an RL batch of the CPU demo's shape: `rows` completions of a `completion_length`
 budget after prompts left-padded to `prompt_length`; prompt lengths 30–45 tokens (the demo's chat
@@ -74,6 +75,11 @@ def main():
                       help="rows per prompt (a GRPO group); 1: every row its own prompt")
   parser.add_argument("--shared_prompts", action="store_true",
                       help="also run each packed layout with algo.shared_prompts")
+  parser.add_argument("--logprob_chunks", default="128",
+                      help="algo.logprob_chunk values to run each packed layout with")
+  parser.add_argument("--skip_padded", action="store_true", help="run the packed layouts only")
+  parser.add_argument("--shared_only", action="store_true",
+                      help="with --shared_prompts: only the packed layouts that share prompts")
   args = parser.parse_args()
 
   from reasoning_rl.host_memory import keep_freed_memory
@@ -96,17 +102,22 @@ def main():
         "| loss |")
   print("|---|---|---|---|---|---|---|---|")
   factors = [int(k) for k in args.row_factors.split(",")]
-  layouts = [("padded", 0, False)] + [(f"packed, k={k}", k, False) for k in factors]
-  if args.shared_prompts:
-    layouts += [(f"packed, k={k}, shared prompts", k, True) for k in factors]
+  chunks = [int(c) for c in args.logprob_chunks.split(",")]
+  packed = ([] if args.shared_only else [(k, False) for k in factors]) + (
+      [(k, True) for k in factors] if args.shared_prompts else [])
+  layouts = [] if args.skip_padded else [("padded", 0, False, chunks[0])]
+  layouts += [(f"packed, k={k}" + (", shared prompts" if shared else "")
+               + (f", chunk {chunk}" if len(chunks) > 1 else ""), k, shared, chunk)
+              for k, shared in packed for chunk in chunks]
   width = args.prompt_length + args.completion_length
   for beta in (float(b) for b in args.betas.split(",")):
     for micro in (int(m) for m in args.micro_batches.split(",")):
       steps, runs = {}, {}
-      for name, factor, shared in layouts:
+      for name, factor, shared, chunk in layouts:
         config = StepConfig(beta=beta, learning_rate=1e-6, num_micro_batches=micro,
                             packing=factor > 0, packed_row_factor=max(factor, 1),
-                            shared_prompts=shared, truncated_ratio=args.temperature != 1.0)
+                            shared_prompts=shared, logprob_chunk=chunk,
+                            truncated_ratio=args.temperature != 1.0)
         step = TrainStep(graphdef, config)
         copy = lambda: jax.tree.map(lambda x: x.copy(), params)
         state = step.init_state(copy(), ref_params=copy() if beta > 0 else None)
@@ -116,14 +127,14 @@ def main():
         steps[name] = [step, state, host, finalize(jax.device_get(stats))["loss"]]
         runs[name] = []
       for _ in range(args.repeats):
-        for name, _, _ in layouts:
+        for name, *_ in layouts:
           step, state, host, _ = steps[name]
           start = time.perf_counter()
           state, _ = step(state, host)
           jax.block_until_ready(state)
           runs[name].append(time.perf_counter() - start)
           steps[name][1] = state
-      for name, factor, _ in layouts:
+      for name, factor, *_ in layouts:
         _, _, host, loss = steps[name]
         if factor == 0:
           run, positions, heads = micro, args.rows * width, args.rows * args.completion_length

@@ -323,7 +323,8 @@ SECTIONS: tuple[Section, ...] = (
               int_range(0, meaning="0 = chosen at start-up")),
         Field("shared_prompts", None, "packed rows lay out a prompt once for the completions "
               "of it they hold, each completion attending to that one copy (rl/packing.py): "
-              "the same loss and gradients, fewer positions. Needs the reference attention "
+              "the same loss and gradients, fewer positions (a mixture of experts' auxiliary "
+              "losses average over the positions computed). Needs the reference attention "
               "(every CPU run; model.attention_kernel='reference' elsewhere). None = chosen at "
               "start-up (reasoning_rl/step_layout.py)", kind=bool, typed_none=True),
         Field("loss_type", "ppo", "ppo: PPO's clipped token ratio (Schulman et al. 2017) | "

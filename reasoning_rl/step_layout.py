@@ -9,7 +9,9 @@ it picked and why:
   padding skipped) for RL stages; padded rows for SFT stages.
 - `algo.shared_prompts=None`: on for packed RL rows where the training attention is the
   reference (every CPU run, `model.attention_kernel='reference'` elsewhere): a prompt is laid
-  out once for the completions of it a row holds (`rl/packing.py`). The flash kernels mask by
+  out once for the completions of it a row holds (`rl/packing.py`). Off where a mixture of
+  experts' load-balancing or z-loss is weighted: those average over the positions computed,
+  so they would change (a config may still ask for it). The flash kernels mask by
   segment equality only, so they could not show a completion its prompt: a config that asks for
   shared prompts with one is refused (`require_reference_attention`).
 - `algo.packed_row_factor=0`: on a CPU, rows twice a padded row's length with shared prompts
@@ -114,6 +116,9 @@ def choose_shared_prompts(config: ml_collections.ConfigDict, backend: str) -> tu
     return False, "padded rows: every row holds its own prompt"
   if not reference_attention(config, backend):
     return False, f"the flash kernels on {backend} mask by segment equality only"
+  if config.algo.moe_load_balance_coef or config.algo.moe_router_z_coef:
+    return False, ("the experts' auxiliary losses average over positions, where a shared "
+                   "prompt would count once instead of once per completion")
   return True, "each prompt once per packed row: the same update, fewer positions"
 
 

@@ -42,6 +42,9 @@ def test_shared_prompts_are_chosen_only_on_the_reference_attention():
   assert step_layout.choose_shared_prompts(c, "tpu")[0] is False  # splash: segment equality
   c.model.attention_kernel = "reference"
   assert step_layout.choose_shared_prompts(c, "gpu")[0] is True
+  c.algo.moe_load_balance_coef = 0.01  # averaged over positions: sharing would reweigh it
+  assert step_layout.choose_shared_prompts(c, "cpu")[0] is False
+  c.algo.moe_load_balance_coef = 0.0
   c.algo.packing = False
   assert step_layout.choose_shared_prompts(c, "cpu")[0] is False
   c = _open_config()
