@@ -15,9 +15,9 @@ it picked and why:
   segment equality only, so they could not show a completion its prompt: a config that asks for
   shared prompts with one is refused (`require_reference_attention`).
 - `algo.packed_row_factor=0`: on a CPU, rows twice a padded row's length with shared prompts
-  (room for a prompt and several of its completions; shared prompts in such rows took the
-  demo-shaped training step from 33.5 to 28.9 s on an Intel Xeon, benchmarks/RESULTS.md "Shared
-  prompts"), a padded row's length without them (two sequences longer than half a row never
+  (room for a prompt and several of its completions; shared prompts in such rows, with the
+  head chunk `rl/host_batch.py` halves for them, took the benchmark's training step from 33.5 to
+  25.8 s on an Intel Xeon, benchmarks/RESULTS.md "Shared prompts"), a padded row's length without them (two sequences longer than half a row never
   share one, and the attention's cost per token grows with the row); elsewhere a padded row's
   length, the rows the memory planner counts.
 - `algo.num_micro_batches=0`: the fewest micro-batches (gradient accumulation) that divide the

@@ -8,6 +8,7 @@ import pytest
 from reasoning_rl.kernels import reference
 from reasoning_rl.models.transformer import create_model
 from reasoning_rl.rl import packing
+from reasoning_rl.rl.host_batch import host_batch_with_layout
 from reasoning_rl.rl.logprobs import completion_logprobs, packed_completion_logprobs
 from reasoning_rl.rl.step_config import StepConfig
 from tests.support.packing import B, P, T, ragged_batch
@@ -129,3 +130,12 @@ def test_shared_prompts_apply_the_padded_steps_gradient(overrides):
   for name in ("loss", "kl", "entropy", "clip_frac"):
     if name in padded_stats:
       np.testing.assert_allclose(packed_stats[name], padded_stats[name], rtol=1e-4, atol=1e-6)
+
+
+def test_rows_k_times_as_long_project_the_head_in_chunks_a_kth_the_padded_size():
+  batch = grouped_batch()
+  for factor in (1, 2):
+    config = StepConfig(packing=True, packed_row_factor=factor, logprob_chunk=4,
+                        shared_prompts=True)
+    packed, _ = host_batch_with_layout(config, batch)
+    assert packed["head_index"].shape[-1] == 4 * B // factor  # a padded chunk: 4 steps × B rows

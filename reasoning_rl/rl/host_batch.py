@@ -26,15 +26,20 @@ def host_batch_with_layout(config: StepConfig, batch: dict, *, mesh=None, pad_id
   if mesh is not None:
     devices = sharding_lib.batch_devices(mesh)
   # The head projects as many positions at once as a padded micro-batch's chunk holds
-  # (rows × min(logprob_chunk, completion length)): the same logits memory, and matmuls as
-  # large. (A chunk longer than the completions would project positions no padded step does.)
+  # (rows × min(logprob_chunk, completion length)), over the row factor k: no more logits memory
+  # than the padded step's, and matmuls as large or 1/k as large. (A chunk longer than the
+  # completions would project positions no padded step does.) Why 1/k: rows k times as long,
+  # above all with shared prompts, hold more completion tokens per micro-batch than a padded
+  # one, which then spill into a second chunk of mostly empty positions; at k = 2 with shared
+  # prompts the half-size chunk cut the head's positions 4,608 → 3,328 and the step 28.3 →
+  # 25.8 s, a quarter-size one was slower again (benchmarks/RESULTS.md, "Shared prompts").
   rows, width = batch["completion_mask"].shape
   padded_rows = rows // (c.num_mini_batches * c.num_micro_batches)
+  padded_chunk = min(c.logprob_chunk, width) * max(1, padded_rows // devices)
   return packing.pack_batch(batch, num_mini_batches=c.num_mini_batches,
                             num_micro_batches=c.num_micro_batches,
                             row_factor=c.packed_row_factor, row_groups=devices,
-                            head_chunk=min(c.logprob_chunk, width)
-                            * max(1, padded_rows // devices),
+                            head_chunk=max(1, padded_chunk // c.packed_row_factor),
                             pad_id=pad_id, share_prompts=bool(c.shared_prompts))
 
 
