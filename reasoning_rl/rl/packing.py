@@ -12,6 +12,16 @@ of a run (the step compiles once) and work that follows the real token count:
   always fits). Each token carries its sequence's segment id (1, 2, … within its row; 0 =
   padding) and its position within its sequence, so attention never crosses sequences and a
   packed sequence computes what it computes alone.
+- Shared prompts (`share_prompts`, `algo.shared_prompts`): a GRPO mini-batch holds each prompt
+  once per sample. Sequences with the same prompt (and the same recorded experts over it) are
+  packed one prompt after another, and a sequence joins a row already holding its prompt for its
+  completion's length: the row holds the prompt once, then each completion as a branch after it,
+  positions continuing from the prompt's end in every branch. Segment ids say which is which
+  (`kernels.reference.shared_prefix_ids`: unit · 2^16 + branch, branch 0 the prompt), and the
+  reference attention lets a branch see its own tokens and its unit's prompt, never another
+  branch. The prompt's last position predicts each completion's first token (the head reads it
+  once per completion), and the gradient into the one prompt copy is the sum the copies would
+  get: the same loss and gradients in fewer positions.
 - Micro-batches are token budgets, not row counts of sequences: micro-batch j of a mini-batch
   takes its packed rows j·R … j·R + R − 1, R = B / (M·m) rows of W positions, the size of a padded
   micro-batch (same activation memory). A mini-batch needs ⌈rows / R⌉ ≤ m of them; the step skips
@@ -60,7 +70,7 @@ class PackedLayout:
 
   row_of_slot: np.ndarray
   micro_batches_used: np.ndarray
-  tokens: int  # real tokens packed (prompts + completions)
+  tokens: int  # positions filled (prompts + completions; a shared prompt once per row)
   rows: int  # packed rows holding them (over every mini-batch)
 
 
