@@ -2,18 +2,17 @@
 what they compute alone, and the step's gradient on a packed batch equals the padded step's."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from reasoning_rl import sharding
-from reasoning_rl.models.transformer import create_model
 from reasoning_rl.rl import packing
-from reasoning_rl.rl.logprobs import completion_logprobs, packed_completion_logprobs
 from reasoning_rl.rl.step_config import StepConfig
-from tests.support.packing import B, P, T, ragged_batch
+from tests.support.packing import (
+    B, P, T, assert_packed_logprobs_equal_padded, assert_packed_step_applies_padded_gradient,
+    ragged_batch)
 from tests.support.steps import (
-    CONFIG, assert_same_gradient, gradient_probe, run_step, step_gradient)
+    assert_same_gradient, gradient_probe, run_step, step_gradient)
 
 
 @pytest.mark.parametrize("mini, micro, groups", [(1, 1, 1), (2, 2, 1), (1, 3, 2), (1, 2, 3)])
@@ -73,21 +72,8 @@ def test_short_sequences_fill_fewer_micro_batches():
 
 
 def test_packed_sequences_compute_what_they_compute_alone():
-  batch = ragged_batch(1)
-  model = create_model(CONFIG, seed=0)
-  padded_logprobs, padded_entropy = completion_logprobs(
-      model, jnp.asarray(batch["tokens"]), jnp.asarray(batch["attention_mask"]), T)
-  packed, layout = packing.pack_batch(batch, head_chunk=8)
+  packed, _, _ = assert_packed_logprobs_equal_padded(ragged_batch(1), head_chunk=8)
   assert packed["segment_ids"].max() > 1  # rows really hold several sequences
-  one_slice = {k: jnp.asarray(v[:, 0]) for k, v in packed.items()}
-  logprobs, entropy = packed_completion_logprobs(model, one_slice)
-  for slot, row in enumerate(layout.row_of_slot[0]):
-    if row < 0:
-      continue
-    n = batch["completion_mask"][row].sum()
-    np.testing.assert_allclose(logprobs[slot, :n], padded_logprobs[row, :n], atol=2e-5)
-    np.testing.assert_allclose(entropy[slot, :n], padded_entropy[row, :n], atol=2e-5)
-    assert (logprobs[slot, n:] == 0).all()  # exact: past a sequence's end is masked, not computed
 
 
 STEP_CASES = {
@@ -106,16 +92,7 @@ STEP_CASES = {
 def test_packed_step_applies_the_padded_steps_gradient(overrides):
   # 8-position head chunks: most of a group's chunks hold no completion token and are skipped
   config = StepConfig(learning_rate=1e-2, logprob_chunk=8, **overrides)
-  batch = ragged_batch(2)
-  ref_seed = 1 if config.beta > 0 else None
-  padded, padded_stats = step_gradient(config, batch, ref_seed=ref_seed)
-  packed_batch, _ = packing.pack_batch(batch, num_mini_batches=config.num_mini_batches,
-                                       num_micro_batches=config.num_micro_batches)
-  packed, packed_stats = step_gradient(config, packed_batch, ref_seed=ref_seed)
-  assert_same_gradient(packed, padded)
-  for name in ("loss", "kl", "entropy", "clip_frac", "nll"):
-    if name in padded_stats:
-      np.testing.assert_allclose(packed_stats[name], padded_stats[name], rtol=1e-4, atol=1e-6)
+  assert_packed_step_applies_padded_gradient(config, ragged_batch(2))
 
 
 def test_skipped_micro_batches_change_nothing():

@@ -6,13 +6,12 @@ import numpy as np
 import pytest
 
 from reasoning_rl.kernels import reference
-from reasoning_rl.models.transformer import create_model
 from reasoning_rl.rl import packing
 from reasoning_rl.rl.host_batch import host_batch_with_layout
-from reasoning_rl.rl.logprobs import completion_logprobs, packed_completion_logprobs
 from reasoning_rl.rl.step_config import StepConfig
-from tests.support.packing import B, P, T, ragged_batch
-from tests.support.steps import CONFIG, assert_same_gradient, step_gradient
+from tests.support.packing import (
+    B, P, T, assert_packed_logprobs_equal_padded, assert_packed_step_applies_padded_gradient,
+    ragged_batch)
 
 GROUP = 4  # completions per prompt
 
@@ -86,22 +85,8 @@ def test_prompts_routed_differently_are_not_shared():
 
 
 def test_shared_prompts_compute_what_each_sequence_computes_alone():
-  batch = grouped_batch(1)
-  model = create_model(CONFIG, seed=0)
-  padded_logprobs, padded_entropy = completion_logprobs(
-      model, jnp.asarray(batch["tokens"]), jnp.asarray(batch["attention_mask"]), T)
-  packed, layout = packing.pack_batch(batch, row_factor=2, head_chunk=8, share_prompts=True)
-  one_slice = {k: jnp.asarray(v[:, 0]) for k, v in packed.items()}
-  logprobs, entropy = packed_completion_logprobs(model, one_slice)
-  checked = 0
-  for slot, row in enumerate(layout.row_of_slot[0]):
-    if row < 0:
-      continue
-    n = batch["completion_mask"][row].sum()
-    np.testing.assert_allclose(logprobs[slot, :n], padded_logprobs[row, :n], atol=2e-5)
-    np.testing.assert_allclose(entropy[slot, :n], padded_entropy[row, :n], atol=2e-5)
-    assert (logprobs[slot, n:] == 0).all()
-    checked += 1
+  _, _, checked = assert_packed_logprobs_equal_padded(grouped_batch(1), row_factor=2, head_chunk=8,
+                                                      share_prompts=True)
   assert checked == B - 1
 
 
@@ -119,17 +104,9 @@ STEP_CASES = {
 def test_shared_prompts_apply_the_padded_steps_gradient(overrides):
   config = StepConfig(learning_rate=1e-2, logprob_chunk=8, **overrides)
   batch = grouped_batch(2)
-  ref_seed = 1 if config.beta > 0 else None
-  padded, padded_stats = step_gradient(config, batch, ref_seed=ref_seed)
-  packed_batch, layout = packing.pack_batch(
-      batch, num_mini_batches=config.num_mini_batches, num_micro_batches=config.num_micro_batches,
-      row_factor=2, share_prompts=True)
+  layout = assert_packed_step_applies_padded_gradient(config, batch, row_factor=2,
+                                                      share_prompts=True)
   assert layout.tokens < int(batch["attention_mask"].sum())  # prompts really were shared
-  packed, packed_stats = step_gradient(config, packed_batch, ref_seed=ref_seed)
-  assert_same_gradient(packed, padded)
-  for name in ("loss", "kl", "entropy", "clip_frac"):
-    if name in padded_stats:
-      np.testing.assert_allclose(packed_stats[name], padded_stats[name], rtol=1e-4, atol=1e-6)
 
 
 def test_rows_k_times_as_long_project_the_head_in_chunks_a_kth_the_padded_size():
