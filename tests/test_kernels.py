@@ -18,29 +18,43 @@ from reasoning_rl.kernels import reference
 BATCH, LENGTH, HEADS, KV_HEADS, HEAD_DIM = 2, 100, 4, 2, 32  # 100 tokens: the dispatcher pads
 
 
-def _rows(layout: str):
-  """(positions, key_positions, segment_ids or None) of two rows laid out as `layout`."""
-  index = np.arange(LENGTH)
+def _rows(layout: str, length: int = LENGTH):
+  """(positions, key_positions, segment_ids or None) of two rows laid out as `layout`; rows
+  longer than LENGTH hold the same then padding."""
+  index = np.arange(length)
   if layout == "left_padded":  # 17 and 0 padding tokens first
-    starts = np.array([[17], [0]])
+    starts = np.array([[17], [length - LENGTH]])
     positions = np.where(index >= starts, index - starts, -1)
     return positions, positions, None
+  segment_ids = np.zeros((BATCH, length), np.int64)
+  positions = np.full((BATCH, length), -1)
+  if layout == "shared_prompt":
+    # row 0: a prompt of 12 tokens, completions of 30, 25 and 20 continuing from it, a second
+    # unit (prompt 8, completion 5); row 1: one prompt of 40 and a completion of 60
+    units = [[(0, [12, 30, 25, 20]), (1, [8, 5])], [(0, [40, 60])]]
+    for row, row_units in enumerate(units):
+      start = 0
+      for unit, (_, sizes) in enumerate(row_units, start=1):
+        for branch, size in enumerate(sizes):
+          segment_ids[row, start:start + size] = reference.shared_prefix_ids(unit, branch)
+          offset = 0 if branch == 0 else sizes[0]
+          positions[row, start:start + size] = offset + np.arange(size)
+          start += size
+    return positions, np.where(segment_ids > 0, positions, -1), segment_ids
   # packed: row 0 holds sequences of 30, 45 and 20 tokens then 5 padding; row 1 one of 100
-  segment_ids = np.zeros((BATCH, LENGTH), np.int64)
-  positions = np.full((BATCH, LENGTH), -1)
   start = 0
   for segment, size in enumerate([30, 45, 20], start=1):
     segment_ids[0, start:start + size] = segment
     positions[0, start:start + size] = np.arange(size)
     start += size
-  segment_ids[1], positions[1] = 1, index
+  segment_ids[1, :LENGTH], positions[1, :LENGTH] = 1, index[:LENGTH]
   return positions, np.where(segment_ids > 0, positions, -1), segment_ids
 
 
-def _inputs(dtype, seed=0):
+def _inputs(dtype, seed=0, length=LENGTH):
   rng = np.random.default_rng(seed)
-  shape_q = (BATCH, LENGTH, HEADS, HEAD_DIM)
-  shape_kv = (BATCH, LENGTH, KV_HEADS, HEAD_DIM)
+  shape_q = (BATCH, length, HEADS, HEAD_DIM)
+  shape_kv = (BATCH, length, KV_HEADS, HEAD_DIM)
   q, k, v = (jnp.asarray(rng.normal(size=s), dtype) for s in (shape_q, shape_kv, shape_kv))
   cotangent = jnp.asarray(rng.normal(size=shape_q), jnp.float32)
   return q, k, v, cotangent
@@ -98,6 +112,48 @@ def test_kernel_matches_the_reference_on_values_and_gradients(kernel, layout, so
     scale = np.abs(np.asarray(w)).max()
     assert scale > 0.1, name  # the gradient is not trivially zero
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-4 * scale, err_msg=name)
+
+
+@pytest.mark.parametrize("layout, softcap, window, sinks",
+                         CASES + [("shared_prompt", None, None, False),
+                                  ("shared_prompt", 5.0, None, True)])
+def test_causal_blocks_compute_the_dense_reference(layout, softcap, window, sinks):
+  """The training path's reference (query blocks, each against the keys up to its end) against
+  the dense [T, T] one, on values and gradients, over rows long enough for 4 blocks (the last
+  shorter); padding queries' outputs are left out (they differ by design)."""
+  length = 4 * reference.MIN_CAUSAL_BLOCK + 13
+  assert len(reference.causal_blocks(length)) == 4
+  positions, key_positions, segment_ids = (None if x is None else jnp.asarray(x, jnp.int32)
+                                           for x in _rows(layout, length))
+  q, k, v, cotangent = _inputs(jnp.float32, length=length)
+  real = (key_positions >= 0)[:, :, None, None]
+  options = dict(scale=HEAD_DIM ** -0.5, softcap=softcap, window=window,
+                 segment_ids=segment_ids, sinks=SINKS if sinks else None)
+
+  def loss(attention, q, k, v):
+    out = attention(q, k, v, positions, key_positions, **options)
+    return jnp.sum(jnp.where(real, out * cotangent, 0.0)), jnp.where(real, out, 0.0)
+
+  results = [jax.jit(jax.value_and_grad(functools.partial(loss, attention), argnums=(0, 1, 2),
+                                        has_aux=True))(q, k, v)
+             for attention in (reference.causal_attention, reference.attention)]
+  (_, got), got_grads = results[0]
+  (_, want), want_grads = results[1]
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+  for name, g, w in zip("qkv", got_grads, want_grads):
+    scale = np.abs(np.asarray(w)).max()
+    assert scale > 0.1, name
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5 * scale, err_msg=name)
+
+
+def test_causal_blocks_cover_the_row_in_at_most_the_cap():
+  for length in (1, 63, 64, 127, 128, 200, 384, 769, 4096):
+    blocks = reference.causal_blocks(length)
+    assert blocks[0][0] == 0 and blocks[-1][1] == length
+    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    assert len(blocks) <= reference.MAX_CAUSAL_BLOCKS
+    assert len(blocks) == 1 or min(end - start for start, end in blocks[:-1]) >= (
+        reference.MIN_CAUSAL_BLOCK)
 
 
 def test_a_sink_takes_its_share_of_each_softmax():

@@ -5,7 +5,8 @@ Training attention (the full forward of the training step and of scoring):
 
   kernel        backend   what it is                                   memory per layer
   ------------  --------  -------------------------------------------  ----------------
-  reference     any       XLA einsums over the whole [T, T] scores     O(T²)
+  reference     any       XLA einsums over [T, T] scores, causal       O(T²)
+                          blocks of queries skipping later keys
   splash        TPU       Pallas splash attention (flash, block-sparse) O(T)
   pallas_gpu    GPU       Pallas/Triton flash attention                O(T)
 
@@ -112,8 +113,9 @@ def training_attention(q, k, v, positions, key_positions, segment_ids=None, *, s
   name = choose_training_kernel(kernel, backend=backend, softcap=softcap, window=window,
                                 sinks=sinks is not None)
   if name == "reference":
-    return reference.attention(q, k, v, positions, key_positions, scale=scale, softcap=softcap,
-                               window=window, segment_ids=segment_ids, sinks=sinks)
+    return reference.causal_attention(q, k, v, positions, key_positions, scale=scale,
+                                      softcap=softcap, window=window, segment_ids=segment_ids,
+                                      sinks=sinks)
   if segment_ids is None:
     segment_ids = (key_positions >= 0).astype(jnp.int32)
   interpret = not _native(name, backend)

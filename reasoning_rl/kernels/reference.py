@@ -25,6 +25,10 @@ import jax.numpy as jnp
 MASKED_SCORE = -1e30  # finite, so a query with nothing to attend to gives uniform (unused) weights
 BRANCH_BITS = 16
 BRANCHES = 1 << BRANCH_BITS  # branches per unit of a segment id (module docstring)
+# `causal_attention`'s query blocks: fewer and longer leave more masked scores computed, more and
+# shorter run more, smaller products (benchmarks/RESULTS.md, "Causal blocks")
+MIN_CAUSAL_BLOCK = 64
+MAX_CAUSAL_BLOCKS = 8
 
 
 def shared_prefix_ids(unit, branch):
@@ -42,14 +46,16 @@ def _visible(q_ids, k_ids) -> jax.Array:
   return same | (prefix[:, None, :] & ((q_ids >> BRANCH_BITS)[:, :, None] == k_unit[:, None, :]))
 
 
-def allowed(q_pos, k_pos, *, window: int | None, segment_ids=None) -> jax.Array:
-  """[B, T, S] bool: which key each query may attend (module docstring)."""
+def allowed(q_pos, k_pos, *, window: int | None, segment_ids=None,
+            key_segment_ids=None) -> jax.Array:
+  """[B, T, S] bool: which key each query may attend (module docstring). `key_segment_ids`: the
+  keys' ids where the keys are not the queries' tokens (a block of keys), else `segment_ids`."""
   delta = q_pos[:, :, None] - k_pos[:, None, :]
   mask = (k_pos[:, None, :] >= 0) & (delta >= 0)
   if window:
     mask &= delta < window
   if segment_ids is not None:
-    mask &= _visible(segment_ids, segment_ids)
+    mask &= _visible(segment_ids, segment_ids if key_segment_ids is None else key_segment_ids)
   return mask
 
 
@@ -70,23 +76,59 @@ def softmax(scores, sinks=None) -> jax.Array:
 
 
 def attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, window: int | None,
-              kv_heads_first: bool = False, segment_ids=None, sinks=None) -> jax.Array:
+              kv_heads_first: bool = False, segment_ids=None, key_segment_ids=None,
+              sinks=None) -> jax.Array:
   """Grouped-query attention (Ainslie et al. 2023) with the module's position-based mask.
 
   q [B, T, N, D]; k, v [B, S, K, D], or [B, K, S, D] with `kv_heads_first` (the KV-cache layout),
-  N a multiple of K; q_pos [B, T]; k_pos [B, S]; sinks [N] or None. Returns [B, T, N, D] in v's
-  dtype.
+  N a multiple of K; q_pos [B, T]; k_pos [B, S]; sinks [N] or None; segment_ids [B, T] and, where
+  the keys are not the queries' tokens, key_segment_ids [B, S]. Returns [B, T, N, D] in v's dtype.
   """
   batch, steps, num_heads, head_dim = q.shape
   num_kv = k.shape[1] if kv_heads_first else k.shape[2]
   q = q.reshape(batch, steps, num_kv, num_heads // num_kv, head_dim)
   key_spec = "bksd" if kv_heads_first else "bskd"
   scores = jnp.einsum(f"btkgd,{key_spec}->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-  mask = allowed(q_pos, k_pos, window=window, segment_ids=segment_ids)
+  mask = allowed(q_pos, k_pos, window=window, segment_ids=segment_ids,
+                 key_segment_ids=key_segment_ids)
   scores = jnp.where(mask[:, None, None], _capped(scores, softcap), MASKED_SCORE)
   probs = softmax(scores, sinks)
   out = jnp.einsum(f"bkgts,{key_spec}->btkgd", probs.astype(v.dtype), v)
   return out.reshape(batch, steps, num_heads, head_dim)
+
+
+def causal_blocks(length: int) -> list[tuple[int, int]]:
+  """[start, end) of the query blocks `causal_attention` splits a row of `length` into: at most
+  MAX_CAUSAL_BLOCKS, none shorter than MIN_CAUSAL_BLOCK (one block below twice that)."""
+  count = max(1, min(MAX_CAUSAL_BLOCKS, length // MIN_CAUSAL_BLOCK))
+  size = -(-length // count)
+  return [(start, min(length, start + size)) for start in range(0, length, size)]
+
+
+def causal_attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None,
+                     window: int | None, segment_ids=None, sinks=None) -> jax.Array:
+  """`attention` of a training row's tokens over themselves, computing for each block of queries
+  only the keys up to the block's end.
+
+  Valid where no query attends a key at a later index, which holds for every training row
+  (`reasoning_rl.kernels`' docstring: each sequence at consecutive indices, positions rising; a
+  shared prompt before its branches): the skipped keys are all masked, so the result is
+  `attention`'s for every query that attends something. A query that attends nothing (padding)
+  gets uniform weights over its block's keys rather than all of them; its output is never read.
+  Why: the dense [T, T] scores cost T² per head where a causal row needs about half, and on a
+  CPU the reference's softmax and layout work over them is most of the attention's time
+  (benchmarks/RESULTS.md, "Causal blocks").
+
+  q [B, T, N, D]; k, v [B, T, K, D]; q_pos, k_pos, segment_ids [B, T]; as `attention` otherwise.
+  """
+  outputs = []
+  for start, end in causal_blocks(q.shape[1]):
+    ids = (None, None) if segment_ids is None else (segment_ids[:, start:end],
+                                                    segment_ids[:, :end])
+    outputs.append(attention(q[:, start:end], k[:, :end], v[:, :end], q_pos[:, start:end],
+                             k_pos[:, :end], scale=scale, softcap=softcap, window=window,
+                             segment_ids=ids[0], key_segment_ids=ids[1], sinks=sinks))
+  return outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)
 
 
 def one_query_attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None,
