@@ -86,14 +86,23 @@ def attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, win
   """
   batch, steps, num_heads, head_dim = q.shape
   num_kv = k.shape[1] if kv_heads_first else k.shape[2]
-  q = q.reshape(batch, steps, num_kv, num_heads // num_kv, head_dim)
-  key_spec = "bksd" if kv_heads_first else "bskd"
-  scores = jnp.einsum(f"btkgd,{key_spec}->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  group = num_heads // num_kv
+  if not kv_heads_first:
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+  keys = k.shape[2]
+  # Each KV head's queries as the rows of one matrix, [B, K, G·T, D]: the products are then plain
+  # batched matmuls, and XLA:CPU transposes the small [T, D] operands rather than the [T, S]
+  # scores in the backward pass (benchmarks/RESULTS.md, "Causal blocks")
+  q = q.reshape(batch, steps, num_kv, group, head_dim).transpose(0, 2, 3, 1, 4)
+  q = q.reshape(batch, num_kv, group * steps, head_dim)
+  scores = jnp.einsum("bkmd,bksd->bkms", q, k, preferred_element_type=jnp.float32) * scale
+  scores = scores.reshape(batch, num_kv, group, steps, keys)
   mask = allowed(q_pos, k_pos, window=window, segment_ids=segment_ids,
                  key_segment_ids=key_segment_ids)
   scores = jnp.where(mask[:, None, None], _capped(scores, softcap), MASKED_SCORE)
-  probs = softmax(scores, sinks)
-  out = jnp.einsum(f"bkgts,{key_spec}->btkgd", probs.astype(v.dtype), v)
+  probs = softmax(scores, sinks).reshape(batch, num_kv, group * steps, keys)
+  out = jnp.einsum("bkms,bksd->bkmd", probs.astype(v.dtype), v)
+  out = out.reshape(batch, num_kv, group, steps, head_dim).transpose(0, 3, 1, 2, 4)
   return out.reshape(batch, steps, num_heads, head_dim)
 
 
