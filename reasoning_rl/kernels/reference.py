@@ -26,7 +26,8 @@ MASKED_SCORE = -1e30  # finite, so a query with nothing to attend to gives unifo
 BRANCH_BITS = 16
 BRANCHES = 1 << BRANCH_BITS  # branches per unit of a segment id (module docstring)
 # `causal_attention`'s query blocks: fewer and longer leave more masked scores computed, more and
-# shorter run more, smaller products (benchmarks/RESULTS.md, "Causal blocks")
+# shorter run more, smaller products (benchmarks/RESULTS.md, "Causal blocks and a heads-first
+# layout")
 MIN_CAUSAL_BLOCK = 64
 MAX_CAUSAL_BLOCKS = 8
 
@@ -91,8 +92,8 @@ def attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, win
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
   keys = k.shape[2]
   # Each KV head's queries as the rows of one matrix, [B, K, G·T, D]: the products are then plain
-  # batched matmuls, and XLA:CPU transposes the small [T, D] operands rather than the [T, S]
-  # scores in the backward pass (benchmarks/RESULTS.md, "Causal blocks")
+  # batched matmuls over contiguous operands, where an einsum over [B, T, K, G, D] left XLA:CPU
+  # layouts it ran slower (benchmarks/RESULTS.md, "Causal blocks and a heads-first layout")
   q = q.reshape(batch, steps, num_kv, group, head_dim).transpose(0, 2, 3, 1, 4)
   q = q.reshape(batch, num_kv, group * steps, head_dim)
   scores = jnp.einsum("bkmd,bksd->bkms", q, k, preferred_element_type=jnp.float32) * scale
@@ -126,7 +127,7 @@ def causal_attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | No
   gets uniform weights over its block's keys rather than all of them; its output is never read.
   Why: the dense [T, T] scores cost T² per head where a causal row needs about half, and on a
   CPU the reference's softmax and layout work over them is most of the attention's time
-  (benchmarks/RESULTS.md, "Causal blocks").
+  (benchmarks/RESULTS.md, "Causal blocks and a heads-first layout").
 
   q [B, T, N, D]; k, v [B, T, K, D]; q_pos, k_pos, segment_ids [B, T]; as `attention` otherwise.
   """
