@@ -12,11 +12,11 @@ training step runs: each block of queries against the keys up to its end).
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 
+from benchmarks.forward import time_it
 from reasoning_rl.kernels import reference
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM = 30, 9, 3, 64
@@ -42,16 +42,6 @@ def _pass(attention, rows: int, length: int):
   return jax.jit(jax.grad(loss, argnums=(0, 1, 2))), (q, k, v)
 
 
-def best_seconds(fn, args, repeats: int) -> float:
-  jax.block_until_ready(fn(*args))
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    best = min(best, time.perf_counter() - start)
-  return best
-
-
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--shapes", default="8x128,4x192,2x384,1x768",
@@ -64,8 +54,10 @@ def main():
   print("|---|---:|---:|---:|---:|")
   for shape in args.shapes.split(","):
     rows, length = (int(x) for x in shape.split("x"))
-    seconds = [best_seconds(*_pass(attention, rows, length), args.repeats)
-               for attention in (reference.attention, reference.causal_attention)]
+    seconds = []
+    for attention in (reference.attention, reference.causal_attention):
+      fn, arrays = _pass(attention, rows, length)
+      seconds.append(time_it(lambda: jax.block_until_ready(fn(*arrays)), args.repeats))
     print(f"| {rows} × {length} | {len(reference.causal_blocks(length))} | {seconds[0]:.3f} | "
           f"{seconds[1]:.3f} | {seconds[1] / seconds[0]:.2f} |", flush=True)
 

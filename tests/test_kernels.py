@@ -31,10 +31,10 @@ def _rows(layout: str, length: int = LENGTH):
   if layout == "shared_prompt":
     # row 0: a prompt of 12 tokens, completions of 30, 25 and 20 continuing from it, a second
     # unit (prompt 8, completion 5); row 1: one prompt of 40 and a completion of 60
-    units = [[(0, [12, 30, 25, 20]), (1, [8, 5])], [(0, [40, 60])]]
+    units = [[[12, 30, 25, 20], [8, 5]], [[40, 60]]]  # per row, per unit: prompt, completions
     for row, row_units in enumerate(units):
       start = 0
-      for unit, (_, sizes) in enumerate(row_units, start=1):
+      for unit, sizes in enumerate(row_units, start=1):
         for branch, size in enumerate(sizes):
           segment_ids[row, start:start + size] = reference.shared_prefix_ids(unit, branch)
           offset = 0 if branch == 0 else sizes[0]

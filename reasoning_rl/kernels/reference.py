@@ -133,11 +133,12 @@ def causal_attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | No
   """
   outputs = []
   for start, end in causal_blocks(q.shape[1]):
-    ids = (None, None) if segment_ids is None else (segment_ids[:, start:end],
-                                                    segment_ids[:, :end])
+    query_ids = key_ids = None
+    if segment_ids is not None:
+      query_ids, key_ids = segment_ids[:, start:end], segment_ids[:, :end]
     outputs.append(attention(q[:, start:end], k[:, :end], v[:, :end], q_pos[:, start:end],
                              k_pos[:, :end], scale=scale, softcap=softcap, window=window,
-                             segment_ids=ids[0], key_segment_ids=ids[1], sinks=sinks))
+                             segment_ids=query_ids, key_segment_ids=key_ids, sinks=sinks))
   return outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)
 
 
