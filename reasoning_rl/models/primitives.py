@@ -10,6 +10,8 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn import dtypes
 
+from reasoning_rl.models import cpu_products
+
 
 def weight(variable, dtype):
   """A projection's kernel in the compute dtype. Through flax's promote_dtype because qwix
@@ -28,7 +30,11 @@ def project(spec: str, x, kernel):
   `jnp.einsum` with the kernel as its second operand, the call qwix intercepts to add LoRA
   adapters."""
   batch, length = x.shape[:2]
-  out = jnp.einsum(spec, x.reshape(batch * length, *x.shape[2:]), kernel)
+  rows = x.reshape(batch * length, *x.shape[2:])
+  if cpu_products.applies(rows, kernel):
+    out = cpu_products.project_rows(spec, rows, kernel)
+  else:
+    out = jnp.einsum(spec, rows, kernel)
   return out.reshape(batch, length, *out.shape[1:])
 
 

@@ -41,6 +41,7 @@ from flax import nnx
 
 from reasoning_rl import config_schema, kernels
 from reasoning_rl.kernels import grouped_matmul
+from reasoning_rl.models import cpu_products
 from reasoning_rl.models import kv_pages
 from reasoning_rl.models import mla as mla_lib
 from reasoning_rl.models import moe as moe_lib
@@ -553,8 +554,14 @@ class Transformer(nnx.Module):
     """Final-normed hidden [..., D] → logits [..., V] in float32 (soft-capped for Gemma 2)."""
     # Rows flattened into one axis, as in `project`: a plain matmul for the kernel's gradient.
     rows = hidden.reshape(-1, hidden.shape[-1])
-    logits = jnp.dot(rows, self.output_kernel().astype(hidden.dtype),
-                     preferred_element_type=jnp.float32).reshape(*hidden.shape[:-1], -1)
+    kernel = self.output_kernel().astype(hidden.dtype)
+    if cpu_products.applies(rows, kernel):
+      if self.config.tie_word_embeddings:  # [V, D] → [D, V] as data, for XLA's bfloat16 kernels
+        kernel = cpu_products.physical_transpose(self.embed[...].astype(hidden.dtype))
+      logits = cpu_products.matmul(rows, kernel, jnp.float32)
+    else:
+      logits = jnp.dot(rows, kernel, preferred_element_type=jnp.float32)
+    logits = logits.reshape(*hidden.shape[:-1], -1)
     cap = self.config.final_logit_softcap
     if cap:
       logits = jnp.tanh(logits / cap) * cap
