@@ -1,7 +1,7 @@
 """Where a decode step of `launch/generate.py` goes: steady step time, ablations and XLA:CPU ops.
 
 Builds the engine generate.py builds (`build.build_sized_engine`) for the SmolLM2-135M-Instruct
-GGUF in float32 and decodes the prompts of `benchmarks/generate_cli.py` greedily with EOS ignored,
+GGUF in float32 (--dtype bfloat16: in bfloat16) and decodes the prompts of `benchmarks/generate_cli.py` greedily with EOS ignored,
 in one process: the first run compiles, the next ones are steady. Prints, per run, the prefill
 seconds and the median `generate` call (steps_per_call steps) in ms per step.
 
@@ -16,7 +16,7 @@ GGUF and prompts (one left-padded batch) in one process: steady ms per step =
 
 Usage: python -m benchmarks.profile_decode [--rows 64] [--new_tokens 144] [--runs 3]
            [--ablate none|attention|sampling] [--trace] [--top 16] [--scan_layers]
-           [--transformers]
+           [--transformers] [--dtype float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ def parse_args():
   parser.add_argument("--top", type=int, default=16)
   parser.add_argument("--scan_layers", action="store_true")
   parser.add_argument("--transformers", action="store_true")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="our weights' and compute dtype (transformers stays float32)")
   return parser.parse_args()
 
 
@@ -132,7 +134,7 @@ def main():
 
   ablate(args.ablate)
   gguf = smollm2_gguf()
-  model, tokenizer = load_checkpoint(str(gguf), dtype="float32", mesh=None)
+  model, tokenizer = load_checkpoint(str(gguf), dtype=args.dtype, mesh=None)
   if args.scan_layers:
     model = stack_layers(model)
   rows = benchmark_prompts(args.rows)

@@ -10,6 +10,9 @@ leaves glibc's defaults.
 
 Usage: python -m benchmarks.train_step [--completions 32] [--completion_length 256]
          [--prompt_length 64] [--beta 0.04] [--repeats 2] [--system_allocator]
+         [--dtype float32|bfloat16]
+With --dtype bfloat16 both sides compute in bfloat16 over float32 weights: ours `model.dtype`
+bfloat16 (float32 masters), torch under CPU autocast (what TRL's `bf16=True` default does).
 Prints completion tokens/s, seconds per step and achieved GFLOP/s for both, the latter also
 as a share of this machine's f32 matmul speed (a 2048³ product measured in the same run).
 """
@@ -59,6 +62,8 @@ def add_step_arguments(parser: argparse.ArgumentParser, *, completions: int, mic
   parser.add_argument("--remat", action="store_true")
   parser.add_argument("--system_allocator", action="store_true",
                       help="leave glibc's malloc defaults (freed memory goes back to the OS)")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="compute dtype over float32 weights (torch: autocast)")
 
 
 def random_batch(b: int, p: int, t: int, vocab_size: int = 49152) -> dict[str, np.ndarray]:
@@ -79,7 +84,7 @@ def build_jax_step(args):
   from reasoning_rl.rl.step import TrainStep
   from reasoning_rl.rl.step_config import StepConfig
 
-  model, _ = load(smollm2_gguf())
+  model, _ = load(smollm2_gguf(), dtype=args.dtype, weight_dtype="float32")
   graphdef, params = nnx.split(model)
   reference = jax.tree.map(jnp.copy, params) if args.beta > 0 else None
   step = TrainStep(graphdef, StepConfig(beta=args.beta, learning_rate=1e-6,
@@ -113,7 +118,7 @@ def main():
     state, stats = step(state, batch)
     jax.block_until_ready(stats)
     best = min(best, time.perf_counter() - start)
-  rows.append(("reasoning_rl fused step (jax.jit, f32)", best))
+  rows.append((f"reasoning_rl fused step (jax.jit, {args.dtype})", best))
   del state, step
 
   import torch
@@ -136,9 +141,10 @@ def main():
     optimizer.zero_grad()
     for rows in torch.arange(b).reshape(-1, args.micro_batches).T:  # same row split as ours
       ids, adv, mask = torch_tokens[rows], torch_adv[rows, None], torch_mask[rows]
-      with torch.no_grad():
-        ref = completion_logps(ref_model, ids) if ref_model is not None else None
-      logps = completion_logps(policy, ids)
+      with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bfloat16"):
+        with torch.no_grad():
+          ref = completion_logps(ref_model, ids) if ref_model is not None else None
+        logps = completion_logps(policy, ids)
       ratio = torch.exp(logps - logps.detach())
       per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv)
       if ref is not None:
@@ -156,7 +162,7 @@ def main():
     torch_step()
     torch_best = min(torch_best, time.perf_counter() - start)
   rows.append((f"transformers {transformers.__version__} + torch {torch.__version__} "
-               "(TRL GRPO loss)", torch_best))
+               f"(TRL GRPO loss, {args.dtype})", torch_best))
 
   peak = matmul_peak_gflops()
   tokens_per_step = b * t

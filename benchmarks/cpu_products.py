@@ -1,0 +1,64 @@
+"""One projection's forward + backward on a CPU: float32, bfloat16 through autodiff of the einsum,
+and bfloat16 through `reasoning_rl.models.cpu_products` (every product a plain bfloat16 dot).
+
+Usage: python -m benchmarks.cpu_products [--rows 4096] [--repeats 8]
+       python -m benchmarks.isa_cap benchmarks.cpu_products   (the same, capped at AVX2)
+
+Shapes are SmolLM2-135M's: q / gate / up ([576] → [576] / [1536]), down ([1536] → [576]), a
+KV projection ([576] → [192]) and a quarter of the vocabulary head ([576] → [12288]). Each cell is
+the best of `--repeats` calls of a jitted gradient of sum(tanh(x · W)) with respect to x and W
+(three products: 6·M·K·N FLOPs), in GFLOP/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from reasoning_rl.models import cpu_products
+
+SHAPES = ((576, 576), (576, 1536), (1536, 576), (576, 192), (576, 12288))
+
+
+def best_seconds(fn, *args, repeats: int) -> float:
+  jax.block_until_ready(fn(*args))
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    best = min(best, time.perf_counter() - start)
+  return best
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--rows", type=int, default=4096)
+  parser.add_argument("--repeats", type=int, default=8)
+  args = parser.parse_args()
+  print(f"bfloat16 matrix units listed by this CPU (amx_bf16): "
+        f"{cpu_products.has_bfloat16_matrix_units()}; {args.rows} rows; fwd + bwd GFLOP/s")
+  print("| K → N | float32 | bfloat16, autodiff of the einsum | bfloat16, cpu_products |")
+  print("|---|---:|---:|---:|")
+  rng = np.random.default_rng(0)
+  variants = (
+      (jnp.float32, lambda x, w: jnp.dot(x, w)),
+      (jnp.bfloat16, lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32)),
+      (jnp.bfloat16, lambda x, w: cpu_products.matmul(x, w, jnp.float32)),
+  )
+  for fan_in, fan_out in SHAPES:
+    cells = []
+    for dtype, product in variants:
+      x = jnp.asarray(rng.standard_normal((args.rows, fan_in)), dtype)
+      w = jnp.asarray(rng.standard_normal((fan_in, fan_out)) * 0.05, dtype)
+      grad = jax.jit(jax.grad(lambda a, b, f=product: jnp.sum(jnp.tanh(f(a, b))), argnums=(0, 1)))
+      seconds = best_seconds(grad, x, w, repeats=args.repeats)
+      cells.append(6 * args.rows * fan_in * fan_out / seconds / 1e9)
+    print(f"| {fan_in} → {fan_out} | " + " | ".join(f"{c:.0f}" for c in cells) + " |")
+
+
+if __name__ == "__main__":
+  main()
