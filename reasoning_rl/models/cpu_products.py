@@ -8,13 +8,15 @@ forward is that plain matmul, but autodiff writes its two backward products as d
 transposed operand (dx = dy · Wᵀ, dW = xᵀ · dy), and XLA folds a `transpose` into the dot's
 dimension numbers, so they never reach the bfloat16 kernels. Here the backward is written by hand
 with each transposed operand made by a reshape and a transpose of three axes, which XLA lays out
-as a real copy instead of folding (`physical_transpose`). Measured on an Intel Xeon with AMX:
-benchmarks/RESULTS.md, "bfloat16 products on the CPU".
+as a real copy instead of folding (`physical_transpose`). On an Intel Xeon with AMX a projection's
+forward + backward runs 2.4-4.1x float32's, the GRPO step 2.1x (benchmarks/RESULTS.md, "bfloat16
+projections on an Intel Xeon with AMX").
 
-The arithmetic is the one mixed precision prescribes (Micikevicius et al. 2018, "Mixed Precision
-Training", §3.2: bfloat16 operands, float32 accumulation, the result rounded to the compute
-dtype), the same that autodiff of `jnp.einsum(..., preferred_element_type=float32)` computes, in
-other layouts: the gradients equal it up to float32 summation order (tests/test_cpu_products.py).
+The arithmetic is mixed precision's (Micikevicius et al. 2018, "Mixed Precision Training", §3.3:
+low-precision operands, products summed in float32, the result rounded once), with the incoming
+gradient rounded to bfloat16 like every other operand, as torch's CPU autocast does; autodiff of
+the einsum differs only in that XLA runs its backward dots on float32 copies. Checked against
+float64 products of the rounded operands (tests/test_cpu_products.py).
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ _PLAIN_EINSUM_CODE = jnp.einsum.__code__
 
 def lists_bfloat16_matrix_units(cpuinfo: str = "/proc/cpuinfo") -> bool:
   """Whether a CPU's flags (Linux's /proc/cpuinfo) include AMX-BF16: bfloat16 matrix products in
-  hardware (Intel Xeon since Sapphire Rapids). Without it XLA:CPU's bfloat16 products are slower
-  than its float32 ones (capped at AVX2 on the same Intel Xeon: 0.74-0.87x the float32
-  projection, benchmarks/RESULTS.md), so the einsum, which XLA converts to float32, stays there.
-  AVX512-BF16 alone (AMD Zen 4 and 5) is not counted: not measured."""
+  hardware (Intel Xeon since Sapphire Rapids). Without it this module's products are slower than
+  float32 ones (capped at AVX2 on the same Intel Xeon, `python -m benchmarks.isa_cap
+  benchmarks.cpu_products`: 0.56-0.79x the float32 projection), so there the einsum stays, which
+  XLA converts to float32. AVX512-BF16 alone (AMD Zen 4 and 5) is not counted: not measured."""
   try:
     with open(cpuinfo, encoding="ascii", errors="replace") as lines:
       for line in lines:
