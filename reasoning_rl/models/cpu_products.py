@@ -57,8 +57,8 @@ def applies(x, kernel) -> bool:
   """Whether `project` should take this module's product: bfloat16 operands, traced for a CPU
   with bfloat16 matrix units, plain arrays (not a quantized base), and no qwix interception of
   `jnp.einsum` installed (LoRA adds its adapters inside that call, so it must stay an einsum)."""
-  return (x.dtype == jnp.bfloat16 and getattr(kernel, "dtype", None) == jnp.bfloat16
-          and isinstance(kernel, jax.Array | jax.core.Tracer)
+  return (x.dtype == jnp.bfloat16 and isinstance(kernel, jax.Array)  # tracers are jax.Arrays
+          and kernel.dtype == jnp.bfloat16
           and getattr(jnp.einsum, "__code__", None) is _PLAIN_EINSUM_CODE
           and jax.default_backend() == "cpu"
           and has_bfloat16_matrix_units())
