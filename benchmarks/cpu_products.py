@@ -13,25 +13,15 @@ the best of `--repeats` calls of a jitted gradient of sum(tanh(x · W)) with res
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.forward import time_it
 from reasoning_rl.models import cpu_products
 
 SHAPES = ((576, 576), (576, 1536), (1536, 576), (576, 192), (576, 12288))
-
-
-def best_seconds(fn, *args, repeats: int) -> float:
-  jax.block_until_ready(fn(*args))
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    best = min(best, time.perf_counter() - start)
-  return best
 
 
 def main():
@@ -55,7 +45,7 @@ def main():
       x = jnp.asarray(rng.standard_normal((args.rows, fan_in)), dtype)
       w = jnp.asarray(rng.standard_normal((fan_in, fan_out)) * 0.05, dtype)
       grad = jax.jit(jax.grad(lambda a, b, f=product: jnp.sum(jnp.tanh(f(a, b))), argnums=(0, 1)))
-      seconds = best_seconds(grad, x, w, repeats=args.repeats)
+      seconds = time_it(lambda g=grad, a=x, b=w: jax.block_until_ready(g(a, b)), args.repeats)
       cells.append(6 * args.rows * fan_in * fan_out / seconds / 1e9)
     print(f"| {fan_in} → {fan_out} | " + " | ".join(f"{c:.0f}" for c in cells) + " |")
 

@@ -1,9 +1,10 @@
 """Where a decode step of `launch/generate.py` goes: steady step time, ablations and XLA:CPU ops.
 
 Builds the engine generate.py builds (`build.build_sized_engine`) for the SmolLM2-135M-Instruct
-GGUF in float32 (--dtype bfloat16: in bfloat16) and decodes the prompts of `benchmarks/generate_cli.py` greedily with EOS ignored,
-in one process: the first run compiles, the next ones are steady. Prints, per run, the prefill
-seconds and the median `generate` call (steps_per_call steps) in ms per step.
+GGUF in float32 (--dtype bfloat16: in bfloat16) and decodes the prompts of
+`benchmarks/generate_cli.py` greedily with EOS ignored, in one process: the first run compiles,
+the next ones are steady. Prints, per run, the prefill seconds and the median `generate` call
+(steps_per_call steps) in ms per step.
 
 --ablate replaces one part of the step to measure what it costs in wall time (the tokens are then
 wrong; only the timing means anything): `attention` (decode attention returns its query),

@@ -556,8 +556,8 @@ class Transformer(nnx.Module):
     rows = hidden.reshape(-1, hidden.shape[-1])
     kernel = self.output_kernel().astype(hidden.dtype)
     if cpu_products.applies(rows, kernel):
-      if self.config.tie_word_embeddings:  # [V, D] → [D, V] as data, for XLA's bfloat16 kernels
-        kernel = cpu_products.physical_transpose(self.embed[...].astype(hidden.dtype))
+      if self.config.tie_word_embeddings:  # the embedding's [D, V] transpose as data, which
+        kernel = cpu_products.physical_transpose(kernel.T)  # XLA's bfloat16 kernels need
       logits = cpu_products.matmul(rows, kernel, jnp.float32)
     else:
       logits = jnp.dot(rows, kernel, preferred_element_type=jnp.float32)
