@@ -120,10 +120,40 @@ def scatter_cache(buffer: jax.Array, rows_index: jax.Array, values: jax.Array,
 
   With `layer` (a scanned stack), buffer is [L, B, K, S, D] and only layer `layer` is written, in
   place: the scan carries the whole cache, and copying a layer out and back would move it twice.
+
+  A decode step's write (one new entry per row) into a 2-byte float cache on a CPU is a select
+  instead (`_select_one_entry`): XLA:CPU computes a bfloat16 scatter in float32, converting the
+  whole buffer to float32 and back around it, two passes over the cache per layer and step where
+  a float32 buffer is written in place; a select is one fused pass at the buffer's width
+  (benchmarks/RESULTS.md, "bfloat16 decoding: the cache write").
   """
+  if _select_one_entry(buffer, values):
+    return _select_entry(buffer, rows_index[:, 0], values[:, 0], layer)
   batch = jnp.arange(values.shape[0])[:, None, None]
   heads = jnp.arange(values.shape[2])[None, :, None]
   index = (batch, heads, rows_index[:, None, :])
   if layer is not None:
     index = (layer, *index)
   return buffer.at[index].set(values.swapaxes(1, 2), mode="drop")
+
+
+def _select_one_entry(buffer: jax.Array, values: jax.Array) -> bool:
+  """Whether `scatter_cache` writes by select: one entry per row, a 2-byte float buffer, a CPU."""
+  return (values.shape[1] == 1 and jnp.issubdtype(buffer.dtype, jnp.floating)
+          and buffer.dtype.itemsize == 2 and jax.default_backend() == "cpu")
+
+
+def _select_entry(buffer: jax.Array, slot: jax.Array, value: jax.Array, layer) -> jax.Array:
+  """buffer [B, K, S, D] (or [L, B, K, S, D] at `layer`) with [b, :, slot[b]] = value [B, K, D]
+  and every other entry kept, as the scatter: a slot in [-S, 0) counts from the end (numpy's
+  indexing), any other slot outside [0, S) writes nothing."""
+  size = buffer.shape[-2]
+  slot = jnp.where(slot < 0, slot + size, slot)
+  hit = jnp.arange(size)[None, :] == slot[:, None]  # [B, S]
+  hit = hit[:, None, :, None]
+  value = value[:, :, None, :].astype(buffer.dtype)
+  if layer is not None:
+    hit = (jnp.arange(buffer.shape[0]) == layer)[:, None, None, None, None] & hit[None]
+    value = value[None]
+  return jnp.where(hit, value, buffer)
+
