@@ -153,7 +153,15 @@ def _select_entry(buffer: jax.Array, slot: jax.Array, value: jax.Array, layer) -
   hit = hit[:, None, :, None]
   value = value[:, :, None, :].astype(buffer.dtype)
   if layer is not None:
+    # The whole stack is selected over (the layer index is traced); as floats, which XLA:CPU
+    # computes in float32 inside one fused pass: as 16-bit words the scan's carry got two
+    # bitcast copies of the stack per layer, 2× slower (benchmarks/RESULTS.md, same section).
     hit = (jnp.arange(buffer.shape[0]) == layer)[:, None, None, None, None] & hit[None]
-    value = value[None]
-  return jnp.where(hit, value, buffer)
+    return jnp.where(hit, value[None], buffer)
+  # Selected as 16-bit words: XLA:CPU computes a select of bfloat16 in float32 (a fused pass with
+  # conversions), one of integers at their width, 4× faster.
+  words = jnp.uint16
+  written = jnp.where(hit, jax.lax.bitcast_convert_type(value, words),
+                      jax.lax.bitcast_convert_type(buffer, words))
+  return jax.lax.bitcast_convert_type(written, buffer.dtype)
 
