@@ -124,8 +124,8 @@ def scatter_cache(buffer: jax.Array, rows_index: jax.Array, values: jax.Array,
   A decode step's write (one new entry per row) into a 2-byte float cache on a CPU is a select
   instead (`_select_one_entry`): XLA:CPU computes a bfloat16 scatter in float32, converting the
   whole buffer to float32 and back around it, two passes over the cache per layer and step where
-  a float32 buffer is written in place; a select is one fused pass at the buffer's width
-  (benchmarks/RESULTS.md, "bfloat16 decoding: the cache write").
+  a float32 buffer is written in place; a select over the cache's 16-bit words is one fused pass
+  at their width (benchmarks/RESULTS.md, "bfloat16 decoding: the cache write").
   """
   if _select_one_entry(buffer, values):
     return _select_entry(buffer, rows_index[:, 0], values[:, 0], layer)
