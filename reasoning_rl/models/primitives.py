@@ -164,4 +164,3 @@ def _select_entry(buffer: jax.Array, slot: jax.Array, value: jax.Array, layer) -
   written = jnp.where(hit, jax.lax.bitcast_convert_type(value, words),
                       jax.lax.bitcast_convert_type(buffer, words))
   return jax.lax.bitcast_convert_type(written, buffer.dtype)
-
