@@ -20,6 +20,8 @@ dir="${1:-.whl}"
 wheels=(
   # the package
   ml-collections==1.1.0 gguf==0.19.0 qwix==0.1.8 tensorboardX==2.6.5
+  # checkpoint checksums (imported only when a checkpoint is saved: missed by the first list)
+  google-crc32c==1.9.0
   # the math verifier
   math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
   # reasoning-gym, the demo's task generator, and what it imports

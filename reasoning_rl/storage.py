@@ -310,7 +310,7 @@ def _gcs_form(digest: bytes) -> str:
 
 def _hash_file(file: AnyPath, kinds: tuple[str, ...]) -> dict[str, Any]:
   """{"bytes": size, kind: digest} of one file, read once in 4 MiB blocks."""
-  import google_crc32c  # pylint: disable=import-outside-toplevel  # gcsfs depends on it
+  import google_crc32c  # pylint: disable=import-outside-toplevel  # a requirement (setup.cfg)
 
   hashers = {kind: (google_crc32c.Checksum() if kind == "crc32c" else hashlib.new(kind))
              for kind in kinds}
