@@ -98,8 +98,11 @@ def run_ours(model, prompts: np.ndarray, new_tokens: int, steps_per_call: int, e
                                      padded_tokens=[padded for padded, _ in prepared],
                                      true_lengths=[length for _, length in prepared],
                                      requests=requests)
-    for slot, prefix in enumerate(prefixes):
-      state = engine.insert(prefix, state, slot)
+    if prefill_batch is None:  # the JetStream calls: one insert per prompt
+      for slot, prefix in enumerate(prefixes):
+        state = engine.insert(prefix, state, slot)
+    else:  # as rollouts place slots: one call per bucket
+      state = engine.insert_many(prefixes, state, range(batch))
     state.done.block_until_ready()
     decode_start = time.perf_counter()
     produced = 0

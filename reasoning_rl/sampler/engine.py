@@ -45,6 +45,10 @@ Throughput (no decode step is spent on an idle slot the host could have refilled
   costs what its live slots need.
 - Batched prefill: `prefill_many` runs several prompts in one call (rows padded to the longest
   prompt's bucket, the row count to a power of two up to `max_prefill_batch`).
+- Batched inserts: `insert_many` places several prefixes in their slots in one call per cache
+  bucket (rollouts, exact rollouts and the agent driver fill their free slots with it): on a GPU
+  each `insert` is a program call over the whole decode state, and on a CPU a 16-bit cache's
+  insert goes through float32 copies of every layer's cache.
 `generate` compiles once per (L, batch) pair it meets: a handful of variants.
 
 Prompts are right-padded to buckets of two per octave (2^k and 3·2^(k−1), at least
@@ -190,18 +194,23 @@ def prompt_bucket(length: int, max_prefill_length: int, min_bucket: int = 16) ->
 
 def start_slot(state: DecodeState, prefix: Prefix, slot) -> DecodeState:
   """`state` with `slot` live on `prefix`'s request: its next-token logits, position, key,
-  sampling parameters, budget and stop ids (the cache is the caller's to fill)."""
+  sampling parameters, budget and stop ids (the cache is the caller's to fill). `slot` may be a
+  vector of slots, `prefix`'s fields stacked along a first axis to match; a slot outside the
+  state (a padding row's) writes nothing."""
   req = prefix.request
+
+  def put(buffer, value):
+    return buffer.at[slot].set(value, mode="drop")
+
   return state.replace(
-      next_logits=state.next_logits.at[slot].set(prefix.logits),
-      position=state.position.at[slot].set(prefix.length),
-      generated=state.generated.at[slot].set(0), done=state.done.at[slot].set(False),
-      keys=state.keys.at[slot].set(req.key),
-      temperature=state.temperature.at[slot].set(req.temperature),
-      top_p=state.top_p.at[slot].set(req.top_p), top_k=state.top_k.at[slot].set(req.top_k),
-      min_p=state.min_p.at[slot].set(req.min_p),
-      max_new_tokens=state.max_new_tokens.at[slot].set(req.max_new_tokens),
-      stop_ids=state.stop_ids.at[slot].set(req.stop_ids))
+      next_logits=put(state.next_logits, prefix.logits),
+      position=put(state.position, prefix.length),
+      generated=put(state.generated, 0), done=put(state.done, False),
+      keys=put(state.keys, req.key), temperature=put(state.temperature, req.temperature),
+      top_p=put(state.top_p, req.top_p), top_k=put(state.top_k, req.top_k),
+      min_p=put(state.min_p, req.min_p), max_new_tokens=put(state.max_new_tokens,
+                                                            req.max_new_tokens),
+      stop_ids=put(state.stop_ids, req.stop_ids))
 
 
 def spread_rows(result: ResultTokens, rows, state: DecodeState) -> ResultTokens:
@@ -285,7 +294,8 @@ class Engine:
     self.policy_version = 0
     self.num_prefills = 0  # prompts prefilled (padding rows of a batch not counted)
     self.num_prefill_calls = 0
-    self.num_inserts = 0
+    self.num_inserts = 0  # prefixes placed in slots
+    self.num_insert_calls = 0  # programs run to place them (`insert_many` batches them)
     self.num_generate_calls = 0
     self.num_appends = 0  # append_to_slot calls (multi-turn continuations)
 
@@ -477,7 +487,50 @@ class Engine:
     if not 0 <= int(slot) < self._slots:
       raise SamplingError(f"slot={slot}: must be in [0, {self._slots})")
     self.num_inserts += 1
+    self.num_insert_calls += 1
     return self._insert_fn(decode_state, prefix, np.int32(slot))
+
+  # Engines whose room for a prefix depends on the inserts before it (a paged cache's pages)
+  # say False: callers then insert one at a time, checking `has_room_for` before each.
+  inserts_many_at_once = True
+
+  def insert_many(self, prefixes: Sequence[Prefix], decode_state: DecodeState,
+                  slots: Sequence[int]) -> DecodeState:
+    """Copies `prefixes[i]` (and its request) into `slots[i]` for every i: the state `insert`
+    one at a time would give, in one call per cache bucket among the prefixes (the rows padded
+    to a power of two, for few compiles). A prefix may repeat (the samples of one prompt: its
+    `with_request` copies). The old state is donated.
+
+    Each `insert` is a program call over the whole decode state: on a GPU, 256 of them took
+    about 3 ms apiece, more than batched prefills of the same prompts (benchmarks/RESULTS.md,
+    2026-11-30, "The whole loop on an NVIDIA H200: a first try").
+    """
+    prefixes, slots = list(prefixes), [int(slot) for slot in slots]
+    if len(prefixes) != len(slots):
+      raise SamplingError(f"insert_many: got {len(prefixes)} prefixes and {len(slots)} slots; "
+                          "pass one slot per prefix")
+    for slot in slots:
+      if not 0 <= slot < self._slots:
+        raise SamplingError(f"insert_many: slot={slot}: must be in [0, {self._slots})")
+    if len(set(slots)) != len(slots):
+      raise SamplingError(f"insert_many: slots {slots} repeat one; give each prefix its own slot")
+    by_bucket: dict[int, list[int]] = {}
+    for index, prefix in enumerate(prefixes):
+      by_bucket.setdefault(prefix.cache.max_len, []).append(index)
+    for members in by_bucket.values():
+      if len(members) == 1:  # the single insert's program, compiled for every bucket anyway
+        decode_state = self.insert(prefixes[members[0]], decode_state, slots[members[0]])
+        continue
+      rows = next_power_of_two(len(members))
+      padding = rows - len(members)
+      # a padding row repeats the first placement: the same values into the same slot again
+      chosen = [prefixes[index] for index in members] + [prefixes[members[0]]] * padding
+      targets = np.array([slots[index] for index in members] + [slots[members[0]]] * padding,
+                         np.int32)
+      self.num_inserts += len(members)
+      self.num_insert_calls += 1
+      decode_state = self._insert_many_fn(decode_state, tuple(chosen), targets)
+    return decode_state
 
   def append_to_slot(self, params, decode_state: DecodeState, slot: int,
                      tokens: Sequence[int], *, start: int, max_new_tokens: int,
@@ -663,6 +716,41 @@ class Engine:
                                      prefix.cache).replace(pos=put_row(state.cache.pos, pos_row))
       return start_slot(state.replace(cache=cache), prefix, slot)
 
+    def insert_many(state: DecodeState, prefixes: tuple[Prefix, ...], slots):
+      """`insert` of each prefix into its slot (prefixes of one bucket; a slot may repeat with
+      the same prefix, as padding does)."""
+      bucket, size = prefixes[0].cache.pos.shape[1], state.done.shape[0]
+      on_cpu = jax.default_backend() == "cpu"
+
+      def put_rows(buffer, *rows):
+        """buffer [S, K, L, D] with rows[i] [1, K, bucket, D] at slots[i], lengths below bucket."""
+        rows = [row.astype(buffer.dtype) for row in rows]
+        if not on_cpu:
+          return buffer.at[slots, :, :bucket].set(jnp.concatenate(rows, axis=0))
+        if buffer.dtype.itemsize != 2:
+          # XLA:CPU writes a dynamic-update-slice in place; its scatter was 3x slower here
+          for slot, row in zip(slots, rows):
+            buffer = jax.lax.dynamic_update_slice(buffer, row, (slot, 0, 0, 0))
+          return buffer
+        # A 16-bit buffer: XLA:CPU computes its dynamic-update-slice and scatter in float32,
+        # through copies of the whole buffer per row; one select over it is 8x faster than an
+        # insert per slot (benchmarks/RESULTS.md, 2026-11-30).
+        count, length = len(rows), buffer.shape[2]
+        padded = jnp.pad(jnp.concatenate(rows, axis=0),
+                         ((0, 1), (0, 0), (0, length - bucket), (0, 0)))
+        source = jnp.full(size, count, jnp.int32).at[slots].set(jnp.arange(count))
+        hit = ((source < count)[:, None, None, None]
+               & (jnp.arange(length) < bucket)[None, None, :, None])
+        return jnp.where(hit, padded[source], buffer)
+
+      pos_rows = jnp.concatenate([prefix.cache.pos for prefix in prefixes], axis=0)
+      pos_rows = jnp.pad(pos_rows, ((0, 0), (0, cache_length - bucket)), constant_values=-1)
+      cache = state.cache.map_layers(put_rows, *(prefix.cache for prefix in prefixes)).replace(
+          pos=state.cache.pos.at[slots].set(pos_rows))
+      stacked = jax.tree.map(lambda *fields: jnp.stack(fields),
+                             *(prefix.replace(cache=None, experts=None) for prefix in prefixes))
+      return start_slot(state.replace(cache=cache), stacked, slots)
+
     def release(state: DecodeState, slot):
       return state.replace(done=state.done.at[slot].set(True))
 
@@ -785,6 +873,7 @@ class Engine:
     self._init_fn = jax.jit(init, out_shardings=state_shardings)
     self._prefill_fn = jax.jit(prefill, out_shardings=replicated)
     self._insert_fn = jax.jit(insert, donate_argnums=0, out_shardings=state_shardings)
+    self._insert_many_fn = jax.jit(insert_many, donate_argnums=0, out_shardings=state_shardings)
     self._release_fn = jax.jit(release, donate_argnums=0, out_shardings=state_shardings)
     self._append_fn = jax.jit(append, donate_argnums=1, out_shardings=state_shardings)
     self._generate_fn = jax.jit(generate, donate_argnums=1, static_argnames="key_length",

@@ -133,7 +133,8 @@ def fill_free_slots(engine: Engine, state, running: list, waiting: collections.d
       for p, prefix in zip(to_prefill, new_prefixes):
         if prefix.experts is not None:
           prompt_routes[p] = np.asarray(prefix.experts)[:prepared[p][1]]
-  inserted = []
+  inserted, placed = [], []
+  at_once = engine.inserts_many_at_once  # else each insert changes the room for the next
   for index, (slot, (p, g)) in enumerate(assigned):
     entry = prefixes[p]
     if not engine.has_room_for(entry[0], len((resume or {}).get((p, g)) or ())):
@@ -141,16 +142,30 @@ def fill_free_slots(engine: Engine, state, running: list, waiting: collections.d
       waiting.extendleft(reversed([pair for _, pair in assigned[index:]]))
       break
     inserted.append((slot, (p, g)))
-    state = engine.insert(entry[0].with_request(request(p, g)), state, slot)
+    placed.append(entry[0].with_request(request(p, g)))
+    if not at_once:
+      state = engine.insert(placed[-1], state, slot)
     entry[1] -= 1
     if entry[1] == 0:
       del prefixes[p]
-    drawn = (resume or {}).get((p, g))
-    if drawn:
-      state = engine.append_to_slot(engine.params, state, slot, drawn, start=prepared[p][1],
-                                    max_new_tokens=max_new_tokens - len(drawn),
-                                    draws_kept=len(drawn))
+    if not at_once:
+      state = append_drawn(engine, state, slot, p, g, resume, prepared, max_new_tokens)
+  if at_once and inserted:
+    # one program call per prompt bucket instead of one per slot (`Engine.insert_many`)
+    state = engine.insert_many(placed, state, [slot for slot, _ in inserted])
+    for slot, (p, g) in inserted:
+      state = append_drawn(engine, state, slot, p, g, resume, prepared, max_new_tokens)
   return state, [(slot, p, g) for slot, (p, g) in inserted]
+
+
+def append_drawn(engine: Engine, state, slot: int, p: int, g: int, resume, prepared,
+                 max_new_tokens: int):
+  """`state` with sample (p, g)'s tokens drawn before (`resume`), if any, appended in `slot`."""
+  drawn = (resume or {}).get((p, g))
+  if not drawn:
+    return state
+  return engine.append_to_slot(engine.params, state, slot, drawn, start=prepared[p][1],
+                               max_new_tokens=max_new_tokens - len(drawn), draws_kept=len(drawn))
 
 
 def stream_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_samples: int = 1,
