@@ -9,15 +9,17 @@
 #   printf '/.whl/\n/.tok/\n' >> .git/info/exclude
 # There (the device tool's run, carry [".whl", ".tok"]), a lease of 15 minutes holding about one
 # full call and a short one:
-#   PARTS="rl_demo prefill" bash benchmarks/device_loop.sh     # ~8 minutes; logs under $OUT
+#   PARTS="rl_demo rl_scan prefill" bash benchmarks/device_loop.sh   # ~9 minutes; logs in $OUT
 #   PARTS=train bash benchmarks/device_loop.sh                 # what is left
 #
 # Parts (PARTS picks them, in this order; each under its own limit, TIME_<PART> seconds, so a
 # failing one leaves time to the others):
 #   rl_demo  `benchmarks.rl_step` at the CPU demo's settings (4 prompts × 8 samples, 128 new
-#            tokens, β 0) at SmolLM2's shape, bfloat16: the loop against TRL (300 s).
+#            tokens, β 0) at SmolLM2's shape, bfloat16: the loop against TRL (270 s).
+#   rl_scan  the same, ours only, with `model.scan_layers` (a 28-layer step compiled 14× faster
+#            scanned on the H200, 2026-11-26): what compiling costs either way (150 s).
 #   prefill  `benchmarks.prefill` at 256 rows: prompt by prompt vs 8, 64 and 256 prompts per
-#            prefill call, the slots placed by `insert_many` (150 s).
+#            prefill call, the slots placed by `insert_many` (120 s).
 #   train    `launch/train.py` on the demo's config (configs/smollm2_arithmetic.py), 3 steps, 32
 #            held-out examples: the launcher as users start it (240 s).
 #   rl_long  `benchmarks.rl_step` on long sequences: a 1.5 B shape, 8 prompts × 8 samples × 2,048
@@ -34,7 +36,7 @@
 set -uo pipefail
 out="${OUT:-/tmp/device_loop}"
 mkdir -p "$out"
-parts="${PARTS:-rl_demo prefill train rl_long}"
+parts="${PARTS:-rl_demo rl_scan prefill train rl_long}"
 demo_shape="${DEMO_SHAPE:-smollm2}" long_shape="${LONG_SHAPE:-1.5b}"
 long_tokens="${LONG_TOKENS:-2048}"
 wants() { [[ " $parts " == *" $1 "* ]]; }
@@ -54,7 +56,7 @@ export JAX_LOG_COMPILES=1 PYTHONWARNINGS=ignore::SyntaxWarning
 # Both sides share one GPU in one process: JAX takes memory as it needs it instead of 75 % up front.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-if wants train || wants rl_demo; then
+if wants train || wants rl_demo || wants rl_scan; then
   python3 -m benchmarks.random_checkpoint --shape "$demo_shape" --tokenizer .tok \
     --out /tmp/device_loop_demo > /dev/null || exit 1
 fi
@@ -65,15 +67,25 @@ fi
 
 if wants rl_demo; then
   started rl_demo
-  timeout "${TIME_RL_DEMO:-300}" python3 -m benchmarks.rl_step --model_dir /tmp/device_loop_demo \
+  timeout "${TIME_RL_DEMO:-270}" python3 -m benchmarks.rl_step --model_dir /tmp/device_loop_demo \
     --dtype bfloat16 --beta 0 --steps 2 > "$out/rl_step_demo.log" 2>&1
-  echo "rl_step, demo settings: exit $?"; grep -E '^\||x as fast|peak' "$out/rl_step_demo.log"
+  echo "rl_step, demo settings: exit $?"
+  grep -E '^\||x as fast|peak|^  compiling' "$out/rl_step_demo.log"
   compiles "$out/rl_step_demo.log" 2>&1
+fi
+
+if wants rl_scan; then
+  started rl_scan
+  timeout "${TIME_RL_SCAN:-150}" python3 -m benchmarks.rl_step --model_dir /tmp/device_loop_demo \
+    --dtype bfloat16 --beta 0 --steps 2 --scan_layers --skip_trl > "$out/rl_step_scan.log" 2>&1
+  echo "rl_step, demo settings, scanned layers: exit $?"
+  grep -E '^β|^  compiling|^  sampling|peak' "$out/rl_step_scan.log"
+  compiles "$out/rl_step_scan.log" 2>&1
 fi
 
 if wants prefill; then
   started prefill
-  timeout "${TIME_PREFILL:-150}" python3 -m benchmarks.prefill \
+  timeout "${TIME_PREFILL:-120}" python3 -m benchmarks.prefill \
     --model "${PREFILL_MODEL:-smollm2_shape}" --dtype bfloat16 --rows "${PREFILL_ROWS:-256}" \
     --prefill_batches one,8,64,256 > "$out/prefill.log" 2>&1
   echo "prefill: exit $?"; grep -E '^\|' "$out/prefill.log"
@@ -98,6 +110,6 @@ if wants rl_long; then
     --dtype bfloat16 --beta 0 --prompts 8 --samples 8 --max_new_tokens "$long_tokens" \
     --micro_batches 8 --steps 1 > "$out/rl_step_long.log" 2>&1
   echo "rl_step, $long_shape x $long_tokens tokens: exit $?"
-  grep -E '^\||x as fast|peak' "$out/rl_step_long.log"
+  grep -E '^\||x as fast|peak|^  compiling' "$out/rl_step_long.log"
   compiles "$out/rl_step_long.log" 2>&1
 fi

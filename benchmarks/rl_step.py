@@ -15,7 +15,7 @@ Needs TRL: pip install -e '.[test,bench]' (pinned; torch stays the CPU wheel).
 Usage: python -m benchmarks.rl_step [--steps 5] [--warmup_steps 1] [--beta 0,0.04]
          [--prompts 4] [--samples 8] [--max_new_tokens 128] [--micro_batches 4]
          [--learning_rate 2e-5] [--layouts auto[,unshared]] [--packed_micro_batches M]
-         [--model_dir DIR] [--dtype float32|bfloat16] [--skip_trl]
+         [--model_dir DIR] [--dtype float32|bfloat16] [--scan_layers] [--skip_trl]
 
 With `--model_dir` both sides load that Hugging Face checkpoint instead of the GGUF (on a machine
 without weights: `benchmarks/random_checkpoint.py`); on a GPU TRL trains on it (`use_cpu` only
@@ -128,6 +128,7 @@ def demo_config(args, beta: float, workdir: str, layout: str = "auto"):
   else:
     assert pathlib.Path(c.model.path) == smollm2_gguf(), (c.model.path, smollm2_gguf())
   c.model.dtype = args.dtype
+  c.model.scan_layers = args.scan_layers
   c.workdir = workdir
   c.total_steps = args.warmup_steps + args.steps
   c.rollout.num_prompts = args.prompts
@@ -488,6 +489,9 @@ def main():
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                       help="compute dtype: ours model.dtype, TRL bf16 autocast (float32 "
                            "weights on both sides)")
+  parser.add_argument("--scan_layers", action="store_true",
+                      help="ours with model.scan_layers (the block stack one scanned module: "
+                           "fewer seconds compiling, most of all on an accelerator)")
   parser.add_argument("--skip_trl", action="store_true",
                       help="our side only (the TRL columns are then left out)")
   args = parser.parse_args()
