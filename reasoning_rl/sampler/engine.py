@@ -46,9 +46,10 @@ Throughput (no decode step is spent on an idle slot the host could have refilled
 - Batched prefill: `prefill_many` runs several prompts in one call (rows padded to the longest
   prompt's bucket, the row count to a power of two up to `max_prefill_batch`).
 - Batched inserts: `insert_many` places several prefixes in their slots in one call per cache
-  bucket (rollouts, exact rollouts and the agent driver fill their free slots with it): on a GPU
-  each `insert` is a program call over the whole decode state, and on a CPU a 16-bit cache's
-  insert goes through float32 copies of every layer's cache.
+  bucket (rollouts, exact rollouts and the agent driver fill their free slots with it), where
+  each `insert` is a program call over the whole decode state. On a CPU a 16-bit cache is written
+  by a select over its 16-bit words instead (XLA:CPU computes a bfloat16 dynamic-update-slice
+  through float32 copies of the whole buffer), and there one insert at a time is faster.
 `generate` compiles once per (L, batch) pair it meets: a handful of variants.
 
 Prompts are right-padded to buckets of two per octave (2^k and 3·2^(k−1), at least
@@ -211,6 +212,22 @@ def start_slot(state: DecodeState, prefix: Prefix, slot) -> DecodeState:
       min_p=put(state.min_p, req.min_p), max_new_tokens=put(state.max_new_tokens,
                                                             req.max_new_tokens),
       stop_ids=put(state.stop_ids, req.stop_ids))
+
+
+def select_row(buffer: jax.Array, row: jax.Array, slot) -> jax.Array:
+  """buffer [S, K, L, D] (16-bit floats) with row [1, K, bucket, D] at `slot`, lengths below
+  bucket: `insert`'s write on a CPU. XLA:CPU computes a dynamic-update-slice of bfloat16 through
+  float32 copies of the whole buffer; a select over its 16-bit words is 10× faster (an insert
+  into 64 slots of 192 entries, SmolLM2's shape: 2.0 against 21 ms; benchmarks/RESULTS.md,
+  2026-11-30)."""
+  size, length = buffer.shape[0], buffer.shape[2]
+  hit = ((jnp.arange(size) == slot)[:, None, None, None]
+         & (jnp.arange(length) < row.shape[2])[None, None, :, None])
+  row = jnp.pad(row, ((0, 0), (0, 0), (0, length - row.shape[2]), (0, 0)))
+  words = jnp.uint16
+  written = jnp.where(hit, jax.lax.bitcast_convert_type(row, words),
+                      jax.lax.bitcast_convert_type(buffer, words))
+  return jax.lax.bitcast_convert_type(written, buffer.dtype)
 
 
 def spread_rows(result: ResultTokens, rows, state: DecodeState) -> ResultTokens:
@@ -503,7 +520,8 @@ class Engine:
 
     Each `insert` is a program call over the whole decode state: on a GPU, 256 of them took
     about 3 ms apiece, more than batched prefills of the same prompts (benchmarks/RESULTS.md,
-    2026-11-30, "The whole loop on an NVIDIA H200: a first try").
+    2026-11-30, "The whole loop on an NVIDIA H200: a first try"). On a CPU with a 16-bit cache
+    the prefixes are inserted one at a time (faster there, see below).
     """
     prefixes, slots = list(prefixes), [int(slot) for slot in slots]
     if len(prefixes) != len(slots):
@@ -517,9 +535,14 @@ class Engine:
     by_bucket: dict[int, list[int]] = {}
     for index, prefix in enumerate(prefixes):
       by_bucket.setdefault(prefix.cache.max_len, []).append(index)
+    # On a CPU a 16-bit cache's `insert` is a select over its words (`select_row`), which one
+    # batched program did not match: many such selects in one call, or the rows gathered into
+    # one select, were slower at the demo's 32 slots (benchmarks/RESULTS.md, 2026-11-30).
+    one_at_a_time = jax.default_backend() == "cpu" and jnp.dtype(self.dtype).itemsize == 2
     for members in by_bucket.values():
-      if len(members) == 1:  # the single insert's program, compiled for every bucket anyway
-        decode_state = self.insert(prefixes[members[0]], decode_state, slots[members[0]])
+      if len(members) == 1 or one_at_a_time:  # a single prefix: `insert`'s program
+        for index in members:
+          decode_state = self.insert(prefixes[index], decode_state, slots[index])
         continue
       rows = next_power_of_two(len(members))
       padding = rows - len(members)
@@ -707,7 +730,11 @@ class Engine:
       return prefixes, first
 
     def insert(state: DecodeState, prefix: Prefix, slot):
+      on_cpu = jax.default_backend() == "cpu"
+
       def put_row(buffer, row):
+        if on_cpu and buffer.dtype.itemsize == 2 and jnp.issubdtype(buffer.dtype, jnp.floating):
+          return select_row(buffer, row, slot)
         return jax.lax.dynamic_update_slice(buffer, row, (slot,) + (0,) * (buffer.ndim - 1))
 
       bucket = prefix.cache.pos.shape[1]
@@ -719,7 +746,7 @@ class Engine:
     def insert_many(state: DecodeState, prefixes: tuple[Prefix, ...], slots):
       """`insert` of each prefix into its slot (prefixes of one bucket; a slot may repeat with
       the same prefix, as padding does)."""
-      bucket, size = prefixes[0].cache.pos.shape[1], state.done.shape[0]
+      bucket = prefixes[0].cache.pos.shape[1]
       on_cpu = jax.default_backend() == "cpu"
 
       def put_rows(buffer, *rows):
@@ -727,21 +754,11 @@ class Engine:
         rows = [row.astype(buffer.dtype) for row in rows]
         if not on_cpu:
           return buffer.at[slots, :, :bucket].set(jnp.concatenate(rows, axis=0))
-        if buffer.dtype.itemsize != 2:
-          # XLA:CPU writes a dynamic-update-slice in place; its scatter was 3x slower here
-          for slot, row in zip(slots, rows):
-            buffer = jax.lax.dynamic_update_slice(buffer, row, (slot, 0, 0, 0))
-          return buffer
-        # A 16-bit buffer: XLA:CPU computes its dynamic-update-slice and scatter in float32,
-        # through copies of the whole buffer per row; one select over it is 8x faster than an
-        # insert per slot (benchmarks/RESULTS.md, 2026-11-30).
-        count, length = len(rows), buffer.shape[2]
-        padded = jnp.pad(jnp.concatenate(rows, axis=0),
-                         ((0, 1), (0, 0), (0, length - bucket), (0, 0)))
-        source = jnp.full(size, count, jnp.int32).at[slots].set(jnp.arange(count))
-        hit = ((source < count)[:, None, None, None]
-               & (jnp.arange(length) < bucket)[None, None, :, None])
-        return jnp.where(hit, padded[source], buffer)
+        # XLA:CPU writes a dynamic-update-slice in place; its scatter was 3x slower here
+        # (16-bit caches never get here: `insert_many` inserts one at a time there)
+        for slot, row in zip(slots, rows):
+          buffer = jax.lax.dynamic_update_slice(buffer, row, (slot, 0, 0, 0))
+        return buffer
 
       pos_rows = jnp.concatenate([prefix.cache.pos for prefix in prefixes], axis=0)
       pos_rows = jnp.pad(pos_rows, ((0, 0), (0, cache_length - bucket)), constant_values=-1)
