@@ -264,12 +264,8 @@ class EngineDriver:
                                      padded_tokens=[c[1] for c in chosen],
                                      true_lengths=[c[2] for c in chosen],
                                      requests=[c[3] for c in chosen])
-      if engine.inserts_many_at_once:
-        state = engine.insert_many(prefixes, state, free[:len(prefixes)])
-      for slot, (live, _, length, _, (appended, draws_kept, budget)), prefix in zip(
-          free, chosen, prefixes):
-        if not engine.inserts_many_at_once:
-          state = engine.insert(prefix, state, slot)
+      state = engine.insert_many(prefixes, state, free[:len(prefixes)])
+      for slot, (live, _, length, _, (appended, draws_kept, budget)) in zip(free, chosen):
         if appended:
           state = engine.append_to_slot(engine.params, state, slot, appended, start=length,
                                         max_new_tokens=budget, draws_kept=draws_kept)

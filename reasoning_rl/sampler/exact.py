@@ -267,13 +267,9 @@ def continue_sequences(engine: Engine, items: Sequence[tuple[list[int], list[int
         true_lengths=[length for _, length in prepared],
         requests=[engine.make_request(key=key, sampling=sampling, max_new_tokens=max_new_tokens,
                                       stop_ids=stop_ids) for _, _, key in wave])
-    state = engine.init_decode_state()
-    if engine.inserts_many_at_once:
-      state = engine.insert_many(prefixes, state, range(len(prefixes)))
+    state = engine.insert_many(prefixes, engine.init_decode_state(), range(len(prefixes)))
     tokens = []
-    for slot, ((prompt, completion, _), prefix) in enumerate(zip(wave, prefixes)):
-      if not engine.inserts_many_at_once:
-        state = engine.insert(prefix, state, slot)
+    for slot, (prompt, completion, _) in enumerate(wave):
       state = engine.append_to_slot(engine.params, state, slot, completion, start=len(prompt),
                                     max_new_tokens=max_new_tokens - len(completion),
                                     draws_kept=len(completion))
