@@ -7,8 +7,8 @@ Usage: python -m benchmarks.insert_many [--rows 32,64] [--dtypes float32,bfloat1
 For each row count and dtype: rows / samples prompts are prefilled once (8 per call), and each
 prompt's prefix is placed in `samples` slots with its own request (as a GRPO rollout fills its
 slots), into a fresh decode state, both ways; each slot's cache holds prompt_length +
-max_decode_length entries (the CPU demo's: 64-token prompts at most, 128 new tokens). The table gives the median of the repeats after
-the first (which compiles).
+max_decode_length entries (the CPU demo's: 64-token prompts at most, 128 new tokens). The table
+gives the median of the repeats after the first (which compiles).
 """
 
 from __future__ import annotations

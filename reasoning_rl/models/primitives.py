@@ -137,10 +137,28 @@ def scatter_cache(buffer: jax.Array, rows_index: jax.Array, values: jax.Array,
   return buffer.at[index].set(values.swapaxes(1, 2), mode="drop")
 
 
+def writes_through_float32(dtype) -> bool:
+  """Whether XLA here writes into a buffer of `dtype` (scatter, dynamic-update-slice) through
+  float32 copies of the whole buffer: a 2-byte float on a CPU backend. Such writes are selects
+  over the buffer's 16-bit words instead (`where_by_words`)."""
+  dtype = jnp.dtype(dtype)
+  return (jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize == 2
+          and jax.default_backend() == "cpu")
+
+
+def where_by_words(hit: jax.Array, value: jax.Array, buffer: jax.Array) -> jax.Array:
+  """jnp.where(hit, value, buffer) for a 2-byte float buffer, computed over its 16-bit words:
+  XLA:CPU computes a select of bfloat16 in float32 (a fused pass with conversions), one of
+  integers at their width, 4× faster."""
+  words = jnp.uint16
+  written = jnp.where(hit, jax.lax.bitcast_convert_type(value.astype(buffer.dtype), words),
+                      jax.lax.bitcast_convert_type(buffer, words))
+  return jax.lax.bitcast_convert_type(written, buffer.dtype)
+
+
 def _select_one_entry(buffer: jax.Array, values: jax.Array) -> bool:
   """Whether `scatter_cache` writes by select: one entry per row, a 2-byte float buffer, a CPU."""
-  return (values.shape[1] == 1 and jnp.issubdtype(buffer.dtype, jnp.floating)
-          and buffer.dtype.itemsize == 2 and jax.default_backend() == "cpu")
+  return values.shape[1] == 1 and writes_through_float32(buffer.dtype)
 
 
 def _select_entry(buffer: jax.Array, slot: jax.Array, value: jax.Array, layer) -> jax.Array:
@@ -158,9 +176,4 @@ def _select_entry(buffer: jax.Array, slot: jax.Array, value: jax.Array, layer) -
     # bitcast copies of the stack per layer, 2× slower (benchmarks/RESULTS.md, same section).
     hit = (jnp.arange(buffer.shape[0]) == layer)[:, None, None, None, None] & hit[None]
     return jnp.where(hit, value[None], buffer)
-  # Selected as 16-bit words: XLA:CPU computes a select of bfloat16 in float32 (a fused pass with
-  # conversions), one of integers at their width, 4× faster.
-  words = jnp.uint16
-  written = jnp.where(hit, jax.lax.bitcast_convert_type(value, words),
-                      jax.lax.bitcast_convert_type(buffer, words))
-  return jax.lax.bitcast_convert_type(written, buffer.dtype)
+  return where_by_words(hit, value, buffer)

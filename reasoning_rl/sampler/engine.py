@@ -73,6 +73,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from reasoning_rl import lora
 from reasoning_rl import sharding as sharding_lib
 from reasoning_rl.errors import SamplingError
+from reasoning_rl.models.primitives import where_by_words, writes_through_float32
 from reasoning_rl.models.transformer import KVCache, Transformer
 from reasoning_rl.sampler import sampling as sampling_lib
 from reasoning_rl.sampler.sampling import SamplingParams
@@ -196,12 +197,11 @@ def prompt_bucket(length: int, max_prefill_length: int, min_bucket: int = 16) ->
 def start_slot(state: DecodeState, prefix: Prefix, slot) -> DecodeState:
   """`state` with `slot` live on `prefix`'s request: its next-token logits, position, key,
   sampling parameters, budget and stop ids (the cache is the caller's to fill). `slot` may be a
-  vector of slots, `prefix`'s fields stacked along a first axis to match; a slot outside the
-  state (a padding row's) writes nothing."""
+  vector of slots, `prefix`'s fields stacked along a first axis to match."""
   req = prefix.request
 
   def put(buffer, value):
-    return buffer.at[slot].set(value, mode="drop")
+    return buffer.at[slot].set(value)
 
   return state.replace(
       next_logits=put(state.next_logits, prefix.logits),
@@ -224,10 +224,7 @@ def select_row(buffer: jax.Array, row: jax.Array, slot) -> jax.Array:
   hit = ((jnp.arange(size) == slot)[:, None, None, None]
          & (jnp.arange(length) < row.shape[2])[None, None, :, None])
   row = jnp.pad(row, ((0, 0), (0, 0), (0, length - row.shape[2]), (0, 0)))
-  words = jnp.uint16
-  written = jnp.where(hit, jax.lax.bitcast_convert_type(row, words),
-                      jax.lax.bitcast_convert_type(buffer, words))
-  return jax.lax.bitcast_convert_type(written, buffer.dtype)
+  return where_by_words(hit, row, buffer)
 
 
 def spread_rows(result: ResultTokens, rows, state: DecodeState) -> ResultTokens:
@@ -508,7 +505,8 @@ class Engine:
     return self._insert_fn(decode_state, prefix, np.int32(slot))
 
   # Engines whose room for a prefix depends on the inserts before it (a paged cache's pages)
-  # say False: callers then insert one at a time, checking `has_room_for` before each.
+  # say False: `insert_many` then inserts one at a time, in order, and callers that check
+  # `has_room_for` insert each before checking the next.
   inserts_many_at_once = True
 
   def insert_many(self, prefixes: Sequence[Prefix], decode_state: DecodeState,
@@ -520,8 +518,9 @@ class Engine:
 
     Each `insert` is a program call over the whole decode state: on a GPU, 256 of them took
     about 3 ms apiece, more than batched prefills of the same prompts (benchmarks/RESULTS.md,
-    2026-11-30, "The whole loop on an NVIDIA H200: a first try"). On a CPU with a 16-bit cache
-    the prefixes are inserted one at a time (faster there, see below).
+    2026-11-30, "The whole loop on an NVIDIA H200: a first try"). On a CPU with a 16-bit cache,
+    and in an engine that says `inserts_many_at_once = False`, the prefixes are inserted one at
+    a time, in order.
     """
     prefixes, slots = list(prefixes), [int(slot) for slot in slots]
     if len(prefixes) != len(slots):
@@ -532,17 +531,19 @@ class Engine:
         raise SamplingError(f"insert_many: slot={slot}: must be in [0, {self._slots})")
     if len(set(slots)) != len(slots):
       raise SamplingError(f"insert_many: slots {slots} repeat one; give each prefix its own slot")
-    by_bucket: dict[int, list[int]] = {}
-    for index, prefix in enumerate(prefixes):
-      by_bucket.setdefault(prefix.cache.max_len, []).append(index)
     # On a CPU a 16-bit cache's `insert` is a select over its words (`select_row`), which one
     # batched program did not match: many such selects in one call, or the rows gathered into
     # one select, were slower at the demo's 32 slots (benchmarks/RESULTS.md, 2026-11-30).
-    one_at_a_time = jax.default_backend() == "cpu" and jnp.dtype(self.dtype).itemsize == 2
+    if not self.inserts_many_at_once or writes_through_float32(self.dtype):
+      for prefix, slot in zip(prefixes, slots):
+        decode_state = self.insert(prefix, decode_state, slot)
+      return decode_state
+    by_bucket: dict[int, list[int]] = {}
+    for index, prefix in enumerate(prefixes):
+      by_bucket.setdefault(prefix.cache.max_len, []).append(index)
     for members in by_bucket.values():
-      if len(members) == 1 or one_at_a_time:  # a single prefix: `insert`'s program
-        for index in members:
-          decode_state = self.insert(prefixes[index], decode_state, slots[index])
+      if len(members) == 1:  # a single prefix: `insert`'s program
+        decode_state = self.insert(prefixes[members[0]], decode_state, slots[members[0]])
         continue
       rows = next_power_of_two(len(members))
       padding = rows - len(members)
@@ -730,10 +731,8 @@ class Engine:
       return prefixes, first
 
     def insert(state: DecodeState, prefix: Prefix, slot):
-      on_cpu = jax.default_backend() == "cpu"
-
       def put_row(buffer, row):
-        if on_cpu and buffer.dtype.itemsize == 2 and jnp.issubdtype(buffer.dtype, jnp.floating):
+        if writes_through_float32(buffer.dtype):
           return select_row(buffer, row, slot)
         return jax.lax.dynamic_update_slice(buffer, row, (slot,) + (0,) * (buffer.ndim - 1))
 

@@ -252,18 +252,9 @@ class PagedEngine(Engine):
     self.num_insert_calls += 1
     return self._insert_paged_fn(decode_state, prefix, np.int32(slot), targets)
 
-  # each insert places pages that the next one's room depends on
+  # each insert places pages that the next one's room depends on: `insert_many` inserts one at
+  # a time
   inserts_many_at_once = False
-
-  def insert_many(self, prefixes, decode_state: DecodeState, slots) -> DecodeState:
-    """`insert` of each prefix into its slot, one at a time (each places its pages)."""
-    prefixes, slots = list(prefixes), list(slots)
-    if len(prefixes) != len(slots):
-      raise SamplingError(f"insert_many: got {len(prefixes)} prefixes and {len(slots)} slots; "
-                          "pass one slot per prefix")
-    for prefix, slot in zip(prefixes, slots):
-      decode_state = self.insert(prefix, decode_state, slot)
-    return decode_state
 
   def has_room_for(self, prefix: Prefix, tokens: int = 0) -> bool:
     """Whether the free pages hold `prefix`'s prompt (its full pages only if no slot shares
