@@ -2,10 +2,12 @@
 
 SmolLM2-135M's shape (9 query heads over 3 KV heads of 64 dims), 30 layers each with its own
 cache (so every layer reads its K and V from memory, as in a decode step), one jit:
-- `products` — `kernels.reference.one_query_attention`, what the engine runs on a CPU: q·K as
-  broadcast products and a sum over the head dim of the [B, K, S, D] cache;
-- `einsum` — the same as batched [G, D] × [D, S] matmuls;
-- `k_transposed` — K stored [B, K, D, S]: the sum over the head dim then vectorises along the keys.
+- `products` — `kernels.reference.one_query_attention` over keys stored [B, K, D, S], what the
+  engine runs on a CPU (`KVCache`'s layout): q·K as broadcast products and a sum over the head
+  dim, which vectorises along the keys;
+- `keys_length_first` — the same over keys stored [B, K, S, D] (the cache's layout before
+  2026-12-01; pages are still read so): the sum over the head dim runs along each key's row;
+- `einsum` — batched [G, D] × [D, S] matmuls over the [B, K, S, D] keys.
 Prints ms per 30 layers (median and min of --repeats) and the bytes of K and V read per second.
 
 Usage: python -m benchmarks.decode_attention [--rows 64] [--keys 208] [--repeats 10]
@@ -46,9 +48,13 @@ def main():
   scale = HEAD_DIM ** -0.5
   mask = ((k_pos >= 0) & (k_pos <= q_pos))[:, None, None]
 
-  def products(q, k, v):
-    return reference.one_query_attention(q, k, v, q_pos, k_pos, scale=scale, softcap=None,
+  def products(q, k_t, v):
+    return reference.one_query_attention(q, k_t, v, q_pos, k_pos, scale=scale, softcap=None,
                                          window=None)
+
+  def keys_length_first(q, k, v):
+    return reference.one_query_attention(q, k, v, q_pos, k_pos, scale=scale, softcap=None,
+                                         window=None, keys_length_last=False)
 
   def einsum(q, k, v):
     grouped = q.reshape(b, KV_HEADS, GROUP, HEAD_DIM)
@@ -56,20 +62,14 @@ def main():
     out = jnp.einsum("bkgs,bksd->bkgd", jax.nn.softmax(scores, axis=-1), v)
     return out.reshape(q.shape)
 
-  def k_transposed(q, k_t, v):
-    grouped = q.reshape(b, KV_HEADS, GROUP, HEAD_DIM)
-    scores = jnp.sum(grouped[..., None] * k_t[:, :, None], axis=-2) * scale  # [B, K, G, S]
-    probs = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1)
-    return jnp.sum(probs[..., None] * v[:, :, None], axis=-2).reshape(q.shape)
-
   k_ts = [jnp.swapaxes(k, 2, 3) for k in ks]
-  reference_out = jax.jit(products)(q, ks[0], vs[0])
+  reference_out = jax.jit(keys_length_first)(q, ks[0], vs[0])
   moved = 2 * LAYERS * b * KV_HEADS * s * HEAD_DIM * 4
   print(f"rows {b}, keys {s}: {moved / 1e6:.0f} MB of K and V per 30 layers\n")
   print("| form | ms per 30 layers (median) | min | GB/s | max abs diff |")
   print("| --- | ---: | ---: | ---: | ---: |")
-  for name, form, keys in (("products", products, ks), ("einsum", einsum, ks),
-                           ("k_transposed", k_transposed, k_ts)):
+  for name, form, keys in (("products", products, k_ts),
+                           ("keys_length_first", keys_length_first, ks), ("einsum", einsum, ks)):
     @jax.jit
     def layers(q, keys, values, form=form):
       out = q

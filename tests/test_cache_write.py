@@ -2,6 +2,7 @@
 2-byte float cache on a CPU is a select, which must store what the scatter stores and must keep
 XLA from converting the cache to float32 around the write."""
 
+import functools
 import re
 
 import jax
@@ -58,6 +59,28 @@ def test_a_prefill_write_of_several_entries_still_scatters():
   np.testing.assert_array_equal(np.asarray(written[0, 0, 1:3], np.float32), [[1, 2], [3, 4]])
   np.testing.assert_array_equal(np.asarray(written[1, 0, 4:6], np.float32), [[5, 6], [7, 8]])
   assert not np.asarray(written[:, :, :1], np.float32).any()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("layer", [None, 1])
+@pytest.mark.parametrize("entries", [1, 2])
+def test_a_keys_buffer_stored_length_last_holds_the_same_entries(dtype, layer, entries):
+  """length_axis=3 (keys [B, K, D, S]) against the [B, K, S, D] write, transposed: the scatter
+  (float32, or several entries), the select (a bfloat16 decode write), either end dropped."""
+  rng = np.random.default_rng(1)
+  rows, heads, size, dim = 6, 2, 5, 3
+  shape = (rows, heads, size, dim) if layer is None else (3, rows, heads, size, dim)
+  buffer = jnp.asarray(rng.normal(size=shape), dtype)
+  values = jnp.asarray(rng.normal(size=(rows, entries, heads, dim)), dtype)
+  first = jnp.array([[0], [3], [-1], [-5], [5], [-6]]) if entries == 1 else jnp.array(
+      [[0], [3], [1], [2], [4], [6]])
+  slots = first + jnp.arange(entries)[None, :]
+  expected = primitives.scatter_cache(buffer, slots, values, layer)
+  write = functools.partial(primitives.scatter_cache, layer=layer, length_axis=3)
+  written = jax.jit(write)(buffer.swapaxes(-1, -2), slots, values)
+  np.testing.assert_array_equal(np.asarray(written.swapaxes(-1, -2), np.float32),
+                                np.asarray(expected, np.float32))
+  assert not np.array_equal(np.asarray(expected, np.float32), np.asarray(buffer, np.float32))
 
 
 def _float32_buffers(hlo: str, shape: tuple[int, ...]) -> list[str]:

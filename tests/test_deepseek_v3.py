@@ -89,7 +89,7 @@ def test_the_cache_holds_the_latent_and_the_shared_rope_key_per_token():
   config = tiny_config()
   assert config.kv_cache_layout() == ((1, 16), (1, 4)) and config.kv_cache_width == 16 + 4
   cache = KVCache.init(config, batch=2, max_len=8)
-  assert cache.k[0].shape == (2, 1, 8, 16) and cache.v[0].shape == (2, 1, 8, 4)
+  assert cache.k[0].shape == (2, 1, 16, 8) and cache.v[0].shape == (2, 1, 8, 4)  # keys length-last
   engine = Engine(perturbed_model(config), max_concurrent_decodes=2, max_prefill_length=8,
                   max_decode_length=8)
   state = engine.init_decode_state()
@@ -138,7 +138,7 @@ def test_scanned_latent_attention_stack_equals_loop_and_decodes():
   full = full_logits(loop, ids, mask)
   np.testing.assert_allclose(full_logits(scanned, ids, mask), full, atol=1e-5, rtol=0)
   cache = KVCache.init(config, batch=3, max_len=12, stacked=True)
-  assert cache.k.shape == (2, 3, 1, 12, 16)
+  assert cache.k.shape == (2, 3, 1, 16, 12)
   cached = decoded_logits(scanned, ids, mask, cache, prompt_len=4)
   np.testing.assert_allclose(cached[mask > 0], full[mask > 0], atol=2e-5, rtol=0)
 

@@ -233,11 +233,18 @@ def test_one_query_decode_path_equals_the_einsum_path(softcap, window, sinks):
   q_pos = jnp.asarray([[8], [11], [2]], jnp.int32)
   options = {"scale": 0.25, "softcap": softcap, "window": window,
              "sinks": None if sinks is None else jnp.asarray(sinks, jnp.float32)}
-  one = kernels.decode_attention(q, k, v, q_pos, k_pos, **options)
+  keys_length_last = k.swapaxes(2, 3)  # the KV cache's layout of keys
+  one = kernels.decode_attention(q, keys_length_last, v, q_pos, k_pos, **options)
+  one_pages = kernels.decode_attention(q, k, v, q_pos, k_pos, keys_length_last=False, **options)
   two = reference.attention(jnp.concatenate([q, q], 1), k, v, jnp.concatenate([q_pos, q_pos], 1),
                             k_pos, kv_heads_first=True, **options)
+  two_cache = reference.attention(jnp.concatenate([q, q], 1), keys_length_last, v,
+                                  jnp.concatenate([q_pos, q_pos], 1), k_pos, kv_heads_first=True,
+                                  keys_length_last=True, **options)
   assert one.shape == (batch, 1, heads, head_dim)
   np.testing.assert_allclose(np.asarray(one[:, 0]), np.asarray(two[:, 0]), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(one_pages), np.asarray(one), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(two_cache), np.asarray(two), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(two[:, 1]), np.asarray(two[:, 0]), rtol=1e-5, atol=1e-6)
 
 

@@ -134,7 +134,8 @@ def test_a_full_pool_is_refused_naming_the_field(model):
 
 
 def test_pages_gather_into_rows_and_scatter_back():
-  """gather_pages / scatter_pages against a loop over the page table (pools [K, P, page, D])."""
+  """gather_pages / scatter_pages against a loop over the page table (pools [K, P, page, D];
+  the contiguous keys length-last, [rows, K, D, S])."""
   rng = np.random.default_rng(0)
   pool = PagedKVCache.init(CONFIG, 6, 4, jnp.float32, stacked=False)
   values = rng.normal(size=pool.k[0].shape).astype(np.float32)
@@ -144,7 +145,7 @@ def test_pages_gather_into_rows_and_scatter_back():
   view = gather_pages(pool, table)
   for r, pages in enumerate(table):
     for j, page in enumerate(pages):
-      got_k = np.asarray(view.k[0][r, :, 4 * j:4 * j + 4])
+      got_k = np.asarray(view.k[0][r, :, :, 4 * j:4 * j + 4]).swapaxes(1, 2)
       got_pos = np.asarray(view.pos[r, 4 * j:4 * j + 4])
       if page < 0:
         assert (got_pos == -1).all()
@@ -349,10 +350,10 @@ def test_layers_with_sinks_gather_their_pages_even_when_the_tpu_kernel_is_asked_
   options = dict(scale=0.3, softcap=None, window=None, sinks=sinks)
   contiguous = kernels.decode_attention(q, kv_pages.read_pages(k_pool, table),
                                         kv_pages.read_pages(v_pool, table), q_pos, k_pos,
-                                        **options)
+                                        keys_length_last=False, **options)
   without = kernels.decode_attention(q, kv_pages.read_pages(k_pool, table),
                                      kv_pages.read_pages(v_pool, table), q_pos, k_pos,
-                                     **{**options, "sinks": None})
+                                     keys_length_last=False, **{**options, "sinks": None})
   assert np.abs(np.asarray(contiguous) - np.asarray(without)).max() > 0.01
   for kernel in ("gather", "pallas_tpu"):
     address = kv_pages.PageAddress(pages=None, offsets=None, read_table=table, lengths=lengths,

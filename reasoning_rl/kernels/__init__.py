@@ -136,13 +136,15 @@ def training_attention(q, k, v, positions, key_positions, segment_ids=None, *, s
 
 
 def decode_attention(q, k_cache, v_cache, q_pos, k_pos, *, scale: float, softcap: float | None,
-                     window: int | None, sinks=None) -> jax.Array:
-  """Attention of T new tokens per row over a [B, K, S, D] KV cache (position-based mask; sinks
-  [N] or None).
+                     window: int | None, sinks=None, keys_length_last: bool = True) -> jax.Array:
+  """Attention of T new tokens per row over a KV cache: keys [B, K, D, S] (`KVCache`'s layout;
+  [B, K, S, D] with keys_length_last=False), values [B, K, S, D] (position-based mask; sinks [N]
+  or None).
 
   One query per row on a CPU takes `reference.one_query_attention` (products and sums: XLA:CPU
   runs one-row matmuls slowly); everything else the einsum reference."""
-  options = dict(scale=scale, softcap=softcap, window=window, sinks=sinks)
+  options = dict(scale=scale, softcap=softcap, window=window, sinks=sinks,
+                 keys_length_last=keys_length_last)
   if q.shape[1] == 1 and jax.default_backend() == "cpu":
     return reference.one_query_attention(q, k_cache, v_cache, q_pos, k_pos, **options)
   return reference.attention(q, k_cache, v_cache, q_pos, k_pos, kv_heads_first=True, **options)
@@ -167,7 +169,7 @@ def paged_decode_attention(q, k_pool, v_pool, page_offset, address, q_pos, k_pos
                                   address.lengths, mesh=address.mesh, **options)
   k, v = paged.read_pages(k_pool, table), paged.read_pages(v_pool, table)
   return decode_attention(q, k.astype(q.dtype), v.astype(q.dtype), q_pos, k_pos, window=window,
-                          sinks=sinks, **options)
+                          sinks=sinks, keys_length_last=False, **options)
 
 
 __all__ = ["TRAINING_KERNELS", "choose_training_kernel", "decode_attention",

@@ -77,26 +77,28 @@ def softmax(scores, sinks=None) -> jax.Array:
 
 
 def attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None, window: int | None,
-              kv_heads_first: bool = False, segment_ids=None, key_segment_ids=None,
-              sinks=None) -> jax.Array:
+              kv_heads_first: bool = False, keys_length_last: bool = False, segment_ids=None,
+              key_segment_ids=None, sinks=None) -> jax.Array:
   """Grouped-query attention (Ainslie et al. 2023) with the module's position-based mask.
 
-  q [B, T, N, D]; k, v [B, S, K, D], or [B, K, S, D] with `kv_heads_first` (the KV-cache layout),
-  N a multiple of K; q_pos [B, T]; k_pos [B, S]; sinks [N] or None; segment_ids [B, T] and, where
-  the keys are not the queries' tokens, key_segment_ids [B, S]. Returns [B, T, N, D] in v's dtype.
+  q [B, T, N, D]; k, v [B, S, K, D], or [B, K, S, D] with `kv_heads_first` (the KV-cache layout;
+  k [B, K, D, S] with `keys_length_last` too), N a multiple of K; q_pos [B, T]; k_pos [B, S];
+  sinks [N] or None; segment_ids [B, T] and, where the keys are not the queries' tokens,
+  key_segment_ids [B, S]. Returns [B, T, N, D] in v's dtype.
   """
   batch, steps, num_heads, head_dim = q.shape
   num_kv = k.shape[1] if kv_heads_first else k.shape[2]
   group = num_heads // num_kv
   if not kv_heads_first:
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-  keys = k.shape[2]
+  keys = k.shape[3] if keys_length_last else k.shape[2]
   # Each KV head's queries as the rows of one matrix, [B, K, G·T, D]: the products are then plain
   # batched matmuls over contiguous operands, where an einsum over [B, T, K, G, D] left XLA:CPU
   # layouts it ran slower (benchmarks/RESULTS.md, "Causal blocks and a heads-first layout")
   q = q.reshape(batch, steps, num_kv, group, head_dim).transpose(0, 2, 3, 1, 4)
   q = q.reshape(batch, num_kv, group * steps, head_dim)
-  scores = jnp.einsum("bkmd,bksd->bkms", q, k, preferred_element_type=jnp.float32) * scale
+  spec = "bkmd,bkds->bkms" if keys_length_last else "bkmd,bksd->bkms"
+  scores = jnp.einsum(spec, q, k, preferred_element_type=jnp.float32) * scale
   scores = scores.reshape(batch, num_kv, group, steps, keys)
   mask = allowed(q_pos, k_pos, window=window, segment_ids=segment_ids,
                  key_segment_ids=key_segment_ids)
@@ -143,19 +145,24 @@ def causal_attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | No
 
 
 def one_query_attention(q, k, v, q_pos, k_pos, *, scale: float, softcap: float | None,
-                        window: int | None, sinks=None) -> jax.Array:
-  """`attention` for one query per row (a decode step) over a [B, K, S, D] cache, written as
-  broadcast products and sums instead of matmuls.
+                        window: int | None, sinks=None, keys_length_last: bool = True) -> jax.Array:
+  """`attention` for one query per row (a decode step) over a cache of keys k [B, K, D, S]
+  ([B, K, S, D] with keys_length_last=False, as pages are read) and values v [B, K, S, D],
+  written as broadcast products and sums instead of matmuls.
 
   Why: with one query the einsums become batches of [G, D] × [D, S] matmuls, which XLA:CPU runs
   slowly, while products and sums fuse into vectorised loops (benchmarks/RESULTS.md, "Sampler:
-  the decode step's non-matmul work"). Same values up to summation order.
+  the decode step's non-matmul work"); over length-last keys the sum over D runs along the keys
+  in vector lanes ("The keys cache stored length-last"). Same values up to summation order.
   """
   batch, _, num_heads, head_dim = q.shape
   num_kv = k.shape[1]
-  q = q.reshape(batch, num_kv, num_heads // num_kv, head_dim)
-  products = q[:, :, :, None, :].astype(jnp.float32) * k[:, :, None].astype(jnp.float32)
-  scores = jnp.sum(products, axis=-1) * scale  # [B, K, G, S]
+  q = q.reshape(batch, num_kv, num_heads // num_kv, head_dim).astype(jnp.float32)
+  if keys_length_last:
+    scores = jnp.sum(q[..., None] * k[:, :, None].astype(jnp.float32), axis=-2)
+  else:
+    scores = jnp.sum(q[:, :, :, None, :] * k[:, :, None].astype(jnp.float32), axis=-1)
+  scores = scores * scale  # [B, K, G, S]
   mask = allowed(q_pos, k_pos, window=window)[:, 0]  # [B, S]
   scores = jnp.where(mask[:, None, None], _capped(scores, softcap), MASKED_SCORE)
   probs = softmax(scores, sinks)

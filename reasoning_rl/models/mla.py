@@ -18,9 +18,9 @@ The full forward (training, scoring) computes exactly that: keys and values of e
 and v, as the kernels take them; cut back after).
 
 The sampler's cache holds what the keys and values are rebuilt from, not them: c_kv in the k
-buffer ([B, 1, S, kv_lora_rank]) and the rotated k_rope in the v buffer ([B, 1, S,
-qk_rope_head_dim]) — `ModelConfig.kv_cache_layout`, kv_lora_rank + qk_rope_head_dim numbers per
-token and layer where caching the rebuilt keys and values would take
+buffer ([B, 1, kv_lora_rank, S]: length-last, as every keys buffer) and the rotated k_rope in
+the v buffer ([B, 1, S, qk_rope_head_dim]) — `ModelConfig.kv_cache_layout`, kv_lora_rank +
+qk_rope_head_dim numbers per token and layer where caching the rebuilt keys and values would take
 H · (qk_nope + qk_rope + v_head_dim) (DeepSeek-V3: 576 against 40960). Cached attention runs in the
 absorbed form (the paper's §2.1.2 remark that W_UK folds into the queries and W_UV into the
 output): q_nope·k_nope_h = (q_nope·W_kvb[h]_k^T)·c_kv, so each head's query is carried into
@@ -48,7 +48,7 @@ from flax import nnx
 
 from reasoning_rl import kernels
 from reasoning_rl.kernels import reference
-from reasoning_rl.models import kv_pages
+from reasoning_rl.models import kv_pages, primitives
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.primitives import RMSNorm, param, project, scatter_cache, weight
 
@@ -184,14 +184,18 @@ class LatentAttention(nnx.Module):
         views.append(kv_pages.read_pages(pages, table)[:, 0])
       return cache_kv, views[0], views[1]
     slots = write_index[:, None] + jnp.arange(latent.shape[1])[None, :]
-    cache_kv = tuple(scatter_cache(buffer, slots, values.astype(buffer.dtype), layer)
-                     for buffer, values in zip(cache_kv, (new, shared)))
+    axes = (primitives.KEYS_LENGTH_AXIS, primitives.VALUES_LENGTH_AXIS)
+    cache_kv = tuple(scatter_cache(buffer, slots, values.astype(buffer.dtype), layer,
+                                   length_axis=axis)
+                     for buffer, values, axis in zip(cache_kv, (new, shared), axes))
     read = key_positions.shape[1]  # the first key_length slots (see `Transformer.decode`)
     views = []
-    for buffer in cache_kv:
+    for buffer, axis in zip(cache_kv, axes):
       if layer is not None:
         buffer = jax.lax.dynamic_index_in_dim(buffer, layer, 0, keepdims=False)
-      views.append(buffer[:, 0, :read])
+      view = jax.lax.slice_in_dim(buffer, 0, read, axis=axis)[:, 0]
+      # the latent is stored length-last like every keys buffer: a transpose the products fold in
+      views.append(view.swapaxes(1, 2) if axis == primitives.KEYS_LENGTH_AXIS else view)
     return cache_kv, views[0], views[1]
 
   def __call__(self, x, positions, key_positions, rope, cache_kv=None, write_index=None,

@@ -114,27 +114,41 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array,
   return rotate(x, *rope_angles(positions, inv_freq, attention_factor))
 
 
-def scatter_cache(buffer: jax.Array, rows_index: jax.Array, values: jax.Array,
-                  layer=None) -> jax.Array:
-  """buffer [B, K, S, D] at [b, :, rows_index[b, t]] = values [B, T, K, D]; drops outside.
+# The length axis of one layer's KV-cache buffer (`transformer.KVCache`): keys [B, K, D, S],
+# values [B, K, S, D].
+KEYS_LENGTH_AXIS = 3
+VALUES_LENGTH_AXIS = 2
 
-  With `layer` (a scanned stack), buffer is [L, B, K, S, D] and only layer `layer` is written, in
+
+def scatter_cache(buffer: jax.Array, rows_index: jax.Array, values: jax.Array,
+                  layer=None, *, length_axis: int = 2) -> jax.Array:
+  """buffer [B, K, S, D] at [b, :, rows_index[b, t]] = values [B, T, K, D]; drops outside.
+  With length_axis=3 the buffer is [B, K, D, S] (a keys cache, `KVCache`) and is written at
+  [b, :, :, rows_index[b, t]].
+
+  With `layer` (a scanned stack), buffer is [L, B, …] and only layer `layer` is written, in
   place: the scan carries the whole cache, and copying a layer out and back would move it twice.
 
   A decode step's write (one new entry per row) into a 2-byte float cache on a CPU is a select
-  instead (`_select_one_entry`): XLA:CPU computes a bfloat16 scatter in float32, converting the
+  instead (`_select_entry`): XLA:CPU computes a bfloat16 scatter in float32, converting the
   whole buffer to float32 and back around it, two passes over the cache per layer and step where
   a float32 buffer is written in place; a select over the cache's 16-bit words is one fused pass
   at their width (benchmarks/RESULTS.md, "bfloat16 decoding: the cache write").
   """
   if _select_one_entry(buffer, values):
-    return _select_entry(buffer, rows_index[:, 0], values[:, 0], layer)
-  batch = jnp.arange(values.shape[0])[:, None, None]
-  heads = jnp.arange(values.shape[2])[None, :, None]
-  index = (batch, heads, rows_index[:, None, :])
+    return _select_entry(buffer, rows_index[:, 0], values[:, 0], layer, length_axis)
+  batch = jnp.arange(values.shape[0])[:, None]
+  if length_axis == 3:
+    # advanced indices around two slices: the indexed entries come out [B, T, K, D], as given
+    index = (batch, slice(None), slice(None), rows_index)
+    ordered = values
+  else:
+    heads = jnp.arange(values.shape[2])[None, :, None]
+    index = (batch[:, :, None], heads, rows_index[:, None, :])
+    ordered = values.swapaxes(1, 2)
   if layer is not None:
     index = (layer, *index)
-  return buffer.at[index].set(values.swapaxes(1, 2), mode="drop")
+  return buffer.at[index].set(ordered, mode="drop")
 
 
 def writes_through_float32(dtype) -> bool:
@@ -161,15 +175,19 @@ def _select_one_entry(buffer: jax.Array, values: jax.Array) -> bool:
   return values.shape[1] == 1 and writes_through_float32(buffer.dtype)
 
 
-def _select_entry(buffer: jax.Array, slot: jax.Array, value: jax.Array, layer) -> jax.Array:
-  """buffer [B, K, S, D] (or [L, B, K, S, D] at `layer`) with [b, :, slot[b]] = value [B, K, D]
-  and every other entry kept, as the scatter: a slot in [-S, 0) counts from the end (numpy's
-  indexing), any other slot outside [0, S) writes nothing."""
-  size = buffer.shape[-2]
+def _select_entry(buffer: jax.Array, slot: jax.Array, value: jax.Array, layer,
+                  length_axis: int) -> jax.Array:
+  """buffer [B, K, S, D] or [B, K, D, S] (`length_axis`; [L, B, …] at `layer`) with entry slot[b]
+  of row b set to value [B, K, D] and every other entry kept, as the scatter: a slot in
+  [-S, 0) counts from the end (numpy's indexing), any other slot outside [0, S) writes nothing."""
+  size = buffer.shape[length_axis + (layer is not None)]
   slot = jnp.where(slot < 0, slot + size, slot)
   hit = jnp.arange(size)[None, :] == slot[:, None]  # [B, S]
-  hit = hit[:, None, :, None]
-  value = value[:, :, None, :].astype(buffer.dtype)
+  if length_axis == 3:
+    hit, value = hit[:, None, None, :], value[..., None]
+  else:
+    hit, value = hit[:, None, :, None], value[:, :, None, :]
+  value = value.astype(buffer.dtype)
   if layer is not None:
     # The whole stack is selected over (the layer index is traced); as floats, which XLA:CPU
     # computes in float32 inside one fused pass: as 16-bit words the scan's carry got two

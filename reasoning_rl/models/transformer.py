@@ -21,7 +21,7 @@ Two layouts of the block stack, the same computation (`scan_layers`):
   the forward is a Python loop, so the compiled program (and its compile time) grows with depth;
 - scanned: `layers` is one `Block` whose parameters carry a leading `layers` axis, run by
   `jax.lax.scan`, so one block is traced and compiled whatever the depth (as MaxText and Tunix
-  do). The KV cache is then one [L, B, K, S, D] array per k / v. `stack_layers` /
+  do). The KV cache is then one [L, …] array per k / v. `stack_layers` /
   `unstack_layers` convert between the two; files (HF, GGUF, PEFT) are read and written in the
   loop layout, the conversion happens at the edges.
 
@@ -44,6 +44,7 @@ from reasoning_rl.kernels import grouped_matmul
 from reasoning_rl.models import cpu_products
 from reasoning_rl.models import kv_pages
 from reasoning_rl.models import mla as mla_lib
+from reasoning_rl.models import primitives
 from reasoning_rl.models import moe as moe_lib
 from reasoning_rl.models.config import ModelConfig
 from reasoning_rl.models.primitives import (RMSNorm, apply_rope, param, project, rope_angles,
@@ -213,25 +214,37 @@ class RopeTable:
 class KVCache:
   """Keys and values of every layer for B rows of up to S tokens.
 
-  k[l], v[l]: [B, K, S, D] (k, v a tuple of L arrays; one [L, B, K, S, D] array each for a scanned
-  model, `stacked`) — heads before length, so attention over the cache is a batched matmul
-  that reads the cache in place (a [B, S, K, D] layout made XLA transpose, i.e. copy, the whole
-  cache at every decode step). pos [B, S] int32 is the position of each cached token, −1 where
-  empty; the attention mask is derived from it, so rows may hold sequences of different lengths.
+  k[l]: [B, K, D, S] and v[l]: [B, K, S, D] (k, v a tuple of L arrays; one [L, …] array each for
+  a scanned model, `stacked`). Heads before length, so attention over the cache reads it in place
+  (a [B, S, K, D] layout made XLA transpose, i.e. copy, the whole cache at every decode step);
+  keys with their length last, so a decode step's q·k, a sum over D, runs along the keys in
+  vector lanes (over [B, K, S, D] it was a horizontal sum per key: 26-32 % of the attention's
+  time more on an AVX2 CPU, 18 % on an AVX-512 one; benchmarks/RESULTS.md, "The keys cache
+  stored length-last"). `KEYS_LENGTH_AXIS` and `VALUES_LENGTH_AXIS` name the S axis of one
+  layer's buffer. pos [B, S] int32 is the position of each cached token, −1 where empty; the
+  attention mask is derived from it, so rows may hold sequences of different lengths.
   K and D of k and of v are the config's `kv_cache_layout`: num_kv_heads × head_dim for both,
   or, for latent attention, one head of the latent (k) and one of the shared RoPE key (v).
   """
+
+  KEYS_LENGTH_AXIS = primitives.KEYS_LENGTH_AXIS
+  VALUES_LENGTH_AXIS = primitives.VALUES_LENGTH_AXIS
 
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
   pos: jax.Array
 
+  @staticmethod
+  def buffer_shapes(config: ModelConfig, batch: int, max_len: int):
+    """(shape of one layer's k buffer, of its v buffer)."""
+    (k_heads, k_width), (v_heads, v_width) = config.kv_cache_layout()
+    return (batch, k_heads, k_width, max_len), (batch, v_heads, max_len, v_width)
+
   @classmethod
   def init(cls, config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32, *,
            stacked: bool = False) -> "KVCache":
     pos = jnp.full((batch, max_len), -1, jnp.int32)
-    k_shape, v_shape = ((batch, heads, max_len, width)
-                        for heads, width in config.kv_cache_layout())
+    k_shape, v_shape = cls.buffer_shapes(config, batch, max_len)
     if stacked:
       layers = (config.num_layers,)
       return cls(k=jnp.zeros(layers + k_shape, dtype), v=jnp.zeros(layers + v_shape, dtype),
@@ -244,23 +257,47 @@ class KVCache:
     return not isinstance(self.k, tuple)
 
   @staticmethod
-  def kv_axes(stacked: bool) -> tuple[str, ...]:
-    """Logical axes of a k / v array (one layer's, or the stack's)."""
-    return ("layers",) * stacked + ("batch", "kv_heads", "length", "head_dim")
+  def kv_axes(stacked: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Logical axes of a k array and of a v array (one layer's, or the stack's)."""
+    layers = ("layers",) * stacked
+    return (layers + ("batch", "kv_heads", "head_dim", "length"),
+            layers + ("batch", "kv_heads", "length", "head_dim"))
 
   def map_layers(self, fn, *others: "KVCache") -> "KVCache":
-    """The cache with k and v replaced by fn(a layer's [B, K, S, D] buffer, the same layer's of
-    each of `others`); pos is kept. On a stacked cache fn is vmapped over the layers axis: one
-    batched operation, done in place where fn updates its buffer. Row selections and row updates
-    (a sampler's slots) read the same in either layout through it."""
-    if self.stacked:
-      def over(mine, theirs):
-        return jax.vmap(fn)(mine, *theirs)
-    else:
-      def over(mine, theirs):
-        return tuple(fn(*layer) for layer in zip(mine, *theirs))
-    return self.replace(k=over(self.k, [o.k for o in others]),
-                        v=over(self.v, [o.v for o in others]))
+    """The cache with k and v replaced by fn(a layer's buffer, the same layer's of each of
+    `others`); pos is kept. On a stacked cache fn is vmapped over the layers axis: one batched
+    operation, done in place where fn updates its buffer. Row selections and row updates (a
+    sampler's slots, axis 0) read the same in either layout through it."""
+    return self.map_length(lambda *buffers, axis: fn(*buffers), *others)
+
+  def map_length(self, fn, *others: "KVCache") -> "KVCache":
+    """`map_layers` for an fn that also takes the length axis of the buffer it is given
+    (`axis=`): k and v hold their length on different axes."""
+    def over(mine, theirs, axis):
+      if self.stacked:
+        return jax.vmap(lambda *a: fn(*a, axis=axis))(mine, *theirs)
+      return tuple(fn(*layer, axis=axis) for layer in zip(mine, *theirs))
+    return self.replace(k=over(self.k, [o.k for o in others], self.KEYS_LENGTH_AXIS),
+                        v=over(self.v, [o.v for o in others], self.VALUES_LENGTH_AXIS))
+
+  def first_entries(self, length: int, rows=None) -> "KVCache":
+    """The cache's first `length` entries of every row (of `rows` only, given an index array)."""
+    select = slice(None) if rows is None else rows
+    return self.map_length(
+        lambda a, axis: jax.lax.slice_in_dim(a[select], 0, length, axis=axis)).replace(
+            pos=self.pos[select, :length])
+
+  def with_first_entries(self, part: "KVCache", rows=None) -> "KVCache":
+    """This cache with its first entries (of `rows` only) overwritten by `part`'s
+    (`first_entries`' inverse)."""
+    length = part.max_len
+    select = slice(None) if rows is None else rows
+
+    def put(a, b, axis):
+      index = [select] + [slice(None)] * (a.ndim - 1)
+      index[axis] = slice(0, length)
+      return a.at[tuple(index)].set(b)
+    return self.map_length(put, part).replace(pos=self.pos.at[select, :length].set(part.pos))
 
   @property
   def max_len(self) -> int:
@@ -351,8 +388,8 @@ class Attention(nnx.Module):
 
   def __call__(self, x, positions, key_positions, rope, cache_kv=None, write_index=None,
                segment_ids=None, layer=None):
-    """Self-attention of x [B, T, D]; with `cache_kv` the new k/v are written into it first
-    (into layer `layer` of stacked [L, B, K, S, D] buffers, when given)."""
+    """Self-attention of x [B, T, D]; with `cache_kv` (a layer's `KVCache` buffers) the new k/v
+    are written into it first (into layer `layer` of stacked [L, …] buffers, when given)."""
     q, k, v = self.project_qkv(x, rope)
     sinks = self.sinks[...].astype(jnp.float32) if self.config.attention_sinks else None
     options = dict(scale=self.config.attention_scale, softcap=self.config.attn_logit_softcap,
@@ -366,7 +403,8 @@ class Attention(nnx.Module):
       return self.output(attended), new_cache_kv
     if cache_kv is not None:
       slots = write_index[:, None] + jnp.arange(x.shape[1])[None, :]
-      k_all = scatter_cache(cache_kv[0], slots, k.astype(cache_kv[0].dtype), layer)
+      k_all = scatter_cache(cache_kv[0], slots, k.astype(cache_kv[0].dtype), layer,
+                            length_axis=KVCache.KEYS_LENGTH_AXIS)
       v_all = scatter_cache(cache_kv[1], slots, v.astype(cache_kv[1].dtype), layer)
       new_cache_kv = (k_all, v_all)
       # Only the first key_positions.shape[1] cache slots are read (see `Transformer.decode`).
@@ -375,7 +413,7 @@ class Attention(nnx.Module):
       if layer is not None:
         k_layer = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
         v_layer = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
-      k, v = k_layer[:, :, :read].astype(x.dtype), v_layer[:, :, :read].astype(x.dtype)
+      k, v = k_layer[..., :read].astype(x.dtype), v_layer[:, :, :read].astype(x.dtype)
     else:
       new_cache_kv = None
     if cache_kv is not None:

@@ -215,15 +215,22 @@ def start_slot(state: DecodeState, prefix: Prefix, slot) -> DecodeState:
 
 
 def select_row(buffer: jax.Array, row: jax.Array, slot) -> jax.Array:
-  """buffer [S, K, L, D] (16-bit floats) with row [1, K, bucket, D] at `slot`, lengths below
-  bucket: `insert`'s write on a CPU. XLA:CPU computes a dynamic-update-slice of bfloat16 through
-  float32 copies of the whole buffer; a select over its 16-bit words is 10× faster (an insert
-  into 64 slots of 192 entries, SmolLM2's shape: 2.0 against 21 ms; benchmarks/RESULTS.md,
-  2026-11-30)."""
-  size, length = buffer.shape[0], buffer.shape[2]
-  hit = ((jnp.arange(size) == slot)[:, None, None, None]
-         & (jnp.arange(length) < row.shape[2])[None, None, :, None])
-  row = jnp.pad(row, ((0, 0), (0, 0), (0, length - row.shape[2]), (0, 0)))
+  """buffer [S, …] (16-bit floats) with row [1, …] written at `slot`, from index 0 of every other
+  axis (a prefix's cache is shorter along its length axis): `insert`'s write on a CPU. XLA:CPU
+  computes a dynamic-update-slice of bfloat16 through float32 copies of the whole buffer; a
+  select over its 16-bit words is 10× faster (an insert into 64 slots of 192 entries, SmolLM2's
+  shape: 2.0 against 21 ms; benchmarks/RESULTS.md, 2026-11-30)."""
+  def along(axis, values):
+    shape = [1] * buffer.ndim
+    shape[axis] = -1
+    return values.reshape(shape)
+
+  hit = along(0, jnp.arange(buffer.shape[0]) == slot)
+  for axis in range(1, buffer.ndim):
+    if row.shape[axis] < buffer.shape[axis]:
+      hit = hit & along(axis, jnp.arange(buffer.shape[axis]) < row.shape[axis])
+  row = jnp.pad(row, [(0, 0)] + [(0, size - used)
+                                 for size, used in zip(buffer.shape[1:], row.shape[1:])])
   return where_by_words(hit, row, buffer)
 
 
@@ -667,10 +674,9 @@ class Engine:
   def _decode_state_shardings(self) -> DecodeState:
     mesh, slots, cfg = self._mesh, self._slots, self.config
     stacked = self._scan_layers
-    k, v = (sharding_lib.sharding_for(
-        KVCache.kv_axes(stacked),
-        (cfg.num_layers,) * stacked + (slots, heads, self.cache_length, width), mesh)
-        for heads, width in cfg.kv_cache_layout())
+    k, v = (sharding_lib.sharding_for(axes, (cfg.num_layers,) * stacked + shape, mesh)
+            for axes, shape in zip(KVCache.kv_axes(stacked),
+                                   KVCache.buffer_shapes(cfg, slots, self.cache_length)))
     if not stacked:
       k, v = (k,) * cfg.num_layers, (v,) * cfg.num_layers
     rows = sharding_lib.sharding_for(("batch", "length"), (slots, self.cache_length), mesh)
@@ -748,11 +754,13 @@ class Engine:
       bucket = prefixes[0].cache.pos.shape[1]
       on_cpu = jax.default_backend() == "cpu"
 
-      def put_rows(buffer, *rows):
-        """buffer [S, K, L, D] with rows[i] [1, K, bucket, D] at slots[i], lengths below bucket."""
+      def put_rows(buffer, *rows, axis):
+        """buffer [S, …] with rows[i] [1, …] at slots[i], lengths (`axis`) below bucket."""
         rows = [row.astype(buffer.dtype) for row in rows]
         if not on_cpu:
-          return buffer.at[slots, :, :bucket].set(jnp.concatenate(rows, axis=0))
+          index = [slots] + [slice(None)] * (buffer.ndim - 1)
+          index[axis] = slice(0, bucket)
+          return buffer.at[tuple(index)].set(jnp.concatenate(rows, axis=0))
         # XLA:CPU writes a dynamic-update-slice in place; its scatter was 3x slower here
         # (16-bit caches never get here: `insert_many` inserts one at a time there)
         for slot, row in zip(slots, rows):
@@ -761,7 +769,7 @@ class Engine:
 
       pos_rows = jnp.concatenate([prefix.cache.pos for prefix in prefixes], axis=0)
       pos_rows = jnp.pad(pos_rows, ((0, 0), (0, cache_length - bucket)), constant_values=-1)
-      cache = state.cache.map_layers(put_rows, *(prefix.cache for prefix in prefixes)).replace(
+      cache = state.cache.map_length(put_rows, *(prefix.cache for prefix in prefixes)).replace(
           pos=state.cache.pos.at[slots].set(pos_rows))
       stacked = jax.tree.map(lambda *fields: jnp.stack(fields),
                              *(prefix.replace(cache=None, experts=None) for prefix in prefixes))
@@ -855,14 +863,10 @@ class Engine:
       """`decode_steps` over a copy of the first key_length cache slots, written back after the
       call (module docstring, live-length attention: what a CPU takes)."""
       cache = state.cache
-      window = cache.map_layers(lambda a: a[:, :, :key_length]).replace(
-          pos=cache.pos[:, :key_length])
+      window = cache.first_entries(key_length)
       state, result = decode_steps(params, state.replace(cache=window), return_on_finish,
                                    key_length)
-      cache = cache.map_layers(lambda a, b: a.at[:, :, :key_length].set(b),
-                               state.cache).replace(
-          pos=cache.pos.at[:, :key_length].set(state.cache.pos))
-      return state.replace(cache=cache), result
+      return state.replace(cache=cache.with_first_entries(state.cache)), result
 
     def generate(params, state: DecodeState, return_on_finish, *, key_length: int):
       if self._copies_window and key_length < state.cache.max_len:
@@ -874,12 +878,9 @@ class Engine:
       gathered into a batch of len(rows), decoded, and scattered back."""
       per_slot = state.replace(cache=None)
       part = jax.tree.map(lambda a: a[rows], per_slot).replace(
-          cache=state.cache.map_layers(lambda a: a[rows, :, :key_length]).replace(
-              pos=state.cache.pos[rows, :key_length]))
+          cache=state.cache.first_entries(key_length, rows))
       part, result = decode_steps(params, part, return_on_finish, key_length)
-      cache = state.cache.map_layers(lambda a, b: a.at[rows, :, :key_length].set(b),
-                                     part.cache).replace(
-          pos=state.cache.pos.at[rows, :key_length].set(part.cache.pos))
+      cache = state.cache.with_first_entries(part.cache, rows)
       state = jax.tree.map(lambda a, b: a.at[rows].set(b), per_slot,
                            part.replace(cache=None)).replace(cache=cache)
       return state, spread_rows(result, rows, state)

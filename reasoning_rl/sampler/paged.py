@@ -50,17 +50,19 @@ from reasoning_rl.sampler.engine import DecodeState, Engine, Prefix, spread_rows
 
 
 def gather_pages(pool: PagedKVCache, table) -> KVCache:
-  """The contiguous cache [rows, K, n·page_size, D] of page table `table` [rows, n] (an
-  append's row, `PagedEngine.append_to_slot`)."""
-  def read(pages):  # [K, P, page, D]
-    return kv_pages.read_pages(pages, table)
+  """The contiguous `KVCache` (keys [rows, K, D, n·page_size], values [rows, K, n·page_size, D])
+  of page table `table` [rows, n] (an append's row, `PagedEngine.append_to_slot`). Pages hold
+  keys as they hold values, [K, P, page, D]."""
+  def read(pages, keys):  # [K, P, page, D]
+    entries = kv_pages.read_pages(pages, table)
+    return entries.swapaxes(2, 3) if keys else entries
 
-  def read_stacked(pages):  # [K, L, P, page, D] -> [L, rows, K, n * page, D]
-    return jax.vmap(read, in_axes=1)(pages)
+  def per_layer(pages, keys):
+    if pool.stacked:  # [K, L, P, page, D] -> [L, rows, …]
+      return jax.vmap(lambda one: read(one, keys), in_axes=1)(pages)
+    return tuple(read(one, keys) for one in pages)
 
-  stacked = pool.stacked
-  return KVCache(k=read_stacked(pool.k) if stacked else tuple(map(read, pool.k)),
-                 v=read_stacked(pool.v) if stacked else tuple(map(read, pool.v)),
+  return KVCache(k=per_layer(pool.k, True), v=per_layer(pool.v, False),
                  pos=kv_pages.read_positions(pool.pos, table))
 
 
@@ -70,17 +72,19 @@ def scatter_pages(pool: PagedKVCache, table, cache: KVCache) -> PagedKVCache:
   rows, n = table.shape
   page = pool.page_size
 
-  def write(pages, contiguous):  # pages [K, P, page, D], contiguous [rows, K, n * page, D]
+  def write(pages, contiguous, keys):  # pages [K, P, page, D], contiguous a `KVCache` buffer
+    if keys:  # [rows, K, D, n * page] -> [rows, K, n * page, D]
+      contiguous = contiguous.swapaxes(2, 3)
     split = contiguous.reshape(rows, pages.shape[0], n, page, pages.shape[3])
     split = split.transpose(1, 0, 2, 3, 4)  # [K, rows, n, page, D]
     return pages.at[:, table].set(split.astype(pages.dtype), mode="drop")
 
-  def per_layer(mine, theirs):
-    if pool.stacked:  # [K, L, P, page, D] with [L, rows, K, n * page, D]
-      return jax.vmap(write, in_axes=(1, 0), out_axes=1)(mine, theirs)
-    return tuple(map(write, mine, theirs))
+  def per_layer(mine, theirs, keys):
+    if pool.stacked:  # [K, L, P, page, D] with [L, rows, …]
+      return jax.vmap(lambda a, b: write(a, b, keys), in_axes=(1, 0), out_axes=1)(mine, theirs)
+    return tuple(write(a, b, keys) for a, b in zip(mine, theirs))
 
-  return pool.replace(k=per_layer(pool.k, cache.k), v=per_layer(pool.v, cache.v),
+  return pool.replace(k=per_layer(pool.k, cache.k, True), v=per_layer(pool.v, cache.v, False),
                       pos=pool.pos.at[table].set(cache.pos.reshape(rows, n, page), mode="drop"))
 
 
@@ -343,7 +347,12 @@ class PagedEngine(Engine):
     def insert(state: DecodeState, prefix: Prefix, slot, targets):
       """Writes the prompt's entries into pages `targets` (num_pages: skipped)."""
       room = targets.shape[0] * page - prefix.cache.max_len
-      padded = prefix.cache.map_layers(lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, room), (0, 0))))
+      def pad_length(a, axis):
+        widths = [(0, 0)] * a.ndim
+        widths[axis] = (0, room)
+        return jnp.pad(a, widths)
+
+      padded = prefix.cache.map_length(pad_length)
       padded = padded.replace(pos=jnp.pad(prefix.cache.pos, ((0, 0), (0, room)),
                                           constant_values=-1))
       pool = scatter_pages(state.cache, targets[None], padded)
