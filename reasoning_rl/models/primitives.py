@@ -121,10 +121,10 @@ VALUES_LENGTH_AXIS = 2
 
 
 def scatter_cache(buffer: jax.Array, rows_index: jax.Array, values: jax.Array,
-                  layer=None, *, length_axis: int = 2) -> jax.Array:
+                  layer=None, *, length_axis: int = VALUES_LENGTH_AXIS) -> jax.Array:
   """buffer [B, K, S, D] at [b, :, rows_index[b, t]] = values [B, T, K, D]; drops outside.
-  With length_axis=3 the buffer is [B, K, D, S] (a keys cache, `KVCache`) and is written at
-  [b, :, :, rows_index[b, t]].
+  With length_axis=KEYS_LENGTH_AXIS the buffer is [B, K, D, S] (a keys cache, `KVCache`) and is
+  written at [b, :, :, rows_index[b, t]].
 
   With `layer` (a scanned stack), buffer is [L, B, …] and only layer `layer` is written, in
   place: the scan carries the whole cache, and copying a layer out and back would move it twice.
@@ -138,7 +138,7 @@ def scatter_cache(buffer: jax.Array, rows_index: jax.Array, values: jax.Array,
   if _select_one_entry(buffer, values):
     return _select_entry(buffer, rows_index[:, 0], values[:, 0], layer, length_axis)
   batch = jnp.arange(values.shape[0])[:, None]
-  if length_axis == 3:
+  if length_axis == KEYS_LENGTH_AXIS:
     # advanced indices around two slices: the indexed entries come out [B, T, K, D], as given
     index = (batch, slice(None), slice(None), rows_index)
     ordered = values
@@ -183,7 +183,7 @@ def _select_entry(buffer: jax.Array, slot: jax.Array, value: jax.Array, layer,
   size = buffer.shape[length_axis + (layer is not None)]
   slot = jnp.where(slot < 0, slot + size, slot)
   hit = jnp.arange(size)[None, :] == slot[:, None]  # [B, S]
-  if length_axis == 3:
+  if length_axis == KEYS_LENGTH_AXIS:
     hit, value = hit[:, None, None, :], value[..., None]
   else:
     hit, value = hit[:, None, :, None], value[:, :, None, :]

@@ -413,7 +413,9 @@ class Attention(nnx.Module):
       if layer is not None:
         k_layer = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
         v_layer = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
-      k, v = k_layer[..., :read].astype(x.dtype), v_layer[:, :, :read].astype(x.dtype)
+      k, v = (jax.lax.slice_in_dim(a, 0, read, axis=axis).astype(x.dtype)
+              for a, axis in ((k_layer, KVCache.KEYS_LENGTH_AXIS),
+                              (v_layer, KVCache.VALUES_LENGTH_AXIS)))
     else:
       new_cache_kv = None
     if cache_kv is not None:
