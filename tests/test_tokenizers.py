@@ -330,6 +330,14 @@ def test_gguf_byte_level_flags_and_token_types(tmp_path):
   assert tokenizer.pad_id == 1  # No padding id in the file: EOS.
 
 
+def test_gguf_token_type_numbers_are_the_gguf_packages():
+  # gguf_vocab writes them out so that a process reading no GGUF file never imports gguf
+  from reasoning_rl.models.tokenization import gguf_vocab
+
+  assert (gguf_vocab._CONTROL, gguf_vocab._USER_DEFINED, gguf_vocab._BYTE) == (
+      gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED, gguf.TokenType.BYTE)
+
+
 # The pre-tokenizers chosen by `tokenizer.ggml.pre`, against splits worked out by hand from each rule.
 
 

@@ -42,8 +42,7 @@ import json
 import threading
 import time
 import uuid
-
-from aiohttp import web
+from typing import TYPE_CHECKING
 
 from reasoning_rl.agents import chat
 from reasoning_rl.agents.driver import DecodeRequest, EngineDriver, request_key
@@ -51,6 +50,11 @@ from reasoning_rl.agents.exact_turns import ExactTurns
 from reasoning_rl.agents.sessions import HistoryMismatch, Session, SessionBusy
 from reasoning_rl.errors import SamplingError
 from reasoning_rl.sampler.sampling import SamplingParams
+
+if TYPE_CHECKING:
+  # aiohttp (0.25 s) is imported where a server starts and answers, not by every trainer process
+  # that imports the agent collector
+  from aiohttp import web
 
 
 class BadRequest(ValueError):
@@ -129,6 +133,8 @@ class RolloutServer:
   # ------------------------------------------------------------------------------ serving
 
   def _serve(self, host, port, started) -> None:
+    from aiohttp import web  # see the TYPE_CHECKING import
+
     asyncio.set_event_loop(self._loop)
     app = web.Application()
     for prefix in ("/v1", "/sessions/{session}/v1"):
@@ -155,6 +161,8 @@ class RolloutServer:
       self._thread.join()
 
   async def _models(self, request: web.Request) -> web.Response:
+    from aiohttp import web
+
     del request
     return web.json_response({"object": "list", "data": [
         {"id": self.model_name, "object": "model", "created": 0, "owned_by": "reasoning_rl"}]})
@@ -166,6 +174,8 @@ class RolloutServer:
     return await self._answer(request, chat_request=False)
 
   async def _answer(self, request: web.Request, *, chat_request: bool) -> web.StreamResponse:
+    from aiohttp import web
+
     try:
       body = await request.json()
       if not isinstance(body, dict):
@@ -360,6 +370,8 @@ class RolloutServer:
 async def _as_event_stream(request: web.Request, reply: dict, *, chat_request: bool
                            ) -> web.StreamResponse:
   """`reply` as server-sent events: one chunk per choice holding its whole text, then [DONE]."""
+  from aiohttp import web
+
   response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
   await response.prepare(request)
   for choice in reply["choices"]:

@@ -15,19 +15,23 @@ Sources:
   `tokenization.gguf_vocab`).
 """
 
+from __future__ import annotations
+
 from collections.abc import Iterable, Mapping, Sequence
 import dataclasses
 import os
 import pathlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import gguf
 
 from reasoning_rl.errors import CheckpointError
 from reasoning_rl.models.tokenization import backends
 from reasoning_rl.models.tokenization import chat_template as chat_template_lib
 from reasoning_rl.models.tokenization import gguf_vocab
 from reasoning_rl.models.tokenization import hf_files
+
+if TYPE_CHECKING:
+  import gguf  # loaded only by a process that reads a GGUF file (tokenization.gguf_vocab)
 
 # Tokens that close a chat turn in common templates. Models stop on them although sources often
 # declare a different EOS (Qwen2: eos <|endoftext|>, turns end with <|im_end|>), so a special token

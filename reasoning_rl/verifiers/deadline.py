@@ -14,6 +14,8 @@ per concurrent caller) and replaced after a kill. A helper exits when its parent
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import importlib
 import os
 import signal
 import socket
@@ -37,6 +39,20 @@ class DeadlineExceeded(Exception):
 
 class HelperFailed(RuntimeError):
   """The helper process died or could not start (not a timeout)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionByName:
+  """A module-level function named by module and name, callable like it: `DeadlineRunner.run`
+  sends the name, and only the helper imports the module. A caller that never imports what the
+  function needs stays light (`math_answers` judges with sympy and math-verify in its helpers,
+  a second of imports its trainer process does without)."""
+
+  module: str
+  name: str
+
+  def __call__(self, *args: Any) -> Any:
+    return getattr(importlib.import_module(self.module), self.name)(*args)
 
 
 class _Helper:
@@ -100,7 +116,8 @@ class DeadlineRunner:
   def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
     """`fn(*args)` in a helper; raises `DeadlineExceeded` after `timeout_s` seconds of wall time.
 
-    `fn`, its arguments and its result must be picklable (`fn` a module-level function)."""
+    `fn`, its arguments and its result must be picklable (`fn` a module-level function or a
+    `FunctionByName`)."""
     with self._lock:
       helper = self._idle.pop() if self._idle else None
     if helper is None:
