@@ -311,62 +311,64 @@ def test_a_lora_run_split_over_four_processes_trains_like_one(tmp_path):
   assert [r["sync/bytes"] for r in rows] == [r["sync/bytes"] for r in runs.metrics_rows(reference)]
 
 
-def test_a_killed_process_stops_the_others_and_a_rerun_resumes(tmp_path):
+def test_a_lost_process_then_a_preemption_each_end_the_run_and_reruns_finish_it(tmp_path):
+  """The two ways a cloud run of 4 processes (split: 0-1 train, 2-3 sample) ends early, each
+  followed by a rerun in the same workdir (one chain: 12 processes instead of 16):
+  1. process 3, a sampler, is SIGKILLed once row 4 is written: the others notice its lost
+     heartbeats within the 10 s timeout and exit 5 naming it; the rerun resumes from step 3's
+     checkpoint.
+  2. TPU preemption of the rerun: every process gets SIGTERM, at different moments, once it
+     wrote a row of step 4 or later; all stop after the same step, exit 143 and save one
+     checkpoint of it, beside the periodic one of step 3.
+  The last rerun finishes the run from that checkpoint."""
+  import signal
+
   workdir = tmp_path / "run"
   # a short heartbeat timeout (the default is 30 s): the loss is found within it, not the default
-  overrides = ["--config.total_steps=5", "--config.checkpoint.every_steps=2",
+  overrides = ["--config.total_steps=7", "--config.checkpoint.every_steps=3",
                "--config.eval.num_examples=4", "--config.mesh.num_trainer_devices=4",
                "--heartbeat_timeout_s=10"]
-  processes = start_and_wait_for_rows(workdir, overrides, 3)
+  processes = start_and_wait_for_step(workdir, overrides, 4)
   killed = time.monotonic()
-  processes[3].kill()  # a sampler process
+  processes[3].kill()
   codes = runs.wait_all(processes, timeout_s=120)
   assert time.monotonic() - killed < 28  # (30 s and more with the default)
   assert codes[:3] == [ExitCode.LOST_PEER] * 3, _logs(tmp_path)
-  logs = _logs(tmp_path)
-  assert logs.count("process 3 of 4 stopped sending heartbeats") == 3
+  assert _logs(tmp_path).count("process 3 of 4 stopped sending heartbeats") == 3
+
+  processes = start_and_wait_for_step(workdir, overrides, 4)
+  for process in processes:
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # not all at once
+  assert runs.wait_all(processes, timeout_s=120) == [143] * 4, _logs(tmp_path)
+  stopped_at = runs.metrics_rows(workdir)[-1]["step"]
+  assert 4 <= stopped_at < 7
+  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
+                if p.name.isdigit()) == sorted({3, stopped_at})
+
   processes = runs.start_processes(workdir, overrides)
   assert runs.wait_all(processes) == [0, 0, 0, 0], _logs(tmp_path)
   rows = runs.metrics_rows(workdir)
-  assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+  assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 7]
   # split devices overlap sampling with training by default: one version behind after step 1
-  # (the rerun starts again from the checkpoint of step 2, whose queued batch it kept)
-  assert [r["policy_lag"] for r in rows] == [0, 1, 1, 1, 1]
+  # (each rerun starts again from a checkpoint that kept its queued batch)
+  assert [r["policy_lag"] for r in rows] == [0, 1, 1, 1, 1, 1, 1]
 
 
-def start_and_wait_for_rows(workdir, overrides, rows: int, timeout_s: float = 400):
-  """Starts the 4 processes of a run; returns once metrics.jsonl has `rows` rows."""
+def start_and_wait_for_step(workdir, overrides, step: int, timeout_s: float = 400):
+  """Starts the 4 processes of a run; returns once they wrote the metrics row of `step` or a
+  later one (a row a run before them left in the workdir does not count)."""
+  started = time.time()
   processes = runs.start_processes(workdir, overrides)
   deadline = time.monotonic() + timeout_s
-  while len(runs.metrics_rows(workdir)) < rows and time.monotonic() < deadline:
+  while time.monotonic() < deadline and not any(
+      r["step"] >= step and r["time/unix"] >= started for r in runs.metrics_rows(workdir)):
     time.sleep(0.2)
   return processes
 
 
 def _logs(directory) -> str:
   return "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(directory.glob("*.log")))
-
-
-def test_sigterm_on_every_process_saves_one_checkpoint_and_exits_143(tmp_path):
-  """TPU preemption: every host gets SIGTERM, perhaps at different moments; all processes stop
-  after the same step, one checkpoint of it is saved, and a rerun finishes the run."""
-  import signal
-
-  workdir = tmp_path / "run"
-  overrides = ["--config.total_steps=6", "--config.checkpoint.every_steps=100",
-               "--config.eval.num_examples=4", "--config.mesh.num_trainer_devices=4"]
-  processes = start_and_wait_for_rows(workdir, overrides, 2)
-  for process in processes:
-    process.send_signal(signal.SIGTERM)
-    time.sleep(0.3)  # not all at once
-  assert runs.wait_all(processes, timeout_s=120) == [143] * 4, _logs(tmp_path)
-  stopped_at = runs.metrics_rows(workdir)[-1]["step"]
-  assert stopped_at < 6
-  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
-                if p.name.isdigit()) == [stopped_at]
-  processes = runs.start_processes(workdir, overrides)
-  assert runs.wait_all(processes) == [0, 0, 0, 0], _logs(tmp_path)
-  assert [r["step"] for r in runs.metrics_rows(workdir)] == [1, 2, 3, 4, 5, 6]
 
 
 def test_r1zero_tpu_config_is_a_v5p_64_split_by_hosts():

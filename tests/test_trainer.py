@@ -67,27 +67,49 @@ def test_same_config_gives_identical_metrics_and_pool_equals_inline(baseline, tm
       read_metrics(baseline / "metrics.jsonl"))
 
 
-def test_sigkill_then_resume_reproduces_the_uninterrupted_run(baseline, tmp_path):
-  kill_after = random.Random(20261123).randint(2, 9)  # seeded: a failure reproduces
-  print(f"SIGKILL after {kill_after} metric rows")  # shown with -s or on failure
-  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
-             f"--config.workdir={tmp_path}", "--config.logging.progress_bar=False",
-             "--config.checkpoint.every_steps=3"]
-  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+def test_sigterm_then_sigkill_then_resume_reproduce_the_uninterrupted_run(baseline, tmp_path):
+  """A run stopped by SIGTERM (a preemption) once it wrote 3 rows saves its step and exits 143;
+  its rerun, SIGKILLed (nothing saved) at a seeded later row, loses the steps after the newest
+  checkpoint; the last rerun redoes them and ends with the baseline's metrics. (One chain of
+  three processes, each interruption ending a different process.)"""
   metrics = tmp_path / "metrics.jsonl"
-  deadline = time.time() + 300
-  while time.time() < deadline and process.poll() is None:
-    if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
-      os.kill(process.pid, signal.SIGKILL)
-      break
-    time.sleep(0.01)
+  every = "--config.checkpoint.every_steps=3"
+  process = _start(tmp_path, every)
+  _signal_after_rows(process, metrics, 3, signal.SIGTERM)
+  assert process.wait(timeout=120) == 143
+  stopped_at = read_metrics(metrics)[-1]["step"]
+  assert stopped_at < 10 and (tmp_path / "checkpoints" / str(stopped_at)).exists()
+
+  kill_after = random.Random(20261123).randint(stopped_at + 1, 9)  # seeded: a failure reproduces
+  print(f"SIGTERM after step {stopped_at}, SIGKILL after {kill_after} rows")  # -s or on failure
+  process = _start(tmp_path, every)
+  _signal_after_rows(process, metrics, kill_after, signal.SIGKILL, after_step=stopped_at)
   process.wait()
   assert process.returncode == -signal.SIGKILL, f"run ended before step {kill_after}"
-  train(tmp_path, "--config.checkpoint.every_steps=3")
+  train(tmp_path, every)
   resumed = read_metrics(metrics)
-  assert [r["step"] for r in resumed] == list(range(1, 11)), f"killed after {kill_after} rows"
+  assert [r["step"] for r in resumed] == list(range(1, 11)), (stopped_at, kill_after)
   assert stable(resumed) == stable(read_metrics(baseline / "metrics.jsonl")), kill_after
+
+
+def _start(workdir, *overrides):
+  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
+             f"--config.workdir={workdir}", "--config.logging.progress_bar=False", *overrides]
+  return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+
+
+def _signal_after_rows(process, metrics, rows: int, signum, *, after_step: int = 0):
+  """Sends `signum` once metrics.jsonl holds `rows` rows and its last row is past `after_step`
+  (a resumed run first cuts the file back to its checkpoint's step, which may be after_step)."""
+  deadline = time.time() + 300
+  while time.time() < deadline and process.poll() is None:
+    if metrics.exists():
+      lines = metrics.read_text().splitlines()
+      if len(lines) >= rows and json.loads(lines[-1])["step"] > after_step:
+        os.kill(process.pid, signum)
+        return
+    time.sleep(0.01)
 
 
 def test_async_with_zero_staleness_equals_sync(baseline, tmp_path):
@@ -194,25 +216,6 @@ def test_report_has_the_six_plots(baseline):
   assert len(plots) >= 6, plots
   for plot in plots:
     assert plot in text
-
-
-def test_sigterm_saves_and_exits_143_then_resumes_exactly(baseline, tmp_path):
-  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
-             f"--config.workdir={tmp_path}", "--config.logging.progress_bar=False"]
-  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-  metrics = tmp_path / "metrics.jsonl"
-  deadline = time.time() + 300
-  while time.time() < deadline and process.poll() is None:
-    if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-      os.kill(process.pid, signal.SIGTERM)
-      break
-    time.sleep(0.01)
-  assert process.wait(timeout=120) == 143
-  stopped_at = read_metrics(metrics)[-1]["step"]
-  assert stopped_at < 10 and (tmp_path / "checkpoints" / str(stopped_at)).exists()
-  train(tmp_path)
-  assert stable(read_metrics(metrics)) == stable(read_metrics(baseline / "metrics.jsonl"))
 
 
 def test_generate_cli_reads_a_run_checkpoint(baseline, tmp_path):

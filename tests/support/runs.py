@@ -98,7 +98,9 @@ def own_signal_handlers():
   stop_signals.clear_preemption_request()
 
 
-def killed_then_resumed(workdir, point, version, *overrides, after_kill=None):
+def killed_at(workdir, point, version, *overrides):
+  """Runs debug_cpu in `workdir` (a new run, or resuming the one there) until tests/kill_point.py
+  SIGKILLs it at `point` with the sampler at policy `version`; checks it died in step version + 1."""
   command = [sys.executable, str(REPO / "tests" / "kill_point.py"), point, str(version), "--",
              "--config=configs/debug_cpu.py", f"--config.workdir={workdir}",
              "--config.logging.progress_bar=False", *overrides]
@@ -107,7 +109,11 @@ def killed_then_resumed(workdir, point, version, *overrides, after_kill=None):
       f"never reached {point} at version {version} (exit {result.returncode}):\n"
       f"{result.stderr[-3000:]}")
   rows = read_metrics(workdir / "metrics.jsonl")
-  assert [r["step"] for r in rows] == list(range(1, version + 1))  # it died inside step v + 1
+  assert [r["step"] for r in rows] == list(range(1, version + 1)), point  # died in step v + 1
+
+
+def killed_then_resumed(workdir, point, version, *overrides, after_kill=None):
+  killed_at(workdir, point, version, *overrides)
   if after_kill is not None:
     after_kill(workdir)
   train(workdir, *overrides)
