@@ -341,4 +341,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+  from reasoning_rl.process_exit import skip_final_collection
+
+  skip_final_collection()  # before main imports JAX: see reasoning_rl/process_exit.py
   sys.exit(main())
