@@ -341,7 +341,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  from reasoning_rl.process_exit import skip_final_collection
+  from reasoning_rl.process_gc import configure_launcher_gc
 
-  skip_final_collection()  # before main imports JAX: see reasoning_rl/process_exit.py
+  configure_launcher_gc()  # before main imports JAX: see reasoning_rl/process_gc.py
   sys.exit(main())

@@ -25,9 +25,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from reasoning_rl.process_exit import skip_final_collection  # noqa: E402
+from reasoning_rl.process_gc import configure_launcher_gc  # noqa: E402
 
-skip_final_collection()  # before the libraries' exit handlers: see reasoning_rl/process_exit.py
+configure_launcher_gc()  # before the libraries import: see reasoning_rl/process_gc.py
 from reasoning_rl.cpu_threads import reserve_collective_threads  # noqa: E402
 
 # Before JAX starts its CPU client: a simulated multi-device CPU mesh needs more threads than

@@ -18,15 +18,17 @@ def test_the_training_stack_loads_without_the_libraries_only_some_runs_need():
   assert result.stdout.strip() == "[]", result.stdout
 
 
-def test_a_launcher_freezes_what_is_alive_after_every_other_exit_handler():
-  """reasoning_rl/process_exit.py: the launchers skip the interpreter's last garbage collection
-  (1.3-1.8 s of a debug run) by freezing the surviving objects in their last exit handler; the
+def test_a_launcher_collects_rarely_and_freezes_what_is_alive_after_every_other_exit_handler():
+  """reasoning_rl/process_gc.py: a launcher raises the collector's thresholds and skips the
+  interpreter's last collection by freezing the surviving objects in its last exit handler; the
   handlers registered after it (the libraries') still run, before it."""
   code = ("import atexit, gc\n"
           "atexit.register(lambda: print('last: frozen', gc.get_freeze_count() > 0))\n"
-          "from reasoning_rl.process_exit import skip_final_collection\n"
-          "skip_final_collection()\n"
+          "from reasoning_rl.process_gc import configure_launcher_gc\n"
+          "configure_launcher_gc()\n"
+          "print('thresholds', gc.get_threshold())\n"
           "atexit.register(lambda: print('library handler: frozen', gc.get_freeze_count() > 0))\n")
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=True)
-  assert result.stdout.splitlines() == ["library handler: frozen False", "last: frozen True"]
+  assert result.stdout.splitlines() == [
+      "thresholds (10000, 10, 10)", "library handler: frozen False", "last: frozen True"]
