@@ -149,8 +149,8 @@ def test_a_custom_think_tag_hides_its_content_and_must_differ_from_the_answer_ta
 
 def test_the_candidate_cap_comes_before_any_candidate_is_cleaned(monkeypatch):
   cleaned = []
-  real_clean = math_lib._clean_for_parsing
-  monkeypatch.setattr(math_lib, "_clean_for_parsing",
+  real_clean = math_lib.clean_for_parsing
+  monkeypatch.setattr(math_lib, "clean_for_parsing",
                       lambda c: cleaned.append(c) or real_clean(c))
   nested = "\\boxed{" * 2000 + "1" + "}" * 2000  # 2000 distinct nested candidates
   result = math_lib.check(nested, "1")

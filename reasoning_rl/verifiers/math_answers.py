@@ -24,8 +24,9 @@ one answer: it earns only on truths equivalent to that answer.
 
 Timeouts: math-verify's own timeout uses `signal.alarm`, which only works in the main thread and
 whose exception can be swallowed mid-computation. It is disabled here; instead the parsing and
-comparison run in a reusable helper process that is killed when the deadline passes (`deadline`),
-which works from any thread or process and cannot be dodged. Answers whose numeric magnitude is
+comparison (`math_judge`, the only module that imports math-verify and sympy) run in a reusable
+helper process that is killed when the deadline passes (`deadline`), which works from any thread
+or process and cannot be dodged. Answers whose numeric magnitude is
 absurd are still refused before evaluation, so they cost no helper restart.
 """
 
@@ -114,11 +115,12 @@ def _extract(response: str, extract: str, answer_tag: str,
   else:
     readings = []
   refusal = next((r.refusal for r in readings if r.refusal), None)
-  candidates = [c for r in readings for c in (_strip_wrappers(c) for c in r.candidates) if c]
+  candidates = [c for r in readings for c in (strip_wrappers(c) for c in r.candidates) if c]
   return tuple(candidates), refusal
 
 
-def _strip_wrappers(candidate: str) -> str:
+def strip_wrappers(candidate: str) -> str:
+  """The candidate without math delimiters ($…$, $$…$$, \\(…\\), \\[…\\]) and a final period."""
   text = candidate.strip().rstrip(".").strip()
   for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
     if text.startswith(left) and text.endswith(right) and len(text) >= len(left) + len(right):
@@ -142,7 +144,7 @@ _DISJUNCTION = re.compile(r"\\(?:lor|vee|parallel)(?![A-Za-z])|\|\|")
 _E_NOTATION = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?[eE][+-]?\d{1,3}(?![\w.])")
 
 
-def _clean_for_parsing(candidate: str) -> str:
+def clean_for_parsing(candidate: str) -> str:
   """Before parsing: thousands written with (LaTeX) spaces as plain digits ("1\\,000", "1 000" →
   "1000"), upright single letters as letters ("\\mathrm{x}" → "x") and scientific notation
   written out ("5.6e+02" → "560"). Not a canonical form (that is `evaluation.normalise_answer`,
@@ -176,7 +178,7 @@ def check(response: str, ground_truth: str, *, extract: str = "answer_or_boxed",
   # The caps apply to the raw candidates, before any is cleaned: cleaning costs time linear in a
   # candidate's length, and spam brings thousands of them (50k nested boxes took 12.6 s).
   raw = tuple(dict.fromkeys(candidates))
-  shown = tuple(dict.fromkeys(_clean_for_parsing(c) for c in raw[:MAX_CANDIDATES]))
+  shown = tuple(dict.fromkeys(clean_for_parsing(c) for c in raw[:MAX_CANDIDATES]))
   if refusal:
     return MathResult(False, refusal, shown)
   if not raw:
@@ -201,17 +203,17 @@ def check(response: str, ground_truth: str, *, extract: str = "answer_or_boxed",
   return MathResult(status == "correct", status, distinct)
 
 
-# the top-level separators of a chain of equalities / approximations (`_chain_links`)
+# the top-level separators of a chain of equalities / approximations (`chain_links`)
 _CHAIN_TOKEN = re.compile(r"\\approx(?![A-Za-z])|\u2248|(?<![<>!=:\\])=(?!=)|[{}]")
 
 
 def answer_value(candidate: str) -> str:
   """The value a candidate states: the last link of a chain (`17 + 25 = 42` -> `42`), else itself
   (for comparing or voting on answers outside `check`)."""
-  return _chain_links(candidate)[-1][1]
+  return chain_links(candidate)[-1][1]
 
 
-def _chain_links(text: str) -> list[tuple[str, str]]:
+def chain_links(text: str) -> list[tuple[str, str]]:
   """[(separator, link)] of a chain split at its top-level `=` / `\\approx` (the first separator is
   "")."""
   links, separator, start, depth = [], "", 0, 0

@@ -17,8 +17,8 @@ import math_verify
 import sympy
 
 from reasoning_rl.verifiers.final_answer import boxed_contents
-from reasoning_rl.verifiers.math_answers import (_chain_links, _clean_for_parsing,
-                                                 _strip_wrappers)
+from reasoning_rl.verifiers.math_answers import (chain_links, clean_for_parsing,
+                                                 strip_wrappers)
 
 MAX_NUMBER_DIGITS = 10_000  # bound on the decimal digits of any number an answer may denote
 _NUMERIC_LITERAL = re.compile(r"\d+(?:[.,]\d+)*")
@@ -63,8 +63,8 @@ def _free_symbols(parsed: list) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _parse_truth(ground_truth: str) -> tuple:
   """The reference answer: the ground truth, or its box, or the set of its distinct boxes."""
-  boxes = list(dict.fromkeys(_strip_wrappers(b) for b in boxed_contents(ground_truth)))
-  text = _clean_for_parsing(", ".join(boxes) if boxes else _strip_wrappers(ground_truth))
+  boxes = list(dict.fromkeys(strip_wrappers(b) for b in boxed_contents(ground_truth)))
+  text = clean_for_parsing(", ".join(boxes) if boxes else strip_wrappers(ground_truth))
   parsed = _parse_strict(text)
   if not _has_expression(parsed):
     parsed = _parse_lenient(text)
@@ -268,7 +268,7 @@ def _judge_number(candidate: str, truth: list) -> str:
   A false link between two stated values (`41 = 42`, `x = 7 = 11`) commits to two answers and is
   wrong; so is arithmetic left undone as the answer.
   """
-  links = _chain_links(candidate)
+  links = chain_links(candidate)
   if len(links) > MAX_CHAIN_LINKS:
     return "wrong"
   if any("," in text for _, text in links[1:-1]):
@@ -309,7 +309,7 @@ def _judge_number(candidate: str, truth: list) -> str:
 
 def _is_arithmetic(text: str) -> bool:
   """True for arithmetic written out (`5+5+1`, `2 \\cdot 21`), not for a stated value."""
-  return bool(_UNEVALUATED.search(_clean_for_parsing(text).replace("{,}", "")))
+  return bool(_UNEVALUATED.search(clean_for_parsing(text).replace("{,}", "")))
 
 
 def _refuse_as_answer(text: str) -> str | None:
