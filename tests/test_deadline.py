@@ -61,6 +61,22 @@ def test_exception_comes_back_and_helper_survives(runner):
   assert runner.run(_pid, timeout_s=30) == before
 
 
+def test_a_function_sent_by_name_is_imported_by_the_helper_only(tmp_path, monkeypatch):
+  """`FunctionByName`: the caller sends module and name; the helper imports the module and calls
+  the function there, and the calling process never loads it."""
+  (tmp_path / "probe_sent_by_name.py").write_text("def triple(x):\n  return 3 * x\n")
+  monkeypatch.syspath_prepend(str(tmp_path))  # the helper inherits the path when it starts
+  runner = deadline.DeadlineRunner(preload="os")
+  try:
+    assert runner.run(deadline.FunctionByName("probe_sent_by_name", "triple"), 14,
+                      timeout_s=30) == 42
+    with pytest.raises(AttributeError):
+      runner.run(deadline.FunctionByName("probe_sent_by_name", "missing"), timeout_s=30)
+  finally:
+    runner.close()
+  assert "probe_sent_by_name" not in sys.modules
+
+
 def test_unpicklable_result_is_an_error_and_helper_survives(runner):
   before = runner.run(_pid, timeout_s=30)
   with pytest.raises(deadline.HelperFailed, match="not picklable"):
