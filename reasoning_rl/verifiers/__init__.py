@@ -7,5 +7,5 @@ live in `reasoning_rl.workers`, which builds on this package and not the reverse
 a reward, which scores through a Scorer, is `reasoning_rl.reward_redteam`. The math verifier
 (`math_answers.is_correct`) and the code tests (`code_tests.run_tests`) are named so that no file
 here shadows a standard-library module; `import reasoning_rl.verifiers` stays cheap: math-verify
-and sympy load only with `math_answers`.
+and sympy load only with `math_judge`, in the math verifier's deadline helpers.
 """
