@@ -3,17 +3,16 @@ resume after SIGKILL, the base fingerprint check, evaluation of a LoRA run check
 ways of giving the sampler the new policy."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from reasoning_rl.metrics import read_metrics
 from tests.conftest import REPO
-from tests.support.runs import assert_evaluate_cli_reproduces, stable, train
+from tests.support.runs import (assert_evaluate_cli_reproduces, signal_after_rows, stable,
+                                start_train, train)
 
 
 LORA = ("--config.lora.rank=4", "--config.lora.alpha=8", "--config.beta=0.04",
@@ -43,17 +42,9 @@ def test_lora_run_records_its_base_and_syncs_adapters_only(lora_baseline):
 
 
 def test_lora_sigkill_then_resume_reproduces_the_uninterrupted_run(lora_baseline, tmp_path):
-  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
-             f"--config.workdir={tmp_path}", "--config.logging.progress_bar=False", *LORA]
-  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+  process = start_train(tmp_path, *LORA)
   metrics = tmp_path / "metrics.jsonl"
-  deadline = time.time() + 300
-  while time.time() < deadline and process.poll() is None:
-    if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-      os.kill(process.pid, signal.SIGKILL)
-      break
-    time.sleep(0.01)
+  signal_after_rows(process, metrics, 3, signal.SIGKILL)
   process.wait()
   assert process.returncode == -signal.SIGKILL, "run ended before step 3"
   train(tmp_path, *LORA)

@@ -2,12 +2,10 @@
 
 import json
 import math
-import os
 import random
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -16,7 +14,7 @@ from reasoning_rl.metrics import read_metrics
 from tests.conftest import REPO
 from tests.support.runs import (  # noqa: F401 (own_signal_handlers: a fixture)
     LOSS_ABS, assert_evaluate_cli_reproduces, own_signal_handlers, rollouts,
-    sigterm_in_first_decode_call, stable, train)
+    sigterm_in_first_decode_call, signal_after_rows, stable, start_train, train)
 
 
 @pytest.fixture(scope="module")
@@ -74,42 +72,22 @@ def test_sigterm_then_sigkill_then_resume_reproduce_the_uninterrupted_run(baseli
   three processes, each interruption ending a different process.)"""
   metrics = tmp_path / "metrics.jsonl"
   every = "--config.checkpoint.every_steps=3"
-  process = _start(tmp_path, every)
-  _signal_after_rows(process, metrics, 3, signal.SIGTERM)
+  process = start_train(tmp_path, every)
+  signal_after_rows(process, metrics, 3, signal.SIGTERM)
   assert process.wait(timeout=120) == 143
   stopped_at = read_metrics(metrics)[-1]["step"]
   assert stopped_at < 10 and (tmp_path / "checkpoints" / str(stopped_at)).exists()
 
   kill_after = random.Random(20261123).randint(stopped_at + 1, 9)  # seeded: a failure reproduces
   print(f"SIGTERM after step {stopped_at}, SIGKILL after {kill_after} rows")  # -s or on failure
-  process = _start(tmp_path, every)
-  _signal_after_rows(process, metrics, kill_after, signal.SIGKILL, after_step=stopped_at)
+  process = start_train(tmp_path, every)
+  signal_after_rows(process, metrics, kill_after, signal.SIGKILL, after_step=stopped_at)
   process.wait()
   assert process.returncode == -signal.SIGKILL, f"run ended before step {kill_after}"
   train(tmp_path, every)
   resumed = read_metrics(metrics)
   assert [r["step"] for r in resumed] == list(range(1, 11)), (stopped_at, kill_after)
   assert stable(resumed) == stable(read_metrics(baseline / "metrics.jsonl")), kill_after
-
-
-def _start(workdir, *overrides):
-  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
-             f"--config.workdir={workdir}", "--config.logging.progress_bar=False", *overrides]
-  return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
-
-
-def _signal_after_rows(process, metrics, rows: int, signum, *, after_step: int = 0):
-  """Sends `signum` once metrics.jsonl holds `rows` rows and its last row is past `after_step`
-  (a resumed run first cuts the file back to its checkpoint's step, which may be after_step)."""
-  deadline = time.time() + 300
-  while time.time() < deadline and process.poll() is None:
-    if metrics.exists():
-      lines = metrics.read_text().splitlines()
-      if len(lines) >= rows and json.loads(lines[-1])["step"] > after_step:
-        os.kill(process.pid, signum)
-        return
-    time.sleep(0.01)
 
 
 def test_async_with_zero_staleness_equals_sync(baseline, tmp_path):

@@ -31,16 +31,41 @@ VOLATILE = ("time/", "throughput/", "verifier/pool/")
 LOSS_ABS = 1e-5
 
 
+def train_command(workdir, *overrides) -> list[str]:
+  """launch/train.py on configs/debug_cpu.py in `workdir`, without the progress bar."""
+  return [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
+          f"--config.workdir={workdir}", "--config.logging.progress_bar=False", *overrides]
+
+
 def train(workdir, *overrides, check=True, timeout=600):
-  command = [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/debug_cpu.py",
-             f"--config.workdir={workdir}", "--config.logging.progress_bar=False", *overrides]
-  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+  result = subprocess.run(train_command(workdir, *overrides), cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
   if check and result.returncode != 0:
     # the head too: an abort's cause is printed before the threads' stacks that end stderr
     err = result.stderr
     shown = err if len(err) <= 6000 else f"{err[:3000]}\n[...]\n{err[-3000:]}"
     raise AssertionError(f"train.py exited {result.returncode}:\n{shown}")
   return result
+
+
+def start_train(workdir, *overrides) -> subprocess.Popen:
+  """`train_command` started in the background, its output discarded."""
+  return subprocess.Popen(train_command(workdir, *overrides), cwd=REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def signal_after_rows(process, metrics, rows: int, signum, *, after_step: int = 0) -> None:
+  """Sends `signum` to `process` once `metrics` (a metrics.jsonl) holds `rows` rows and its last
+  row is past `after_step` (a resumed run first cuts the file back to its checkpoint's step, which
+  may be after_step); returns without a signal if the process ends first or after 300 s."""
+  deadline = time.time() + 300
+  while time.time() < deadline and process.poll() is None:
+    if metrics.exists():
+      lines = metrics.read_text().splitlines()
+      if len(lines) >= rows and json.loads(lines[-1])["step"] > after_step:
+        os.kill(process.pid, signum)
+        return
+    time.sleep(0.01)
 
 
 def stable(rows):
