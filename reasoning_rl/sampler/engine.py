@@ -525,9 +525,8 @@ class Engine:
 
     Each `insert` is a program call over the whole decode state: on a GPU, 256 of them took
     about 3 ms apiece, more than batched prefills of the same prompts (benchmarks/RESULTS.md,
-    2026-11-30, "The whole loop on an NVIDIA H200: a first try"). On a CPU with a 16-bit cache,
-    and in an engine that says `inserts_many_at_once = False`, the prefixes are inserted one at
-    a time, in order.
+    2026-11-30, "The whole loop on an NVIDIA H200: a first try"). On a CPU, and in an engine
+    that says `inserts_many_at_once = False`, the prefixes are inserted one at a time, in order.
     """
     prefixes, slots = list(prefixes), [int(slot) for slot in slots]
     if len(prefixes) != len(slots):
@@ -538,10 +537,14 @@ class Engine:
         raise SamplingError(f"insert_many: slot={slot}: must be in [0, {self._slots})")
     if len(set(slots)) != len(slots):
       raise SamplingError(f"insert_many: slots {slots} repeat one; give each prefix its own slot")
-    # On a CPU a 16-bit cache's `insert` is a select over its words (`select_row`), which one
-    # batched program did not match: many such selects in one call, or the rows gathered into
-    # one select, were slower at the demo's 32 slots (benchmarks/RESULTS.md, 2026-11-30).
-    if not self.inserts_many_at_once or writes_through_float32(self.dtype):
+    # On a CPU `insert` writes its row in place, ~0.75 ms a slot, and one batched program did
+    # not beat it enough to pay for itself: a float32 cache's rows written out as one update per
+    # row and layer ran 1.0-1.1x faster and took 11-21 s to compile at 32-64 slots (a loop over
+    # the rows needs them gathered first, and XLA:CPU's concatenate of the prefixes ran 3-4x
+    # slower than the inserts); a 16-bit cache's selects over its words, many in one call or
+    # the rows gathered into one select, were slower (benchmarks/RESULTS.md, 2026-11-30 and
+    # 2026-12-01).
+    if not self.inserts_many_at_once or jax.default_backend() == "cpu":
       for prefix, slot in zip(prefixes, slots):
         decode_state = self.insert(prefix, decode_state, slot)
       return decode_state
@@ -752,20 +755,14 @@ class Engine:
       """`insert` of each prefix into its slot (prefixes of one bucket; a slot may repeat with
       the same prefix, as padding does)."""
       bucket = prefixes[0].cache.pos.shape[1]
-      on_cpu = jax.default_backend() == "cpu"
 
       def put_rows(buffer, *rows, axis):
-        """buffer [S, …] with rows[i] [1, …] at slots[i], lengths (`axis`) below bucket."""
-        rows = [row.astype(buffer.dtype) for row in rows]
-        if not on_cpu:
-          index = [slots] + [slice(None)] * (buffer.ndim - 1)
-          index[axis] = slice(0, bucket)
-          return buffer.at[tuple(index)].set(jnp.concatenate(rows, axis=0))
-        # XLA:CPU writes a dynamic-update-slice in place; its scatter was 3x slower here
-        # (16-bit caches never get here: `insert_many` inserts one at a time there)
-        for slot, row in zip(slots, rows):
-          buffer = jax.lax.dynamic_update_slice(buffer, row, (slot, 0, 0, 0))
-        return buffer
+        """buffer [S, …] with rows[i] [1, …] at slots[i], lengths (`axis`) below bucket: one
+        scatter (a CPU inserts one at a time instead, so never runs this)."""
+        index = [slots] + [slice(None)] * (buffer.ndim - 1)
+        index[axis] = slice(0, bucket)
+        return buffer.at[tuple(index)].set(
+            jnp.concatenate([row.astype(buffer.dtype) for row in rows], axis=0))
 
       pos_rows = jnp.concatenate([prefix.cache.pos for prefix in prefixes], axis=0)
       pos_rows = jnp.pad(pos_rows, ((0, 0), (0, cache_length - bucket)), constant_values=-1)
