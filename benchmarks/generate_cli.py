@@ -2,9 +2,11 @@
 
 Usage: python -m benchmarks.generate_cli [--num_prompts 64] [--short 16] [--long 144]
            [--ours_args "--max_concurrent_decodes 16"] [--cache off|cold|warm]
-           [--skip_transformers] [--repeats 1]
+           [--skip_transformers] [--repeats 1] [--dtype float32|bfloat16]
 
-Both sides load the SmolLM2-135M-Instruct GGUF (the test fixture's file) in float32, take the same
+Both sides load the SmolLM2-135M-Instruct GGUF (the test fixture's file) in --dtype (float32 by
+default; bfloat16 is `launch/generate.py --dtype bfloat16` against transformers' model loaded in
+torch.bfloat16, weights and KV cache in bfloat16 on both sides), take the same
 64 chat prompts and decode greedily with EOS ignored, as fresh processes: once for --short new
 tokens and once for --long. Steady-state throughput = prompts × (long − short) /
 (wall(long) − wall(short)): start-up, loading and the first prefill cancel out, and what remains
@@ -34,10 +36,11 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 TRANSFORMERS_SCRIPT = r"""
 import json, pathlib, sys, torch, transformers
 gguf, prompts_file, new_tokens = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+dtype = getattr(torch, sys.argv[4])
 tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 tokenizer.padding_side = "left"
 model = transformers.AutoModelForCausalLM.from_pretrained(
-    str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    str(gguf.parent), gguf_file=gguf.name, dtype=dtype).eval()
 texts = [tokenizer.apply_chat_template([{"role": "user", "content": json.loads(line)["prompt"]}],
                                        tokenize=False, add_generation_prompt=True)
          for line in open(prompts_file)]
@@ -71,6 +74,8 @@ def main():
   parser.add_argument("--long", type=int, default=144)
   parser.add_argument("--ours_args", default="", help="extra launch/generate.py flags")
   parser.add_argument("--skip_transformers", action="store_true")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="both sides' weights and KV cache")
   parser.add_argument("--repeats", type=int, default=1,
                       help="runs of each command; the fastest of each length counts")
   parser.add_argument("--cache", choices=("off", "cold", "warm"), default="off",
@@ -85,16 +90,16 @@ def main():
   sides = {"ours (launch/generate.py)": lambda n: [
       sys.executable, "launch/generate.py", "--checkpoint", str(gguf), "--prompts_file",
       str(prompts), "--max_new_tokens", str(n), "--ignore_eos", "--temperature", "0",
-      "--output", str(work / f"out_{n}.jsonl"), *args.ours_args.split()]}
+      "--output", str(work / f"out_{n}.jsonl"), "--dtype", args.dtype, *args.ours_args.split()]}
   if not args.skip_transformers:
     sides["transformers generate"] = lambda n: [
-        sys.executable, "-c", TRANSFORMERS_SCRIPT, str(gguf), str(prompts), str(n)]
+        sys.executable, "-c", TRANSFORMERS_SCRIPT, str(gguf), str(prompts), str(n), args.dtype]
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   env["REASONING_RL_COMPILATION_CACHE"] = "off" if args.cache == "off" else str(work / "cache")
   # what changes XLA's CPU client for our side (torch reads neither): a table must say it
   print("environment: " + ", ".join(f"{k}={env.get(k, '(unset)')}" for k in ("XLA_FLAGS",
                                                                             "PJRT_NPROC")))
-  print(f"| side (our cache: {args.cache}) | walls short s | walls long s | steady tok/s |")
+  print(f"| side ({args.dtype}; our cache: {args.cache}) | walls short s | walls long s | steady tok/s |")
   print("| --- | --- | --- | ---: |")
   for name, command in sides.items():
     if args.cache == "warm":
