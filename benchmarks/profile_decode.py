@@ -1,7 +1,7 @@
 """Where a decode step of `launch/generate.py` goes: steady step time, ablations and XLA:CPU ops.
 
 Builds the engine generate.py builds (`build.build_sized_engine`) for the SmolLM2-135M-Instruct
-GGUF in float32 (--dtype bfloat16: in bfloat16) and decodes the prompts of
+GGUF in float32 (--dtype bfloat16: in bfloat16, transformers too) and decodes the prompts of
 `benchmarks/generate_cli.py` greedily with EOS ignored, in one process: the first run compiles,
 the next ones are steady. Prints, per run, the prefill seconds and the median `generate` call
 (steps_per_call steps) in ms per step.
@@ -46,7 +46,7 @@ def parse_args():
   parser.add_argument("--scan_layers", action="store_true")
   parser.add_argument("--transformers", action="store_true")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                      help="our weights' and compute dtype (transformers stays float32)")
+                      help="weights, compute and KV cache dtype, ours and --transformers'")
   return parser.parse_args()
 
 
@@ -90,14 +90,14 @@ def op_table(trace_dir: str, hlo_dir: str, top: int) -> None:
           f"{1000 * s / count[shape, source]:.3f} | {100 * s / total:.1f}% |")
 
 
-def transformers_steps(gguf, rows: list[dict], new_tokens: int, runs: int) -> None:
+def transformers_steps(gguf, rows: list[dict], new_tokens: int, runs: int, dtype: str) -> None:
   import torch
   import transformers
 
   tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
   tokenizer.padding_side = "left"
   model = transformers.AutoModelForCausalLM.from_pretrained(
-      str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+      str(gguf.parent), gguf_file=gguf.name, dtype=getattr(torch, dtype)).eval()
   texts = [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}],
                                          tokenize=False, add_generation_prompt=True) for r in rows]
   batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -175,7 +175,7 @@ def main():
     shutil.rmtree(trace_dir, ignore_errors=True)
     shutil.rmtree(hlo_dir, ignore_errors=True)
   if args.transformers:
-    transformers_steps(gguf, rows, args.new_tokens, args.runs)
+    transformers_steps(gguf, rows, args.new_tokens, args.runs, args.dtype)
 
 
 if __name__ == "__main__":
