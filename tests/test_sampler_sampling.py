@@ -118,6 +118,28 @@ def test_greedy_rows_and_sampled_rows_share_a_batch():
   np.testing.assert_allclose(sampling_lp, [0.0, 0.0, 0.0], atol=1e-6)
 
 
+def test_all_greedy_and_plain_batches_give_what_a_mixed_batch_gives_their_rows():
+  """A batch of greedy rows, or of temperature-1 rows without filters, skips the filtered
+  distribution (`sample_tokens`' shortcuts); each row must still get exactly the tokens and
+  log-probs it gets inside a batch that takes the general path (a top-p row beside it)."""
+  rng = np.random.default_rng(3)
+  logits = jnp.asarray(rng.normal(scale=2.0, size=(4, 64)), jnp.float32)
+  keys = jax.random.split(jax.random.key(7), 5)
+  for temperature in (0.0, 1.0):
+    alone = sample_tokens(logits, keys[:4], jnp.full(4, temperature), jnp.ones(4),
+                          jnp.zeros(4, jnp.int32))
+    mixed = sample_tokens(jnp.concatenate([logits, logits[:1]]), keys,
+                          jnp.array([temperature] * 4 + [0.8]), jnp.array([1.0] * 4 + [0.5]),
+                          jnp.zeros(5, jnp.int32))
+    for got, want in zip(alone, mixed):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want)[:4])
+    if temperature == 0.0:
+      np.testing.assert_array_equal(np.asarray(alone[0]), np.argmax(np.asarray(logits), -1))
+      np.testing.assert_array_equal(np.asarray(alone[2]), np.zeros(4))
+    else:
+      np.testing.assert_array_equal(np.asarray(alone[2]), np.asarray(alone[1]))
+
+
 def test_sample_keys_depend_on_seed_prompt_and_sample_only():
   a = jax.random.key_data(sample_key(3, 5, 1))
   assert np.array_equal(a, jax.random.key_data(sample_key(3, 5, 1)))
