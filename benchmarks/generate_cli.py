@@ -99,7 +99,8 @@ def main():
   # what changes XLA's CPU client for our side (torch reads neither): a table must say it
   print("environment: " + ", ".join(f"{k}={env.get(k, '(unset)')}" for k in ("XLA_FLAGS",
                                                                             "PJRT_NPROC")))
-  print(f"| side ({args.dtype}; our cache: {args.cache}) | walls short s | walls long s | steady tok/s |")
+  print(f"| side ({args.dtype}; our cache: {args.cache}) | walls short s | walls long s "
+        "| steady tok/s |")
   print("| --- | --- | --- | ---: |")
   for name, command in sides.items():
     if args.cache == "warm":

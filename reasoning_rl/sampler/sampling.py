@@ -266,7 +266,7 @@ def truncated_logprobs(logits: jax.Array, targets: jax.Array, temperature: jax.A
   return logprobs, jax.lax.stop_gradient(target_logit >= threshold[..., 0])
 
 
-def token_logprobs(x: jax.Array, tokens: jax.Array) -> jax.Array:
+def _token_logprobs(x: jax.Array, tokens: jax.Array) -> jax.Array:
   """log_softmax(x) at the tokens [B], without materialising it for all [B, V]."""
   return jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(x, axis=-1)
 
@@ -293,27 +293,30 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
   # At temperature 1 without filters the two distributions are the same one.
   unchanged = jnp.all((temperature == 1.0) & (top_p >= 1.0) & (top_k <= 0) & (min_p <= 0))
 
+  # Each branch returns (tokens, model log-probs, sampling log-probs).
   def all_greedy():
     # A greedy row's distribution is a point mass on its argmax: log-probability 0 (what
-    # token_logprobs of `sampling_logits` gives, exactly). Skips building that [B, V] mass
+    # _token_logprobs of `sampling_logits` gives, exactly). Skips building that [B, V] mass
     # and its logsumexp: 8.7 -> 6.1 ms a call at [64, 49152] on a CPU (benchmarks/RESULTS.md,
     # 2026-12-02).
-    return greedy_tokens, jnp.zeros(logits.shape[:1], jnp.float32), jnp.bool_(False)
+    return (greedy_tokens, _token_logprobs(logits, greedy_tokens),
+            jnp.zeros(logits.shape[:1], jnp.float32))
 
   def all_plain():  # sampling_logits would divide by 1 and filter nothing: the logits themselves
-    return gumbel_max(keys, logits), jnp.zeros(logits.shape[:1], jnp.float32), jnp.bool_(True)
+    tokens = gumbel_max(keys, logits)
+    model_logprobs = _token_logprobs(logits, tokens)
+    return tokens, model_logprobs, model_logprobs
 
   def general():
     filtered = sampling_logits(logits, temperature, top_p, top_k, min_p)
     tokens = jnp.where(greedy, greedy_tokens, gumbel_max(keys, filtered))
-    return tokens, token_logprobs(filtered, tokens), jnp.bool_(False)
+    return tokens, _token_logprobs(logits, tokens), _token_logprobs(filtered, tokens)
 
   # Drawing Gumbel noise for [B, V] costs as much as a small model's step on a CPU: a batch of
   # greedy rows draws none.
   branch = jnp.where(jnp.all(greedy), 0, jnp.where(unchanged, 1, 2))
-  tokens, sampling_logprobs, same = jax.lax.switch(branch, (all_greedy, all_plain, general))
-  model_logprobs = token_logprobs(logits, tokens)
-  sampling_logprobs = jnp.where(same, model_logprobs, sampling_logprobs)
+  tokens, model_logprobs, sampling_logprobs = jax.lax.switch(
+      branch, (all_greedy, all_plain, general))
   return tokens, model_logprobs, sampling_logprobs
 
 
