@@ -29,8 +29,9 @@ def main():
   parser.add_argument("--rows", type=int, default=4096)
   parser.add_argument("--repeats", type=int, default=8)
   args = parser.parse_args()
-  print(f"bfloat16 matrix units listed by this CPU (amx_bf16): "
-        f"{cpu_products.has_bfloat16_matrix_units()}; {args.rows} rows; fwd + bwd GFLOP/s")
+  flags = " or ".join(cpu_products.BFLOAT16_PRODUCT_FLAGS)
+  print(f"bfloat16 products listed by this CPU ({flags}): "
+        f"{cpu_products.has_bfloat16_products()}; {args.rows} rows; fwd + bwd GFLOP/s")
   print("| K → N | float32 | bfloat16, autodiff of the einsum | bfloat16, cpu_products |")
   print("|---|---:|---:|---:|")
   rng = np.random.default_rng(0)

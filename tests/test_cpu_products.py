@@ -25,7 +25,7 @@ BF16_EPS = 2.0 ** -8  # bfloat16 keeps 8 significant bits: half an ulp is 2^-8 o
 def matrix_units(monkeypatch):
   """The module's arithmetic is the same on any CPU; only its speed needs AMX. Taken here
   whatever the CPU running the tests."""
-  monkeypatch.setattr(cpu_products, "has_bfloat16_matrix_units", lambda: True)
+  monkeypatch.setattr(cpu_products, "has_bfloat16_products", lambda: True)
 
 
 def bf16(a):
@@ -157,14 +157,15 @@ def test_only_bfloat16_cpu_products_without_an_einsum_interceptor_take_it(monkey
   monkeypatch.setattr(jnp.einsum, "__code__", (lambda *a, **k: None).__code__)  # as qwix does
   assert not cpu_products.applies(x, kernel)
   monkeypatch.undo()
-  monkeypatch.setattr(cpu_products, "has_bfloat16_matrix_units", lambda: False)
+  monkeypatch.setattr(cpu_products, "has_bfloat16_products", lambda: False)
   assert not cpu_products.applies(x, kernel)
 
 
-def test_matrix_units_are_read_from_the_cpu_flags(tmp_path):
+def test_bfloat16_products_are_read_from_the_cpu_flags(tmp_path):
   cpuinfo = tmp_path / "cpuinfo"
-  for flags, expected in (("fpu sse2 avx2 avx512f avx512_bf16", False),
+  for flags, expected in (("fpu sse2 avx2 avx512f avx512_vnni", False),
+                          ("fpu sse2 avx2 avx512f avx512_bf16", True),
                           ("fpu avx2 avx512f amx_bf16 amx_tile", True)):
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-    assert cpu_products.lists_bfloat16_matrix_units(str(cpuinfo)) is expected, flags
-  assert not cpu_products.lists_bfloat16_matrix_units(str(tmp_path / "absent"))
+    assert cpu_products.lists_bfloat16_products(str(cpuinfo)) is expected, flags
+  assert not cpu_products.lists_bfloat16_products(str(tmp_path / "absent"))

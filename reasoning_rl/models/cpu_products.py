@@ -1,5 +1,6 @@
 """bfloat16 projections on a CPU: every product of the forward and the backward pass in the one
-operand layout XLA:CPU runs through its bfloat16 matrix kernels (AMX on Intel Xeons).
+operand layout XLA:CPU runs through its bfloat16 matrix kernels (AMX on Intel Xeons, AVX512-BF16
+dot-product instructions on AMD Zen 4 and 5).
 
 XLA:CPU keeps a bfloat16 dot in bfloat16 only when it is the plain matmul `[M, K] × [K, N]` (the
 left operand contracting its last axis, the right its first) and it accumulates in float32; any
@@ -10,7 +11,8 @@ dimension numbers, so they never reach the bfloat16 kernels. Here the backward i
 with each transposed operand made by a reshape and a transpose of three axes, which XLA lays out
 as a real copy instead of folding (`physical_transpose`). On an Intel Xeon with AMX a projection's
 forward + backward runs 2.4-4.1x float32's, the GRPO step 2.1x (benchmarks/RESULTS.md, "bfloat16
-projections on an Intel Xeon with AMX").
+projections on an Intel Xeon with AMX"); on an AMD EPYC Zen 5 (AVX512-BF16, no AMX) 1.5-2.1x
+float32's ("bfloat16 products on an AMD EPYC with AVX512-BF16").
 
 The arithmetic is mixed precision's (Micikevicius et al. 2018, "Mixed Precision Training", §3.3:
 low-precision operands, products summed in float32, the result rounded once), with the incoming
@@ -32,36 +34,40 @@ import jax.numpy as jnp
 _PLAIN_EINSUM_CODE = jnp.einsum.__code__
 
 
-def lists_bfloat16_matrix_units(cpuinfo: str = "/proc/cpuinfo") -> bool:
-  """Whether a CPU's flags (Linux's /proc/cpuinfo) include AMX-BF16: bfloat16 matrix products in
-  hardware (Intel Xeon since Sapphire Rapids). Without it this module's products are slower than
-  float32 ones (capped at AVX2 on the same Intel Xeon, `python -m benchmarks.isa_cap
-  benchmarks.cpu_products`: 0.56-0.79x the float32 projection), so there the einsum stays, which
-  XLA converts to float32. AVX512-BF16 alone (AMD Zen 4 and 5) is not counted: not measured."""
+BFLOAT16_PRODUCT_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def lists_bfloat16_products(cpuinfo: str = "/proc/cpuinfo") -> bool:
+  """Whether a CPU's flags (Linux's /proc/cpuinfo) include bfloat16 products in hardware: AMX-BF16
+  tiles (Intel Xeon since Sapphire Rapids) or AVX512-BF16 dot-product instructions (AMD Zen 4
+  and 5, Intel Cooper Lake). Without either this module's products are slower than float32 ones
+  (capped at AVX2 on an Intel Xeon, `python -m benchmarks.isa_cap benchmarks.cpu_products`:
+  0.56-0.79x the float32 projection), so there the einsum stays, which XLA converts to float32."""
   try:
     with open(cpuinfo, encoding="ascii", errors="replace") as lines:
       for line in lines:
         if line.startswith("flags"):
-          return "amx_bf16" in line.split()
+          return any(flag in line.split() for flag in BFLOAT16_PRODUCT_FLAGS)
   except OSError:
     pass
   return False
 
 
 @functools.cache
-def has_bfloat16_matrix_units() -> bool:
-  return lists_bfloat16_matrix_units()
+def has_bfloat16_products() -> bool:
+  return lists_bfloat16_products()
 
 
 def applies(x, kernel) -> bool:
   """Whether `project` should take this module's product: bfloat16 operands, traced for a CPU
-  with bfloat16 matrix units, plain arrays (not a quantized base), and no qwix interception of
-  `jnp.einsum` installed (LoRA adds its adapters inside that call, so it must stay an einsum)."""
+  with bfloat16 products in hardware, plain arrays (not a quantized base), and no qwix
+  interception of `jnp.einsum` installed (LoRA adds its adapters inside that call, so it must
+  stay an einsum)."""
   return (x.dtype == jnp.bfloat16 and isinstance(kernel, jax.Array)  # tracers are jax.Arrays
           and kernel.dtype == jnp.bfloat16
           and getattr(jnp.einsum, "__code__", None) is _PLAIN_EINSUM_CODE
           and jax.default_backend() == "cpu"
-          and has_bfloat16_matrix_units())
+          and has_bfloat16_products())
 
 
 def split_spec(spec: str) -> tuple[int, int]:
