@@ -194,9 +194,11 @@ def test_step_replays_recorded_experts_and_reports_routing():
   replayed, replay_stats = _step(own, replay=True)
   # replaying the forward's own choice changes nothing, and nothing disagrees — up to rounding:
   # the replaying program gathers the recorded experts instead of taking its own top-k, and XLA
-  # may order the two programs' sums differently (1.5e-8 apart under tests/conftest.py's flags)
+  # may order the two programs' sums differently (1.5e-8 apart under tests/conftest.py's flags).
+  # A gradient is read as new − old parameters, so a last-bit difference lands on the grid of
+  # the parameter's float32 spacing: 1.19e-7 for the norm scales at 1.0 (seen on a Zen 5)
   for a, b in zip(base, replayed):
-    np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(a, b, rtol=0, atol=2.5e-7)
   assert stats["routing/disagreement"] == 0 == replay_stats["routing/disagreement"]
   assert abs(stats["loss"] - replay_stats["loss"]) < 1e-7
   # 3 tokens (of 34 real ones, 2 sparse layers each) recorded with other experts: the replaying
