@@ -22,9 +22,9 @@ BF16_EPS = 2.0 ** -8  # bfloat16 keeps 8 significant bits: half an ulp is 2^-8 o
 
 
 @pytest.fixture(autouse=True)
-def matrix_units(monkeypatch):
-  """The module's arithmetic is the same on any CPU; only its speed needs AMX. Taken here
-  whatever the CPU running the tests."""
+def bfloat16_products(monkeypatch):
+  """The module's arithmetic is the same on any CPU; only its speed needs bfloat16 products in
+  hardware (AMX or AVX512-BF16). Taken here whatever the CPU running the tests."""
   monkeypatch.setattr(cpu_products, "has_bfloat16_products", lambda: True)
 
 
