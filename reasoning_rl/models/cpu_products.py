@@ -47,7 +47,7 @@ def lists_bfloat16_products(cpuinfo: str = "/proc/cpuinfo") -> bool:
     with open(cpuinfo, encoding="ascii", errors="replace") as lines:
       for line in lines:
         if line.startswith("flags"):
-          return any(flag in line.split() for flag in BFLOAT16_PRODUCT_FLAGS)
+          return not set(line.split()).isdisjoint(BFLOAT16_PRODUCT_FLAGS)
   except OSError:
     pass
   return False
